@@ -1,0 +1,47 @@
+"""compile: ModelCompiler with the QNN plugin EP -> `<recipe>_ctx.onnx` (+ `_ctx_qnn.bin` unless embedded)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from .. import toolchain
+from ..action import Action
+from ..errors import ActionError
+
+_UNSUPPORTED = re.compile(r"\{ name: ([^,]*), type: ([^ }]*) \}")
+
+
+def discover_inputs(action: Action) -> dict[str, Path]:
+    return {}
+
+
+def warnings(action: Action) -> list[str]:
+    return []
+
+
+def run(ctx: Any) -> None:
+    a = ctx.action
+    dst = ctx.tmp_output("ctx")
+    try:
+        toolchain.compile_model(Path(a.inputs["model"]), dst, a.params["provider_options"],
+                                embed=a.params["embed"], cpu_fallback=a.params["cpu_fallback"])
+    except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped; the log holds the real cause
+        raise compile_error(ctx.log_path, e, a.params["cpu_fallback"]) from None
+
+
+def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool) -> ActionError:
+    """Turn an EP failure into one line: the nodes QNN rejected when its log names them."""
+    import sys
+
+    sys.stderr.flush()
+    try:
+        log = log_path.read_text(errors="replace")
+    except OSError:
+        log = ""
+    nodes = list(dict.fromkeys(_UNSUPPORTED.findall(log)))
+    if nodes:
+        listed = ", ".join(f"{n} ({t})" for n, t in nodes[:8]) + (" ..." if len(nodes) > 8 else "")
+        hint = None if cpu_fallback else "set compile.cpu_fallback: true to run them on the CPU instead"
+        return ActionError(f"QNN cannot run {len(nodes)} node(s): {listed}", hint)
+    return ActionError(f"QNN compile failed: {str(exc).strip().splitlines()[-1][:300]}")

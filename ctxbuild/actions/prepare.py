@@ -1,0 +1,93 @@
+"""prepare: fix input shapes, stamp an IR version onnxruntime reads, reject control flow, fold with ORT's basic optimizer."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..action import Action
+from ..errors import ActionError
+from .modelio import external_data_files, graph_inputs, load
+
+# Measured: onnxruntime 1.31 loads IR <= 13; onnx 1.23 writes 14 by default. Stamp down to what ORT reads.
+ORT_MAX_IR_VERSION = 13
+CONTROL_FLOW = ("If", "Loop", "Scan")
+
+
+def discover_inputs(action: Action) -> dict[str, Path]:
+    path = Path(action.inputs["model"])
+    return external_data_files(load(path, external_data=False), path)
+
+
+def warnings(action: Action) -> list[str]:
+    return []
+
+
+def run(ctx: Any) -> None:
+    import onnx
+
+    src = Path(ctx.action.inputs["model"])
+    model = load(src)
+    if model.ir_version > onnx.IR_VERSION:
+        raise ActionError(f"{src}: IR version {model.ir_version} is newer than this toolchain reads "
+                          f"(onnx {onnx.__version__}: <= {onnx.IR_VERSION})",
+                          "re-export with an older onnx, or upgrade onnx/onnxruntime")
+    model.ir_version = min(model.ir_version, ORT_MAX_IR_VERSION)
+    flow = [f"'{n.name or '?'}' ({n.op_type})" for n in model.graph.node if n.op_type in CONTROL_FLOW]
+    if flow:
+        raise ActionError(f"{src}: control flow is not supported on QNN: node {', '.join(flow[:5])}",
+                          "export the model without If/Loop/Scan (unroll, or split it into graphs)")
+    _fix_shapes(model, src, ctx.action.params["inputs"], ctx.action.recipe_files[0])
+    dst = ctx.tmp_output("model")
+    if ctx.action.params["optimize"]:
+        _optimize(model, dst, ctx.tmp)
+    else:
+        onnx.save(model, str(dst))
+
+
+def _fix_shapes(model: Any, src: Path, shapes: dict[str, list[int]], recipe: str) -> None:
+    inputs = graph_inputs(model)
+    names = [i.name for i in inputs]
+    for name in shapes:
+        if name not in names:
+            raise ActionError(f"{recipe}: inputs: '{name}' is not an input of {src.name}",
+                              f"the model's inputs are: {', '.join(names)}")
+    for inp in inputs:
+        dims = inp.type.tensor_type.shape.dim
+        want = shapes.get(inp.name)
+        if want is not None:
+            if len(want) != len(dims):
+                raise ActionError(f"{recipe}: inputs: '{inp.name}' has rank {len(dims)} in {src.name}, "
+                                  f"the recipe gives {len(want)} dims {want}")
+            for i, (d, w) in enumerate(zip(dims, want)):
+                if d.HasField("dim_value") and d.dim_value != w:
+                    raise ActionError(f"{recipe}: inputs: '{inp.name}' dim {i} is fixed to {d.dim_value} in "
+                                      f"{src.name}, the recipe asks for {w}")
+                d.Clear()
+                d.dim_value = w  # per index: make_input_shape_fixed fails when two dims share a name
+            continue
+        for i, d in enumerate(dims):
+            if not d.HasField("dim_value") or d.dim_value <= 0:
+                label = f"'{d.dim_param}'" if d.dim_param else "unnamed"
+                raise ActionError(f"{recipe}: input '{inp.name}' dim {i} ({label}) of {src.name} is dynamic; "
+                                  "QNN needs fixed shapes",
+                                  f"add inputs: {{{inp.name}: [{', '.join(str(x.dim_value or 1) for x in dims)}]}}")
+
+
+def _optimize(model: Any, dst: Path, tmp: Path) -> None:
+    """ORT_ENABLE_BASIC folds BatchNorm into Conv and constants: float BatchNorm does not run on HTP."""
+    import onnx
+    import onnxruntime as ort
+
+    if model.ByteSize() > 2_000_000_000:
+        raise ActionError("models over 2 GB (external data after preparing) are not supported yet",
+                          "split the model, or quantize it yourself and use precision: qdq")
+    staged = tmp / "staged.onnx"
+    onnx.save(model, str(staged))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(dst)
+    try:
+        ort.InferenceSession(str(staged), so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - ORT raises its own untyped errors for invalid models
+        raise ActionError(f"onnxruntime rejected the model: {str(e).splitlines()[0][:300]}") from None
+    staged.unlink()

@@ -1,0 +1,166 @@
+"""The driver behind `ctxbuild build`: (re)plan only when recipes changed, run ninja, write the manifest.
+
+The no-op path never imports the planner (networkx alone costs ~0.25 s): it stats the generator inputs
+recorded at plan time, the way ninja itself decides whether build.ninja is stale.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import jobserver, ninja, toolchain
+from .errors import UsageError
+from .manifest import read_records
+from .manifest import write as write_manifest
+
+
+@dataclass
+class BuildOptions:
+    paths: list[Path]
+    out: Path
+    jobs: int | None = None
+    keep_going: int = 1
+    targets: list[str] = field(default_factory=list)
+    only: list[str] = field(default_factory=list)
+    dry_run: bool = False
+    compile_jobs: int | None = None
+    explain: bool = False
+    cache_env: dict[str, str] = field(default_factory=dict)
+
+
+def default_compile_jobs() -> int:
+    """HTP compiles of large graphs take several GB each: bound by memory as well as cores."""
+    cpus = os.cpu_count() or 1
+    try:
+        mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        mem_gb = 8.0
+    return max(1, min(cpus, int(mem_gb // 4)))
+
+
+def invocation(opts: BuildOptions) -> dict[str, Any]:
+    return {"paths": sorted(str(p.resolve()) for p in opts.paths),
+            "compile_jobs": opts.compile_jobs or default_compile_jobs()}
+
+
+def ensure_planned(opts: BuildOptions) -> dict[str, Any]:
+    """Re-plan if build.ninja is missing, the invocation changed, or a recipe/defaults file changed."""
+    inv = invocation(opts)
+    out = opts.out
+    state = ninja.read_state(out, "plan.json")
+    if state is None or ninja.read_state(out, "invocation.json") != inv or _stale(out, state):
+        plan_and_render(out, inv)
+        state = ninja.read_state(out, "plan.json")
+        assert state is not None
+    return state
+
+
+def _stale(out: Path, state: dict[str, Any]) -> bool:
+    try:
+        built = (out / "build.ninja").stat().st_mtime_ns
+    except OSError:
+        return True
+    for p in state["generator_deps"]:
+        try:
+            if os.stat(p).st_mtime_ns > built:
+                return True
+        except OSError:
+            return True  # a recipe or directory went away
+    return False
+
+
+def plan_and_render(out: Path, inv: dict[str, Any]) -> None:
+    from . import recipe
+    from .plan import make_plan
+
+    recipes = recipe.load([Path(p) for p in inv["paths"]])
+    plan = make_plan(recipes, out)
+    out.mkdir(parents=True, exist_ok=True)
+    toolchain.sdk_build_id(out / ninja.STATE)  # warm the memo once, not in N parallel actions
+    ninja.render(plan, compile_jobs=inv["compile_jobs"], invocation=inv)
+
+
+def regenerate(out: Path) -> None:
+    """ninja's generator edge: re-plan with the recorded invocation."""
+    inv = ninja.read_state(out, "invocation.json")
+    if inv is None:
+        raise UsageError(f"{out}: no recorded invocation; run `ctxbuild build` first")
+    plan_and_render(out.resolve(), inv)
+
+
+def ninja_targets(state: dict[str, Any], opts: BuildOptions) -> list[str]:
+    recipes = sorted({r for a in state["actions"] for r in a["recipes"]})
+    targets = sorted({a["target"]["name"] for a in state["actions"] if a["target"]})
+    for name in opts.only:
+        if name not in recipes:
+            raise UsageError(f"--only {name}: no such recipe", _close(name, recipes))
+    for name in opts.targets:
+        if name not in targets:
+            raise UsageError(f"--target {name}: no recipe builds for it", _close(name, targets))
+    if opts.only and opts.targets:
+        pairs = [f"{r}@{t}" for r in opts.only for t in opts.targets]
+        have = {f"{r}@{a['target']['name']}" for a in state["actions"] if a["target"] for r in a["recipes"]}
+        return [p for p in pairs if p in have] or [f"recipe/{r}" for r in opts.only]
+    if opts.only:
+        return [f"recipe/{r}" for r in opts.only]
+    if opts.targets:
+        return [f"target/{t}" for t in opts.targets]
+    return []
+
+
+def _close(name: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(name, options, n=1)
+    return f"did you mean '{close[0]}'?" if close else f"known: {', '.join(options) or 'none'}"
+
+
+def build(opts: BuildOptions) -> int:
+    opts.out = opts.out.resolve()
+    state = ensure_planned(opts)
+    targets = ninja_targets(state, opts)
+    build_id = uuid.uuid4().hex
+    env = {"CTXBUILD_BUILD_ID": build_id, **opts.cache_env}
+    with jobserver.for_ninja(opts.jobs) as (jobs, js_env):
+        env.update(js_env)
+        rc = ninja.run(opts.out, targets, jobs=jobs, keep_going=opts.keep_going, dry_run=opts.dry_run, env=env)
+    if opts.dry_run:
+        return 0 if rc == 0 else 1
+    records = read_records(opts.out)
+    ran = [r for r in records.values() if r.get("build_id") == build_id]
+    _write_summary(opts.out, ran)
+    if opts.explain:
+        for r in ran:
+            print(f"explain: {r['id']}: {_explain(r)}")
+    failed = [r for r in ran if r.get("status") == "failed"]
+    versions = toolchain.summary(opts.out / ninja.STATE)
+    write_manifest(opts.out, ninja.read_state(opts.out, "plan.json") or state, versions)
+    if rc != 0:
+        for r in failed:
+            print(f"ctxbuild: FAILED {r['id']}: {r.get('cause', 'see log')} (log: {opts.out / r['log']})",
+                  file=sys.stderr)
+        if not failed:
+            print("ctxbuild: ninja failed before running an action (see above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _explain(r: dict[str, Any]) -> str:
+    if r.get("status") == "failed":
+        return f"failed: {r.get('cause')}"
+    src = "restored from cache" if r.get("source") == "cache" else "ran (not in cache)"
+    return f"{src}; {r.get('why', '')}"
+
+
+def _write_summary(out: Path, ran: list[dict[str, Any]]) -> None:
+    """What the last build did (cache hits, failures): read by `cache stats` and the report."""
+    from .atomic import write_bytes
+
+    summary = {"ran": len(ran), "from_cache": sum(r.get("source") == "cache" for r in ran),
+               "executed": sum(r.get("source") == "run" for r in ran),
+               "failed": sum(r.get("status") == "failed" for r in ran)}
+    write_bytes(out / ninja.STATE / "last_build.json", json.dumps(summary).encode())

@@ -1,0 +1,179 @@
+"""Command line: `ctxbuild build|plan|targets|clean|schema|...`. Exit codes: 0 ok, 1 build failed, 2 bad input."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from .errors import CtxbuildError, UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits 2 too; keep our one-line format
+        raise UsageError(f"{self.prog}: {message}", f"see `{self.prog} --help`")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="ctxbuild", description="Build QNN context binaries and EPContext models from recipes.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    b = sub.add_parser("build", help="build recipes (default: recipes/) into OUT")
+    _paths_out(b)
+    b.add_argument("-j", "--jobs", type=int, help="parallel actions (default: make's jobserver, else ninja's)")
+    b.add_argument("-k", "--keep-going", type=int, default=1, metavar="N", help="go on until N failures (0: all)")
+    b.add_argument("--target", action="append", default=[], metavar="NAME", help="only this target (repeatable)")
+    b.add_argument("--only", action="append", default=[], metavar="RECIPE", help="only this recipe (repeatable)")
+    b.add_argument("--dry-run", "-n", action="store_true", help="show what would run")
+    b.add_argument("--compile-jobs", type=int, help="max concurrent compiles (default: from CPUs and memory)")
+    b.add_argument("--explain", action="store_true", help="say why each action ran or was restored")
+    _cache_args(b)
+
+    pl = sub.add_parser("plan", help="print the action graph")
+    _paths_out(pl)
+    pl.add_argument("--format", choices=["text", "json", "dot"], default="text")
+
+    t = sub.add_parser("targets", help="list known SoCs")
+    t.add_argument("--json", action="store_true")
+
+    c = sub.add_parser("clean", help="remove OUT")
+    c.add_argument("-o", "--out", type=Path, default=Path("out"))
+
+    sub.add_parser("schema", help="print the recipe JSON Schema")
+
+    a = sub.add_parser("action", help=argparse.SUPPRESS)
+    a.add_argument("spec")
+    r = sub.add_parser("regenerate", help=argparse.SUPPRESS)
+    r.add_argument("out", type=Path)
+    return p
+
+
+def _paths_out(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="*", type=Path, default=[Path("recipes")], metavar="PATHS")
+    p.add_argument("-o", "--out", type=Path, default=Path("out"))
+
+
+def _cache_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-cache", action="store_true", help="bypass the action cache")
+    p.add_argument("--cache-dir", type=Path, help="local cache (default: $CTXBUILD_CACHE_DIR or XDG cache)")
+    p.add_argument("--remote-cache", metavar="URL", help="HTTP cache with /ac and /cas (or $CTXBUILD_REMOTE_CACHE)")
+    p.add_argument("--remote-read-only", action="store_true", help="never upload (untrusted builds)")
+
+
+def _cache_env(args: argparse.Namespace) -> dict[str, str]:
+    """Cache settings reach ninja's action processes through the environment (not build.ninja: no rebuilds)."""
+    env: dict[str, str] = {}
+    if args.no_cache:
+        env["CTXBUILD_NO_CACHE"] = "1"
+    if args.cache_dir:
+        env["CTXBUILD_CACHE_DIR"] = str(args.cache_dir.resolve())
+    if args.remote_cache:
+        env["CTXBUILD_REMOTE_CACHE"] = args.remote_cache
+    if args.remote_read_only:
+        env["CTXBUILD_REMOTE_READ_ONLY"] = "1"
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+        return _dispatch(args)
+    except CtxbuildError as e:
+        print(f"ctxbuild: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("ctxbuild: interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.cmd == "action":
+        from .runner import main as run_action
+
+        return run_action(args.spec)
+    if args.cmd == "build":
+        from .build import BuildOptions, build
+
+        return build(BuildOptions(paths=args.paths, out=args.out, jobs=args.jobs, keep_going=args.keep_going,
+                                  targets=args.target, only=args.only, dry_run=args.dry_run,
+                                  compile_jobs=args.compile_jobs, explain=args.explain, cache_env=_cache_env(args)))
+    if args.cmd == "regenerate":
+        from .build import regenerate
+
+        regenerate(args.out)
+        return 0
+    if args.cmd == "plan":
+        return _plan(args)
+    if args.cmd == "targets":
+        return _targets(args.json)
+    if args.cmd == "clean":
+        return _clean(args.out)
+    if args.cmd == "schema":
+        from .recipe import SCHEMA_PATH
+
+        sys.stdout.write(SCHEMA_PATH.read_text())
+        return 0
+    raise UsageError(f"unknown command {args.cmd}")
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from . import recipe
+    from .plan import make_plan
+
+    plan = make_plan(recipe.load(args.paths), args.out)
+    actions = plan.actions
+    if args.format == "json":
+        print(json.dumps({"actions": [a.to_spec() for a in actions],
+                          "edges": [{"from": u, "to": v, "files": d["files"]} for u, v, d in plan.graph.edges(data=True)]},
+                         indent=2))
+    elif args.format == "dot":
+        print("digraph ctxbuild {\n  rankdir=LR;")
+        for a in actions:
+            print(f'  "{a.id}" [label="{a.description}"];')
+        for u, v in plan.graph.edges():
+            print(f'  "{u}" -> "{v}";')
+        print("}")
+    else:
+        for a in actions:
+            deps = sorted(plan.graph.predecessors(a.id))
+            print(f"{a.id}  [{', '.join(a.recipes)}]" + (f"  <- {', '.join(deps)}" if deps else ""))
+    return 0
+
+
+def _targets(as_json: bool) -> int:
+    from .targets import SOCS
+
+    if as_json:
+        print(json.dumps([{"name": s.name, "soc_model": s.soc_model, "htp_arch": s.htp_arch, "vtcm_mb": s.vtcm_mb,
+                           "aliases": list(s.aliases), "marketing_name": s.marketing} for s in SOCS], indent=2))
+        return 0
+    print(f"{'name':<10} {'soc_model':>9} {'htp_arch':>8} {'vtcm_mb':>7}  aliases / marketing name")
+    for s in SOCS:
+        print(f"{s.name:<10} {s.soc_model:>9} {'v' + str(s.htp_arch):>8} {s.vtcm_mb:>7}  "
+              f"{', '.join(s.aliases) + ' / ' if s.aliases else ''}{s.marketing}")
+    return 0
+
+
+def _clean(out: Path) -> int:
+    if not out.exists():
+        return 0
+    if not (out / ".ctxbuild").is_dir() and not (out / "build.ninja").is_file():
+        raise UsageError(f"{out} does not look like a ctxbuild output directory; not removing it")
+    shutil.rmtree(out)
+    return 0
+
+
+def entry() -> None:
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # `ctxbuild targets | head`: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,57 @@
+"""File content digests, memoized by (path, size, mtime_ns, inode, ctime_ns) like git's index.
+
+Hashing a multi-GB model on every build is not acceptable; a stat() is. The memo lives in a small
+SQLite database per OUT directory, which tolerates ninja's concurrent action processes.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+from pathlib import Path
+
+
+def sha256_file(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+class DigestMemo:
+    def __init__(self, db_path: Path | None) -> None:
+        self._db: sqlite3.Connection | None = None
+        if db_path is not None:
+            try:
+                db_path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(db_path, timeout=30, isolation_level=None)
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("CREATE TABLE IF NOT EXISTS d (path TEXT PRIMARY KEY, stat TEXT, digest TEXT)")
+            except sqlite3.Error:
+                self._db = None  # a memo is an optimisation: without it we just hash
+
+    def digest(self, path: Path) -> str:
+        st = os.stat(path)
+        # A file modified within the same mtime tick as it was memoized could be missed (git's "racy" case):
+        # ctime_ns and inode in the stamp, plus never memoizing a file changed in the last 2 s, avoid that.
+        stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}"
+        key = str(path.resolve())
+        if self._db is not None:
+            row = self._db.execute("SELECT stat, digest FROM d WHERE path=?", (key,)).fetchone()
+            if row and row[0] == stamp:
+                return row[1]
+        digest = sha256_file(path)
+        if self._db is not None and _settled(st):
+            try:
+                self._db.execute("INSERT OR REPLACE INTO d VALUES (?,?,?)", (key, stamp, digest))
+            except sqlite3.Error:
+                pass
+        return digest
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+
+
+def _settled(st: os.stat_result) -> bool:
+    import time
+
+    return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > 2_000_000_000

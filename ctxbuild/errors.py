@@ -1,0 +1,60 @@
+"""Errors a user can hit. Each carries a one-line cause and a hint; the CLI prints them without a traceback."""
+from __future__ import annotations
+
+
+class CtxbuildError(Exception):
+    """Base class. `exit_code` is what the CLI returns: 2 for bad input/usage, 1 for a failed build."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class UsageError(CtxbuildError):
+    """Bad command line."""
+
+    exit_code = 2
+
+
+class RecipeError(CtxbuildError):
+    """A recipe or defaults file is wrong; the message starts with `file:line:`."""
+
+    exit_code = 2
+
+
+class PlanError(RecipeError):
+    """The recipes are individually valid but the action graph is not (duplicate outputs, cycles, ...)."""
+
+
+class ActionError(CtxbuildError):
+    """An action failed while building (bad model, QNN rejected a node, ...)."""
+
+    exit_code = 1
+
+
+class InspectError(CtxbuildError):
+    """A context binary cannot be read (missing, truncated, corrupt, not a QNN binary)."""
+
+    exit_code = 1
+
+
+class CacheError(CtxbuildError):
+    """A cache problem. Never fatal: `cache.Cache` turns each into one warning and the build goes on."""
+
+
+class CacheUnavailable(CacheError):
+    """The local cache directory cannot be read or written (full, read-only, not a directory)."""
+
+
+class RemoteUnavailable(CacheUnavailable):
+    """The remote cache is unreachable, timed out, failed (5xx) or refused the credentials."""
+
+
+class CorruptEntry(CacheError):
+    """A remote record or blob failed validation (poisoned or corrupt); it was not used."""

@@ -1,0 +1,144 @@
+"""Render OUT/build.ninja from the plan (one template, one place) and run the ninja binary from PyPI."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .action import canonical_json
+from .atomic import write_if_changed
+from .plan import Plan
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+STATE = ".ctxbuild"  # OUT/.ctxbuild: specs, records, logs, work files, plan state
+
+
+def ninja_binary() -> str:
+    """The `ninja` package's binary next to this interpreter: never one found on PATH by accident."""
+    import ninja
+
+    return str(Path(ninja.BIN_DIR) / "ninja")
+
+
+def escape_path(p: str) -> str:
+    return re.sub(r"([$ :\n])", r"$\1", p)
+
+
+@dataclass
+class Edge:
+    outputs: list[str]
+    inputs: list[str]
+    spec: str
+    desc: str
+    rule: str
+    depfile: str | None
+    pool: str | None
+
+
+def _rel(p: str, out: Path) -> str:
+    """Paths inside OUT relative to it (ninja runs in OUT), others absolute."""
+    path = Path(p)
+    try:
+        return escape_path(str(path.relative_to(out)))
+    except ValueError:
+        return escape_path(str(path))
+
+
+def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> bool:
+    """Write build.ninja, the action specs and plan state; each only if changed. Returns True if build.ninja changed."""
+    import jinja2
+
+    out = plan.out
+    state = out / STATE
+    specs = state / "actions"
+    edges: list[Edge] = []
+    by_recipe: dict[str, list[str]] = {}
+    by_target: dict[str, list[str]] = {}
+    by_pair: dict[str, list[str]] = {}
+    wanted_specs = set()
+    for a in plan.actions:
+        spec_path = specs / a.spec_name
+        wanted_specs.add(spec_path.name)
+        write_if_changed(spec_path, canonical_json(a.to_spec()))
+        outs = [_rel(p, out) for p in a.outputs.values()]
+        ins = [_rel(p, out) for p in a.inputs.values()] + [_rel(str(w), out) for w in a.watch]
+        ins.append(_rel(str(spec_path), out))
+        needs_depfile = a.kind in ("prepare", "quantize")  # external data / calibration samples found at run time
+        edges.append(Edge(outs, ins, _rel(str(spec_path), out), a.description,
+                          "action_dep" if needs_depfile else "action",
+                          _rel(str(state / "deps" / (a.spec_name + ".d")), out) if needs_depfile else None, a.pool))
+        for r in a.recipes:
+            by_recipe.setdefault(f"recipe/{r}", []).extend(outs)
+            if a.target:
+                by_pair.setdefault(f"{r}@{a.target['name']}", []).extend(outs)
+        if a.target:
+            by_target.setdefault(f"target/{a.target['name']}", []).extend(outs)
+    # A pair target must include its upstream (prepare/quantize) outputs too: ninja builds them as inputs anyway.
+    phonies = sorted((k, sorted(set(v))) for d in (by_recipe, by_target, by_pair) for k, v in d.items())
+    all_outs = sorted({o for e in edges for o in e.outputs})
+    phonies.append(("all", all_outs))
+
+    for stale in specs.glob("*.json"):
+        if stale.name not in wanted_specs:
+            stale.unlink()
+
+    generator_deps = sorted({_rel(str(p), out) for p in
+                             [*plan.recipes.files, *plan.recipes.dirs, *_planner_files(), *_toolchain_files()]})
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True)
+    text = env.get_template("build.ninja.j2").render(
+        version=__version__, recipe_roots=invocation["paths"], compile_jobs=compile_jobs,
+        python=escape_path(sys.executable), out_escaped=escape_path(str(out)), generator_deps=generator_deps,
+        edges=edges, phonies=phonies)
+
+    write_if_changed(state / "invocation.json", canonical_json(invocation))
+    write_if_changed(state / "plan.json", canonical_json({
+        "artifacts": plan.artifacts(),
+        "actions": [{"id": a.id, "kind": a.kind, "recipes": a.recipes, "target": a.target,
+                     "description": a.description, "outputs": list(a.outputs.values())} for a in plan.actions],
+        "generator_deps": [str(p) for p in [*plan.recipes.files, *plan.recipes.dirs]],
+        "cache": plan.recipes.cache,
+    }))
+    return write_if_changed(out / "build.ninja", text.encode())
+
+
+def _planner_files() -> list[Path]:
+    """The planner's own code: a new ctxbuild re-plans (meson does the same on a version change)."""
+    pkg = Path(__file__).resolve().parent
+    return [pkg / "plan.py", pkg / "recipe.py", pkg / "ninja.py", pkg / "recipe.schema.json",
+            TEMPLATES / "build.ninja.j2"]
+
+
+def _toolchain_files() -> list[Path]:
+    from .toolchain import library_files
+
+    return library_files()
+
+
+def run(out: Path, targets: list[str], *, jobs: int | None, keep_going: int, dry_run: bool,
+        explain: bool = False, env: dict[str, str] | None = None) -> int:
+    cmd = [ninja_binary()]
+    if jobs is not None:
+        cmd += ["-j", str(jobs)]
+    cmd += ["-k", str(keep_going)]
+    if dry_run:
+        cmd.append("-n")
+    if explain:
+        cmd += ["-d", "explain"]
+    cmd += targets
+    full_env = {**os.environ, **(env or {})}
+    full_env.setdefault("NINJA_STATUS", "[%f/%t] ")
+    return subprocess.call(cmd, env=full_env, cwd=out)  # cwd, not -C: no "Entering directory" noise
+
+
+def read_state(out: Path, name: str) -> dict[str, Any] | None:
+    try:
+        return json.loads((out / STATE / name).read_text())
+    except (OSError, ValueError):
+        return None

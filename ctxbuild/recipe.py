@@ -1,0 +1,312 @@
+"""Recipes: discover YAML files, merge directory defaults, validate, and turn them into plain Recipe objects."""
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from . import targets as soc_table
+from .errors import RecipeError
+from .targets import Target
+from .yamlsrc import LineDict, line_of, load_mapping
+
+DEFAULTS_FILE = "_defaults.yaml"
+SCHEMA_PATH = Path(__file__).with_name("recipe.schema.json")
+PRECISIONS = ("int16", "int8", "fp16", "qdq")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    dir: Path | None
+    random: bool
+    samples: int
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    embed: bool = False
+    optimization_mode: int | None = None
+    vtcm_mb: int | None = None
+    cpu_fallback: bool = False
+    provider_options: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Graph:
+    """One ONNX graph to compile: the recipe's model, or one member of a bundle."""
+
+    name: str
+    model: Path
+    inputs: dict[str, tuple[int, ...]]
+    calibration: Calibration | None
+
+
+@dataclass
+class Recipe:
+    name: str
+    file: Path
+    precision: str
+    graphs: list[Graph]
+    targets: list[Target]
+    compile: CompileOptions
+    is_bundle: bool = False
+    multi_soc: bool = False
+    verify: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        return str(self.file)
+
+
+@dataclass
+class RecipeSet:
+    recipes: list[Recipe]
+    files: list[Path]  # every YAML file read (recipes and defaults): the generator edge's inputs
+    dirs: list[Path]  # every directory scanned: a new recipe file changes its mtime
+    cache: dict[str, Any]  # merged `cache:` settings from defaults files
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+def load(paths: list[Path]) -> RecipeSet:
+    """Load every recipe under `paths` (files or directories)."""
+    files: list[Path] = []
+    dirs: list[Path] = []
+    recipe_files: list[tuple[Path, Path]] = []  # (recipe file, root it was found under)
+    for p in paths:
+        if p.is_dir():
+            root = p.resolve()
+            for d in sorted([root, *(q for q in root.rglob("*") if q.is_dir() and not _hidden(q, root))]):
+                dirs.append(d)
+                for f in sorted(d.iterdir()):
+                    if f.suffix in (".yaml", ".yml") and f.name != DEFAULTS_FILE and f.is_file():
+                        recipe_files.append((f, root))
+        elif p.is_file():
+            recipe_files.append((p.resolve(), p.resolve().parent))
+        else:
+            raise RecipeError(f"{p}: no such file or directory", "give recipe files or directories")
+    if not recipe_files:
+        raise RecipeError(f"no recipes (*.yaml) found under {', '.join(map(str, paths))}")
+
+    defaults_cache: dict[Path, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {}
+    recipes: list[Recipe] = []
+    cache_settings: dict[str, Any] = {}
+    seen: dict[str, Path] = {}
+    for f, root in recipe_files:
+        defaults, groups, cache = _defaults_for(f.parent, root, defaults_cache, files)
+        cache_settings.update(cache)
+        files.append(f)
+        recipe = _load_recipe(f, defaults, groups)
+        if recipe.name in seen:
+            raise RecipeError(f"{f}:1: recipe name '{recipe.name}' is already used by {seen[recipe.name]}",
+                              "recipe names must be unique across the tree; set `name:` in one of them")
+        seen[recipe.name] = f
+        recipes.append(recipe)
+    return RecipeSet(recipes, sorted(set(files)), dirs, cache_settings)
+
+
+def _hidden(p: Path, root: Path) -> bool:
+    return any(part.startswith(".") for part in p.relative_to(root).parts)
+
+
+def _defaults_for(directory: Path, root: Path, memo: dict, files: list[Path]
+                  ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Merged (defaults, target_groups, cache) from `_defaults.yaml` files from `root` down to `directory`."""
+    if directory in memo:
+        return memo[directory]
+    if directory == root or root not in directory.parents:
+        parent: tuple[dict, dict, dict] = ({}, {}, {})
+    else:
+        parent = _defaults_for(directory.parent, root, memo, files)
+    defaults, groups, cache = copy.deepcopy(parent[0]), dict(parent[1]), dict(parent[2])
+    f = directory / DEFAULTS_FILE
+    if f.is_file():
+        files.append(f)
+        data = load_mapping(f)
+        _validate(f, data, schema()["$defs"]["defaults_file"])
+        if "defaults" in data:
+            _validate(f, data["defaults"], _partial_recipe_schema(), prefix=["defaults"], root=data)
+            defaults = _merge(defaults, data["defaults"])
+            for key in ("model",):
+                if key in data["defaults"]:
+                    raise RecipeError(f"{f}:{line_of(data, ['defaults', key])}: `{key}` cannot be a default",
+                                      "set it in each recipe")
+        for g, members in data.get("target_groups", {}).items():
+            groups[g] = [(m, f, line_of(data, ["target_groups", g, i])) for i, m in enumerate(members)]
+        cache.update(data.get("cache", {}))
+    memo[directory] = (defaults, groups, cache)
+    return memo[directory]
+
+
+def _partial_recipe_schema() -> dict[str, Any]:
+    s = dict(schema())
+    s.pop("$id", None)
+    return s
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge mappings (recipe keys win); lists and scalars are replaced."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _validate(f: Path, data: Any, sch: dict[str, Any], prefix: list[str | int] | None = None,
+              root: Any = None) -> None:
+    import jsonschema  # imported lazily: only planning needs it, not the no-op fast path
+
+    full = {**sch, "$defs": schema()["$defs"]}
+    validator = jsonschema.Draft202012Validator(full)
+    errors = sorted(validator.iter_errors(data), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if not errors:
+        return
+    err = errors[0]
+    # oneOf hides the useful message in its context; pick the most specific sub-error.
+    if err.context:
+        err = max(err.context, key=lambda e: len(e.absolute_path))
+    path = (prefix or []) + list(err.absolute_path)
+    line = line_of(root if root is not None else data, path)
+    where = ".".join(str(p) for p in path) or "(top level)"
+    raise RecipeError(f"{f}:{line}: {where}: {_describe(err)}", _hint(err))
+
+
+def _describe(err: Any) -> str:
+    v = err.validator
+    if v == "additionalProperties":
+        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+        return f"unknown key '{extra[0]}'" if extra else err.message
+    if v == "type":
+        return f"expected {err.validator_value}, got {type(err.instance).__name__} {err.instance!r}"
+    if v == "enum":
+        return f"{err.instance!r} is not one of {', '.join(map(str, err.validator_value))}"
+    if v == "required":
+        return err.message.replace("is a required property", "is required")
+    if v == "pattern":
+        return f"{err.instance!r} is not a valid name (letters, digits, . _ + -; no path separators)"
+    return err.message
+
+
+def _hint(err: Any) -> str | None:
+    if err.validator == "additionalProperties":
+        known = sorted(err.schema.get("properties", {}))
+        extra = sorted(set(err.instance) - set(known))
+        close = difflib.get_close_matches(extra[0], known, n=1) if extra else []
+        return f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+    if err.validator == "enum":
+        close = difflib.get_close_matches(str(err.instance), [str(x) for x in err.validator_value], n=1)
+        return f"did you mean '{close[0]}'?" if close else None
+    return None
+
+
+def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> Recipe:
+    data = load_mapping(f)
+    _validate(f, data, _partial_recipe_schema())
+    merged = _merge(defaults, data)
+
+    def at(*path: str | int) -> str:
+        return f"{f}:{line_of(data, list(path))}"
+
+    name = merged.get("name", f.stem)
+    if not soc_table.is_safe_name(name):
+        raise RecipeError(f"{at('name')}: recipe name '{name}' cannot be used as a directory name under OUT",
+                          "use letters, digits, . _ + - (no '/', no '..')")
+    if "model" in merged and "bundle" in merged:
+        raise RecipeError(f"{at('bundle')}: a recipe has either `model` or `bundle`, not both")
+    if "model" not in merged and "bundle" not in merged:
+        raise RecipeError(f"{at()}: `model` is required", "the ONNX file, relative to this recipe")
+    precision = merged.get("precision")
+    if precision is None:
+        raise RecipeError(f"{at()}: `precision` is required", f"one of {', '.join(PRECISIONS)}")
+    if "targets" not in merged:
+        raise RecipeError(f"{at()}: `targets` is required", "e.g. targets: [SM8650, SM8750]")
+
+    if "bundle" in merged:
+        graphs = [_graph(f, data, ["bundle", i], g, g["name"], precision) for i, g in enumerate(merged["bundle"])]
+        names = [g.name for g in graphs]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup:
+            raise RecipeError(f"{at('bundle')}: graph name '{dup}' appears twice in the bundle",
+                              "graph names must be unique within a bundle")
+    else:
+        graphs = [_graph(f, data, [], merged, name, precision)]
+
+    copts = merged.get("compile", {})
+    compile_opts = CompileOptions(
+        embed=copts.get("embed", False),
+        optimization_mode=copts.get("optimization_mode"),
+        vtcm_mb=copts.get("vtcm_mb"),
+        cpu_fallback=copts.get("cpu_fallback", False),
+        provider_options=tuple(sorted((str(k), _opt_str(v)) for k, v in copts.get("provider_options", {}).items())),
+    )
+    recipe_targets = _targets(f, data, merged["targets"], groups)
+    verify = merged.get("verify", {})
+    verify = {"enabled": verify} if isinstance(verify, bool) else dict(verify)
+    return Recipe(name=name, file=f, precision=precision, graphs=graphs, targets=recipe_targets,
+                  compile=compile_opts, is_bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False),
+                  verify=verify)
+
+
+def _opt_str(v: Any) -> str:
+    return ("1" if v else "0") if isinstance(v, bool) else str(v)
+
+
+def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any], name: str, precision: str) -> Graph:
+    where = f"{f}:{line_of(data, path + ['model'])}"
+    model = (f.parent / spec["model"]).resolve()
+    if not model.is_file():
+        raise RecipeError(f"{where}: model '{spec['model']}' not found (looked in {model})",
+                          "model paths are relative to the recipe file")
+    cal = spec.get("calibration")
+    calibration = None
+    if precision in ("int16", "int8"):
+        if not cal or (not cal.get("dir") and not cal.get("random")):
+            raise RecipeError(f"{where}: precision {precision} needs calibration data",
+                              "set calibration.dir to a directory of .npz/.npy samples "
+                              "(or calibration.random: true, which makes accuracy meaningless)")
+        cdir = None
+        if cal.get("dir"):
+            cdir = (f.parent / cal["dir"]).resolve()
+            if not cdir.is_dir():
+                raise RecipeError(f"{f}:{line_of(data, path + ['calibration', 'dir'])}: calibration dir "
+                                  f"'{cal['dir']}' not found (looked in {cdir})", "paths are relative to the recipe")
+        calibration = Calibration(cdir, bool(cal.get("random")) and cdir is None, cal.get("samples", 8))
+    inputs = {k: tuple(v) for k, v in spec.get("inputs", {}).items()}
+    return Graph(name=name, model=model, inputs=inputs, calibration=calibration)
+
+
+def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list]) -> list[Target]:
+    out: dict[str, Target] = {}
+
+    def add(spec: Any, where: str, stack: tuple[str, ...]) -> None:
+        if isinstance(spec, dict):
+            t = Target(spec["name"], str(spec["soc_model"]), str(spec["htp_arch"]), spec.get("vtcm_mb"))
+        elif spec in groups:
+            if spec in stack:
+                raise RecipeError(f"{where}: target group '{spec}' includes itself")
+            for member, gf, gline in groups[spec]:
+                add(member, f"{gf}:{gline}", stack + (spec,))
+            return
+        else:
+            soc = soc_table.lookup(spec)
+            if soc is None:
+                raise RecipeError(f"{where}: unknown SoC or target group '{spec}'",
+                                  soc_table.suggest(spec, list(groups)))
+            t = soc_table.soc_target(soc)
+        if t.name in out and out[t.name] != t:
+            raise RecipeError(f"{where}: target name '{t.name}' is defined twice with different settings")
+        out[t.name] = t
+
+    for i, spec in enumerate(specs):
+        add(spec, f"{f}:{line_of(data, ['targets', i])}", ())
+    return list(out.values())

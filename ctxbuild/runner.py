@@ -1,0 +1,195 @@
+"""Run one action (what a ninja edge executes): key it, restore from cache or run it, place outputs atomically.
+
+Protocol with the driver: the spec file names everything; the record file written last
+(OUT/.ctxbuild/records/<id>.json) tells the driver and `--explain` what happened and why.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from . import toolchain
+from .action import Action, canonical_json, load_spec
+from .actions import IMPLEMENTATIONS
+from .atomic import write_bytes
+from .capture import captured
+from .digests import DigestMemo, sha256_file
+from .errors import ActionError, CtxbuildError
+from .ninja import STATE
+
+
+class ActionContext:
+    """What an action implementation gets: its spec, a private temp dir, and where to write outputs."""
+
+    def __init__(self, action: Action, out: Path, tmp: Path, log_path: Path) -> None:
+        self.action = action
+        self.out = out
+        self.tmp = tmp
+        self.log_path = log_path  # the EP logs here (fd 2 is captured); actions parse it for causes
+
+    def tmp_output(self, role: str) -> Path:
+        """Temp path with the output's final file name (a _ctx.onnx names its bin by file name)."""
+        return self.tmp / Path(self.action.outputs[role]).name
+
+
+def out_dir_of(spec_path: Path) -> Path:
+    return spec_path.resolve().parent.parent.parent  # OUT/.ctxbuild/actions/<id>.json
+
+
+def main(spec_arg: str) -> int:
+    spec_path = Path(spec_arg)
+    out = out_dir_of(spec_path)
+    action = load_spec(spec_path)
+    state = out / STATE
+    log_path = state / "logs" / (action.spec_name[:-5] + ".log")
+    record_path = state / "records" / action.spec_name
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    impl = IMPLEMENTATIONS[action.kind]
+    start = time.monotonic()
+    record: dict[str, Any] = {"id": action.id, "kind": action.kind, "recipes": action.recipes,
+                              "target": action.target, "build_id": os.environ.get("CTXBUILD_BUILD_ID")}
+    previous = _read_json(record_path)
+    memo = DigestMemo(state / "digests.sqlite")
+    tmp = state / "tmp" / f"{action.spec_name[:-5]}.{os.getpid()}"
+    cache = None
+    try:
+        with captured(log_path):
+            cache = _open_cache()
+            discovered = impl.discover_inputs(action)
+            _write_depfile(state, action, discovered)
+            components = _key_components(action, discovered, memo, state)
+            key = _digest(components)
+            record.update(key=key, components={k: _digest(v) for k, v in components.items()})
+            record["why"] = _why(previous, record)
+            hit = cache.lookup(key) if cache else None
+            if hit is not None and cache.restore(hit, {r: Path(p) for r, p in action.outputs.items()}):
+                record["source"] = "cache"
+                print(f"restored {action.id} from cache (key {key[:16]})")
+            else:
+                tmp.mkdir(parents=True, exist_ok=True)
+                impl.run(ActionContext(action, out, tmp, log_path))
+                _place_outputs(action, tmp)
+                record["source"] = "run"
+                if cache:
+                    cache.store(key, {r: Path(p) for r, p in action.outputs.items()}, log_path.read_bytes(),
+                                {"id": action.id, "seconds": round(time.monotonic() - start, 3)})
+        record["outputs"] = {r: _describe_output(Path(p), out) for r, p in action.outputs.items()}
+        record["status"] = "ok"
+        record["warnings"] = impl.warnings(action)
+        for w in record["warnings"]:
+            print(f"ctxbuild: warning: {w}", file=sys.stderr)
+        if cache:
+            record["cache_warnings"] = cache.warnings
+            for w in cache.warnings:
+                print(f"ctxbuild: warning: {w}", file=sys.stderr)
+        return 0
+    except CtxbuildError as e:
+        record.update(status="failed", cause=str(e))
+    except Exception as e:  # an action's bug or a library failure: still one clean failure of this edge
+        with open(log_path, "a") as log:
+            traceback.print_exc(file=log)
+        record.update(status="failed", cause=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+    finally:
+        record["seconds"] = round(time.monotonic() - start, 3)
+        record["log"] = str(log_path.relative_to(out))
+        shutil.rmtree(tmp, ignore_errors=True)
+        write_bytes(record_path, canonical_json(record))
+        memo.close()
+    _remove_outputs(action)  # a failed action leaves no output behind, not even an older one
+    _print_failure(action, log_path, record["cause"])
+    return 1
+
+
+def _open_cache() -> Any:
+    if os.environ.get("CTXBUILD_NO_CACHE") == "1":
+        return None
+    from .cache.layered import open_from_env
+
+    return open_from_env()
+
+
+def _key_components(action: Action, discovered: dict[str, Path], memo: DigestMemo, state: Path) -> dict[str, Any]:
+    """Everything that decides the outputs, and nothing else (no temp paths, no times, no OUT path)."""
+    return {
+        "kind": action.kind,
+        "params": action.params,
+        "inputs": {role: memo.digest(Path(p)) for role, p in sorted(action.inputs.items())},
+        "discovered_inputs": {name: memo.digest(p) for name, p in sorted(discovered.items())},
+        "outputs": sorted(Path(p).name for p in action.outputs.values()),
+        "toolchain": toolchain.fingerprint(action.kind, state),
+    }
+
+
+def _digest(data: Any) -> str:
+    import hashlib
+
+    return hashlib.sha256(canonical_json(data)).hexdigest()
+
+
+def _why(previous: dict[str, Any] | None, record: dict[str, Any]) -> str:
+    if not previous or "components" not in previous:
+        return "no earlier build in this output directory"
+    changed = [k for k, v in record["components"].items() if previous["components"].get(k) != v]
+    if not changed:
+        return "outputs missing or older than inputs; key unchanged"
+    return "changed: " + ", ".join(changed)
+
+
+def _place_outputs(action: Action, tmp: Path) -> None:
+    """Move each output into place atomically; an identical existing file is left alone (ninja restat)."""
+    for path in action.outputs.values():
+        dest, src = Path(path), tmp / Path(path).name
+        if not src.is_file():
+            raise ActionError(f"{action.description}: produced no {dest.name}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.is_file() and dest.stat().st_size == src.stat().st_size and sha256_file(dest) == sha256_file(src):
+            continue
+        os.replace(src, dest)
+
+
+def _remove_outputs(action: Action) -> None:
+    for p in action.outputs.values():
+        Path(p).unlink(missing_ok=True)
+
+
+def _describe_output(p: Path, out: Path) -> dict[str, Any]:
+    return {"path": str(p.relative_to(out)), "sha256": sha256_file(p), "size": p.stat().st_size}
+
+
+def _write_depfile(state: Path, action: Action, discovered: dict[str, Path]) -> None:
+    if action.kind not in ("prepare", "quantize"):
+        return
+    from .ninja import _rel
+
+    outs = " ".join(_rel(p, state.parent).replace("$", "") for p in action.outputs.values())
+    deps = " ".join(str(p).replace(" ", "\\ ") for p in discovered.values())
+    write_bytes(state / "deps" / (action.spec_name + ".d"), f"{outs}: {deps}\n".encode())
+
+
+_NOISE = ("File mapped weights feature", "EPContext encryption config", "LIBNATIVE", "Please consider",
+          "pre-processing before quantization")
+
+
+def _print_failure(action: Action, log_path: Path, cause: str) -> None:
+    try:
+        lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if not any(n in ln for n in _NOISE)]
+    except OSError:
+        lines = []
+    if lines:
+        print(f"--- log of {action.description} ({log_path}), last lines:", file=sys.stderr)
+        print("\n".join(lines[-15:]), file=sys.stderr)
+    print(f"error: {action.description}: {cause}", file=sys.stderr)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,134 @@
+"""Toolchain versions and the QNN EP: what goes into every action key, and how actions reach the EP."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .atomic import write_bytes
+from .capture import captured
+
+# Bump when an action's outputs change for the same inputs (new parameters, different layout...).
+ACTION_SCHEMA_VERSION = 1
+EP_NAME = "QNNExecutionProvider"
+
+
+@lru_cache(maxsize=None)
+def version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "missing"
+
+
+def qnn_library_dir() -> Path:
+    """Directory of the onnxruntime-qnn wheel's shared libraries (found without importing onnxruntime)."""
+    dist = metadata.distribution("onnxruntime-qnn")
+    return Path(str(dist.locate_file("onnxruntime_qnn")))
+
+
+def library_files() -> list[Path]:
+    """Files whose change means a different compiler: generator-edge inputs, and the SDK id memo's stamp."""
+    d = qnn_library_dir()
+    return [d / "libQnnHtp.so", d / "libHtpPrepare.so", d / "libonnxruntime_providers_qnn.so"]
+
+
+def _stamp() -> list[Any]:
+    return [version("onnxruntime"), version("onnxruntime-qnn")] + [
+        [f.name, s.st_size, s.st_mtime_ns] for f in library_files() for s in [f.stat()]
+    ]
+
+
+def sdk_build_id(memo_dir: Path) -> str:
+    """The QNN SDK build id (`ep_sdk_version`) the EP stamps into context binaries, memoized per toolchain."""
+    memo = memo_dir / "toolchain.json"
+    stamp = _stamp()
+    try:
+        data = json.loads(memo.read_text())
+        if data["stamp"] == stamp:
+            return data["sdk_build_id"]
+    except (OSError, ValueError, KeyError):
+        pass
+    build_id = _probe_sdk_build_id()
+    memo_dir.mkdir(parents=True, exist_ok=True)
+    write_bytes(memo, json.dumps({"stamp": stamp, "sdk_build_id": build_id}).encode())
+    return build_id
+
+
+def _probe_sdk_build_id() -> str:
+    """Compile a one-node model and read the SDK version the EP writes: exactly what artifacts will carry."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "c"], ["y"])], "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor("c", TensorProto.FLOAT, [1, 4], np.ones(4, np.float32).tolist())])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    with tempfile.TemporaryDirectory(prefix="ctxbuild-probe-") as tmp:
+        src, dst = Path(tmp) / "probe.onnx", Path(tmp) / "probe_ctx.onnx"
+        onnx.save(model, src)
+        with captured(None):  # the EP's banner and warnings are noise here
+            compile_model(src, dst, {"soc_model": "57", "htp_arch": "75", "enable_htp_fp16_precision": "1"},
+                          embed=False, cpu_fallback=False)
+        for node in onnx.load(dst).graph.node:
+            for a in node.attribute:
+                if a.name == "ep_sdk_version":
+                    return a.s.decode()
+    return "unknown"
+
+
+def fingerprint(kind: str, memo_dir: Path) -> dict[str, Any]:
+    """The toolchain part of an action key. Compile-type actions also depend on the QNN compiler."""
+    fp: dict[str, Any] = {"ctxbuild_action_schema": ACTION_SCHEMA_VERSION, "onnx": version("onnx"),
+                          "onnxruntime": version("onnxruntime")}
+    if kind not in ("prepare", "quantize"):
+        fp["onnxruntime-qnn"] = version("onnxruntime-qnn")
+        fp["qnn_sdk"] = sdk_build_id(memo_dir)
+    return fp
+
+
+def summary(memo_dir: Path) -> dict[str, str]:
+    return {"onnx": version("onnx"), "onnxruntime": version("onnxruntime"),
+            "onnxruntime-qnn": version("onnxruntime-qnn"), "qnn_sdk_build_id": sdk_build_id(memo_dir)}
+
+
+# --- the EP -----------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def qnn_devices() -> list[Any]:
+    """Register the QNN plugin EP once per process (unregistering resets shared contexts: see QNN-NOTES)."""
+    import onnxruntime as ort
+    import onnxruntime_qnn
+
+    ort.register_execution_provider_library(EP_NAME, onnxruntime_qnn.get_library_path())
+    return [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]
+
+
+def session_options(provider_options: dict[str, str], *, cpu_fallback: bool,
+                    config: dict[str, str] | None = None) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = int(os.environ.get("CTXBUILD_ORT_LOG_LEVEL", "2"))
+    if not cpu_fallback:
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    for k, v in (config or {}).items():
+        so.add_session_config_entry(k, v)
+    so.add_provider_for_devices(qnn_devices(), {"backend_type": "htp", **provider_options})
+    return so
+
+
+def compile_model(src: Path, dst: Path, provider_options: dict[str, str], *, embed: bool, cpu_fallback: bool,
+                  config: dict[str, str] | None = None) -> None:
+    """ModelCompiler: writes `dst` (EPContext wrapper) and, unless embedded, `<dst stem>_qnn.bin` beside it."""
+    import onnxruntime as ort
+
+    so = session_options(provider_options, cpu_fallback=cpu_fallback, config=config)
+    ort.ModelCompiler(so, str(src), embed_compiled_data_into_model=embed).compile_to_file(str(dst))

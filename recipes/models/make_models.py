@@ -1,0 +1,90 @@
+"""Generate the example models and calibration samples the recipes in recipes/ build.
+
+Deterministic (seeded): running it twice writes byte-identical files, so the build cache stays warm.
+Usage: python recipes/models/make_models.py [DEST]   (default: the directory of this script)
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+IR_VERSION = 10
+
+
+def _init(rng: np.random.Generator, name: str, shape: tuple[int, ...], scale: float = 0.2) -> onnx.TensorProto:
+    return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+
+def tiny_cnn(rng: np.random.Generator) -> onnx.ModelProto:
+    """Conv-BN-Relu x2, global pool, classifier; batch dim symbolic (the recipe fixes it)."""
+    c1, c2, classes = 16, 32, 10
+    inits = [
+        _init(rng, "w1", (c1, 3, 3, 3)), _init(rng, "b1", (c1,), 0.05),
+        numpy_helper.from_array(np.abs(rng.standard_normal(c1)).astype(np.float32) + 0.5, "bn_s"),
+        _init(rng, "bn_b", (c1,), 0.1), _init(rng, "bn_m", (c1,), 0.1),
+        numpy_helper.from_array(np.abs(rng.standard_normal(c1)).astype(np.float32) + 0.5, "bn_v"),
+        _init(rng, "w2", (c2, c1, 3, 3), 0.1), _init(rng, "b2", (c2,), 0.05),
+        _init(rng, "wf", (c2, classes), 0.3), _init(rng, "bf", (classes,), 0.05),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["image", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "bn_s", "bn_b", "bn_m", "bn_v"], ["n1"], name="bn1"),
+        helper.make_node("Relu", ["n1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("GlobalAveragePool", ["r2"], ["p"], name="gap"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["logits"], name="fc"),
+    ]
+    graph = helper.make_graph(nodes, "tiny_cnn",
+                              [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 64, 64])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", classes])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+
+
+def mlp(rng: np.random.Generator) -> onnx.ModelProto:
+    """A two-layer MLP over a token embedding: the shape of an NPU-friendly transformer block's FFN."""
+    d, h = 64, 256
+    inits = [_init(rng, "w1", (d, h), 0.1), _init(rng, "b1", (h,), 0.02),
+             _init(rng, "w2", (h, d), 0.1), _init(rng, "b2", (d,), 0.02)]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["m1"], name="fc1"),
+        helper.make_node("Add", ["m1", "b1"], ["a1"], name="fc1_bias"),
+        helper.make_node("Sigmoid", ["a1"], ["s1"], name="act_sig"),
+        helper.make_node("Mul", ["a1", "s1"], ["g1"], name="act_silu"),
+        helper.make_node("MatMul", ["g1", "w2"], ["m2"], name="fc2"),
+        helper.make_node("Add", ["m2", "b2"], ["y"], name="fc2_bias"),
+    ]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, d])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, d])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+
+
+def images(rng: np.random.Generator, n: int) -> list[np.ndarray]:
+    """Smooth image-like samples (low-frequency patterns plus noise), not white noise."""
+    yy, xx = np.meshgrid(np.linspace(0, 1, 64), np.linspace(0, 1, 64), indexing="ij")
+    out = []
+    for _ in range(n):
+        fx, fy, phase = rng.uniform(1, 4, 3)
+        base = np.stack([np.sin(2 * np.pi * (fx * xx + fy * yy) + phase + c) for c in range(3)])
+        out.append(((base + 0.1 * rng.standard_normal(base.shape)) * 0.5 + 0.5)[None].astype(np.float32))
+    return out
+
+
+def main(dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    onnx.save(tiny_cnn(np.random.default_rng(1)), dest / "tiny_cnn.onnx")
+    onnx.save(mlp(np.random.default_rng(2)), dest / "mlp.onnx")
+    cal = dest / "calib" / "tiny_cnn"
+    cal.mkdir(parents=True, exist_ok=True)
+    for i, img in enumerate(images(np.random.default_rng(3), 8)):
+        np.savez(cal / f"sample_{i:03d}.npz", image=img)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent)
