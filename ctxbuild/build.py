@@ -162,5 +162,6 @@ def _write_summary(out: Path, ran: list[dict[str, Any]]) -> None:
 
     summary = {"ran": len(ran), "from_cache": sum(r.get("source") == "cache" for r in ran),
                "executed": sum(r.get("source") == "run" for r in ran),
-               "failed": sum(r.get("status") == "failed" for r in ran)}
+               "failed": sum(r.get("status") == "failed" for r in ran),
+               "actions": {r["id"]: r.get("source") or r.get("status") for r in ran}}
     write_bytes(out / ninja.STATE / "last_build.json", json.dumps(summary).encode())

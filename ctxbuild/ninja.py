@@ -105,7 +105,10 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> bool
         "generator_deps": [str(p) for p in [*plan.recipes.files, *plan.recipes.dirs]],
         "cache": plan.recipes.cache,
     }))
-    return write_if_changed(out / "build.ninja", text.encode())
+    changed = write_if_changed(out / "build.ninja", text.encode())
+    if not changed:  # the generator edge's output must end newer than its inputs, or ninja regenerates forever
+        os.utime(out / "build.ninja")
+    return changed
 
 
 def _planner_files() -> list[Path]:

@@ -52,7 +52,8 @@ def main(spec_arg: str) -> int:
     impl = IMPLEMENTATIONS[action.kind]
     start = time.monotonic()
     record: dict[str, Any] = {"id": action.id, "kind": action.kind, "recipes": action.recipes,
-                              "target": action.target, "build_id": os.environ.get("CTXBUILD_BUILD_ID")}
+                              "target": action.target, "build_id": os.environ.get("CTXBUILD_BUILD_ID"),
+                              "started": time.time()}
     previous = _read_json(record_path)
     memo = DigestMemo(state / "digests.sqlite")
     tmp = state / "tmp" / f"{action.spec_name[:-5]}.{os.getpid()}"
@@ -96,6 +97,7 @@ def main(spec_arg: str) -> int:
         record.update(status="failed", cause=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
     finally:
         record["seconds"] = round(time.monotonic() - start, 3)
+        record["finished"] = time.time()
         record["log"] = str(log_path.relative_to(out))
         shutil.rmtree(tmp, ignore_errors=True)
         write_bytes(record_path, canonical_json(record))

@@ -1,6 +1,7 @@
 """quantize: QDQ with onnxruntime.quantization's QNN config, calibrated on the recipe's samples."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -36,7 +37,10 @@ def run(ctx: Any) -> None:
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     a = ctx.action
-    src = Path(a.inputs["model"])
+    # onnxruntime's quantizer writes scratch files (`<model>-inferred.onnx`) beside its input; actions sharing
+    # one prepared model would race on them, so each works on a private link inside its own temp dir.
+    src = ctx.tmp / "input.onnx"
+    os.link(a.inputs["model"], src)
     spec = _input_spec(load(src, external_data=False))
     samples = list(_random(spec, a.params["samples"]) if a.params["random"]
                    else _from_files(spec, discover_inputs(a), a.recipe_files[0]))

@@ -1,0 +1,34 @@
+# Two commands on a fresh machine: `make build` (set up + build the examples into out/), `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+MODELS := recipes/models/tiny_cnn.onnx
+
+.PHONY: setup models build test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+models: $(MODELS)
+
+$(MODELS): recipes/models/make_models.py $(STAMP)
+	$(BIN)/python recipes/models/make_models.py
+
+# `+` hands make's jobserver to ctxbuild, so under `make -jN` ninja takes its slots from make.
+build: $(STAMP) $(MODELS)
+	+$(BIN)/ctxbuild build recipes -o out
+
+test: $(STAMP) $(MODELS)
+	$(BIN)/python -m pytest -q tests
+
+bench: $(STAMP) $(MODELS)
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf out

@@ -1,0 +1,78 @@
+"""Shared fixtures: a private copy of the example recipes per test, and running the real CLI."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = ROOT / "recipes"
+
+# pytest_plugins = ["tests.nginx_fixture"]
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+
+@pytest.fixture(scope="session")
+def example_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example models and calibration samples, generated once per session by the project's script."""
+    d = tmp_path_factory.mktemp("models")
+    subprocess.run([sys.executable, str(RECIPES / "models" / "make_models.py"), str(d)], check=True)
+    return d
+
+
+@pytest.fixture
+def tree(tmp_path: Path, example_models: Path) -> Path:
+    """A writable copy of recipes/ (YAML files + generated models) under tmp_path/recipes."""
+    dst = tmp_path / "recipes"
+    shutil.copytree(RECIPES, dst, ignore=shutil.ignore_patterns("models"))
+    shutil.copytree(example_models, dst / "models")
+    return dst
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def ctxbuild(tmp_path: Path, cache_dir: Path):
+    """Run `ctxbuild ARGS` as a user would; each test has its own local cache."""
+
+    def run(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600) -> Result:
+        full_env = {**os.environ, "CTXBUILD_CACHE_DIR": str(cache_dir), **(env or {})}
+        full_env.pop("MAKEFLAGS", None)
+        p = subprocess.run([sys.executable, "-m", "ctxbuild", *args], capture_output=True, text=True,
+                           env=full_env, cwd=cwd or tmp_path, timeout=timeout)
+        return Result(p.returncode, p.stdout, p.stderr)
+
+    return run
+
+
+def records(out: Path) -> dict[str, dict[str, Any]]:
+    recs = {}
+    for p in (out / ".ctxbuild" / "records").glob("*.json"):
+        r = json.loads(p.read_text())
+        recs[r["id"]] = r
+    return recs
+
+
+def last_build(out: Path) -> dict[str, str]:
+    """Action id -> what happened ("run", "cache", "failed") in the most recent `ctxbuild build`."""
+    return json.loads((out / ".ctxbuild" / "last_build.json").read_text())["actions"]

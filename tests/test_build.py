@@ -1,0 +1,112 @@
+"""End to end through the real EP: a multi-target build, loadable outputs, the simulator, ninja no-ops."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.conftest import last_build
+from tests.qnn_session import cosine, cpu_run, qnn_session
+
+
+@pytest.fixture
+def built(tree: Path, tmp_path: Path, ctxbuild) -> Path:
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    return out
+
+
+def test_multi_target_build_produces_loadable_epcontext_models(built: Path) -> None:
+    manifest = json.loads((built / "manifest.json").read_text())
+    arts = manifest["artifacts"]
+    by_target = {(a["recipe"], a["target"]["name"]) for a in arts}
+    assert {("tiny_cnn", "SM8650"), ("tiny_cnn", "SM8750"), ("tiny_cnn", "SC8380XP"),
+            ("tiny_cnn_int8", "SM8650"), ("mlp_fp16", "SM8650"), ("mlp_fp16", "SM8750")} <= by_target
+    assert manifest["toolchain"]["qnn_sdk_build_id"].startswith("v2.")
+    assert manifest["toolchain"]["onnxruntime-qnn"] != "missing"
+    ctx_models = [a for a in arts if a["kind"] == "epcontext_model"]
+    assert len(ctx_models) == 6
+    for a in arts:
+        p = built / a["path"]
+        assert p.stat().st_size == a["size"]
+        import hashlib
+        assert hashlib.sha256(p.read_bytes()).hexdigest() == a["sha256"]
+    for a in ctx_models:
+        model = onnx.load(built / a["path"], load_external_data=False)
+        node = model.graph.node[0]
+        assert [n.op_type for n in model.graph.node].count("EPContext") == 1
+        attrs = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
+        assert attrs["ep_sdk_version"].decode() == manifest["toolchain"]["qnn_sdk_build_id"]
+        qnn_session(built / a["path"])  # loads with the QNN EP
+    # embed: true gives one self-contained file, no .bin
+    assert not (built / "SM8650" / "mlp_fp16" / "mlp_fp16_ctx_qnn.bin").exists()
+    assert (built / "SM8650" / "tiny_cnn" / "tiny_cnn_ctx_qnn.bin").is_file()
+
+
+def test_simulator_output_close_to_float_model(built: Path, tree: Path) -> None:
+    sample = np.load(tree / "models" / "calib" / "tiny_cnn" / "sample_000.npz")["image"]
+    ref = cpu_run(tree / "models" / "tiny_cnn.onnx", {"image": sample})[0]
+    for target in ("SM8650", "SM8750"):
+        got = qnn_session(built / target / "tiny_cnn" / "tiny_cnn_ctx.onnx").run(None, {"image": sample})[0]
+        assert got.shape == ref.shape
+        assert cosine(got, ref) > 0.99, (target, cosine(got, ref))
+    x = np.random.default_rng(0).standard_normal((1, 16, 64)).astype(np.float32)
+    ref = cpu_run(tree / "models" / "mlp.onnx", {"x": x})[0]
+    got = qnn_session(built / "SM8650" / "mlp_fp16" / "mlp_fp16_ctx.onnx").run(None, {"x": x})[0]
+    assert cosine(got, ref) > 0.999
+
+
+def test_second_build_is_a_noop(built: Path, tree: Path, ctxbuild) -> None:
+    r = ctxbuild("build", str(tree), "-o", str(built))
+    assert r.code == 0, r.text
+    assert "no work to do" in r.text
+    assert last_build(built) == {}
+
+
+def test_editing_one_recipe_rebuilds_only_its_edges(built: Path, tree: Path, ctxbuild) -> None:
+    recipe = tree / "tiny_cnn_int8.yaml"
+    time.sleep(0.01)
+    recipe.write_text(recipe.read_text() + "compile:\n  optimization_mode: 2\n")
+    r = ctxbuild("build", str(tree), "-o", str(built))
+    assert r.code == 0, r.text
+    assert set(last_build(built)) == {"compile/tiny_cnn_int8@SM8650"}
+
+
+def test_only_and_target_select_edges(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), "--only", "tiny_cnn", "--target", "SM8750")
+    assert r.code == 0, r.text
+    ran = set(last_build(out))
+    assert "compile/tiny_cnn@SM8750" in ran
+    assert not any(i.startswith("compile/") and i != "compile/tiny_cnn@SM8750" for i in ran)
+    r = ctxbuild("build", str(tree), "-o", str(out), "--only", "tiny_cnm")
+    assert r.code == 2 and "did you mean 'tiny_cnn'" in r.err
+
+
+def test_dry_run_writes_no_artifacts(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), "--dry-run")
+    assert r.code == 0, r.text
+    assert "compile tiny_cnn@SM8650" in r.out
+    assert not list(out.glob("SM8650/*/*.onnx"))
+
+
+def test_plan_formats(tree: Path, ctxbuild) -> None:
+    r = ctxbuild("plan", str(tree), "--format", "json")
+    assert r.code == 0, r.text
+    plan = json.loads(r.out)
+    kinds = [a["kind"] for a in plan["actions"]]
+    # one prepare per model however many recipes/targets use it; one compile per recipe x target
+    assert kinds.count("prepare") == 2 and kinds.count("quantize") == 2 and kinds.count("compile") == 6
+    assert ctxbuild("plan", str(tree), "--format", "dot").out.startswith("digraph")
+
+
+def test_targets_lists_socs(ctxbuild) -> None:
+    r = ctxbuild("targets", "--json")
+    socs = {s["name"]: s for s in json.loads(r.out)}
+    assert socs["SM8650"]["htp_arch"] == 75 and socs["SC8380XP"]["soc_model"] == 60
