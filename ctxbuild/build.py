@@ -137,6 +137,7 @@ def build(opts: BuildOptions) -> int:
         for r in ran:
             print(f"explain: {r['id']}: {_explain(r)}")
     failed = [r for r in ran if r.get("status") == "failed"]
+    _invalidate_downstream(opts.out, state, {r["id"] for r in failed})
     versions = toolchain.summary(opts.out / ninja.STATE)
     write_manifest(opts.out, ninja.read_state(opts.out, "plan.json") or state, versions)
     if rc != 0:
@@ -147,6 +148,24 @@ def build(opts: BuildOptions) -> int:
             print("ctxbuild: ninja failed before running an action (see above)", file=sys.stderr)
         return 1
     return 0
+
+
+def _invalidate_downstream(out: Path, state: dict[str, Any], failed: set[str]) -> None:
+    """Outputs downstream of a failed action were not rebuilt and are stale: remove them and their records."""
+    consumers: dict[str, list[str]] = {}
+    for a in state["actions"]:
+        for d in a["deps"]:
+            consumers.setdefault(d, []).append(a["id"])
+    by_id = {a["id"]: a for a in state["actions"]}
+    todo, seen = list(failed), set(failed)
+    while todo:
+        for c in consumers.get(todo.pop(), []):
+            if c not in seen:
+                seen.add(c)
+                todo.append(c)
+                for p in by_id[c]["outputs"]:
+                    Path(p).unlink(missing_ok=True)
+                (out / ninja.STATE / "records" / (c.replace("/", ".") + ".json")).unlink(missing_ok=True)
 
 
 def _explain(r: dict[str, Any]) -> str:

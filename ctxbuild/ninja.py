@@ -101,7 +101,8 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> bool
     write_if_changed(state / "plan.json", canonical_json({
         "artifacts": plan.artifacts(),
         "actions": [{"id": a.id, "kind": a.kind, "recipes": a.recipes, "target": a.target,
-                     "description": a.description, "outputs": list(a.outputs.values())} for a in plan.actions],
+                     "description": a.description, "outputs": list(a.outputs.values()),
+                     "deps": sorted(plan.graph.predecessors(a.id))} for a in plan.actions],
         "generator_deps": [str(p) for p in [*plan.recipes.files, *plan.recipes.dirs]],
         "cache": plan.recipes.cache,
     }))

@@ -1,0 +1,215 @@
+"""Every bad input gets one clear line (file, field or node, what to do), the right exit code, and loses nothing."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tests.conftest import last_build
+
+
+def _recipe(tree: Path, name: str, body: str) -> Path:
+    p = tree / f"{name}.yaml"
+    p.write_text(body)
+    return p
+
+
+def _save(model: onnx.ModelProto, path: Path, ir: int = 10) -> Path:
+    model.ir_version = ir
+    onnx.save(model, path)
+    return path
+
+
+def _model(nodes: list, inputs: list, outputs: list, inits: list | None = None) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "g", inputs, outputs, inits or [])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _vi(name: str, shape: list, t: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, t, shape)
+
+
+def _only(tree: Path, keep: str) -> None:
+    """Leave only one recipe in the tree, so a failure is that recipe's alone."""
+    for p in tree.glob("*.yaml"):
+        if p.name not in (keep, "_defaults.yaml"):
+            p.unlink()
+
+
+def _build(ctxbuild, tree: Path, tmp_path: Path, *extra: str):
+    return ctxbuild("build", str(tree), "-o", str(tmp_path / "out"), *extra)
+
+
+FP16 = "precision: fp16\ntargets: [SM8650]\n"
+
+
+# ---- recipe errors: exit 2, file:line, a hint ------------------------------------------------------------
+
+@pytest.mark.parametrize("body, expect", [
+    ("model: models/mlp.onnx\nprecison: fp16\ntargets: [SM8650]\n", ["unknown key 'precison'", "did you mean 'precision'"]),
+    ("model: models/mlp.onnx\nprecision: fp16\ntargets: [SM8651]\n", [":3:", "unknown SoC or target group 'SM8651'", "did you mean"]),
+    ("model: models/mlp.onnx\nprecision: fp16\ntargets: [SM8650]\ncompile:\n  optimization_mode: fast\n", [":5:", "compile.optimization_mode"]),
+    ("model: models/mlp.onnx\nprecision: fp32\ntargets: [SM8650]\n", [":2:", "'fp32' is not one of"]),
+    ("- model: models/mlp.onnx\n", [":1:", "must be a YAML mapping"]),
+    ("model: [unclosed\n", ["invalid YAML"]),
+    ("model: models/nope.onnx\n" + FP16, [":1:", "model 'models/nope.onnx' not found"]),
+    ("name: ../escape\nmodel: models/mlp.onnx\n" + FP16, [":1:", "not a valid name"]),
+    ("model: models/tiny_cnn.onnx\nprecision: int16\ntargets: [SM8650]\n", ["needs calibration data", "calibration.random"]),
+    ("model: models/tiny_cnn.onnx\nprecision: int16\ntargets: [SM8650]\ncalibration:\n  dir: nowhere\n", [":5:", "calibration dir 'nowhere' not found"]),
+])
+def test_bad_recipe_exits_2_with_location(tree: Path, tmp_path: Path, ctxbuild, body: str, expect: list[str]) -> None:
+    _only(tree, "bad.yaml")
+    _recipe(tree, "bad", body)
+    r = _build(ctxbuild, tree, tmp_path)
+    assert r.code == 2, r.text
+    line = r.err.strip().splitlines()[-1]
+    assert "bad.yaml" in line, line
+    for e in expect:
+        assert e in line, line
+
+
+def test_duplicate_recipe_names(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    (tree / "sub").mkdir()
+    _recipe(tree / "sub", "tiny_cnn", "model: ../models/mlp.onnx\n" + FP16)
+    r = _build(ctxbuild, tree, tmp_path)
+    assert r.code == 2
+    assert "recipe name 'tiny_cnn' is already used by" in r.err and "unique" in r.err
+
+
+def test_usage_error_exits_2(ctxbuild, tree: Path, tmp_path: Path) -> None:
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"), "--target", "SM9999")
+    assert r.code == 2 and "--target SM9999" in r.err
+    assert ctxbuild("build", "--bogus").code == 2
+    assert ctxbuild("build", str(tmp_path / "missing")).code == 2
+
+
+# ---- model errors: the build fails (exit 1), names the model and node, leaves no output -----------------
+
+def test_missing_and_corrupt_onnx(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _only(tree, "bad.yaml")
+    (tree / "models" / "corrupt.onnx").write_bytes(b"\x08\x07garbage" * 50)
+    _recipe(tree, "bad", "model: models/corrupt.onnx\n" + FP16)
+    r = _build(ctxbuild, tree, tmp_path)
+    assert r.code == 1, r.text
+    assert "corrupt.onnx: not a valid ONNX model" in r.err
+    (tree / "models" / "truncated.onnx").write_bytes((tree / "models" / "mlp.onnx").read_bytes()[:5000])
+    _recipe(tree, "bad", "model: models/truncated.onnx\n" + FP16)
+    r = _build(ctxbuild, tree, tmp_path)
+    assert r.code == 1 and "truncated.onnx: not a valid ONNX model" in r.err, r.text
+
+
+def test_unsupported_ops_name_the_nodes(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _only(tree, "bad.yaml")
+    m = _model([helper.make_node("Relu", ["x"], ["r"], name="relu0"),
+                helper.make_node("NonZero", ["r"], ["y"], name="find_nonzero")],
+               [_vi("x", [1, 8])], [_vi("y", None, TensorProto.INT64)])
+    _save(m, tree / "models" / "nz.onnx")
+    _recipe(tree, "bad", "model: models/nz.onnx\n" + FP16)
+    r = _build(ctxbuild, tree, tmp_path)
+    assert r.code == 1
+    assert "QNN cannot run 1 node(s): find_nonzero (NonZero)" in r.err
+    assert "cpu_fallback: true" in r.err
+    assert not list((tmp_path / "out").glob("SM8650/bad/*"))
+
+
+def test_control_flow_rejected(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _only(tree, "bad.yaml")
+    branch = lambda v: helper.make_graph(  # noqa: E731
+        [helper.make_node("Constant", [], ["o"], value=helper.make_tensor("c", TensorProto.FLOAT, [1], [v]))],
+        "b", [], [_vi("o", [1])])
+    m = _model([helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+                helper.make_node("Cast", ["s"], ["c"], to=TensorProto.BOOL),
+                helper.make_node("If", ["c"], ["y"], name="branchy", then_branch=branch(1.0), else_branch=branch(0.0))],
+               [_vi("x", [1, 4])], [_vi("y", [1])])
+    _save(m, tree / "models" / "if.onnx")
+    _recipe(tree, "bad", "model: models/if.onnx\n" + FP16)
+    r = _build(ctxbuild, tree, tmp_path)
+    assert r.code == 1
+    assert "control flow is not supported on QNN: node 'branchy' (If)" in r.err
+
+
+def test_dynamic_dim_must_be_fixed(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _only(tree, "bad.yaml")
+    _recipe(tree, "bad", "model: models/tiny_cnn.onnx\nprecision: int16\ncalibration: {random: true}\ntargets: [SM8650]\n")
+    r = _build(ctxbuild, tree, tmp_path)
+    assert r.code == 1
+    assert "input 'image' dim 0 ('N') of tiny_cnn.onnx is dynamic" in r.err
+    assert "inputs: {image: [1, 3, 64, 64]}" in r.err
+
+
+def test_wrong_input_name_and_rank(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _only(tree, "bad.yaml")
+    _recipe(tree, "bad", "model: models/mlp.onnx\ninputs: {tokens: [1, 16, 64]}\n" + FP16)
+    r = _build(ctxbuild, tree, tmp_path)
+    assert r.code == 1 and "'tokens' is not an input of mlp.onnx" in r.err and "inputs are: x" in r.err
+    _recipe(tree, "bad", "model: models/mlp.onnx\ninputs: {x: [16, 64]}\n" + FP16)
+    r = _build(ctxbuild, tree, tmp_path)
+    assert r.code == 1 and "'x' has rank 3" in r.err
+
+
+def test_ir_version_too_new(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _only(tree, "bad.yaml")
+    m = onnx.load(tree / "models" / "mlp.onnx")
+    _save(m, tree / "models" / "future.onnx", ir=onnx.IR_VERSION + 5)
+    _recipe(tree, "bad", "model: models/future.onnx\n" + FP16)
+    r = _build(ctxbuild, tree, tmp_path)
+    assert r.code == 1
+    assert f"IR version {onnx.IR_VERSION + 5} is newer than this toolchain reads" in r.err
+
+
+def test_ir_version_14_is_stamped_down_and_builds(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """onnx 1.23 writes IR 14 by default; onnxruntime 1.31 reads <= 13. prepare stamps it down."""
+    _only(tree, "ok.yaml")
+    _save(onnx.load(tree / "models" / "mlp.onnx"), tree / "models" / "ir14.onnx", ir=14)
+    _recipe(tree, "ok", "model: models/ir14.onnx\n" + FP16)
+    r = _build(ctxbuild, tree, tmp_path)
+    assert r.code == 0, r.text
+
+
+def test_calibration_names_and_shapes_checked(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _only(tree, "bad.yaml")
+    cal = tree / "badcal"
+    cal.mkdir()
+    np.savez(cal / "s0.npz", img=np.zeros((1, 3, 64, 64), np.float32))
+    body = ("model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: int16\n"
+            "calibration: {dir: badcal}\ntargets: [SM8650]\n")
+    _recipe(tree, "bad", body)
+    r = _build(ctxbuild, tree, tmp_path)
+    assert r.code == 1
+    assert "s0.npz: sample keys ['img'] do not match the model inputs ['image']" in r.err
+    (cal / "s0.npz").unlink()
+    np.savez(cal / "s1.npz", image=np.zeros((1, 3, 32, 32), np.float32))
+    r = _build(ctxbuild, tree, tmp_path)
+    assert r.code == 1
+    assert "s1.npz: 'image' has shape [1, 3, 32, 32], the recipe fixes it to [1, 3, 64, 64]" in r.err
+
+
+def test_random_calibration_warns(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _only(tree, "rnd.yaml")
+    _recipe(tree, "rnd", "model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: int8\n"
+                         "calibration: {random: true, samples: 2}\ntargets: [SM8650]\n")
+    r = _build(ctxbuild, tree, tmp_path)
+    assert r.code == 0, r.text
+    assert "warning: quantize tiny_cnn (int8): calibrating on random data" in r.text
+
+
+def test_failed_action_removes_stale_output(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """A recipe that built once and then breaks must not leave the old binary to be shipped."""
+    _only(tree, "mlp_fp16.yaml")
+    r = _build(ctxbuild, tree, tmp_path)
+    assert r.code == 0, r.text
+    out = tmp_path / "out"
+    assert (out / "SM8650" / "mlp_fp16" / "mlp_fp16_ctx.onnx").is_file()
+    (tree / "mlp_fp16.yaml").write_text((tree / "mlp_fp16.yaml").read_text()
+                                        + "inputs: {x: [1, 8, 64]}\n")  # fixed dim mismatch -> prepare fails
+    r = _build(ctxbuild, tree, tmp_path)
+    assert r.code == 1
+    assert "'x' dim 1 is fixed to 16" in r.err
+    assert not (out / "SM8650" / "mlp_fp16" / "mlp_fp16_ctx.onnx").exists()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert not [a for a in manifest["artifacts"] if a["recipe"] == "mlp_fp16"]
+    assert last_build(out)
