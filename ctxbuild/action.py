@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import layout
+
 
 def canonical_json(data: Any) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
@@ -32,7 +34,7 @@ class Action:
 
     @property
     def spec_name(self) -> str:
-        return self.id.replace("/", ".") + ".json"
+        return layout.spec_name(self.id)
 
     def identity(self) -> Any:
         """What makes two actions the same work (for dedupe across recipes)."""

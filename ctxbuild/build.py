@@ -16,6 +16,7 @@ from typing import Any
 
 from . import jobserver, ninja, toolchain
 from .errors import UsageError
+from .layout import STATE, record_path
 from .manifest import read_records
 from .manifest import write as write_manifest
 
@@ -82,7 +83,7 @@ def plan_and_render(out: Path, inv: dict[str, Any]) -> None:
     recipes = recipe.load([Path(p) for p in inv["paths"]])
     plan = make_plan(recipes, out)
     out.mkdir(parents=True, exist_ok=True)
-    toolchain.sdk_build_id(out / ninja.STATE)  # warm the memo once, not in N parallel actions
+    toolchain.sdk_build_id(out / STATE)  # warm the memo once, not in N parallel actions
     ninja.render(plan, compile_jobs=inv["compile_jobs"], invocation=inv)
 
 
@@ -138,7 +139,7 @@ def build(opts: BuildOptions) -> int:
             print(f"explain: {r['id']}: {_explain(r)}")
     failed = [r for r in ran if r.get("status") == "failed"]
     _invalidate_downstream(opts.out, state, {r["id"] for r in failed})
-    versions = toolchain.summary(opts.out / ninja.STATE)
+    versions = toolchain.summary(opts.out / STATE)
     write_manifest(opts.out, ninja.read_state(opts.out, "plan.json") or state, versions)
     if rc != 0:
         for r in failed:
@@ -165,7 +166,7 @@ def _invalidate_downstream(out: Path, state: dict[str, Any], failed: set[str]) -
                 todo.append(c)
                 for p in by_id[c]["outputs"]:
                     Path(p).unlink(missing_ok=True)
-                (out / ninja.STATE / "records" / (c.replace("/", ".") + ".json")).unlink(missing_ok=True)
+                record_path(out, c).unlink(missing_ok=True)
 
 
 def _explain(r: dict[str, Any]) -> str:
@@ -183,4 +184,4 @@ def _write_summary(out: Path, ran: list[dict[str, Any]]) -> None:
                "executed": sum(r.get("source") == "run" for r in ran),
                "failed": sum(r.get("status") == "failed" for r in ran),
                "actions": {r["id"]: r.get("source") or r.get("status") for r in ran}}
-    write_bytes(out / ninja.STATE / "last_build.json", json.dumps(summary).encode())
+    write_bytes(out / STATE / "last_build.json", json.dumps(summary).encode())

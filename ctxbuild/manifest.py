@@ -7,7 +7,7 @@ from typing import Any
 
 from .atomic import write_if_changed
 from .digests import DigestMemo
-from .ninja import STATE
+from .layout import STATE, record_path
 
 MANIFEST_VERSION = 1
 KINDS = {"ctx": "epcontext_model", "bin": "context_binary"}
@@ -19,7 +19,7 @@ def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, s
     artifacts = []
     for art in plan_state["artifacts"]:
         path = out / art["path"]
-        record = _record(out, art["action"])
+        record = _read(record_path(out, art["action"]))
         if not path.is_file() or record is None or record.get("status") != "ok":
             continue
         artifacts.append({
@@ -33,9 +33,9 @@ def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, s
     return manifest
 
 
-def _record(out: Path, action_id: str) -> dict[str, Any] | None:
+def _read(path: Path) -> dict[str, Any] | None:
     try:
-        return json.loads((out / STATE / "records" / (action_id.replace("/", ".") + ".json")).read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
 

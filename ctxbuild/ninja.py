@@ -3,20 +3,21 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .action import canonical_json
 from .atomic import write_if_changed
-from .plan import Plan
+from .layout import STATE, depfile_path, escape_path, rel
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
-STATE = ".ctxbuild"  # OUT/.ctxbuild: specs, records, logs, work files, plan state
 
 
 def ninja_binary() -> str:
@@ -24,10 +25,6 @@ def ninja_binary() -> str:
     import ninja
 
     return str(Path(ninja.BIN_DIR) / "ninja")
-
-
-def escape_path(p: str) -> str:
-    return re.sub(r"([$ :\n])", r"$\1", p)
 
 
 @dataclass
@@ -42,12 +39,7 @@ class Edge:
 
 
 def _rel(p: str, out: Path) -> str:
-    """Paths inside OUT relative to it (ninja runs in OUT), others absolute."""
-    path = Path(p)
-    try:
-        return escape_path(str(path.relative_to(out)))
-    except ValueError:
-        return escape_path(str(path))
+    return escape_path(rel(p, out))
 
 
 def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> bool:
@@ -72,7 +64,7 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> bool
         needs_depfile = a.kind in ("prepare", "quantize")  # external data / calibration samples found at run time
         edges.append(Edge(outs, ins, _rel(str(spec_path), out), a.description,
                           "action_dep" if needs_depfile else "action",
-                          _rel(str(state / "deps" / (a.spec_name + ".d")), out) if needs_depfile else None, a.pool))
+                          _rel(str(depfile_path(out, a.id)), out) if needs_depfile else None, a.pool))
         for r in a.recipes:
             by_recipe.setdefault(f"recipe/{r}", []).extend(outs)
             if a.target:

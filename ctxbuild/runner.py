@@ -20,7 +20,7 @@ from .atomic import write_bytes
 from .capture import captured
 from .digests import DigestMemo, sha256_file
 from .errors import ActionError, CtxbuildError
-from .ninja import STATE
+from .layout import STATE, depfile_path, log_path, record_path, rel
 
 
 class ActionContext:
@@ -46,23 +46,23 @@ def main(spec_arg: str) -> int:
     out = out_dir_of(spec_path)
     action = load_spec(spec_path)
     state = out / STATE
-    log_path = state / "logs" / (action.spec_name[:-5] + ".log")
-    record_path = state / "records" / action.spec_name
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = log_path(out, action.id)
+    record_file = record_path(out, action.id)
+    log.parent.mkdir(parents=True, exist_ok=True)
     impl = IMPLEMENTATIONS[action.kind]
     start = time.monotonic()
     record: dict[str, Any] = {"id": action.id, "kind": action.kind, "recipes": action.recipes,
                               "target": action.target, "build_id": os.environ.get("CTXBUILD_BUILD_ID"),
                               "started": time.time()}
-    previous = _read_json(record_path)
+    previous = _read_json(record_file)
     memo = DigestMemo(state / "digests.sqlite")
     tmp = state / "tmp" / f"{action.spec_name[:-5]}.{os.getpid()}"
     cache = None
     try:
-        with captured(log_path):
+        with captured(log):
             cache = _open_cache()
             discovered = impl.discover_inputs(action)
-            _write_depfile(state, action, discovered)
+            _write_depfile(out, action, discovered)
             components = _key_components(action, discovered, memo, state)
             key = _digest(components)
             record.update(key=key, components={k: _digest(v) for k, v in components.items()})
@@ -73,11 +73,11 @@ def main(spec_arg: str) -> int:
                 print(f"restored {action.id} from cache (key {key[:16]})")
             else:
                 tmp.mkdir(parents=True, exist_ok=True)
-                impl.run(ActionContext(action, out, tmp, log_path))
+                impl.run(ActionContext(action, out, tmp, log))
                 _place_outputs(action, tmp)
                 record["source"] = "run"
                 if cache:
-                    cache.store(key, {r: Path(p) for r, p in action.outputs.items()}, log_path.read_bytes(),
+                    cache.store(key, {r: Path(p) for r, p in action.outputs.items()}, log.read_bytes(),
                                 {"id": action.id, "seconds": round(time.monotonic() - start, 3)})
         record["outputs"] = {r: _describe_output(Path(p), out) for r, p in action.outputs.items()}
         record["status"] = "ok"
@@ -92,18 +92,18 @@ def main(spec_arg: str) -> int:
     except CtxbuildError as e:
         record.update(status="failed", cause=str(e))
     except Exception as e:  # an action's bug or a library failure: still one clean failure of this edge
-        with open(log_path, "a") as log:
-            traceback.print_exc(file=log)
+        with open(log, "a") as f:
+            traceback.print_exc(file=f)
         record.update(status="failed", cause=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
     finally:
         record["seconds"] = round(time.monotonic() - start, 3)
         record["finished"] = time.time()
-        record["log"] = str(log_path.relative_to(out))
+        record["log"] = str(log.relative_to(out))
         shutil.rmtree(tmp, ignore_errors=True)
-        write_bytes(record_path, canonical_json(record))
+        write_bytes(record_file, canonical_json(record))
         memo.close()
     _remove_outputs(action)  # a failed action leaves no output behind, not even an older one
-    _print_failure(action, log_path, record["cause"])
+    _print_failure(action, log, record["cause"])
     return 1
 
 
@@ -163,14 +163,17 @@ def _describe_output(p: Path, out: Path) -> dict[str, Any]:
     return {"path": str(p.relative_to(out)), "sha256": sha256_file(p), "size": p.stat().st_size}
 
 
-def _write_depfile(state: Path, action: Action, discovered: dict[str, Path]) -> None:
+def _write_depfile(out: Path, action: Action, discovered: dict[str, Path]) -> None:
+    """Files found at run time (external data, calibration samples) become ninja dependencies (deps = gcc)."""
     if action.kind not in ("prepare", "quantize"):
         return
-    from .ninja import _rel
 
-    outs = " ".join(_rel(p, state.parent).replace("$", "") for p in action.outputs.values())
-    deps = " ".join(str(p).replace(" ", "\\ ") for p in discovered.values())
-    write_bytes(state / "deps" / (action.spec_name + ".d"), f"{outs}: {deps}\n".encode())
+    def esc(p: str) -> str:
+        return p.replace(" ", "\\ ")
+
+    outs = " ".join(esc(rel(p, out)) for p in action.outputs.values())
+    deps = " ".join(esc(str(p)) for p in discovered.values())
+    write_bytes(depfile_path(out, action.id), f"{outs}: {deps}\n".encode())
 
 
 _NOISE = ("File mapped weights feature", "EPContext encryption config", "LIBNATIVE", "Please consider",

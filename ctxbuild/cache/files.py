@@ -1,0 +1,121 @@
+"""File primitives the stores share: streamed hashing, reflink-or-copy, atomic placement of outputs."""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import secrets
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    from .record import OutputEntry
+
+CHUNK = 1 << 20
+# linux/fs.h: _IOW(0x94, 9, int). fcntl.FICLONE only exists from Python 3.12.
+FICLONE = 0x40049409
+
+
+def temp_path(directory: Path, name: str) -> Path:
+    """A unique hidden sibling name; a crash leaves it behind, but nothing ever reads such a name."""
+    return directory / f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def hash_stream(f: BinaryIO) -> tuple[str, int]:
+    h, size = hashlib.sha256(), 0
+    while chunk := f.read(CHUNK):
+        h.update(chunk)
+        size += len(chunk)
+    return h.hexdigest(), size
+
+
+def hash_file(path: Path) -> tuple[str, int]:
+    with open(path, "rb") as f:
+        return hash_stream(f)
+
+
+def same_content(path: Path, digest: str, size: int) -> bool:
+    """True if `path` is a regular file holding exactly that content (size compared first: cheap)."""
+    try:
+        if not path.is_file() or path.stat().st_size != size:
+            return False
+        return hash_file(path)[0] == digest
+    except OSError:
+        return False
+
+
+def copy_hashing(src: Path, dst: Path) -> tuple[str, int]:
+    """Create `dst` (must not exist) with `src`'s content, fsynced; return the digest of what was copied.
+
+    Reflink first (instant, shares extents copy-on-write, so later edits of either file never reach the
+    other); else a streamed copy that hashes on the way. Never a hardlink: an edit in place of a restored
+    output would corrupt the blob, and the output would carry the blob's old mtime, which ninja reads as
+    "older than its inputs" and rebuilds forever.
+    """
+    with open(src, "rb") as fin, open(dst, "xb") as fout:
+        if _reflink(fin, fout):
+            digest, size = hash_stream(fin)
+        else:
+            h, size = hashlib.sha256(), 0
+            while chunk := fin.read(CHUNK):
+                h.update(chunk)
+                fout.write(chunk)
+                size += len(chunk)
+            digest = h.hexdigest()
+        fout.flush()
+        os.fsync(fout.fileno())
+    return digest, size
+
+
+def _reflink(fin: BinaryIO, fout: BinaryIO) -> bool:
+    try:
+        fcntl.ioctl(fout.fileno(), FICLONE, fin.fileno())
+    except OSError:  # EOPNOTSUPP (ext4, tmpfs), EXDEV (other filesystem), ...: the copy handles it
+        return False
+    return True
+
+
+def write_atomic(path: Path, data: bytes, tmp_dir: Path) -> None:
+    """Readers see the old file or the whole new one. `tmp_dir` must be on the same filesystem."""
+    tmp = temp_path(tmp_dir, path.name)
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def restore_outputs(entries: Iterable[OutputEntry], dest: dict[str, Path],
+                    stage: Callable[[OutputEntry, Path], bool]) -> bool:
+    """Put every entry's content at dest[name], all or nothing.
+
+    Destinations that already hold the content are left alone, mtime included: ninja's restat then sees
+    an unchanged output and does not rebuild what depends on it. The others are staged by `stage(entry,
+    tmp)` (which must create `tmp` with verified content, or return False) next to their destination,
+    then renamed into place only once every stage succeeded.
+    """
+    entries = list(entries)
+    if {e.name for e in entries} != set(dest):
+        return False
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for entry in entries:
+            target = dest[entry.name]
+            if same_content(target, entry.digest, entry.size):
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            staged.append((temp_path(target.parent, target.name), target))
+            if not stage(entry, staged[-1][0]):
+                return False
+        for tmp, target in staged:
+            os.replace(tmp, target)
+        staged.clear()
+        return True
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)

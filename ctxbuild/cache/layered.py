@@ -1,0 +1,130 @@
+"""The cache the action runner uses: an optional local store in front of an optional remote one.
+
+Contract: no method raises for cache trouble (full or read-only disk, dead or hostile server, corrupt
+entries). Each problem becomes one line in `warnings` (each distinct line once) and the worst outcome is
+a miss: lookup returns None or restore returns False, and the caller runs the action.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..errors import CacheError, CacheUnavailable
+from .files import restore_outputs
+from .local import LocalStore
+from .record import ActionRecord, OutputEntry
+from .remote import RemoteStore
+
+T = TypeVar("T")
+
+
+def default_cache_dir() -> Path:
+    """$CTXBUILD_CACHE_DIR, else $XDG_CACHE_HOME/ctxbuild, else ~/.cache/ctxbuild."""
+    explicit = os.environ.get("CTXBUILD_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and Path(xdg).is_absolute():  # the XDG spec says to ignore a relative value
+        return Path(xdg) / "ctxbuild"
+    return Path.home() / ".cache" / "ctxbuild"
+
+
+class Cache:
+    def __init__(self, local: LocalStore | None = None, remote: RemoteStore | None = None) -> None:
+        self.local = local
+        self.remote = remote
+        self.warnings: list[str] = []
+        self.hits_local = 0
+        self.hits_remote = 0
+        self.misses = 0
+        self._origin: dict[str, str] = {}  # key -> where lookup found it, counted once restore succeeds
+        if local is not None:
+            local.on_warning = self._warn
+
+    def lookup(self, key: str) -> ActionRecord | None:
+        """Local first; a remote hit is copied into the local store (blobs verified, record last)."""
+        record = self._guard(self.local.get, key) if self.local is not None else None
+        origin = "local"
+        if record is None and self.remote is not None:
+            record, origin = self._remote_lookup(key), "remote"
+        if record is None:
+            self.misses += 1
+        else:
+            self._origin[key] = origin
+        return record
+
+    def restore(self, record: ActionRecord, dest: dict[str, Path]) -> bool:
+        """Outputs from the local store, else straight from the remote. False: run the action."""
+        ok = self.local is not None and bool(self._guard(self.local.restore, record, dest))
+        if not ok and self.remote is not None:
+            ok = bool(self._guard(restore_outputs, record.outputs, dest, self._stage_remote))
+        origin = self._origin.pop(record.key, "local")
+        if not ok:
+            self.misses += 1
+        elif origin == "remote":
+            self.hits_remote += 1
+        else:
+            self.hits_local += 1
+        return ok
+
+    def store(self, key: str, outputs: dict[str, Path], log: bytes | None,
+              meta: dict[str, Any]) -> ActionRecord | None:
+        """Local put, then upload (blobs, then record) unless the remote is read-only."""
+        record = self._guard(self.local.put, key, outputs, log, meta) if self.local is not None else None
+        if self.remote is not None and not self.remote.read_only:
+            if record is None:
+                record = self._guard(ActionRecord.of_files, key, outputs, log, meta)
+            if record is not None:
+                self._guard(self._upload, record, outputs, log)
+        return record
+
+    def read_log(self, record: ActionRecord) -> bytes | None:
+        log = self._guard(self.local.read_log, record) if self.local is not None else None
+        if log is None and self.remote is not None and record.log_digest is not None:
+            log = self._guard(self.remote.read_blob, record.log_digest)
+        return log
+
+    def _remote_lookup(self, key: str) -> ActionRecord | None:
+        assert self.remote is not None
+        record = self._guard(self.remote.get_record, key)
+        if record is None or self.local is None:
+            return record
+        try:
+            for digest in sorted(record.digests()):
+                if not self.local.fetch_into(digest, partial(self.remote.fetch_blob, digest)):
+                    return None  # the server lost a blob the record names: a plain miss
+            self.local.put_record(record)
+        except CacheError as e:
+            self._warn(str(e))
+            # Only the local store failed (RemoteUnavailable is a subclass): restore fetches remotely.
+            return record if type(e) is CacheUnavailable else None
+        return record
+
+    def _stage_remote(self, entry: OutputEntry, tmp: Path) -> bool:
+        assert self.remote is not None
+        return self.remote.fetch_blob(entry.digest, tmp)
+
+    def _upload(self, record: ActionRecord, outputs: dict[str, Path], log: bytes | None) -> None:
+        assert self.remote is not None
+        for entry in record.outputs:
+            self.remote.put_blob(entry.digest, outputs[entry.name])
+        if log is not None and record.log_digest is not None:
+            self.remote.put_blob(record.log_digest, log)
+        self.remote.put_record(record)
+
+    def _guard(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """Run a store call; cache trouble becomes a warning and None."""
+        try:
+            return fn(*args)
+        except CacheError as e:
+            self._warn(str(e))
+        except OSError as e:  # an unreadable output or an unwritable destination, outside the stores
+            self._warn(f"cache skipped: {e}")
+        return None
+
+    def _warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)

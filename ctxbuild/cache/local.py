@@ -1,0 +1,288 @@
+"""The local store: a CAS of blobs by sha256 and an action cache of records, in one directory.
+
+Layout: root/cas/ab/<sha256>, root/ac/ab/<key>, root/tmp/ (inserts in progress), root/stats.json (last
+gc). Safe for concurrent processes without locks: every file is written under a unique temp name in
+root/tmp (same filesystem) and renamed into place, blobs before the record that names them; blobs are
+immutable, so two writers of one blob or record write the same or an equally valid whole file.
+
+Error contract: get/put/restore/read_log/stats/gc/clear raise CacheUnavailable when the directory cannot
+be read or written (full, read-only, not a directory): the caller warns once and builds without it.
+A corrupt blob or record is not an error: it is deleted, reported through `on_warning`, and is a miss.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import CacheUnavailable
+from .files import copy_hashing, hash_file, restore_outputs, temp_path, write_atomic
+from .record import ActionRecord, OutputEntry, check_digest, check_key
+
+# Temps and unreferenced blobs younger than this may belong to an insert in progress in another process.
+GRACE_SECONDS = 600.0
+
+
+class LocalStore:
+    def __init__(self, root: Path, *, on_warning: Callable[[str], None] | None = None) -> None:
+        self.root = Path(root)
+        self.on_warning = on_warning or (lambda message: None)
+
+    def __repr__(self) -> str:
+        return f"LocalStore({str(self.root)!r})"
+
+    def blob_path(self, digest: str) -> Path:
+        return self.root / "cas" / digest[:2] / check_digest(digest)
+
+    def get(self, key: str) -> ActionRecord | None:
+        """The record for `key`, or None; marks it used (the record's mtime is gc's LRU clock)."""
+        path = self._record_path(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise self._unavailable(e) from None
+        try:
+            record = ActionRecord.from_json(data)
+            if record.key != key:
+                raise ValueError("record stored under another key")
+        except ValueError:
+            _discard(path)
+            self.on_warning(f"local cache record {key[:12]} was corrupt; deleted it")
+            return None
+        try:
+            os.utime(path)
+        except OSError:  # a read-only cache still serves hits; LRU order just goes stale
+            pass
+        return record
+
+    def put(self, key: str, outputs: dict[str, Path], log: bytes | None, meta: dict[str, Any]) -> ActionRecord:
+        """Store the outputs' content and the record (last). An unreadable output raises its OSError as is."""
+        check_key(key)
+        hashed = {name: hash_file(path) for name, path in sorted(outputs.items())}
+        try:
+            entries = [OutputEntry(name, *self._add_file(outputs[name], *hashed[name])) for name in hashed]
+            log_digest = self._add_bytes(log) if log is not None else None
+            record = ActionRecord(key, entries, log_digest, dict(meta))
+            self.put_record(record)
+        except OSError as e:
+            raise self._unavailable(e) from None
+        return record
+
+    def put_record(self, record: ActionRecord) -> None:
+        """Insert a record whose blobs are already here (the layered cache's remote hits)."""
+        try:
+            write_atomic(self._record_path(record.key), record.to_json(), self._tmp_dir())
+        except OSError as e:
+            raise self._unavailable(e) from None
+
+    def fetch_into(self, digest: str, fetch: Callable[[Path], bool]) -> bool:
+        """Add a blob produced by `fetch(path)`, which must write verified content there or return False."""
+        final = self.blob_path(digest)
+        if final.is_file():
+            return True
+        try:
+            tmp = temp_path(self._tmp_dir(), digest)
+            try:
+                if not fetch(tmp):
+                    return False
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp, final)
+            finally:
+                tmp.unlink(missing_ok=True)
+        except OSError as e:
+            raise self._unavailable(e) from None
+        return True
+
+    def restore(self, record: ActionRecord, dest: dict[str, Path]) -> bool:
+        """Place the record's outputs at `dest` (see files.restore_outputs). False: a blob is missing or
+        failed its check (then it is deleted): the caller runs the action."""
+        try:
+            return restore_outputs(record.outputs, dest, self._stage)
+        except OSError as e:
+            raise self._unavailable(e) from None
+
+    def read_log(self, record: ActionRecord) -> bytes | None:
+        if record.log_digest is None:
+            return None
+        path = self.blob_path(record.log_digest)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise self._unavailable(e) from None
+        if hashlib.sha256(data).hexdigest() != record.log_digest:
+            self._drop_corrupt(path)
+            return None
+        return data
+
+    def stats(self) -> dict[str, Any]:
+        """Counted by a scan, not kept as counters: counters shared by processes would need a lock."""
+        try:
+            records, blobs = list(self._files("ac")), list(self._files("cas"))
+            last_gc = self._last_gc()
+        except OSError as e:
+            raise self._unavailable(e) from None
+        size = sum(st.st_size for _, st in records) + sum(st.st_size for _, st in blobs)
+        return {"entries": len(records), "blobs": len(blobs), "bytes": size, "last_gc": last_gc}
+
+    def gc(self, max_bytes: int) -> dict[str, Any]:
+        """Delete stale temps and orphan blobs, then least recently used records (and the blobs only they
+        used) until records + blobs take at most `max_bytes`. Returns what it did; also kept in stats.json."""
+        try:
+            return self._gc(max_bytes, time.time())
+        except OSError as e:
+            raise self._unavailable(e) from None
+
+    def clear(self) -> None:
+        try:
+            for sub in ("ac", "cas", "tmp"):
+                if (self.root / sub).exists():
+                    shutil.rmtree(self.root / sub)
+            (self.root / "stats.json").unlink(missing_ok=True)
+        except OSError as e:
+            raise self._unavailable(e) from None
+
+    def _last_gc(self) -> float | None:
+        try:
+            last = json.loads((self.root / "stats.json").read_bytes())
+        except (FileNotFoundError, ValueError):  # no gc yet, or a file edited by hand
+            return None
+        return last.get("time") if isinstance(last, dict) else None
+
+    def _gc(self, max_bytes: int, start: float) -> dict[str, Any]:
+        stale = start - GRACE_SECONDS
+        for entry in _scandir(self.root / "tmp"):  # leftovers of inserts that were killed
+            if entry.stat().st_mtime < stale:
+                _discard(Path(entry.path))
+        blobs = {path.name: (path, st.st_size) for path, st in self._files("cas")}
+        records: list[tuple[int, Path, int, set[str]]] = []
+        refs: Counter[str] = Counter()
+        for path, st in self._files("ac"):
+            try:
+                digests = ActionRecord.from_json(path.read_bytes()).digests()
+            except ValueError:
+                path.unlink(missing_ok=True)
+                continue
+            refs.update(digests)
+            records.append((st.st_mtime_ns, path, st.st_size, digests))
+        removed_blobs = 0
+        for d in [d for d in blobs if refs[d] == 0]:  # orphans: from a killed put, or a record gone
+            if self._unlink_unused(blobs[d][0], stale):
+                del blobs[d]
+                removed_blobs += 1
+        total = sum(size for _, _, size, _ in records) + sum(size for _, size in blobs.values())
+        removed_entries = 0
+        for _, path, size, digests in sorted(records, key=lambda r: r[0]):
+            if total <= max_bytes:
+                break
+            path.unlink(missing_ok=True)
+            total, removed_entries = total - size, removed_entries + 1
+            for d in digests:
+                refs[d] -= 1
+                if refs[d] == 0 and d in blobs and self._unlink_unused(blobs[d][0], start):
+                    total, removed_blobs = total - blobs.pop(d)[1], removed_blobs + 1
+        result = {"time": start, "removed_entries": removed_entries, "removed_blobs": removed_blobs,
+                  "bytes": total}
+        write_atomic(self.root / "stats.json", json.dumps(result).encode(), self._tmp_dir())
+        return result
+
+    @staticmethod
+    def _unlink_unused(path: Path, older_than: float) -> bool:
+        """Delete a blob no record uses unless it was written or reused (touched by put) since
+        `older_than`: a concurrent put may be about to name it in a record."""
+        try:
+            if path.stat().st_mtime >= older_than:
+                return False
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _files(self, sub: str) -> Iterator[tuple[Path, os.stat_result]]:
+        """Records or blobs: the files in root/<sub>/<2 hex>/ (temps live in root/tmp, never here)."""
+        for d in _scandir(self.root / sub):
+            if d.is_dir():
+                for entry in _scandir(Path(d.path)):
+                    if entry.is_file():
+                        yield Path(entry.path), entry.stat()
+
+    def _stage(self, entry: OutputEntry, tmp: Path) -> bool:
+        blob = self.blob_path(entry.digest)
+        try:
+            digest, _ = copy_hashing(blob, tmp)
+        except FileNotFoundError:  # never stored, or gc took it: a miss
+            return False
+        if digest != entry.digest:
+            self._drop_corrupt(blob)
+            return False
+        return True
+
+    def _add_file(self, src: Path, digest: str, size: int) -> tuple[str, int]:
+        """Insert `src` unless its blob exists; returns the digest of what was stored (the copy is hashed
+        too, so an output rewritten since `digest` was taken is stored under its true digest)."""
+        if self._reuse(digest):
+            return digest, size
+        tmp = temp_path(self._tmp_dir(), digest)
+        try:
+            digest, size = copy_hashing(src, tmp)
+            final = self.blob_path(digest)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return digest, size
+
+    def _add_bytes(self, data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        if not self._reuse(digest):
+            write_atomic(self.blob_path(digest), data, self._tmp_dir())
+        return digest
+
+    def _reuse(self, digest: str) -> bool:
+        """True if the blob exists; touching it tells a concurrent gc it is about to be referenced."""
+        try:
+            os.utime(self.blob_path(digest))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _drop_corrupt(self, blob: Path) -> None:
+        _discard(blob)
+        self.on_warning(f"local cache blob {blob.name[:12]} failed its sha256 check; deleted it")
+
+    def _record_path(self, key: str) -> Path:
+        return self.root / "ac" / key[:2] / check_key(key)
+
+    def _tmp_dir(self) -> Path:
+        path = self.root / "tmp"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _unavailable(self, e: OSError) -> CacheUnavailable:
+        return CacheUnavailable(f"local cache {self.root} unavailable: {e.strerror or e}",
+                                "continuing without it")
+
+
+def _scandir(path: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as it:
+            return list(it)
+    except FileNotFoundError:
+        return []
+
+
+def _discard(path: Path) -> None:
+    """Best effort: bad data is never used either way, and a read-only cache cannot delete it."""
+    try:
+        path.unlink()
+    except OSError:
+        pass

@@ -1,0 +1,229 @@
+"""The remote store: GET/PUT/HEAD on <url>/ac/<key> and <url>/cas/<sha256>, the layout bazel-remote and
+nginx WebDAV serve.
+
+Error contract (all CacheError subclasses; the token never appears in any of them):
+- RemoteUnavailable: unreachable, timeout, connection broken mid-transfer, 5xx, or credentials refused.
+  It trips a breaker: every later call in this process raises it again at once, so a dead server costs
+  one timeout per process; with `state_dir`, a marker file there makes other processes of the same build
+  (ninja runs one per action) skip the server for BREAKER_SECONDS too.
+- CorruptEntry: a record or blob failed validation (poisoned or corrupt); nothing of it was kept.
+- CacheError: anything else unexpected for one request (e.g. HTTP 413 on a big upload); no breaker.
+Local file errors while writing a download (dest_path side) propagate as OSError.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from http.client import HTTPConnection, HTTPException, HTTPResponse, HTTPSConnection
+from pathlib import Path
+from typing import BinaryIO
+from urllib.parse import SplitResult, unquote, urlsplit
+
+from ..errors import CacheError, CorruptEntry, RemoteUnavailable, UsageError
+from .files import CHUNK, temp_path, write_atomic
+from .record import ActionRecord, check_digest, check_key
+
+BREAKER_SECONDS = 120.0
+BREAKER_HINT = "not trying it again for a while; the build goes on without it"
+RECORD_LIMIT = 16 << 20  # records are small; a bigger answer is a broken or hostile server
+_STATUS_REASONS = {401: " (missing or wrong token)", 403: " (access denied)"}
+
+
+class RemoteStore:
+    def __init__(self, url: str, *, token: str | None = None, read_only: bool = False, timeout: float = 10.0,
+                 state_dir: Path | None = None) -> None:
+        parts = urlsplit(url)
+        self.url = _shown(parts)
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+            raise UsageError(f"remote cache URL {self.url!r} is not http(s)://host[:port][/path]")
+        connection = HTTPSConnection if parts.scheme == "https" else HTTPConnection
+        self._connect = partial(connection, parts.hostname, port, timeout=timeout, blocksize=CHUNK)
+        self._base = parts.path.rstrip("/")
+        self._headers = _auth_headers(parts, token)
+        self.read_only = read_only
+        self.timeout = timeout
+        self._marker = state_dir / f"remote-down-{hashlib.sha256(self.url.encode()).hexdigest()[:16]}" \
+            if state_dir is not None else None
+        self._down: str | None = None
+
+    def __repr__(self) -> str:
+        return f"RemoteStore({self.url!r}, read_only={self.read_only})"
+
+    def get_record(self, key: str) -> ActionRecord | None:
+        with self._exchange("GET", f"/ac/{check_key(key)}") as resp:
+            if resp.status == 404:
+                return None
+            self._expect(resp, "GET", 200)
+            body = io.BytesIO()
+            for chunk in self._chunks(resp):
+                body.write(chunk)
+                if body.tell() > RECORD_LIMIT:
+                    break
+        try:
+            record = ActionRecord.from_json(body.getvalue())
+            if record.key != key:
+                raise ValueError("record stored under another key")
+        except ValueError:
+            raise CorruptEntry(f"remote cache {self.url}: action record {key[:12]} is malformed (poisoned or "
+                               "corrupt)", "ignored it; the action runs") from None
+        return record
+
+    def fetch_blob(self, digest: str, dest_path: Path) -> bool:
+        """Download to a temp file beside `dest_path` and rename it there only once its sha256 matches.
+        False if the server lacks the blob."""
+        tmp = temp_path(dest_path.parent, dest_path.name)
+        try:
+            with open(tmp, "xb") as f:
+                if not self._download(digest, f):
+                    return False
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, dest_path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True
+
+    def read_blob(self, digest: str) -> bytes | None:
+        """A small blob (a log) in memory, verified; None if the server lacks it."""
+        buf = io.BytesIO()
+        return buf.getvalue() if self._download(digest, buf) else None
+
+    def has_blob(self, digest: str) -> bool:
+        with self._exchange("HEAD", f"/cas/{check_digest(digest)}") as resp:
+            if resp.status == 404:
+                return False
+            self._expect(resp, "HEAD", 200)
+        return True
+
+    def put_blob(self, digest: str, data: Path | bytes) -> bool:
+        """Upload unless read-only or already there (HEAD first: blobs are big, HEADs cheap). True if sent."""
+        if self.read_only or self.has_blob(digest):
+            return False
+        if isinstance(data, bytes):
+            self._put(f"/cas/{digest}", data, len(data))
+        else:
+            with open(data, "rb") as f:
+                self._put(f"/cas/{digest}", f, os.fstat(f.fileno()).st_size)
+        return True
+
+    def put_record(self, record: ActionRecord) -> bool:
+        """Upload the record (after its blobs, so no reader sees a record without them). True if sent."""
+        if self.read_only:
+            return False
+        data = record.to_json()
+        self._put(f"/ac/{check_key(record.key)}", data, len(data))
+        return True
+
+    def _download(self, digest: str, sink: BinaryIO) -> bool:
+        with self._exchange("GET", f"/cas/{check_digest(digest)}") as resp:
+            if resp.status == 404:
+                return False
+            self._expect(resp, "GET", 200)
+            h = hashlib.sha256()
+            for chunk in self._chunks(resp):
+                h.update(chunk)
+                sink.write(chunk)
+        if h.hexdigest() != digest:
+            raise CorruptEntry(f"remote cache {self.url}: blob {digest[:12]} failed its sha256 check (poisoned "
+                               "or corrupt)", "ignored it; the action runs")
+        return True
+
+    def _put(self, path: str, body: BinaryIO | bytes, size: int) -> None:
+        with self._exchange("PUT", path, body, {"Content-Length": str(size)}) as resp:
+            self._expect(resp, "PUT", 200, 201, 204)
+
+    @contextmanager
+    def _exchange(self, method: str, path: str, body: BinaryIO | bytes | None = None,
+                  headers: dict[str, str] | None = None) -> Iterator[HTTPResponse]:
+        """One request on a fresh connection: an action's process makes only a handful, so keeping
+        connections alive would buy little and need stale-connection retries."""
+        self._check_breaker()
+        conn = self._connect()
+        try:
+            try:
+                conn.request(method, self._base + path, body=body, headers={**self._headers, **(headers or {})})
+                resp = conn.getresponse()
+            except (OSError, HTTPException) as e:
+                raise self._trip(self._network_reason(e)) from None
+            yield resp
+        finally:
+            conn.close()
+
+    def _chunks(self, resp: HTTPResponse) -> Iterator[bytes]:
+        expected, received = resp.getheader("Content-Length"), 0
+        while True:
+            try:
+                chunk = resp.read(CHUNK)
+            except (OSError, HTTPException) as e:
+                raise self._trip(self._network_reason(e)) from None
+            if not chunk:
+                break
+            received += len(chunk)
+            yield chunk
+        # http.client reports a body cut short by a dying server as a plain end of file.
+        if expected is not None and expected.isdigit() and received < int(expected):
+            raise self._trip(f"broke the connection (sent {received} of {expected} bytes)")
+
+    def _expect(self, resp: HTTPResponse, method: str, *ok: int) -> None:
+        status = resp.status
+        if status in ok:
+            return
+        if status >= 500 or (status in (401, 403) and method != "PUT"):
+            raise self._trip(f"answered HTTP {status}{_STATUS_REASONS.get(status, '')}")
+        if status in (401, 403):  # reads allowed, writes not: a common setup for developers' machines
+            self.read_only = True
+            raise CacheError(f"remote cache {self.url} refused an upload (HTTP {status})", "using it read-only")
+        raise CacheError(f"remote cache {self.url}: unexpected HTTP {status} for {method}")
+
+    def _network_reason(self, e: BaseException) -> str:
+        if isinstance(e, TimeoutError):
+            return f"did not answer within {self.timeout:g}s"
+        if isinstance(e, ConnectionRefusedError):
+            return "refused the connection"
+        if isinstance(e, HTTPException):
+            return f"broke the connection ({type(e).__name__})"
+        return f"is unreachable: {getattr(e, 'strerror', None) or type(e).__name__}"
+
+    def _check_breaker(self) -> None:
+        if self._down is None and self._marker is not None:
+            try:
+                if time.time() - self._marker.stat().st_mtime < BREAKER_SECONDS:
+                    self._down = self._marker.read_text() or f"remote cache {self.url} is unavailable"
+            except OSError:  # no marker: the server is presumed up
+                pass
+        if self._down is not None:
+            raise RemoteUnavailable(self._down, BREAKER_HINT)
+
+    def _trip(self, reason: str) -> RemoteUnavailable:
+        self._down = f"remote cache {self.url} {reason}"
+        if self._marker is not None:
+            try:
+                self._marker.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(self._marker, self._down.encode(), self._marker.parent)
+            except OSError:  # e.g. a read-only cache dir: only this process remembers
+                pass
+        return RemoteUnavailable(self._down, BREAKER_HINT)
+
+
+def _shown(parts: SplitResult) -> str:
+    """The URL as messages show it: no user, password, query or fragment."""
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path.rstrip('/')}"
+
+
+def _auth_headers(parts: SplitResult, token: str | None) -> dict[str, str]:
+    if token:
+        return {"Authorization": f"Bearer {token}"}
+    if parts.username is not None:  # http://user:pass@host, as bazel-remote's htpasswd auth expects
+        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        return {"Authorization": f"Basic {base64.b64encode(pair).decode()}"}
+    return {}

@@ -1,0 +1,37 @@
+"""Where things live under OUT. Kept import-light: every action process and the no-op path use it."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+STATE = ".ctxbuild"  # OUT/.ctxbuild: action specs, records, logs, depfiles, work files, plan state
+
+
+def spec_name(action_id: str) -> str:
+    return action_id.replace("/", ".") + ".json"
+
+
+def record_path(out: Path, action_id: str) -> Path:
+    return out / STATE / "records" / spec_name(action_id)
+
+
+def log_path(out: Path, action_id: str) -> Path:
+    return out / STATE / "logs" / (spec_name(action_id)[:-5] + ".log")
+
+
+def depfile_path(out: Path, action_id: str) -> Path:
+    return out / STATE / "deps" / (spec_name(action_id) + ".d")
+
+
+def escape_path(p: str) -> str:
+    """ninja's escaping for paths in build statements."""
+    return re.sub(r"([$ :\n])", r"$\1", p)
+
+
+def rel(p: str, out: Path) -> str:
+    """A path as build.ninja names it: relative to OUT when inside it (ninja runs there), else absolute."""
+    path = Path(p)
+    try:
+        return str(path.relative_to(out))
+    except ValueError:
+        return str(path)
