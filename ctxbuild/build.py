@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import jobserver, ninja, toolchain
+from . import jobserver, ninja, toolchain, worker
 from .errors import UsageError
 from .layout import STATE, record_path
 from .manifest import read_records
@@ -122,13 +122,17 @@ def _close(name: str, options: list[str]) -> str:
 
 def build(opts: BuildOptions) -> int:
     opts.out = opts.out.resolve()
-    state = ensure_planned(opts)
-    targets = ninja_targets(state, opts)
+    os.environ.update(opts.cache_env)  # the driver's own cache lookups (toolchain memo) follow the flags too
     build_id = uuid.uuid4().hex
     env = {"CTXBUILD_BUILD_ID": build_id, **opts.cache_env}
-    with jobserver.for_ninja(opts.jobs) as (jobs, js_env):
-        env.update(js_env)
-        rc = ninja.run(opts.out, targets, jobs=jobs, keep_going=opts.keep_going, dry_run=opts.dry_run, env=env)
+    # The worker imports onnxruntime while the driver plans: the two overlap on a cold build.
+    with worker.running(opts.out / STATE / "worker.log") as w_env:
+        state = ensure_planned(opts)
+        targets = ninja_targets(state, opts)
+        env.update(_cache_settings(state.get("cache", {}), env))
+        with jobserver.for_ninja(opts.jobs) as (jobs, js_env):
+            rc = ninja.run(opts.out, targets, jobs=jobs, keep_going=opts.keep_going, dry_run=opts.dry_run,
+                           env={**env, **js_env, **w_env})
     if opts.dry_run:
         return 0 if rc == 0 else 1
     records = read_records(opts.out)
@@ -149,6 +153,19 @@ def build(opts: BuildOptions) -> int:
             print("ctxbuild: ninja failed before running an action (see above)", file=sys.stderr)
         return 1
     return 0
+
+
+def _cache_settings(defaults: dict[str, Any], env: dict[str, str]) -> dict[str, str]:
+    """`cache:` in _defaults.yaml, unless a flag or the environment already says otherwise."""
+    given = {**os.environ, **env}
+    out: dict[str, str] = {}
+    if "remote" in defaults and "CTXBUILD_REMOTE_CACHE" not in given:
+        out["CTXBUILD_REMOTE_CACHE"] = defaults["remote"]
+    if defaults.get("remote_read_only") and "CTXBUILD_REMOTE_READ_ONLY" not in given:
+        out["CTXBUILD_REMOTE_READ_ONLY"] = "1"
+    if "token_env" in defaults and "CTXBUILD_REMOTE_TOKEN_ENV" not in given:
+        out["CTXBUILD_REMOTE_TOKEN_ENV"] = defaults["token_env"]
+    return out
 
 
 def _invalidate_downstream(out: Path, state: dict[str, Any], failed: set[str]) -> None:

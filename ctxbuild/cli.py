@@ -45,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("action", help=argparse.SUPPRESS)
     a.add_argument("spec")
+    w = sub.add_parser("worker", help=argparse.SUPPRESS)
+    w.add_argument("socket")
     r = sub.add_parser("regenerate", help=argparse.SUPPRESS)
     r.add_argument("out", type=Path)
     return p
@@ -90,9 +92,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.cmd == "action":
+        from .worker import run_via_worker
+
+        code = run_via_worker(args.spec)
+        if code is not None:
+            return code
         from .runner import main as run_action
 
         return run_action(args.spec)
+    if args.cmd == "worker":
+        from .worker import serve
+
+        serve(args.socket)
+        return 0
     if args.cmd == "build":
         from .build import BuildOptions, build
 

@@ -35,3 +35,16 @@ def rel(p: str, out: Path) -> str:
         return str(path.relative_to(out))
     except ValueError:
         return str(path)
+
+
+def cache_dir() -> Path:
+    """The local cache: $CTXBUILD_CACHE_DIR, else $XDG_CACHE_HOME/ctxbuild, else ~/.cache/ctxbuild."""
+    import os
+
+    explicit = os.environ.get("CTXBUILD_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and Path(xdg).is_absolute():  # the XDG spec says to ignore a relative value
+        return Path(xdg) / "ctxbuild"
+    return Path.home() / ".cache" / "ctxbuild"

@@ -20,7 +20,7 @@ from .atomic import write_bytes
 from .capture import captured
 from .digests import DigestMemo, sha256_file
 from .errors import ActionError, CtxbuildError
-from .layout import STATE, depfile_path, log_path, record_path, rel
+from .layout import STATE, cache_dir, depfile_path, log_path, record_path, rel
 
 
 class ActionContext:
@@ -70,7 +70,9 @@ def main(spec_arg: str) -> int:
             hit = cache.lookup(key) if cache else None
             if hit is not None and cache.restore(hit, {r: Path(p) for r, p in action.outputs.items()}):
                 record["source"] = "cache"
-                print(f"restored {action.id} from cache (key {key[:16]})")
+                print(f"restored {action.id} from cache (key {key[:16]}); the original log follows")
+                sys.stdout.flush()
+                os.write(1, cache.read_log(hit) or b"")
             else:
                 tmp.mkdir(parents=True, exist_ok=True)
                 impl.run(ActionContext(action, out, tmp, log))
@@ -108,11 +110,18 @@ def main(spec_arg: str) -> int:
 
 
 def _open_cache() -> Any:
+    """The layered cache the environment describes (the driver turns flags and defaults into it)."""
     if os.environ.get("CTXBUILD_NO_CACHE") == "1":
         return None
-    from .cache.layered import open_from_env
+    from .cache import Cache, LocalStore, RemoteStore
 
-    return open_from_env()
+    root = cache_dir()
+    remote = None
+    if url := os.environ.get("CTXBUILD_REMOTE_CACHE"):
+        token = os.environ.get(os.environ.get("CTXBUILD_REMOTE_TOKEN_ENV", "CTXBUILD_REMOTE_TOKEN"))
+        remote = RemoteStore(url, token=token or None, read_only=os.environ.get("CTXBUILD_REMOTE_READ_ONLY") == "1",
+                             timeout=float(os.environ.get("CTXBUILD_REMOTE_TIMEOUT", "10")), state_dir=root)
+    return Cache(LocalStore(root), remote)
 
 
 def _key_components(action: Action, discovered: dict[str, Path], memo: DigestMemo, state: Path) -> dict[str, Any]:

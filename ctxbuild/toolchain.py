@@ -11,6 +11,7 @@ from typing import Any
 
 from .atomic import write_bytes
 from .capture import captured
+from .layout import cache_dir
 
 # Bump when an action's outputs change for the same inputs (new parameters, different layout...).
 ACTION_SCHEMA_VERSION = 1
@@ -43,19 +44,27 @@ def _stamp() -> list[Any]:
     ]
 
 
-def sdk_build_id(memo_dir: Path) -> str:
-    """The QNN SDK build id (`ep_sdk_version`) the EP stamps into context binaries, memoized per toolchain."""
-    memo = memo_dir / "toolchain.json"
+def sdk_build_id(out_state: Path) -> str:
+    """The QNN SDK build id (`ep_sdk_version`) the EP stamps into context binaries, memoized per toolchain.
+
+    The memo lives in the user cache dir (a fresh OUT must not pay the ~0.3 s probe), else in OUT.
+    """
     stamp = _stamp()
-    try:
-        data = json.loads(memo.read_text())
-        if data["stamp"] == stamp:
-            return data["sdk_build_id"]
-    except (OSError, ValueError, KeyError):
-        pass
+    memos = [cache_dir() / "toolchain.json", out_state / "toolchain.json"]
+    for memo in memos:
+        try:
+            data = json.loads(memo.read_text())
+            if data["stamp"] == stamp:
+                return data["sdk_build_id"]
+        except (OSError, ValueError, KeyError):
+            continue
     build_id = _probe_sdk_build_id()
-    memo_dir.mkdir(parents=True, exist_ok=True)
-    write_bytes(memo, json.dumps({"stamp": stamp, "sdk_build_id": build_id}).encode())
+    for memo in memos:
+        try:
+            write_bytes(memo, json.dumps({"stamp": stamp, "sdk_build_id": build_id}).encode())
+            break
+        except OSError:
+            continue  # read-only or full cache dir: the OUT copy serves
     return build_id
 
 
@@ -84,19 +93,19 @@ def _probe_sdk_build_id() -> str:
     return "unknown"
 
 
-def fingerprint(kind: str, memo_dir: Path) -> dict[str, Any]:
+def fingerprint(kind: str, out_state: Path) -> dict[str, Any]:
     """The toolchain part of an action key. Compile-type actions also depend on the QNN compiler."""
     fp: dict[str, Any] = {"ctxbuild_action_schema": ACTION_SCHEMA_VERSION, "onnx": version("onnx"),
                           "onnxruntime": version("onnxruntime")}
     if kind not in ("prepare", "quantize"):
         fp["onnxruntime-qnn"] = version("onnxruntime-qnn")
-        fp["qnn_sdk"] = sdk_build_id(memo_dir)
+        fp["qnn_sdk"] = sdk_build_id(out_state)
     return fp
 
 
-def summary(memo_dir: Path) -> dict[str, str]:
+def summary(out_state: Path) -> dict[str, str]:
     return {"onnx": version("onnx"), "onnxruntime": version("onnxruntime"),
-            "onnxruntime-qnn": version("onnxruntime-qnn"), "qnn_sdk_build_id": sdk_build_id(memo_dir)}
+            "onnxruntime-qnn": version("onnxruntime-qnn"), "qnn_sdk_build_id": sdk_build_id(out_state)}
 
 
 # --- the EP -----------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
 
-# pytest_plugins = ["tests.nginx_fixture"]
+pytest_plugins = ["tests.nginx_fixture"]
 
 
 @dataclass

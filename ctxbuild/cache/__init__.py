@@ -2,7 +2,8 @@
 and a CAS of blobs by sha256, locally (LocalStore) and over HTTP (RemoteStore), layered by Cache."""
 from __future__ import annotations
 
-from .layered import Cache, default_cache_dir
+from ..layout import cache_dir as default_cache_dir
+from .layered import Cache
 from .local import LocalStore
 from .record import ActionRecord, OutputEntry
 from .remote import RemoteStore

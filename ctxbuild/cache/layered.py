@@ -6,7 +6,6 @@ a miss: lookup returns None or restore returns False, and the caller runs the ac
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -19,17 +18,6 @@ from .record import ActionRecord, OutputEntry
 from .remote import RemoteStore
 
 T = TypeVar("T")
-
-
-def default_cache_dir() -> Path:
-    """$CTXBUILD_CACHE_DIR, else $XDG_CACHE_HOME/ctxbuild, else ~/.cache/ctxbuild."""
-    explicit = os.environ.get("CTXBUILD_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg and Path(xdg).is_absolute():  # the XDG spec says to ignore a relative value
-        return Path(xdg) / "ctxbuild"
-    return Path.home() / ".cache" / "ctxbuild"
 
 
 class Cache:

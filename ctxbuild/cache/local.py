@@ -27,6 +27,9 @@ from .record import ActionRecord, OutputEntry, check_digest, check_key
 
 # Temps and unreferenced blobs younger than this may belong to an insert in progress in another process.
 GRACE_SECONDS = 600.0
+# File times come from the kernel's coarse clock, a tick behind time.time(): a blob touched by a put just
+# after gc started can look older than the start. Blobs touched this close to it are spared.
+CLOCK_SLACK_SECONDS = 2.0
 
 
 class LocalStore:
@@ -161,7 +164,8 @@ class LocalStore:
     def _gc(self, max_bytes: int, start: float) -> dict[str, Any]:
         stale = start - GRACE_SECONDS
         for entry in _scandir(self.root / "tmp"):  # leftovers of inserts that were killed
-            if entry.stat().st_mtime < stale:
+            st = _stat(entry)
+            if st is not None and st.st_mtime < stale:
                 _discard(Path(entry.path))
         blobs = {path.name: (path, st.st_size) for path, st in self._files("cas")}
         records: list[tuple[int, Path, int, set[str]]] = []
@@ -169,8 +173,10 @@ class LocalStore:
         for path, st in self._files("ac"):
             try:
                 digests = ActionRecord.from_json(path.read_bytes()).digests()
+            except FileNotFoundError:  # another gc got there first
+                continue
             except ValueError:
-                path.unlink(missing_ok=True)
+                _discard(path)
                 continue
             refs.update(digests)
             records.append((st.st_mtime_ns, path, st.st_size, digests))
@@ -188,7 +194,7 @@ class LocalStore:
             total, removed_entries = total - size, removed_entries + 1
             for d in digests:
                 refs[d] -= 1
-                if refs[d] == 0 and d in blobs and self._unlink_unused(blobs[d][0], start):
+                if refs[d] == 0 and d in blobs and self._unlink_unused(blobs[d][0], start - CLOCK_SLACK_SECONDS):
                     total, removed_blobs = total - blobs.pop(d)[1], removed_blobs + 1
         result = {"time": start, "removed_entries": removed_entries, "removed_blobs": removed_blobs,
                   "bytes": total}
@@ -212,8 +218,9 @@ class LocalStore:
         for d in _scandir(self.root / sub):
             if d.is_dir():
                 for entry in _scandir(Path(d.path)):
-                    if entry.is_file():
-                        yield Path(entry.path), entry.stat()
+                    st = _stat(entry)
+                    if st is not None:
+                        yield Path(entry.path), st
 
     def _stage(self, entry: OutputEntry, tmp: Path) -> bool:
         blob = self.blob_path(entry.digest)
@@ -278,6 +285,14 @@ def _scandir(path: Path) -> list[os.DirEntry[str]]:
             return list(it)
     except FileNotFoundError:
         return []
+
+
+def _stat(entry: os.DirEntry[str]) -> os.stat_result | None:
+    """A regular file's stat, or None if it is not one or was renamed or deleted since it was listed."""
+    try:
+        return entry.stat() if entry.is_file() else None
+    except FileNotFoundError:
+        return None
 
 
 def _discard(path: Path) -> None:

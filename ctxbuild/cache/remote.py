@@ -36,6 +36,10 @@ _STATUS_REASONS = {401: " (missing or wrong token)", 403: " (access denied)"}
 
 
 class RemoteStore:
+    """`token` is sent as `Authorization: Bearer` (user:password in the URL as Basic auth); `read_only`
+    never PUTs; `timeout` bounds connecting and each read; `state_dir` (the local cache root) holds the
+    breaker's marker file shared with the build's other processes."""
+
     def __init__(self, url: str, *, token: str | None = None, read_only: bool = False, timeout: float = 10.0,
                  state_dir: Path | None = None) -> None:
         parts = urlsplit(url)
@@ -52,8 +56,8 @@ class RemoteStore:
         self._headers = _auth_headers(parts, token)
         self.read_only = read_only
         self.timeout = timeout
-        self._marker = state_dir / f"remote-down-{hashlib.sha256(self.url.encode()).hexdigest()[:16]}" \
-            if state_dir is not None else None
+        marker = f"remote-down-{hashlib.sha256(self.url.encode()).hexdigest()[:16]}"
+        self._marker = state_dir / marker if state_dir is not None else None
         self._down: str | None = None
 
     def __repr__(self) -> str:
