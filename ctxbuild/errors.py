@@ -37,6 +37,10 @@ class ActionError(CtxbuildError):
 
     exit_code = 1
 
+    def __init__(self, message: str, hint: str | None = None, details: dict | None = None) -> None:
+        super().__init__(message, hint)
+        self.details = details  # structured result worth keeping in the record (e.g. failed metrics)
+
 
 class InspectError(CtxbuildError):
     """A context binary cannot be read (missing, truncated, corrupt, not a QNN binary)."""

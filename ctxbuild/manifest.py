@@ -22,15 +22,57 @@ def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, s
         record = _read(record_path(out, art["action"]))
         if not path.is_file() or record is None or record.get("status") != "ok":
             continue
-        artifacts.append({
-            "recipe": art["recipe"], "target": art["target"], "kind": KINDS.get(art["role"], art["role"]),
+        role = art["role"]
+        entry = {
+            "recipe": art["recipe"], "target": art["target"], "kind": KINDS.get(role.split(":")[0], role),
             "path": art["path"], "sha256": memo.digest(path), "size": path.stat().st_size,
-            "graphs": art["graphs"],
-        })
+            "serves": _serves(art["target"]), "verification": _verification(out, art["verified_by"]),
+        }
+        names = record.get("graph_names", {})
+        if role.startswith("ctx"):  # an EPContext model names one graph of its binary
+            graph = role.split(":", 1)[1] if ":" in role else art["graphs"][0]
+            entry.update(graph=graph, graph_name_in_binary=names.get(graph))
+        else:
+            entry["graphs"] = names
+            if art["twins"]:
+                entry["weight_sharing"] = _sharing(out, art["twins"], entry["size"])
+        artifacts.append(entry)
     memo.close()
     manifest = {"version": MANIFEST_VERSION, "toolchain": toolchain_versions, "artifacts": artifacts}
     write_if_changed(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n")
     return manifest
+
+
+def _serves(target: dict[str, Any]) -> list[dict[str, str]]:
+    """The SoCs a binary loads on: one, or several for a multi-SoC ("flexible") binary."""
+    names = target["name"].split("+")
+    socs, arches = target["soc_model"].split(","), target["htp_arch"].split(",")
+    if len(names) != len(socs):
+        names = [target["name"]] * len(socs)
+    return [{"name": n, "soc_model": s, "htp_arch": h} for n, s, h in zip(names, socs, arches)]
+
+
+def _verification(out: Path, verifiers: list[str]) -> dict[str, Any] | None:
+    if not verifiers:
+        return None
+    results = [_read(record_path(out, v)) for v in verifiers]
+    if any(r is None or r.get("status") not in ("ok", "failed") for r in results):
+        return {"status": "not run"}
+    passed = all(r.get("status") == "ok" for r in results)  # type: ignore[union-attr]
+    methods = sorted({r.get("result", {}).get("method", "?") for r in results})  # type: ignore[union-attr]
+    return {"status": "passed" if passed else "failed", "method": ", ".join(methods)}
+
+
+def _sharing(out: Path, twins: list[str], bundle_size: int) -> dict[str, Any] | None:
+    """Bundle .bin size against the same graphs compiled apart (the verification twins), measured."""
+    sizes = {}
+    for t in twins:
+        r = _read(record_path(out, t))
+        if r is None or r.get("status") != "ok" or "bin" not in r.get("outputs", {}):
+            return None
+        sizes[t] = r["outputs"]["bin"]["size"]
+    separate = sum(sizes.values())
+    return {"separate_bin_size": separate, "bundle_bin_size": bundle_size, "saved_bytes": separate - bundle_size}
 
 
 def _read(path: Path) -> dict[str, Any] | None:

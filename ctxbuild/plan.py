@@ -13,6 +13,9 @@ from .recipe import Graph, Recipe, RecipeSet
 from .targets import Target
 
 QUANTIZED = ("int16", "int8")
+# Verification thresholds (min cosine, min SNR dB) per precision, from runs of the examples on the simulator.
+DEFAULT_THRESHOLDS = {"int16": (0.99, 20.0), "int8": (0.95, 12.0), "fp16": (0.999, 30.0), "qdq": (0.99, 20.0)}
+VERIFY_DEFAULT_MAX_BYTES = 256 * 2**20
 # (activation, weight) quant types per precision; names of onnxruntime.quantization.QuantType members.
 QUANT_TYPES = {"int16": ("QUInt16", "QUInt8"), "int8": ("QUInt8", "QUInt8")}
 
@@ -28,21 +31,32 @@ class Plan:
         return [self.graph.nodes[n]["action"] for n in nx.topological_sort(self.graph)]
 
     def artifacts(self) -> list[dict[str, Any]]:
-        """Deliverables (for the manifest): outputs of compile/bundle actions, with their recipe and target."""
+        """Deliverables (for the manifest): outputs of compile/bundle actions, with the actions that verify
+        them and, for bundles, the single-graph twins whose sizes measure the weight-sharing savings."""
         rows = []
         for a in self.actions:
-            if a.kind in ("compile", "bundle"):
-                for role, path in a.outputs.items():
-                    rows.append({"action": a.id, "recipe": a.recipes[0], "target": a.target, "role": role,
-                                 "path": str(Path(path).relative_to(self.out)), "graphs": a.params.get("graphs")})
+            if a.kind not in ("compile", "bundle") or not _delivered(a, self.out):
+                continue
+            verifiers = [v for v in self.graph.successors(a.id) if self.graph.nodes[v]["action"].kind == "verify"]
+            twins = sorted({u for v in verifiers for u in self.graph.predecessors(v)
+                            if self.graph.nodes[u]["action"].kind == "compile" and u != a.id})
+            for role, path in a.outputs.items():
+                rows.append({"action": a.id, "recipe": a.recipes[0], "target": a.target, "role": role,
+                             "path": str(Path(path).relative_to(self.out)), "graphs": a.params.get("graphs"),
+                             "verified_by": sorted(verifiers), "twins": twins if a.kind == "bundle" else []})
         return rows
 
 
-def make_plan(recipes: RecipeSet, out: Path) -> Plan:
+def _delivered(a: Action, out: Path) -> bool:
+    """Deliverables live under OUT/<target>/; verification twins live in the work dir."""
+    return not Path(next(iter(a.outputs.values()))).is_relative_to(out / ".ctxbuild")
+
+
+def make_plan(recipes: RecipeSet, out: Path, *, verify: bool = True) -> Plan:
     out = out.resolve()
     actions: dict[str, Action] = {}
     for recipe in recipes.recipes:
-        for a in _recipe_actions(recipe, out):
+        for a in _recipe_actions(recipe, out, verify):
             _add(actions, a)
     graph = _graph(actions)
     return Plan(out, graph, recipes)
@@ -60,10 +74,19 @@ def _add(actions: dict[str, Action], a: Action) -> None:
                         f"{', '.join(have.recipe_files)}", "rename one of the recipes")
 
 
-def _recipe_actions(recipe: Recipe, out: Path) -> list[Action]:
+@dataclass
+class Built:
+    """A graph's models on the way to the compiler: the float reference and what gets compiled."""
+
+    graph: Graph
+    reference: str  # prepared model: shapes fixed, folded (the float model verification compares against)
+    model: str  # what the compiler reads (quantized, or the prepared model for fp16/qdq)
+
+
+def _recipe_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
     work = out / ".ctxbuild" / "work"
     acts: list[Action] = []
-    compile_inputs: list[str] = []
+    built: list[Built] = []
     for g in recipe.graphs:
         prepared, a = _prepare(recipe, g, work)
         acts.append(a)
@@ -71,12 +94,48 @@ def _recipe_actions(recipe: Recipe, out: Path) -> list[Action]:
         if recipe.precision in QUANTIZED:
             model, q = _quantize(recipe, g, prepared, work)
             acts.append(q)
-        compile_inputs.append(model)
+        built.append(Built(g, prepared, model))
+    verify = verify and verification_enabled(recipe)
     if recipe.is_bundle:
-        return acts  # bundle actions are planned by the bundle module (issue 4)
-    for t in recipe.targets:
-        acts.append(_compile(recipe, recipe.graphs[0], compile_inputs[0], t, out))
+        for t in recipe.targets:
+            bundle = _bundle(recipe, built, t, out)
+            acts.append(bundle)
+            if verify:  # the simulator cannot load a multi-graph binary: verify each graph's single-graph twin
+                for b in built:
+                    twin = _compile(recipe, b, t, work / "twins" / t.name / recipe.name, name=f"{recipe.name}.{b.graph.name}")
+                    acts += [twin, _verify(recipe, b, t, twin, out, method="single-graph build (bundle)",
+                                           bundle=bundle)]
+    elif recipe.multi_soc:
+        t = multi_soc_target(recipe.targets)
+        flexible = _compile(recipe, built[0], t, out / t.name / recipe.name)
+        acts.append(flexible)
+        if verify:  # nor a multi-SoC one: verify a single-SoC build with the same options
+            first = recipe.targets[0]
+            twin = _compile(recipe, built[0], first, work / "twins" / first.name / recipe.name,
+                            name=f"{recipe.name}.single", action_target=t)
+            acts += [twin, _verify(recipe, built[0], t, twin, out, method=f"single-SoC build ({first.name})",
+                                   artifact=flexible)]
+    else:
+        for t in recipe.targets:
+            c = _compile(recipe, built[0], t, out / t.name / recipe.name)
+            acts.append(c)
+            if verify:
+                acts.append(_verify(recipe, built[0], t, c, out, method="direct"))
     return acts
+
+
+def verification_enabled(recipe: Recipe) -> bool:
+    """On by default for models small enough to simulate quickly; the recipe can force it either way."""
+    if "enabled" in recipe.verify:
+        return bool(recipe.verify["enabled"])
+    return sum(g.model.stat().st_size for g in recipe.graphs) <= VERIFY_DEFAULT_MAX_BYTES
+
+
+def multi_soc_target(targets: list[Target]) -> Target:
+    """One flexible binary for several SoCs: comma-separated soc_model/htp_arch (is_multi_soc_ep_context=1)."""
+    vtcm = [t.vtcm_mb for t in targets if t.vtcm_mb is not None]
+    return Target("+".join(t.name for t in targets), ",".join(t.soc_model for t in targets),
+                  ",".join(t.htp_arch for t in targets), min(vtcm) if vtcm else None)
 
 
 def _common(recipe: Recipe) -> dict[str, Any]:
@@ -125,17 +184,61 @@ def provider_options(recipe: Recipe, t: Target) -> dict[str, str]:
     return dict(sorted(opts.items()))
 
 
-def _compile(recipe: Recipe, g: Graph, model: str, t: Target, out: Path) -> Action:
-    d = out / t.name / recipe.name
-    outputs = {"ctx": str(d / f"{recipe.name}_ctx.onnx")}
+def _compile(recipe: Recipe, b: Built, t: Target, d: Path, *, name: str | None = None,
+             action_target: Target | None = None) -> Action:
+    """One graph for one target into directory `d`. `name` != recipe name: a verification twin."""
+    stem = name or recipe.name
+    outputs = {"ctx": str(d / f"{stem}_ctx.onnx")}
     if not recipe.compile.embed:
-        outputs["bin"] = str(d / f"{recipe.name}_ctx_qnn.bin")
+        outputs["bin"] = str(d / f"{stem}_ctx_qnn.bin")
     params = {"provider_options": provider_options(recipe, t), "embed": recipe.compile.embed,
               "cpu_fallback": recipe.compile.cpu_fallback, "precision": recipe.precision,
-              "graphs": [g.name]}
-    return Action(id=f"compile/{recipe.name}@{t.name}", kind="compile",
-                  description=f"compile {recipe.name}@{t.name}", inputs={"model": model}, outputs=outputs,
-                  params=params, target=t.as_dict(), pool="compile", **_common(recipe))
+              "graphs": [b.graph.name]}
+    twin = " (verification twin)" if name else ""
+    return Action(id=f"compile/{stem}@{t.name}", kind="compile", description=f"compile {stem}@{t.name}{twin}",
+                  inputs={"model": b.model}, outputs=outputs, params=params,
+                  target=(action_target or t).as_dict(), pool="compile", **_common(recipe))
+
+
+def _bundle(recipe: Recipe, built: list[Built], t: Target, out: Path) -> Action:
+    d = out / t.name / recipe.name
+    outputs = {f"ctx:{b.graph.name}": str(d / f"{b.graph.name}_ctx.onnx") for b in built}
+    outputs["bin"] = str(d / f"{recipe.name}_qnn.bin")
+    inputs = {f"model:{b.graph.name}": b.model for b in built}
+    inputs.update({f"reference:{b.graph.name}": b.reference for b in built})
+    params = {"provider_options": provider_options(recipe, t), "cpu_fallback": recipe.compile.cpu_fallback,
+              "precision": recipe.precision, "graphs": [b.graph.name for b in built]}
+    return Action(id=f"bundle/{recipe.name}@{t.name}", kind="bundle",
+                  description=f"bundle {recipe.name}@{t.name} ({len(built)} graphs)", inputs=inputs,
+                  outputs=outputs, params=params, target=t.as_dict(), pool="compile", **_common(recipe))
+
+
+def _verify(recipe: Recipe, b: Built, t: Target, compiled: Action, out: Path, *, method: str,
+            bundle: Action | None = None, artifact: Action | None = None) -> Action:
+    """Verify `compiled` on the simulator. When the deliverable cannot run there (a bundle, a multi-SoC
+    binary), `compiled` is its twin and the deliverable is an input too: re-verified whenever it changes."""
+    graph = b.graph
+    label = f"{recipe.name}.{graph.name}" if recipe.is_bundle else recipe.name
+    min_cos, min_snr = DEFAULT_THRESHOLDS[recipe.precision]
+    v = recipe.verify
+    samples_dir = (recipe.file.parent / v["dir"]).resolve() if v.get("dir") else (
+        graph.calibration.dir if graph.calibration and graph.calibration.dir else None)
+    params = {"graph": graph.name, "method": method, "precision": recipe.precision,
+              "thresholds": {"min_cosine": v.get("min_cosine", min_cos), "min_snr_db": v.get("min_snr_db", min_snr)},
+              "samples": v.get("samples", 4), "timeout_s": v.get("timeout_s", 300),
+              "sample_source": "verification" if v.get("dir") else ("calibration" if samples_dir else "random"),
+              "cpu_fallback": recipe.compile.cpu_fallback,
+              "inputs": {k: list(x) for k, x in sorted(graph.inputs.items())}}
+    inputs = {"reference": b.reference, "compiled": b.model, **{f"ctx.{k}": p for k, p in compiled.outputs.items()}}
+    if bundle is not None:
+        inputs.update({"bundle.ctx": bundle.outputs[f"ctx:{graph.name}"], "bundle.bin": bundle.outputs["bin"]})
+    if artifact is not None:
+        inputs.update({f"artifact.{k}": p for k, p in artifact.outputs.items()})
+    d = out / t.name / recipe.name
+    return Action(id=f"verify/{label}@{t.name}", kind="verify", description=f"verify {label}@{t.name}",
+                  inputs=inputs, outputs={"result": str(d / f"{graph.name if recipe.is_bundle else recipe.name}_verify.json")},
+                  params=params, target=t.as_dict(), watch=[str(samples_dir)] if samples_dir else [],
+                  pool="compile", **_common(recipe))
 
 
 def _graph(actions: dict[str, Action]) -> nx.DiGraph:

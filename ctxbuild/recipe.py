@@ -12,6 +12,7 @@ from typing import Any
 from . import targets as soc_table
 from .errors import RecipeError
 from .targets import Target
+from .toolchain import version
 from .yamlsrc import LineDict, line_of, load_mapping
 
 DEFAULTS_FILE = "_defaults.yaml"
@@ -250,11 +251,49 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
         provider_options=tuple(sorted((str(k), _opt_str(v)) for k, v in copts.get("provider_options", {}).items())),
     )
     recipe_targets = _targets(f, data, merged["targets"], groups)
+    _check_layout(f, data, "bundle" in merged, merged.get("multi_soc", False), compile_opts, recipe_targets)
     verify = merged.get("verify", {})
     verify = {"enabled": verify} if isinstance(verify, bool) else dict(verify)
     return Recipe(name=name, file=f, precision=precision, graphs=graphs, targets=recipe_targets,
                   compile=compile_opts, is_bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False),
                   verify=verify)
+
+
+# The oldest onnxruntime-qnn these were measured on; older EPs lack ep.share_ep_contexts or multi-SoC contexts.
+MIN_QNN_EP = {"bundle": (2, 7), "multi_soc": (2, 7)}
+
+
+def _check_layout(f: Path, data: LineDict, bundle: bool, multi_soc: bool, copts: CompileOptions,
+                  targets: list[Target]) -> None:
+    """Combinations the QNN EP refuses, caught before anything is built."""
+    def at(key: str) -> str:
+        return f"{f}:{line_of(data, [key])}"
+
+    if bundle and copts.embed:
+        raise RecipeError(f"{at('bundle')}: a bundle cannot use compile.embed: its graphs share one .bin",
+                          "remove `embed: true`")
+    if multi_soc and bundle:
+        raise RecipeError(f"{at('multi_soc')}: multi_soc cannot be combined with a bundle (the QNN EP cannot "
+                          "share weights across a multi-SoC context)", "build the bundle per SoC instead")
+    if multi_soc and copts.embed:
+        raise RecipeError(f"{at('multi_soc')}: multi_soc cannot be combined with compile.embed",
+                          "remove `embed: true`")
+    if multi_soc and len(targets) < 2:
+        raise RecipeError(f"{at('multi_soc')}: multi_soc needs two or more targets", "list them in `targets`")
+    for feature, wanted in (("bundle", bundle), ("multi_soc", multi_soc)):
+        have = _version_tuple(version("onnxruntime-qnn"))
+        if wanted and have < MIN_QNN_EP[feature]:
+            need = ".".join(map(str, MIN_QNN_EP[feature]))
+            raise RecipeError(f"{at(feature)}: {feature} needs onnxruntime-qnn >= {need}; this toolchain has "
+                              f"{version('onnxruntime-qnn')}", f"pip install 'onnxruntime-qnn>={need}'")
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    parts = []
+    for p in v.split(".")[:3]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
 
 
 def _opt_str(v: Any) -> str:

@@ -20,6 +20,11 @@ def warnings(action: Action) -> list[str]:
     return []
 
 
+def summarize(action: Action) -> dict[str, Any]:
+    """Graph names as the binary holds them (loaders such as qnn.lora_config need them)."""
+    return {"graph_names": partition_names(action)}
+
+
 def run(ctx: Any) -> None:
     a = ctx.action
     dst = ctx.tmp_output("ctx")
@@ -45,3 +50,17 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool) -> ActionE
         hint = None if cpu_fallback else "set compile.cpu_fallback: true to run them on the CPU instead"
         return ActionError(f"QNN cannot run {len(nodes)} node(s): {listed}", hint)
     return ActionError(f"QNN compile failed: {str(exc).strip().splitlines()[-1][:300]}")
+
+
+def partition_names(action: Action) -> dict[str, str]:
+    """graph (recipe name) -> the EPContext node's partition_name, i.e. the graph's name inside the .bin."""
+    import onnx
+
+    names = {}
+    for graph in action.params["graphs"]:
+        role = f"ctx:{graph}" if f"ctx:{graph}" in action.outputs else "ctx"  # bundle vs single graph
+        model = onnx.load(action.outputs[role], load_external_data=False)
+        for node in model.graph.node:
+            if node.op_type == "EPContext":
+                names[graph] = next(a.s.decode() for a in node.attribute if a.name == "partition_name")
+    return names

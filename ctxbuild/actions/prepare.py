@@ -22,6 +22,10 @@ def warnings(action: Action) -> list[str]:
     return []
 
 
+def summarize(action: Action) -> dict[str, Any]:
+    return {}
+
+
 def run(ctx: Any) -> None:
     import onnx
 

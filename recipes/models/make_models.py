@@ -65,6 +65,28 @@ def mlp(rng: np.random.Generator) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
 
 
+def lm_block(tokens: int) -> onnx.ModelProto:
+    """A transformer FFN block over a token window; prefill and decode differ only in `tokens` and
+    share every weight (same names, same values: seeded identically) -- what a weight-shared bundle dedupes."""
+    rng = np.random.default_rng(7)
+    d, h = 256, 1024
+    inits = [_init(rng, "ffn.w_in", (d, h), 0.06), _init(rng, "ffn.b_in", (h,), 0.02),
+             _init(rng, "ffn.w_out", (h, d), 0.03), _init(rng, "ffn.b_out", (d,), 0.02)]
+    nodes = [
+        helper.make_node("MatMul", ["hidden", "ffn.w_in"], ["m1"], name="ffn_in"),
+        helper.make_node("Add", ["m1", "ffn.b_in"], ["a1"], name="ffn_in_bias"),
+        helper.make_node("Sigmoid", ["a1"], ["s1"], name="act_sig"),
+        helper.make_node("Mul", ["a1", "s1"], ["g1"], name="act_silu"),
+        helper.make_node("MatMul", ["g1", "ffn.w_out"], ["m2"], name="ffn_out"),
+        helper.make_node("Add", ["m2", "ffn.b_out"], ["a2"], name="ffn_out_bias"),
+        helper.make_node("Add", ["a2", "hidden"], ["out"], name="residual"),
+    ]
+    graph = helper.make_graph(nodes, f"lm_block_t{tokens}",
+                              [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, tokens, d])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, tokens, d])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+
+
 def images(rng: np.random.Generator, n: int) -> list[np.ndarray]:
     """Smooth image-like samples (low-frequency patterns plus noise), not white noise."""
     yy, xx = np.meshgrid(np.linspace(0, 1, 64), np.linspace(0, 1, 64), indexing="ij")
@@ -80,10 +102,20 @@ def main(dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     onnx.save(tiny_cnn(np.random.default_rng(1)), dest / "tiny_cnn.onnx")
     onnx.save(mlp(np.random.default_rng(2)), dest / "mlp.onnx")
-    cal = dest / "calib" / "tiny_cnn"
-    cal.mkdir(parents=True, exist_ok=True)
-    for i, img in enumerate(images(np.random.default_rng(3), 8)):
-        np.savez(cal / f"sample_{i:03d}.npz", image=img)
+    onnx.save(lm_block(32), dest / "lm_prefill.onnx")
+    onnx.save(lm_block(1), dest / "lm_decode.onnx")
+    rng = np.random.default_rng(3)
+    _samples(dest / "calib" / "tiny_cnn", [{"image": img} for img in images(rng, 8)])
+    _samples(dest / "calib" / "mlp", [{"x": rng.standard_normal((1, 16, 64)).astype(np.float32)} for _ in range(4)])
+    for name, tokens in (("lm_prefill", 32), ("lm_decode", 1)):
+        _samples(dest / "calib" / name,
+                 [{"hidden": rng.standard_normal((1, tokens, 256)).astype(np.float32)} for _ in range(4)])
+
+
+def _samples(d: Path, samples: list[dict[str, np.ndarray]]) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    for i, sample in enumerate(samples):
+        np.savez(d / f"sample_{i:03d}.npz", **sample)
 
 
 if __name__ == "__main__":

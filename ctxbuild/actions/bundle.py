@@ -1,0 +1,148 @@
+"""bundle: several graphs compiled into one weight-shared context binary (one `_ctx.onnx` per graph).
+
+QNN stores a weight once only when every graph holds it with identical quantized values and encodings;
+that is checked here before compiling, so a silent doubling of flash/RAM becomes a clear error.
+
+Graph I/O names must be unique within a share group once quantized: prefill's and decode's `hidden`
+carry different encodings and the second graph fails with QNN error 7003 (measured, 2.7.0). Each graph
+is compiled with `<graph>__`-prefixed I/O names; its wrapper gets the original names back and maps them
+with the EP's own `io_name_overrides` attribute, so callers feed the names their models declare.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .. import toolchain
+from ..action import Action
+from ..errors import ActionError
+from .compile import compile_error, partition_names
+from .modelio import load
+
+
+def discover_inputs(action: Action) -> dict[str, Path]:
+    return {}
+
+
+def warnings(action: Action) -> list[str]:
+    return []
+
+
+def summarize(action: Action) -> dict[str, Any]:
+    """Graph names as the binary holds them (loaders such as qnn.lora_config need them)."""
+    return {"graph_names": partition_names(action)}
+
+
+def run(ctx: Any) -> None:
+    a = ctx.action
+    graphs: list[str] = a.params["graphs"]
+    _check_shared_weights(a, graphs)
+    ctx_paths = [ctx.tmp_output(f"ctx:{g}") for g in graphs]
+    renames = {g: _prefixed_copy(Path(a.inputs[f"model:{g}"]), g, ctx.tmp / f"{g}.input.onnx") for g in graphs}
+    try:
+        # One process, EP kept registered, fixed order, same provider options: the EP's share group.
+        for i, (g, dst) in enumerate(zip(graphs, ctx_paths)):
+            config = {"ep.share_ep_contexts": "1"}  # session config entries: as provider options they are ignored
+            if i == len(graphs) - 1:
+                config["ep.stop_share_ep_contexts"] = "1"
+            toolchain.compile_model(ctx.tmp / f"{g}.input.onnx", dst, a.params["provider_options"], embed=False,
+                                    cpu_fallback=a.params["cpu_fallback"], config=config)
+    except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped; the log holds the cause
+        raise compile_error(ctx.log_path, e, a.params["cpu_fallback"]) from None
+    for g, p in zip(graphs, ctx_paths):
+        (ctx.tmp / f"{g}.input.onnx").unlink()
+        _restore_io_names(p, renames[g])
+    _rename_bin(ctx_paths, ctx.tmp_output("bin"))
+
+
+def _prefixed_copy(src: Path, graph: str, dst: Path) -> dict[str, str]:
+    """Save `src` with its graph inputs/outputs renamed `<graph>__<name>`; returns original -> new."""
+    import onnx
+
+    model = load(src)
+    io = [v.name for v in (*model.graph.input, *model.graph.output)]
+    inits = {t.name for t in model.graph.initializer}
+    ren = {n: f"{graph}__{n}" for n in io if n not in inits}
+    for node in model.graph.node:
+        node.input[:] = [ren.get(i, i) for i in node.input]
+        node.output[:] = [ren.get(o, o) for o in node.output]
+    for v in (*model.graph.input, *model.graph.output):
+        v.name = ren.get(v.name, v.name)
+    onnx.save(model, str(dst))
+    return ren
+
+
+def _restore_io_names(ctx_model: Path, ren: dict[str, str]) -> None:
+    """Give the wrapper its original I/O names; `io_name_overrides` maps them to the names in the binary."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(ctx_model))
+    back = {new: orig for orig, new in ren.items()}
+    for node in model.graph.node:
+        node.input[:] = [back.get(i, i) for i in node.input]
+        node.output[:] = [back.get(o, o) for o in node.output]
+        if node.op_type == "EPContext":
+            overrides = dict(ren)
+            for attr in list(node.attribute):
+                if attr.name == "io_name_overrides":  # the EP's own map: onnx name -> qnn name
+                    pairs = [kv.split("=", 1) for kv in attr.s.decode().split(";") if "=" in kv]
+                    overrides.update({back.get(k, k): v for k, v in pairs})
+                    node.attribute.remove(attr)
+            node.attribute.append(helper.make_attribute(
+                "io_name_overrides", "".join(f"{k}={v};" for k, v in sorted(overrides.items()))))
+    for v in (*model.graph.input, *model.graph.output):
+        v.name = back.get(v.name, v.name)
+    onnx.save(model, str(ctx_model))
+
+
+def _rename_bin(ctx_paths: list[Path], final_bin: Path) -> None:
+    """The EP names the shared bin after the first graph; name it after the recipe and repoint every wrapper."""
+    import onnx
+
+    first_bin = ctx_paths[0].with_name(ctx_paths[0].stem + "_qnn.bin")
+    bins = {p.name for p in ctx_paths[0].parent.glob("*_qnn.bin")}
+    if bins != {first_bin.name}:
+        raise ActionError(f"expected one shared context binary, the EP wrote {sorted(bins)}",
+                          "the graphs were not compiled into one share group; is the EP library reloaded?")
+    first_bin.rename(final_bin)
+    for p in ctx_paths:
+        model = onnx.load(str(p))
+        for node in model.graph.node:
+            for attr in node.attribute:
+                if attr.name == "ep_cache_context":
+                    attr.s = final_bin.name.encode()
+        onnx.save(model, str(p))
+
+
+def _check_shared_weights(a: Action, graphs: list[str]) -> None:
+    """A weight the float models share (same name, same values) must quantize to the same bytes in each.
+
+    Biases are exempt: QDQ quantizes them to int32 with scale = input scale x weight scale, so they follow
+    each graph's activation calibration and differ legitimately (they are small; QNN keeps one per graph).
+    """
+    if a.params["precision"] not in ("int8", "int16"):
+        return
+    from onnx import TensorProto, numpy_helper
+
+    floats = {g: {t.name: t for t in load(Path(a.inputs[f"reference:{g}"])).graph.initializer} for g in graphs}
+    quant = {g: {t.name: t for t in load(Path(a.inputs[f"model:{g}"])).graph.initializer} for g in graphs}
+    first = graphs[0]
+    for other in graphs[1:]:
+        for name, t in floats[first].items():
+            u = floats[other].get(name)
+            if u is None or t.raw_data != u.raw_data or numpy_helper.to_array(t).size < 2:
+                continue
+            for suffix in ("_quantized", "_scale", "_zero_point"):
+                qa, qb = quant[first].get(name + suffix), quant[other].get(name + suffix)
+                if qa is None and qb is None:
+                    continue
+                if quant[first].get(name + "_quantized", qa).data_type == TensorProto.INT32:
+                    print(f"bias '{name}' is quantized per graph (scale follows activations); not shared")
+                    break
+                if qa is None or qb is None or numpy_helper.to_array(qa).tobytes() != numpy_helper.to_array(qb).tobytes():
+                    raise ActionError(
+                        f"graphs '{first}' and '{other}' share weight '{name}' but quantize it differently "
+                        f"({name + suffix} differs); QNN would store it twice",
+                        "use the same quantization options for every graph (weight encodings come from the "
+                        "weights themselves with the default QDQ config)")
