@@ -233,7 +233,9 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
         raise RecipeError(f"{at()}: `targets` is required", "e.g. targets: [SM8650, SM8750]")
 
     if "bundle" in merged:
-        graphs = [_graph(f, data, ["bundle", i], g, g["name"], precision) for i, g in enumerate(merged["bundle"])]
+        # A graph's own calibration wins; the recipe's (or the directory default's) is its default.
+        graphs = [_graph(f, data, ["bundle", i], {"calibration": merged.get("calibration"), **g}, g["name"], precision)
+                  for i, g in enumerate(merged["bundle"])]
         names = [g.name for g in graphs]
         dup = next((n for n in names if names.count(n) > 1), None)
         if dup:

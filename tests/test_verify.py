@@ -1,0 +1,112 @@
+"""Verification on the HTP simulator against the float model: metrics, failures, crashes, reuse."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ctxbuild.actions.verify import SNR_CAP_DB, metrics
+from tests.conftest import last_build, records
+
+
+def _keep(tree: Path, *names: str) -> None:
+    for p in tree.glob("*.yaml"):
+        if p.name not in (*names, "_defaults.yaml"):
+            p.unlink()
+
+
+def test_examples_verify_with_metrics(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree, "tiny_cnn.yaml", "mlp_fp16.yaml")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    verifies = {i: rec for i, rec in records(out).items() if rec["kind"] == "verify"}
+    assert set(verifies) == {"verify/tiny_cnn@SM8650", "verify/tiny_cnn@SM8750", "verify/tiny_cnn@SC8380XP",
+                             "verify/mlp_fp16@SM8650", "verify/mlp_fp16@SM8750"}
+    for rec in verifies.values():
+        res = rec["result"]
+        assert res["passed"] and res["method"] == "direct"
+        assert res["coverage"]["cpu_nodes"] == 0 and res["coverage"]["fraction"] == 1.0  # cpu_fallback: false
+        for m in res["outputs"].values():
+            assert m["cosine"] >= res["thresholds"]["min_cosine"] and m["snr_db"] >= res["thresholds"]["min_snr_db"]
+    cnn = verifies["verify/tiny_cnn@SM8650"]["result"]
+    assert cnn["sample_source"] == "calibration" and cnn["samples"] == 4
+    assert cnn["outputs"]["logits"]["argmax_agreement"] == 1.0
+    assert verifies["verify/mlp_fp16@SM8650"]["result"]["sample_source"] == "verification"
+
+
+def test_constant_calibration_fails_verification(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree)
+    cal = tree / "flat"
+    cal.mkdir()
+    for i in range(4):
+        np.savez(cal / f"s{i}.npz", image=np.zeros((1, 3, 64, 64), np.float32))
+    (tree / "flat.yaml").write_text(
+        "model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: int16\n"
+        "calibration: {dir: flat}\ntargets: [SM8650]\nverify: {dir: models/calib/tiny_cnn}\n")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 1, r.text
+    line = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED verify/flat@SM8650"))
+    assert "output 'logits' cosine" in line and "(min 0.99)" in line and "SNR" in line
+    res = records(out)["verify/flat@SM8650"]["result"]
+    assert res["passed"] is False and res["outputs"]["logits"]["cosine"] < 0.99
+    assert not (out / "SM8650" / "flat" / "flat_verify.json").exists()
+
+
+def test_corrupt_binary_fails_only_its_verify(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree, "tiny_cnn.yaml")
+    out = tmp_path / "out"
+    assert ctxbuild("build", str(tree), "-o", str(out)).code == 0
+    binf = out / "SM8650" / "tiny_cnn" / "tiny_cnn_ctx_qnn.bin"
+    data = bytearray(binf.read_bytes())
+    data[len(data) // 3: len(data) // 3 + 4096] = bytes(4096)  # wipe a block in the middle of the graph
+    binf.write_bytes(bytes(data[: len(data) // 2]))  # and truncate it
+    (out / "SM8650" / "tiny_cnn" / "tiny_cnn_verify.json").unlink()
+    r = ctxbuild("verify", str(tree), "-o", str(out))
+    assert r.code == 1, r.text
+    assert "FAILED verify/tiny_cnn@SM8650: tiny_cnn_ctx.onnx: the HTP simulator" in r.err
+    ran = last_build(out)
+    assert ran["verify/tiny_cnn@SM8650"] == "failed"
+    assert all(v != "failed" for k, v in ran.items() if k != "verify/tiny_cnn@SM8650")
+
+
+def test_verify_command_reuses_cached_results(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree, "mlp_fp16.yaml")
+    out = tmp_path / "out"
+    assert ctxbuild("build", str(tree), "-o", str(out)).code == 0
+    r = ctxbuild("verify", str(tree), "-o", str(out))
+    assert r.code == 0 and "no work to do" in r.out
+    for p in out.glob("*/mlp_fp16/mlp_fp16_verify.json"):
+        p.unlink()
+    r = ctxbuild("verify", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    assert last_build(out) == {"verify/mlp_fp16@SM8650": "cache", "verify/mlp_fp16@SM8750": "cache"}
+    assert json.loads((out / "SM8650" / "mlp_fp16" / "mlp_fp16_verify.json").read_text())["passed"]
+
+
+def test_no_verify_plans_no_verification(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree, "mlp_fp16.yaml")
+    out = tmp_path / "out"
+    assert ctxbuild("build", str(tree), "-o", str(out), "--no-verify").code == 0
+    assert not [i for i in records(out) if i.startswith("verify/")]
+
+
+@pytest.mark.parametrize("ref, got, cos, snr", [
+    (np.zeros(8), np.zeros(8), 1.0, SNR_CAP_DB),        # both silent: a match, not NaN
+    (np.zeros(8), np.ones(8), 0.0, -SNR_CAP_DB),        # noise where there is no signal: a failure
+    (np.ones(8), np.zeros(8), 0.0, 0.0),                 # all-zero result against a signal: a failure
+    (np.ones(8), np.ones(8), 1.0, SNR_CAP_DB),          # exact
+])
+def test_metrics_are_defined_near_zero(ref: np.ndarray, got: np.ndarray, cos: float, snr: float) -> None:
+    m = metrics(ref, got)
+    assert m["cosine"] == cos and m["snr_db"] == snr
+    assert not any(isinstance(v, float) and np.isnan(v) for v in m.values())
+
+
+def test_argmax_agreement_for_classifier_outputs() -> None:
+    ref = np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]])
+    got = np.array([[0.2, 0.8], [0.4, 0.6], [0.6, 0.4]])
+    assert metrics(ref, got)["argmax_agreement"] == pytest.approx(1 / 3)
