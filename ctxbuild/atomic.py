@@ -10,6 +10,7 @@ def write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; outputs are shared like any other file
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -36,3 +37,9 @@ def _unlink(p: Path) -> None:
         p.unlink()
     except FileNotFoundError:
         pass
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -24,6 +24,7 @@ class DigestMemo:
                 db_path.parent.mkdir(parents=True, exist_ok=True)
                 self._db = sqlite3.connect(db_path, timeout=30, isolation_level=None)
                 self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=OFF")  # a memo: losing it on power loss costs a rehash
                 self._db.execute("CREATE TABLE IF NOT EXISTS d (path TEXT PRIMARY KEY, stat TEXT, digest TEXT)")
             except sqlite3.Error:
                 self._db = None  # a memo is an optimisation: without it we just hash

@@ -35,7 +35,7 @@ class Plan:
         them and, for bundles, the single-graph twins whose sizes measure the weight-sharing savings."""
         rows = []
         for a in self.actions:
-            if a.kind not in ("compile", "bundle") or not _delivered(a, self.out):
+            if a.kind not in ("compile", "bundle", "prebuilt") or not _delivered(a, self.out):
                 continue
             verifiers = [v for v in self.graph.successors(a.id) if self.graph.nodes[v]["action"].kind == "verify"]
             twins = sorted({u for v in verifiers for u in self.graph.predecessors(v)
@@ -84,6 +84,8 @@ class Built:
 
 
 def _recipe_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
+    if recipe.prebuilt is not None:
+        return [_prebuilt(recipe, t, out) for t in recipe.targets]
     work = out / ".ctxbuild" / "work"
     acts: list[Action] = []
     built: list[Built] = []
@@ -198,6 +200,23 @@ def _compile(recipe: Recipe, b: Built, t: Target, d: Path, *, name: str | None =
     return Action(id=f"compile/{stem}@{t.name}", kind="compile", description=f"compile {stem}@{t.name}{twin}",
                   inputs={"model": b.model}, outputs=outputs, params=params,
                   target=(action_target or t).as_dict(), pool="compile", **_common(recipe))
+
+
+def _prebuilt(recipe: Recipe, t: Target, out: Path) -> Action:
+    """A binary made elsewhere, wrapped for this target: same layout, cache and manifest as compiled ones.
+    (No verification: there is no float model to compare with.)"""
+    pb = recipe.prebuilt
+    assert pb is not None
+    d = out / t.name / recipe.name
+    single = len(pb.graphs) == 1
+    outputs = {"ctx": str(d / f"{recipe.name}_ctx.onnx")} if single else {
+        f"ctx:{g}": str(d / f"{g}_ctx.onnx") for g in pb.graphs}
+    if not recipe.compile.embed:
+        outputs["bin"] = str(d / f"{recipe.name}_qnn.bin")
+    params = {"graphs": list(pb.graphs), "embed": recipe.compile.embed, "quantized_io": pb.quantized_io,
+              "soc_model": t.soc_model, "htp_arch": t.htp_arch}
+    return Action(id=f"prebuilt/{recipe.name}@{t.name}", kind="prebuilt", description=f"wrap {recipe.name}@{t.name}",
+                  inputs={"bin": str(pb.bin)}, outputs=outputs, params=params, target=t.as_dict(), **_common(recipe))
 
 
 def _bundle(recipe: Recipe, built: list[Built], t: Target, out: Path) -> Action:

@@ -46,6 +46,13 @@ class Graph:
     calibration: Calibration | None
 
 
+@dataclass(frozen=True)
+class Prebuilt:
+    bin: Path
+    graphs: tuple[str, ...]
+    quantized_io: bool
+
+
 @dataclass
 class Recipe:
     name: str
@@ -57,6 +64,7 @@ class Recipe:
     is_bundle: bool = False
     multi_soc: bool = False
     verify: dict[str, Any] = field(default_factory=dict)
+    prebuilt: Prebuilt | None = None
 
     @property
     def where(self) -> str:
@@ -222,16 +230,20 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
     if not soc_table.is_safe_name(name):
         raise RecipeError(f"{at('name')}: recipe name '{name}' cannot be used as a directory name under OUT",
                           "use letters, digits, . _ + - (no '/', no '..')")
-    if "model" in merged and "bundle" in merged:
-        raise RecipeError(f"{at('bundle')}: a recipe has either `model` or `bundle`, not both")
-    if "model" not in merged and "bundle" not in merged:
-        raise RecipeError(f"{at()}: `model` is required", "the ONNX file, relative to this recipe")
+    sources = [k for k in ("model", "bundle", "prebuilt") if k in merged]
+    if len(sources) > 1:
+        raise RecipeError(f"{at(sources[1])}: a recipe has one of `model`, `bundle` or `prebuilt`, not "
+                          f"{' and '.join(sources)}")
+    if not sources:
+        raise RecipeError(f"{at()}: `model` is required", "the ONNX file, relative to this recipe "
+                          "(or `bundle:` graphs, or a `prebuilt:` context binary)")
+    if "targets" not in merged:
+        raise RecipeError(f"{at()}: `targets` is required", "e.g. targets: [SM8650, SM8750]")
+    if "prebuilt" in merged:
+        return _prebuilt_recipe(f, data, name, merged, groups)
     precision = merged.get("precision")
     if precision is None:
         raise RecipeError(f"{at()}: `precision` is required", f"one of {', '.join(PRECISIONS)}")
-    if "targets" not in merged:
-        raise RecipeError(f"{at()}: `targets` is required", "e.g. targets: [SM8650, SM8750]")
-
     if "bundle" in merged:
         # A graph's own calibration wins; the recipe's (or the directory default's) is its default.
         graphs = [_graph(f, data, ["bundle", i], {"calibration": merged.get("calibration"), **g}, g["name"], precision)
@@ -296,6 +308,28 @@ def _version_tuple(v: str) -> tuple[int, ...]:
         digits = "".join(ch for ch in p if ch.isdigit())
         parts.append(int(digits) if digits else 0)
     return tuple(parts)
+
+
+def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], groups: dict[str, list]) -> Recipe:
+    spec = merged["prebuilt"]
+    where = f"{f}:{line_of(data, ['prebuilt', 'bin'])}"
+    binary = (f.parent / spec["bin"]).resolve()
+    if not binary.is_file():
+        raise RecipeError(f"{where}: prebuilt binary '{spec['bin']}' not found (looked in {binary})",
+                          "paths are relative to the recipe file")
+    graphs = tuple(spec.get("graphs", [name]))
+    if len(set(graphs)) != len(graphs):
+        raise RecipeError(f"{where}: prebuilt.graphs names a graph twice", "graph names must be unique")
+    copts = merged.get("compile", {})
+    # Only the recipe's own keys: directory defaults written for compiled recipes apply to it harmlessly.
+    unused = sorted(set(data.get("compile", {})) - {"embed"}) + [
+        k for k in ("precision", "calibration", "multi_soc", "inputs", "verify") if k in data]
+    if unused:
+        raise RecipeError(f"{f}:{line_of(data, ['prebuilt'])}: a prebuilt binary is not compiled; "
+                          f"{', '.join(unused)} has no effect", "remove it (only compile.embed applies)")
+    return Recipe(name=name, file=f, precision="prebuilt", graphs=[], targets=_targets(f, data, merged["targets"], groups),
+                  compile=CompileOptions(embed=copts.get("embed", False)), verify={"enabled": False},
+                  prebuilt=Prebuilt(binary, graphs, spec.get("quantized_io", False)))
 
 
 def _opt_str(v: Any) -> str:

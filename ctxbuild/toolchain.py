@@ -26,6 +26,7 @@ def version(dist: str) -> str:
         return "missing"
 
 
+@lru_cache(maxsize=1)
 def qnn_library_dir() -> Path:
     """Directory of the onnxruntime-qnn wheel's shared libraries (found without importing onnxruntime)."""
     dist = metadata.distribution("onnxruntime-qnn")

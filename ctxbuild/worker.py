@@ -2,7 +2,7 @@
 
 Each edge still runs in its own process (a crash in the QNN library fails that edge alone), but the
 child starts with onnx, onnxruntime, the quantizer and the registered QNN EP already loaded: ~10 ms
-instead of ~0.25 s per action. ninja runs `python -m ctxbuild action SPEC` as usual; that client sends
+instead of ~0.25 s per action. ninja runs `python -m ctxbuild.client SPEC` (client.py); the client sends
 the spec, its environment and its stdout/stderr (ninja's pipe) over a unix socket and exits with the
 child's status. Without a worker (e.g. plain `ninja` in OUT) the client runs the action itself.
 
@@ -20,13 +20,11 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-ENV = "CTXBUILD_WORKER"
-_CONNECT_WAIT_S = 30.0  # the worker imports for ~0.5 s after the driver starts it; first clients wait
+from .client import ENV
 
 
 # --- the driver side -------------------------------------------------------------------------------
@@ -56,63 +54,16 @@ def running(log: Path) -> Iterator[dict[str, str]]:
                 pass
 
 
-# --- the client side (what a ninja edge runs) -------------------------------------------------------
-
-def run_via_worker(spec: str) -> int | None:
-    """Run the action in a child of the worker; None if there is no usable worker (caller runs it in-process)."""
-    target = os.environ.get(ENV)
-    if not target:
-        return None
-    sock_path, _, pid = target.rpartition(":")
-    conn = _connect(sock_path, int(pid))
-    if conn is None:
-        return None
-    with conn:
-        msg = json.dumps({"spec": os.path.abspath(spec), "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
-        socket.send_fds(conn, [struct.pack("!I", len(msg)) + msg], [1, 2])
-        data = b""
-        while len(data) < 4:
-            chunk = conn.recv(4 - len(data))
-            if not chunk:
-                print(f"error: {spec}: the ctxbuild worker went away", file=sys.stderr)
-                return 1
-            data += chunk
-    status = struct.unpack("!i", data)[0]
-    if status < 0:
-        print(f"error: {spec}: action process crashed (signal {-status}); see its log", file=sys.stderr)
-        return 128 - status
-    return status
-
-
-def _connect(path: str, pid: int) -> socket.socket | None:
-    deadline = time.monotonic() + _CONNECT_WAIT_S
-    while True:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            s.connect(path)
-            return s
-        except OSError:
-            s.close()
-        if time.monotonic() > deadline or not _alive(pid):
-            return None
-        time.sleep(0.02)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except OSError:
-        return False
-
-
 # --- the server -------------------------------------------------------------------------------------
 
 def serve(sock_path: str) -> None:
-    from . import runner, toolchain  # noqa: F401 - the point: import once, before any fork
+    parent = _exit_with_parent()
+    from . import cache, runner, toolchain  # noqa: F401 - the point: import once, before any fork
     import onnxruntime.quantization  # noqa: F401
 
     toolchain.qnn_devices()
+    for dist in ("onnx", "onnxruntime", "onnxruntime-qnn"):  # memoized: children inherit the answers
+        toolchain.version(dist)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(sock_path + ".tmp")
     srv.listen(64)
@@ -126,11 +77,20 @@ def serve(sock_path: str) -> None:
         stop = True
 
     signal.signal(signal.SIGTERM, on_term)
+    # SIGTERM must wake select() at once (PEP 475 would otherwise retry it until its timeout).
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    sel.register(wake_r, selectors.EVENT_READ, ("wake", None))
     children: dict[int, tuple[socket.socket, int]] = {}  # pid -> (client conn, pidfd)
     while not stop or children:
-        for key, _ in sel.select(timeout=0.5):
+        if os.getppid() != parent:  # the driver died without stopping us (and PDEATHSIG is unavailable)
+            stop = True
+        for key, _ in sel.select(timeout=5):
             kind, pid = key.data
-            if kind == "accept":
+            if kind == "wake":
+                os.read(wake_r, 512)
+            elif kind == "accept":
                 conn, _ = srv.accept()
                 child = _spawn(conn, srv)
                 if child is None:
@@ -160,12 +120,29 @@ def serve(sock_path: str) -> None:
                     alive = b""
                 if not alive:
                     os.kill(pid, signal.SIGKILL)
-        if stop:
+        if stop and srv.fileno() != -1:  # stop accepting; the loop ends once running children are done
             sel.unregister(srv)
             srv.close()
-            stop = False if children else stop
-            if not children:
-                break
+            for path, remove in ((sock_path, os.unlink), (os.path.dirname(sock_path), os.rmdir)):
+                try:  # the driver does this too, unless it was killed
+                    remove(path)
+                except OSError:
+                    pass
+
+
+def _exit_with_parent() -> int:
+    """A driver killed with SIGKILL never runs its `finally`: have the kernel send us SIGTERM when it dies
+    (the normal stop: finish running actions, then exit) instead of lingering forever. Returns the parent pid."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG; not inherited by forks
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+    return parent
 
 
 def _spawn(conn: socket.socket, srv: socket.socket) -> int | None:

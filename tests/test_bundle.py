@@ -181,3 +181,44 @@ def test_differently_quantized_shared_weight_is_caught(tree: Path, tmp_path: Pat
     assert r.code == 1, r.text
     assert "share weight 'shared_w' but quantize it differently" in r.text
     assert "bundle/pair@SM8650" in last_build(tmp_path / "out")
+
+
+def test_prebuilt_binary_flows_through_targets_cache_and_manifest(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """A binary made elsewhere (here: by an earlier ctxbuild build) named as a recipe's input."""
+    _keep(tree, "tiny_cnn.yaml")
+    first = tmp_path / "first"
+    assert ctxbuild("build", str(tree), "-o", str(first), "--target", "SM8650").code == 0
+    vendor = tmp_path / "vendor"
+    vendor.mkdir()
+    (vendor / "cnn.bin").write_bytes((first / "SM8650" / "tiny_cnn" / "tiny_cnn_ctx_qnn.bin").read_bytes())
+    (vendor / "cnn_vendor.yaml").write_text("prebuilt: {bin: cnn.bin}\ntargets: [SM8650]\n")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(vendor), "-o", str(out))
+    assert r.code == 0, r.text
+    wrapper = out / "SM8650" / "cnn_vendor" / "cnn_vendor_ctx.onnx"
+    x = np.load(tree / "models" / "calib" / "tiny_cnn" / "sample_002.npz")["image"]
+    want = qnn_session(first / "SM8650" / "tiny_cnn" / "tiny_cnn_ctx.onnx").run(None, {"image": x})[0]
+    sess = qnn_session(wrapper)
+    np.testing.assert_array_equal(sess.run(None, {sess.get_inputs()[0].name: x})[0], want)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {a["path"] for a in manifest["artifacts"]} == {"SM8650/cnn_vendor/cnn_vendor_ctx.onnx",
+                                                         "SM8650/cnn_vendor/cnn_vendor_qnn.bin"}
+    # cached like any action: a fresh OUT restores it
+    r = ctxbuild("build", str(vendor), "-o", str(tmp_path / "out2"))
+    assert r.code == 0 and last_build(tmp_path / "out2") == {"prebuilt/cnn_vendor@SM8650": "cache"}
+
+
+@pytest.mark.parametrize("body, expect", [
+    ("prebuilt: {bin: cnn.bin}\ntargets: [SM8750]\n", "built for soc_model 57 / HTP v75, target SM8750"),
+    ("prebuilt: {bin: cnn.bin, graphs: [a, b]}\ntargets: [SM8650]\n", "holds 1 graph(s), the recipe names 2"),
+])
+def test_prebuilt_mismatches_are_clear(tree: Path, tmp_path: Path, ctxbuild, body: str, expect: str) -> None:
+    _keep(tree, "tiny_cnn.yaml")
+    first = tmp_path / "first"
+    assert ctxbuild("build", str(tree), "-o", str(first), "--target", "SM8650", "--no-verify").code == 0
+    vendor = tmp_path / "vendor"
+    vendor.mkdir()
+    (vendor / "cnn.bin").write_bytes((first / "SM8650" / "tiny_cnn" / "tiny_cnn_ctx_qnn.bin").read_bytes())
+    (vendor / "p.yaml").write_text(body)
+    r = ctxbuild("build", str(vendor), "-o", str(tmp_path / "out"))
+    assert r.code == 1 and expect in r.err, r.text

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import bundle, compile, prepare, quantize, verify
+from . import bundle, compile, prebuilt, prepare, quantize, verify
 
 IMPLEMENTATIONS: dict[str, ModuleType] = {
     "prepare": prepare, "quantize": quantize, "compile": compile, "bundle": bundle, "verify": verify,
+    "prebuilt": prebuilt,
 }

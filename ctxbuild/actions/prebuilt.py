@@ -1,0 +1,59 @@
+"""prebuilt: wrap a context binary made elsewhere (QAIRT SDK, AI Hub) into EPContext models for a target."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..action import Action
+from ..errors import ActionError, InspectError
+from .compile import partition_names
+
+
+def discover_inputs(action: Action) -> dict[str, Path]:
+    return {}
+
+
+def warnings(action: Action) -> list[str]:
+    return []
+
+
+def summarize(action: Action) -> dict[str, Any]:
+    return {"graph_names": partition_names(action)}
+
+
+def run(ctx: Any) -> None:
+    from ..contextbin import read_binary_info
+    from ..wrap import wrap_binary
+
+    a = ctx.action
+    p = a.params
+    src = Path(a.inputs["bin"])
+    staged = ctx.tmp / "staged" / (Path(a.outputs["bin"]).name if "bin" in a.outputs else src.name)
+    staged.parent.mkdir()
+    shutil.copyfile(src, staged)  # the wrappers name the binary by file name: give it its final one
+    try:
+        info = read_binary_info(str(src), path=staged)
+        _check_target(info, p, src, a.target["name"])
+        if len(info["graphs"]) != len(p["graphs"]):
+            raise ActionError(f"{src}: the binary holds {len(info['graphs'])} graph(s), the recipe names "
+                              f"{len(p['graphs'])}", "list one name per graph in prebuilt.graphs, in the binary's order")
+        wrappers = wrap_binary(staged, staged.parent, embed=p["embed"], quantized_io=p["quantized_io"])
+    except InspectError as e:
+        raise ActionError(str(e)) from None
+    roles = ["ctx"] if "ctx" in a.outputs else [f"ctx:{g}" for g in p["graphs"]]
+    for role, w in zip(roles, wrappers):
+        os.replace(w, ctx.tmp_output(role))
+    if "bin" in a.outputs:
+        os.replace(staged, ctx.tmp_output("bin"))
+
+
+def _check_target(info: dict[str, Any], p: dict[str, Any], src: Path, target: str) -> None:
+    """A binary built for another SoC fails to load on the device: refuse it here, where it is cheap."""
+    for t in info.get("targets") or []:
+        soc, arch = t.get("soc_model"), t.get("htp_arch")
+        if soc is not None and str(soc) != p["soc_model"] or arch is not None and str(arch) != p["htp_arch"]:
+            raise ActionError(f"{src}: built for soc_model {soc} / HTP v{arch}, target {target} is "
+                              f"soc_model {p['soc_model']} / v{p['htp_arch']}",
+                              "use the binary made for this SoC, or target the SoC it was made for")
