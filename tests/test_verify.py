@@ -110,3 +110,29 @@ def test_argmax_agreement_for_classifier_outputs() -> None:
     ref = np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]])
     got = np.array([[0.2, 0.8], [0.4, 0.6], [0.6, 0.4]])
     assert metrics(ref, got)["argmax_agreement"] == pytest.approx(1 / 3)
+
+
+def test_coverage_counts_cpu_fallback_nodes(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """With cpu_fallback allowed, a node QNN rejects (Det) stays on the CPU and coverage says so."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    _keep(tree)
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32), "W")
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"), helper.make_node("Relu", ["m"], ["r"], name="relu"),
+         helper.make_node("Det", ["r"], ["d"], name="det0"), helper.make_node("Mul", ["d", "d"], ["y"], name="sq")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10),
+              tree / "models" / "det.onnx")
+    (tree / "det.yaml").write_text("model: models/det.onnx\nprecision: fp16\ntargets: [SM8650]\n"
+                                   "compile: {cpu_fallback: true}\nverify: {min_cosine: 0.9, min_snr_db: 10}\n")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    res = records(out)["verify/det@SM8650"]["result"]
+    assert res["coverage"] == {"qnn_nodes": 3, "cpu_nodes": 1, "fraction": 0.75}
+    manifest = json.loads((out / "manifest.json").read_text())
+    ctx = next(a for a in manifest["artifacts"] if a["path"] == "SM8650/det/det_ctx.onnx")
+    assert isinstance(ctx["graph_name_in_binary"], list) and len(ctx["graph_name_in_binary"]) == 2

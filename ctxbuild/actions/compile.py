@@ -52,15 +52,16 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool) -> ActionE
     return ActionError(f"QNN compile failed: {str(exc).strip().splitlines()[-1][:300]}")
 
 
-def partition_names(action: Action) -> dict[str, str]:
-    """graph (recipe name) -> the EPContext node's partition_name, i.e. the graph's name inside the .bin."""
+def partition_names(action: Action) -> dict[str, str | list[str]]:
+    """graph -> its name inside the .bin (the EPContext node's partition_name); with cpu_fallback a graph
+    can be split into several QNN partitions around CPU nodes: then the list of them, in order."""
     import onnx
 
-    names = {}
+    names: dict[str, str | list[str]] = {}
     for graph in action.params["graphs"]:
         role = f"ctx:{graph}" if f"ctx:{graph}" in action.outputs else "ctx"  # bundle vs single graph
         model = onnx.load(action.outputs[role], load_external_data=False)
-        for node in model.graph.node:
-            if node.op_type == "EPContext":
-                names[graph] = next(a.s.decode() for a in node.attribute if a.name == "partition_name")
+        parts = [next(a.s.decode() for a in n.attribute if a.name == "partition_name")
+                 for n in model.graph.node if n.op_type == "EPContext"]
+        names[graph] = parts[0] if len(parts) == 1 else parts
     return names
