@@ -9,6 +9,7 @@ import difflib
 import json
 import os
 import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 from . import jobserver, ninja, toolchain, worker
 from .errors import UsageError
-from .layout import STATE, record_path
+from .layout import STATE, record_path, spec_name
 from .manifest import read_records
 from .manifest import write as write_manifest
 
@@ -32,6 +33,8 @@ class BuildOptions:
     dry_run: bool = False
     compile_jobs: int | None = None
     explain: bool = False
+    verify: bool = True
+    verify_only: bool = False  # `ctxbuild verify`: only the verify edges (and what they need)
     cache_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -47,7 +50,7 @@ def default_compile_jobs() -> int:
 
 def invocation(opts: BuildOptions) -> dict[str, Any]:
     return {"paths": sorted(str(p.resolve()) for p in opts.paths),
-            "compile_jobs": opts.compile_jobs or default_compile_jobs()}
+            "compile_jobs": opts.compile_jobs or default_compile_jobs(), "verify": opts.verify}
 
 
 def ensure_planned(opts: BuildOptions) -> dict[str, Any]:
@@ -81,7 +84,7 @@ def plan_and_render(out: Path, inv: dict[str, Any]) -> None:
     from .plan import make_plan
 
     recipes = recipe.load([Path(p) for p in inv["paths"]])
-    plan = make_plan(recipes, out)
+    plan = make_plan(recipes, out, verify=inv["verify"])
     out.mkdir(parents=True, exist_ok=True)
     toolchain.sdk_build_id(out / STATE)  # warm the memo once, not in N parallel actions
     ninja.render(plan, compile_jobs=inv["compile_jobs"], invocation=inv)
@@ -96,6 +99,8 @@ def regenerate(out: Path) -> None:
 
 
 def ninja_targets(state: dict[str, Any], opts: BuildOptions) -> list[str]:
+    if opts.verify_only:
+        return ["verify"]
     recipes = sorted({r for a in state["actions"] for r in a["recipes"]})
     targets = sorted({a["target"]["name"] for a in state["actions"] if a["target"]})
     for name in opts.only:
@@ -121,6 +126,7 @@ def _close(name: str, options: list[str]) -> str:
 
 
 def build(opts: BuildOptions) -> int:
+    started = time.monotonic()
     opts.out = opts.out.resolve()
     os.environ.update(opts.cache_env)  # the driver's own cache lookups (toolchain memo) follow the flags too
     build_id = uuid.uuid4().hex
@@ -130,6 +136,10 @@ def build(opts: BuildOptions) -> int:
         state = ensure_planned(opts)
         targets = ninja_targets(state, opts)
         env.update(_cache_settings(state.get("cache", {}), env))
+        versions = toolchain.summary(opts.out / STATE)
+        if not opts.dry_run:
+            _note_toolchain(opts.out, state)
+            _remove_dead_temps(opts.out)
         with jobserver.for_ninja(opts.jobs) as (jobs, js_env):
             rc = ninja.run(opts.out, targets, jobs=jobs, keep_going=opts.keep_going, dry_run=opts.dry_run,
                            env={**env, **js_env, **w_env})
@@ -139,12 +149,13 @@ def build(opts: BuildOptions) -> int:
     ran = [r for r in records.values() if r.get("build_id") == build_id]
     _write_summary(opts.out, ran)
     if opts.explain:
-        for r in ran:
+        for r in sorted(ran, key=lambda r: (r.get("started") or 0, r["id"])):
             print(f"explain: {r['id']}: {_explain(r)}")
     failed = [r for r in ran if r.get("status") == "failed"]
     _invalidate_downstream(opts.out, state, {r["id"] for r in failed})
-    versions = toolchain.summary(opts.out / STATE)
     write_manifest(opts.out, ninja.read_state(opts.out, "plan.json") or state, versions)
+    from .report import write_report  # OUT/report.html + report.json; never fails the build
+    write_report(opts.out, build_id=build_id, returncode=rc, wall_seconds=time.monotonic() - started)
     if rc != 0:
         for r in failed:
             print(f"ctxbuild: FAILED {r['id']}: {r.get('cause', 'see log')} (log: {opts.out / r['log']})",
@@ -189,16 +200,89 @@ def _invalidate_downstream(out: Path, state: dict[str, Any], failed: set[str]) -
 def _explain(r: dict[str, Any]) -> str:
     if r.get("status") == "failed":
         return f"failed: {r.get('cause')}"
-    src = "restored from cache" if r.get("source") == "cache" else "ran (not in cache)"
+    if r.get("source") == "cache":
+        src = "restored from cache" + (" (remote)" if r.get("cache_origin") == "remote" else "")
+    elif r.get("cache_origin") == "off":
+        src = "ran: cache disabled"
+    else:
+        src = "ran: not in cache"
     return f"{src}; {r.get('why', '')}"
 
 
-def _write_summary(out: Path, ran: list[dict[str, Any]]) -> None:
-    """What the last build did (cache hits, failures): read by `cache stats` and the report."""
+def _note_toolchain(out: Path, state: dict[str, Any]) -> None:
+    """ninja cannot see a toolchain upgrade (same command, same input files), so when an action kind's
+    toolchain fingerprint differs from the last build's in this OUT, touch those actions' spec files (an
+    input of every edge): ninja re-runs them and each re-keys (a cache hit if that toolchain built it before)."""
+    kinds = sorted({a["kind"] for a in state["actions"]})
+    now = {k: toolchain.fingerprint(k, out / STATE) for k in kinds}
+    before = ninja.read_state(out, "toolchain_seen.json")
+    if before == now:
+        return
+    if before is not None:
+        changed = {k for k in kinds if k in before and before[k] != now[k]}
+        for a in state["actions"]:
+            if a["kind"] in changed:
+                try:
+                    os.utime(out / STATE / "actions" / spec_name(a["id"]))
+                except OSError:
+                    pass
     from .atomic import write_bytes
+
+    write_bytes(out / STATE / "toolchain_seen.json", json.dumps(now, sort_keys=True).encode())
+
+
+def _remove_dead_temps(out: Path) -> None:
+    """Work dirs (OUT/.ctxbuild/tmp/<action>.<pid>) of action processes that were killed."""
+    import shutil
+
+    try:
+        entries = list(os.scandir(out / STATE / "tmp"))
+    except OSError:
+        return
+    for e in entries:
+        pid = e.name.rpartition(".")[2]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(e.path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:  # a killed action whose parent died too can stay a zombie until init reaps it: dead
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _write_summary(out: Path, ran: list[dict[str, Any]]) -> None:
+    """What the last build did (cache hits, failures): read by `cache stats` and the report. A copy goes
+    into the cache dir, so `ctxbuild cache stats` needs no OUT."""
+    import time
+
+    from .atomic import write_bytes
+    from .layout import cache_dir
 
     summary = {"ran": len(ran), "from_cache": sum(r.get("source") == "cache" for r in ran),
                "executed": sum(r.get("source") == "run" for r in ran),
                "failed": sum(r.get("status") == "failed" for r in ran),
                "actions": {r["id"]: r.get("source") or r.get("status") for r in ran}}
     write_bytes(out / STATE / "last_build.json", json.dumps(summary).encode())
+    if os.environ.get("CTXBUILD_NO_CACHE") == "1" or not ran:  # a no-op keeps the last real build's figures
+        return
+    hits = [r for r in ran if r.get("source") == "cache"]
+    cached = {**summary, "out": str(out), "finished": time.time(), "hits": len(hits),
+              "hits_local": sum(r.get("cache_origin") != "remote" for r in hits),
+              "hits_remote": sum(r.get("cache_origin") == "remote" for r in hits),
+              "misses": sum(r.get("source") == "run" and r.get("cache_origin") != "off" for r in ran)}
+    try:
+        write_bytes(cache_dir() / "last_build.json", json.dumps(cached).encode())
+    except OSError:  # a read-only or full cache dir: the actions already warned about it
+        pass

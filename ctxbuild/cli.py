@@ -29,7 +29,23 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--dry-run", "-n", action="store_true", help="show what would run")
     b.add_argument("--compile-jobs", type=int, help="max concurrent compiles (default: from CPUs and memory)")
     b.add_argument("--explain", action="store_true", help="say why each action ran or was restored")
+    b.add_argument("--no-verify", action="store_true", help="skip simulator verification of the artifacts")
     _cache_args(b)
+
+    v = sub.add_parser("verify", help="run only the verification of built artifacts (cached results reused)")
+    _paths_out(v)
+    v.add_argument("-j", "--jobs", type=int)
+    _cache_args(v)
+
+    i = sub.add_parser("inspect", help="describe a context binary (.bin) or EPContext model (_ctx.onnx)")
+    i.add_argument("file", type=Path)
+    i.add_argument("--json", action="store_true")
+
+    w = sub.add_parser("wrap", help="write EPContext wrappers for every graph of a context binary")
+    w.add_argument("file", type=Path)
+    w.add_argument("-o", "--out", type=Path, default=Path("."))
+    w.add_argument("--embed", action="store_true", help="embed the binary in each wrapper")
+    w.add_argument("--quantized-io", action="store_true", help="expose the graph's integer I/O (no Q/DQ)")
 
     pl = sub.add_parser("plan", help="print the action graph")
     _paths_out(pl)
@@ -42,6 +58,16 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--out", type=Path, default=Path("out"))
 
     sub.add_parser("schema", help="print the recipe JSON Schema")
+
+    ca = sub.add_parser("cache", help="local cache: stats, gc, clear")
+    csub = ca.add_subparsers(dest="cache_cmd", required=True, parser_class=_Parser)
+    cs = csub.add_parser("stats", help="entries, size, and the last build's hits and misses")
+    cs.add_argument("--json", action="store_true")
+    cg = csub.add_parser("gc", help="evict least recently used entries down to a size")
+    cg.add_argument("--max-size", required=True, metavar="SIZE", help="e.g. 500M, 2G, 1GiB or a byte count")
+    cc = csub.add_parser("clear", help="remove every entry")
+    for c in (cs, cg, cc):
+        c.add_argument("--cache-dir", type=Path, help="local cache (default: $CTXBUILD_CACHE_DIR or XDG cache)")
 
     a = sub.add_parser("action", help=argparse.SUPPRESS)
     a.add_argument("spec")
@@ -92,14 +118,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.cmd == "action":
-        from .worker import run_via_worker
+        from .client import main as run_client
 
-        code = run_via_worker(args.spec)
-        if code is not None:
-            return code
-        from .runner import main as run_action
-
-        return run_action(args.spec)
+        return run_client([args.spec])
     if args.cmd == "worker":
         from .worker import serve
 
@@ -110,7 +131,25 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return build(BuildOptions(paths=args.paths, out=args.out, jobs=args.jobs, keep_going=args.keep_going,
                                   targets=args.target, only=args.only, dry_run=args.dry_run,
-                                  compile_jobs=args.compile_jobs, explain=args.explain, cache_env=_cache_env(args)))
+                                  compile_jobs=args.compile_jobs, explain=args.explain, verify=not args.no_verify,
+                                  cache_env=_cache_env(args)))
+    if args.cmd == "verify":
+        from .build import BuildOptions, build
+
+        return build(BuildOptions(paths=args.paths, out=args.out, jobs=args.jobs, verify_only=True,
+                                  cache_env=_cache_env(args)))
+    if args.cmd == "inspect":
+        from .contextbin import describe, format_text
+
+        info = describe(args.file)
+        print(json.dumps(info, indent=2) if args.json else format_text(info))
+        return 0
+    if args.cmd == "wrap":
+        from .wrap import wrap_binary
+
+        for p in wrap_binary(args.file, args.out, embed=args.embed, quantized_io=args.quantized_io):
+            print(p)
+        return 0
     if args.cmd == "regenerate":
         from .build import regenerate
 
@@ -122,6 +161,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _targets(args.json)
     if args.cmd == "clean":
         return _clean(args.out)
+    if args.cmd == "cache":
+        from .cache_cli import main as cache_main
+
+        return cache_main(args)
     if args.cmd == "schema":
         from .recipe import SCHEMA_PATH
 

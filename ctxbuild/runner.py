@@ -65,11 +65,15 @@ def main(spec_arg: str) -> int:
             _write_depfile(out, action, discovered)
             components = _key_components(action, discovered, memo, state)
             key = _digest(components)
-            record.update(key=key, components={k: _digest(v) for k, v in components.items()})
+            record.update(key=key, components={k: _digest(v) for k, v in components.items()},
+                          key_detail=components)
             record["why"] = _why(previous, record)
             hit = cache.lookup(key) if cache else None
+            known = None  # role -> (sha256, size) of the output as placed, when the cache already hashed it
             if hit is not None and cache.restore(hit, {r: Path(p) for r, p in action.outputs.items()}):
+                known = hit
                 record["source"] = "cache"
+                record["cache_origin"] = "remote" if cache.hits_remote else "local"
                 print(f"restored {action.id} from cache (key {key[:16]}); the original log follows")
                 sys.stdout.flush()
                 os.write(1, cache.read_log(hit) or b"")
@@ -78,10 +82,13 @@ def main(spec_arg: str) -> int:
                 impl.run(ActionContext(action, out, tmp, log))
                 _place_outputs(action, tmp)
                 record["source"] = "run"
+                record["cache_origin"] = None if cache else "off"
                 if cache:
-                    cache.store(key, {r: Path(p) for r, p in action.outputs.items()}, log.read_bytes(),
-                                {"id": action.id, "seconds": round(time.monotonic() - start, 3)})
-        record["outputs"] = {r: _describe_output(Path(p), out) for r, p in action.outputs.items()}
+                    known = cache.store(key, {r: Path(p) for r, p in action.outputs.items()}, log.read_bytes(),
+                                        {"id": action.id, "seconds": round(time.monotonic() - start, 3)})
+        hashed = {e.name: (e.digest, e.size) for e in known.outputs} if known is not None else {}
+        record["outputs"] = {r: _describe_output(Path(p), out, hashed.get(r)) for r, p in action.outputs.items()}
+        record.update(impl.summarize(action))
         record["status"] = "ok"
         record["warnings"] = impl.warnings(action)
         for w in record["warnings"]:
@@ -93,6 +100,8 @@ def main(spec_arg: str) -> int:
         return 0
     except CtxbuildError as e:
         record.update(status="failed", cause=str(e))
+        if getattr(e, "details", None):
+            record["result"] = e.details
     except Exception as e:  # an action's bug or a library failure: still one clean failure of this edge
         with open(log, "a") as f:
             traceback.print_exc(file=f)
@@ -143,12 +152,39 @@ def _digest(data: Any) -> str:
 
 
 def _why(previous: dict[str, Any] | None, record: dict[str, Any]) -> str:
+    """Which key components changed since the previous record of this action in this OUT, with detail."""
     if not previous or "components" not in previous:
         return "no earlier build in this output directory"
     changed = [k for k, v in record["components"].items() if previous["components"].get(k) != v]
     if not changed:
-        return "outputs missing or older than inputs; key unchanged"
-    return "changed: " + ", ".join(changed)
+        return "key unchanged (outputs missing or older than their inputs)"
+    old, new = previous.get("key_detail") or {}, record.get("key_detail") or {}
+    return "changed: " + ", ".join(_change(k, old.get(k), new.get(k)) for k in changed)
+
+
+def _change(component: str, old: Any, new: Any) -> str:
+    """`toolchain (onnxruntime-qnn 2.7.0 -> 9.9.9)`, `inputs (model)`, `params (provider_options.vtcm_mb)`."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return component
+    if component == "toolchain":
+        parts = [f"{t} {old.get(t, 'none')} -> {new.get(t, 'none')}" for t in sorted({*old, *new})
+                 if old.get(t) != new.get(t)]
+    else:
+        parts = _changed_paths(old, new)
+    return f"{component} ({', '.join(parts[:6])}{', ...' if len(parts) > 6 else ''})" if parts else component
+
+
+def _changed_paths(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for k in sorted({*old, *new}):
+        a, b = old.get(k), new.get(k)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _changed_paths(a, b, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k}" + (" added" if a is None else " removed" if b is None else ""))
+    return out
 
 
 def _place_outputs(action: Action, tmp: Path) -> None:
@@ -168,8 +204,11 @@ def _remove_outputs(action: Action) -> None:
         Path(p).unlink(missing_ok=True)
 
 
-def _describe_output(p: Path, out: Path) -> dict[str, Any]:
-    return {"path": str(p.relative_to(out)), "sha256": sha256_file(p), "size": p.stat().st_size}
+def _describe_output(p: Path, out: Path, hashed: tuple[str, int] | None = None) -> dict[str, Any]:
+    """`hashed`: the digest the cache verified while restoring or storing this very file (one read fewer)."""
+    size = p.stat().st_size
+    digest = hashed[0] if hashed is not None and hashed[1] == size else sha256_file(p)
+    return {"path": str(p.relative_to(out)), "sha256": digest, "size": size}
 
 
 def _write_depfile(out: Path, action: Action, discovered: dict[str, Path]) -> None:
