@@ -31,25 +31,37 @@ class DigestMemo:
 
     def digest(self, path: Path) -> str:
         st = os.stat(path)
-        # A file modified within the same mtime tick as it was memoized could be missed (git's "racy" case):
-        # ctime_ns and inode in the stamp, plus never memoizing a file changed in the last 2 s, avoid that.
-        stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}"
         key = str(path.resolve())
         if self._db is not None:
             row = self._db.execute("SELECT stat, digest FROM d WHERE path=?", (key,)).fetchone()
-            if row and row[0] == stamp:
+            if row and row[0] == _stamp(st):
                 return row[1]
         digest = sha256_file(path)
-        if self._db is not None and _settled(st):
-            try:
-                self._db.execute("INSERT OR REPLACE INTO d VALUES (?,?,?)", (key, stamp, digest))
-            except sqlite3.Error:
-                pass
+        # A file modified again within the same mtime tick as it was memoized would be missed (git's "racy"
+        # case): ctime_ns and inode in the stamp, and never memoizing a file changed in the last 2 s, avoid it.
+        if _settled(st):
+            self._store(key, st, digest)
         return digest
+
+    def remember(self, path: Path, digest: str) -> None:
+        """Memoize a file this process just wrote and hashed itself: no one else writes action outputs."""
+        self._store(str(path.resolve()), os.stat(path), digest)
+
+    def _store(self, key: str, st: os.stat_result, digest: str) -> None:
+        if self._db is None:
+            return
+        try:
+            self._db.execute("INSERT OR REPLACE INTO d VALUES (?,?,?)", (key, _stamp(st), digest))
+        except sqlite3.Error:
+            pass
 
     def close(self) -> None:
         if self._db is not None:
             self._db.close()
+
+
+def _stamp(st: os.stat_result) -> str:
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}"
 
 
 def _settled(st: os.stat_result) -> bool:

@@ -62,3 +62,7 @@ class RemoteUnavailable(CacheUnavailable):
 
 class CorruptEntry(CacheError):
     """A remote record or blob failed validation (poisoned or corrupt); it was not used."""
+
+    def __init__(self, message: str, hint: str | None = None, digest: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.digest = digest  # the bad blob's name: the rebuilt content is uploaded over it

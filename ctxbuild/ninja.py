@@ -13,6 +13,7 @@ from . import __version__
 from .action import canonical_json
 from .atomic import write_if_changed
 from .layout import STATE, depfile_path, escape_path, rel
+from .procs import die_with_parent
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -88,6 +89,8 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> bool
                              keep_trailing_newline=True)
     text = env.get_template("build.ninja.j2").render(
         version=__version__, recipe_roots=invocation["paths"], compile_jobs=compile_jobs,
+        # a plain script without site (-S): the edge client's start-up is paid once per action
+        client=f"{escape_path(sys.executable)} -S {escape_path(str(Path(__file__).with_name('client.py')))}",
         python=escape_path(sys.executable), out_escaped=escape_path(str(out)), generator_deps=generator_deps,
         edges=edges, phonies=phonies)
 
@@ -120,19 +123,18 @@ def _toolchain_files() -> list[Path]:
 
 
 def run(out: Path, targets: list[str], *, jobs: int | None, keep_going: int, dry_run: bool,
-        explain: bool = False, env: dict[str, str] | None = None) -> int:
+        env: dict[str, str] | None = None) -> int:
     cmd = [ninja_binary()]
     if jobs is not None:
         cmd += ["-j", str(jobs)]
     cmd += ["-k", str(keep_going)]
     if dry_run:
         cmd.append("-n")
-    if explain:
-        cmd += ["-d", "explain"]
     cmd += targets
     full_env = {**os.environ, **(env or {})}
     full_env.setdefault("NINJA_STATUS", "[%f/%t] ")
-    return subprocess.call(cmd, env=full_env, cwd=out)  # cwd, not -C: no "Entering directory" noise
+    # cwd, not -C: no "Entering directory" noise. ninja dies with the driver (it kills its running edges).
+    return subprocess.call(cmd, env=full_env, cwd=out, preexec_fn=die_with_parent)
 
 
 def read_state(out: Path, name: str) -> dict[str, Any] | None:

@@ -208,7 +208,7 @@ def _verify(a: dict[str, Any], rec: dict[str, Any] | None, st: str) -> dict[str,
     return {"id": a["id"], "status": st, "graph": res.get("graph") or a["id"].split("/", 1)[-1].split("@")[0],
             "passed": passed, "method": res.get("method"), "samples": res.get("samples"),
             "sample_source": res.get("sample_source"), "thresholds": thr, "outputs": outputs,
-            "coverage": res.get("coverage"), "simulator_seconds": res.get("simulator_seconds"),
+            "coverage": res.get("coverage"), "simulator_seconds": rec.get("simulator_seconds"),
             "seconds": rec.get("seconds"), "cause": _one_line(rec.get("cause")), "log": rec.get("log"),
             "href": _href(rec.get("log"))}
 

@@ -31,6 +31,7 @@ class ActionContext:
         self.out = out
         self.tmp = tmp
         self.log_path = log_path  # the EP logs here (fd 2 is captured); actions parse it for causes
+        self.facts: dict[str, Any] = {}  # measurements of this run (timings) for the record, not the outputs
 
     def tmp_output(self, role: str) -> Path:
         """Temp path with the output's final file name (a _ctx.onnx names its bin by file name)."""
@@ -79,7 +80,11 @@ def main(spec_arg: str) -> int:
                 os.write(1, cache.read_log(hit) or b"")
             else:
                 tmp.mkdir(parents=True, exist_ok=True)
-                impl.run(ActionContext(action, out, tmp, log))
+                ctx = ActionContext(action, out, tmp, log)
+                try:
+                    impl.run(ctx)
+                finally:
+                    record.update(ctx.facts)
                 _place_outputs(action, tmp)
                 record["source"] = "run"
                 record["cache_origin"] = None if cache else "off"
@@ -88,6 +93,8 @@ def main(spec_arg: str) -> int:
                                         {"id": action.id, "seconds": round(time.monotonic() - start, 3)})
         hashed = {e.name: (e.digest, e.size) for e in known.outputs} if known is not None else {}
         record["outputs"] = {r: _describe_output(Path(p), out, hashed.get(r)) for r, p in action.outputs.items()}
+        for r, p in action.outputs.items():  # consumers later in this build need not hash them again
+            memo.remember(Path(p), record["outputs"][r]["sha256"])
         record.update(impl.summarize(action))
         record["status"] = "ok"
         record["warnings"] = impl.warnings(action)

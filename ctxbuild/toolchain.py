@@ -60,10 +60,9 @@ def sdk_build_id(out_state: Path) -> str:
         except (OSError, ValueError, KeyError):
             continue
     build_id = _probe_sdk_build_id()
-    for memo in memos:
+    for memo in memos:  # both: a later build may have an empty cache dir, or a fresh OUT
         try:
             write_bytes(memo, json.dumps({"stamp": stamp, "sdk_build_id": build_id}).encode())
-            break
         except OSError:
             continue  # read-only or full cache dir: the OUT copy serves
     return build_id

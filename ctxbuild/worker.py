@@ -2,7 +2,7 @@
 
 Each edge still runs in its own process (a crash in the QNN library fails that edge alone), but the
 child starts with onnx, onnxruntime, the quantizer and the registered QNN EP already loaded: ~10 ms
-instead of ~0.25 s per action. ninja runs `python -m ctxbuild.client SPEC` (client.py); the client sends
+instead of ~0.25 s per action. ninja runs `python -S .../client.py SPEC`; the client sends
 the spec, its environment and its stdout/stderr (ninja's pipe) over a unix socket and exits with the
 child's status. Without a worker (e.g. plain `ninja` in OUT) the client runs the action itself.
 
@@ -11,7 +11,7 @@ pidfds): forking from a multi-threaded process is unsafe.
 """
 from __future__ import annotations
 
-import json
+import marshal
 import os
 import selectors
 import signal
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .client import ENV
+from .procs import die_with_parent
 
 
 # --- the driver side -------------------------------------------------------------------------------
@@ -134,12 +135,7 @@ def _exit_with_parent() -> int:
     """A driver killed with SIGKILL never runs its `finally`: have the kernel send us SIGTERM when it dies
     (the normal stop: finish running actions, then exit) instead of lingering forever. Returns the parent pid."""
     parent = os.getppid()
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG; not inherited by forks
-    except (OSError, AttributeError):
-        pass
+    die_with_parent(signal.SIGTERM)  # not inherited by the forked action processes
     if os.getppid() != parent:  # it died before the request took effect
         os.kill(os.getpid(), signal.SIGTERM)
     return parent
@@ -156,7 +152,7 @@ def _spawn(conn: socket.socket, srv: socket.socket) -> int | None:
         if not chunk:
             return None
         body += chunk
-    req = json.loads(body)
+    req = marshal.loads(body)  # from client.encode_request; the socket is private (0700 dir)
     pid = os.fork()
     if pid:
         for fd in fds:

@@ -34,18 +34,9 @@ def sha(p: Path) -> str:
 
 
 def artifacts(out: Path) -> dict[str, str]:
-    """Files under OUT's target directories: relative path -> sha256 (of a verify report: without its
-    timings, the one thing two runs of the same action legitimately differ in)."""
-    found = {}
-    for p in sorted(out.rglob("*")):
-        rel = p.relative_to(out)
-        if p.is_file() and rel.parts[0] != ".ctxbuild" and len(rel.parts) > 1:
-            if p.name.endswith("_verify.json"):
-                report = {k: v for k, v in json.loads(p.read_text()).items() if not k.endswith("seconds")}
-                found[str(rel)] = hashlib.sha256(json.dumps(report, sort_keys=True).encode()).hexdigest()
-            else:
-                found[str(rel)] = sha(p)
-    return found
+    """Files under OUT's target directories (deliverables and verify results): relative path -> sha256."""
+    return {str(p.relative_to(out)): sha(p) for p in sorted(out.rglob("*"))
+            if p.is_file() and p.relative_to(out).parts[0] != ".ctxbuild" and len(p.relative_to(out).parts) > 1}
 
 
 def assert_out_consistent(out: Path) -> None:
@@ -419,6 +410,11 @@ def test_remote_round_trip_and_poisoned_blob(tree: Path, tmp_path: Path, ctxbuil
     assert artifacts(tmp_path / "out-c") == first
     assert_out_consistent(tmp_path / "out-c")
     assert_cache_consistent(c)
+    # ... and the rebuild replaced the bad blob on the server: the next client restores everything.
+    assert sha(server / "data" / "cas" / digest) == digest
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out-d"), *ONLY, "--remote-cache", url,
+                 env={"CTXBUILD_CACHE_DIR": str(tmp_path / "cache-d")})
+    assert r.code == 0 and set(last_build(tmp_path / "out-d").values()) == {"cache"}, r.text
 
 
 def test_remote_read_only_never_puts(tree: Path, tmp_path: Path, ctxbuild, remote) -> None:

@@ -56,10 +56,11 @@ def run(ctx: Any) -> None:
     reference = _cpu_outputs(ref_model, samples)
     start = time.monotonic()
     got = simulate(Path(a.inputs["ctx.ctx"]), samples, cpu_fallback=p["cpu_fallback"], timeout=p["timeout_s"])
-    sim_seconds = time.monotonic() - start
+    # A timing goes to the record, not the result file: the file must be the same bytes on every run.
+    ctx.facts["simulator_seconds"] = round(time.monotonic() - start, 3)
     result: dict[str, Any] = {
         "graph": p["graph"], "method": p["method"], "samples": len(samples), "sample_source": p["sample_source"],
-        "thresholds": p["thresholds"], "simulator_seconds": round(sim_seconds, 3),
+        "thresholds": p["thresholds"],
         "outputs": {name: metrics(reference[name], got[name]) for name in reference},
         "coverage": coverage(Path(a.inputs["ctx.ctx"]), Path(a.inputs["compiled"])),
     }

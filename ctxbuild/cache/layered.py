@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import CacheError, CacheUnavailable
+from ..errors import CacheError, CacheUnavailable, CorruptEntry
 from .files import restore_outputs
 from .local import LocalStore
 from .record import ActionRecord, OutputEntry
@@ -29,6 +29,7 @@ class Cache:
         self.hits_remote = 0
         self.misses = 0
         self._origin: dict[str, str] = {}  # key -> where lookup found it, counted once restore succeeds
+        self._poisoned: set[str] = set()  # remote blobs that failed their digest check: re-uploaded on store
         if local is not None:
             local.on_warning = self._warn
 
@@ -87,6 +88,8 @@ class Cache:
             self.local.put_record(record)
         except CacheError as e:
             self._warn(str(e))
+            if isinstance(e, CorruptEntry) and e.digest:
+                self._poisoned.add(e.digest)
             # Only the local store failed (RemoteUnavailable is a subclass): restore fetches remotely.
             return record if type(e) is CacheUnavailable else None
         return record
@@ -98,7 +101,8 @@ class Cache:
     def _upload(self, record: ActionRecord, outputs: dict[str, Path], log: bytes | None) -> None:
         assert self.remote is not None
         for entry in record.outputs:
-            self.remote.put_blob(entry.digest, outputs[entry.name])
+            # A poisoned blob would otherwise stay: HEAD says "present" and every client keeps missing.
+            self.remote.put_blob(entry.digest, outputs[entry.name], overwrite=entry.digest in self._poisoned)
         if log is not None and record.log_digest is not None:
             self.remote.put_blob(record.log_digest, log)
         self.remote.put_record(record)

@@ -109,9 +109,10 @@ class RemoteStore:
             self._expect(resp, "HEAD", 200)
         return True
 
-    def put_blob(self, digest: str, data: Path | bytes) -> bool:
-        """Upload unless read-only or already there (HEAD first: blobs are big, HEADs cheap). True if sent."""
-        if self.read_only or self.has_blob(digest):
+    def put_blob(self, digest: str, data: Path | bytes, *, overwrite: bool = False) -> bool:
+        """Upload unless read-only or already there (HEAD first: blobs are big, HEADs cheap). True if sent.
+        `overwrite`: the server's copy is known bad (failed its digest check): replace it."""
+        if self.read_only or (not overwrite and self.has_blob(digest)):
             return False
         if isinstance(data, bytes):
             self._put(f"/cas/{digest}", data, len(data))
@@ -139,7 +140,7 @@ class RemoteStore:
                 sink.write(chunk)
         if h.hexdigest() != digest:
             raise CorruptEntry(f"remote cache {self.url}: blob {digest[:12]} failed its sha256 check (poisoned "
-                               "or corrupt)", "ignored it; the action runs")
+                               "or corrupt)", "ignored it; the action runs", digest=digest)
         return True
 
     def _put(self, path: str, body: BinaryIO | bytes, size: int) -> None:
