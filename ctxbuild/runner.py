@@ -15,7 +15,7 @@ from typing import Any
 
 from . import toolchain
 from .action import Action, canonical_json, load_spec
-from .actions import IMPLEMENTATIONS
+from .actions import IMPLEMENTATIONS, hook
 from .atomic import write_bytes
 from .capture import captured
 from .digests import DigestMemo, sha256_file
@@ -62,7 +62,7 @@ def main(spec_arg: str) -> int:
     try:
         with captured(log):
             cache = _open_cache()
-            discovered = impl.discover_inputs(action)
+            discovered = hook(action.kind, "discover_inputs")(action)
             _write_depfile(out, action, discovered)
             components = _key_components(action, discovered, memo, state)
             key = _digest(components)
@@ -95,9 +95,9 @@ def main(spec_arg: str) -> int:
         record["outputs"] = {r: _describe_output(Path(p), out, hashed.get(r)) for r, p in action.outputs.items()}
         for r, p in action.outputs.items():  # consumers later in this build need not hash them again
             memo.remember(Path(p), record["outputs"][r]["sha256"])
-        record.update(impl.summarize(action))
+        record.update(hook(action.kind, "summarize")(action))
         record["status"] = "ok"
-        record["warnings"] = impl.warnings(action)
+        record["warnings"] = hook(action.kind, "warnings")(action)
         for w in record["warnings"]:
             print(f"ctxbuild: warning: {w}", file=sys.stderr)
         if cache:

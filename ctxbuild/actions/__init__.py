@@ -1,14 +1,15 @@
-"""Action implementations, one module per kind. Each exposes:
+"""Action implementations, one module per kind. Each defines `run(ctx)`: write every output into `ctx.tmp`
+under its final file name; raise ActionError on bad input. Optional hooks (defaults: nothing):
 
 - `discover_inputs(action) -> dict[name, Path]`: files read beyond the declared inputs (external data,
   calibration samples), found cheaply before running so they join the action key and ninja's depfile;
 - `warnings(action) -> list[str]`: what the user must see whether the action runs or restores from cache;
-- `summarize(action) -> dict`: facts about the placed outputs for the record (graph names, metrics);
-- `run(ctx)`: write every output into `ctx.tmp` under its final file name; raise ActionError on bad input.
+- `summarize(action) -> dict`: facts about the placed outputs for the record (graph names, metrics).
 """
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any, Callable
 
 from . import bundle, compile, prebuilt, prepare, quantize, verify
 
@@ -16,3 +17,11 @@ IMPLEMENTATIONS: dict[str, ModuleType] = {
     "prepare": prepare, "quantize": quantize, "compile": compile, "bundle": bundle, "verify": verify,
     "prebuilt": prebuilt,
 }
+_DEFAULTS: dict[str, Callable[[Any], Any]] = {
+    "discover_inputs": lambda action: {}, "warnings": lambda action: [], "summarize": lambda action: {},
+}
+
+
+def hook(kind: str, name: str) -> Callable[[Any], Any]:
+    """The kind's `name` hook, or the default that does nothing."""
+    return getattr(IMPLEMENTATIONS[kind], name, _DEFAULTS[name])

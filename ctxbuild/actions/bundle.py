@@ -16,21 +16,8 @@ from typing import Any
 from .. import toolchain
 from ..action import Action
 from ..errors import ActionError
-from .compile import compile_error, partition_names
+from .compile import compile_error, summarize  # noqa: F401 - the same summary hook as compile
 from .modelio import load
-
-
-def discover_inputs(action: Action) -> dict[str, Path]:
-    return {}
-
-
-def warnings(action: Action) -> list[str]:
-    return []
-
-
-def summarize(action: Action) -> dict[str, Any]:
-    """Graph names as the binary holds them (loaders such as qnn.lora_config need them)."""
-    return {"graph_names": partition_names(action)}
 
 
 def run(ctx: Any) -> None:

@@ -12,14 +12,6 @@ from ..errors import ActionError
 _UNSUPPORTED = re.compile(r"\{ name: ([^,]*), type: ([^ }]*) \}")
 
 
-def discover_inputs(action: Action) -> dict[str, Path]:
-    return {}
-
-
-def warnings(action: Action) -> list[str]:
-    return []
-
-
 def summarize(action: Action) -> dict[str, Any]:
     """Graph names as the binary holds them (loaders such as qnn.lora_config need them)."""
     return {"graph_names": partition_names(action)}

@@ -6,21 +6,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..action import Action
 from ..errors import ActionError, InspectError
-from .compile import partition_names
-
-
-def discover_inputs(action: Action) -> dict[str, Path]:
-    return {}
-
-
-def warnings(action: Action) -> list[str]:
-    return []
-
-
-def summarize(action: Action) -> dict[str, Any]:
-    return {"graph_names": partition_names(action)}
+from .compile import summarize  # noqa: F401 - the same summary hook as compile
 
 
 def run(ctx: Any) -> None:

@@ -18,14 +18,6 @@ def discover_inputs(action: Action) -> dict[str, Path]:
     return external_data_files(load(path, external_data=False), path)
 
 
-def warnings(action: Action) -> list[str]:
-    return []
-
-
-def summarize(action: Action) -> dict[str, Any]:
-    return {}
-
-
 def run(ctx: Any) -> None:
     import onnx
 

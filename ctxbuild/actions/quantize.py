@@ -25,10 +25,6 @@ def warnings(action: Action) -> list[str]:
     return []
 
 
-def summarize(action: Action) -> dict[str, Any]:
-    return {}
-
-
 def run(ctx: Any) -> None:
     from onnxruntime.quantization import QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
