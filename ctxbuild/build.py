@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from . import jobserver, ninja, toolchain, worker
+from .atomic import write_bytes
 from .errors import UsageError
-from .layout import STATE, record_path, spec_name
-from .manifest import read_records
-from .manifest import write as write_manifest
+from .layout import STATE, cache_dir, record_path, spec_name
+from .manifest import read_records, write as write_manifest
 
 
 @dataclass
@@ -136,6 +136,7 @@ def build(opts: BuildOptions) -> int:
         state = ensure_planned(opts)
         targets = ninja_targets(state, opts)
         env.update(_cache_settings(state.get("cache", {}), env))
+        _check_remote_url({**os.environ, **env})
         versions = toolchain.summary(opts.out / STATE)
         if not opts.dry_run:
             _note_toolchain(opts.out, state)
@@ -177,6 +178,15 @@ def _cache_settings(defaults: dict[str, Any], env: dict[str, str]) -> dict[str, 
     if "token_env" in defaults and "CTXBUILD_REMOTE_TOKEN_ENV" not in given:
         out["CTXBUILD_REMOTE_TOKEN_ENV"] = defaults["token_env"]
     return out
+
+
+def _check_remote_url(env: dict[str, str]) -> None:
+    """A malformed URL is a usage error (exit 2) here, once, not a failure of every action."""
+    url = env.get("CTXBUILD_REMOTE_CACHE")
+    if url and env.get("CTXBUILD_NO_CACHE") != "1":
+        from .cache.remote import RemoteStore
+
+        RemoteStore(url)
 
 
 def _invalidate_downstream(out: Path, state: dict[str, Any], failed: set[str]) -> None:
@@ -226,8 +236,6 @@ def _note_toolchain(out: Path, state: dict[str, Any]) -> None:
                     os.utime(out / STATE / "actions" / spec_name(a["id"]))
                 except OSError:
                     pass
-    from .atomic import write_bytes
-
     write_bytes(out / STATE / "toolchain_seen.json", json.dumps(now, sort_keys=True).encode())
 
 
@@ -265,11 +273,6 @@ def _pid_alive(pid: int) -> bool:
 def _write_summary(out: Path, ran: list[dict[str, Any]]) -> None:
     """What the last build did (cache hits, failures): read by `cache stats` and the report. A copy goes
     into the cache dir, so `ctxbuild cache stats` needs no OUT."""
-    import time
-
-    from .atomic import write_bytes
-    from .layout import cache_dir
-
     summary = {"ran": len(ran), "from_cache": sum(r.get("source") == "cache" for r in ran),
                "executed": sum(r.get("source") == "run" for r in ran),
                "failed": sum(r.get("status") == "failed" for r in ran),

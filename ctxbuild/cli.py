@@ -7,12 +7,13 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from .errors import CtxbuildError, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse exits 2 too; keep our one-line format
+    def error(self, message: str) -> NoReturn:  # argparse exits 2 too; keep our one-line format
         raise UsageError(f"{self.prog}: {message}", f"see `{self.prog} --help`")
 
 

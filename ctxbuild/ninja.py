@@ -43,8 +43,8 @@ def _rel(p: str, out: Path) -> str:
     return escape_path(rel(p, out))
 
 
-def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> bool:
-    """Write build.ninja, the action specs and plan state; each only if changed. Returns True if build.ninja changed."""
+def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None:
+    """Write build.ninja, the action specs and plan state, each only if changed (ninja sees no new mtime)."""
     import jinja2
 
     out = plan.out
@@ -103,10 +103,8 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> bool
         "generator_deps": [str(p) for p in [*plan.recipes.files, *plan.recipes.dirs]],
         "cache": plan.recipes.cache,
     }))
-    changed = write_if_changed(out / "build.ninja", text.encode())
-    if not changed:  # the generator edge's output must end newer than its inputs, or ninja regenerates forever
-        os.utime(out / "build.ninja")
-    return changed
+    if not write_if_changed(out / "build.ninja", text.encode()):
+        os.utime(out / "build.ninja")  # the generator edge's output must end newer than its inputs, or it loops
 
 
 def _planner_files() -> list[Path]:

@@ -66,10 +66,6 @@ class Recipe:
     verify: dict[str, Any] = field(default_factory=dict)
     prebuilt: Prebuilt | None = None
 
-    @property
-    def where(self) -> str:
-        return str(self.file)
-
 
 @dataclass
 class RecipeSet:

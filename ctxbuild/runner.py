@@ -66,8 +66,7 @@ def main(spec_arg: str) -> int:
             _write_depfile(out, action, discovered)
             components = _key_components(action, discovered, memo, state)
             key = _digest(components)
-            record.update(key=key, components={k: _digest(v) for k, v in components.items()},
-                          key_detail=components)
+            record.update(key=key, key_detail=components)
             record["why"] = _why(previous, record)
             hit = cache.lookup(key) if cache else None
             known = None  # role -> (sha256, size) of the output as placed, when the cache already hashed it
@@ -107,8 +106,8 @@ def main(spec_arg: str) -> int:
         return 0
     except CtxbuildError as e:
         record.update(status="failed", cause=str(e))
-        if getattr(e, "details", None):
-            record["result"] = e.details
+        if details := getattr(e, "details", None):  # e.g. a failed verification's metrics
+            record["result"] = details
     except Exception as e:  # an action's bug or a library failure: still one clean failure of this edge
         with open(log, "a") as f:
             traceback.print_exc(file=f)
@@ -160,13 +159,13 @@ def _digest(data: Any) -> str:
 
 def _why(previous: dict[str, Any] | None, record: dict[str, Any]) -> str:
     """Which key components changed since the previous record of this action in this OUT, with detail."""
-    if not previous or "components" not in previous:
+    if not previous or "key_detail" not in previous:
         return "no earlier build in this output directory"
-    changed = [k for k, v in record["components"].items() if previous["components"].get(k) != v]
+    old, new = previous["key_detail"], record["key_detail"]
+    changed = [k for k in new if old.get(k) != new[k]]
     if not changed:
         return "key unchanged (outputs missing or older than their inputs)"
-    old, new = previous.get("key_detail") or {}, record.get("key_detail") or {}
-    return "changed: " + ", ".join(_change(k, old.get(k), new.get(k)) for k in changed)
+    return "changed: " + ", ".join(_change(k, old.get(k), new[k]) for k in changed)
 
 
 def _change(component: str, old: Any, new: Any) -> str:

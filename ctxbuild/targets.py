@@ -44,7 +44,6 @@ for _soc in SOCS:
     for _n in (_soc.name, *_soc.aliases):
         _BY_NAME[_n.upper()] = _soc
 
-HTP_ARCHES = (68, 69, 73, 75, 79, 81)
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 

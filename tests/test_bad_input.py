@@ -213,3 +213,10 @@ def test_failed_action_removes_stale_output(tree: Path, tmp_path: Path, ctxbuild
     manifest = json.loads((out / "manifest.json").read_text())
     assert not [a for a in manifest["artifacts"] if a["recipe"] == "mlp_fp16"]
     assert last_build(out)
+
+
+def test_malformed_remote_cache_url_is_a_usage_error(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _only(tree, "mlp_fp16.yaml")
+    r = _build(ctxbuild, tree, tmp_path, "--remote-cache", "ftp://cache.example/x")
+    assert r.code == 2 and "remote cache URL 'ftp://cache.example/x' is not http(s)://host[:port][/path]" in r.err
+    assert not (tmp_path / "out" / "SM8650").exists()

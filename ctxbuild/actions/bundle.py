@@ -120,13 +120,14 @@ def _check_shared_weights(a: Action, graphs: list[str]) -> None:
             u = floats[other].get(name)
             if u is None or t.raw_data != u.raw_data or numpy_helper.to_array(t).size < 2:
                 continue
+            values = [quant[g].get(name + "_quantized") for g in (first, other)]
+            if any(v is not None and v.data_type == TensorProto.INT32 for v in values):
+                print(f"bias '{name}' is quantized per graph (scale follows activations); not shared")
+                continue
             for suffix in ("_quantized", "_scale", "_zero_point"):
                 qa, qb = quant[first].get(name + suffix), quant[other].get(name + suffix)
                 if qa is None and qb is None:
                     continue
-                if quant[first].get(name + "_quantized", qa).data_type == TensorProto.INT32:
-                    print(f"bias '{name}' is quantized per graph (scale follows activations); not shared")
-                    break
                 if qa is None or qb is None or numpy_helper.to_array(qa).tobytes() != numpy_helper.to_array(qb).tobytes():
                     raise ActionError(
                         f"graphs '{first}' and '{other}' share weight '{name}' but quantize it differently "
