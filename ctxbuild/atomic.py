@@ -6,9 +6,11 @@ import tempfile
 from pathlib import Path
 
 
-def write_bytes(path: Path, data: bytes) -> None:
+def write_bytes(path: Path, data: bytes, tmp_dir: Path | None = None) -> None:
+    """Readers see the old file or the whole new one. The temp file goes in `tmp_dir` (same filesystem;
+    the cache keeps its own so gc can sweep leftovers), else beside `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=tmp_dir or path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; outputs are shared like any other file
         with os.fdopen(fd, "wb") as f:
@@ -17,7 +19,7 @@ def write_bytes(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        _unlink(Path(tmp))
+        Path(tmp).unlink(missing_ok=True)
         raise
 
 
@@ -30,13 +32,6 @@ def write_if_changed(path: Path, data: bytes) -> bool:
         pass
     write_bytes(path, data)
     return True
-
-
-def _unlink(p: Path) -> None:
-    try:
-        p.unlink()
-    except FileNotFoundError:
-        pass
 
 
 def _umask() -> int:

@@ -76,20 +76,6 @@ def _reflink(fin: BinaryIO, fout: BinaryIO) -> bool:
     return True
 
 
-def write_atomic(path: Path, data: bytes, tmp_dir: Path) -> None:
-    """Readers see the old file or the whole new one. `tmp_dir` must be on the same filesystem."""
-    tmp = temp_path(tmp_dir, path.name)
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def restore_outputs(entries: Iterable[OutputEntry], dest: dict[str, Path],
                     stage: Callable[[OutputEntry, Path], bool]) -> bool:
     """Put every entry's content at dest[name], all or nothing.

@@ -21,8 +21,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..atomic import write_bytes
 from ..errors import CacheUnavailable
-from .files import copy_hashing, hash_file, restore_outputs, temp_path, write_atomic
+from .files import copy_hashing, hash_file, restore_outputs, temp_path
 from .record import ActionRecord, OutputEntry, check_digest, check_key
 
 # Temps and unreferenced blobs younger than this may belong to an insert in progress in another process.
@@ -46,12 +47,9 @@ class LocalStore:
     def get(self, key: str) -> ActionRecord | None:
         """The record for `key`, or None; marks it used (the record's mtime is gc's LRU clock)."""
         path = self._record_path(key)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
+        data = self._read(path)
+        if data is None:
             return None
-        except OSError as e:
-            raise self._unavailable(e) from None
         try:
             record = ActionRecord.from_json(data)
             if record.key != key:
@@ -82,7 +80,7 @@ class LocalStore:
     def put_record(self, record: ActionRecord) -> None:
         """Insert a record whose blobs are already here (the layered cache's remote hits)."""
         try:
-            write_atomic(self._record_path(record.key), record.to_json(), self._tmp_dir())
+            write_bytes(self._record_path(record.key), record.to_json(), self._tmp_dir())
         except OSError as e:
             raise self._unavailable(e) from None
 
@@ -112,16 +110,22 @@ class LocalStore:
         except OSError as e:
             raise self._unavailable(e) from None
 
-    def read_log(self, record: ActionRecord) -> bytes | None:
-        if record.log_digest is None:
-            return None
-        path = self.blob_path(record.log_digest)
+    def _read(self, path: Path) -> bytes | None:
+        """The file's bytes, None if absent; any other failure means the cache is unusable."""
         try:
-            data = path.read_bytes()
+            return path.read_bytes()
         except FileNotFoundError:
             return None
         except OSError as e:
             raise self._unavailable(e) from None
+
+    def read_log(self, record: ActionRecord) -> bytes | None:
+        if record.log_digest is None:
+            return None
+        path = self.blob_path(record.log_digest)
+        data = self._read(path)
+        if data is None:
+            return None
         if hashlib.sha256(data).hexdigest() != record.log_digest:
             self._drop_corrupt(path)
             return None
@@ -198,7 +202,7 @@ class LocalStore:
                     total, removed_blobs = total - blobs.pop(d)[1], removed_blobs + 1
         result = {"time": start, "removed_entries": removed_entries, "removed_blobs": removed_blobs,
                   "bytes": total}
-        write_atomic(self.root / "stats.json", json.dumps(result).encode(), self._tmp_dir())
+        write_bytes(self.root / "stats.json", json.dumps(result).encode(), self._tmp_dir())
         return result
 
     @staticmethod
@@ -251,7 +255,7 @@ class LocalStore:
     def _add_bytes(self, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
         if not self._reuse(digest):
-            write_atomic(self.blob_path(digest), data, self._tmp_dir())
+            write_bytes(self.blob_path(digest), data, self._tmp_dir())
         return digest
 
     def _reuse(self, digest: str) -> bool:

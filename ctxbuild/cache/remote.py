@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import SplitResult, unquote, urlsplit
 
+from ..atomic import write_bytes
 from ..errors import CacheError, CorruptEntry, RemoteUnavailable, UsageError
-from .files import CHUNK, temp_path, write_atomic
+from .files import CHUNK, temp_path
 from .record import ActionRecord, check_digest, check_key
 
 BREAKER_SECONDS = 120.0
@@ -214,7 +215,7 @@ class RemoteStore:
         if self._marker is not None:
             try:
                 self._marker.parent.mkdir(parents=True, exist_ok=True)
-                write_atomic(self._marker, self._down.encode(), self._marker.parent)
+                write_bytes(self._marker, self._down.encode(), self._marker.parent)
             except OSError:  # e.g. a read-only cache dir: only this process remembers
                 pass
         return RemoteUnavailable(self._down, BREAKER_HINT)
