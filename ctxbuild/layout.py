@@ -1,10 +1,10 @@
 """Where things live under OUT. Kept import-light: every action process and the no-op path use it."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 STATE = ".ctxbuild"  # OUT/.ctxbuild: action specs, records, logs, depfiles, work files, plan state
+DEPFILE_KINDS = ("prepare", "quantize", "verify")  # actions that find inputs at run time (discover_inputs)
 
 
 def spec_name(action_id: str) -> str:
@@ -21,11 +21,6 @@ def log_path(out: Path, action_id: str) -> Path:
 
 def depfile_path(out: Path, action_id: str) -> Path:
     return out / STATE / "deps" / (spec_name(action_id) + ".d")
-
-
-def escape_path(p: str) -> str:
-    """ninja's escaping for paths in build statements."""
-    return re.sub(r"([$ :\n])", r"$\1", p)
 
 
 def rel(p: str, out: Path) -> str:

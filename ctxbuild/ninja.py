@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from . import __version__
 from .action import canonical_json
 from .atomic import write_if_changed
-from .layout import STATE, depfile_path, escape_path, rel
+from .layout import DEPFILE_KINDS, STATE, depfile_path, log_path, rel
+from .ninjaquote import ninja_command, ninja_path, ninja_value
 from .procs import die_with_parent
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ class Edge:
 
 
 def _rel(p: str, out: Path) -> str:
-    return escape_path(rel(p, out))
+    return ninja_path(rel(p, out))
 
 
 def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None:
@@ -62,10 +63,10 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
         outs = [_rel(p, out) for p in a.outputs.values()]
         ins = [_rel(p, out) for p in a.inputs.values()] + [_rel(str(w), out) for w in a.watch]
         ins.append(_rel(str(spec_path), out))
-        needs_depfile = a.kind in ("prepare", "quantize")  # external data / calibration samples found at run time
-        edges.append(Edge(outs, ins, _rel(str(spec_path), out), a.description,
+        needs_depfile = a.kind in DEPFILE_KINDS  # external data / samples found at run time
+        edges.append(Edge(outs, ins, ninja_command([rel(str(spec_path), out)]), ninja_value(a.description),
                           "action_dep" if needs_depfile else "action",
-                          _rel(str(depfile_path(out, a.id)), out) if needs_depfile else None, a.pool))
+                          ninja_value(rel(str(depfile_path(out, a.id)), out)) if needs_depfile else None, a.pool))
         for r in a.recipes:
             by_recipe.setdefault(f"recipe/{r}", []).extend(outs)
             if a.target:
@@ -83,16 +84,15 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
         if stale.name not in wanted_specs:
             stale.unlink()
 
-    generator_deps = sorted({_rel(str(p), out) for p in
-                             [*plan.recipes.files, *plan.recipes.dirs, *_planner_files(), *_toolchain_files()]})
+    generator_deps = generator_inputs(plan)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True)
     text = env.get_template("build.ninja.j2").render(
-        version=__version__, recipe_roots=invocation["paths"], compile_jobs=compile_jobs,
+        version=__version__, recipe_roots=ninja_value(", ".join(invocation["paths"])), compile_jobs=compile_jobs,
         # a plain script without site (-S): the edge client's start-up is paid once per action
-        client=f"{escape_path(sys.executable)} -S {escape_path(str(Path(__file__).with_name('client.py')))}",
-        python=escape_path(sys.executable), out_escaped=escape_path(str(out)), generator_deps=generator_deps,
-        edges=edges, phonies=phonies)
+        client=ninja_command([sys.executable, "-S", str(Path(__file__).with_name("client.py"))]),
+        regen=ninja_command([sys.executable, "-m", "ctxbuild", "regenerate", str(out)]),
+        generator_deps=[_rel(p, out) for p in generator_deps], edges=edges, phonies=phonies)
 
     write_if_changed(state / "invocation.json", canonical_json(invocation))
     write_if_changed(state / "plan.json", canonical_json({
@@ -100,11 +100,45 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
         "actions": [{"id": a.id, "kind": a.kind, "recipes": a.recipes, "target": a.target,
                      "description": a.description, "outputs": list(a.outputs.values()),
                      "deps": sorted(plan.graph.predecessors(a.id))} for a in plan.actions],
-        "generator_deps": [str(p) for p in [*plan.recipes.files, *plan.recipes.dirs]],
+        "generator_deps": generator_deps,  # the driver's staleness check stats exactly the generator edge's inputs
         "cache": plan.recipes.cache,
     }))
     if not write_if_changed(out / "build.ninja", text.encode()):
         os.utime(out / "build.ninja")  # the generator edge's output must end newer than its inputs, or it loops
+    clean_dead(out, {a.id for a in plan.actions})
+
+
+def clean_dead(out: Path, planned: set[str]) -> None:
+    """Outputs of actions no longer planned (a deleted recipe, target or graph) are stale artifacts: remove
+    them with `ninja -t cleandead` (meson does the same after regenerating), and their records and logs,
+    so neither the manifest nor the report can list them."""
+    state = out / STATE
+    if (state / ".ninja_log").is_file():
+        subprocess.run([ninja_binary(), "-t", "cleandead"], cwd=out, stdout=subprocess.DEVNULL, check=False)
+    dirs: set[Path] = set()
+    for record in (state / "records").glob("*.json"):
+        try:
+            old = json.loads(record.read_text())
+            action_id = old["id"]
+        except (OSError, ValueError, KeyError):
+            continue
+        if action_id in planned:
+            continue
+        for o in (old.get("outputs") or {}).values():  # cleandead misses outputs ninja never built (restored by a driver)
+            (out / o["path"]).unlink(missing_ok=True)
+            dirs.add((out / o["path"]).parent)
+        for p in (log_path(out, action_id), depfile_path(out, action_id), record):
+            p.unlink(missing_ok=True)
+    for d in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
+        while d != out and d.is_relative_to(out) and d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
+            d = d.parent
+
+
+def generator_inputs(plan: Plan) -> list[str]:
+    """What build.ninja is made from: recipes, defaults, recipe directories (a new file changes their
+    mtime), the planner and the QNN libraries. One list for the generator edge and the driver."""
+    return sorted({str(p) for p in [*plan.recipes.files, *plan.recipes.dirs, *_planner_files(), *_toolchain_files()]})
 
 
 def _planner_files() -> list[Path]:

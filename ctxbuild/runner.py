@@ -20,7 +20,8 @@ from .atomic import write_bytes
 from .capture import captured
 from .digests import DigestMemo, sha256_file
 from .errors import ActionError, CtxbuildError
-from .layout import STATE, cache_dir, depfile_path, log_path, record_path, rel
+from .layout import DEPFILE_KINDS, STATE, cache_dir, depfile_path, log_path, record_path, rel
+from .ninjaquote import depfile_path as depfile_quote
 
 
 class ActionContext:
@@ -219,14 +220,10 @@ def _describe_output(p: Path, out: Path, hashed: tuple[str, int] | None = None) 
 
 def _write_depfile(out: Path, action: Action, discovered: dict[str, Path]) -> None:
     """Files found at run time (external data, calibration samples) become ninja dependencies (deps = gcc)."""
-    if action.kind not in ("prepare", "quantize"):
+    if action.kind not in DEPFILE_KINDS:
         return
-
-    def esc(p: str) -> str:
-        return p.replace(" ", "\\ ")
-
-    outs = " ".join(esc(rel(p, out)) for p in action.outputs.values())
-    deps = " ".join(esc(str(p)) for p in discovered.values())
+    outs = " ".join(depfile_quote(rel(p, out)) for p in action.outputs.values())
+    deps = " ".join(depfile_quote(str(p)) for p in discovered.values())
     write_bytes(depfile_path(out, action.id), f"{outs}: {deps}\n".encode())
 
 

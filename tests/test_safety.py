@@ -1,0 +1,161 @@
+"""Safety defects (issue 8): odd paths, deleted recipes, edited samples, OUT misuse, tokens, slow remotes,
+wrong-SoC binaries, hostile models and recipes, concurrent builds, one-line errors."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import ninja as ninja_pkg
+import numpy as np
+import pytest
+
+from tests.conftest import Result, last_build, records
+
+ODD = "sp ace $dollar #hash :colon é"
+NINJA = str(Path(ninja_pkg.BIN_DIR) / "ninja")
+
+
+def _keep(tree: Path, *names: str) -> None:
+    for p in tree.glob("*.yaml"):
+        if p.name not in (*names, "_defaults.yaml"):
+            p.unlink()
+
+
+def _run(python: str, *args: str, cwd: Path, cache: Path, env: dict[str, str] | None = None,
+         timeout: float = 600) -> Result:
+    full_env = {**os.environ, "CTXBUILD_CACHE_DIR": str(cache), **(env or {})}
+    full_env.pop("MAKEFLAGS", None)
+    p = subprocess.run([python, "-m", "ctxbuild", *args], capture_output=True, text=True, env=full_env, cwd=cwd,
+                       timeout=timeout)
+    return Result(p.returncode, p.stdout, p.stderr)
+
+
+def _odd_venv(where: Path) -> str:
+    """A virtualenv at an odd path that sees this one's packages: its python is the interpreter build.ninja names."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+    site = Path(subprocess.check_output([str(where / "bin" / "python"), "-c",
+                                         "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True).strip())
+    (where / "bin" / "ninja").symlink_to(NINJA)  # the ninja package finds its binary beside the interpreter
+    (site / "parent_env.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    return str(where / "bin" / "python")
+
+
+def _ran(out: Path) -> dict[str, str]:
+    return {k: v for k, v in last_build(out).items()}
+
+
+# ---- paths with space, $, #, :, non-ASCII, the interpreter's included ------------------------------------
+
+def test_odd_paths_everywhere(tree: Path, tmp_path: Path, cache_dir: Path) -> None:
+    base = tmp_path / ODD
+    base.mkdir()
+    recipes = base / f"recipes {ODD}"
+    shutil.move(tree, recipes)
+    _keep(recipes, "tiny_cnn_int8.yaml")
+    python = _odd_venv(tmp_path / "venv sp ace $dollar #hash é")  # venv refuses ':' (the PATH separator)
+    out = base / f"out {ODD}"
+    r = _run(python, "build", str(recipes), "-o", str(out), "--no-verify", cwd=base, cache=cache_dir)
+    assert r.code == 0, r.text
+    assert (out / "SM8650" / "tiny_cnn_int8" / "tiny_cnn_int8_ctx.onnx").is_file()
+    # A second build does nothing: the depfiles name the calibration samples correctly ($, #, spaces).
+    r = _run(python, "build", str(recipes), "-o", str(out), "--no-verify", cwd=base, cache=cache_dir)
+    assert r.code == 0, r.text
+    assert _ran(out) == {}, r.text
+    # plain ninja in OUT agrees: nothing to do
+    ninja = subprocess.run([NINJA, "-n"], cwd=out, capture_output=True, text=True)
+    assert "no work to do" in ninja.stdout, ninja.stdout + ninja.stderr
+    # A calibration sample edited in place re-runs quantize (its depfile entry is right).
+    sample = sorted((recipes / "models" / "calib" / "tiny_cnn").glob("*.np*"))[0]
+    _perturb(sample)
+    r = _run(python, "build", str(recipes), "-o", str(out), "--no-verify", cwd=base, cache=cache_dir)
+    assert r.code == 0, r.text
+    assert any(k.startswith("quantize/") for k in _ran(out)), _ran(out)
+
+
+def _perturb(sample: Path) -> None:
+    if sample.suffix == ".npz":
+        with np.load(sample) as z:
+            arrays = {k: z[k] * 0.5 for k in z.files}
+        with open(sample, "wb") as f:  # in place: same inode, the directory's mtime does not change
+            np.savez(f, **arrays)
+    else:
+        arr = np.load(sample) * 0.5
+        with open(sample, "wb") as f:
+            np.save(f, arr)
+
+
+def test_newline_in_path_is_one_line(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree, "tiny_cnn_int8.yaml")
+    odd = tmp_path / "new\nline"
+    shutil.move(tree, odd)
+    r = ctxbuild("build", str(odd), "-o", str(tmp_path / "out"))
+    assert r.code == 2, r.text
+    assert "Traceback" not in r.text
+    assert "line break" in r.err and r.err.strip().count("\n") == 0, r.err
+
+
+# ---- a deleted recipe: outputs gone, plain ninja keeps working -------------------------------------------
+
+def test_deleted_recipe_vanishes(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree, "tiny_cnn_int8.yaml", "mlp_fp16.yaml")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650", "--no-verify")
+    assert r.code == 0, r.text
+    assert (out / "SM8650" / "mlp_fp16" / "mlp_fp16_ctx.onnx").is_file()
+    time.sleep(0.01)
+    (tree / "mlp_fp16.yaml").unlink()
+    # plain ninja in OUT re-plans (no "missing and no known rule") and removes the dead outputs
+    p = subprocess.run([NINJA], cwd=out, capture_output=True, text=True,
+                       env={**os.environ, "CTXBUILD_CACHE_DIR": str(tmp_path / "cache")})
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert not (out / "SM8650" / "mlp_fp16" / "mlp_fp16_ctx.onnx").exists(), p.stdout
+    r = ctxbuild("build", str(tree), "-o", str(out), "--no-verify")
+    assert r.code == 0, r.text
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["artifacts"] and all(a["recipe"] != "mlp_fp16" for a in manifest["artifacts"])
+    assert "mlp_fp16" not in (out / "report.json").read_text()
+    assert "mlp_fp16" not in (out / "report.html").read_text()
+    assert not any("mlp_fp16" in i for i in records(out))
+
+
+def test_deleted_recipe_vanishes_via_driver(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree, "tiny_cnn_int8.yaml", "mlp_fp16.yaml")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650", "--no-verify")
+    assert r.code == 0, r.text
+    (tree / "mlp_fp16.yaml").unlink()
+    r = ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650", "--no-verify")
+    assert r.code == 0, r.text
+    assert not list(out.rglob("mlp_fp16*")), list(out.rglob("mlp_fp16*"))
+    assert all(a["recipe"] != "mlp_fp16" for a in json.loads((out / "manifest.json").read_text())["artifacts"])
+
+
+def test_driver_and_generator_share_inputs(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree, "mlp_fp16.yaml")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650", "--no-verify")
+    assert r.code == 0, r.text
+    deps = json.loads((out / ".ctxbuild" / "plan.json").read_text())["generator_deps"]
+    text = (out / "build.ninja").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("build build.ninja:"))
+    assert len(line.split("|", 1)[1].split()) == len(deps)
+    assert any(d.endswith("plan.py") for d in deps) and any(d.endswith("mlp_fp16.yaml") for d in deps)
+
+
+# ---- verification samples edited in place re-run verification -------------------------------------------
+
+def test_verify_sample_edit_reruns_verify(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree, "mlp_fp16.yaml")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650")
+    assert r.code == 0, r.text
+    _perturb(sorted((tree / "models" / "calib" / "mlp").glob("*.np*"))[0])
+    r = ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650")
+    assert r.code == 0, r.text
+    assert "verify/mlp_fp16@SM8650" in last_build(out), last_build(out)
