@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import shutil
 import sys
 import time
 import uuid
@@ -15,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import jobserver, ninja, toolchain, worker
+from . import jobserver, ninja, outdir, toolchain, worker
 from .atomic import write_bytes
-from .errors import UsageError
+from .errors import CtxbuildError, UsageError
 from .layout import STATE, cache_dir, record_path, spec_name
 from .manifest import read_records, write as write_manifest
 
@@ -84,6 +85,7 @@ def plan_and_render(out: Path, inv: dict[str, Any]) -> None:
     from .plan import make_plan
 
     recipes = recipe.load([Path(p) for p in inv["paths"]])
+    outdir.check_placement(out, outdir.source_dirs(recipes), "recipe/model directory")
     plan = make_plan(recipes, out, verify=inv["verify"])
     out.mkdir(parents=True, exist_ok=True)
     toolchain.sdk_build_id(out / STATE)  # warm the memo once, not in N parallel actions
@@ -126,8 +128,21 @@ def _close(name: str, options: list[str]) -> str:
 
 
 def build(opts: BuildOptions) -> int:
-    started = time.monotonic()
+    """One build at a time per OUT; OUT never among the sources; a fresh OUT a bad recipe stopped is removed."""
     opts.out = opts.out.resolve()
+    outdir.check_placement(opts.out, outdir.recipe_dirs(opts.paths), "recipe directory")
+    fresh = not opts.out.exists()
+    try:
+        with outdir.locked(opts.out):
+            return _build(opts)
+    except CtxbuildError:
+        if fresh and not (opts.out / "build.ninja").exists():
+            shutil.rmtree(opts.out, ignore_errors=True)
+        raise
+
+
+def _build(opts: BuildOptions) -> int:
+    started = time.monotonic()
     os.environ.update(opts.cache_env)  # the driver's own cache lookups (toolchain memo) follow the flags too
     build_id = uuid.uuid4().hex
     env = {"CTXBUILD_BUILD_ID": build_id, **opts.cache_env}

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -55,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("targets", help="list known SoCs")
     t.add_argument("--json", action="store_true")
 
-    c = sub.add_parser("clean", help="remove OUT")
+    c = sub.add_parser("clean", help="remove what ctxbuild wrote into OUT")
     c.add_argument("-o", "--out", type=Path, default=Path("out"))
 
     sub.add_parser("schema", help="print the recipe JSON Schema")
@@ -213,11 +212,9 @@ def _targets(as_json: bool) -> int:
 
 
 def _clean(out: Path) -> int:
-    if not out.exists():
-        return 0
-    if not (out / ".ctxbuild").is_dir() and not (out / "build.ninja").is_file():
-        raise UsageError(f"{out} does not look like a ctxbuild output directory; not removing it")
-    shutil.rmtree(out)
+    from .outdir import clean
+
+    clean(out)
     return 0
 
 

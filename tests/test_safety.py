@@ -159,3 +159,77 @@ def test_verify_sample_edit_reruns_verify(tree: Path, tmp_path: Path, ctxbuild) 
     r = ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650")
     assert r.code == 0, r.text
     assert "verify/mlp_fp16@SM8650" in last_build(out), last_build(out)
+
+
+# ---- 1. OUT is never a source directory; clean removes only what ctxbuild wrote --------------------------
+
+@pytest.mark.parametrize("out_arg", [".", "recipes", "recipes/out", "recipes/models/out"])
+def test_out_among_sources_is_refused(tree: Path, tmp_path: Path, ctxbuild, out_arg: str) -> None:
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    r = ctxbuild("build", "recipes", "-o", out_arg, cwd=tmp_path)
+    assert r.code == 2, r.text
+    assert "output directory" in r.err and ("recipe" in r.err or "model" in r.err), r.err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written
+    r = ctxbuild("clean", "-o", out_arg, cwd=tmp_path)
+    assert (tree / "tiny_cnn.yaml").is_file() and (tree / "models" / "tiny_cnn.onnx").is_file()
+
+
+def test_out_inside_a_model_directory_is_refused(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shutil.copy(tree / "models" / "mlp.onnx", shared / "mlp.onnx")
+    _keep(tree, "mlp_fp16.yaml")
+    (tree / "mlp_fp16.yaml").write_text("model: ../shared/mlp.onnx\nprecision: fp16\ntargets: [SM8650]\n")
+    r = ctxbuild("build", str(tree), "-o", str(shared / "out"))
+    assert r.code == 2, r.text
+    assert f"is inside the recipe/model directory {shared}" in r.err, r.err
+    assert not (shared / "out").exists()
+
+
+def test_clean_removes_only_what_ctxbuild_wrote(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree, "mlp_fp16.yaml")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650", "--no-verify")
+    assert r.code == 0, r.text
+    (out / "notes.txt").write_text("mine")
+    (out / "SM8650" / "keep.txt").write_text("mine too")
+    r = ctxbuild("clean", "-o", str(out))
+    assert r.code == 0, r.text
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    assert left == ["SM8650", "SM8650/keep.txt", "notes.txt"], left
+    # An OUT that an older ctxbuild was allowed to share with the recipes: clean keeps the recipes.
+    (tmp_path / ".ctxbuild").mkdir()
+    r = ctxbuild("clean", "-o", ".", cwd=tmp_path)
+    assert r.code == 0, r.text
+    assert (tree / "mlp_fp16.yaml").is_file() and (tree / "models" / "mlp.onnx").is_file()
+    assert not (tmp_path / ".ctxbuild").exists()
+
+
+# ---- 8. one build at a time per OUT ---------------------------------------------------------------------
+
+def test_second_build_waits_for_the_lock(tree: Path, tmp_path: Path, cache_dir: Path) -> None:
+    import fcntl
+
+    _keep(tree, "tiny_cnn_int8.yaml")
+    out = tmp_path / "out"
+    env = {**os.environ, "CTXBUILD_CACHE_DIR": str(cache_dir)}
+    env.pop("MAKEFLAGS", None)
+    cmd = [sys.executable, "-m", "ctxbuild", "build", str(tree), "-o", str(out), "--no-cache"]
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lock = out / ".ctxbuild" / "lock"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # until the first build holds the lock
+        if lock.exists():
+            with open(lock) as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(f, fcntl.LOCK_UN)
+                except BlockingIOError:
+                    break
+        time.sleep(0.01)
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    out1, err1 = first.communicate(timeout=600)
+    assert first.returncode == 0, out1 + err1
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"waiting for another build into {out}" in second.stderr, second.stderr
+    assert "Traceback" not in err1 + second.stderr
