@@ -196,12 +196,16 @@ def _cache_settings(defaults: dict[str, Any], env: dict[str, str]) -> dict[str, 
 
 
 def _check_remote_url(env: dict[str, str]) -> None:
-    """A malformed URL is a usage error (exit 2) here, once, not a failure of every action."""
+    """A malformed URL is a usage error (exit 2) here, once, not a failure of every action. A bad token, or
+    a server skipped because it failed within the last minutes, is one warning per build, here."""
     url = env.get("CTXBUILD_REMOTE_CACHE")
     if url and env.get("CTXBUILD_NO_CACHE") != "1":
-        from .cache.remote import RemoteStore
+        from .cache.remote import RemoteStore, clean_token
 
-        RemoteStore(url)
+        _, token_warning = clean_token(env.get(env.get("CTXBUILD_REMOTE_TOKEN_ENV", "CTXBUILD_REMOTE_TOKEN")))
+        skipped = RemoteStore(url, state_dir=cache_dir()).skipped()
+        for w in filter(None, (token_warning, skipped)):
+            print(f"ctxbuild: warning: {w}", file=sys.stderr)
 
 
 def _invalidate_downstream(out: Path, state: dict[str, Any], failed: set[str]) -> None:

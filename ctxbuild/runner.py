@@ -130,13 +130,15 @@ def _open_cache() -> Any:
     if os.environ.get("CTXBUILD_NO_CACHE") == "1":
         return None
     from .cache import Cache, LocalStore, RemoteStore
+    from .cache.remote import MIN_RATE, clean_token
 
     root = cache_dir()
     remote = None
     if url := os.environ.get("CTXBUILD_REMOTE_CACHE"):
-        token = os.environ.get(os.environ.get("CTXBUILD_REMOTE_TOKEN_ENV", "CTXBUILD_REMOTE_TOKEN"))
-        remote = RemoteStore(url, token=token or None, read_only=os.environ.get("CTXBUILD_REMOTE_READ_ONLY") == "1",
-                             timeout=float(os.environ.get("CTXBUILD_REMOTE_TIMEOUT", "10")), state_dir=root)
+        token, _ = clean_token(os.environ.get(os.environ.get("CTXBUILD_REMOTE_TOKEN_ENV", "CTXBUILD_REMOTE_TOKEN")))
+        remote = RemoteStore(url, token=token, read_only=os.environ.get("CTXBUILD_REMOTE_READ_ONLY") == "1",
+                             timeout=float(os.environ.get("CTXBUILD_REMOTE_TIMEOUT", "10")), state_dir=root,
+                             min_rate=float(os.environ.get("CTXBUILD_REMOTE_MIN_RATE", MIN_RATE)))
     return Cache(LocalStore(root), remote)
 
 

@@ -233,3 +233,104 @@ def test_second_build_waits_for_the_lock(tree: Path, tmp_path: Path, cache_dir: 
     assert second.returncode == 0, second.stdout + second.stderr
     assert f"waiting for another build into {out}" in second.stderr, second.stderr
     assert "Traceback" not in err1 + second.stderr
+
+
+# ---- 2, 3, 11. remote cache: tokens, slow servers, one warning per build --------------------------------
+
+def _all_text(*dirs: Path) -> bytes:
+    return b"\n".join(p.read_bytes() for d in dirs if d.exists() for p in d.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("token, works", [("tok-secret-1234\n", True), (" tok-secret-1234 \t", True),
+                                          ("tok-secret\x01-1234", False)])
+def test_token_whitespace_stripped_and_never_shown(tree: Path, tmp_path: Path, ctxbuild, cache_dir: Path,
+                                                   token: str, works: bool) -> None:
+    from tests.nginx_fixture import find_nginx, start_nginx
+
+    if find_nginx() is None:
+        pytest.skip("nginx not installed (Debian package: nginx)")
+    _keep(tree, "tiny_cnn_int8.yaml")
+    url, stop = start_nginx(tmp_path / "nginx", token="tok-secret-1234")
+    try:
+        out = tmp_path / "out"
+        r = ctxbuild("build", str(tree), "-o", str(out), "--remote-cache", url, "--no-verify",
+                     env={"CTXBUILD_REMOTE_TOKEN": token})
+    finally:
+        stop()
+    assert r.code == 0, r.text
+    uploaded = list((tmp_path / "nginx" / "data").rglob("*"))
+    secret = token.strip().encode()
+    assert secret.decode() not in r.text and b"secret" not in _all_text(out, cache_dir)
+    if works:
+        assert uploaded and "warning" not in r.text, r.text
+    else:
+        assert r.text.count("not a valid HTTP header value") == 1, r.text
+
+
+class _Trickle:
+    """An HTTP server on 127.0.0.1 that answers every GET with a 1 MB body, 100 bytes per 0.05 s."""
+
+    def __enter__(self) -> str:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                self.send_response(200)
+                self.send_header("Content-Length", str(1 << 20))
+                self.end_headers()
+                try:
+                    for _ in range(10000):
+                        self.wfile.write(b"x" * 100)
+                        self.wfile.flush()
+                        time.sleep(0.05)
+                except OSError:
+                    pass
+
+            def do_HEAD(self) -> None:  # noqa: N802
+                self.send_response(404)
+                self.end_headers()
+
+            def do_PUT(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(201)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_trickling_remote_is_abandoned(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree, "tiny_cnn_int8.yaml")
+    with _Trickle() as url:
+        started = time.monotonic()
+        r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"), "--remote-cache", url, "--no-verify",
+                     env={"CTXBUILD_REMOTE_TIMEOUT": "1"}, timeout=120)
+        seconds = time.monotonic() - started
+    assert r.code == 0, r.text
+    assert r.text.count("is too slow") == 1, r.text
+    assert seconds < 60, seconds  # 1 MB at 2 KB/s would take 500 s
+
+
+def test_remote_warnings_once_per_build(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    import socket
+
+    _keep(tree, "tiny_cnn_int8.yaml")
+    with socket.socket() as s:  # a port nobody listens on: connections are refused
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "a"), "--remote-cache", url, "--no-verify")
+    assert r.code == 0, r.text
+    assert r.text.count(f"remote cache {url}") == 1 and "refused the connection" in r.text, r.text
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "b"), "--remote-cache", url, "--no-verify")
+    assert r.code == 0, r.text
+    assert r.text.count(f"remote cache {url}") == 1 and "skipped for this build" in r.text, r.text

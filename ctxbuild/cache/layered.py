@@ -15,7 +15,7 @@ from ..errors import CacheError, CacheUnavailable, CorruptEntry
 from .files import restore_outputs
 from .local import LocalStore
 from .record import ActionRecord, OutputEntry
-from .remote import RemoteStore
+from .remote import RemoteSkipped, RemoteStore
 
 T = TypeVar("T")
 
@@ -87,7 +87,7 @@ class Cache:
                     return None  # the server lost a blob the record names: a plain miss
             self.local.put_record(record)
         except CacheError as e:
-            self._warn(str(e))
+            self._report(e)
             if isinstance(e, CorruptEntry) and e.digest:
                 self._poisoned.add(e.digest)
             # Only the local store failed (RemoteUnavailable is a subclass): restore fetches remotely.
@@ -112,10 +112,14 @@ class Cache:
         try:
             return fn(*args)
         except CacheError as e:
-            self._warn(str(e))
+            self._report(e)
         except OSError as e:  # an unreadable output or an unwritable destination, outside the stores
             self._warn(f"cache skipped: {e}")
         return None
+
+    def _report(self, e: CacheError) -> None:
+        if not isinstance(e, RemoteSkipped):  # skipped on purpose: warned once already (see RemoteSkipped)
+            self._warn(str(e))
 
     def _warn(self, message: str) -> None:
         if message not in self.warnings:

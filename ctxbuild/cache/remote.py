@@ -31,18 +31,25 @@ from .files import CHUNK, temp_path
 from .record import ActionRecord, check_digest, check_key
 
 BREAKER_SECONDS = 120.0
+MIN_RATE = 256 << 10  # bytes/s: below this, beyond the grace of one `timeout`, a transfer is abandoned
 BREAKER_HINT = "not trying it again for a while; the build goes on without it"
 RECORD_LIMIT = 16 << 20  # records are small; a bigger answer is a broken or hostile server
 _STATUS_REASONS = {401: " (missing or wrong token)", 403: " (access denied)"}
 
 
+class RemoteSkipped(RemoteUnavailable):
+    """The breaker's marker says the server failed recently: skipped without a try. The process that tripped
+    it warned, and the driver warns once when a build starts with the server skipped; no warning here."""
+
+
 class RemoteStore:
     """`token` is sent as `Authorization: Bearer` (user:password in the URL as Basic auth); `read_only`
-    never PUTs; `timeout` bounds connecting and each read; `state_dir` (the local cache root) holds the
-    breaker's marker file shared with the build's other processes."""
+    never PUTs; `timeout` bounds connecting and each read; a whole transfer of n bytes gets
+    `timeout + n / min_rate` seconds (a trickling server is abandoned); `state_dir` (the local cache
+    root) holds the breaker's marker file shared with the build's other processes."""
 
     def __init__(self, url: str, *, token: str | None = None, read_only: bool = False, timeout: float = 10.0,
-                 state_dir: Path | None = None) -> None:
+                 state_dir: Path | None = None, min_rate: float = MIN_RATE) -> None:
         parts = urlsplit(url)
         self.url = _shown(parts)
         try:
@@ -57,9 +64,11 @@ class RemoteStore:
         self._headers = _auth_headers(parts, token)
         self.read_only = read_only
         self.timeout = timeout
+        self.min_rate = min_rate
         marker = f"remote-down-{hashlib.sha256(self.url.encode()).hexdigest()[:16]}"
         self._marker = state_dir / marker if state_dir is not None else None
         self._down: str | None = None
+        self._quiet = False  # the server was found down by another process (it warned), not by this one
 
     def __repr__(self) -> str:
         return f"RemoteStore({self.url!r}, read_only={self.read_only})"
@@ -145,6 +154,8 @@ class RemoteStore:
         return True
 
     def _put(self, path: str, body: BinaryIO | bytes, size: int) -> None:
+        if not isinstance(body, bytes):  # http.client reads a file body block by block: pace each block
+            body = _Paced(body, time.monotonic() + self._allowed(size))
         with self._exchange("PUT", path, body, {"Content-Length": str(size)}) as resp:
             self._expect(resp, "PUT", 200, 201, 204)
 
@@ -161,20 +172,29 @@ class RemoteStore:
                 resp = conn.getresponse()
             except (OSError, HTTPException) as e:
                 raise self._trip(self._network_reason(e)) from None
+            except ValueError:  # http.client's "Invalid header value ...": its text would show the token
+                raise CacheError(f"remote cache {self.url}: a request header is not valid HTTP",
+                                 "check the token (control characters?)") from None
+            self._started = time.monotonic()
             yield resp
         finally:
             conn.close()
 
     def _chunks(self, resp: HTTPResponse) -> Iterator[bytes]:
         expected, received = resp.getheader("Content-Length"), 0
+        size = int(expected) if expected is not None and expected.isdigit() else None
         while True:
             try:
-                chunk = resp.read(CHUNK)
+                chunk = resp.read1(CHUNK)  # whatever has arrived: read() would block until CHUNK bytes
             except (OSError, HTTPException) as e:
                 raise self._trip(self._network_reason(e)) from None
             if not chunk:
                 break
             received += len(chunk)
+            elapsed = time.monotonic() - self._started
+            if elapsed > self._allowed(max(size or 0, received)):
+                raise self._trip(f"is too slow (sent {received} of {expected or '?'} bytes in {elapsed:.0f}s; "
+                                 f"the minimum is {self.min_rate / 1024:g} KiB/s after {self.timeout:g}s)")
             yield chunk
         # http.client reports a body cut short by a dying server as a plain end of file.
         if expected is not None and expected.isdigit() and received < int(expected):
@@ -191,7 +211,12 @@ class RemoteStore:
             raise CacheError(f"remote cache {self.url} refused an upload (HTTP {status})", "using it read-only")
         raise CacheError(f"remote cache {self.url}: unexpected HTTP {status} for {method}")
 
+    def _allowed(self, size: int) -> float:
+        return self.timeout + size / self.min_rate
+
     def _network_reason(self, e: BaseException) -> str:
+        if isinstance(e, _TooSlow):
+            return f"is too slow (an upload fell below {self.min_rate / 1024:g} KiB/s)"
         if isinstance(e, TimeoutError):
             return f"did not answer within {self.timeout:g}s"
         if isinstance(e, ConnectionRefusedError):
@@ -205,20 +230,69 @@ class RemoteStore:
             try:
                 if time.time() - self._marker.stat().st_mtime < BREAKER_SECONDS:
                     self._down = self._marker.read_text() or f"remote cache {self.url} is unavailable"
+                    self._quiet = True
             except OSError:  # no marker: the server is presumed up
                 pass
         if self._down is not None:
-            raise RemoteUnavailable(self._down, BREAKER_HINT)
+            raise (RemoteSkipped if self._quiet else RemoteUnavailable)(self._down, BREAKER_HINT)
+
+    def skipped(self) -> str | None:
+        """The breaker's message if another process found the server down within BREAKER_SECONDS."""
+        try:
+            self._check_breaker()
+        except RemoteSkipped as e:
+            return f"{e.message}, {time.time() - self._marker_mtime():.0f}s ago; skipped for this build " \
+                   f"(tried again {BREAKER_SECONDS:.0f}s after the failure)"
+        return None
+
+    def _marker_mtime(self) -> float:
+        try:
+            return self._marker.stat().st_mtime if self._marker is not None else time.time()
+        except OSError:
+            return time.time()
 
     def _trip(self, reason: str) -> RemoteUnavailable:
+        """The first process to find the server down warns (RemoteUnavailable); one that finds a fresh
+        marker another process of this build just wrote stays quiet (RemoteSkipped)."""
         self._down = f"remote cache {self.url} {reason}"
         if self._marker is not None:
             try:
                 self._marker.parent.mkdir(parents=True, exist_ok=True)
+                if time.time() - self._marker_mtime() < BREAKER_SECONDS and self._marker.exists():
+                    self._quiet = True
+                    return RemoteSkipped(self._down, BREAKER_HINT)
                 write_bytes(self._marker, self._down.encode(), self._marker.parent)
             except OSError:  # e.g. a read-only cache dir: only this process remembers
                 pass
         return RemoteUnavailable(self._down, BREAKER_HINT)
+
+
+class _TooSlow(OSError):
+    pass
+
+
+class _Paced:
+    """A file body that fails the upload once it falls behind `timeout + size / min_rate`."""
+
+    def __init__(self, f: BinaryIO, deadline: float) -> None:
+        self._f, self._deadline = f, deadline
+
+    def read(self, n: int = -1) -> bytes:
+        if time.monotonic() > self._deadline:
+            raise _TooSlow("upload too slow")
+        return self._f.read(n)
+
+
+def clean_token(raw: str | None) -> tuple[str | None, str | None]:
+    """(token, warning): surrounding whitespace stripped (a secret file's newline); a token that is not
+    printable ASCII cannot be an HTTP header value: dropped, with a warning that never shows it."""
+    token = (raw or "").strip()
+    if not token:
+        return None, None
+    if all(33 <= ord(c) <= 126 for c in token):
+        return token, None
+    return None, ("the remote cache token is not a valid HTTP header value (control, space or non-ASCII "
+                  "characters inside it); using the remote cache without it")
 
 
 def _shown(parts: SplitResult) -> str:
