@@ -261,12 +261,28 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
         provider_options=tuple(sorted((str(k), _opt_str(v)) for k, v in copts.get("provider_options", {}).items())),
     )
     recipe_targets = _targets(f, data, merged["targets"], groups)
+    _check_provider_options(f, data, compile_opts, recipe_targets)
     _check_layout(f, data, "bundle" in merged, merged.get("multi_soc", False), compile_opts, recipe_targets)
     verify = merged.get("verify", {})
     verify = {"enabled": verify} if isinstance(verify, bool) else dict(verify)
     return Recipe(name=name, file=f, precision=precision, graphs=graphs, targets=recipe_targets,
                   compile=compile_opts, is_bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False),
                   verify=verify)
+
+
+def _check_provider_options(f: Path, data: LineDict, copts: CompileOptions, targets: list[Target]) -> None:
+    """soc_model/htp_arch select the SoC: a provider option saying otherwise than the target would ship a
+    binary for another SoC under this target's name."""
+    for key, value in copts.provider_options:
+        if key not in ("soc_model", "htp_arch"):
+            continue
+        soc = soc_table.lookup(value) if key == "soc_model" else None  # QNN takes "SM8750" as well as "69"
+        given = str(soc.soc_model) if soc is not None else value
+        for t in targets:
+            if given not in getattr(t, key).split(","):
+                raise RecipeError(f"{f}:{line_of(data, ['compile', 'provider_options', key])}: compile.provider_options."
+                                  f"{key} '{value}' contradicts target {t.name} ({key} {getattr(t, key)})",
+                                  "choose the SoC with `targets`, and remove it from provider_options")
 
 
 # The oldest onnxruntime-qnn these were measured on; older EPs lack ep.share_ep_contexts or multi-SoC contexts.
@@ -361,6 +377,10 @@ def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list])
 
     def add(spec: Any, where: str, stack: tuple[str, ...]) -> None:
         if isinstance(spec, dict):
+            if (builtin := soc_table.lookup(spec["name"])) is not None:
+                raise RecipeError(f"{where}: custom target name '{spec['name']}' is taken by the built-in SoC "
+                                  f"{builtin.name}; its outputs would mix with {builtin.name}'s under OUT",
+                                  f"give it another name, or use '{builtin.name}' as is")
             t = Target(spec["name"], str(spec["soc_model"]), str(spec["htp_arch"]), spec.get("vtcm_mb"))
         elif spec in groups:
             if spec in stack:

@@ -71,7 +71,8 @@ def main(spec_arg: str) -> int:
             record["why"] = _why(previous, record)
             hit = cache.lookup(key) if cache else None
             known = None  # role -> (sha256, size) of the output as placed, when the cache already hashed it
-            if hit is not None and cache.restore(hit, {r: Path(p) for r, p in action.outputs.items()}):
+            if hit is not None and cache.restore(hit, {r: Path(p) for r, p in action.outputs.items()}) \
+                    and _restored_ok(action, cache):
                 known = hit
                 record["source"] = "cache"
                 record["cache_origin"] = "remote" if cache.hits_remote else "local"
@@ -85,6 +86,7 @@ def main(spec_arg: str) -> int:
                     impl.run(ctx)
                 finally:
                     record.update(ctx.facts)
+                hook(action.kind, "check_outputs")(action, {r: tmp / Path(p).name for r, p in action.outputs.items()})
                 _place_outputs(action, tmp)
                 record["source"] = "run"
                 record["cache_origin"] = None if cache else "off"
@@ -123,6 +125,17 @@ def main(spec_arg: str) -> int:
     _remove_outputs(action)  # a failed action leaves no output behind, not even an older one
     _print_failure(action, log, record["cause"])
     return 1
+
+
+def _restored_ok(action: Action, cache: Any) -> bool:
+    """Restored outputs get the same check as fresh ones: a poisoned record is a miss, and the action runs."""
+    try:
+        hook(action.kind, "check_outputs")(action, {r: Path(p) for r, p in action.outputs.items()})
+        return True
+    except ActionError as e:
+        cache.warnings.append(f"cache entry rejected: {e}; rebuilding")
+        _remove_outputs(action)
+        return False
 
 
 def _open_cache() -> Any:

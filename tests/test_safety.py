@@ -334,3 +334,60 @@ def test_remote_warnings_once_per_build(tree: Path, tmp_path: Path, ctxbuild) ->
     r = ctxbuild("build", str(tree), "-o", str(tmp_path / "b"), "--remote-cache", url, "--no-verify")
     assert r.code == 0, r.text
     assert r.text.count(f"remote cache {url}") == 1 and "skipped for this build" in r.text, r.text
+
+
+# ---- 4, 5. wrong-SoC artifacts ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body, expect", [
+    ("compile:\n  provider_options: {soc_model: \"69\"}\n", [":5:", "compile.provider_options.soc_model '69' contradicts target SM8650"]),
+    ("compile:\n  provider_options:\n    htp_arch: 79\n", [":6:", "provider_options.htp_arch '79' contradicts target SM8650"]),
+    ("compile:\n  provider_options: {soc_model: SM8750}\n", [":5:", "contradicts target SM8650"]),
+])
+def test_provider_options_contradicting_the_target(tree: Path, tmp_path: Path, ctxbuild, body: str,
+                                                   expect: list[str]) -> None:
+    _keep(tree, "x.yaml")
+    (tree / "x.yaml").write_text("model: models/mlp.onnx\nprecision: fp16\ntargets: [SM8650]\n" + body)
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 2, r.text
+    for e in expect:
+        assert e in r.err, r.err
+
+
+def test_provider_options_agreeing_with_the_target_are_fine(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree, "x.yaml")
+    (tree / "x.yaml").write_text("model: models/mlp.onnx\nprecision: fp16\ntargets: [SM8650]\nverify: false\n"
+                                 "compile:\n  provider_options: {soc_model: \"57\", htp_arch: \"75\"}\n")
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 0, r.text
+
+
+@pytest.mark.parametrize("name", ["SM8650", "sm8650", "8Gen3"])
+def test_custom_target_cannot_take_a_builtin_name(tree: Path, tmp_path: Path, ctxbuild, name: str) -> None:
+    _keep(tree, "x.yaml")
+    (tree / "x.yaml").write_text("model: models/mlp.onnx\nprecision: fp16\n"
+                                 f"targets: [{{name: {name}, soc_model: 69, htp_arch: 79}}]\n")
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 2, r.text
+    assert "x.yaml:3:" in r.err and "taken by the built-in SoC SM8650" in r.err, r.err
+
+
+def test_poisoned_cache_entry_for_another_soc_is_rejected(tree: Path, tmp_path: Path, ctxbuild,
+                                                          cache_dir: Path) -> None:
+    """A cache record for SM8650's compile that holds SM8750's binary (what a poisoned remote could serve)."""
+    from ctxbuild.cache.local import LocalStore
+    from ctxbuild.cache.record import ActionRecord
+    from ctxbuild.contextbin import describe
+
+    _keep(tree, "mlp_fp16.yaml")
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "a"), "--no-verify")
+    assert r.code == 0, r.text
+    recs = records(tmp_path / "a")
+    store = LocalStore(cache_dir)
+    good, other = (store.get(recs[f"compile/mlp_fp16@{t}"]["key"]) for t in ("SM8650", "SM8750"))
+    store.put_record(ActionRecord(good.key, other.outputs, other.log_digest, other.meta))
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "b"), "--no-verify", "--target", "SM8650")
+    assert r.code == 0, r.text
+    assert "cache entry rejected" in r.text and "soc_model 69" in r.text, r.text
+    assert last_build(tmp_path / "b")["compile/mlp_fp16@SM8650"] == "run"
+    info = describe(tmp_path / "b" / "SM8650" / "mlp_fp16" / "mlp_fp16_ctx.onnx")
+    assert {(t["soc_model"], t["htp_arch"]) for b in info["binaries"] for t in b["targets"]} == {(57, 75)}

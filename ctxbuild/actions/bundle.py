@@ -18,6 +18,7 @@ from ..action import Action
 from ..errors import ActionError
 from .compile import compile_error, summarize  # noqa: F401 - the same summary hook as compile
 from .modelio import load
+from .soccheck import check_outputs  # noqa: F401 - the hook: the binary's SoC is the target's
 
 
 def run(ctx: Any) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from .. import toolchain
 from ..action import Action
 from ..errors import ActionError
+from .soccheck import check_outputs  # noqa: F401 - the hook: the binary's SoC is the target's
 
 _UNSUPPORTED = re.compile(r"\{ name: ([^,]*), type: ([^ }]*) \}")
 

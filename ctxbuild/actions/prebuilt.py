@@ -8,6 +8,7 @@ from typing import Any
 
 from ..errors import ActionError, InspectError
 from .compile import summarize  # noqa: F401 - the same summary hook as compile
+from .soccheck import check_outputs  # noqa: F401 - the hook: the binary's SoC is the target's
 
 
 def run(ctx: Any) -> None:
