@@ -391,3 +391,70 @@ def test_poisoned_cache_entry_for_another_soc_is_rejected(tree: Path, tmp_path: 
     assert last_build(tmp_path / "b")["compile/mlp_fp16@SM8650"] == "run"
     info = describe(tmp_path / "b" / "SM8650" / "mlp_fp16" / "mlp_fp16_ctx.onnx")
     assert {(t["soc_model"], t["htp_arch"]) for b in info["binaries"] for t in b["targets"]} == {(57, 75)}
+
+
+# ---- 6. external data outside the model's directory ------------------------------------------------------
+
+def _external_model(path: Path, location: str) -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.external_data_helper import set_external_data
+
+    w = numpy_helper.from_array(np.ones(4, np.float32), "w")
+    set_external_data(w, location=location, offset=0, length=16)
+    w.ClearField("raw_data")
+    w.data_location = TensorProto.EXTERNAL
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+
+
+@pytest.mark.parametrize("location, expect", [
+    ("../../../../../../../../etc/passwd", "outside the model's directory"),
+    ("/etc/passwd", "outside the model's directory"),
+    ("/dev/zero", "outside the model's directory"),
+    ("zero.link", "outside the model's directory"),
+    ("fifo", "not a regular file"),
+    ("adir", "not a regular file"),
+])
+def test_external_data_location_checked_before_reading(tree: Path, tmp_path: Path, ctxbuild, location: str,
+                                                       expect: str) -> None:
+    _keep(tree, "ext.yaml")
+    d = tree / "models" / "ext"
+    d.mkdir()
+    (d / "zero.link").symlink_to("/dev/zero")  # a link leading out
+    os.mkfifo(d / "fifo")  # inside the directory, but reading it would block forever
+    (d / "adir").mkdir()
+    _external_model(d / "ext.onnx", location)
+    (tree / "ext.yaml").write_text("model: models/ext/ext.onnx\nprecision: fp16\ntargets: [SM8650]\n")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), timeout=120)
+    assert r.code == 1, r.text
+    assert "ext.onnx: tensor 'w': external data location" in r.text and expect in r.text, r.text
+    assert b"root:" not in _all_text(out)  # /etc/passwd was never read into a digest, log or record
+
+
+# ---- 7. YAML alias bombs; libyaml ------------------------------------------------------------------------
+
+def test_yaml_alias_bomb_is_refused(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree, "bomb.yaml")
+    lines = ["model: models/mlp.onnx", "precision: fp16", "targets: [SM8650]", "compile:", "  provider_options:",
+             '    a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"    a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    (tree / "bomb.yaml").write_text("\n".join(lines) + "\n")
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"), timeout=60)
+    assert r.code == 2, r.text
+    assert "bomb.yaml:1:" in r.err and "through aliases" in r.err, r.err
+
+
+def test_libyaml_loader_when_available() -> None:
+    import yaml
+
+    from ctxbuild import yamlsrc
+
+    if not yaml.__with_libyaml__:
+        pytest.skip("PyYAML built without libyaml")
+    assert issubclass(yamlsrc._Loader, yaml.CSafeLoader)

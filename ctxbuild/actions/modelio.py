@@ -37,5 +37,25 @@ def external_data_files(model: Any, model_path: Path) -> dict[str, Path]:
         if uses_external_data(t):
             loc = next((e.value for e in t.external_data if e.key == "location"), None)
             if loc:
-                files[f"external:{loc}"] = (model_path.parent / loc).resolve()
+                files[f"external:{loc}"] = _checked_location(model_path, t.name, loc)
     return files
+
+
+def _checked_location(model_path: Path, tensor: str, loc: str) -> Path:
+    """Before anything reads it: inside the model's directory (no absolute path, no '..' out, no symlink
+    out) and a regular file (not /dev/zero, a fifo or a directory)."""
+    import stat
+
+    base = model_path.resolve().parent
+    path = (base / loc).resolve()
+    where = f"{model_path}: tensor '{tensor}': external data location '{loc}'"
+    if Path(loc).is_absolute() or not path.is_relative_to(base):
+        raise ActionError(f"{where} is outside the model's directory",
+                          "keep external data files beside the model (onnx refuses other locations too)")
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        raise ActionError(f"{where}: file not found ({path})", "keep the model's .data files next to it") from None
+    if not stat.S_ISREG(mode):
+        raise ActionError(f"{where} is not a regular file", "point it at the model's .data file")
+    return path
