@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -107,13 +108,42 @@ def _cache_env(args: argparse.Namespace) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
+        if args.cmd not in ("action", "worker"):  # those two have their own signal handling
+            signal.signal(signal.SIGINT, _on_sigint)
         return _dispatch(args)
+    except KeyboardInterrupt:
+        return _interrupted()
     except CtxbuildError as e:
+        if _INTERRUPTED:  # e.g. a failure caused by the interrupt itself
+            return _interrupted()
         print(f"ctxbuild: error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("ctxbuild: interrupted", file=sys.stderr)
-        return 130
+    except BrokenPipeError:  # `ctxbuild targets | head`: entry() handles it
+        raise
+    except OSError as e:  # a full or read-only OUT, outside any action: one line, not a traceback
+        if _INTERRUPTED:
+            return _interrupted()
+        print(f"ctxbuild: error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+        return 1
+    except Exception:
+        if _INTERRUPTED:  # an interrupt inside an import can surface as ImportError
+            return _interrupted()
+        raise
+
+
+_INTERRUPTED = False
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    global _INTERRUPTED
+    _INTERRUPTED = True
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # one is enough: the cleanup on the way out runs undisturbed
+    raise KeyboardInterrupt
+
+
+def _interrupted() -> int:
+    print("ctxbuild: interrupted", file=sys.stderr)
+    return 130
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -64,8 +64,7 @@ def locked(out: Path, *, wait: bool = True) -> Iterator[None]:
             print(f"ctxbuild: waiting for another build into {out} (pid {holder}) to finish", file=sys.stderr,
                   flush=True)
             fcntl.flock(fd, fcntl.LOCK_EX)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        os.pwrite(fd, f"{os.getpid():<12}".encode(), 0)  # fixed width, no truncate: no new block on a full disk
         yield
     finally:
         os.close(fd)

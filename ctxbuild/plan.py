@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import networkx as nx
 
 from .action import Action, short_hash
+from .layout import spec_name
 from .errors import PlanError
 from .recipe import Graph, Recipe, RecipeSet
 from .targets import Target
@@ -58,8 +59,25 @@ def make_plan(recipes: RecipeSet, out: Path, *, verify: bool = True) -> Plan:
     for recipe in recipes.recipes:
         for a in _recipe_actions(recipe, out, verify):
             _add(actions, a)
+    _check_name_lengths(actions.values(), out)
     graph = _graph(actions)
     return Plan(out, graph, recipes)
+
+
+NAME_MAX = 255  # bytes per path component on Linux filesystems
+TEMP_MARGIN = 24  # atomic writes and cache restores use `.<name>.tmp-<pid>-<random>` beside the file
+
+
+def _check_name_lengths(actions: Iterable[Action], out: Path) -> None:
+    """Recipe, graph, target and model names end up in file names (outputs, specs, logs, depfiles):
+    one that is too long must be a recipe error, not `File name too long` from an action."""
+    for a in actions:
+        names = [spec_name(a.id) + ".d", *(part for p in a.outputs.values() for part in Path(p).relative_to(out).parts)]
+        longest = max(names, key=lambda n: len(n.encode()))
+        if len(longest.encode()) + TEMP_MARGIN > NAME_MAX:
+            raise PlanError(f"{a.recipe_files[0]}:1: {a.description}: the file name {longest[:40]}... is "
+                            f"{len(longest.encode())} bytes long; the filesystem allows {NAME_MAX - TEMP_MARGIN} here",
+                            "shorten the recipe name (`name:`), its graph or target names, or the model's file name")
 
 
 def _add(actions: dict[str, Action], a: Action) -> None:

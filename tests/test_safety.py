@@ -458,3 +458,56 @@ def test_libyaml_loader_when_available() -> None:
     if not yaml.__with_libyaml__:
         pytest.skip("PyYAML built without libyaml")
     assert issubclass(yamlsrc._Loader, yaml.CSafeLoader)
+
+
+# ---- 10. one line, not a traceback ------------------------------------------------------------------------
+
+def test_very_long_recipe_name(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree, "x.yaml")
+    (tree / "x.yaml").write_text(f"name: {'n' * 230}\nmodel: models/mlp.onnx\nprecision: fp16\ntargets: [SM8650]\n")
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 2, r.text
+    assert "Traceback" not in r.text and "x.yaml:1:" in r.err and "shorten the recipe name" in r.err, r.err
+
+
+def test_full_out_disk_after_the_build(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """OUT on a tmpfs whose inodes run out after a first build: the next one cannot write its summary."""
+    _keep(tree, "mlp_fp16.yaml")
+    out = tmp_path / "out"
+    out.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,nr_inodes=400", "tmpfs", str(out)], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {r.stderr.strip()}")
+    try:
+        r = ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650", "--no-verify")
+        assert r.code == 0, r.text
+        (out / "filler").mkdir()
+        with pytest.raises(OSError):  # every inode taken: no new file (ENOSPC) even where bytes are free
+            for i in range(400):
+                (out / "filler" / str(i)).touch()
+        r = ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650", "--no-verify")
+        assert r.code == 1, r.text
+        assert "Traceback" not in r.text and "No space left on device" in r.err, r.text
+        assert r.err.strip().count("\n") == 0, r.err
+    finally:
+        subprocess.run(["umount", str(out)], capture_output=True)
+
+
+def test_ctrl_c_while_planning_exits_130(tree: Path, tmp_path: Path, cache_dir: Path) -> None:
+    import signal
+
+    env = {**os.environ, "CTXBUILD_CACHE_DIR": str(cache_dir)}
+    env.pop("MAKEFLAGS", None)
+    for i in range(10):
+        out = tmp_path / f"out{i}"
+        p = subprocess.Popen([sys.executable, "-m", "ctxbuild", "build", str(tree), "-o", str(out)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while not (out / ".ctxbuild" / "worker.log").exists() and time.monotonic() < deadline:
+            time.sleep(0.001)  # the driver is about to plan (a fresh OUT: imports, recipes, build.ninja)
+        time.sleep(0.03 * (i % 8))
+        os.killpg(p.pid, signal.SIGINT)  # what a terminal does on Ctrl-C: the whole foreground group
+        text, _ = p.communicate(timeout=120)
+        assert p.returncode == 130, (i, p.returncode, text[-2000:])
+        assert "Traceback" not in text and "ctxbuild: interrupted" in text, text[-2000:]
