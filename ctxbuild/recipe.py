@@ -85,7 +85,7 @@ def load(paths: list[Path]) -> RecipeSet:
     files: list[Path] = []
     dirs: list[Path] = []
     recipe_files: list[tuple[Path, Path]] = []  # (recipe file, root it was found under)
-    for p in paths:
+    for p in dict.fromkeys(p.resolve() for p in paths):  # a directory given twice is read once
         if p.is_dir():
             root = p.resolve()
             for d in sorted([root, *(q for q in root.rglob("*") if q.is_dir() and not _hidden(q, root))]):
@@ -94,7 +94,7 @@ def load(paths: list[Path]) -> RecipeSet:
                     if f.suffix in (".yaml", ".yml") and f.name != DEFAULTS_FILE and f.is_file():
                         recipe_files.append((f, root))
         elif p.is_file():
-            recipe_files.append((p.resolve(), p.resolve().parent))
+            recipe_files.append((p, p.parent))
         else:
             raise RecipeError(f"{p}: no such file or directory", "give recipe files or directories")
     if not recipe_files:
@@ -104,7 +104,10 @@ def load(paths: list[Path]) -> RecipeSet:
     recipes: list[Recipe] = []
     cache_settings: dict[str, Any] = {}
     seen: dict[str, Path] = {}
+    unique: dict[Path, Path] = {}  # a file given and also found under a directory given: read once
     for f, root in recipe_files:
+        unique.setdefault(f, root)
+    for f, root in unique.items():
         defaults, groups, cache = _defaults_for(f.parent, root, defaults_cache, files)
         cache_settings.update(cache)
         files.append(f)
@@ -265,6 +268,10 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
     _check_layout(f, data, "bundle" in merged, merged.get("multi_soc", False), compile_opts, recipe_targets)
     verify = merged.get("verify", {})
     verify = {"enabled": verify} if isinstance(verify, bool) else dict(verify)
+    if verify.get("dir") and not (vdir := (f.parent / verify["dir"]).resolve()).is_dir():
+        raise RecipeError(f"{at('verify', 'dir')}: verify dir '{verify['dir']}' "
+                          f"{'is a file, not a directory' if vdir.exists() else 'not found'} (looked in {vdir})",
+                          "give a directory of .npz/.npy samples, relative to the recipe")
     return Recipe(name=name, file=f, precision=precision, graphs=graphs, targets=recipe_targets,
                   compile=compile_opts, is_bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False),
                   verify=verify)
@@ -327,7 +334,8 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
     where = f"{f}:{line_of(data, ['prebuilt', 'bin'])}"
     binary = (f.parent / spec["bin"]).resolve()
     if not binary.is_file():
-        raise RecipeError(f"{where}: prebuilt binary '{spec['bin']}' not found (looked in {binary})",
+        raise RecipeError(f"{where}: prebuilt binary '{spec['bin']}' "
+                          f"{'is a directory' if binary.is_dir() else 'not found'} (looked in {binary})",
                           "paths are relative to the recipe file")
     graphs = tuple(spec.get("graphs", [name]))
     if len(set(graphs)) != len(graphs):
@@ -351,6 +359,9 @@ def _opt_str(v: Any) -> str:
 def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any], name: str, precision: str) -> Graph:
     where = f"{f}:{line_of(data, path + ['model'])}"
     model = (f.parent / spec["model"]).resolve()
+    if model.is_dir():
+        raise RecipeError(f"{where}: model '{spec['model']}' is a directory ({model}), not an ONNX file",
+                          "name the .onnx file inside it")
     if not model.is_file():
         raise RecipeError(f"{where}: model '{spec['model']}' not found (looked in {model})",
                           "model paths are relative to the recipe file")
@@ -365,8 +376,10 @@ def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any],
         if cal.get("dir"):
             cdir = (f.parent / cal["dir"]).resolve()
             if not cdir.is_dir():
+                what = "is a file, not a directory" if cdir.exists() else "not found"
                 raise RecipeError(f"{f}:{line_of(data, path + ['calibration', 'dir'])}: calibration dir "
-                                  f"'{cal['dir']}' not found (looked in {cdir})", "paths are relative to the recipe")
+                                  f"'{cal['dir']}' {what} (looked in {cdir})",
+                                  "give a directory of .npz/.npy samples, relative to the recipe")
         calibration = Calibration(cdir, bool(cal.get("random")) and cdir is None, cal.get("samples", 8))
     inputs = {k: tuple(v) for k, v in spec.get("inputs", {}).items()}
     return Graph(name=name, model=model, inputs=inputs, calibration=calibration)

@@ -106,22 +106,29 @@ def main(spec_arg: str) -> int:
             record["cache_warnings"] = cache.warnings
             for w in cache.warnings:
                 print(f"ctxbuild: warning: {w}", file=sys.stderr)
-        return 0
     except CtxbuildError as e:
         record.update(status="failed", cause=str(e))
         if details := getattr(e, "details", None):  # e.g. a failed verification's metrics
             record["result"] = details
     except Exception as e:  # an action's bug or a library failure: still one clean failure of this edge
-        with open(log, "a") as f:
-            traceback.print_exc(file=f)
+        try:
+            with open(log, "a") as f:
+                traceback.print_exc(file=f)
+        except OSError:  # a full disk: the cause below still says what happened
+            pass
         record.update(status="failed", cause=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
     finally:
         record["seconds"] = round(time.monotonic() - start, 3)
         record["finished"] = time.time()
         record["log"] = str(log.relative_to(out))
         shutil.rmtree(tmp, ignore_errors=True)
-        write_bytes(record_file, canonical_json(record))
+        try:
+            write_bytes(record_file, canonical_json(record))
+        except OSError as e:  # a full OUT: the action fails with one line (the driver finds no record)
+            record.update(status="failed", cause=f"cannot write its record: {e.strerror}")
         memo.close()
+    if record["status"] == "ok":
+        return 0
     _remove_outputs(action)  # a failed action leaves no output behind, not even an older one
     _print_failure(action, log, record["cause"])
     return 1

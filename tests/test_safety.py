@@ -511,3 +511,106 @@ def test_ctrl_c_while_planning_exits_130(tree: Path, tmp_path: Path, cache_dir: 
         text, _ = p.communicate(timeout=120)
         assert p.returncode == 130, (i, p.returncode, text[-2000:])
         assert "Traceback" not in text and "ctxbuild: interrupted" in text, text[-2000:]
+
+
+# ---- 11. messages that said the wrong thing ---------------------------------------------------------------
+
+def _onnx(path: Path, nodes: list, inputs: list, outputs: list) -> None:
+    import onnx
+    from onnx import helper
+
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs), opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+
+
+def test_same_directory_twice_is_read_once(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree, "mlp_fp16.yaml")
+    r = ctxbuild("plan", str(tree), str(tree) + "/", str(tree / "mlp_fp16.yaml"), "-o", str(tmp_path / "out"))
+    assert r.code == 0, r.text
+    assert "already used" not in r.text and "mlp_fp16" in r.out
+
+
+def test_op_qnn_has_no_builder_for_is_named(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    from onnx import TensorProto, helper
+
+    _keep(tree, "det.yaml")
+    _onnx(tree / "models" / "det.onnx", [helper.make_node("Det", ["x"], ["y"], name="my_det")],
+          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 3])],
+          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    (tree / "det.yaml").write_text("model: models/det.onnx\nprecision: fp16\ntargets: [SM8650]\n")
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 1, r.text
+    assert "QNN cannot run 1 node(s): my_det (Det)" in r.err and "cpu_fallback: true" in r.err, r.err
+
+
+def test_invalid_soc_model_is_named(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree, "x.yaml")
+    (tree / "x.yaml").write_text("model: models/mlp.onnx\nprecision: fp16\nverify: false\n"
+                                 "targets: [{name: future, soc_model: 9999, htp_arch: 75}]\n")
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 1, r.text
+    assert "QNN refused the device configuration soc_model 9999 / htp_arch 75" in r.err, r.err
+
+
+def test_minus_one_dim_hint_is_valid(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    from onnx import TensorProto, helper
+
+    _keep(tree, "neg.yaml")
+    _onnx(tree / "models" / "neg.onnx", [helper.make_node("Relu", ["x"], ["y"])],
+          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 8])],
+          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 8])])
+    (tree / "neg.yaml").write_text("model: models/neg.onnx\nprecision: fp16\ntargets: [SM8650]\n")
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 1, r.text
+    assert "add inputs: {x: [1, 8]}" in r.err and "-1," not in r.err.split("add inputs")[1], r.err
+
+
+def test_nan_calibration_sample_is_named(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree, "tiny_cnn_int8.yaml")
+    sample = sorted((tree / "models" / "calib" / "tiny_cnn").glob("*.np*"))[0]
+    if sample.suffix == ".npz":
+        with np.load(sample) as z:
+            arrays = {k: z[k] for k in z.files}
+        key = next(iter(arrays))
+        arrays[key].reshape(-1)[0] = np.nan
+        np.savez(sample, **arrays)
+    else:
+        arr = np.load(sample)
+        arr.reshape(-1)[0] = np.nan
+        np.save(sample, arr)
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 1, r.text
+    assert f"{sample.name}: 'image' holds 1 NaN/Inf value(s)" in r.err and "scale issue" not in r.text, r.err
+
+
+def test_full_disk_during_prepare_says_so(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _keep(tree, "lm.yaml")
+    (tree / "lm.yaml").write_text("model: models/lm_prefill.onnx\nprecision: fp16\ntargets: [SM8650]\nverify: false\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3000k", "tmpfs", str(out)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {r.stderr.strip()}")
+    try:
+        r = ctxbuild("build", str(tree), "-o", str(out), "--no-cache")
+    finally:
+        subprocess.run(["umount", str(out)], capture_output=True)
+    assert r.code == 1, r.text
+    assert "INVALID_PROTOBUF" not in r.err and "Traceback" not in r.text, r.text
+    assert "no space left" in r.err.lower() or "No space left on device" in r.err, r.err
+
+
+@pytest.mark.parametrize("body, expect", [
+    ("model: models\nprecision: fp16\ntargets: [SM8650]\n", "model 'models' is a directory"),
+    ("model: models/mlp.onnx\nprecision: fp16\ntargets: [SM8650]\nverify: {dir: models/mlp.onnx}\n",
+     "verify dir 'models/mlp.onnx' is a file, not a directory"),
+    ("model: models/tiny_cnn.onnx\nprecision: int8\ntargets: [SM8650]\ncalibration: {dir: models/mlp.onnx}\n",
+     "calibration dir 'models/mlp.onnx' is a file, not a directory"),
+])
+def test_directory_for_a_file_and_back(tree: Path, tmp_path: Path, ctxbuild, body: str, expect: str) -> None:
+    _keep(tree, "x.yaml")
+    (tree / "x.yaml").write_text(body)
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 2, r.text
+    assert expect in r.err and "x.yaml:" in r.err, r.err

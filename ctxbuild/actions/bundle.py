@@ -36,7 +36,7 @@ def run(ctx: Any) -> None:
             toolchain.compile_model(ctx.tmp / f"{g}.input.onnx", dst, a.params["provider_options"], embed=False,
                                     cpu_fallback=a.params["cpu_fallback"], config=config)
     except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped; the log holds the cause
-        raise compile_error(ctx.log_path, e, a.params["cpu_fallback"]) from None
+        raise compile_error(ctx.log_path, e, a.params["cpu_fallback"], a.params["provider_options"]) from None
     for g, p in zip(graphs, ctx_paths):
         (ctx.tmp / f"{g}.input.onnx").unlink()
         _restore_io_names(p, renames[g])

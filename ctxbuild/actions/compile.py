@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .. import toolchain
 from ..action import Action
@@ -21,15 +21,33 @@ def summarize(action: Action) -> dict[str, Any]:
 def run(ctx: Any) -> None:
     a = ctx.action
     dst = ctx.tmp_output("ctx")
+    src, options = Path(a.inputs["model"]), a.params["provider_options"]
     try:
-        toolchain.compile_model(Path(a.inputs["model"]), dst, a.params["provider_options"],
-                                embed=a.params["embed"], cpu_fallback=a.params["cpu_fallback"])
+        toolchain.compile_model(src, dst, options, embed=a.params["embed"], cpu_fallback=a.params["cpu_fallback"])
     except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped; the log holds the real cause
-        raise compile_error(ctx.log_path, e, a.params["cpu_fallback"]) from None
+        raise compile_error(ctx.log_path, e, a.params["cpu_fallback"], options,
+                            probe=lambda: cpu_nodes(src, options, ctx.tmp)) from None
 
 
-def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool) -> ActionError:
-    """Turn an EP failure into one line: the nodes QNN rejected when its log names them."""
+def cpu_nodes(src: Path, provider_options: dict[str, str], tmp: Path) -> list[tuple[str, str]]:
+    """(name, op) of the nodes QNN does not take at all (no "Unsupported nodes" line for ops it has no
+    builder for, e.g. Det): compile again with CPU fallback and see which nodes stayed outside EPContext."""
+    import onnx
+
+    probe = tmp / "probe" / "probe_ctx.onnx"
+    probe.parent.mkdir(exist_ok=True)
+    try:
+        toolchain.compile_model(src, probe, provider_options, embed=True, cpu_fallback=True)
+        model = onnx.load(str(probe), load_external_data=False)
+    except Exception:  # noqa: BLE001 - best effort: the caller still reports the EP's own message
+        return []
+    return [(n.name or "?", n.op_type) for n in model.graph.node if n.op_type != "EPContext"]
+
+
+def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_options: dict[str, str] | None = None,
+                  probe: Callable[[], list[tuple[str, str]]] | None = None) -> ActionError:
+    """Turn an EP failure into one line: a device configuration QNN refused (naming soc_model/htp_arch), or
+    the nodes QNN rejected, named by its log or found by `probe`."""
     import sys
 
     sys.stderr.flush()
@@ -37,7 +55,14 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool) -> ActionE
         log = log_path.read_text(errors="replace")
     except OSError:
         log = ""
+    if "QNN_DEVICE_ERROR_INVALID_CONFIG" in log:
+        opts = provider_options or {}
+        return ActionError(f"QNN refused the device configuration soc_model {opts.get('soc_model', '?')} / htp_arch "
+                           f"{opts.get('htp_arch', '?')} (QNN_DEVICE_ERROR_INVALID_CONFIG)",
+                           "check the target's soc_model and htp_arch (`ctxbuild targets` lists valid pairs)")
     nodes = list(dict.fromkeys(_UNSUPPORTED.findall(log)))
+    if not nodes and probe is not None and "assigned to the default CPU EP" in str(exc):
+        nodes = probe()
     if nodes:
         listed = ", ".join(f"{n} ({t})" for n, t in nodes[:8]) + (" ..." if len(nodes) > 8 else "")
         hint = None if cpu_fallback else "set compile.cpu_fallback: true to run them on the CPU instead"

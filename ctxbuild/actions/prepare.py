@@ -1,6 +1,7 @@
 """prepare: fix input shapes, stamp an IR version onnxruntime reads, reject control flow, fold with ORT's basic optimizer."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,8 @@ def _fix_shapes(model: Any, src: Path, shapes: dict[str, list[int]], recipe: str
                 label = f"'{d.dim_param}'" if d.dim_param else "unnamed"
                 raise ActionError(f"{recipe}: input '{inp.name}' dim {i} ({label}) of {src.name} is dynamic; "
                                   "QNN needs fixed shapes",
-                                  f"add inputs: {{{inp.name}: [{', '.join(str(x.dim_value or 1) for x in dims)}]}}")
+                                  f"add inputs: {{{inp.name}: [{', '.join(str(max(x.dim_value, 1)) for x in dims)}]}} "
+                                  "(1 where the model leaves a dim open: use your real size)")
 
 
 def _optimize(model: Any, dst: Path, tmp: Path) -> None:
@@ -85,5 +87,9 @@ def _optimize(model: Any, dst: Path, tmp: Path) -> None:
     try:
         ort.InferenceSession(str(staged), so, providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001 - ORT raises its own untyped errors for invalid models
+        free = shutil.disk_usage(dst.parent).free
+        if free < model.ByteSize():  # ORT reports a write that ran out of space as INVALID_PROTOBUF
+            raise ActionError(f"no space left to write the prepared model under {dst.parent} ({free:,} bytes free, "
+                              f"it needs about {model.ByteSize():,})", "free disk space where OUT is") from None
         raise ActionError(f"onnxruntime rejected the model: {str(e).splitlines()[0][:300]}") from None
     staged.unlink()

@@ -66,5 +66,9 @@ def check_sample(sample: dict[str, np.ndarray], spec: InputSpec, path: Path, rec
         if tuple(arr.shape) != shape:
             raise ActionError(f"{path}: '{name}' has shape {list(arr.shape)}, the recipe fixes it to {list(shape)}",
                               "regenerate the samples at the recipe's input shape")
+        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+            bad = int(arr.size - np.isfinite(arr).sum())
+            raise ActionError(f"{path}: '{name}' holds {bad} NaN/Inf value(s)",
+                              "samples must be real, finite inputs; regenerate this file")
         out[name] = arr.astype(dtype, copy=False)
     return out
