@@ -36,6 +36,13 @@ def _run(python: str, *args: str, cwd: Path, cache: Path, env: dict[str, str] | 
     return Result(p.returncode, p.stdout, p.stderr)
 
 
+def _build_one(ctxbuild, tree: Path, tmp_path: Path, body: str) -> Result:
+    """Build a tree holding just one recipe, x.yaml = body, into tmp_path/out."""
+    _keep(tree, "x.yaml")
+    (tree / "x.yaml").write_text(body)
+    return ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+
+
 def _odd_venv(where: Path) -> str:
     """A virtualenv at an odd path that sees this one's packages: its python is the interpreter build.ninja names."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
@@ -345,28 +352,22 @@ def test_remote_warnings_once_per_build(tree: Path, tmp_path: Path, ctxbuild) ->
 ])
 def test_provider_options_contradicting_the_target(tree: Path, tmp_path: Path, ctxbuild, body: str,
                                                    expect: list[str]) -> None:
-    _keep(tree, "x.yaml")
-    (tree / "x.yaml").write_text("model: models/mlp.onnx\nprecision: fp16\ntargets: [SM8650]\n" + body)
-    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    r = _build_one(ctxbuild, tree, tmp_path, "model: models/mlp.onnx\nprecision: fp16\ntargets: [SM8650]\n" + body)
     assert r.code == 2, r.text
     for e in expect:
         assert e in r.err, r.err
 
 
 def test_provider_options_agreeing_with_the_target_are_fine(tree: Path, tmp_path: Path, ctxbuild) -> None:
-    _keep(tree, "x.yaml")
-    (tree / "x.yaml").write_text("model: models/mlp.onnx\nprecision: fp16\ntargets: [SM8650]\nverify: false\n"
-                                 "compile:\n  provider_options: {soc_model: \"57\", htp_arch: \"75\"}\n")
-    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    r = _build_one(ctxbuild, tree, tmp_path, "model: models/mlp.onnx\nprecision: fp16\ntargets: [SM8650]\nverify: false\n"
+                   "compile:\n  provider_options: {soc_model: \"57\", htp_arch: \"75\"}\n")
     assert r.code == 0, r.text
 
 
 @pytest.mark.parametrize("name", ["SM8650", "sm8650", "8Gen3"])
 def test_custom_target_cannot_take_a_builtin_name(tree: Path, tmp_path: Path, ctxbuild, name: str) -> None:
-    _keep(tree, "x.yaml")
-    (tree / "x.yaml").write_text("model: models/mlp.onnx\nprecision: fp16\n"
-                                 f"targets: [{{name: {name}, soc_model: 69, htp_arch: 79}}]\n")
-    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    r = _build_one(ctxbuild, tree, tmp_path, "model: models/mlp.onnx\nprecision: fp16\n"
+                   f"targets: [{{name: {name}, soc_model: 69, htp_arch: 79}}]\n")
     assert r.code == 2, r.text
     assert "x.yaml:3:" in r.err and "taken by the built-in SoC SM8650" in r.err, r.err
 
@@ -463,9 +464,7 @@ def test_libyaml_loader_when_available() -> None:
 # ---- 10. one line, not a traceback ------------------------------------------------------------------------
 
 def test_very_long_recipe_name(tree: Path, tmp_path: Path, ctxbuild) -> None:
-    _keep(tree, "x.yaml")
-    (tree / "x.yaml").write_text(f"name: {'n' * 230}\nmodel: models/mlp.onnx\nprecision: fp16\ntargets: [SM8650]\n")
-    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    r = _build_one(ctxbuild, tree, tmp_path, f"name: {'n' * 230}\nmodel: models/mlp.onnx\nprecision: fp16\ntargets: [SM8650]\n")
     assert r.code == 2, r.text
     assert "Traceback" not in r.text and "x.yaml:1:" in r.err and "shorten the recipe name" in r.err, r.err
 
@@ -545,10 +544,8 @@ def test_op_qnn_has_no_builder_for_is_named(tree: Path, tmp_path: Path, ctxbuild
 
 
 def test_invalid_soc_model_is_named(tree: Path, tmp_path: Path, ctxbuild) -> None:
-    _keep(tree, "x.yaml")
-    (tree / "x.yaml").write_text("model: models/mlp.onnx\nprecision: fp16\nverify: false\n"
-                                 "targets: [{name: future, soc_model: 9999, htp_arch: 75}]\n")
-    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    r = _build_one(ctxbuild, tree, tmp_path, "model: models/mlp.onnx\nprecision: fp16\nverify: false\n"
+                   "targets: [{name: future, soc_model: 9999, htp_arch: 75}]\n")
     assert r.code == 1, r.text
     assert "QNN refused the device configuration soc_model 9999 / htp_arch 75" in r.err, r.err
 
@@ -609,8 +606,6 @@ def test_full_disk_during_prepare_says_so(tree: Path, tmp_path: Path, ctxbuild) 
      "calibration dir 'models/mlp.onnx' is a file, not a directory"),
 ])
 def test_directory_for_a_file_and_back(tree: Path, tmp_path: Path, ctxbuild, body: str, expect: str) -> None:
-    _keep(tree, "x.yaml")
-    (tree / "x.yaml").write_text(body)
-    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    r = _build_one(ctxbuild, tree, tmp_path, body)
     assert r.code == 2, r.text
     assert expect in r.err and "x.yaml:" in r.err, r.err
