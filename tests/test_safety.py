@@ -65,6 +65,10 @@ def test_odd_paths_everywhere(tree: Path, tmp_path: Path, cache_dir: Path) -> No
     recipes = base / f"recipes {ODD}"
     shutil.move(tree, recipes)
     _keep(recipes, "tiny_cnn_int8.yaml")
+    odd_model = f"tiny {ODD}.onnx"  # its stem names actions, spec files, depfiles and work dirs
+    (recipes / "models" / "tiny_cnn.onnx").rename(recipes / "models" / odd_model)
+    recipe = recipes / "tiny_cnn_int8.yaml"
+    recipe.write_text(recipe.read_text().replace("models/tiny_cnn.onnx", f'"models/{odd_model}"'))
     python = _odd_venv(tmp_path / "venv sp ace $dollar #hash é")  # venv refuses ':' (the PATH separator)
     out = base / f"out {ODD}"
     r = _run(python, "build", str(recipes), "-o", str(out), "--no-verify", cwd=base, cache=cache_dir)
