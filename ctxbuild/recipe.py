@@ -390,9 +390,13 @@ def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list])
 
     def add(spec: Any, where: str, stack: tuple[str, ...]) -> None:
         if isinstance(spec, dict):
-            if (builtin := soc_table.lookup(spec["name"])) is not None:
+            builtin = soc_table.lookup(spec["name"])
+            # The same SoC with other options (e.g. vtcm_mb) may keep its name; another SoC may not.
+            if builtin is not None and (str(spec["soc_model"]), str(spec["htp_arch"])) != (
+                    str(builtin.soc_model), str(builtin.htp_arch)):
                 raise RecipeError(f"{where}: custom target name '{spec['name']}' is taken by the built-in SoC "
-                                  f"{builtin.name}; its outputs would mix with {builtin.name}'s under OUT",
+                                  f"{builtin.name} (soc_model {builtin.soc_model}, htp_arch {builtin.htp_arch}); "
+                                  f"its outputs would mix with {builtin.name}'s under OUT",
                                   f"give it another name, or use '{builtin.name}' as is")
             t = Target(spec["name"], str(spec["soc_model"]), str(spec["htp_arch"]), spec.get("vtcm_mb"))
         elif spec in groups:
