@@ -68,7 +68,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def serve(sock_path: str) -> None:
     parent = _exit_with_parent()
-    from . import cache, runner, toolchain  # noqa: F401 - the point: import once, before any fork
+    from . import cache, qnn_system, runner, toolchain  # noqa: F401 - the point: import once, before any fork
     import onnxruntime.quantization  # noqa: F401
 
     toolchain.qnn_devices()

@@ -613,3 +613,44 @@ def test_directory_for_a_file_and_back(tree: Path, tmp_path: Path, ctxbuild, bod
     r = _build_one(ctxbuild, tree, tmp_path, body)
     assert r.code == 2, r.text
     assert expect in r.err and "x.yaml:" in r.err, r.err
+
+
+def test_slow_upload_is_abandoned(tmp_path: Path) -> None:
+    """A server reading a PUT body at ~640 KB/s: each 1 MB block goes out within the 3 s timeout, but the
+    whole 8 MB upload may take 3 s + 8 MB / 4 MiB/s = 5 s, not the 12 s it would."""
+    import hashlib
+    import http.server
+    import threading
+
+    from ctxbuild.cache.remote import RemoteStore
+    from ctxbuild.errors import RemoteUnavailable
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:  # noqa: N802
+            self.send_response(404)
+            self.end_headers()
+
+        def do_PUT(self) -> None:  # noqa: N802
+            try:
+                while self.rfile.read(65536):
+                    time.sleep(0.1)
+            except OSError:
+                pass
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        blob = tmp_path / "blob"
+        blob.write_bytes(os.urandom(8 << 20))
+        store = RemoteStore(f"http://127.0.0.1:{server.server_address[1]}", timeout=3, min_rate=4 << 20)
+        started = time.monotonic()
+        with pytest.raises(RemoteUnavailable, match="too slow"):
+            store.put_blob(hashlib.sha256(blob.read_bytes()).hexdigest(), blob)
+        assert time.monotonic() - started < 10
+    finally:
+        server.shutdown()
+        server.server_close()
