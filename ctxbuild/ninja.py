@@ -14,11 +14,10 @@ from .action import canonical_json
 from .atomic import write_if_changed
 from .layout import STATE, depfile_path, escape_path, rel
 from .procs import die_with_parent
+from .templating import environment, template_file
 
 if TYPE_CHECKING:
     from .plan import Plan
-
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
 
 def ninja_binary() -> str:
@@ -45,8 +44,6 @@ def _rel(p: str, out: Path) -> str:
 
 def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None:
     """Write build.ninja, the action specs and plan state, each only if changed (ninja sees no new mtime)."""
-    import jinja2
-
     out = plan.out
     state = out / STATE
     specs = state / "actions"
@@ -85,9 +82,7 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
 
     generator_deps = sorted({_rel(str(p), out) for p in
                              [*plan.recipes.files, *plan.recipes.dirs, *_planner_files(), *_toolchain_files()]})
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True)
-    text = env.get_template("build.ninja.j2").render(
+    text = environment(keep_trailing_newline=True).get_template("build.ninja.j2").render(
         version=__version__, recipe_roots=invocation["paths"], compile_jobs=compile_jobs,
         # a plain script without site (-S): the edge client's start-up is paid once per action
         client=f"{escape_path(sys.executable)} -S {escape_path(str(Path(__file__).with_name('client.py')))}",
@@ -111,7 +106,7 @@ def _planner_files() -> list[Path]:
     """The planner's own code: a new ctxbuild re-plans (meson does the same on a version change)."""
     pkg = Path(__file__).resolve().parent
     return [pkg / "plan.py", pkg / "recipe.py", pkg / "ninja.py", pkg / "recipe.schema.json",
-            TEMPLATES / "build.ninja.j2"]
+            template_file("build.ninja.j2")]
 
 
 def _toolchain_files() -> list[Path]:

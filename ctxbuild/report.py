@@ -18,9 +18,9 @@ from urllib.parse import quote
 
 from .atomic import write_if_changed
 from .layout import STATE, record_path, spec_name
+from .templating import environment
 
 REPORT_VERSION = 1
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 DELIVERABLE_KINDS = ("compile", "bundle")
 
 # Graph drawing (left to right, one column per layer). Labels are monospace, so their width is predictable.
@@ -408,8 +408,7 @@ def render_html(report: dict[str, Any], out: Path | None = None) -> str:
     if out is not None and (out / STATE).is_dir():  # the compiled template, so a no-op build skips the compile
         cache = jinja2.FileSystemBytecodeCache(str(out / STATE / "jinja"))
         (out / STATE / "jinja").mkdir(exist_ok=True)
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                             undefined=jinja2.StrictUndefined, bytecode_cache=cache, auto_reload=True)
+    env = environment(autoescape=True, bytecode_cache=cache, auto_reload=True)
     env.filters.update(size=fmt_size, secs=fmt_secs, pct=fmt_pct, num=fmt_num)
     return env.get_template("report.html.j2").render(r=report, b=report["build"])
 
