@@ -148,6 +148,7 @@ def _key_components(action: Action, discovered: dict[str, Path], memo: DigestMem
         "discovered_inputs": {name: memo.digest(p) for name, p in sorted(discovered.items())},
         "outputs": sorted(Path(p).name for p in action.outputs.values()),
         "toolchain": toolchain.fingerprint(action.kind, state),
+        **({"extras": extras} if (extras := hook(action.kind, "key_extras")(action)) else {}),
     }
 
 

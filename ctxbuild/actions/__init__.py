@@ -4,7 +4,8 @@ under its final file name; raise ActionError on bad input. Optional hooks (defau
 - `discover_inputs(action) -> dict[name, Path]`: files read beyond the declared inputs (external data,
   calibration samples), found cheaply before running so they join the action key and ninja's depfile;
 - `warnings(action) -> list[str]`: what the user must see whether the action runs or restores from cache;
-- `summarize(action) -> dict`: facts about the placed outputs for the record (graph names, metrics).
+- `summarize(action) -> dict`: facts about the placed outputs for the record (graph names, metrics);
+- `key_extras(action) -> dict`: anything else the outputs depend on (e.g. SOURCE_DATE_EPOCH), keyed.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ IMPLEMENTATIONS: dict[str, ModuleType] = {
 }
 _DEFAULTS: dict[str, Callable[[Any], Any]] = {
     "discover_inputs": lambda action: {}, "warnings": lambda action: [], "summarize": lambda action: {},
+    "key_extras": lambda action: {},
 }
 
 
