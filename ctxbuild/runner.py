@@ -131,12 +131,18 @@ def _open_cache() -> Any:
     from .cache import Cache, LocalStore, RemoteStore
 
     root = cache_dir()
-    remote = None
+    remote, problem = None, None
     if url := os.environ.get("CTXBUILD_REMOTE_CACHE"):
         token = os.environ.get(os.environ.get("CTXBUILD_REMOTE_TOKEN_ENV", "CTXBUILD_REMOTE_TOKEN"))
-        remote = RemoteStore(url, token=token or None, read_only=os.environ.get("CTXBUILD_REMOTE_READ_ONLY") == "1",
-                             timeout=float(os.environ.get("CTXBUILD_REMOTE_TIMEOUT", "10")), state_dir=root)
-    return Cache(LocalStore(root), remote)
+        try:
+            remote = RemoteStore(url, token=token or None, read_only=os.environ.get("CTXBUILD_REMOTE_READ_ONLY") == "1",
+                                 timeout=float(os.environ.get("CTXBUILD_REMOTE_TIMEOUT", "10")), state_dir=root)
+        except (CtxbuildError, ValueError) as e:  # e.g. plain `ninja` with a bad URL: a cache problem, not a failure
+            problem = f"remote cache not used: {e}"
+    cache = Cache(LocalStore(root), remote)
+    if problem:
+        cache.warnings.append(problem)
+    return cache
 
 
 def _key_components(action: Action, discovered: dict[str, Path], memo: DigestMemo, state: Path) -> dict[str, Any]:

@@ -65,6 +65,13 @@ def ctxbuild(tmp_path: Path, cache_dir: Path):
     return run
 
 
+def keep_only(tree: Path, *names: str) -> None:
+    """Delete the example recipes of `tree` except `names` (directory defaults stay)."""
+    for p in tree.glob("*.yaml"):
+        if p.name not in (*names, "_defaults.yaml"):
+            p.unlink()
+
+
 def records(out: Path) -> dict[str, dict[str, Any]]:
     recs = {}
     for p in (out / ".ctxbuild" / "records").glob("*.json"):

@@ -15,7 +15,7 @@ from ctxbuild.contextbin import describe
 from ctxbuild.errors import ActionError
 from ctxbuild.reproducible import build_time, normalize_multi_soc
 from ctxbuild.layout import spec_name
-from tests.conftest import last_build
+from tests.conftest import keep_only, last_build
 
 pytestmark = pytest.mark.e2e
 FLEX = Path("SC8380XP+SM8750") / "tiny_cnn_flex"
@@ -25,9 +25,7 @@ STAMP = re.compile(rb'"timestamp": "([^"]*)"')
 
 @pytest.fixture
 def flex_tree(tree: Path) -> Path:
-    for f in tree.glob("*.yaml"):
-        if f.name != "tiny_cnn_flex.yaml":
-            f.unlink()
+    keep_only(tree, "tiny_cnn_flex.yaml")
     return tree
 
 
