@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
+from . import __version__, kinds
 from .action import canonical_json
 from .atomic import write_if_changed
 from .layout import STATE, depfile_path, escape_path, rel
@@ -59,7 +59,7 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
         outs = [_rel(p, out) for p in a.outputs.values()]
         ins = [_rel(p, out) for p in a.inputs.values()] + [_rel(str(w), out) for w in a.watch]
         ins.append(_rel(str(spec_path), out))
-        needs_depfile = a.kind in ("prepare", "quantize")  # external data / calibration samples found at run time
+        needs_depfile = kinds.get(a.kind).discovers_inputs  # e.g. calibration samples found at run time
         edges.append(Edge(outs, ins, _rel(str(spec_path), out), a.description,
                           "action_dep" if needs_depfile else "action",
                           _rel(str(depfile_path(out, a.id)), out) if needs_depfile else None, a.pool))

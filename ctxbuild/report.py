@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from . import kinds
 from .atomic import write_if_changed
 from .layout import STATE, record_path, spec_name
 from .templating import environment
 
 REPORT_VERSION = 1
-DELIVERABLE_KINDS = ("compile", "bundle")
 
 # Graph drawing (left to right, one column per layer). Labels are monospace, so their width is predictable.
 _CHAR_W, _NODE_H, _V_GAP, _COL_GAP, _PAD, _MAX_LABEL = 6.7, 26, 10, 56, 12, 52
@@ -82,7 +82,7 @@ def collect(out: Path, *, build_id: str | None = None, returncode: int = 0,
 
     deliverables = {art["action"] for art in plan.get("artifacts", [])}
     if not deliverables:  # an older plan.json: every compile/bundle action is a deliverable
-        deliverables = {a["id"] for a in actions if a["kind"] in DELIVERABLE_KINDS}
+        deliverables = {a["id"] for a in actions if a["kind"] in kinds.names(deliverable=True)}
     rows = []
     for a in actions:
         if a["id"] not in deliverables or not a.get("target"):
@@ -145,7 +145,7 @@ def _row(a: dict[str, Any], recipe: str, spec: dict[str, Any], records: dict[str
     # Compiles that exist only for verification (a bundle member or a multi-SoC binary built alone) count
     # as verify time; they are the verify actions' compile/bundle deps other than this deliverable.
     twins = sorted({d for v in verify_actions for d in v["deps"]
-                    if d != a["id"] and d in by_id and by_id[d]["kind"] in DELIVERABLE_KINDS})
+                    if d != a["id"] and d in by_id and by_id[d]["kind"] in kinds.names(deliverable=True)})
     vsecs = [v["seconds"] for v in verify] + [(records[t] or {}).get("seconds") for t in twins]
     row: dict[str, Any] = {
         "recipe": recipe, "target": a["target"], "action": a["id"], "kind": a["kind"],

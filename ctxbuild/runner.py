@@ -13,9 +13,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import toolchain
+from . import kinds, toolchain
 from .action import Action, canonical_json, load_spec
-from .actions import IMPLEMENTATIONS, hook
 from .atomic import write_bytes
 from .capture import captured
 from .digests import DigestMemo, sha256_file
@@ -46,63 +45,30 @@ def main(spec_arg: str) -> int:
     spec_path = Path(spec_arg)
     out = out_dir_of(spec_path)
     action = load_spec(spec_path)
-    state = out / STATE
+    kind = kinds.get(action.kind)
     log = log_path(out, action.id)
     record_file = record_path(out, action.id)
     log.parent.mkdir(parents=True, exist_ok=True)
-    impl = IMPLEMENTATIONS[action.kind]
     start = time.monotonic()
     record: dict[str, Any] = {"id": action.id, "kind": action.kind, "recipes": action.recipes,
                               "target": action.target, "build_id": os.environ.get("CTXBUILD_BUILD_ID"),
                               "started": time.time()}
     previous = _read_json(record_file)
-    memo = DigestMemo(state / "digests.sqlite")
-    tmp = state / "tmp" / f"{action.spec_name[:-5]}.{os.getpid()}"
+    memo = DigestMemo(out / STATE / "digests.sqlite")
+    tmp = out / STATE / "tmp" / f"{action.spec_name[:-5]}.{os.getpid()}"
     cache = None
     try:
         with captured(log):
             cache = _open_cache()
-            discovered = hook(action.kind, "discover_inputs")(action)
-            _write_depfile(out, action, discovered)
-            components = _key_components(action, discovered, memo, state)
-            key = _digest(components)
-            record.update(key=key, key_detail=components)
-            record["why"] = _why(previous, record)
-            hit = cache.lookup(key) if cache else None
-            known = None  # role -> (sha256, size) of the output as placed, when the cache already hashed it
-            if hit is not None and cache.restore(hit, {r: Path(p) for r, p in action.outputs.items()}):
-                known = hit
-                record["source"] = "cache"
-                record["cache_origin"] = "remote" if cache.hits_remote else "local"
-                print(f"restored {action.id} from cache (key {key[:16]}); the original log follows")
-                sys.stdout.flush()
-                os.write(1, cache.read_log(hit) or b"")
-            else:
-                tmp.mkdir(parents=True, exist_ok=True)
-                ctx = ActionContext(action, out, tmp, log)
-                try:
-                    impl.run(ctx)
-                finally:
-                    record.update(ctx.facts)
-                _place_outputs(action, tmp)
-                record["source"] = "run"
-                record["cache_origin"] = None if cache else "off"
-                if cache:
-                    known = cache.store(key, {r: Path(p) for r, p in action.outputs.items()}, log.read_bytes(),
-                                        {"id": action.id, "seconds": round(time.monotonic() - start, 3)})
-        hashed = {e.name: (e.digest, e.size) for e in known.outputs} if known is not None else {}
-        record["outputs"] = {r: _describe_output(Path(p), out, hashed.get(r)) for r, p in action.outputs.items()}
-        for r, p in action.outputs.items():  # consumers later in this build need not hash them again
-            memo.remember(Path(p), record["outputs"][r]["sha256"])
-        record.update(hook(action.kind, "summarize")(action))
+            known = _restore_or_run(action, kind, out, tmp, log, memo, cache, previous, record)
+        _record_outputs(action, out, memo, record, known)
+        record.update(kind.hook("summarize")(action))
         record["status"] = "ok"
-        record["warnings"] = hook(action.kind, "warnings")(action)
-        for w in record["warnings"]:
-            print(f"ctxbuild: warning: {w}", file=sys.stderr)
+        record["warnings"] = kind.hook("warnings")(action)
         if cache:
             record["cache_warnings"] = cache.warnings
-            for w in cache.warnings:
-                print(f"ctxbuild: warning: {w}", file=sys.stderr)
+        for w in record["warnings"] + record.get("cache_warnings", []):
+            print(f"ctxbuild: warning: {w}", file=sys.stderr)
         return 0
     except CtxbuildError as e:
         record.update(status="failed", cause=str(e))
@@ -122,6 +88,48 @@ def main(spec_arg: str) -> int:
     _remove_outputs(action)  # a failed action leaves no output behind, not even an older one
     _print_failure(action, log, record["cause"])
     return 1
+
+
+def _restore_or_run(action: Action, kind: type[kinds.Kind], out: Path, tmp: Path, log: Path, memo: DigestMemo,
+                    cache: Any, previous: dict[str, Any] | None, record: dict[str, Any]) -> Any:
+    """Key the action, then restore its outputs from the cache or run it and store them. Returns the cache
+    record when the cache hashed the placed outputs (restored or stored), else None."""
+    start = time.monotonic()
+    discovered = kind.hook("discover_inputs")(action)
+    _write_depfile(out, action, discovered)
+    components = _key_components(action, discovered, memo, out / STATE)
+    key = _digest(components)
+    record.update(key=key, key_detail=components)
+    record["why"] = _why(previous, record)
+    dests = {r: Path(p) for r, p in action.outputs.items()}
+    hit = cache.lookup(key) if cache else None
+    if hit is not None and cache.restore(hit, dests):
+        record["source"] = "cache"
+        record["cache_origin"] = "remote" if cache.hits_remote else "local"
+        print(f"restored {action.id} from cache (key {key[:16]}); the original log follows")
+        sys.stdout.flush()
+        os.write(1, cache.read_log(hit) or b"")
+        return hit
+    tmp.mkdir(parents=True, exist_ok=True)
+    ctx = ActionContext(action, out, tmp, log)
+    try:
+        kind.module().run(ctx)
+    finally:
+        record.update(ctx.facts)
+    _place_outputs(action, tmp)
+    record["source"] = "run"
+    record["cache_origin"] = None if cache else "off"
+    if not cache:
+        return None
+    return cache.store(key, dests, log.read_bytes(), {"id": action.id, "seconds": round(time.monotonic() - start, 3)})
+
+
+def _record_outputs(action: Action, out: Path, memo: DigestMemo, record: dict[str, Any], known: Any) -> None:
+    """Path, digest and size of each placed output; the memo learns them (consumers need not hash again)."""
+    hashed = {e.name: (e.digest, e.size) for e in known.outputs} if known is not None else {}
+    record["outputs"] = {r: _describe_output(Path(p), out, hashed.get(r)) for r, p in action.outputs.items()}
+    for r, p in action.outputs.items():
+        memo.remember(Path(p), record["outputs"][r]["sha256"])
 
 
 def _open_cache() -> Any:
@@ -154,7 +162,7 @@ def _key_components(action: Action, discovered: dict[str, Path], memo: DigestMem
         "discovered_inputs": {name: memo.digest(p) for name, p in sorted(discovered.items())},
         "outputs": sorted(Path(p).name for p in action.outputs.values()),
         "toolchain": toolchain.fingerprint(action.kind, state),
-        **({"extras": extras} if (extras := hook(action.kind, "key_extras")(action)) else {}),
+        **({"extras": extras} if (extras := kinds.get(action.kind).hook("key_extras")(action)) else {}),
     }
 
 
@@ -226,7 +234,7 @@ def _describe_output(p: Path, out: Path, hashed: tuple[str, int] | None = None) 
 
 def _write_depfile(out: Path, action: Action, discovered: dict[str, Path]) -> None:
     """Files found at run time (external data, calibration samples) become ninja dependencies (deps = gcc)."""
-    if action.kind not in ("prepare", "quantize"):
+    if not kinds.get(action.kind).discovers_inputs:
         return
 
     def esc(p: str) -> str:

@@ -95,10 +95,12 @@ def _probe_sdk_build_id() -> str:
 
 
 def fingerprint(kind: str, out_state: Path) -> dict[str, Any]:
-    """The toolchain part of an action key. Compile-type actions also depend on the QNN compiler."""
+    """The toolchain part of an action key. Kinds that use QNN also depend on the QNN compiler."""
+    from . import kinds
+
     fp: dict[str, Any] = {"ctxbuild_action_schema": ACTION_SCHEMA_VERSION, "onnx": version("onnx"),
                           "onnxruntime": version("onnxruntime")}
-    if kind not in ("prepare", "quantize"):
+    if kinds.get(kind).uses_qnn:
         fp["onnxruntime-qnn"] = version("onnxruntime-qnn")
         fp["qnn_sdk"] = sdk_build_id(out_state)
     return fp

@@ -68,8 +68,11 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def serve(sock_path: str) -> None:
     parent = _exit_with_parent()
-    from . import cache, runner, toolchain  # noqa: F401 - the point: import once, before any fork
+    from . import cache, kinds, runner, toolchain  # noqa: F401 - the point: import once, before any fork
     import onnxruntime.quantization  # noqa: F401
+
+    for kind in kinds.all_kinds():
+        kind.module()
 
     toolchain.qnn_devices()
     # Map the HTP backend (106 MB, loaded by the EP at a session's start) once, here: each forked compile
