@@ -20,6 +20,7 @@ from . import kinds
 from .atomic import write_if_changed
 from .layout import STATE, record_path, spec_name
 from .templating import environment
+from .units import fmt_size
 
 REPORT_VERSION = 1
 
@@ -411,19 +412,6 @@ def render_html(report: dict[str, Any], out: Path | None = None) -> str:
     env = environment(autoescape=True, bytecode_cache=cache, auto_reload=True)
     env.filters.update(size=fmt_size, secs=fmt_secs, pct=fmt_pct, num=fmt_num)
     return env.get_template("report.html.j2").render(r=report, b=report["build"])
-
-
-def fmt_size(n: int | None) -> str:
-    if n is None:
-        return "—"
-    if n < 1024:
-        return f"{n} B"
-    x = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        x /= 1024
-        if x < 1024 or unit == "TiB":
-            return f"{x:.1f} {unit}"
-    return "—"
 
 
 def fmt_secs(s: float | None) -> str:
