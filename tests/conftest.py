@@ -18,6 +18,17 @@ RECIPES = ROOT / "recipes"
 pytest_plugins = ["tests.nginx_fixture"]
 
 
+# Tests that run the real CLI or build the examples are end to end (marker `e2e`, run by `make test`;
+# `pytest -m "not e2e"` leaves the fast unit tests). Files testing QNN in-process mark themselves.
+E2E_FIXTURES = {"ctxbuild", "tree", "example_models"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
+
 @dataclass
 class Result:
     code: int

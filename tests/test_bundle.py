@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import keep_only, last_build, records
-from tests.qnn_session import qnn_session
+from tests._qnn_models import qnn_session
 
 
 @pytest.fixture

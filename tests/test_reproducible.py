@@ -7,7 +7,6 @@ import re
 import time
 from pathlib import Path
 
-import onnxruntime as ort
 import pytest
 
 from ctxbuild import toolchain
@@ -15,6 +14,7 @@ from ctxbuild.contextbin import describe
 from ctxbuild.errors import ActionError
 from ctxbuild.reproducible import build_time, normalize_multi_soc
 from ctxbuild.layout import spec_name
+from tests._qnn_models import qnn_session
 from tests.conftest import keep_only, last_build
 
 pytestmark = pytest.mark.e2e
@@ -72,12 +72,9 @@ def test_build_time_format(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _session_error(wrapper: Path, soc_model: str) -> str:
     """How the EP answers a session on this wrapper: x86 HTP refuses multi-SoC contexts for running, so
-    the message (with the time stamp of its log line removed) is what can be compared."""
-    so = ort.SessionOptions()
-    so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-    so.add_provider_for_devices(toolchain.qnn_devices(), {"backend_type": "htp", "soc_model": soc_model})
+    its message is what can be compared."""
     try:
-        ort.InferenceSession(str(wrapper), so)
+        qnn_session(wrapper, soc_model=soc_model)
     except Exception as e:  # noqa: BLE001 - ORT's errors are untyped
         return str(e)
     return "loaded"
