@@ -5,12 +5,14 @@ A benchmark is a bench/*.py file with a top-level `BENCHMARK = "<what it measure
 nothing here lists them. Files are found by reading their source, not importing it (helpers such as
 models.py, and the baselines benchmarks call, carry no BENCHMARK and are not run).
 
-Usage: python bench/run.py [--list] [NAME...]   (NAME: a file stem, e.g. cache_bench)
+Usage: python bench/run.py [--list] [--args "ARGS"] [NAME...]   (NAME: a file stem, e.g. cache_bench;
+ARGS: passed to each benchmark run, e.g. --args "--reps 1")
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import shlex
 import subprocess
 import sys
 import time
@@ -37,6 +39,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="*", metavar="NAME", help="only these benchmarks (default: all)")
     ap.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    ap.add_argument("--args", default="", help="arguments for each benchmark (one shell-quoted string)")
     args = ap.parse_args()
     benchmarks = discover()
     if args.list:
@@ -51,7 +54,7 @@ def main() -> int:
     for name in args.names or list(benchmarks):
         print(f"=== {name}: {benchmarks[name]}", flush=True)
         t = time.monotonic()
-        code = subprocess.call([sys.executable, str(HERE / f"{name}.py")])
+        code = subprocess.call([sys.executable, str(HERE / f"{name}.py"), *shlex.split(args.args)])
         print(f"=== {name}: {'ok' if code == 0 else f'FAILED (exit {code})'} in {time.monotonic() - t:.0f} s",
               flush=True)
         if code != 0:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from ctxbuild import toolchain
 from ctxbuild.contextbin import describe
 from ctxbuild.errors import ActionError
 from ctxbuild.reproducible import build_time, normalize_multi_soc
@@ -83,12 +84,16 @@ def _session_error(wrapper: Path, soc_model: str) -> str:
 def test_normalized_container_reads_and_loads_like_the_original(flex_tree: Path, tmp_path: Path, ctxbuild) -> None:
     out = tmp_path / "out"
     built = _build(ctxbuild, flex_tree, out, "--no-cache")
-    # The same compile without ctxbuild's normalization: what QNN itself wrote.
+    # The same compile without ctxbuild's normalization: what QNN itself wrote. In a fresh process, as
+    # ctxbuild compiles: an earlier compile in the same process changes QNN's output bytes.
     spec = json.loads((out / ".ctxbuild" / "actions" / spec_name(ACTION)).read_text())
     raw_dir = tmp_path / "raw"
     raw_dir.mkdir()
-    toolchain.compile_model(Path(spec["inputs"]["model"]), raw_dir / "tiny_cnn_flex_ctx.onnx",
-                            spec["params"]["provider_options"], embed=False, cpu_fallback=False)
+    subprocess.run([sys.executable, "-c", "import sys, json; from pathlib import Path; from ctxbuild import toolchain; "
+                    "toolchain.compile_model(Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3]), "
+                    "embed=False, cpu_fallback=False)", spec["inputs"]["model"],
+                    str(raw_dir / "tiny_cnn_flex_ctx.onnx"), json.dumps(spec["params"]["provider_options"])],
+                   check=True, capture_output=True)
     raw = (raw_dir / "tiny_cnn_flex_ctx_qnn.bin").read_bytes()
     assert (raw_dir / "tiny_cnn_flex_ctx.onnx").read_bytes() == built["tiny_cnn_flex_ctx.onnx"]
     assert STAMP.findall(raw) and b"1970-01-01 00:00:00 UTC" not in STAMP.findall(raw)

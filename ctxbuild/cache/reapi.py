@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from ..errors import CacheError
 from .record import ActionRecord, OutputEntry, check_digest, check_key
 
 PACKAGE = "build.bazel.remote.execution.v2"
@@ -42,6 +43,14 @@ _MESSAGES = [
 @lru_cache(maxsize=1)
 def messages() -> dict[str, Any]:
     """name -> message class, from a private descriptor pool (never clashes with a full REAPI import)."""
+    try:
+        return _build_messages()
+    except Exception as e:  # noqa: BLE001 - an unusable protobuf install: a cache problem, not a failed action
+        raise CacheError(f"cannot build the REAPI messages with this protobuf: {type(e).__name__}: {e}",
+                         "the remote cache is skipped; install protobuf>=4.25") from None
+
+
+def _build_messages() -> dict[str, Any]:
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     F = descriptor_pb2.FieldDescriptorProto
