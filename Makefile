@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 MODELS := recipes/models/tiny_cnn.onnx
 
-.PHONY: setup models build test bench clean
+.PHONY: setup models build test unit wheel-check bench clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,14 @@ build: $(STAMP) $(MODELS)
 
 test: $(STAMP) $(MODELS)
 	$(BIN)/python -m pytest -q tests
+
+# The fast unit tests only (planner, action key, golden build.ninja, cache stores, CLI): seconds, no QNN run.
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not e2e" tests
+
+# The wheel, installed into a fresh virtualenv, builds the examples from another directory (.ci/run runs it).
+wheel-check: $(STAMP)
+	PYTHON=$(BIN)/python .ci/wheel-check
 
 bench: $(STAMP) $(MODELS)
 	$(BIN)/python bench/run.py

@@ -24,6 +24,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from bench import models  # noqa: E402
 
+BENCHMARK = "cold ctxbuild build vs an in-process onnxruntime loop, -j1 and -j2"
 TARGETS = ["SM8650", "SM8750"]
 # The driver run in-process so its own peak RSS (not ninja's or the actions') can be read afterwards.
 DRIVER = ("import resource, sys; from ctxbuild.cli import main; rc = main(sys.argv[1:]); "

@@ -16,7 +16,7 @@ off (--no-verify) so that only prepare and compile actions run. Every figure is 
                  up-to-date OUT of all N recipes: its prepare and 2 compiles run, everything else stays.
                  Baseline ("own actions"): `ctxbuild build --no-cache` of a directory holding just that
                  recipe and model, into a fresh OUT: the same three actions and nothing else.
-- the same through a remote cache: nginx on loopback (tests/nginx_fixture.start_nginx), an empty local
+- the same through a remote cache: nginx on loopback (bench/nginx.start_nginx), an empty local
   cache every time; `cold_remote` starts from an empty server too.
 
 --big-models M adds a second, byte-heavy workload (M models of ~--big-mb MB each) for restore vs cp -r,
@@ -44,8 +44,9 @@ from onnx import TensorProto, helper, numpy_helper
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from tests.nginx_fixture import start_nginx  # noqa: E402
+from bench.nginx import start_nginx  # noqa: E402
 
+BENCHMARK = "action cache: no-op, restore, one model changed; local and remote (nginx)"
 TARGETS = ["SM8650", "SM8750"]
 GOALS = {"noop": ("noop", "<=", 0.3, "s"), "restore": ("restore/cp_r", "<=", 1.5, "x"),
          "one_changed": ("one_changed/own_actions", "<=", 1.1, "x")}

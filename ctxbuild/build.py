@@ -5,7 +5,6 @@ recorded at plan time, the way ninja itself decides whether build.ninja is stale
 """
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import shutil
@@ -21,6 +20,7 @@ from .atomic import write_bytes
 from .errors import CtxbuildError, UsageError
 from .layout import STATE, cache_dir, record_path, spec_name
 from .manifest import read_records, write as write_manifest
+from .suggest import did_you_mean
 
 
 @dataclass
@@ -123,8 +123,7 @@ def ninja_targets(state: dict[str, Any], opts: BuildOptions) -> list[str]:
 
 
 def _close(name: str, options: list[str]) -> str:
-    close = difflib.get_close_matches(name, options, n=1)
-    return f"did you mean '{close[0]}'?" if close else f"known: {', '.join(options) or 'none'}"
+    return did_you_mean(name, options, otherwise=f"known: {', '.join(options) or 'none'}") or ""
 
 
 def build(opts: BuildOptions) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 
 from .errors import UsageError
 from .layout import cache_dir
+from .units import fmt_size
 
 SUMMARY = "last_build.json"  # the driver's summary of the most recent build that used this cache
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -22,14 +23,6 @@ def parse_size(text: str) -> int:
     if not m:
         raise UsageError(f"cache gc: bad size {text!r}", "use a byte count or a number with K, M, G, T (or Ki, Mi, Gi)")
     return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 def resolve_dir(given: Path | None) -> Path:
@@ -50,8 +43,8 @@ def main(args: Any) -> int:
         result = store.gc(limit) if root.is_dir() else {"removed_entries": 0, "removed_blobs": 0, "bytes": 0}
         freed = before["bytes"] - result["bytes"]
         print(f"removed {result['removed_entries']} entries and {result['removed_blobs']} blobs "
-              f"({human(max(freed, 0))}), least recently used first; {root} now holds {human(result['bytes'])} "
-              f"(limit {human(limit)})")
+              f"({fmt_size(max(freed, 0))}), least recently used first; {root} now holds {fmt_size(result['bytes'])} "
+              f"(limit {fmt_size(limit)})")
         if result["bytes"] > limit:
             print(f"note: some blobs no entry names were kept: written too recently (unreferenced ones: within "
                   f"{GRACE_SECONDS / 60:.0f} minutes), a build may be about to name them; `ctxbuild cache clear` "
@@ -62,7 +55,7 @@ def main(args: Any) -> int:
         if root.is_dir():
             store.clear()
             (root / SUMMARY).unlink(missing_ok=True)
-        print(f"removed {before['entries']} entries and {before['blobs']} blobs ({human(before['bytes'])}) "
+        print(f"removed {before['entries']} entries and {before['blobs']} blobs ({fmt_size(before['bytes'])}) "
               f"from {root}")
         return 0
     raise UsageError(f"unknown cache command {args.cache_cmd}")
@@ -79,7 +72,7 @@ def _stats(store: Any, as_json: bool) -> int:
     print(f"cache directory   {root}")
     print(f"entries           {stats['entries']}")
     print(f"blobs             {stats['blobs']}")
-    print(f"size              {human(stats['bytes'])} ({stats['bytes']} bytes)")
+    print(f"size              {fmt_size(stats['bytes'])} ({stats['bytes']} bytes)")
     if last is None:
         print("last build        none recorded (no-op builds are not)")
         return 0

@@ -19,7 +19,11 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ctxbuild", description="Build QNN context binaries and EPContext models from recipes.")
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    p.add_argument("--version", action=_Version, nargs=0,
+                   help="print ctxbuild's version and the toolchain its action keys depend on, then exit")
+    # Subcommands added without help= (action, worker, regenerate: what ninja and the driver run) are
+    # left out of --help; the metavar keeps argparse from listing them in the usage line.
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser, metavar="COMMAND")
 
     b = sub.add_parser("build", help="build recipes (default: recipes/) into OUT")
     _paths_out(b)
@@ -35,53 +39,67 @@ def _parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="run only the verification of built artifacts (cached results reused)")
     _paths_out(v)
-    v.add_argument("-j", "--jobs", type=int)
+    v.add_argument("-j", "--jobs", type=int, help="parallel actions (default: make's jobserver, else ninja's)")
     _cache_args(v)
 
     i = sub.add_parser("inspect", help="describe a context binary (.bin) or EPContext model (_ctx.onnx)")
-    i.add_argument("file", type=Path)
-    i.add_argument("--json", action="store_true")
+    i.add_argument("file", type=Path, help="a context binary, or an EPContext model (followed to its binary)")
+    i.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     w = sub.add_parser("wrap", help="write EPContext wrappers for every graph of a context binary")
-    w.add_argument("file", type=Path)
-    w.add_argument("-o", "--out", type=Path, default=Path("."))
+    w.add_argument("file", type=Path, help="the context binary (.bin) to wrap")
+    w.add_argument("-o", "--out", type=Path, default=Path("."), help="directory for the wrappers (default: .)")
     w.add_argument("--embed", action="store_true", help="embed the binary in each wrapper")
     w.add_argument("--quantized-io", action="store_true", help="expose the graph's integer I/O (no Q/DQ)")
 
     pl = sub.add_parser("plan", help="print the action graph")
     _paths_out(pl)
-    pl.add_argument("--format", choices=["text", "json", "dot"], default="text")
+    pl.add_argument("--format", choices=["text", "json", "dot"], default="text",
+                    help="text (default), json (actions and edges) or dot (Graphviz)")
 
     t = sub.add_parser("targets", help="list known SoCs")
-    t.add_argument("--json", action="store_true")
+    t.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     c = sub.add_parser("clean", help="remove what ctxbuild wrote into OUT")
-    c.add_argument("-o", "--out", type=Path, default=Path("out"))
+    c.add_argument("-o", "--out", type=Path, default=Path("out"), help="output directory (default: out)")
 
     sub.add_parser("schema", help="print the recipe JSON Schema")
 
     ca = sub.add_parser("cache", help="local cache: stats, gc, clear")
     csub = ca.add_subparsers(dest="cache_cmd", required=True, parser_class=_Parser)
     cs = csub.add_parser("stats", help="entries, size, and the last build's hits and misses")
-    cs.add_argument("--json", action="store_true")
+    cs.add_argument("--json", action="store_true", help="print JSON instead of text")
     cg = csub.add_parser("gc", help="evict least recently used entries down to a size")
     cg.add_argument("--max-size", required=True, metavar="SIZE", help="e.g. 500M, 2G, 1GiB or a byte count")
     cc = csub.add_parser("clear", help="remove every entry")
     for c in (cs, cg, cc):
         c.add_argument("--cache-dir", type=Path, help="local cache (default: $CTXBUILD_CACHE_DIR or XDG cache)")
 
-    a = sub.add_parser("action", help=argparse.SUPPRESS)
-    a.add_argument("spec")
-    w = sub.add_parser("worker", help=argparse.SUPPRESS)
-    w.add_argument("socket")
-    r = sub.add_parser("regenerate", help=argparse.SUPPRESS)
-    r.add_argument("out", type=Path)
+    a = sub.add_parser("action", description="internal: run one action (what a ninja edge runs)")
+    a.add_argument("spec", help="the action's spec file (OUT/.ctxbuild/actions/<id>.json)")
+    w = sub.add_parser("worker", description="internal: the fork server that runs actions")
+    w.add_argument("socket", help="unix socket path to listen on")
+    r = sub.add_parser("regenerate", description="internal: re-plan OUT/build.ninja (ninja's generator edge)")
+    r.add_argument("out", type=Path, help="the output directory")
     return p
 
 
+class _Version(argparse.Action):
+    """`ctxbuild --version`: like `ninja --version` or `ccache -V`, plus what the action keys depend on."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        from . import __version__, toolchain
+
+        print(f"ctxbuild {__version__}")
+        for name, value in toolchain.summary(None).items():
+            print(f"  {name:<17} {value}")
+        parser.exit()
+
+
 def _paths_out(p: argparse.ArgumentParser) -> None:
-    p.add_argument("paths", nargs="*", type=Path, default=[Path("recipes")], metavar="PATHS")
-    p.add_argument("-o", "--out", type=Path, default=Path("out"))
+    p.add_argument("paths", nargs="*", type=Path, default=[Path("recipes")], metavar="PATHS",
+                   help="recipe files or directories (searched for *.yaml; default: recipes)")
+    p.add_argument("-o", "--out", type=Path, default=Path("out"), help="output directory (default: out)")
 
 
 def _cache_args(p: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from .errors import InspectError
+from .units import fmt_size
 
 CHILD_TIMEOUT_S = 60.0
 EPCONTEXT_DOMAIN = "com.microsoft"
@@ -156,15 +157,6 @@ def describe(path: Path, *, timeout: float = CHILD_TIMEOUT_S) -> dict[str, Any]:
 # Text rendering
 
 
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            break
-        value /= 1024
-    return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
-
-
 def _quant_text(q: dict[str, Any] | None) -> str:
     if q is None:
         return "-"
@@ -187,19 +179,19 @@ def _target_text(t: dict[str, Any]) -> str:
     arch = f"HTP v{t['htp_arch']}" if t["htp_arch"] else "arch not recorded"
     where = f"{t['entry']}: " if t["entry"] else ""
     return (f"{where}{soc}, {arch}; context blob v{t['context_blob_version']}, "
-            f"{_size(t['context_blob_size'])}")
+            f"{fmt_size(t['context_blob_size'])}")
 
 
 def _binary_text(b: dict[str, Any]) -> list[str]:
     kind = "multi-SoC container" if b["format"] == "multi_soc" else "context binary"
-    lines = [f"{kind} {b['source']} ({_size(b['file_size'])})",
+    lines = [f"{kind} {b['source']} ({fmt_size(b['file_size'])})",
              f"  backend:    {b['backend']} (id {b['backend_id']}), core API {b['core_api_version']}, "
              f"backend API {b['backend_api_version']}",
              f"  SDK build:  {b['build_id']}"]
     lines += [f"  target:     {_target_text(t)}" for t in b["targets"]]
     for g in b["graphs"]:
         blob = g["graph_blob"] or {}
-        extra = [f"{label} {_size(blob[key])}" for key, label in
+        extra = [f"{label} {fmt_size(blob[key])}" for key, label in
                  (("spill_fill_buffer_size", "spill-fill"), ("vtcm_bytes", "VTCM"),
                   ("shared_weights_size", "shared weights")) if key in blob]
         lines.append(f"  graph {g['name']}: {len(g['inputs'])} in, {len(g['outputs'])} out"

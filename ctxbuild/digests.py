@@ -9,11 +9,23 @@ import hashlib
 import os
 import sqlite3
 from pathlib import Path
+from typing import BinaryIO
+
+
+def hash_stream(f: BinaryIO) -> tuple[str, int]:
+    """sha256 hex digest and byte count of the rest of `f` (the one file hasher of ctxbuild)."""
+    start = f.tell()
+    digest = hashlib.file_digest(f, "sha256").hexdigest()
+    return digest, f.tell() - start
+
+
+def hash_file(path: Path) -> tuple[str, int]:
+    with open(path, "rb") as f:
+        return hash_stream(f)
 
 
 def sha256_file(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+    return hash_file(path)[0]
 
 
 class DigestMemo:

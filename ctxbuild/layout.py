@@ -4,7 +4,6 @@ from __future__ import annotations
 from pathlib import Path
 
 STATE = ".ctxbuild"  # OUT/.ctxbuild: action specs, records, logs, depfiles, work files, plan state
-DEPFILE_KINDS = ("prepare", "quantize", "verify")  # actions that find inputs at run time (discover_inputs)
 
 
 def spec_name(action_id: str) -> str:

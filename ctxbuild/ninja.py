@@ -9,17 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
+from . import __version__, kinds
 from .action import canonical_json
 from .atomic import write_if_changed
-from .layout import DEPFILE_KINDS, STATE, depfile_path, log_path, rel
+from .layout import STATE, depfile_path, log_path, rel
 from .ninjaquote import ninja_command, ninja_path, ninja_value
 from .procs import die_with_parent
+from .templating import environment, template_file
 
 if TYPE_CHECKING:
     from .plan import Plan
-
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
 
 def ninja_binary() -> str:
@@ -46,8 +45,6 @@ def _rel(p: str, out: Path) -> str:
 
 def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None:
     """Write build.ninja, the action specs and plan state, each only if changed (ninja sees no new mtime)."""
-    import jinja2
-
     out = plan.out
     state = out / STATE
     specs = state / "actions"
@@ -63,7 +60,7 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
         outs = [_rel(p, out) for p in a.outputs.values()]
         ins = [_rel(p, out) for p in a.inputs.values()] + [_rel(str(w), out) for w in a.watch]
         ins.append(_rel(str(spec_path), out))
-        needs_depfile = a.kind in DEPFILE_KINDS  # external data / samples found at run time
+        needs_depfile = kinds.get(a.kind).discovers_inputs  # external data / samples found at run time
         edges.append(Edge(outs, ins, ninja_command([rel(str(spec_path), out)]), ninja_value(a.description),
                           "action_dep" if needs_depfile else "action",
                           ninja_value(rel(str(depfile_path(out, a.id)), out)) if needs_depfile else None, a.pool))
@@ -85,9 +82,7 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
             stale.unlink()
 
     generator_deps = generator_inputs(plan)
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True)
-    text = env.get_template("build.ninja.j2").render(
+    text = environment(keep_trailing_newline=True).get_template("build.ninja.j2").render(
         version=__version__, recipe_roots=ninja_value(", ".join(invocation["paths"])), compile_jobs=compile_jobs,
         # a plain script without site (-S): the edge client's start-up is paid once per action
         client=ninja_command([sys.executable, "-S", str(Path(__file__).with_name("client.py"))]),
@@ -145,7 +140,7 @@ def _planner_files() -> list[Path]:
     """The planner's own code: a new ctxbuild re-plans (meson does the same on a version change)."""
     pkg = Path(__file__).resolve().parent
     return [pkg / "plan.py", pkg / "recipe.py", pkg / "ninja.py", pkg / "recipe.schema.json",
-            TEMPLATES / "build.ninja.j2"]
+            template_file("build.ninja.j2")]
 
 
 def _toolchain_files() -> list[Path]:

@@ -7,6 +7,7 @@ from typing import Any, Iterable
 
 import networkx as nx
 
+from . import kinds
 from .action import Action, short_hash
 from .layout import spec_name
 from .errors import PlanError
@@ -36,7 +37,7 @@ class Plan:
         them and, for bundles, the single-graph twins whose sizes measure the weight-sharing savings."""
         rows = []
         for a in self.actions:
-            if a.kind not in ("compile", "bundle", "prebuilt") or not _delivered(a, self.out):
+            if not kinds.get(a.kind).deliverable or not _delivered(a, self.out):
                 continue
             verifiers = [v for v in self.graph.successors(a.id) if self.graph.nodes[v]["action"].kind == "verify"]
             twins = sorted({u for v in verifiers for u in self.graph.predecessors(v)

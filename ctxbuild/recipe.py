@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-import difflib
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -11,6 +10,7 @@ from typing import Any
 
 from . import targets as soc_table
 from .errors import RecipeError
+from .suggest import did_you_mean
 from .targets import Target
 from .toolchain import version
 from .yamlsrc import LineDict, line_of, load_mapping
@@ -209,11 +209,10 @@ def _hint(err: Any) -> str | None:
     if err.validator == "additionalProperties":
         known = sorted(err.schema.get("properties", {}))
         extra = sorted(set(err.instance) - set(known))
-        close = difflib.get_close_matches(extra[0], known, n=1) if extra else []
-        return f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+        otherwise = f"known keys: {', '.join(known)}"
+        return did_you_mean(extra[0], known, otherwise=otherwise) if extra else otherwise
     if err.validator == "enum":
-        close = difflib.get_close_matches(str(err.instance), [str(x) for x in err.validator_value], n=1)
-        return f"did you mean '{close[0]}'?" if close else None
+        return did_you_mean(str(err.instance), [str(x) for x in err.validator_value])
     return None
 
 

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from . import kinds
 from .atomic import write_if_changed
 from .layout import STATE, record_path, spec_name
+from .templating import environment
+from .units import fmt_size
 
 REPORT_VERSION = 1
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
-DELIVERABLE_KINDS = ("compile", "bundle")
 
 # Graph drawing (left to right, one column per layer). Labels are monospace, so their width is predictable.
 _CHAR_W, _NODE_H, _V_GAP, _COL_GAP, _PAD, _MAX_LABEL = 6.7, 26, 10, 56, 12, 52
@@ -56,60 +57,15 @@ def collect(out: Path, *, build_id: str | None = None, returncode: int = 0,
     manifest = _read(out / "manifest.json") or {}
     last = _read(out / STATE / "last_build.json") or {}
     actions = plan.get("actions", [])
-    by_id = {a["id"]: a for a in actions}
     records = {a["id"]: _read(record_path(out, a["id"])) for a in actions}
     if build_id is not None:
         this_build = {i for i, r in records.items() if r and r.get("build_id") == build_id}
     else:
         this_build = set(last.get("actions", {}))
-    status = {i: _action_status(records[i], i in this_build) for i in by_id}
-
-    failed_up = _failed_ancestors(actions, status)
-    verifies: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for a in actions:
-        if a["kind"] == "verify" and a.get("target"):
-            for r in a["recipes"]:
-                verifies.setdefault((r, a["target"]["name"]), []).append(a)
-    sizes: dict[tuple[str, str, str], list[int]] = {}  # (recipe, target, "ctx"|"bin") -> sizes of its files
-    sharing: dict[tuple[str, str], dict[str, Any]] = {}  # bundles: measured savings (manifest.weight_sharing)
-    for art in manifest.get("artifacts", []):
-        if art.get("weight_sharing") and art.get("target"):
-            sharing[(art["recipe"], art["target"]["name"])] = {**art["weight_sharing"],
-                                                              "graphs": sorted(art.get("graphs") or {})}
-        kind = "bin" if art.get("kind") == "context_binary" or str(art.get("path", "")).endswith(".bin") else "ctx"
-        k = (art["recipe"], art["target"]["name"] if art.get("target") else "", kind)
-        sizes.setdefault(k, []).append(int(art.get("size") or 0))
-
-    deliverables = {art["action"] for art in plan.get("artifacts", [])}
-    if not deliverables:  # an older plan.json: every compile/bundle action is a deliverable
-        deliverables = {a["id"] for a in actions if a["kind"] in DELIVERABLE_KINDS}
-    rows = []
-    for a in actions:
-        if a["id"] not in deliverables or not a.get("target"):
-            continue
-        spec = _read(out / STATE / "actions" / spec_name(a["id"])) or {}
-        for recipe in a["recipes"]:
-            rows.append(_row(a, recipe, spec, records, status, by_id, failed_up,
-                             verifies.get((recipe, a["target"]["name"]), []), sizes, a["id"] in this_build,
-                             sharing.get((recipe, a["target"]["name"]))))
-    rows.sort(key=lambda r: (_natural(r["recipe"]), r["target"]["name"]))
-
-    failures = []
-    for a in actions:
-        rec = records[a["id"]]
-        if status[a["id"]] == "failed" and rec:
-            failures.append({"id": a["id"], "kind": a["kind"], "description": a.get("description") or a["id"],
-                             "cause": _own_cause(a["id"], rec), "log": rec.get("log"),
-                             "href": _href(rec.get("log")), "this_build": a["id"] in this_build,
-                             "blocks": [f"{r['recipe']}@{r['target']['name']}" for r in rows
-                                        if r["failed_action"] == a["id"]]})
-
-    counts = {"built": sum(s == "built" for s in status.values()),
-              "from_cache": sum(s == "cache" for s in status.values()),
-              "failed": sum(s == "failed" and i in this_build for i, s in status.items()),
-              "up_to_date": sum(s in ("up to date", "up to date (cache)") for s in status.values()),
-              "not_built": sum(s == "not built" for s in status.values()),
-              "actions": len(actions)}
+    status = {a["id"]: _action_status(records[a["id"]], a["id"] in this_build) for a in actions}
+    rows = _rows(out, plan, manifest, records, status, this_build)
+    failures = _failures(actions, records, status, this_build, rows)
+    counts = _counts(status, this_build, len(actions))
     if wall_seconds is None:  # not given by the driver: the span of this build's actions
         spans = [(r["started"], r["finished"]) for i, r in records.items()
                  if r and i in this_build and "started" in r and "finished" in r]
@@ -132,6 +88,72 @@ def collect(out: Path, *, build_id: str | None = None, returncode: int = 0,
     }
 
 
+def _rows(out: Path, plan: dict[str, Any], manifest: dict[str, Any], records: dict[str, Any],
+          status: dict[str, str], this_build: set[str]) -> list[dict[str, Any]]:
+    """One row per deliverable x recipe, with its verifications, sizes and (bundles) sharing savings."""
+    actions = plan.get("actions", [])
+    by_id = {a["id"]: a for a in actions}
+    failed_up = _failed_ancestors(actions, status)
+    verifies: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for a in actions:
+        if a["kind"] == "verify" and a.get("target"):
+            for r in a["recipes"]:
+                verifies.setdefault((r, a["target"]["name"]), []).append(a)
+    sizes, sharing = _artifact_sizes(manifest)
+    deliverables = {art["action"] for art in plan.get("artifacts", [])}
+    if not deliverables:  # an older plan.json: every action of a deliverable kind is one
+        deliverables = {a["id"] for a in actions if a["kind"] in kinds.names(deliverable=True)}
+    rows = []
+    for a in actions:
+        if a["id"] not in deliverables or not a.get("target"):
+            continue
+        spec = _read(out / STATE / "actions" / spec_name(a["id"])) or {}
+        for recipe in a["recipes"]:
+            pair = (recipe, a["target"]["name"])
+            rows.append(_row(a, recipe, spec, records, status, by_id, failed_up, verifies.get(pair, []), sizes,
+                             a["id"] in this_build, sharing.get(pair)))
+    rows.sort(key=lambda r: (_natural(r["recipe"]), r["target"]["name"]))
+    return rows
+
+
+def _artifact_sizes(manifest: dict[str, Any]) -> tuple[dict[tuple[str, str, str], list[int]],
+                                                       dict[tuple[str, str], dict[str, Any]]]:
+    """(recipe, target, "ctx"|"bin") -> sizes of its files; (recipe, target) -> a bundle's measured savings."""
+    sizes: dict[tuple[str, str, str], list[int]] = {}
+    sharing: dict[tuple[str, str], dict[str, Any]] = {}
+    for art in manifest.get("artifacts", []):
+        if art.get("weight_sharing") and art.get("target"):
+            sharing[(art["recipe"], art["target"]["name"])] = {**art["weight_sharing"],
+                                                              "graphs": sorted(art.get("graphs") or {})}
+        kind = "bin" if art.get("kind") == "context_binary" or str(art.get("path", "")).endswith(".bin") else "ctx"
+        k = (art["recipe"], art["target"]["name"] if art.get("target") else "", kind)
+        sizes.setdefault(k, []).append(int(art.get("size") or 0))
+    return sizes, sharing
+
+
+def _failures(actions: list[dict[str, Any]], records: dict[str, Any], status: dict[str, str],
+              this_build: set[str], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    failures = []
+    for a in actions:
+        rec = records[a["id"]]
+        if status[a["id"]] == "failed" and rec:
+            failures.append({"id": a["id"], "kind": a["kind"], "description": a.get("description") or a["id"],
+                             "cause": _own_cause(a["id"], rec), "log": rec.get("log"),
+                             "href": _href(rec.get("log")), "this_build": a["id"] in this_build,
+                             "blocks": [f"{r['recipe']}@{r['target']['name']}" for r in rows
+                                        if r["failed_action"] == a["id"]]})
+    return failures
+
+
+def _counts(status: dict[str, str], this_build: set[str], n_actions: int) -> dict[str, int]:
+    return {"built": sum(s == "built" for s in status.values()),
+            "from_cache": sum(s == "cache" for s in status.values()),
+            "failed": sum(s == "failed" and i in this_build for i, s in status.items()),
+            "up_to_date": sum(s in ("up to date", "up to date (cache)") for s in status.values()),
+            "not_built": sum(s == "not built" for s in status.values()),
+            "actions": n_actions}
+
+
 def _row(a: dict[str, Any], recipe: str, spec: dict[str, Any], records: dict[str, Any],
          status: dict[str, str], by_id: dict[str, Any], failed_up: dict[str, str],
          verify_actions: list[dict[str, Any]], sizes: dict[tuple[str, str, str], list[int]],
@@ -145,7 +167,7 @@ def _row(a: dict[str, Any], recipe: str, spec: dict[str, Any], records: dict[str
     # Compiles that exist only for verification (a bundle member or a multi-SoC binary built alone) count
     # as verify time; they are the verify actions' compile/bundle deps other than this deliverable.
     twins = sorted({d for v in verify_actions for d in v["deps"]
-                    if d != a["id"] and d in by_id and by_id[d]["kind"] in DELIVERABLE_KINDS})
+                    if d != a["id"] and d in by_id and by_id[d]["kind"] in kinds.names(deliverable=True)})
     vsecs = [v["seconds"] for v in verify] + [(records[t] or {}).get("seconds") for t in twins]
     row: dict[str, Any] = {
         "recipe": recipe, "target": a["target"], "action": a["id"], "kind": a["kind"],
@@ -408,23 +430,9 @@ def render_html(report: dict[str, Any], out: Path | None = None) -> str:
     if out is not None and (out / STATE).is_dir():  # the compiled template, so a no-op build skips the compile
         cache = jinja2.FileSystemBytecodeCache(str(out / STATE / "jinja"))
         (out / STATE / "jinja").mkdir(exist_ok=True)
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                             undefined=jinja2.StrictUndefined, bytecode_cache=cache, auto_reload=True)
+    env = environment(autoescape=True, bytecode_cache=cache, auto_reload=True)
     env.filters.update(size=fmt_size, secs=fmt_secs, pct=fmt_pct, num=fmt_num)
     return env.get_template("report.html.j2").render(r=report, b=report["build"])
-
-
-def fmt_size(n: int | None) -> str:
-    if n is None:
-        return "—"
-    if n < 1024:
-        return f"{n} B"
-    x = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        x /= 1024
-        if x < 1024 or unit == "TiB":
-            return f"{x:.1f} {unit}"
-    return "—"
 
 
 def fmt_secs(s: float | None) -> str:

@@ -13,14 +13,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import toolchain
+from . import kinds, toolchain
 from .action import Action, canonical_json, load_spec
-from .actions import IMPLEMENTATIONS, hook
 from .atomic import write_bytes
 from .capture import captured
 from .digests import DigestMemo, sha256_file
 from .errors import ActionError, CtxbuildError
-from .layout import DEPFILE_KINDS, STATE, cache_dir, depfile_path, log_path, record_path, rel
+from .layout import STATE, cache_dir, depfile_path, log_path, record_path, rel
 from .ninjaquote import depfile_path as depfile_quote
 
 
@@ -47,65 +46,30 @@ def main(spec_arg: str) -> int:
     spec_path = Path(spec_arg)
     out = out_dir_of(spec_path)
     action = load_spec(spec_path)
-    state = out / STATE
+    kind = kinds.get(action.kind)
     log = log_path(out, action.id)
     record_file = record_path(out, action.id)
     log.parent.mkdir(parents=True, exist_ok=True)
-    impl = IMPLEMENTATIONS[action.kind]
     start = time.monotonic()
     record: dict[str, Any] = {"id": action.id, "kind": action.kind, "recipes": action.recipes,
                               "target": action.target, "build_id": os.environ.get("CTXBUILD_BUILD_ID"),
                               "started": time.time()}
     previous = _read_json(record_file)
-    memo = DigestMemo(state / "digests.sqlite")
-    tmp = state / "tmp" / f"{action.spec_name[:-5]}.{os.getpid()}"
+    memo = DigestMemo(out / STATE / "digests.sqlite")
+    tmp = out / STATE / "tmp" / f"{action.spec_name[:-5]}.{os.getpid()}"
     cache = None
     try:
         with captured(log):
             cache = _open_cache()
-            discovered = hook(action.kind, "discover_inputs")(action)
-            _write_depfile(out, action, discovered)
-            components = _key_components(action, discovered, memo, state)
-            key = _digest(components)
-            record.update(key=key, key_detail=components)
-            record["why"] = _why(previous, record)
-            hit = cache.lookup(key) if cache else None
-            known = None  # role -> (sha256, size) of the output as placed, when the cache already hashed it
-            if hit is not None and cache.restore(hit, {r: Path(p) for r, p in action.outputs.items()}) \
-                    and _restored_ok(action, cache):
-                known = hit
-                record["source"] = "cache"
-                record["cache_origin"] = "remote" if cache.hits_remote else "local"
-                print(f"restored {action.id} from cache (key {key[:16]}); the original log follows")
-                sys.stdout.flush()
-                os.write(1, cache.read_log(hit) or b"")
-            else:
-                tmp.mkdir(parents=True, exist_ok=True)
-                ctx = ActionContext(action, out, tmp, log)
-                try:
-                    impl.run(ctx)
-                finally:
-                    record.update(ctx.facts)
-                hook(action.kind, "check_outputs")(action, {r: tmp / Path(p).name for r, p in action.outputs.items()})
-                _place_outputs(action, tmp)
-                record["source"] = "run"
-                record["cache_origin"] = None if cache else "off"
-                if cache:
-                    known = cache.store(key, {r: Path(p) for r, p in action.outputs.items()}, log.read_bytes(),
-                                        {"id": action.id, "seconds": round(time.monotonic() - start, 3)})
-        hashed = {e.name: (e.digest, e.size) for e in known.outputs} if known is not None else {}
-        record["outputs"] = {r: _describe_output(Path(p), out, hashed.get(r)) for r, p in action.outputs.items()}
-        for r, p in action.outputs.items():  # consumers later in this build need not hash them again
-            memo.remember(Path(p), record["outputs"][r]["sha256"])
-        record.update(hook(action.kind, "summarize")(action))
+            known = _restore_or_run(action, kind, out, tmp, log, memo, cache, previous, record)
+        _record_outputs(action, out, memo, record, known)
+        record.update(kind.hook("summarize")(action))
         record["status"] = "ok"
-        record["warnings"] = hook(action.kind, "warnings")(action)
-        for w in record["warnings"]:
-            print(f"ctxbuild: warning: {w}", file=sys.stderr)
+        record["warnings"] = kind.hook("warnings")(action)
         if cache:
             record["cache_warnings"] = cache.warnings
-            for w in cache.warnings:
-                print(f"ctxbuild: warning: {w}", file=sys.stderr)
+        for w in record["warnings"] + record.get("cache_warnings", []):
+            print(f"ctxbuild: warning: {w}", file=sys.stderr)
     except CtxbuildError as e:
         record.update(status="failed", cause=str(e))
         if details := getattr(e, "details", None):  # e.g. a failed verification's metrics
@@ -134,10 +98,53 @@ def main(spec_arg: str) -> int:
     return 1
 
 
-def _restored_ok(action: Action, cache: Any) -> bool:
+def _restore_or_run(action: Action, kind: type[kinds.Kind], out: Path, tmp: Path, log: Path, memo: DigestMemo,
+                    cache: Any, previous: dict[str, Any] | None, record: dict[str, Any]) -> Any:
+    """Key the action, then restore its outputs from the cache or run it and store them. Returns the cache
+    record when the cache hashed the placed outputs (restored or stored), else None."""
+    start = time.monotonic()
+    discovered = kind.hook("discover_inputs")(action)
+    _write_depfile(out, action, discovered)
+    components = _key_components(action, discovered, memo, out / STATE)
+    key = _digest(components)
+    record.update(key=key, key_detail=components)
+    record["why"] = _why(previous, record)
+    dests = {r: Path(p) for r, p in action.outputs.items()}
+    hit = cache.lookup(key) if cache else None
+    if hit is not None and cache.restore(hit, dests) and _restored_ok(action, kind, cache):
+        record["source"] = "cache"
+        record["cache_origin"] = "remote" if cache.hits_remote else "local"
+        print(f"restored {action.id} from cache (key {key[:16]}); the original log follows")
+        sys.stdout.flush()
+        os.write(1, cache.read_log(hit) or b"")
+        return hit
+    tmp.mkdir(parents=True, exist_ok=True)
+    ctx = ActionContext(action, out, tmp, log)
+    try:
+        kind.module().run(ctx)
+    finally:
+        record.update(ctx.facts)
+    kind.hook("check_outputs")(action, {r: tmp / Path(p).name for r, p in action.outputs.items()})
+    _place_outputs(action, tmp)
+    record["source"] = "run"
+    record["cache_origin"] = None if cache else "off"
+    if not cache:
+        return None
+    return cache.store(key, dests, log.read_bytes(), {"id": action.id, "seconds": round(time.monotonic() - start, 3)})
+
+
+def _record_outputs(action: Action, out: Path, memo: DigestMemo, record: dict[str, Any], known: Any) -> None:
+    """Path, digest and size of each placed output; the memo learns them (consumers need not hash again)."""
+    hashed = {e.name: (e.digest, e.size) for e in known.outputs} if known is not None else {}
+    record["outputs"] = {r: _describe_output(Path(p), out, hashed.get(r)) for r, p in action.outputs.items()}
+    for r, p in action.outputs.items():
+        memo.remember(Path(p), record["outputs"][r]["sha256"])
+
+
+def _restored_ok(action: Action, kind: type[kinds.Kind], cache: Any) -> bool:
     """Restored outputs get the same check as fresh ones: a poisoned record is a miss, and the action runs."""
     try:
-        hook(action.kind, "check_outputs")(action, {r: Path(p) for r, p in action.outputs.items()})
+        kind.hook("check_outputs")(action, {r: Path(p) for r, p in action.outputs.items()})
         return True
     except ActionError as e:
         cache.warnings.append(f"cache entry rejected: {e}; rebuilding")
@@ -153,13 +160,19 @@ def _open_cache() -> Any:
     from .cache.remote import MIN_RATE, clean_token
 
     root = cache_dir()
-    remote = None
+    remote, problem = None, None
     if url := os.environ.get("CTXBUILD_REMOTE_CACHE"):
         token, _ = clean_token(os.environ.get(os.environ.get("CTXBUILD_REMOTE_TOKEN_ENV", "CTXBUILD_REMOTE_TOKEN")))
-        remote = RemoteStore(url, token=token, read_only=os.environ.get("CTXBUILD_REMOTE_READ_ONLY") == "1",
-                             timeout=float(os.environ.get("CTXBUILD_REMOTE_TIMEOUT", "10")), state_dir=root,
-                             min_rate=float(os.environ.get("CTXBUILD_REMOTE_MIN_RATE", MIN_RATE)))
-    return Cache(LocalStore(root), remote)
+        try:
+            remote = RemoteStore(url, token=token, read_only=os.environ.get("CTXBUILD_REMOTE_READ_ONLY") == "1",
+                                 timeout=float(os.environ.get("CTXBUILD_REMOTE_TIMEOUT", "10")), state_dir=root,
+                                 min_rate=float(os.environ.get("CTXBUILD_REMOTE_MIN_RATE", MIN_RATE)))
+        except (CtxbuildError, ValueError) as e:  # e.g. plain `ninja` with a bad URL: a cache problem, not a failure
+            problem = f"remote cache not used: {e}"
+    cache = Cache(LocalStore(root), remote)
+    if problem:
+        cache.warnings.append(problem)
+    return cache
 
 
 def _key_components(action: Action, discovered: dict[str, Path], memo: DigestMemo, state: Path) -> dict[str, Any]:
@@ -171,6 +184,7 @@ def _key_components(action: Action, discovered: dict[str, Path], memo: DigestMem
         "discovered_inputs": {name: memo.digest(p) for name, p in sorted(discovered.items())},
         "outputs": sorted(Path(p).name for p in action.outputs.values()),
         "toolchain": toolchain.fingerprint(action.kind, state),
+        **({"extras": extras} if (extras := kinds.get(action.kind).hook("key_extras")(action)) else {}),
     }
 
 
@@ -242,7 +256,7 @@ def _describe_output(p: Path, out: Path, hashed: tuple[str, int] | None = None) 
 
 def _write_depfile(out: Path, action: Action, discovered: dict[str, Path]) -> None:
     """Files found at run time (external data, calibration samples) become ninja dependencies (deps = gcc)."""
-    if action.kind not in DEPFILE_KINDS:
+    if not kinds.get(action.kind).discovers_inputs:
         return
     outs = " ".join(depfile_quote(rel(p, out)) for p in action.outputs.values())
     deps = " ".join(depfile_quote(str(p)) for p in discovered.values())

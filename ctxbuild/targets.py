@@ -1,9 +1,10 @@
 """The built-in SoC table and target resolution (names, aliases, groups, explicit soc_model/htp_arch)."""
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
+
+from .suggest import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,9 @@ def lookup(name: str) -> Soc | None:
 
 def suggest(name: str, extra: list[str] | None = None) -> str:
     candidates = [s.name for s in SOCS] + [a for s in SOCS for a in s.aliases] + (extra or [])
-    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.5)
+    close = did_you_mean(name, candidates, cutoff=0.5)
     if close:
-        return f"did you mean '{close[0]}'? (`ctxbuild targets` lists them)"
+        return f"{close} (`ctxbuild targets` lists them)"
     return "`ctxbuild targets` lists the known SoCs; or give {name, soc_model, htp_arch} explicitly"
 
 

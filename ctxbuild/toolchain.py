@@ -45,13 +45,14 @@ def _stamp() -> list[Any]:
     ]
 
 
-def sdk_build_id(out_state: Path) -> str:
+def sdk_build_id(out_state: Path | None) -> str:
     """The QNN SDK build id (`ep_sdk_version`) the EP stamps into context binaries, memoized per toolchain.
 
-    The memo lives in the user cache dir (a fresh OUT must not pay the ~0.3 s probe), else in OUT.
+    The memo lives in the user cache dir (a fresh OUT must not pay the ~0.3 s probe), else in OUT
+    (`out_state`; None outside a build, e.g. `ctxbuild --version`).
     """
     stamp = _stamp()
-    memos = [cache_dir() / "toolchain.json", out_state / "toolchain.json"]
+    memos = [cache_dir() / "toolchain.json"] + ([out_state / "toolchain.json"] if out_state is not None else [])
     for memo in memos:
         try:
             data = json.loads(memo.read_text())
@@ -94,16 +95,18 @@ def _probe_sdk_build_id() -> str:
 
 
 def fingerprint(kind: str, out_state: Path) -> dict[str, Any]:
-    """The toolchain part of an action key. Compile-type actions also depend on the QNN compiler."""
+    """The toolchain part of an action key. Kinds that use QNN also depend on the QNN compiler."""
+    from . import kinds
+
     fp: dict[str, Any] = {"ctxbuild_action_schema": ACTION_SCHEMA_VERSION, "onnx": version("onnx"),
                           "onnxruntime": version("onnxruntime")}
-    if kind not in ("prepare", "quantize"):
+    if kinds.get(kind).uses_qnn:
         fp["onnxruntime-qnn"] = version("onnxruntime-qnn")
         fp["qnn_sdk"] = sdk_build_id(out_state)
     return fp
 
 
-def summary(out_state: Path) -> dict[str, str]:
+def summary(out_state: Path | None) -> dict[str, str]:
     return {"onnx": version("onnx"), "onnxruntime": version("onnxruntime"),
             "onnxruntime-qnn": version("onnxruntime-qnn"), "qnn_sdk_build_id": sdk_build_id(out_state)}
 

@@ -1,4 +1,5 @@
-"""Small models compiled with the real QNN EP, shared by test_inspect.py and test_wrap.py."""
+"""The tests' QNN helpers: small models compiled with the real QNN EP (test_inspect.py, test_wrap.py) and
+sessions on the EP (the x86 HTP simulator) to run or load what ctxbuild built."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -124,8 +125,21 @@ def build_models(root: Path) -> Built:
     )
 
 
+def qnn_session(ctx_model: Path, *, cpu_fallback: bool = False, **provider_options: str) -> ort.InferenceSession:
+    """A session on the QNN EP: the x86 HTP simulator. Single-SoC, single-graph contexts only: it
+    segfaults on multi-graph ones and refuses multi-SoC containers."""
+    return ort.InferenceSession(str(ctx_model), toolchain.session_options(provider_options, cpu_fallback=cpu_fallback))
+
+
 def run(model: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Run on the x86 HTP simulator (CPU fallback on for wrapper-side Q/DQ). Single-SoC,
-    single-graph contexts only: it segfaults on multi-graph ones and refuses multi-SoC containers."""
-    sess = ort.InferenceSession(str(model), toolchain.session_options({}, cpu_fallback=True))
-    return sess.run(None, feeds)
+    """Run on the simulator, CPU fallback on (for wrapper-side Q/DQ)."""
+    return qnn_session(model, cpu_fallback=True).run(None, feeds)
+
+
+def cpu_run(model: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))

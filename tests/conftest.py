@@ -18,6 +18,17 @@ RECIPES = ROOT / "recipes"
 pytest_plugins = ["tests.nginx_fixture"]
 
 
+# Tests that run the real CLI or build the examples are end to end (marker `e2e`, run by `make test`;
+# `pytest -m "not e2e"` leaves the fast unit tests). Files testing QNN in-process mark themselves.
+E2E_FIXTURES = {"ctxbuild", "tree", "example_models"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
+
 @dataclass
 class Result:
     code: int
@@ -63,6 +74,13 @@ def ctxbuild(tmp_path: Path, cache_dir: Path):
         return Result(p.returncode, p.stdout, p.stderr)
 
     return run
+
+
+def keep_only(tree: Path, *names: str) -> None:
+    """Delete the example recipes of `tree` except `names` (directory defaults stay)."""
+    for p in tree.glob("*.yaml"):
+        if p.name not in (*names, "_defaults.yaml"):
+            p.unlink()
 
 
 def records(out: Path) -> dict[str, dict[str, Any]]:

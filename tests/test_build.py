@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from tests.conftest import last_build
-from tests.qnn_session import cosine, cpu_run, qnn_session
+from tests._qnn_models import cosine, cpu_run, qnn_session
 
 
 @pytest.fixture

@@ -10,19 +10,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import last_build, records
-from tests.qnn_session import qnn_session
-
-
-def _keep(tree: Path, *names: str) -> None:
-    for p in tree.glob("*.yaml"):
-        if p.name not in (*names, "_defaults.yaml"):
-            p.unlink()
+from tests.conftest import keep_only, last_build, records
+from tests._qnn_models import qnn_session
 
 
 @pytest.fixture
 def bundle_out(tree: Path, tmp_path: Path, ctxbuild) -> Path:
-    _keep(tree, "lm_bundle.yaml", "tiny_cnn_flex.yaml")
+    keep_only(tree, "lm_bundle.yaml", "tiny_cnn_flex.yaml")
     out = tmp_path / "out"
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 0, r.text
@@ -101,7 +95,7 @@ def test_multi_soc_binary_serves_both_socs(bundle_out: Path, ctxbuild) -> None:
 
 
 def test_wrap_round_trips_a_ctxbuild_binary(tree: Path, tmp_path: Path, ctxbuild) -> None:
-    _keep(tree, "tiny_cnn.yaml")
+    keep_only(tree, "tiny_cnn.yaml")
     out = tmp_path / "out"
     assert ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650").code == 0
     original = out / "SM8650" / "tiny_cnn" / "tiny_cnn_ctx.onnx"
@@ -138,7 +132,7 @@ targets: [SM8650]
     ("model: models/mlp.onnx\nprecision: fp16\ntargets: [SM8650]\nmulti_soc: true\n", "needs two or more targets"),
 ])
 def test_bundle_and_multi_soc_constraints(tree: Path, tmp_path: Path, ctxbuild, body: str, expect: str) -> None:
-    _keep(tree)
+    keep_only(tree)
     (tree / "bad.yaml").write_text(body)
     r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
     assert r.code == 2, r.text
@@ -154,7 +148,7 @@ def test_bundle_on_a_toolchain_without_support(tree: Path, tmp_path: Path, ctxbu
     (fake / "onnxruntime_qnn-2.0.0.dist-info" / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: onnxruntime-qnn\nVersion: 2.0.0\n")
     os.symlink(Path(onnxruntime_qnn.__file__).parent, fake / "onnxruntime_qnn")
-    _keep(tree, "lm_bundle.yaml")
+    keep_only(tree, "lm_bundle.yaml")
     r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"), env={"PYTHONPATH": str(fake)})
     assert r.code == 2, r.text
     assert "bundle needs onnxruntime-qnn >= 2.7; this toolchain has 2.0.0" in r.err
@@ -163,7 +157,7 @@ def test_bundle_on_a_toolchain_without_support(tree: Path, tmp_path: Path, ctxbu
 def test_differently_quantized_shared_weight_is_caught(tree: Path, tmp_path: Path, ctxbuild) -> None:
     """The same weight consumed as a MatMul weight in one graph and as an activation-like Add input in the
     other quantizes differently (uint8 weight vs uint16 activation): QNN would store it twice."""
-    _keep(tree)
+    keep_only(tree)
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32), "shared_w")
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])
@@ -185,7 +179,7 @@ def test_differently_quantized_shared_weight_is_caught(tree: Path, tmp_path: Pat
 
 def test_prebuilt_binary_flows_through_targets_cache_and_manifest(tree: Path, tmp_path: Path, ctxbuild) -> None:
     """A binary made elsewhere (here: by an earlier ctxbuild build) named as a recipe's input."""
-    _keep(tree, "tiny_cnn.yaml")
+    keep_only(tree, "tiny_cnn.yaml")
     first = tmp_path / "first"
     assert ctxbuild("build", str(tree), "-o", str(first), "--target", "SM8650").code == 0
     vendor = tmp_path / "vendor"
@@ -213,7 +207,7 @@ def test_prebuilt_binary_flows_through_targets_cache_and_manifest(tree: Path, tm
     ("prebuilt: {bin: cnn.bin, graphs: [a, b]}\ntargets: [SM8650]\n", "holds 1 graph(s), the recipe names 2"),
 ])
 def test_prebuilt_mismatches_are_clear(tree: Path, tmp_path: Path, ctxbuild, body: str, expect: str) -> None:
-    _keep(tree, "tiny_cnn.yaml")
+    keep_only(tree, "tiny_cnn.yaml")
     first = tmp_path / "first"
     assert ctxbuild("build", str(tree), "-o", str(first), "--target", "SM8650", "--no-verify").code == 0
     vendor = tmp_path / "vendor"

@@ -139,7 +139,7 @@ def test_poisoned_blob_is_rejected(tmp_path: Path, nginx_cache: NginxCache) -> N
 
 def test_poisoned_record_is_rejected(tmp_path: Path, nginx_cache: NginxCache) -> None:
     record, _ = stored(tmp_path, nginx_cache.url, "bad-record", a=b"a")
-    (nginx_cache.root / "ac" / record.key).write_bytes(b'{"version": 1, "outputs": "/etc/passwd"}')
+    (nginx_cache.root / "ac" / record.key).write_bytes(b"\x12\x05\x0a\x03../\x22")  # truncated ActionResult
     cache = Cache(LocalStore(tmp_path / "second"), RemoteStore(nginx_cache.url, timeout=5))
     assert cache.lookup(record.key) is None and "malformed" in cache.warnings[0]
 

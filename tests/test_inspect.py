@@ -13,6 +13,8 @@ from ctxbuild.contextbin import describe, format_text, read_binary_info
 from ctxbuild.errors import InspectError
 from tests._qnn_models import Built, bin_of, build_models, conv_model
 
+pytestmark = pytest.mark.e2e  # compiles with the real QNN EP in-process
+
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Built:

@@ -8,17 +8,11 @@ import numpy as np
 import pytest
 
 from ctxbuild.actions.verify import SNR_CAP_DB, metrics
-from tests.conftest import last_build, records
-
-
-def _keep(tree: Path, *names: str) -> None:
-    for p in tree.glob("*.yaml"):
-        if p.name not in (*names, "_defaults.yaml"):
-            p.unlink()
+from tests.conftest import keep_only, last_build, records
 
 
 def test_examples_verify_with_metrics(tree: Path, tmp_path: Path, ctxbuild) -> None:
-    _keep(tree, "tiny_cnn.yaml", "mlp_fp16.yaml")
+    keep_only(tree, "tiny_cnn.yaml", "mlp_fp16.yaml")
     out = tmp_path / "out"
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 0, r.text
@@ -38,7 +32,7 @@ def test_examples_verify_with_metrics(tree: Path, tmp_path: Path, ctxbuild) -> N
 
 
 def test_constant_calibration_fails_verification(tree: Path, tmp_path: Path, ctxbuild) -> None:
-    _keep(tree)
+    keep_only(tree)
     cal = tree / "flat"
     cal.mkdir()
     for i in range(4):
@@ -57,7 +51,7 @@ def test_constant_calibration_fails_verification(tree: Path, tmp_path: Path, ctx
 
 
 def test_corrupt_binary_fails_only_its_verify(tree: Path, tmp_path: Path, ctxbuild) -> None:
-    _keep(tree, "tiny_cnn.yaml")
+    keep_only(tree, "tiny_cnn.yaml")
     out = tmp_path / "out"
     assert ctxbuild("build", str(tree), "-o", str(out)).code == 0
     binf = out / "SM8650" / "tiny_cnn" / "tiny_cnn_ctx_qnn.bin"
@@ -74,7 +68,7 @@ def test_corrupt_binary_fails_only_its_verify(tree: Path, tmp_path: Path, ctxbui
 
 
 def test_verify_command_reuses_cached_results(tree: Path, tmp_path: Path, ctxbuild) -> None:
-    _keep(tree, "mlp_fp16.yaml")
+    keep_only(tree, "mlp_fp16.yaml")
     out = tmp_path / "out"
     assert ctxbuild("build", str(tree), "-o", str(out)).code == 0
     r = ctxbuild("verify", str(tree), "-o", str(out))
@@ -88,7 +82,7 @@ def test_verify_command_reuses_cached_results(tree: Path, tmp_path: Path, ctxbui
 
 
 def test_no_verify_plans_no_verification(tree: Path, tmp_path: Path, ctxbuild) -> None:
-    _keep(tree, "mlp_fp16.yaml")
+    keep_only(tree, "mlp_fp16.yaml")
     out = tmp_path / "out"
     assert ctxbuild("build", str(tree), "-o", str(out), "--no-verify").code == 0
     assert not [i for i in records(out) if i.startswith("verify/")]
@@ -117,7 +111,7 @@ def test_coverage_counts_cpu_fallback_nodes(tree: Path, tmp_path: Path, ctxbuild
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    _keep(tree)
+    keep_only(tree)
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32), "W")
     g = helper.make_graph(
         [helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"), helper.make_node("Relu", ["m"], ["r"], name="relu"),

@@ -15,6 +15,8 @@ from ctxbuild.errors import InspectError
 from ctxbuild.wrap import wrap_binary
 from tests._qnn_models import Built, bin_of, build_models, conv_model, matmul_model, random_inputs, run
 
+pytestmark = pytest.mark.e2e  # compiles with the real QNN EP in-process
+
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Built:

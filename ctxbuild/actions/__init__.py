@@ -1,30 +1,12 @@
-"""Action implementations, one module per kind. Each defines `run(ctx)`: write every output into `ctx.tmp`
-under its final file name; raise ActionError on bad input. Optional hooks (defaults: nothing):
+"""Action implementations, one module per kind (ctxbuild/kinds.py registers them). Each defines
+`run(ctx)`: write every output into `ctx.tmp` under its final file name; raise ActionError on bad input.
+Optional hooks (defaults: nothing):
 
 - `discover_inputs(action) -> dict[name, Path]`: files read beyond the declared inputs (external data,
   calibration samples), found cheaply before running so they join the action key and ninja's depfile;
 - `warnings(action) -> list[str]`: what the user must see whether the action runs or restores from cache;
 - `summarize(action) -> dict`: facts about the placed outputs for the record (graph names, metrics);
+- `key_extras(action) -> dict`: anything else the outputs depend on (e.g. SOURCE_DATE_EPOCH), keyed;
 - `check_outputs(action, outputs: dict[role, Path])`: raise ActionError if outputs (freshly made in the temp
   dir, or restored from the cache) are not what the action promises (e.g. a binary for another SoC).
 """
-from __future__ import annotations
-
-from types import ModuleType
-from typing import Any, Callable
-
-from . import bundle, compile, prebuilt, prepare, quantize, verify
-
-IMPLEMENTATIONS: dict[str, ModuleType] = {
-    "prepare": prepare, "quantize": quantize, "compile": compile, "bundle": bundle, "verify": verify,
-    "prebuilt": prebuilt,
-}
-_DEFAULTS: dict[str, Callable[..., Any]] = {
-    "discover_inputs": lambda action: {}, "warnings": lambda action: [], "summarize": lambda action: {},
-    "check_outputs": lambda action, outputs: None,
-}
-
-
-def hook(kind: str, name: str) -> Callable[..., Any]:
-    """The kind's `name` hook, or the default that does nothing."""
-    return getattr(IMPLEMENTATIONS[kind], name, _DEFAULTS[name])

@@ -27,6 +27,30 @@ def run(ctx: Any) -> None:
     except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped; the log holds the real cause
         raise compile_error(ctx.log_path, e, a.params["cpu_fallback"], options,
                             probe=lambda: cpu_nodes(src, options, ctx.tmp)) from None
+    if is_multi_soc(a):
+        _normalize_build_time(ctx.tmp_output("bin"))
+
+
+def is_multi_soc(action: Action) -> bool:
+    return "," in action.params["provider_options"]["soc_model"]
+
+
+def key_extras(action: Action) -> dict[str, Any]:
+    """A multi-SoC binary embeds the reproducible-builds time (ctxbuild/reproducible.py): part of its key."""
+    from ..reproducible import build_time
+
+    return {"build_time": build_time()} if is_multi_soc(action) else {}
+
+
+def _normalize_build_time(path: Path) -> None:
+    from ..reproducible import build_time, normalize_multi_soc
+
+    try:
+        data, _ = normalize_multi_soc(path.read_bytes(), build_time())
+    except ValueError as e:
+        raise ActionError(f"cannot make the multi-SoC binary reproducible: {e}",
+                          "this onnxruntime-qnn writes a container ctxbuild does not know; report it") from None
+    path.write_bytes(data)  # a temp output, placed atomically by the runner
 
 
 def cpu_nodes(src: Path, provider_options: dict[str, str], tmp: Path) -> list[tuple[str, str]]:

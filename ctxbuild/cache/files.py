@@ -9,8 +9,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from ..digests import hash_file, hash_stream
+
 if TYPE_CHECKING:
     from .record import OutputEntry
+
+__all__ = ["copy_hashing", "hash_file", "restore_outputs", "same_content", "temp_path"]
 
 CHUNK = 1 << 20
 # linux/fs.h: _IOW(0x94, 9, int). fcntl.FICLONE only exists from Python 3.12.
@@ -20,19 +24,6 @@ FICLONE = 0x40049409
 def temp_path(directory: Path, name: str) -> Path:
     """A unique hidden sibling name; a crash leaves it behind, but nothing ever reads such a name."""
     return directory / f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def hash_stream(f: BinaryIO) -> tuple[str, int]:
-    h, size = hashlib.sha256(), 0
-    while chunk := f.read(CHUNK):
-        h.update(chunk)
-        size += len(chunk)
-    return h.hexdigest(), size
-
-
-def hash_file(path: Path) -> tuple[str, int]:
-    with open(path, "rb") as f:
-        return hash_stream(f)
 
 
 def same_content(path: Path, digest: str, size: int) -> bool:

@@ -71,7 +71,7 @@ class LocalStore:
         try:
             entries = [OutputEntry(name, *self._add_file(outputs[name], *hashed[name])) for name in hashed]
             log_digest = self._add_bytes(log) if log is not None else None
-            record = ActionRecord(key, entries, log_digest, dict(meta))
+            record = ActionRecord(key, entries, log_digest, dict(meta), len(log) if log is not None else None)
             self.put_record(record)
         except OSError as e:
             raise self._unavailable(e) from None

@@ -42,6 +42,7 @@ class ActionRecord:
     outputs: list[OutputEntry]
     log_digest: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    log_size: int | None = None  # the remote format (REAPI stdout_digest) carries it; older records lack it
 
     def digests(self) -> set[str]:
         """Every blob the record needs: outputs and log."""
@@ -57,6 +58,8 @@ class ActionRecord:
             "log_digest": self.log_digest,
             "meta": self.meta,
         }
+        if self.log_size is not None:
+            obj["log_size"] = self.log_size
         return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
     @classmethod
@@ -71,14 +74,16 @@ class ActionRecord:
         log = obj.get("log_digest")
         meta = obj.get("meta")
         _require(isinstance(meta, dict), "meta is not an object")
-        return cls(check_key(obj.get("key")), entries, None if log is None else check_digest(log), meta)
+        log_size = obj.get("log_size")
+        _require(log_size is None or (type(log_size) is int and log_size >= 0), "log_size is not a count")
+        return cls(check_key(obj.get("key")), entries, None if log is None else check_digest(log), meta, log_size)
 
     @classmethod
     def of_files(cls, key: str, outputs: dict[str, Path], log: bytes | None, meta: dict[str, Any]) -> ActionRecord:
         """Describe outputs without storing them (hashes each file, streamed)."""
         entries = [OutputEntry(name, *hash_file(path)) for name, path in sorted(outputs.items())]
         log_digest = hashlib.sha256(log).hexdigest() if log is not None else None
-        return cls(check_key(key), entries, log_digest, dict(meta))
+        return cls(check_key(key), entries, log_digest, dict(meta), len(log) if log is not None else None)
 
 
 def _entry(obj: Any) -> OutputEntry:

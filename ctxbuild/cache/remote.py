@@ -1,5 +1,5 @@
 """The remote store: GET/PUT/HEAD on <url>/ac/<key> and <url>/cas/<sha256>, the layout bazel-remote and
-nginx WebDAV serve.
+nginx WebDAV serve (Bazel's HTTP cache protocol: /ac/ values are REAPI ActionResults, see reapi.py).
 
 Error contract (all CacheError subclasses; the token never appears in any of them):
 - RemoteUnavailable: unreachable, timeout, connection broken mid-transfer, 5xx, or credentials refused.
@@ -27,6 +27,7 @@ from urllib.parse import SplitResult, unquote, urlsplit
 
 from ..atomic import write_bytes
 from ..errors import CacheError, CorruptEntry, RemoteUnavailable, UsageError
+from . import reapi
 from .files import CHUNK, temp_path
 from .record import ActionRecord, check_digest, check_key
 
@@ -74,6 +75,8 @@ class RemoteStore:
         return f"RemoteStore({self.url!r}, read_only={self.read_only})"
 
     def get_record(self, key: str) -> ActionRecord | None:
+        """The /ac/ entry (a REAPI ActionResult, see reapi.py) and the metadata blob it names, as a record.
+        None if absent, in an older format, or its metadata blob is gone: a miss."""
         with self._exchange("GET", f"/ac/{check_key(key)}") as resp:
             if resp.status == 404:
                 return None
@@ -84,13 +87,12 @@ class RemoteStore:
                 if body.tell() > RECORD_LIMIT:
                     break
         try:
-            record = ActionRecord.from_json(body.getvalue())
-            if record.key != key:
-                raise ValueError("record stored under another key")
+            decoded = reapi.decode(body.getvalue())
+            metadata = self.read_blob(decoded.metadata.digest) if decoded is not None else None
+            return reapi.record_of(key, decoded, metadata) if decoded is not None and metadata is not None else None
         except ValueError:
             raise CorruptEntry(f"remote cache {self.url}: action record {key[:12]} is malformed (poisoned or "
                                "corrupt)", "ignored it; the action runs") from None
-        return record
 
     def fetch_blob(self, digest: str, dest_path: Path) -> bool:
         """Download to a temp file beside `dest_path` and rename it there only once its sha256 matches.
@@ -132,11 +134,13 @@ class RemoteStore:
         return True
 
     def put_record(self, record: ActionRecord) -> bool:
-        """Upload the record (after its blobs, so no reader sees a record without them). True if sent."""
+        """Upload the record as an ActionResult, after its blobs and its metadata blob (so no reader sees an
+        entry without them). True if sent."""
         if self.read_only:
             return False
-        data = record.to_json()
-        self._put(f"/ac/{check_key(record.key)}", data, len(data))
+        entry = reapi.encode(record)
+        self.put_blob(entry.metadata_digest, entry.metadata)
+        self._put(f"/ac/{check_key(record.key)}", entry.action_result, len(entry.action_result))
         return True
 
     def _download(self, digest: str, sink: BinaryIO) -> bool:

@@ -1,0 +1,175 @@
+"""Action kinds: the one place that says what each kind of action is and what it needs.
+
+One class per kind, registered by subclassing `Kind` (as Olive registers its passes): its name, the
+module that implements it (imported only by the process that runs the action, so the driver, the
+planner and the report never pay for numpy or onnxruntime), the TypedDict of its parameters, and flags
+that the rest of ctxbuild reads instead of keeping lists of kind names:
+
+- `discovers_inputs`: it reads files found at run time (external data, calibration samples): its
+  implementation's `discover_inputs` hook names them, they join the action key, and ninja watches them
+  through a depfile (ninja.py, runner.py);
+- `uses_qnn`: its outputs depend on the QNN compiler/simulator: onnxruntime-qnn and the QNN SDK build id
+  join its key (toolchain.fingerprint);
+- `deliverable`: its outputs under OUT/<target>/ are artifacts (manifest, report rows); its outputs in
+  the work dir are verification twins (plan.Plan.artifacts, report.py).
+
+Adding a kind: a class here and its implementation module (see README, "Adding an action kind").
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any, Callable, ClassVar, TypedDict
+
+
+class Kind:
+    name: ClassVar[str]
+    implementation: ClassVar[str]  # module with run(ctx) and optional hooks (ctxbuild/actions/__init__.py)
+    params: ClassVar[type]  # a TypedDict: the keys every action of this kind carries in `params`
+    discovers_inputs: ClassVar[bool] = False
+    uses_qnn: ClassVar[bool] = False
+    deliverable: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.name in _REGISTRY:
+            raise TypeError(f"action kind {cls.name!r} is registered twice ({_REGISTRY[cls.name].__name__}, "
+                            f"{cls.__name__})")
+        _REGISTRY[cls.name] = cls
+
+    @classmethod
+    def module(cls) -> ModuleType:
+        return importlib.import_module(cls.implementation)
+
+    @classmethod
+    def hook(cls, name: str) -> Callable[..., Any]:
+        """The implementation's `name` hook, or the default that does nothing."""
+        return getattr(cls.module(), name, _HOOK_DEFAULTS[name])
+
+
+_REGISTRY: dict[str, type[Kind]] = {}
+_HOOK_DEFAULTS: dict[str, Callable[..., Any]] = {
+    "discover_inputs": lambda action: {}, "warnings": lambda action: [], "summarize": lambda action: {},
+    "key_extras": lambda action: {}, "check_outputs": lambda action, outputs: None,
+}
+
+
+def get(name: str) -> type[Kind]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown action kind {name!r} (known: {', '.join(_REGISTRY)})") from None
+
+
+def all_kinds() -> list[type[Kind]]:
+    return list(_REGISTRY.values())
+
+
+def names(**flags: bool) -> set[str]:
+    """Kinds whose flags have the given values, e.g. names(deliverable=True)."""
+    return {k.name for k in _REGISTRY.values() if all(getattr(k, f) == v for f, v in flags.items())}
+
+
+# --- the kinds --------------------------------------------------------------------------------------------
+
+Shape = dict[str, list[int]]  # input name -> fixed dims
+
+
+class PrepareParams(TypedDict):
+    inputs: Shape
+    optimize: bool  # ORT basic optimizer (off for qdq: it would fold weight DequantizeLinear away)
+
+
+class Prepare(Kind):
+    """Fix input shapes, stamp an IR version onnxruntime reads, reject control flow, fold."""
+    name = "prepare"
+    implementation = "ctxbuild.actions.prepare"
+    params = PrepareParams
+    discovers_inputs = True  # external data files
+
+
+class QuantizeParams(TypedDict):
+    activation_type: str  # onnxruntime.quantization.QuantType member names
+    weight_type: str
+    samples: int
+    random: bool
+    inputs: Shape
+
+
+class Quantize(Kind):
+    """QDQ quantization for QNN on the recipe's calibration samples."""
+    name = "quantize"
+    implementation = "ctxbuild.actions.quantize"
+    params = QuantizeParams
+    discovers_inputs = True  # calibration samples
+
+
+class CompileParams(TypedDict):
+    provider_options: dict[str, str]
+    embed: bool
+    cpu_fallback: bool
+    precision: str
+    graphs: list[str]
+
+
+class Compile(Kind):
+    """One graph for one target (or one multi-SoC binary) with the QNN EP's ModelCompiler."""
+    name = "compile"
+    implementation = "ctxbuild.actions.compile"
+    params = CompileParams
+    uses_qnn = True
+    deliverable = True
+
+
+class BundleParams(TypedDict):
+    provider_options: dict[str, str]
+    cpu_fallback: bool
+    precision: str
+    graphs: list[str]
+
+
+class Bundle(Kind):
+    """Several graphs in one weight-shared context binary."""
+    name = "bundle"
+    implementation = "ctxbuild.actions.bundle"
+    params = BundleParams
+    uses_qnn = True
+    deliverable = True
+
+
+class PrebuiltParams(TypedDict):
+    graphs: list[str]
+    embed: bool
+    quantized_io: bool
+    soc_model: str
+    htp_arch: str
+
+
+class Prebuilt(Kind):
+    """A context binary made elsewhere, checked with libQnnSystem and wrapped per target."""
+    name = "prebuilt"
+    implementation = "ctxbuild.actions.prebuilt"
+    params = PrebuiltParams
+    uses_qnn = True
+    deliverable = True
+
+
+class VerifyParams(TypedDict):
+    graph: str
+    method: str
+    precision: str
+    thresholds: dict[str, float]
+    samples: int
+    timeout_s: float
+    sample_source: str
+    cpu_fallback: bool
+    inputs: Shape
+
+
+class Verify(Kind):
+    """A compiled graph on the HTP simulator against the float model on the CPU EP."""
+    name = "verify"
+    implementation = "ctxbuild.actions.verify"
+    params = VerifyParams
+    discovers_inputs = True  # verification samples
+    uses_qnn = True

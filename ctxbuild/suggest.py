@@ -1,0 +1,11 @@
+"""The one "did you mean" of ctxbuild's error hints (recipe keys and values, SoC names, --only/--target)."""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(word: str, options: Iterable[str], *, otherwise: str | None = None, cutoff: float = 0.6) -> str | None:
+    """"did you mean 'x'?" for the option closest to `word`, else `otherwise`."""
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=cutoff)
+    return f"did you mean '{close[0]}'?" if close else otherwise

@@ -1,0 +1,112 @@
+"""Fast unit tests of the planner and the rendered build.ninja (a golden file): no onnxruntime, no QNN.
+
+Regenerate the golden file after an intended change: CTXBUILD_UPDATE_GOLDEN=1 pytest tests/test_plan_unit.py
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from ctxbuild.ninjaquote import ninja_path
+from ctxbuild import kinds, ninja, recipe, toolchain
+from ctxbuild.plan import Plan, make_plan
+from tests.fake_tree import fake_tree
+
+GOLDEN = Path(__file__).parent / "golden" / "build.ninja"
+
+
+@pytest.fixture
+def plan(tmp_path: Path) -> Plan:
+    return make_plan(recipe.load([fake_tree(tmp_path / "recipes")]), tmp_path / "out")
+
+
+def by_kind(plan: Plan) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for a in plan.actions:
+        out.setdefault(a.kind, []).append(a.id)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def test_examples_plan_into_the_expected_actions(plan: Plan) -> None:
+    got = by_kind(plan)
+    assert got["compile"] == sorted([
+        "compile/tiny_cnn@SM8650", "compile/tiny_cnn@SM8750", "compile/tiny_cnn@SC8380XP",
+        "compile/tiny_cnn_int8@SM8650", "compile/mlp_fp16@SM8650", "compile/mlp_fp16@SM8750",
+        "compile/tiny_cnn_flex@SC8380XP+SM8750", "compile/tiny_cnn_flex.single@SC8380XP",
+        "compile/lm_bundle.prefill@SM8650", "compile/lm_bundle.decode@SM8650",
+        "compile/lm_bundle.prefill@SM8750", "compile/lm_bundle.decode@SM8750"])
+    assert got["bundle"] == ["bundle/lm_bundle@SM8650", "bundle/lm_bundle@SM8750"]
+    assert len(got["verify"]) == 11 and "prebuilt" not in got  # 6 direct, 4 bundle graphs, 1 multi-SoC
+    # One model prepared the same way by three recipes is one action.
+    tiny = [a for a in plan.actions if a.kind == "prepare" and "tiny_cnn" in a.id]
+    assert len(tiny) == 1 and sorted(tiny[0].recipes) == ["tiny_cnn", "tiny_cnn_flex", "tiny_cnn_int8"]
+    # int16 and int8 quantize it differently: two quantize actions over that one prepare.
+    q = [a for a in plan.actions if a.kind == "quantize" and "tiny_cnn" in a.id]
+    assert sorted(a.params["activation_type"] for a in q) == ["QUInt16", "QUInt8"]
+    assert all(list(plan.graph.predecessors(a.id)) == [tiny[0].id] for a in q)
+
+
+def test_every_action_matches_its_registered_kind(plan: Plan) -> None:
+    for a in plan.actions:
+        kind = kinds.get(a.kind)
+        assert set(a.params) == set(kind.params.__annotations__), (a.id, set(a.params) ^ set(kind.params.__annotations__))
+        assert a.id.startswith(f"{a.kind}/")
+    with pytest.raises(KeyError, match="unknown action kind 'nope'"):
+        kinds.get("nope")
+    with pytest.raises(TypeError, match="registered twice"):
+        type("Again", (kinds.Kind,), {"name": "compile"})
+
+
+def test_edges_follow_files_and_order_is_topological(plan: Plan) -> None:
+    seen: set[str] = set()
+    for a in plan.actions:
+        preds = set(plan.graph.predecessors(a.id))
+        assert preds <= seen, a.id
+        seen.add(a.id)
+        for u in preds:  # an edge means: a reads a file u writes
+            assert set(plan.graph.nodes[u]["action"].outputs.values()) & set(a.inputs.values()), (u, a.id)
+    verify = plan.graph.nodes["verify/tiny_cnn_flex@SC8380XP+SM8750"]["action"]
+    assert {"artifact.bin", "ctx.bin"} <= set(verify.inputs)  # the deliverable and its single-SoC twin
+    flex = plan.graph.nodes["compile/tiny_cnn_flex@SC8380XP+SM8750"]["action"]
+    assert flex.params["provider_options"]["soc_model"] == "60,69"
+
+
+def test_artifacts_are_the_deliverables_outside_the_work_dir(plan: Plan) -> None:
+    arts = plan.artifacts()
+    assert {a["action"].split("/")[0] for a in arts} == kinds.names(deliverable=True) - {"prebuilt"}
+    assert not any(".ctxbuild" in a["path"] for a in arts)
+    bundle = [a for a in arts if a["action"] == "bundle/lm_bundle@SM8650"]
+    assert {a["role"] for a in bundle} == {"ctx:prefill", "ctx:decode", "bin"}
+    assert bundle[0]["twins"] == ["compile/lm_bundle.decode@SM8650", "compile/lm_bundle.prefill@SM8650"]
+
+
+def _normalized(text: str, plan: Plan, tree: Path) -> str:
+    """Machine-specific absolute paths -> placeholders, longest first (the venv lives inside the worktree);
+    the short hashes in work-file names (they cover the model's absolute path) -> <hash>, and phony lists
+    re-sorted after that (ninja sorts them by the hashed names)."""
+    subs = {str(Path(sys.executable)): "$PYTHON", str(Path(ninja.__file__).resolve().parent): "$PKG",
+            str(toolchain.qnn_library_dir()): "$QNN", str(tree.resolve()): "$RECIPES", str(plan.out): "$OUT"}
+    for old in sorted(subs, key=len, reverse=True):
+        text = text.replace(ninja_path(old), subs[old]).replace(old, subs[old])
+    text = re.sub(r"-[0-9a-f]{10}\b", "-<hash>", text)
+    return "".join(_sorted_phony(line) for line in text.splitlines(keepends=True))
+
+
+def _sorted_phony(line: str) -> str:
+    head, sep, deps = line.rstrip("\n").partition(": phony ")
+    return f"{head}{sep}{' '.join(sorted(deps.split()))}\n" if sep else line
+
+
+def test_build_ninja_matches_the_golden_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = fake_tree(tmp_path / "recipes")
+    plan = make_plan(recipe.load([tree]), tmp_path / "out")
+    plan.out.mkdir()
+    ninja.render(plan, compile_jobs=2, invocation={"paths": [str(tree)], "compile_jobs": 2, "verify": True})
+    got = _normalized((plan.out / "build.ninja").read_text(), plan, tree)
+    if os.environ.get("CTXBUILD_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(got)
+    assert got == GOLDEN.read_text(), "build.ninja changed; if intended, regenerate (see this file's docstring)"
