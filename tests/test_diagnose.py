@@ -29,7 +29,9 @@ def test_quantization_loss_is_named_per_node(tree: Path, tmp_path: Path, ctxbuil
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 1
     line = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED verify/flat@SM8650"))
-    assert "quantization loses it, most at" in line and "verify --layers flat" in line  # the hint, from the CPU half
+    # the hint, from the CPU half: calibrated on zeros, conv1's bias cannot fit its int32 scale
+    assert "quantization loses it: the biases of conv1" in line and "calibration samples" in line
+    assert "verify --layers flat" in line
 
     r = ctxbuild("verify", "--layers", "flat", str(tree), "-o", str(out))
     assert r.code == 1  # the verification itself still fails
@@ -44,7 +46,7 @@ def test_quantization_loss_is_named_per_node(tree: Path, tmp_path: Path, ctxbuil
     assert all(n["quant_snr_db"] is not None and n["quant_added_db"] is not None for n in worst)
     assert any(n["htp_snr_db"] is not None for n in worst)  # probed on the simulator
     assert d["probe_runs"][0]["probes"] >= len(worst) and d["probe_runs"][0]["partitions"] == 1
-    assert "quantization loses it" in d["hint"] and worst[0]["node"] in d["hint"]
+    assert "quantization loses it" in d["hint"] and "conv1" in d["hint"] and worst[0]["node"] in d["hint"]
     assert "worst in quantization" in r.out and worst[0]["node"] in r.out and "HTP SNR" in r.out
     report = json.loads((out / "report.json").read_text())
     v = next(v for row in report["rows"] for v in row["verify"] if v["id"] == "verify/flat@SM8650")
