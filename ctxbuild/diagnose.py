@@ -443,8 +443,10 @@ def _passes(m: dict[str, Any], t: dict[str, float]) -> bool:
 def format_text(d: dict[str, Any]) -> str:
     lines = [f"{d['graph']}@{d['target']}: loss is mostly in {d['where']} ({d['samples']} samples)"]
     for o, row in d["outputs"].items():
-        parts = [f"{k} SNR {v['snr_db']:.1f} dB cos {v['cosine']:.4f}" for k, v in row.items()]
+        parts = [f"{k} SNR {v['snr_db']:.1f} dB cos {v['cosine']:.4f}"
+                 + "".join(f" [{x['slice']} {x['snr_db']:.1f} dB]" for x in v.get("slices") or []) for k, v in row.items()]
         lines.append(f"  output {o}: " + "; ".join(parts))
+    lines.append("  (SNR: of the node's output; added: the noise the node itself adds, dB relative to its signal)")
     head = f"  {'node':<36} {'op':<14} {'w SNR':>6} {'quant SNR':>9} {'q added':>8} {'HTP SNR':>8} {'h added':>8}"
     for title, rows in (("worst in quantization (float vs QDQ on CPU)", d["worst_quantization"]),
                         ("worst on the HTP (HTP simulator vs QDQ on CPU)", d["worst_htp"])):

