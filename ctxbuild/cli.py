@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="run only the verification of built artifacts (cached results reused)")
     _paths_out(v)
     v.add_argument("-j", "--jobs", type=int, help="parallel actions (default: make's jobserver, else ninja's)")
+    v.add_argument("--layers", metavar="RECIPE", help="diagnose RECIPE per layer: quantization vs HTP loss")
+    v.add_argument("--target", action="append", default=[], metavar="NAME", help="with --layers: only this target")
+    v.add_argument("--samples", type=int, metavar="N", help="with --layers: samples to run (default: verify's)")
     _cache_args(v)
 
     i = sub.add_parser("inspect", help="describe a context binary (.bin) or EPContext model (_ctx.onnx)")
@@ -181,6 +184,11 @@ def _dispatch(args: argparse.Namespace) -> int:
                                   targets=args.target, only=args.only, dry_run=args.dry_run,
                                   compile_jobs=args.compile_jobs, explain=args.explain, verify=not args.no_verify,
                                   cache_env=_cache_env(args)))
+    if args.cmd == "verify" and args.layers:
+        from .layers_cli import main as layers
+
+        return layers(args.paths, args.out, args.layers, args.target, samples=args.samples,
+                      cache_env=_cache_env(args))
     if args.cmd == "verify":
         from .build import BuildOptions, build
 

@@ -215,10 +215,16 @@ def _compile(recipe: Recipe, b: Built, t: Target, d: Path, *, name: str | None =
     params = {"provider_options": provider_options(recipe, t), "embed": recipe.compile.embed,
               "cpu_fallback": recipe.compile.cpu_fallback, "precision": recipe.precision,
               "graphs": [b.graph.name]}
+    if recipe.compile.split_outputs:  # only when set: existing action keys stay as they were
+        params["split_outputs"] = _split_param(recipe.compile.split_outputs)
     twin = " (verification twin)" if name else ""
     return Action(id=f"compile/{stem}@{t.name}", kind="compile", description=f"compile {stem}@{t.name}{twin}",
                   inputs={"model": b.model}, outputs=outputs, params=params,
                   target=(action_target or t).as_dict(), pool="compile", **_common(recipe))
+
+
+def _split_param(v: bool | tuple[str, ...]) -> bool | list[str]:
+    return list(v) if isinstance(v, tuple) else v
 
 
 def _prebuilt(recipe: Recipe, t: Target, out: Path) -> Action:
@@ -267,6 +273,10 @@ def _verify(recipe: Recipe, b: Built, t: Target, compiled: Action, out: Path, *,
               "sample_source": "verification" if v.get("dir") else ("calibration" if samples_dir else "random"),
               "cpu_fallback": recipe.compile.cpu_fallback,
               "inputs": {k: list(x) for k, x in sorted(graph.inputs.items())}}
+    if recipe.compile.split_outputs:  # the wrapper's re-joining Concat runs on the CPU
+        params["split_outputs"] = _split_param(recipe.compile.split_outputs)
+    if v.get("slices"):
+        params["slices"] = v["slices"]
     inputs = {"reference": b.reference, "compiled": b.model, **{f"ctx.{k}": p for k, p in compiled.outputs.items()}}
     if bundle is not None:
         inputs.update({"bundle.ctx": bundle.outputs[f"ctx:{graph.name}"], "bundle.bin": bundle.outputs["bin"]})

@@ -34,6 +34,7 @@ class CompileOptions:
     vtcm_mb: int | None = None
     cpu_fallback: bool = False
     provider_options: tuple[tuple[str, str], ...] = ()
+    split_outputs: bool | tuple[str, ...] = False  # see split_outputs.py
 
 
 @dataclass(frozen=True)
@@ -261,6 +262,7 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
         vtcm_mb=copts.get("vtcm_mb"),
         cpu_fallback=copts.get("cpu_fallback", False),
         provider_options=tuple(sorted((str(k), _opt_str(v)) for k, v in copts.get("provider_options", {}).items())),
+        split_outputs=_split_outputs(copts.get("split_outputs", False)),
     )
     recipe_targets = _targets(f, data, merged["targets"], groups)
     _check_provider_options(f, data, compile_opts, recipe_targets)
@@ -301,6 +303,9 @@ def _check_layout(f: Path, data: LineDict, bundle: bool, multi_soc: bool, copts:
     def at(key: str) -> str:
         return f"{f}:{line_of(data, [key])}"
 
+    if bundle and copts.split_outputs:
+        raise RecipeError(f"{f}:{line_of(data, ['compile', 'split_outputs'])}: compile.split_outputs is not "
+                          "supported for bundles", "split the outputs in the graphs' models instead")
     if bundle and copts.embed:
         raise RecipeError(f"{at('bundle')}: a bundle cannot use compile.embed: its graphs share one .bin",
                           "remove `embed: true`")
@@ -349,6 +354,10 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
     return Recipe(name=name, file=f, precision="prebuilt", graphs=[], targets=_targets(f, data, merged["targets"], groups),
                   compile=CompileOptions(embed=copts.get("embed", False)), verify={"enabled": False},
                   prebuilt=Prebuilt(binary, graphs, spec.get("quantized_io", False)))
+
+
+def _split_outputs(v: bool | list[str]) -> bool | tuple[str, ...]:
+    return tuple(v) if isinstance(v, list) else bool(v)
 
 
 def _opt_str(v: Any) -> str:

@@ -223,7 +223,12 @@ def _verify(a: dict[str, Any], rec: dict[str, Any] | None, st: str) -> dict[str,
         outputs.append({"name": name, "cosine": cos, "snr_db": snr, "max_abs": m.get("max_abs"),
                         "mean_abs": m.get("mean_abs"), "argmax_agreement": m.get("argmax_agreement"),
                         "cosine_ok": None if cos is None or min_cos is None else cos >= min_cos,
-                        "snr_ok": None if snr is None or min_snr is None else snr >= min_snr})
+                        "snr_ok": None if snr is None or min_snr is None else snr >= min_snr,
+                        "slices": [{"slice": x.get("slice"), "range": f"{x.get('start')}:{x.get('stop')}",
+                                    "cosine": x.get("cosine"), "snr_db": x.get("snr_db"),
+                                    "ok": None if min_cos is None or min_snr is None
+                                    else x.get("cosine", 0) >= min_cos and x.get("snr_db", 0) >= min_snr}
+                                   for x in m.get("slices") or []]})
     passed = res.get("passed")
     if st == "failed" and passed is None:
         passed = False
@@ -232,7 +237,20 @@ def _verify(a: dict[str, Any], rec: dict[str, Any] | None, st: str) -> dict[str,
             "sample_source": res.get("sample_source"), "thresholds": thr, "outputs": outputs,
             "coverage": res.get("coverage"), "simulator_seconds": rec.get("simulator_seconds"),
             "seconds": rec.get("seconds"), "cause": _one_line(rec.get("cause")), "log": rec.get("log"),
-            "href": _href(rec.get("log"))}
+            "href": _href(rec.get("log")), "layers": _layers(a)}
+
+
+def _layers(a: dict[str, Any]) -> dict[str, Any] | None:
+    """`ctxbuild verify --layers` wrote `<graph>_layers.json` beside the verify result: its gist."""
+    outs = a.get("outputs") or []
+    if not outs:
+        return None
+    d = _read(Path(outs[0]).with_name(Path(outs[0]).name.removesuffix("_verify.json") + "_layers.json"))
+    if not isinstance(d, dict):
+        return None
+    worst = d.get("worst_quantization" if d.get("where") == "quantization" else "worst_htp") or []
+    return {"where": d.get("where"), "hint": d.get("hint"),
+            "worst": [{k: n.get(k) for k in ("node", "op_type", "quant_snr_db", "htp_snr_db")} for n in worst[:5]]}
 
 
 def _coverage(verify: list[dict[str, Any]]) -> dict[str, Any] | None:

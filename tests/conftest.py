@@ -23,10 +23,17 @@ pytest_plugins = ["tests.nginx_fixture"]
 E2E_FIXTURES = {"ctxbuild", "tree", "example_models"}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
+    # Real-model tests take minutes: they run only when -m names them (`pytest -m slow`), whatever else
+    # -m says (addopts' -m would be overridden by `make unit`'s own).
+    if "slow" not in (config.getoption("markexpr") or ""):
+        slow = [i for i in items if i.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [i for i in items if not i.get_closest_marker("slow")]
 
 
 @dataclass

@@ -23,12 +23,37 @@ def run(ctx: Any) -> None:
     dst = ctx.tmp_output("ctx")
     src, options = Path(a.inputs["model"]), a.params["provider_options"]
     try:
-        toolchain.compile_model(src, dst, options, embed=a.params["embed"], cpu_fallback=a.params["cpu_fallback"])
+        compile_graph(src, dst, a.params, ctx.tmp)
+    except ActionError:
+        raise
     except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped; the log holds the real cause
         raise compile_error(ctx.log_path, e, a.params["cpu_fallback"], options,
                             probe=lambda: cpu_nodes(src, options, ctx.tmp)) from None
     if is_multi_soc(a):
         _normalize_build_time(ctx.tmp_output("bin"))
+
+
+def compile_graph(model: Path, dst: Path, params: dict[str, Any], tmp: Path) -> None:
+    """One graph through ModelCompiler; with `split_outputs`, its final Concats cut off before compiling and
+    re-joined in the wrapper after (see split_outputs.py). Also builds diagnose.py's debug variants."""
+    split = params.get("split_outputs")
+    if not split:
+        toolchain.compile_model(model, dst, params["provider_options"], embed=params["embed"],
+                                cpu_fallback=params["cpu_fallback"])
+        return
+    import onnx
+
+    from ..split_outputs import cut, rejoin
+    from .modelio import load
+
+    original = load(model)
+    cut_model, joins = cut(original, None if split is True else list(split))
+    src = tmp / "split.onnx"
+    onnx.save(cut_model, src)
+    toolchain.compile_model(src, dst, params["provider_options"], embed=params["embed"],
+                            cpu_fallback=params["cpu_fallback"])
+    wrapper = rejoin(onnx.load(str(dst), load_external_data=False), original, joins)
+    onnx.save(wrapper, dst)
 
 
 def is_multi_soc(action: Action) -> bool:

