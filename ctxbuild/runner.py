@@ -32,6 +32,8 @@ class ActionContext:
         self.tmp = tmp
         self.log_path = log_path  # the EP logs here (fd 2 is captured); actions parse it for causes
         self.facts: dict[str, Any] = {}  # measurements of this run (timings) for the record, not the outputs
+        self.cache: Any = None  # the build cache (None when off): verify memoizes simulator outputs in it
+        self.key_components: dict[str, Any] = {}  # the action key's parts: input digests already computed
 
     def tmp_output(self, role: str) -> Path:
         """Temp path with the output's final file name (a _ctx.onnx names its bin by file name)."""
@@ -74,12 +76,14 @@ def main(spec_arg: str) -> int:
                 known = hit
                 record["source"] = "cache"
                 record["cache_origin"] = "remote" if cache.hits_remote else "local"
+                record["original_seconds"] = hit.meta.get("seconds")  # what the work cost when it ran
                 print(f"restored {action.id} from cache (key {key[:16]}); the original log follows")
                 sys.stdout.flush()
                 os.write(1, cache.read_log(hit) or b"")
             else:
                 tmp.mkdir(parents=True, exist_ok=True)
                 ctx = ActionContext(action, out, tmp, log)
+                ctx.cache, ctx.key_components = cache, components
                 try:
                     impl.run(ctx)
                 finally:

@@ -11,11 +11,11 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any, Callable
 
-from . import bundle, compile, prebuilt, prepare, quantize, verify
+from . import bundle, compile, prebuilt, prepare, quantize, select, verify
 
 IMPLEMENTATIONS: dict[str, ModuleType] = {
     "prepare": prepare, "quantize": quantize, "compile": compile, "bundle": bundle, "verify": verify,
-    "prebuilt": prebuilt,
+    "prebuilt": prebuilt, "select": select,
 }
 _DEFAULTS: dict[str, Callable[[Any], Any]] = {
     "discover_inputs": lambda action: {}, "warnings": lambda action: [], "summarize": lambda action: {},
