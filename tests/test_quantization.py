@@ -52,10 +52,12 @@ RECIPES = {
     "w16": "precision: int16\nquantization: {weights: int16}\ntargets: [SM8650, SM8750]\n",
     "a8w8": "precision: int16\nquantization: {activations: uint8, weights: uint8}\ntargets: [SM8650]\n",
     "asym": "precision: int16\nquantization: {activation_symmetric: true}\ntargets: [SM8650]\n",
+    "wsym": "precision: int16\nquantization: {weight_symmetric: true}\ntargets: [SM8650]\n",
     "pct": "precision: int16\nquantization: {calibration_method: percentile, percentile: 99.0}\ntargets: [SM8650]\n",
     "few": "precision: int16\nquantization: {samples: 2}\ntargets: [SM8650]\n",
     "ovr": ("precision: int16\nquantization:\n  tensors: {r1: {rmin: 0.0, rmax: 8.0}}\n"
             "  nodes: {conv2: {weights: int16}}\ntargets: [SM8650]\n"),
+    "tsym": "precision: int16\nquantization:\n  tensors: {wf: {symmetric: true}}\ntargets: [SM8650]\n",
 }
 
 
@@ -113,6 +115,16 @@ def test_symmetric_activations_center_the_zero_point(built: Path) -> None:
     _, zp = _q_params(_qdq(built, "asym"), "image")
     assert int(zp) == 32768
     assert int(_q_params(_qdq(built, "base"), "image")[1]) != 32768
+
+
+def test_symmetric_weights_center_the_zero_point(built: Path) -> None:
+    def zp(recipe: str, weight: str) -> int:
+        m = _qdq(built, recipe)
+        return int(_inits(m)[_dq_of(m, f"{weight}_quantized").input[2]])
+
+    assert zp("wsym", "w2") == 128 and zp("wsym", "wf") == 128  # every uint8 weight, symmetric
+    assert zp("tsym", "wf") == 128 and zp("tsym", "w2") != 128  # one tensor, by a tensor override
+    assert zp("base", "wf") != 128
 
 
 def test_calibration_method_changes_ranges(built: Path) -> None:
