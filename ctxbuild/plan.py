@@ -9,8 +9,7 @@ import networkx as nx
 
 from .action import Action, short_hash
 from .errors import PlanError
-from .quantization import SHORTHANDS, label
-from .quantization import settings as settings_of
+from .quantization import describe
 from .recipe import Graph, Recipe, RecipeSet
 from .targets import Target
 
@@ -178,10 +177,8 @@ def _quantize(recipe: Recipe, g: Graph, prepared: str, work: Path, settings: dic
     h = short_hash(["quantize", params, prepared, watch])
     stem = g.model.stem
     path = str(work / f"{stem}-{h}" / "quantized.onnx")
-    plain = recipe.precision in SHORTHANDS and quant == {k: v for k, v in settings_of(SHORTHANDS[recipe.precision]).items()
-                                                         if k != "samples"}
     a = Action(id=f"quantize/{stem}-{h}", kind="quantize",
-               description=f"quantize {stem} ({recipe.precision if plain else label(settings)})",
+               description=f"quantize {stem} ({describe(recipe.precision, settings)})",
                inputs={"model": prepared}, outputs={"model": path}, params=params, watch=watch,
                **_common(recipe))
     return path, a

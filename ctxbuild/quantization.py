@@ -66,6 +66,12 @@ def label(s: dict[str, Any]) -> str:
     return "-".join(parts)
 
 
+def describe(precision: str, s: dict[str, Any]) -> str:
+    """The precision's name when `s` is just its shorthand, else the settings' label."""
+    plain = precision in SHORTHANDS and {**s, "samples": None} == {**settings(SHORTHANDS[precision]), "name": s.get("name")}
+    return precision if plain else label(s)
+
+
 def problem(s: dict[str, Any], target: Target) -> str | None:
     """Why `target` cannot run these settings (measured, see INT16_WEIGHTS_MIN_ARCH), or None."""
     if s["weights"] == "int16":
