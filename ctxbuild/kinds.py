@@ -89,8 +89,7 @@ class Prepare(Kind):
 
 
 class QuantizeParams(TypedDict):
-    activation_type: str  # onnxruntime.quantization.QuantType member names
-    weight_type: str
+    quantization: dict[str, Any]  # quantization.py's settings for onnxruntime's QNN quantizer
     samples: int
     random: bool
     inputs: Shape
@@ -104,12 +103,16 @@ class Quantize(Kind):
     discovers_inputs = True  # calibration samples
 
 
-class CompileParams(TypedDict):
+class _CompileRequired(TypedDict):
     provider_options: dict[str, str]
     embed: bool
     cpu_fallback: bool
     precision: str
     graphs: list[str]
+
+
+class CompileParams(_CompileRequired, total=False):
+    split_outputs: bool | list[str]  # only when the recipe sets it (existing keys stay as they were)
 
 
 class Compile(Kind):
@@ -154,7 +157,7 @@ class Prebuilt(Kind):
     deliverable = True
 
 
-class VerifyParams(TypedDict):
+class _VerifyRequired(TypedDict):
     graph: str
     method: str
     precision: str
@@ -166,6 +169,12 @@ class VerifyParams(TypedDict):
     inputs: Shape
 
 
+class VerifyParams(_VerifyRequired, total=False):
+    split_outputs: bool | list[str]  # the wrapper's re-joining Concat runs on the CPU
+    slices: dict[str, Any]  # recipe-declared output slices
+    gate: bool  # False: a precision-search candidate, measured here and judged by `select`
+
+
 class Verify(Kind):
     """A compiled graph on the HTP simulator against the float model on the CPU EP."""
     name = "verify"
@@ -173,3 +182,19 @@ class Verify(Kind):
     params = VerifyParams
     discovers_inputs = True  # verification samples
     uses_qnn = True
+
+
+class SelectParams(TypedDict):
+    thresholds: dict[str, float]
+    candidates: list[dict[str, Any]]  # ladder order: name, quantization, the candidate's action ids
+    skipped: list[dict[str, str]]
+    graphs: list[str]
+    precision: str
+
+
+class Select(Kind):
+    """precision: auto: the first candidate (ladder order) whose verification meets the thresholds."""
+    name = "select"
+    implementation = "ctxbuild.actions.select"
+    params = SelectParams
+    deliverable = True

@@ -8,6 +8,7 @@ from typing import Any
 from .atomic import write_if_changed
 from .digests import DigestMemo
 from .layout import STATE, record_path
+from .search_table import search_of, with_costs
 
 MANIFEST_VERSION = 1
 KINDS = {"ctx": "epcontext_model", "bin": "context_binary"}
@@ -28,6 +29,8 @@ def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, s
             "path": art["path"], "sha256": memo.digest(path), "size": path.stat().st_size,
             "serves": _serves(art["target"]), "verification": _verification(out, art["verified_by"]),
         }
+        if search := search_of(record):  # precision: auto: which candidate won, every candidate's figures
+            entry["precision_search"] = with_costs(search, lambda i: _read(record_path(out, i)))
         names = record.get("graph_names", {})
         if role.startswith("ctx"):  # an EPContext model names one graph of its binary
             graph = role.split(":", 1)[1] if ":" in role else art["graphs"][0]

@@ -74,7 +74,8 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
     phonies = sorted((k, sorted(set(v))) for d in (by_recipe, by_target, by_pair) for k, v in d.items())
     all_outs = sorted({o for e in edges for o in e.outputs})
     phonies.append(("all", all_outs))
-    verify_outs = sorted({o for a, e in zip(plan.actions, edges) if a.kind == "verify" for o in e.outputs})
+    # `ctxbuild verify`: the verify edges, and the precision searches' select edges (they are verification)
+    verify_outs = sorted({o for a, e in zip(plan.actions, edges) if a.kind in ("verify", "select") for o in e.outputs})
     phonies.append(("verify", verify_outs))
 
     for stale in specs.glob("*.json"):
@@ -140,7 +141,7 @@ def _planner_files() -> list[Path]:
     """The planner's own code: a new ctxbuild re-plans (meson does the same on a version change)."""
     pkg = Path(__file__).resolve().parent
     return [pkg / "plan.py", pkg / "recipe.py", pkg / "ninja.py", pkg / "recipe.schema.json",
-            template_file("build.ninja.j2")]
+            pkg / "search.py", pkg / "quantization.py", template_file("build.ninja.j2")]
 
 
 def _toolchain_files() -> list[Path]:

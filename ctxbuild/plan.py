@@ -11,15 +11,16 @@ from . import kinds
 from .action import Action, short_hash
 from .layout import spec_name
 from .errors import PlanError
+from .quantization import describe
 from .recipe import Graph, Recipe, RecipeSet
 from .targets import Target
 
 QUANTIZED = ("int16", "int8")
 # Verification thresholds (min cosine, min SNR dB) per precision, from runs of the examples on the simulator.
-DEFAULT_THRESHOLDS = {"int16": (0.99, 20.0), "int8": (0.95, 12.0), "fp16": (0.999, 30.0), "qdq": (0.99, 20.0)}
+# auto: its candidates must meet int16's bar unless the recipe sets its own.
+DEFAULT_THRESHOLDS = {"int16": (0.99, 20.0), "int8": (0.95, 12.0), "fp16": (0.999, 30.0), "qdq": (0.99, 20.0),
+                      "auto": (0.99, 20.0)}
 VERIFY_DEFAULT_MAX_BYTES = 256 * 2**20
-# (activation, weight) quant types per precision; names of onnxruntime.quantization.QuantType members.
-QUANT_TYPES = {"int16": ("QUInt16", "QUInt8"), "int8": ("QUInt8", "QUInt8")}
 
 
 @dataclass
@@ -39,10 +40,14 @@ class Plan:
         for a in self.actions:
             if not kinds.get(a.kind).deliverable or not _delivered(a, self.out):
                 continue
-            verifiers = [v for v in self.graph.successors(a.id) if self.graph.nodes[v]["action"].kind == "verify"]
+            # a precision search's select verified its winner itself
+            verifiers = [a.id] if a.kind == "select" else [
+                v for v in self.graph.successors(a.id) if self.graph.nodes[v]["action"].kind == "verify"]
             twins = sorted({u for v in verifiers for u in self.graph.predecessors(v)
                             if self.graph.nodes[u]["action"].kind == "compile" and u != a.id})
             for role, path in a.outputs.items():
+                if role in ("result", "search"):  # select's verification records, not artifacts
+                    continue
                 rows.append({"action": a.id, "recipe": a.recipes[0], "target": a.target, "role": role,
                              "path": str(Path(path).relative_to(self.out)), "graphs": a.params.get("graphs"),
                              "verified_by": sorted(verifiers), "twins": twins if a.kind == "bundle" else []})
@@ -105,6 +110,10 @@ class Built:
 def _recipe_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
     if recipe.prebuilt is not None:
         return [_prebuilt(recipe, t, out) for t in recipe.targets]
+    if recipe.precision == "auto":
+        from .search import search_actions
+
+        return search_actions(recipe, out)
     work = out / ".ctxbuild" / "work"
     acts: list[Action] = []
     built: list[Built] = []
@@ -113,7 +122,7 @@ def _recipe_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
         acts.append(a)
         model = prepared
         if recipe.precision in QUANTIZED:
-            model, q = _quantize(recipe, g, prepared, work)
+            model, q = _quantize(recipe, g, prepared, work, recipe.quantization[0])
             acts.append(q)
         built.append(Built(g, prepared, model))
     verify = verify and verification_enabled(recipe)
@@ -176,17 +185,19 @@ def _prepare(recipe: Recipe, g: Graph, work: Path) -> tuple[str, Action]:
     return path, a
 
 
-def _quantize(recipe: Recipe, g: Graph, prepared: str, work: Path) -> tuple[str, Action]:
+def _quantize(recipe: Recipe, g: Graph, prepared: str, work: Path, settings: dict[str, Any]) -> tuple[str, Action]:
+    """`settings`: one of recipe.quantization (quantization.settings()); its name is a label, not a parameter."""
     cal = g.calibration
     assert cal is not None  # recipe validation requires calibration for quantized precisions
-    act, weight = QUANT_TYPES[recipe.precision]
-    params = {"activation_type": act, "weight_type": weight, "samples": cal.samples, "random": cal.random,
+    quant = {k: v for k, v in settings.items() if k not in ("name", "samples")}
+    params = {"quantization": quant, "samples": settings["samples"] or cal.samples, "random": cal.random,
               "inputs": {k: list(v) for k, v in sorted(g.inputs.items())}}
     watch = [str(cal.dir)] if cal.dir else []  # its *contents* are keyed (discovered inputs), not its path
     h = short_hash(["quantize", params, prepared, watch])
     stem = g.model.stem
-    path = str(work / f"{stem}-{h}" / f"quantized.{recipe.precision}.onnx")
-    a = Action(id=f"quantize/{stem}-{h}", kind="quantize", description=f"quantize {stem} ({recipe.precision})",
+    path = str(work / f"{stem}-{h}" / "quantized.onnx")
+    a = Action(id=f"quantize/{stem}-{h}", kind="quantize",
+               description=f"quantize {stem} ({describe(recipe.precision, settings)})",
                inputs={"model": prepared}, outputs={"model": path}, params=params, watch=watch,
                **_common(recipe))
     return path, a
@@ -206,8 +217,9 @@ def provider_options(recipe: Recipe, t: Target) -> dict[str, str]:
 
 
 def _compile(recipe: Recipe, b: Built, t: Target, d: Path, *, name: str | None = None,
-             action_target: Target | None = None) -> Action:
-    """One graph for one target into directory `d`. `name` != recipe name: a verification twin."""
+             action_target: Target | None = None, candidate: str | None = None) -> Action:
+    """One graph for one target into directory `d`. `name` != recipe name: a verification twin.
+    `candidate`: a precision-search candidate (files named as the deliverable, the id names the candidate)."""
     stem = name or recipe.name
     outputs = {"ctx": str(d / f"{stem}_ctx.onnx")}
     if not recipe.compile.embed:
@@ -217,8 +229,9 @@ def _compile(recipe: Recipe, b: Built, t: Target, d: Path, *, name: str | None =
               "graphs": [b.graph.name]}
     if recipe.compile.split_outputs:  # only when set: existing action keys stay as they were
         params["split_outputs"] = _split_param(recipe.compile.split_outputs)
-    twin = " (verification twin)" if name else ""
-    return Action(id=f"compile/{stem}@{t.name}", kind="compile", description=f"compile {stem}@{t.name}{twin}",
+    twin = " (verification twin)" if name else f" (candidate {candidate})" if candidate else ""
+    ident = f"{stem}.{candidate}" if candidate else stem
+    return Action(id=f"compile/{ident}@{t.name}", kind="compile", description=f"compile {stem}@{t.name}{twin}",
                   inputs={"model": b.model}, outputs=outputs, params=params,
                   target=(action_target or t).as_dict(), pool="compile", **_common(recipe))
 
@@ -258,17 +271,18 @@ def _bundle(recipe: Recipe, built: list[Built], t: Target, out: Path) -> Action:
 
 
 def _verify(recipe: Recipe, b: Built, t: Target, compiled: Action, out: Path, *, method: str,
-            bundle: Action | None = None, artifact: Action | None = None) -> Action:
+            bundle: Action | None = None, artifact: Action | None = None, candidate: str | None = None) -> Action:
     """Verify `compiled` on the simulator. When the deliverable cannot run there (a bundle, a multi-SoC
-    binary), `compiled` is its twin and the deliverable is an input too: re-verified whenever it changes."""
+    binary), `compiled` is its twin and the deliverable is an input too: re-verified whenever it changes.
+    A search `candidate` only measures (no thresholds, never fails on accuracy): the select action judges."""
     graph = b.graph
     label = f"{recipe.name}.{graph.name}" if recipe.is_bundle else recipe.name
-    min_cos, min_snr = DEFAULT_THRESHOLDS[recipe.precision]
+    min_cos, min_snr = thresholds(recipe)
     v = recipe.verify
     samples_dir = (recipe.file.parent / v["dir"]).resolve() if v.get("dir") else (
         graph.calibration.dir if graph.calibration and graph.calibration.dir else None)
     params = {"graph": graph.name, "method": method, "precision": recipe.precision,
-              "thresholds": {"min_cosine": v.get("min_cosine", min_cos), "min_snr_db": v.get("min_snr_db", min_snr)},
+              "thresholds": {"min_cosine": min_cos, "min_snr_db": min_snr},
               "samples": v.get("samples", 4), "timeout_s": v.get("timeout_s", 300),
               "sample_source": "verification" if v.get("dir") else ("calibration" if samples_dir else "random"),
               "cpu_fallback": recipe.compile.cpu_fallback,
@@ -283,10 +297,20 @@ def _verify(recipe: Recipe, b: Built, t: Target, compiled: Action, out: Path, *,
     if artifact is not None:
         inputs.update({f"artifact.{k}": p for k, p in artifact.outputs.items()})
     d = out / t.name / recipe.name
+    if candidate:
+        del params["thresholds"]
+        params["gate"] = False
+        label, d = f"{label}.{candidate}", Path(compiled.outputs["ctx"]).parent
     return Action(id=f"verify/{label}@{t.name}", kind="verify", description=f"verify {label}@{t.name}",
                   inputs=inputs, outputs={"result": str(d / f"{graph.name if recipe.is_bundle else recipe.name}_verify.json")},
                   params=params, target=t.as_dict(), watch=[str(samples_dir)] if samples_dir else [],
                   pool="compile", **_common(recipe))
+
+
+def thresholds(recipe: Recipe) -> tuple[float, float]:
+    """(min cosine, min SNR dB): the recipe's, else the defaults of its precision."""
+    min_cos, min_snr = DEFAULT_THRESHOLDS[recipe.precision]
+    return recipe.verify.get("min_cosine", min_cos), recipe.verify.get("min_snr_db", min_snr)
 
 
 def _graph(actions: dict[str, Action]) -> nx.DiGraph:

@@ -8,6 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from . import quantization as quant
 from . import targets as soc_table
 from .errors import RecipeError
 from .suggest import did_you_mean
@@ -17,7 +18,7 @@ from .yamlsrc import LineDict, line_of, load_mapping
 
 DEFAULTS_FILE = "_defaults.yaml"
 SCHEMA_PATH = Path(__file__).with_name("recipe.schema.json")
-PRECISIONS = ("int16", "int8", "fp16", "qdq")
+PRECISIONS = ("int16", "int8", "fp16", "qdq", "auto")
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class Recipe:
     multi_soc: bool = False
     verify: dict[str, Any] = field(default_factory=dict)
     prebuilt: Prebuilt | None = None
+    # quantization.settings() dicts: one for int16/int8, the ordered candidates for auto, none for fp16/qdq
+    quantization: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -273,9 +276,23 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
         raise RecipeError(f"{at('verify', 'dir')}: verify dir '{verify['dir']}' "
                           f"{'is a file, not a directory' if vdir.exists() else 'not found'} (looked in {vdir})",
                           "give a directory of .npz/.npy samples, relative to the recipe")
+    if precision == "auto":
+        _check_auto(at, "bundle" in merged, merged.get("multi_soc", False), verify)
+    quantization = quant.from_recipe(precision, merged.get("quantization"), recipe_targets, at)
     return Recipe(name=name, file=f, precision=precision, graphs=graphs, targets=recipe_targets,
                   compile=compile_opts, is_bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False),
-                  verify=verify)
+                  verify=verify, quantization=quantization)
+
+
+def _check_auto(at: Any, bundle: bool, multi_soc: bool, verify: dict[str, Any]) -> None:
+    """precision: auto decides by simulator runs of single-graph, single-SoC binaries."""
+    for key, on in (("bundle", bundle), ("multi_soc", multi_soc)):
+        if on:
+            raise RecipeError(f"{at(key)}: precision: auto cannot be combined with {key} (the simulator cannot run "
+                              "its binary)", "choose a precision (or a quantization block) for it")
+    if verify.get("enabled") is False:
+        raise RecipeError(f"{at('verify')}: precision: auto chooses by verification on the simulator; it cannot "
+                          "be turned off", "remove `verify: false`, or choose a precision")
 
 
 def _check_provider_options(f: Path, data: LineDict, copts: CompileOptions, targets: list[Target]) -> None:
@@ -347,7 +364,7 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
     copts = merged.get("compile", {})
     # Only the recipe's own keys: directory defaults written for compiled recipes apply to it harmlessly.
     unused = sorted(set(data.get("compile", {})) - {"embed"}) + [
-        k for k in ("precision", "calibration", "multi_soc", "inputs", "verify") if k in data]
+        k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "verify") if k in data]
     if unused:
         raise RecipeError(f"{f}:{line_of(data, ['prebuilt'])}: a prebuilt binary is not compiled; "
                           f"{', '.join(unused)} has no effect", "remove it (only compile.embed applies)")
@@ -375,7 +392,7 @@ def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any],
                           "model paths are relative to the recipe file")
     cal = spec.get("calibration")
     calibration = None
-    if precision in ("int16", "int8"):
+    if precision in ("int16", "int8", "auto"):
         if not cal or (not cal.get("dir") and not cal.get("random")):
             raise RecipeError(f"{where}: precision {precision} needs calibration data",
                               "set calibration.dir to a directory of .npz/.npy samples "

@@ -19,6 +19,7 @@ from urllib.parse import quote
 from . import kinds
 from .atomic import write_if_changed
 from .layout import STATE, record_path, spec_name
+from .search_table import search_of, with_costs
 from .templating import environment
 from .units import fmt_size
 
@@ -95,8 +96,10 @@ def _rows(out: Path, plan: dict[str, Any], manifest: dict[str, Any], records: di
     by_id = {a["id"]: a for a in actions}
     failed_up = _failed_ancestors(actions, status)
     verifies: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    # A precision search's candidate verifies are measurements; its select is the verification that counts.
+    candidates = {d for a in actions if a["kind"] == "select" for d in a["deps"]}
     for a in actions:
-        if a["kind"] == "verify" and a.get("target"):
+        if a["kind"] in ("verify", "select") and a.get("target") and a["id"] not in candidates:
             for r in a["recipes"]:
                 verifies.setdefault((r, a["target"]["name"]), []).append(a)
     sizes, sharing = _artifact_sizes(manifest)
@@ -177,7 +180,7 @@ def _row(a: dict[str, Any], recipe: str, spec: dict[str, Any], records: dict[str
         "precision": _precision(params),
         "ctx_size": sum(ctx) if ctx else None, "ctx_files": len(ctx),
         "bin_size": sum(bins) if bins else None, "bin_files": len(bins),
-        "sharing": None, "compile_seconds": rec.get("seconds"),
+        "sharing": None, "search": None, "compile_seconds": rec.get("seconds"),
         "verify_seconds": round(sum(x or 0 for x in vsecs), 3) if any(x is not None for x in vsecs) else None,
         "verify_compiles": twins,
         "cache": {"cache": "hit", "run": "miss"}.get(rec.get("source") or ""),
@@ -189,6 +192,13 @@ def _row(a: dict[str, Any], recipe: str, spec: dict[str, Any], records: dict[str
         "cause": None, "log": None, "href": None, "failed_action": None,
         "warnings": list(rec.get("warnings") or []),
     }
+    if search := search_of(rec):
+        row["search"] = with_costs(search, records.get)
+        cands = row["search"]["candidates"]
+        row["precision"] = f"auto: {row['search']['winner'] or 'none passed'}"
+        for step, col in (("compile", "compile_seconds"), ("verify", "verify_seconds")):
+            row[col] = round(sum(c["seconds"].get(step) or 0 for c in cands), 3)
+        row["verify_compiles"] = []
     if sharing:
         sep, saved = sharing.get("separate_bin_size"), sharing.get("saved_bytes")
         row["sharing"] = {"graphs": sharing["graphs"], "bin_size": sharing.get("bundle_bin_size"), "separate_bin_size": sep,

@@ -32,6 +32,8 @@ class ActionContext:
         self.tmp = tmp
         self.log_path = log_path  # the EP logs here (fd 2 is captured); actions parse it for causes
         self.facts: dict[str, Any] = {}  # measurements of this run (timings) for the record, not the outputs
+        self.cache: Any = None  # the build cache (None when off): verify memoizes simulator outputs in it
+        self.key_components: dict[str, Any] = {}  # the action key's parts: input digests already computed
 
     def tmp_output(self, role: str) -> Path:
         """Temp path with the output's final file name (a _ctx.onnx names its bin by file name)."""
@@ -114,12 +116,14 @@ def _restore_or_run(action: Action, kind: type[kinds.Kind], out: Path, tmp: Path
     if hit is not None and cache.restore(hit, dests) and _restored_ok(action, kind, cache):
         record["source"] = "cache"
         record["cache_origin"] = "remote" if cache.hits_remote else "local"
+        record["original_seconds"] = hit.meta.get("seconds")  # what the work cost when it ran
         print(f"restored {action.id} from cache (key {key[:16]}); the original log follows")
         sys.stdout.flush()
         os.write(1, cache.read_log(hit) or b"")
         return hit
     tmp.mkdir(parents=True, exist_ok=True)
     ctx = ActionContext(action, out, tmp, log)
+    ctx.cache, ctx.key_components = cache, components
     try:
         kind.module().run(ctx)
     finally:

@@ -56,7 +56,8 @@ def _fix_shapes(model: Any, src: Path, shapes: dict[str, list[int]], recipe: str
                 raise ActionError(f"{recipe}: inputs: '{inp.name}' has rank {len(dims)} in {src.name}, "
                                   f"the recipe gives {len(want)} dims {want}")
             for i, (d, w) in enumerate(zip(dims, want)):
-                if d.HasField("dim_value") and d.dim_value != w:
+                # a negative dim_value is how some exporters write "dynamic"; onnxruntime reads it so too
+                if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != w:
                     raise ActionError(f"{recipe}: inputs: '{inp.name}' dim {i} is fixed to {d.dim_value} in "
                                       f"{src.name}, the recipe asks for {w}")
                 d.Clear()
@@ -64,7 +65,8 @@ def _fix_shapes(model: Any, src: Path, shapes: dict[str, list[int]], recipe: str
             continue
         for i, d in enumerate(dims):
             if not d.HasField("dim_value") or d.dim_value <= 0:
-                label = f"'{d.dim_param}'" if d.dim_param else "unnamed"
+                label = f"'{d.dim_param}'" if d.dim_param else (
+                    f"dim_value {d.dim_value}" if d.HasField("dim_value") else "unnamed")
                 raise ActionError(f"{recipe}: input '{inp.name}' dim {i} ({label}) of {src.name} is dynamic; "
                                   "QNN needs fixed shapes",
                                   f"add inputs: {{{inp.name}: [{', '.join(str(max(x.dim_value, 1)) for x in dims)}]}} "

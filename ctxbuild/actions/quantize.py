@@ -1,6 +1,7 @@
 """quantize: QDQ with onnxruntime.quantization's QNN config, calibrated on the recipe's samples."""
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Any
@@ -8,6 +9,8 @@ from typing import Any
 import numpy as np
 
 from ..action import Action
+from ..errors import ActionError
+from ..quantization import QUANT_TYPES, get_qnn_qdq_kwargs
 from .modelio import load
 from .samples import from_files, input_spec, list_samples, random_samples
 
@@ -26,21 +29,71 @@ def warnings(action: Action) -> list[str]:
 
 
 def run(ctx: Any) -> None:
-    from onnxruntime.quantization import QuantType, quantize
+    from onnxruntime.quantization import quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     a = ctx.action
+    s = a.params["quantization"]
     # onnxruntime's quantizer writes scratch files (`<model>-inferred.onnx`) beside its input; actions sharing
     # one prepared model would race on them, so each works on a private link inside its own temp dir.
     src = ctx.tmp / "input.onnx"
     os.link(a.inputs["model"], src)
-    spec = input_spec(load(src, external_data=False))
+    model = load(src, external_data=False)
+    spec = input_spec(model)
     samples = list(random_samples(spec, a.params["samples"]) if a.params["random"]
                    else from_files(spec, discover_inputs(a), a.recipe_files[0]))
-    config = get_qnn_qdq_config(str(src), _Reader(samples),
-                                activation_type=getattr(QuantType, a.params["activation_type"]),
-                                weight_type=getattr(QuantType, a.params["weight_type"]))
-    quantize(str(src), str(ctx.tmp_output("model")), config)
+    overrides = tensor_overrides(model, s, a.recipe_files[0])
+    try:
+        config = get_qnn_qdq_config(str(src), _Reader(samples), init_overrides=overrides or None,
+                                    **get_qnn_qdq_kwargs(s))
+        if s["percentile"] is not None:
+            config.extra_options["CalibPercentile"] = s["percentile"]
+        quantize(str(src), str(ctx.tmp_output("model")), config)
+    except ValueError as e:  # onnxruntime's checks of the overrides (unknown tensor, bad axis...)
+        raise ActionError(f"{a.recipe_files[0]}: quantization: {str(e).strip().splitlines()[0][:300]}",
+                          "fix the recipe's quantization overrides") from None
+
+
+# Inputs of these ops that are biases: QDQ quantizes them to int32 from the input and weight scales.
+_BIAS_INPUT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
+
+
+def tensor_overrides(model: Any, s: dict[str, Any], recipe: str) -> dict[str, list[dict[str, Any]]]:
+    """onnxruntime TensorQuantOverrides from the recipe's per-node and per-tensor settings (tensors win).
+    A node override sets the type of the node's weights (initializer inputs, biases excepted) and outputs."""
+    from onnxruntime.quantization import QuantType
+
+    def qtype(name: str) -> Any:
+        return getattr(QuantType, QUANT_TYPES[name])
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    if s["nodes"]:
+        inits = {i.name for i in model.graph.initializer}
+        nodes = {n.name: n for n in model.graph.node}
+        for name, o in s["nodes"].items():
+            node = nodes.get(name)
+            if node is None:
+                close = difflib.get_close_matches(name, list(nodes), n=1)
+                raise ActionError(f"{recipe}: quantization.nodes: '{name}' is not a node of the model",
+                                  f"did you mean '{close[0]}'?" if close else "use the node names `ctxbuild inspect` "
+                                  "or Netron show for the prepared model")
+            for i, t in enumerate(node.input):
+                if t in inits and "weights" in o and i != _BIAS_INPUT.get(node.op_type):
+                    out[t] = [{"quant_type": qtype(o["weights"]), "symmetric": o["weights"].startswith("int")}]
+            for t in node.output:
+                if "activations" in o:
+                    out[t] = [{"quant_type": qtype(o["activations"])}]
+    for name, o in s["tensors"].items():
+        entry: dict[str, Any] = {}
+        if "type" in o:
+            entry["quant_type"] = qtype(o["type"])
+        for k in ("symmetric", "axis"):
+            if k in o:
+                entry[k] = o[k]
+        if "rmin" in o:
+            entry["rmin"], entry["rmax"] = np.array(o["rmin"], np.float32), np.array(o["rmax"], np.float32)
+        out[name] = [entry]
+    return out
 
 
 class _Reader:

@@ -1,0 +1,132 @@
+"""precision: auto: a search DAG of cached candidates, a select per target, re-decided without recompiling;
+and verification outputs reused for byte-identical binaries."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import last_build, records
+
+HEAD = "model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\ncalibration: {dir: models/calib/tiny_cnn}\n"
+# Measured on tiny_cnn @ SM8650 (SNR of `logits`): a16w8 34.4 dB, a16w8-pc 37.9 dB, a16w16 57.9 dB.
+AUTO = HEAD + "precision: auto\ntargets: [SM8650]\nverify: {min_snr_db: %s}\n"
+
+
+def _only(tree: Path, recipes: dict[str, str]) -> None:
+    for p in tree.glob("*.yaml"):
+        if p.name != "_defaults.yaml":
+            p.unlink()
+    for name, body in recipes.items():
+        (tree / f"{name}.yaml").write_text(body)
+
+
+def _search(out: Path) -> dict:
+    return json.loads((out / "SM8650" / "auto" / "auto_search.json").read_text())
+
+
+def test_auto_picks_first_passing_candidate_and_redecides_without_recompiling(tree: Path, tmp_path: Path,
+                                                                           ctxbuild) -> None:
+    _only(tree, {"auto": AUTO % 36})
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    s = _search(out)
+    assert [c["name"] for c in s["candidates"]] == ["a16w8", "a16w8-pc", "a16w16"]
+    assert [c["passed"] for c in s["candidates"]] == [False, True, True]
+    assert s["winner"] == "a16w8-pc"
+    d = out / "SM8650" / "auto"
+    winner = out / ".ctxbuild" / "work" / "search" / "SM8650" / "auto" / "a16w8-pc"
+    assert (d / "auto_ctx_qnn.bin").read_bytes() == (winner / "auto_ctx_qnn.bin").read_bytes()
+    assert (d / "auto_ctx.onnx").read_bytes() == (winner / "auto_ctx.onnx").read_bytes()
+    verdict = json.loads((d / "auto_verify.json").read_text())
+    assert verdict["passed"] and verdict["candidate"] == "a16w8-pc" and verdict["outputs"]["logits"]["snr_db"] >= 36
+
+    # the candidates' verifies measured without failing the build; each ran once, as ordinary actions
+    ran = last_build(out)
+    assert all(ran[f"verify/auto.{c}@SM8650"] == "run" for c in ("a16w8", "a16w8-pc", "a16w16"))
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    arts = [a for a in manifest["artifacts"] if a["recipe"] == "auto"]
+    assert {a["path"] for a in arts} == {"SM8650/auto/auto_ctx.onnx", "SM8650/auto/auto_ctx_qnn.bin"}
+    for a in arts:
+        ps = a["precision_search"]
+        assert a["verification"]["status"] == "passed" and ps["winner"] == "a16w8-pc"
+        for c in ps["candidates"]:
+            assert c["bin_size"] > 0 and c["total_seconds"] > 0
+            assert all(c["seconds"][k] > 0 for k in ("quantize", "compile", "verify"))
+    row = next(x for x in json.loads((out / "report.json").read_text())["rows"] if x["recipe"] == "auto")
+    assert row["precision"] == "auto: a16w8-pc" and len(row["search"]["candidates"]) == 3
+    assert "precision search" in (out / "report.html").read_text()
+
+    r = ctxbuild("build", str(tree), "-o", str(out))  # a rebuild is a no-op
+    assert r.code == 0 and last_build(out) == {}, r.text
+
+    (tree / "auto.yaml").write_text(AUTO % 50)  # a stricter threshold: only select runs
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    assert last_build(out) == {"select/auto@SM8650": "run"}
+    assert _search(out)["winner"] == "a16w16"
+
+    (tree / "auto.yaml").write_text(AUTO % 80)  # nothing passes: the build fails with the table
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 1, r.text
+    assert last_build(out) == {"select/auto@SM8650": "failed"}
+    line = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED select/auto@SM8650"))
+    assert "no quantization candidate meets" in line and "a16w16 cosine" in line
+    for name in ("a16w8", "a16w8-pc", "a16w16"):
+        assert any(ln.startswith(name + " ") and "below threshold" in ln for ln in r.text.splitlines()), r.text
+    assert not (out / "SM8650" / "auto" / "auto_ctx_qnn.bin").exists()
+    assert records(out)["select/auto@SM8650"]["result"]["search"]["winner"] is None
+
+
+def test_ladder_in_the_recipe_and_candidates_an_arch_cannot_run(tree: Path, ctxbuild) -> None:
+    _only(tree, {
+        "custom": HEAD + "precision: auto\ntargets: [SM8650]\nquantization:\n"
+                  "  - {name: cheap, activations: uint8}\n  - {weights: int16, calibration_method: percentile}\n",
+        "refined": HEAD + "precision: auto\ntargets: [SM8350, SM8650]\nquantization: {samples: 4}\n",
+    })
+    r = ctxbuild("plan", str(tree), "--format", "json")
+    assert r.code == 0, r.text
+    acts = {a["id"]: a for a in json.loads(r.out)["actions"]}
+    sel = acts["select/custom@SM8650"]["params"]
+    assert [c["name"] for c in sel["candidates"]] == ["cheap", "a16w16-percentile"]
+    assert sel["thresholds"] == {"min_cosine": 0.99, "min_snr_db": 20.0}
+    assert "thresholds" not in acts["verify/custom.cheap@SM8650"]["params"]  # a threshold never recompiles
+    assert "thresholds" not in acts["compile/custom.cheap@SM8650"]["params"]
+    old = acts["select/refined@SM8350"]["params"]
+    assert [c["name"] for c in old["candidates"]] == ["a16w8", "a16w8-pc"]  # v68 cannot run int16 weights
+    assert old["skipped"][0]["name"] == "a16w16" and "v73" in old["skipped"][0]["reason"]
+    assert [c["name"] for c in acts["select/refined@SM8650"]["params"]["candidates"]] == ["a16w8", "a16w8-pc", "a16w16"]
+    assert all(c["quantization"]["samples"] == 4 for c in old["candidates"])
+
+
+def test_auto_refuses_bundles_and_disabled_verification(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _only(tree, {"nov": HEAD + "precision: auto\ntargets: [SM8650]\nverify: false\n"})
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 2 and "nov.yaml:6: precision: auto chooses by verification" in r.err, r.text
+
+
+def test_identical_binary_reuses_simulator_outputs(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """tiny_cnn's int16 build and the auto search's a16w8 candidate compile to byte-identical binaries:
+    the second verify restores the first one's simulator outputs, and computes identical metrics."""
+    _only(tree, {"plain": HEAD + "precision: int16\ntargets: [SM8650]\n", "auto": AUTO % 20})
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), "-j1")
+    assert r.code == 0, r.text
+    recs = records(out)
+    pair = [recs["verify/plain@SM8650"], recs["verify/auto.a16w8@SM8650"]]
+    assert sorted("simulator" in v["memo_hits"] for v in pair) == [False, True]
+    assert pair[0]["result"]["outputs"] == pair[1]["result"]["outputs"]
+
+    (tree / "plain.yaml").write_text(HEAD + "precision: int16\ntargets: [SM8650]\nverify: {min_cosine: 0.995}\n")
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    again = records(out)["verify/plain@SM8650"]
+    assert last_build(out) == {"verify/plain@SM8650": "run"} and again["memo_hits"] == ["reference", "simulator"]
+    assert again["result"]["outputs"] == pair[0]["result"]["outputs"]
+
+    (tree / "plain.yaml").write_text(HEAD + "precision: int16\ntargets: [SM8650]\nverify: {min_cosine: 0.996}\n")
+    r = ctxbuild("build", str(tree), "-o", str(out), env={"CTXBUILD_VERIFY_MEMO": "0"})
+    assert r.code == 0, r.text
+    fresh = records(out)["verify/plain@SM8650"]
+    assert fresh["memo_hits"] == [] and fresh["result"]["outputs"] == pair[0]["result"]["outputs"]
