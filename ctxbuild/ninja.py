@@ -76,7 +76,7 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
     phonies = sorted((k, sorted(set(v))) for d in (by_recipe, by_target, by_pair) for k, v in d.items())
     all_outs = sorted({o for e in edges for o in e.outputs})
     phonies.append(("all", all_outs))
-    verify_outs = sorted({o for a, e in zip(plan.actions, edges) if a.kind == "verify" for o in e.outputs})
+    verify_outs = sorted({o for a, e in zip(plan.actions, edges) if a.kind in ("verify", "verify_adapter") for o in e.outputs})
     phonies.append(("verify", verify_outs))
 
     for stale in specs.glob("*.json"):

@@ -9,6 +9,7 @@ import networkx as nx
 
 from .action import Action, short_hash
 from .errors import PlanError
+from .plan_adapters import adapter_actions, calibration_inputs, section_actions
 from .recipe import Graph, Recipe, RecipeSet
 from .targets import Target
 
@@ -85,7 +86,8 @@ class Built:
 
 def _recipe_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
     if recipe.prebuilt is not None:
-        return [_prebuilt(recipe, t, out) for t in recipe.targets]
+        return [_prebuilt(recipe, t, out) for t in recipe.targets] + [
+            s for t in recipe.targets for s in section_actions(recipe, t, out)]
     work = out / ".ctxbuild" / "work"
     acts: list[Action] = []
     built: list[Built] = []
@@ -93,20 +95,24 @@ def _recipe_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
         prepared, a = _prepare(recipe, g, work)
         acts.append(a)
         model = prepared
+        reference = a.outputs.get("reference", prepared)  # LoRA: slots with their defaults
         if recipe.precision in QUANTIZED:
-            model, q = _quantize(recipe, g, prepared, work)
+            model, q = _quantize(recipe, g, prepared, work, reference)
             acts.append(q)
-        built.append(Built(g, prepared, model))
+        built.append(Built(g, reference, model))
     verify = verify and verification_enabled(recipe)
     if recipe.is_bundle:
         for t in recipe.targets:
             bundle = _bundle(recipe, built, t, out)
             acts.append(bundle)
-            if verify:  # the simulator cannot load a multi-graph binary: verify each graph's single-graph twin
-                for b in built:
+            for b in built:
+                v = None
+                if verify:  # the simulator cannot load a multi-graph binary: verify each graph's single-graph twin
                     twin = _compile(recipe, b, t, work / "twins" / t.name / recipe.name, name=f"{recipe.name}.{b.graph.name}")
-                    acts += [twin, _verify(recipe, b, t, twin, out, method="single-graph build (bundle)",
-                                           bundle=bundle)]
+                    v = _verify(recipe, b, t, twin, out, method="single-graph build (bundle)", bundle=bundle)
+                    acts += [twin, v]
+                if recipe.adapters:
+                    acts += adapter_actions(recipe, b.graph.name, t, bundle, v, out)
     elif recipe.multi_soc:
         t = multi_soc_target(recipe.targets)
         flexible = _compile(recipe, built[0], t, out / t.name / recipe.name)
@@ -121,8 +127,10 @@ def _recipe_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
         for t in recipe.targets:
             c = _compile(recipe, built[0], t, out / t.name / recipe.name)
             acts.append(c)
-            if verify:
-                acts.append(_verify(recipe, built[0], t, c, out, method="direct"))
+            v = _verify(recipe, built[0], t, c, out, method="direct") if verify else None
+            acts += [v] if v else []
+            if recipe.adapters:
+                acts += adapter_actions(recipe, built[0].graph.name, t, c, v, out)
     return acts
 
 
@@ -148,27 +156,36 @@ def _prepare(recipe: Recipe, g: Graph, work: Path) -> tuple[str, Action]:
     params = {"inputs": {k: list(v) for k, v in sorted(g.inputs.items())},
               # QDQ models skip the optimizer: constant folding would fold weight DequantizeLinear away.
               "optimize": recipe.precision != "qdq"}
+    if recipe.adapters:  # LoRA: slots become optional inputs; "reference" keeps their defaults
+        params["adapter_slots"] = {"patterns": list(recipe.adapters.slots), "scaling": recipe.adapters.scaling}
     # Named by model and content, not recipe: recipes preparing one model the same way share the node.
     h = short_hash(["prepare", params, str(g.model)])
     stem = g.model.stem
     path = str(work / f"{stem}-{h}" / "prepared.onnx")
+    outputs = {"model": path}
+    if recipe.adapters:
+        outputs["reference"] = str(Path(path).with_name("reference.onnx"))
     a = Action(id=f"prepare/{stem}-{h}", kind="prepare", description=f"prepare {stem}",
-               inputs={"model": str(g.model)}, outputs={"model": path}, params=params, **_common(recipe))
+               inputs={"model": str(g.model)}, outputs=outputs, params=params, **_common(recipe))
     return path, a
 
 
-def _quantize(recipe: Recipe, g: Graph, prepared: str, work: Path) -> tuple[str, Action]:
+def _quantize(recipe: Recipe, g: Graph, prepared: str, work: Path, reference: str) -> tuple[str, Action]:
     cal = g.calibration
     assert cal is not None  # recipe validation requires calibration for quantized precisions
     act, weight = QUANT_TYPES[recipe.precision]
     params = {"activation_type": act, "weight_type": weight, "samples": cal.samples, "random": cal.random,
               "inputs": {k: list(v) for k, v in sorted(g.inputs.items())}}
+    inputs = {"model": prepared}
+    if recipe.adapters:  # LoRA: calibrate over the declared adapter set (changing it re-quantizes, recompiles)
+        params["adapters"], more = calibration_inputs(recipe.adapters)
+        inputs.update(more, reference=reference)
     watch = [str(cal.dir)] if cal.dir else []  # its *contents* are keyed (discovered inputs), not its path
     h = short_hash(["quantize", params, prepared, watch])
     stem = g.model.stem
     path = str(work / f"{stem}-{h}" / f"quantized.{recipe.precision}.onnx")
     a = Action(id=f"quantize/{stem}-{h}", kind="quantize", description=f"quantize {stem} ({recipe.precision})",
-               inputs={"model": prepared}, outputs={"model": path}, params=params, watch=watch,
+               inputs=inputs, outputs={"model": path}, params=params, watch=watch,
                **_common(recipe))
     return path, a
 
@@ -197,8 +214,11 @@ def _compile(recipe: Recipe, b: Built, t: Target, d: Path, *, name: str | None =
               "cpu_fallback": recipe.compile.cpu_fallback, "precision": recipe.precision,
               "graphs": [b.graph.name]}
     twin = " (verification twin)" if name else ""
+    inputs = {"model": b.model}
+    if recipe.adapters:  # the wrapper gets the slots' defaults from the float reference
+        inputs["reference"] = b.reference
     return Action(id=f"compile/{stem}@{t.name}", kind="compile", description=f"compile {stem}@{t.name}{twin}",
-                  inputs={"model": b.model}, outputs=outputs, params=params,
+                  inputs=inputs, outputs=outputs, params=params,
                   target=(action_target or t).as_dict(), pool="compile", **_common(recipe))
 
 
@@ -227,6 +247,8 @@ def _bundle(recipe: Recipe, built: list[Built], t: Target, out: Path) -> Action:
     inputs.update({f"reference:{b.graph.name}": b.reference for b in built})
     params = {"provider_options": provider_options(recipe, t), "cpu_fallback": recipe.compile.cpu_fallback,
               "precision": recipe.precision, "graphs": [b.graph.name for b in built]}
+    if recipe.adapters:  # the wrappers get the slots' defaults from the float references
+        params["adapters"] = True
     return Action(id=f"bundle/{recipe.name}@{t.name}", kind="bundle",
                   description=f"bundle {recipe.name}@{t.name} ({len(built)} graphs)", inputs=inputs,
                   outputs=outputs, params=params, target=t.as_dict(), pool="compile", **_common(recipe))

@@ -11,6 +11,7 @@ from typing import Any
 
 from . import targets as soc_table
 from .errors import RecipeError
+from .recipe_adapters import Adapters, Sections, parse_adapters, parse_sections
 from .targets import Target
 from .toolchain import version
 from .yamlsrc import LineDict, line_of, load_mapping
@@ -51,6 +52,7 @@ class Prebuilt:
     bin: Path
     graphs: tuple[str, ...]
     quantized_io: bool
+    sections: Sections | None = None  # LoRAv2 adapter sections made elsewhere
 
 
 @dataclass
@@ -65,6 +67,7 @@ class Recipe:
     multi_soc: bool = False
     verify: dict[str, Any] = field(default_factory=dict)
     prebuilt: Prebuilt | None = None
+    adapters: Adapters | None = None
 
 
 @dataclass
@@ -264,9 +267,13 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
     _check_layout(f, data, "bundle" in merged, merged.get("multi_soc", False), compile_opts, recipe_targets)
     verify = merged.get("verify", {})
     verify = {"enabled": verify} if isinstance(verify, bool) else dict(verify)
+    adapters = parse_adapters(f, data, merged["adapters"]) if "adapters" in merged else None
+    if adapters and merged.get("multi_soc"):
+        raise RecipeError(f"{at('adapters')}: adapters cannot be combined with multi_soc yet",
+                          "build the adapters' base per SoC")
     return Recipe(name=name, file=f, precision=precision, graphs=graphs, targets=recipe_targets,
                   compile=compile_opts, is_bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False),
-                  verify=verify)
+                  verify=verify, adapters=adapters)
 
 
 # The oldest onnxruntime-qnn these were measured on; older EPs lack ep.share_ep_contexts or multi-SoC contexts.
@@ -319,13 +326,14 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
     copts = merged.get("compile", {})
     # Only the recipe's own keys: directory defaults written for compiled recipes apply to it harmlessly.
     unused = sorted(set(data.get("compile", {})) - {"embed"}) + [
-        k for k in ("precision", "calibration", "multi_soc", "inputs", "verify") if k in data]
+        k for k in ("precision", "calibration", "multi_soc", "inputs", "verify", "adapters") if k in data]
     if unused:
         raise RecipeError(f"{f}:{line_of(data, ['prebuilt'])}: a prebuilt binary is not compiled; "
                           f"{', '.join(unused)} has no effect", "remove it (only compile.embed applies)")
     return Recipe(name=name, file=f, precision="prebuilt", graphs=[], targets=_targets(f, data, merged["targets"], groups),
                   compile=CompileOptions(embed=copts.get("embed", False)), verify={"enabled": False},
-                  prebuilt=Prebuilt(binary, graphs, spec.get("quantized_io", False)))
+                  prebuilt=Prebuilt(binary, graphs, spec.get("quantized_io", False),
+                                    parse_sections(f, data, spec) if "adapters" in spec else None))
 
 
 def _opt_str(v: Any) -> str:

@@ -11,11 +11,11 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any, Callable
 
-from . import bundle, compile, prebuilt, prepare, quantize, verify
+from . import adapter, bundle, compile, lora_sections, prebuilt, prepare, quantize, verify, verify_adapter
 
 IMPLEMENTATIONS: dict[str, ModuleType] = {
     "prepare": prepare, "quantize": quantize, "compile": compile, "bundle": bundle, "verify": verify,
-    "prebuilt": prebuilt,
+    "prebuilt": prebuilt, "adapter": adapter, "verify_adapter": verify_adapter, "lora_sections": lora_sections,
 }
 _DEFAULTS: dict[str, Callable[[Any], Any]] = {
     "discover_inputs": lambda action: {}, "warnings": lambda action: [], "summarize": lambda action: {},

@@ -7,6 +7,7 @@ from typing import Any
 
 from .. import toolchain
 from ..action import Action
+from ..adapters import add_wrapper_defaults
 from ..errors import ActionError
 
 _UNSUPPORTED = re.compile(r"\{ name: ([^,]*), type: ([^ }]*) \}")
@@ -25,6 +26,8 @@ def run(ctx: Any) -> None:
                                 embed=a.params["embed"], cpu_fallback=a.params["cpu_fallback"])
     except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped; the log holds the real cause
         raise compile_error(ctx.log_path, e, a.params["cpu_fallback"]) from None
+    if "reference" in a.inputs:  # LoRA: the wrapper carries the slots' defaults, so adapters are optional
+        add_wrapper_defaults(dst, Path(a.inputs["reference"]))
 
 
 def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool) -> ActionError:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..action import Action
+from ..adapters import CalibrationSet
 from .modelio import load
 from .samples import from_files, input_spec, list_samples, random_samples
 
@@ -35,8 +36,13 @@ def run(ctx: Any) -> None:
     src = ctx.tmp / "input.onnx"
     os.link(a.inputs["model"], src)
     spec = input_spec(load(src, external_data=False))
+    lora = CalibrationSet.of(a)  # LoRA: the slots' values come from the calibration adapters
+    if lora:
+        spec = lora.data_spec(spec)
     samples = list(random_samples(spec, a.params["samples"]) if a.params["random"]
                    else from_files(spec, discover_inputs(a), a.recipe_files[0]))
+    if lora:
+        samples = lora.expand(samples)
     config = get_qnn_qdq_config(str(src), _Reader(samples),
                                 activation_type=getattr(QuantType, a.params["activation_type"]),
                                 weight_type=getattr(QuantType, a.params["weight_type"]))

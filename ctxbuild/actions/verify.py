@@ -102,7 +102,7 @@ def _failures(result: dict[str, Any]) -> list[str]:
     t = result["thresholds"]
     out = []
     for name, m in result["outputs"].items():
-        if m["cosine"] < t["min_cosine"] or m["snr_db"] < t["min_snr_db"]:
+        if not (m["cosine"] >= t["min_cosine"] and m["snr_db"] >= t["min_snr_db"]):  # NaN fails too
             out.append(f"output '{name}' cosine {m['cosine']:.4f} (min {t['min_cosine']}), "
                        f"SNR {m['snr_db']:.1f} dB (min {t['min_snr_db']})")
     if result.get("bundle_signature_match") is False:
@@ -120,11 +120,12 @@ def _cpu_outputs(model: Path, samples: list[dict[str, np.ndarray]]) -> dict[str,
 
 
 def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallback: bool,
-             timeout: float) -> dict[str, np.ndarray]:
-    """Run on the simulator in a child process; its crash or hang becomes an ActionError here."""
+             timeout: float, adapter: Path | None = None) -> dict[str, np.ndarray]:
+    """Run on the simulator in a child process; its crash or hang becomes an ActionError here.
+    `adapter`: an `.onnx_adapter` bound to every run (RunOptions.add_active_adapter)."""
     mp = multiprocessing.get_context("fork")  # the parent already imported onnxruntime: fork is cheap
     recv, send = mp.Pipe(duplex=False)
-    child = mp.Process(target=_simulate_child, args=(ctx_model, samples, cpu_fallback, send), daemon=True)
+    child = mp.Process(target=_simulate_child, args=(ctx_model, samples, cpu_fallback, send, adapter), daemon=True)
     child.start()
     send.close()
     result = None
@@ -148,14 +149,21 @@ def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallb
     return result
 
 
-def _simulate_child(ctx_model: Path, samples: list[dict[str, np.ndarray]], cpu_fallback: bool, send: Any) -> None:
+def _simulate_child(ctx_model: Path, samples: list[dict[str, np.ndarray]], cpu_fallback: bool, send: Any,
+                    adapter: Path | None = None) -> None:
     import onnxruntime as ort
 
     try:
         so = toolchain.session_options({}, cpu_fallback=cpu_fallback)
         sess = ort.InferenceSession(str(ctx_model), so)
         names = [o.name for o in sess.get_outputs()]
-        runs = [sess.run(None, s) for s in samples]
+        ro = None
+        if adapter is not None:
+            lora = ort.LoraAdapter()
+            lora.Load(str(adapter))
+            ro = ort.RunOptions()
+            ro.add_active_adapter(lora)
+        runs = [sess.run(None, s, ro) for s in samples]
         send.send({n: np.concatenate([r[i] for r in runs]) for i, n in enumerate(names)})
     except Exception as e:  # noqa: BLE001 - report ORT's message to the parent as one line
         send.send(str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__)
