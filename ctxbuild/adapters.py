@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ActionError
-
-FORMATS = (".onnx_adapter", ".safetensors", ".npz")
+from .recipe_adapters import FORMATS
 SlotSpec = dict[str, tuple[tuple[int, ...], np.dtype]]
 
 

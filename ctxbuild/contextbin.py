@@ -207,8 +207,11 @@ def _binary_text(b: dict[str, Any]) -> list[str]:
         rows = [["", "name", "dtype", "shape", "quantization"]]
         rows += [[io, t["name"] or "?", t["dtype"], "x".join(map(str, t["dims"])) or "scalar",
                   _quant_text(t["quantization"])]
-                 for io, ts in (("in", g["inputs"]), ("out", g["outputs"])) for t in ts]
+                 for io, ts in (("in", g["inputs"]), ("out", g["outputs"]), ("upd", g.get("updateable_tensors") or []))
+                 for t in ts]
         lines += _table(rows, "    ")
+        if g.get("updateable_tensors"):  # LoRAv2: what QnnContext_applyBinarySection may replace
+            lines.append(f"    {len(g['updateable_tensors'])} updateable tensor(s) (upd): LoRAv2 adapter sections apply here")
     return lines
 
 

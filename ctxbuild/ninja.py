@@ -47,6 +47,8 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
     """Write build.ninja, the action specs and plan state, each only if changed (ninja sees no new mtime)."""
     import jinja2
 
+    from . import plan_adapters
+
     out = plan.out
     state = out / STATE
     specs = state / "actions"
@@ -97,6 +99,7 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
     write_if_changed(state / "invocation.json", canonical_json(invocation))
     write_if_changed(state / "plan.json", canonical_json({
         "artifacts": plan.artifacts(),
+        "adapters": plan_adapters.adapter_rows(plan.actions, plan.graph.successors),
         "actions": [{"id": a.id, "kind": a.kind, "recipes": a.recipes, "target": a.target,
                      "description": a.description, "outputs": list(a.outputs.values()),
                      "deps": sorted(plan.graph.predecessors(a.id))} for a in plan.actions],
@@ -111,7 +114,7 @@ def _planner_files() -> list[Path]:
     """The planner's own code: a new ctxbuild re-plans (meson does the same on a version change)."""
     pkg = Path(__file__).resolve().parent
     return [pkg / "plan.py", pkg / "recipe.py", pkg / "ninja.py", pkg / "recipe.schema.json",
-            TEMPLATES / "build.ninja.j2"]
+            TEMPLATES / "build.ninja.j2", pkg / "plan_adapters.py", pkg / "recipe_adapters.py"]
 
 
 def _toolchain_files() -> list[Path]:

@@ -84,3 +84,19 @@ def section_actions(recipe: Any, t: Any, out: Path) -> list[Action]:
                    outputs=outputs, params={"names": names, "sdk_mismatch": pb.sections.sdk_mismatch,
                                             "soc_model": t.soc_model, "htp_arch": t.htp_arch},
                    target=t.as_dict(), recipes=[recipe.name], recipe_files=[str(recipe.file)])]
+
+
+def adapter_rows(actions: list[Action], successors: Any) -> list[dict[str, Any]]:
+    """Per adapter and target, what the manifest lists (plan.json "adapters"): its action, files, verifier."""
+    rows = []
+    for a in actions:
+        if a.kind == "adapter":
+            rows.append({"action": a.id, "recipe": a.recipes[0], "target": a.target, "name": a.params["name"],
+                         "kind": "onnx_adapter", "graph": a.params["graph"], "files": [a.outputs["binding"]],
+                         "verified_by": [v for v in successors(a.id) if v.startswith("verify/")]})
+        elif a.kind == "lora_sections":
+            rows += [{"action": a.id, "recipe": a.recipes[0], "target": a.target, "name": n,
+                      "kind": "lora_v2_section", "graph": None, "files": [a.outputs[f"section:{n}"],
+                                                                       a.outputs[f"config:{n}"]],
+                      "verified_by": []} for n in a.params["names"]]
+    return rows
