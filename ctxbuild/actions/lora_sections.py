@@ -10,7 +10,6 @@ on-device crashes).
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,18 @@ def summarize(action: Action) -> dict[str, Any]:
                          for n in action.params["names"]}}
 
 
+def warnings(action: Action) -> list[str]:
+    """A tolerated SDK mismatch (`sdk_mismatch: warn`), shown on every build, cached or not."""
+    if action.params["sdk_mismatch"] != "warn":
+        return []
+    from ..contextbin import read_binary_info
+
+    src = Path(action.inputs["bin"])
+    out = Path(next(iter(action.outputs.values()))).parents[2]  # OUT/<target>/<recipe>/<file>
+    build, ep = read_binary_info(str(src), path=src).get("build_id") or "unknown", toolchain.sdk_build_id(out / STATE)
+    return [] if build == ep else [f"{_mismatch(build, ep, src)}; LoRAv2 sections and base may not load together"]
+
+
 def run(ctx: Any) -> None:
     from ..contextbin import read_binary_info
 
@@ -41,6 +52,9 @@ def run(ctx: Any) -> None:
     check_sdk(info.get("build_id") or "unknown", toolchain.sdk_build_id(ctx.out / STATE), src, p["sdk_mismatch"])
     graphs = [g["name"] for g in info["graphs"]]
     for name in p["names"]:
+        if Path(a.inputs[f"section:{name}"]).stat().st_size == 0:  # emptied since the recipe was planned
+            raise ActionError(f"{a.inputs[f'section:{name}']}: LoRAv2 section '{name}' is empty",
+                              "re-export it with the QAIRT SDK")
         dst = ctx.tmp_output(f"section:{name}")
         shutil.copyfile(a.inputs[f"section:{name}"], dst)
         # the config sits beside the wrapper: the section's path relative to it resolves from the wrapper's dir
@@ -48,14 +62,14 @@ def run(ctx: Any) -> None:
         ctx.tmp_output(f"config:{name}").write_text("".join(f"{g};{rel}\n" for g in graphs))
 
 
+def _mismatch(binary_build: str, ep_build: str, src: Path) -> str:
+    return (f"{src}: built with QNN SDK {binary_build}, the installed onnxruntime-qnn "
+            f"{toolchain.version('onnxruntime-qnn')} runs QNN {ep_build}")
+
+
 def check_sdk(binary_build: str, ep_build: str, src: Path, on_mismatch: str) -> None:
     """The base binary's SDK build must be the EP's: fail naming both (or warn, if the recipe says so)."""
-    if binary_build == ep_build:
+    if binary_build == ep_build or on_mismatch == "warn":  # warn: see warnings()
         return
-    msg = (f"{src}: built with QNN SDK {binary_build}, the installed onnxruntime-qnn "
-           f"{toolchain.version('onnxruntime-qnn')} runs QNN {ep_build}")
-    if on_mismatch == "warn":
-        print(f"ctxbuild: warning: {msg}; LoRAv2 sections and base may not load together", file=sys.stderr)
-        return
-    raise ActionError(msg, "rebuild the base and its sections with the SDK the EP ships, or install the "
+    raise ActionError(_mismatch(binary_build, ep_build, src), "rebuild the base and its sections with the SDK the EP ships, or install the "
                       "matching onnxruntime-qnn (or set prebuilt.sdk_mismatch: warn)")
