@@ -232,3 +232,47 @@ def test_prebuilt_with_lora_v2_sections(built: Path, tmp_path: Path, ctxbuild) -
     assert r.code == 1 and "LoRAv2 section 'de' is empty" in r.text, r.text
     r = ctxbuild("build", str(d), "-o", str(tmp_path / "out3"))  # a fresh plan: the recipe check
     assert r.code == 2 and "vendor_lora.yaml:6: LoRAv2 section 'de': 'de.bin' is empty" in r.text, r.text
+
+
+def test_bundle_binds_shared_slots_to_each_graph(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """prefill and decode share weights and LoRA slots: each graph gets its own binding of every adapter."""
+    import importlib.util
+
+    from tests.conftest import RECIPES
+
+    spec = importlib.util.spec_from_file_location("make_models", RECIPES / "models" / "make_models.py")
+    make_models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_models)  # the example's generator, at another token count
+    models = tree / "models"
+    onnx.save(make_models.lora_mlp(np.random.default_rng(12), tokens=1), models / "lora_mlp_t1.onnx")
+    (models / "calib" / "lora_mlp_t1").mkdir()
+    for i in range(2):
+        x = np.random.default_rng(i).standard_normal((1, 1, 64)).astype(np.float32)
+        np.savez(models / "calib" / "lora_mlp_t1" / f"s{i}.npz", x=x)
+    d = tmp_path / "bundle_recipes"
+    d.mkdir()
+    (d / "lora_lm.yaml").write_text(f"""
+bundle:
+  - {{name: prefill, model: {models}/lora_mlp.onnx, calibration: {{dir: {models}/calib/lora_mlp}}}}
+  - {{name: decode, model: {models}/lora_mlp_t1.onnx, calibration: {{dir: {models}/calib/lora_mlp_t1}}}}
+precision: int16
+targets: [SM8650]
+adapters:
+  slots: ["*lora_A", "*lora_B"]
+  calibrate: [formal]
+  files:
+    - {{name: formal, file: {models}/adapters/formal.safetensors}}
+""")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(d), "-o", str(out))
+    assert r.code == 0, r.text
+    t = out / "SM8650" / "lora_lm"
+    manifest = json.loads((out / "manifest.json").read_text())
+    rows = {(a["binds"]["graph"], a["name"]): a for a in manifest["adapters"]}
+    assert set(rows) == {("prefill", "formal"), ("decode", "formal")}
+    assert all(a["verification"]["status"] == "passed" for a in rows.values())
+    for g in ("prefill", "decode"):
+        binding = t / "adapters" / f"{g}.formal.onnx_adapter"
+        assert sorted(adapter_values(binding)) == ["layer1.lora_A", "layer1.lora_B", "layer2.lora_A", "layer2.lora_B"]
+        wrapper = onnx.load(t / f"{g}_ctx.onnx", load_external_data=False)
+        assert {i.name for i in wrapper.graph.initializer} >= set(adapter_values(binding))  # optional inputs

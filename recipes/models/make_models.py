@@ -90,7 +90,7 @@ def lm_block(tokens: int) -> onnx.ModelProto:
 LORA_RANK = 8
 
 
-def lora_mlp(rng: np.random.Generator) -> onnx.ModelProto:
+def lora_mlp(rng: np.random.Generator, tokens: int = 16) -> onnx.ModelProto:
     """The MLP with a LoRA branch on both layers, PEFT-style: y = x@W + (x@lora_A)@lora_B * lora_scale.
     The base's lora_B are zeros (PEFT's init), so without an adapter the model is the plain MLP."""
     d, h, r = 64, 128, LORA_RANK
@@ -110,8 +110,8 @@ def lora_mlp(rng: np.random.Generator) -> onnx.ModelProto:
         if i == 1:
             nodes += [helper.make_node("Sigmoid", ["a1"], ["s1"], name="act_sig"),
                       helper.make_node("Mul", ["a1", "s1"], ["g1"], name="act_silu")]
-    graph = helper.make_graph(nodes, "lora_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, d])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, d])], inits)
+    graph = helper.make_graph(nodes, "lora_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, d])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, tokens, d])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
 
 
