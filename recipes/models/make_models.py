@@ -90,10 +90,10 @@ def lm_block(tokens: int) -> onnx.ModelProto:
 LORA_RANK = 8
 
 
-def lora_mlp(rng: np.random.Generator, tokens: int = 16) -> onnx.ModelProto:
+def lora_mlp(rng: np.random.Generator, tokens: int = 16, d: int = 64, h: int = 128) -> onnx.ModelProto:
     """The MLP with a LoRA branch on both layers, PEFT-style: y = x@W + (x@lora_A)@lora_B * lora_scale.
     The base's lora_B are zeros (PEFT's init), so without an adapter the model is the plain MLP."""
-    d, h, r = 64, 128, LORA_RANK
+    r = LORA_RANK
     inits = [_init(rng, "w1", (d, h), 0.1), _init(rng, "w2", (h, d), 0.1),
              _init(rng, "layer1.lora_A", (d, r), 0.1), numpy_helper.from_array(np.zeros((r, h), np.float32), "layer1.lora_B"),
              _init(rng, "layer2.lora_A", (h, r), 0.1), numpy_helper.from_array(np.zeros((r, d), np.float32), "layer2.lora_B"),
@@ -115,9 +115,9 @@ def lora_mlp(rng: np.random.Generator, tokens: int = 16) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
 
 
-def lora_weights(rng: np.random.Generator, scale: float = 0.1) -> dict[str, np.ndarray]:
+def lora_weights(rng: np.random.Generator, scale: float = 0.1, d: int = 64, h: int = 128) -> dict[str, np.ndarray]:
     """One adapter's A/B weights for lora_mlp, by slot name."""
-    d, h, r = 64, 128, LORA_RANK
+    r = LORA_RANK
     shapes = {"layer1.lora_A": (d, r), "layer1.lora_B": (r, h), "layer2.lora_A": (h, r), "layer2.lora_B": (r, d)}
     return {k: (rng.standard_normal(s) * scale).astype(np.float32) for k, s in shapes.items()}
 
