@@ -126,7 +126,9 @@ def _describe_onnx(path: Path, timeout: float) -> dict[str, Any]:
     wrapper = {
         "ir_version": model.ir_version,
         "opsets": {o.domain or "ai.onnx": o.version for o in model.opset_import},
-        "inputs": [_value_info(v) for v in model.graph.input],
+        # an input with an initializer of its name is optional: LoRA slots carry their defaults so
+        "inputs": [{**_value_info(v), "optional": v.name in {t.name for t in model.graph.initializer}}
+                   for v in model.graph.input],
         "outputs": [_value_info(v) for v in model.graph.output],
         "other_nodes": [n.op_type for n in model.graph.node if n not in nodes],
         "nodes": node_infos,
@@ -222,7 +224,8 @@ def format_text(info: dict[str, Any]) -> str:
     if w is not None:
         others = "".join(f", {n} {op}" for op, n in Counter(w["other_nodes"]).items())
         lines.append(f"EPContext model {info['path']} ({len(w['nodes'])} EPContext{others})")
-        rows = [[io, v["name"], v["dtype"] or "?", "x".join(map(str, v["shape"])) or "scalar"]
+        rows = [[io, v["name"], v["dtype"] or "?", "x".join(map(str, v["shape"])) or "scalar",
+                 "optional (default in the wrapper: an adapter slot)" if v.get("optional") else ""]
                 for io, vs in (("in", w["inputs"]), ("out", w["outputs"])) for v in vs]
         lines += _table(rows, "    ")
         for n in w["nodes"]:

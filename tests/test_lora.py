@@ -157,6 +157,8 @@ def test_adapter_that_does_not_fit_the_encodings_fails_naming_the_clipping_tenso
     ("missing", 2, "lora_mlp.yaml:12: adapter 'formal': file"),
     ("bad_calibrate", 2, "lora_mlp.yaml:10: 'nobody' is not an adapter of this recipe"),
     ("bad_format", 2, "'x.bin' is not an adapter file"),
+    ("multi_soc", 2, "adapters cannot be combined with multi_soc yet"),
+    ("no_slot", 1, "adapters.slots: '*lora_C' matches no initializer or input of the model"),
 ])
 def test_bad_adapter_files_fail_with_clear_errors(lora: Path, tree: Path, tmp_path: Path, ctxbuild,
                                                   case: str, code: int, message: str) -> None:
@@ -174,11 +176,15 @@ def test_bad_adapter_files_fail_with_clear_errors(lora: Path, tree: Path, tmp_pa
         text = text.replace("calibrate: [formal, casual]", "calibrate: [formal, nobody]")
     elif case == "bad_format":
         text = text.replace(f"{tree}/models/adapters/formal.safetensors", "x.bin")
+    elif case == "multi_soc":
+        text = text.replace("targets: [SM8650]", "targets: [SM8650, SM8750]\nmulti_soc: true")
+    elif case == "no_slot":
+        text = text.replace('"*lora_B"]', '"*lora_B", "*lora_C"]')
     lora.write_text(text)
     r = ctxbuild("build", str(lora.parent), "-o", str(tmp_path / "out"))
     assert r.code == code, r.text
     assert message in r.text, r.text
-    if code == 1:  # the adapter's own actions fail; the base still compiled
+    if case in ("wrong_shape", "wrong_name"):  # the adapter's own actions fail; the base still compiled
         assert "bad.npz" in r.text and "FAILED adapter/lora_mlp+pirate@SM8650" in r.text
         assert (tmp_path / "out" / "SM8650" / "lora_mlp" / "lora_mlp_ctx.onnx").is_file()
 
@@ -276,3 +282,17 @@ adapters:
         assert sorted(adapter_values(binding)) == ["layer1.lora_A", "layer1.lora_B", "layer2.lora_A", "layer2.lora_B"]
         wrapper = onnx.load(t / f"{g}_ctx.onnx", load_external_data=False)
         assert {i.name for i in wrapper.graph.initializer} >= set(adapter_values(binding))  # optional inputs
+
+
+def test_inspect_lists_updateable_tensors_when_a_binary_has_them(built: Path) -> None:
+    """No binary with updateable tensors can be made here (QNN error 6022, see README): the listing is shown
+    on a real binary's description with one of its tensors moved to where libQnnSystem reports them."""
+    from ctxbuild.contextbin import describe, format_text
+
+    info = describe(built / "SM8650" / "lora_mlp" / "lora_mlp_ctx_qnn.bin")
+    assert "updateable tensor" not in format_text(info)  # compiled binaries have none
+    graph = info["binaries"][0]["graphs"][0]
+    graph["updateable_tensors"] = [graph["inputs"].pop(1)]
+    text = format_text(info)
+    assert "1 updateable tensor(s) (upd): LoRAv2 adapter sections apply here" in text
+    assert any(line.split()[:2] == ["upd", "layer1.lora_A"] for line in text.splitlines())

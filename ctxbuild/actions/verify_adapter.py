@@ -88,6 +88,7 @@ def encodings(qdq_model: Path) -> dict[str, tuple[float, float, float]]:
 def clipped_tensors(reference: Path, qdq_model: Path, feeds: list[dict[str, np.ndarray]],
                     bound: dict[str, np.ndarray], tmp: Path) -> list[dict[str, Any]]:
     """Tensors of the float model (and the adapter's own slot values) outside their encoding's range."""
+    import onnxruntime as ort
     from onnxruntime.quantization.qdq_loss_debug import collect_activations, modify_model_output_intermediate_tensors
 
     ranges = encodings(qdq_model)
@@ -96,7 +97,11 @@ def clipped_tensors(reference: Path, qdq_model: Path, feeds: list[dict[str, np.n
     os.link(reference, src)
     ops = sorted({n.op_type for n in load(src, external_data=False).graph.node})
     modify_model_output_intermediate_tensors(str(src), str(augmented), op_types_for_saving=ops)
-    values = {k: np.concatenate([v.ravel() for v in vs]) for k, vs in collect_activations(str(augmented), feeds).items()}
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # collect_activations' default
+    so.log_severity_level = 3  # the slots are overridable initializers: ORT warns about each
+    collected = collect_activations(str(augmented), feeds, session_options=so)
+    values = {k: np.concatenate([v.ravel() for v in vs]) for k, vs in collected.items()}
     values.update({k: v.ravel() for k, v in bound.items()})
     out = []
     for name, (lo, hi, step) in sorted(ranges.items()):
