@@ -21,14 +21,15 @@ from .recipe_adapters import FORMATS
 SlotSpec = dict[str, tuple[tuple[int, ...], np.dtype]]
 
 
-def match_slots(patterns: list[str], initializers: list[str], inputs: list[str]) -> dict[str, str]:
+def match_slots(patterns: list[str], initializers: list[str], inputs: list[str], field: str = "slots"
+                ) -> dict[str, str]:
     """slot name -> "initializer" | "input", for every initializer or graph input a pattern matches."""
     found: dict[str, str] = {}
     for pattern in patterns:
         hits = [(n, "initializer") for n in initializers if fnmatch.fnmatchcase(n, pattern)]
         hits += [(n, "input") for n in inputs if fnmatch.fnmatchcase(n, pattern)]
         if not hits:
-            raise ActionError(f"adapters.slots: '{pattern}' matches no initializer or input of the model",
+            raise ActionError(f"adapters.{field}: '{pattern}' matches no initializer or input of the model",
                               "slots are names or glob patterns (e.g. '*lora_A*') of the model's LoRA weights")
         found.update(hits)
     return found
@@ -44,7 +45,9 @@ def make_slots(model: Any, patterns: list[str], scaling: str | None) -> dict[str
 
     inits = {t.name: t for t in model.graph.initializer}
     inputs = {i.name: i for i in graph_inputs(model)}
-    slots = match_slots(patterns + ([scaling] if scaling else []), list(inits), list(inputs))
+    slots = match_slots(patterns, list(inits), list(inputs))
+    if scaling:
+        slots.update(match_slots([scaling], list(inits), list(inputs), "scaling"))
     defaults: dict[str, np.ndarray] = {}
     for name, where in sorted(slots.items()):
         if where == "initializer":

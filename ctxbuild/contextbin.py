@@ -123,12 +123,12 @@ def _describe_onnx(path: Path, timeout: float) -> dict[str, Any]:
         partition = n["attributes"].get("partition_name")
         if partition is not None and partition not in graph_names:
             problems.append(f"node {n['name']}: partition_name {partition!r} is not a graph of its binary")
+    defaults = {t.name for t in model.graph.initializer}
     wrapper = {
         "ir_version": model.ir_version,
         "opsets": {o.domain or "ai.onnx": o.version for o in model.opset_import},
         # an input with an initializer of its name is optional: LoRA slots carry their defaults so
-        "inputs": [{**_value_info(v), "optional": v.name in {t.name for t in model.graph.initializer}}
-                   for v in model.graph.input],
+        "inputs": [{**_value_info(v), **({"optional": True} if v.name in defaults else {})} for v in model.graph.input],
         "outputs": [_value_info(v) for v in model.graph.output],
         "other_nodes": [n.op_type for n in model.graph.node if n not in nodes],
         "nodes": node_infos,

@@ -267,7 +267,7 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
     _check_layout(f, data, "bundle" in merged, merged.get("multi_soc", False), compile_opts, recipe_targets)
     verify = merged.get("verify", {})
     verify = {"enabled": verify} if isinstance(verify, bool) else dict(verify)
-    adapters = parse_adapters(f, data, merged["adapters"]) if "adapters" in merged else None
+    adapters = parse_adapters(f, data, merged["adapters"], precision) if "adapters" in merged else None
     if adapters and merged.get("multi_soc"):
         raise RecipeError(f"{at('adapters')}: adapters cannot be combined with multi_soc yet",
                           "build the adapters' base per SoC")

@@ -40,9 +40,13 @@ class Sections:
     sdk_mismatch: str  # "error" | "warn"
 
 
-def parse_adapters(f: Path, data: LineDict, spec: dict[str, Any]) -> Adapters:
+def parse_adapters(f: Path, data: LineDict, spec: dict[str, Any], precision: str) -> Adapters:
     def at(*path: str | int) -> str:
         return f"{f}:{line_of(data, ['adapters', *path])}"
+
+    if precision == "qdq":  # its LoRA weights are already quantized initializers behind DequantizeLinear
+        raise RecipeError(f"{at()}: adapters need a float base model, not precision qdq",
+                          "export the float model and use precision int16, int8 or fp16")
 
     items = []
     for i, item in enumerate(spec["files"]):

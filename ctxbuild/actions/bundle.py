@@ -15,9 +15,9 @@ from typing import Any
 
 from .. import toolchain
 from ..action import Action
+from ..adapters import add_wrapper_defaults
 from ..errors import ActionError
 from .compile import compile_error, summarize  # noqa: F401 - the same summary hook as compile
-from ..adapters import add_wrapper_defaults
 from .modelio import load
 
 
