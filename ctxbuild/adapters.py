@@ -95,8 +95,6 @@ def read_file(path: Path) -> dict[str, np.ndarray]:
         raise ActionError(f"{path}: adapter file not found")
     try:
         if path.suffix == ".onnx_adapter":
-            import onnxruntime as ort
-
             return read_onnx_adapter(path)
         if path.suffix == ".safetensors":
             from safetensors.numpy import load_file

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from .action import Action
+from .recipe import Recipe
 from .recipe_adapters import Adapter, Adapters
+from .targets import Target
 
 
 def adapter_param(adapters: Adapters, a: Adapter) -> dict[str, Any]:
@@ -25,7 +27,7 @@ def calibration_inputs(adapters: Adapters) -> tuple[dict[str, Any], dict[str, st
     return ({a.name: adapter_param(adapters, a) for a in cal}, {f"adapter:{a.name}": str(a.file) for a in cal})
 
 
-def adapter_actions(recipe: Any, graph: str, t: Any, deliverable: Action, base_verify: Action | None,
+def adapter_actions(recipe: Recipe, graph: str, t: Target, deliverable: Action, base_verify: Action | None,
                     out: Path) -> list[Action]:
     """`deliverable`: the compile or bundle writing the graph's wrapper; `base_verify`: the graph's plain
     verify (no adapter; None when verification is off), the template of each adapter's verification: it
@@ -67,7 +69,7 @@ def _verify_adapter(base: Action, binding: Action, name: str, calibrated: bool, 
     return v
 
 
-def section_actions(recipe: Any, t: Any, out: Path) -> list[Action]:
+def section_actions(recipe: Recipe, t: Target, out: Path) -> list[Action]:
     """A prebuilt binary's LoRAv2 sections for one target: copied beside the wrapper, one lora_config each."""
     pb = recipe.prebuilt
     if pb is None or pb.sections is None:
