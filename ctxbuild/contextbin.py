@@ -124,10 +124,12 @@ def _describe_onnx(path: Path, timeout: float) -> dict[str, Any]:
         partition = n["attributes"].get("partition_name")
         if partition is not None and partition not in graph_names:
             problems.append(f"node {n['name']}: partition_name {partition!r} is not a graph of its binary")
+    defaults = {t.name for t in model.graph.initializer}
     wrapper = {
         "ir_version": model.ir_version,
         "opsets": {o.domain or "ai.onnx": o.version for o in model.opset_import},
-        "inputs": [_value_info(v) for v in model.graph.input],
+        # an input with an initializer of its name is optional: LoRA slots carry their defaults so
+        "inputs": [{**_value_info(v), **({"optional": True} if v.name in defaults else {})} for v in model.graph.input],
         "outputs": [_value_info(v) for v in model.graph.output],
         "other_nodes": [n.op_type for n in model.graph.node if n not in nodes],
         "nodes": node_infos,
@@ -199,8 +201,11 @@ def _binary_text(b: dict[str, Any]) -> list[str]:
         rows = [["", "name", "dtype", "shape", "quantization"]]
         rows += [[io, t["name"] or "?", t["dtype"], "x".join(map(str, t["dims"])) or "scalar",
                   _quant_text(t["quantization"])]
-                 for io, ts in (("in", g["inputs"]), ("out", g["outputs"])) for t in ts]
+                 for io, ts in (("in", g["inputs"]), ("out", g["outputs"]), ("upd", g.get("updateable_tensors") or []))
+                 for t in ts]
         lines += _table(rows, "    ")
+        if g.get("updateable_tensors"):  # LoRAv2: what QnnContext_applyBinarySection may replace
+            lines.append(f"    {len(g['updateable_tensors'])} updateable tensor(s) (upd): LoRAv2 adapter sections apply here")
     return lines
 
 
@@ -211,7 +216,8 @@ def format_text(info: dict[str, Any]) -> str:
     if w is not None:
         others = "".join(f", {n} {op}" for op, n in Counter(w["other_nodes"]).items())
         lines.append(f"EPContext model {info['path']} ({len(w['nodes'])} EPContext{others})")
-        rows = [[io, v["name"], v["dtype"] or "?", "x".join(map(str, v["shape"])) or "scalar"]
+        rows = [[io, v["name"], v["dtype"] or "?", "x".join(map(str, v["shape"])) or "scalar",
+                 "optional (default in the wrapper: an adapter slot)" if v.get("optional") else ""]
                 for io, vs in (("in", w["inputs"]), ("out", w["outputs"])) for v in vs]
         lines += _table(rows, "    ")
         for n in w["nodes"]:

@@ -11,7 +11,8 @@ that the rest of ctxbuild reads instead of keeping lists of kind names:
 - `uses_qnn`: its outputs depend on the QNN compiler/simulator: onnxruntime-qnn and the QNN SDK build id
   join its key (toolchain.fingerprint);
 - `deliverable`: its outputs under OUT/<target>/ are artifacts (manifest, report rows); its outputs in
-  the work dir are verification twins (plan.Plan.artifacts, report.py).
+  the work dir are verification twins (plan.Plan.artifacts, report.py);
+- `verification`: it checks accuracy (`ctxbuild verify` runs these edges; the report shows them per row).
 
 Adding a kind: a class here and its implementation module (see README, "Adding an action kind").
 """
@@ -29,6 +30,7 @@ class Kind:
     discovers_inputs: ClassVar[bool] = False
     uses_qnn: ClassVar[bool] = False
     deliverable: ClassVar[bool] = False
+    verification: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -75,9 +77,13 @@ def names(**flags: bool) -> set[str]:
 Shape = dict[str, list[int]]  # input name -> fixed dims
 
 
-class PrepareParams(TypedDict):
+class _PrepareRequired(TypedDict):
     inputs: Shape
     optimize: bool  # ORT basic optimizer (off for qdq: it would fold weight DequantizeLinear away)
+
+
+class PrepareParams(_PrepareRequired, total=False):
+    adapter_slots: dict[str, Any]  # LoRA: slot patterns and scaling input; slots become optional inputs
 
 
 class Prepare(Kind):
@@ -88,11 +94,15 @@ class Prepare(Kind):
     discovers_inputs = True  # external data files
 
 
-class QuantizeParams(TypedDict):
+class _QuantizeRequired(TypedDict):
     quantization: dict[str, Any]  # quantization.py's settings for onnxruntime's QNN quantizer
     samples: int
     random: bool
     inputs: Shape
+
+
+class QuantizeParams(_QuantizeRequired, total=False):
+    adapters: dict[str, Any]  # LoRA: the calibration set (adapter name -> tensors, scale, scaling)
 
 
 class Quantize(Kind):
@@ -182,6 +192,7 @@ class Verify(Kind):
     params = VerifyParams
     discovers_inputs = True  # verification samples
     uses_qnn = True
+    verification = True
 
 
 class SelectParams(TypedDict):
@@ -198,3 +209,49 @@ class Select(Kind):
     implementation = "ctxbuild.actions.select"
     params = SelectParams
     deliverable = True
+    verification = True  # it judges the candidates' verifications: `ctxbuild verify` runs it
+
+
+class AdapterParams(TypedDict):
+    name: str
+    graph: str
+    tensors: dict[str, str]  # slot -> tensor name in the adapter file
+    scale: float | None
+    scaling: str | None  # the model's scaling input, if any
+
+
+class Adapter(Kind):
+    """One LoRA adapter bound for one graph and target: its .onnx_adapter, checked against the wrapper's slots."""
+    name = "adapter"
+    implementation = "ctxbuild.actions.adapter"
+    params = AdapterParams
+
+
+class VerifyAdapterParams(VerifyParams, total=False):
+    adapter: str
+    calibrated: bool  # in the calibration set: a clipping failure then means the base's encodings are wrong
+
+
+class VerifyAdapter(Kind):
+    """A graph's verification with one adapter bound (RunOptions.add_active_adapter) on the simulator."""
+    name = "verify_adapter"
+    implementation = "ctxbuild.actions.verify_adapter"
+    params = VerifyAdapterParams
+    discovers_inputs = True
+    uses_qnn = True
+    verification = True
+
+
+class LoraSectionsParams(TypedDict):
+    names: list[str]
+    sdk_mismatch: str  # "error" | "warn"
+    soc_model: str
+    htp_arch: str
+
+
+class LoraSections(Kind):
+    """LoRAv2 sections made elsewhere: copied beside a prebuilt wrapper, one qnn.lora_config each."""
+    name = "lora_sections"
+    implementation = "ctxbuild.actions.lora_sections"
+    params = LoraSectionsParams
+    uses_qnn = True  # the base binary's SDK build is compared with the installed EP's

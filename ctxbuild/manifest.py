@@ -9,6 +9,7 @@ from .atomic import write_if_changed
 from .digests import DigestMemo
 from .layout import STATE, record_path
 from .search_table import search_of, with_costs
+from .manifest_adapters import adapter_entries
 
 MANIFEST_VERSION = 1
 KINDS = {"ctx": "epcontext_model", "bin": "context_binary"}
@@ -40,8 +41,10 @@ def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, s
             if art["twins"]:
                 entry["weight_sharing"] = _sharing(out, art["twins"], entry["size"])
         artifacts.append(entry)
+    adapters = adapter_entries(out, plan_state.get("adapters", []), memo, _verification)
     memo.close()
-    manifest = {"version": MANIFEST_VERSION, "toolchain": toolchain_versions, "artifacts": artifacts}
+    manifest = {"version": MANIFEST_VERSION, "toolchain": toolchain_versions, "artifacts": artifacts,
+                "adapters": adapters}
     write_if_changed(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n")
     return manifest
 

@@ -45,6 +45,8 @@ def _rel(p: str, out: Path) -> str:
 
 def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None:
     """Write build.ninja, the action specs and plan state, each only if changed (ninja sees no new mtime)."""
+    from . import plan_adapters
+
     out = plan.out
     state = out / STATE
     specs = state / "actions"
@@ -74,8 +76,8 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
     phonies = sorted((k, sorted(set(v))) for d in (by_recipe, by_target, by_pair) for k, v in d.items())
     all_outs = sorted({o for e in edges for o in e.outputs})
     phonies.append(("all", all_outs))
-    # `ctxbuild verify`: the verify edges, and the precision searches' select edges (they are verification)
-    verify_outs = sorted({o for a, e in zip(plan.actions, edges) if a.kind in ("verify", "select") for o in e.outputs})
+    # `ctxbuild verify`: the verification edges (verify, verify_adapter, a precision search's select)
+    verify_outs = sorted({o for a, e in zip(plan.actions, edges) if kinds.get(a.kind).verification for o in e.outputs})
     phonies.append(("verify", verify_outs))
 
     for stale in specs.glob("*.json"):
@@ -93,6 +95,7 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
     write_if_changed(state / "invocation.json", canonical_json(invocation))
     write_if_changed(state / "plan.json", canonical_json({
         "artifacts": plan.artifacts(),
+        "adapters": plan_adapters.adapter_rows(plan.actions, plan.graph.successors),
         "actions": [{"id": a.id, "kind": a.kind, "recipes": a.recipes, "target": a.target,
                      "description": a.description, "outputs": list(a.outputs.values()),
                      "deps": sorted(plan.graph.predecessors(a.id))} for a in plan.actions],
@@ -141,7 +144,8 @@ def _planner_files() -> list[Path]:
     """The planner's own code: a new ctxbuild re-plans (meson does the same on a version change)."""
     pkg = Path(__file__).resolve().parent
     return [pkg / "plan.py", pkg / "recipe.py", pkg / "ninja.py", pkg / "recipe.schema.json",
-            pkg / "search.py", pkg / "quantization.py", template_file("build.ninja.j2")]
+            pkg / "search.py", pkg / "quantization.py", pkg / "plan_adapters.py", pkg / "recipe_adapters.py",
+            template_file("build.ninja.j2")]
 
 
 def _toolchain_files() -> list[Path]:

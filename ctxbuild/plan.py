@@ -12,6 +12,7 @@ from .action import Action, short_hash
 from .layout import spec_name
 from .errors import PlanError
 from .quantization import describe
+from .plan_adapters import adapter_actions, calibration_inputs, section_actions
 from .recipe import Graph, Recipe, RecipeSet
 from .targets import Target
 
@@ -109,7 +110,8 @@ class Built:
 
 def _recipe_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
     if recipe.prebuilt is not None:
-        return [_prebuilt(recipe, t, out) for t in recipe.targets]
+        return [_prebuilt(recipe, t, out) for t in recipe.targets] + [
+            s for t in recipe.targets for s in section_actions(recipe, t, out)]
     if recipe.precision == "auto":
         from .search import search_actions
 
@@ -121,20 +123,24 @@ def _recipe_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
         prepared, a = _prepare(recipe, g, work)
         acts.append(a)
         model = prepared
+        reference = a.outputs.get("reference", prepared)  # LoRA: slots with their defaults
         if recipe.precision in QUANTIZED:
-            model, q = _quantize(recipe, g, prepared, work, recipe.quantization[0])
+            model, q = _quantize(recipe, g, prepared, work, recipe.quantization[0], reference)
             acts.append(q)
-        built.append(Built(g, prepared, model))
+        built.append(Built(g, reference, model))
     verify = verify and verification_enabled(recipe)
     if recipe.is_bundle:
         for t in recipe.targets:
             bundle = _bundle(recipe, built, t, out)
             acts.append(bundle)
-            if verify:  # the simulator cannot load a multi-graph binary: verify each graph's single-graph twin
-                for b in built:
+            for b in built:
+                v = None
+                if verify:  # the simulator cannot load a multi-graph binary: verify each graph's single-graph twin
                     twin = _compile(recipe, b, t, work / "twins" / t.name / recipe.name, name=f"{recipe.name}.{b.graph.name}")
-                    acts += [twin, _verify(recipe, b, t, twin, out, method="single-graph build (bundle)",
-                                           bundle=bundle)]
+                    v = _verify(recipe, b, t, twin, out, method="single-graph build (bundle)", bundle=bundle)
+                    acts += [twin, v]
+                if recipe.adapters:
+                    acts += adapter_actions(recipe, b.graph.name, t, bundle, v, out)
     elif recipe.multi_soc:
         t = multi_soc_target(recipe.targets)
         flexible = _compile(recipe, built[0], t, out / t.name / recipe.name)
@@ -149,8 +155,10 @@ def _recipe_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
         for t in recipe.targets:
             c = _compile(recipe, built[0], t, out / t.name / recipe.name)
             acts.append(c)
-            if verify:
-                acts.append(_verify(recipe, built[0], t, c, out, method="direct"))
+            v = _verify(recipe, built[0], t, c, out, method="direct") if verify else None
+            acts += [v] if v else []
+            if recipe.adapters:
+                acts += adapter_actions(recipe, built[0].graph.name, t, c, v, out)
     return acts
 
 
@@ -176,29 +184,40 @@ def _prepare(recipe: Recipe, g: Graph, work: Path) -> tuple[str, Action]:
     params = {"inputs": {k: list(v) for k, v in sorted(g.inputs.items())},
               # QDQ models skip the optimizer: constant folding would fold weight DequantizeLinear away.
               "optimize": recipe.precision != "qdq"}
+    if recipe.adapters:  # LoRA: slots become optional inputs; "reference" keeps their defaults
+        params["adapter_slots"] = {"patterns": list(recipe.adapters.slots), "scaling": recipe.adapters.scaling}
     # Named by model and content, not recipe: recipes preparing one model the same way share the node.
     h = short_hash(["prepare", params, str(g.model)])
     stem = g.model.stem
     path = str(work / f"{stem}-{h}" / "prepared.onnx")
+    outputs = {"model": path}
+    if recipe.adapters:
+        outputs["reference"] = str(Path(path).with_name("reference.onnx"))
     a = Action(id=f"prepare/{stem}-{h}", kind="prepare", description=f"prepare {stem}",
-               inputs={"model": str(g.model)}, outputs={"model": path}, params=params, **_common(recipe))
+               inputs={"model": str(g.model)}, outputs=outputs, params=params, **_common(recipe))
     return path, a
 
 
-def _quantize(recipe: Recipe, g: Graph, prepared: str, work: Path, settings: dict[str, Any]) -> tuple[str, Action]:
-    """`settings`: one of recipe.quantization (quantization.settings()); its name is a label, not a parameter."""
+def _quantize(recipe: Recipe, g: Graph, prepared: str, work: Path, settings: dict[str, Any],
+              reference: str | None = None) -> tuple[str, Action]:
+    """`settings`: one of recipe.quantization (quantization.settings()); its name is a label, not a parameter.
+    `reference`: the float model with LoRA slots as inputs (recipes with adapters)."""
     cal = g.calibration
     assert cal is not None  # recipe validation requires calibration for quantized precisions
     quant = {k: v for k, v in settings.items() if k not in ("name", "samples")}
     params = {"quantization": quant, "samples": settings["samples"] or cal.samples, "random": cal.random,
               "inputs": {k: list(v) for k, v in sorted(g.inputs.items())}}
+    inputs = {"model": prepared}
+    if recipe.adapters:  # LoRA: calibrate over the declared adapter set (changing it re-quantizes, recompiles)
+        params["adapters"], more = calibration_inputs(recipe.adapters)
+        inputs.update(more, reference=reference)
     watch = [str(cal.dir)] if cal.dir else []  # its *contents* are keyed (discovered inputs), not its path
     h = short_hash(["quantize", params, prepared, watch])
     stem = g.model.stem
     path = str(work / f"{stem}-{h}" / "quantized.onnx")
     a = Action(id=f"quantize/{stem}-{h}", kind="quantize",
                description=f"quantize {stem} ({describe(recipe.precision, settings)})",
-               inputs={"model": prepared}, outputs={"model": path}, params=params, watch=watch,
+               inputs=inputs, outputs={"model": path}, params=params, watch=watch,
                **_common(recipe))
     return path, a
 
@@ -231,8 +250,11 @@ def _compile(recipe: Recipe, b: Built, t: Target, d: Path, *, name: str | None =
         params["split_outputs"] = _split_param(recipe.compile.split_outputs)
     twin = " (verification twin)" if name else f" (candidate {candidate})" if candidate else ""
     ident = f"{stem}.{candidate}" if candidate else stem
+    inputs = {"model": b.model}
+    if recipe.adapters:  # the wrapper gets the slots' defaults from the float reference
+        inputs["reference"] = b.reference
     return Action(id=f"compile/{ident}@{t.name}", kind="compile", description=f"compile {stem}@{t.name}{twin}",
-                  inputs={"model": b.model}, outputs=outputs, params=params,
+                  inputs=inputs, outputs=outputs, params=params,
                   target=(action_target or t).as_dict(), pool="compile", **_common(recipe))
 
 
@@ -265,6 +287,8 @@ def _bundle(recipe: Recipe, built: list[Built], t: Target, out: Path) -> Action:
     inputs.update({f"reference:{b.graph.name}": b.reference for b in built})
     params = {"provider_options": provider_options(recipe, t), "cpu_fallback": recipe.compile.cpu_fallback,
               "precision": recipe.precision, "graphs": [b.graph.name for b in built]}
+    if recipe.adapters:  # the wrappers get the slots' defaults from the float references
+        params["adapters"] = True
     return Action(id=f"bundle/{recipe.name}@{t.name}", kind="bundle",
                   description=f"bundle {recipe.name}@{t.name} ({len(built)} graphs)", inputs=inputs,
                   outputs=outputs, params=params, target=t.as_dict(), pool="compile", **_common(recipe))

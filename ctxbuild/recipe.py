@@ -12,6 +12,7 @@ from . import quantization as quant
 from . import targets as soc_table
 from .errors import RecipeError
 from .suggest import did_you_mean
+from .recipe_adapters import Adapters, Sections, parse_adapters, parse_sections
 from .targets import Target
 from .toolchain import version
 from .yamlsrc import LineDict, line_of, load_mapping
@@ -53,6 +54,7 @@ class Prebuilt:
     bin: Path
     graphs: tuple[str, ...]
     quantized_io: bool
+    sections: Sections | None = None  # LoRAv2 adapter sections made elsewhere
 
 
 @dataclass
@@ -69,6 +71,7 @@ class Recipe:
     prebuilt: Prebuilt | None = None
     # quantization.settings() dicts: one for int16/int8, the ordered candidates for auto, none for fp16/qdq
     quantization: list[dict[str, Any]] = field(default_factory=list)
+    adapters: Adapters | None = None
 
 
 @dataclass
@@ -279,9 +282,16 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
     if precision == "auto":
         _check_auto(at, "bundle" in merged, merged.get("multi_soc", False), verify)
     quantization = quant.from_recipe(precision, merged.get("quantization"), recipe_targets, at)
+    adapters = parse_adapters(f, data, merged["adapters"], precision) if "adapters" in merged else None
+    if adapters and merged.get("multi_soc"):
+        raise RecipeError(f"{at('adapters')}: adapters cannot be combined with multi_soc yet",
+                          "build the adapters' base per SoC")
+    if adapters and precision == "auto":
+        raise RecipeError(f"{at('adapters')}: adapters cannot be combined with precision: auto yet (the search "
+                          "verifies without adapters)", "choose a precision or a quantization block")
     return Recipe(name=name, file=f, precision=precision, graphs=graphs, targets=recipe_targets,
                   compile=compile_opts, is_bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False),
-                  verify=verify, quantization=quantization)
+                  verify=verify, quantization=quantization, adapters=adapters)
 
 
 def _check_auto(at: Any, bundle: bool, multi_soc: bool, verify: dict[str, Any]) -> None:
@@ -364,13 +374,14 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
     copts = merged.get("compile", {})
     # Only the recipe's own keys: directory defaults written for compiled recipes apply to it harmlessly.
     unused = sorted(set(data.get("compile", {})) - {"embed"}) + [
-        k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "verify") if k in data]
+        k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "verify", "adapters") if k in data]
     if unused:
         raise RecipeError(f"{f}:{line_of(data, ['prebuilt'])}: a prebuilt binary is not compiled; "
                           f"{', '.join(unused)} has no effect", "remove it (only compile.embed applies)")
     return Recipe(name=name, file=f, precision="prebuilt", graphs=[], targets=_targets(f, data, merged["targets"], groups),
                   compile=CompileOptions(embed=copts.get("embed", False)), verify={"enabled": False},
-                  prebuilt=Prebuilt(binary, graphs, spec.get("quantized_io", False)))
+                  prebuilt=Prebuilt(binary, graphs, spec.get("quantized_io", False),
+                                    parse_sections(f, data, spec) if "adapters" in spec else None))
 
 
 def _split_outputs(v: bool | list[str]) -> bool | tuple[str, ...]:

@@ -99,7 +99,7 @@ def _rows(out: Path, plan: dict[str, Any], manifest: dict[str, Any], records: di
     # A precision search's candidate verifies are measurements; its select is the verification that counts.
     candidates = {d for a in actions if a["kind"] == "select" for d in a["deps"]}
     for a in actions:
-        if a["kind"] in ("verify", "select") and a.get("target") and a["id"] not in candidates:
+        if kinds.get(a["kind"]).verification and a.get("target") and a["id"] not in candidates:
             for r in a["recipes"]:
                 verifies.setdefault((r, a["target"]["name"]), []).append(a)
     sizes, sharing = _artifact_sizes(manifest)
@@ -188,7 +188,7 @@ def _row(a: dict[str, Any], recipe: str, spec: dict[str, Any], records: dict[str
         "verify": verify,
         "accuracy": (None if not any(v["passed"] is not None for v in verify)
                      else all(v["passed"] for v in verify if v["passed"] is not None)),
-        "coverage": _coverage(verify),
+        "coverage": _coverage([v for v in verify if not v["adapter"]]),  # adapters run the same graph
         "cause": None, "log": None, "href": None, "failed_action": None,
         "warnings": list(rec.get("warnings") or []),
     }
@@ -242,7 +242,9 @@ def _verify(a: dict[str, Any], rec: dict[str, Any] | None, st: str) -> dict[str,
     passed = res.get("passed")
     if st == "failed" and passed is None:
         passed = False
-    return {"id": a["id"], "status": st, "graph": res.get("graph") or a["id"].split("/", 1)[-1].split("@")[0],
+    graph = res.get("graph") or a["id"].split("/", 1)[-1].split("@")[0]
+    adapter = res.get("adapter") or (a["id"].rsplit("@", 1)[0].rsplit("+", 1)[-1] if a["kind"] == "verify_adapter" else None)
+    return {"id": a["id"], "status": st, "graph": f"{graph} + adapter {adapter}" if adapter else graph, "adapter": adapter,
             "passed": passed, "method": res.get("method"), "samples": res.get("samples"),
             "sample_source": res.get("sample_source"), "thresholds": thr, "outputs": outputs,
             "coverage": res.get("coverage"), "simulator_seconds": rec.get("simulator_seconds"),

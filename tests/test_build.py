@@ -30,8 +30,8 @@ def test_multi_target_build_produces_loadable_epcontext_models(built: Path) -> N
     assert manifest["toolchain"]["qnn_sdk_build_id"].startswith("v2.")
     assert manifest["toolchain"]["onnxruntime-qnn"] != "missing"
     ctx_models = [a for a in arts if a["kind"] == "epcontext_model"]
-    # 6 single-graph models, 2 graphs x 2 targets of the bundle, 1 multi-SoC model
-    assert len(ctx_models) == 11
+    # 8 single-graph models (lora_mlp: 2), 2 graphs x 2 targets of the bundle, 1 multi-SoC model
+    assert len(ctx_models) == 13
     for a in arts:
         p = built / a["path"]
         assert p.stat().st_size == a["size"]
@@ -104,10 +104,12 @@ def test_plan_formats(tree: Path, ctxbuild) -> None:
     assert r.code == 0, r.text
     plan = json.loads(r.out)
     kinds = [a["kind"] for a in plan["actions"]]
-    # one prepare per model however many recipes/targets use it (tiny_cnn x3 recipes, mlp, prefill, decode);
-    # compiles: 6 single-graph + 1 multi-SoC + 1 twin for it + 4 bundle twins; bundles: 2 targets
-    assert kinds.count("prepare") == 4 and kinds.count("quantize") == 4
-    assert kinds.count("compile") == 12 and kinds.count("bundle") == 2 and kinds.count("verify") == 11
+    # one prepare per model however many recipes/targets use it (tiny_cnn x3 recipes, mlp, prefill, decode,
+    # lora_mlp); compiles: 8 single-graph + 1 multi-SoC + 1 twin for it + 4 bundle twins; bundles: 2 targets;
+    # lora_mlp: 3 adapters x 2 targets, each bound and verified
+    assert kinds.count("prepare") == 5 and kinds.count("quantize") == 5
+    assert kinds.count("compile") == 14 and kinds.count("bundle") == 2 and kinds.count("verify") == 13
+    assert kinds.count("adapter") == 6 and kinds.count("verify_adapter") == 6
     assert ctxbuild("plan", str(tree), "--format", "dot").out.startswith("digraph")
 
 

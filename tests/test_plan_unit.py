@@ -38,9 +38,12 @@ def test_examples_plan_into_the_expected_actions(plan: Plan) -> None:
         "compile/tiny_cnn_int8@SM8650", "compile/mlp_fp16@SM8650", "compile/mlp_fp16@SM8750",
         "compile/tiny_cnn_flex@SC8380XP+SM8750", "compile/tiny_cnn_flex.single@SC8380XP",
         "compile/lm_bundle.prefill@SM8650", "compile/lm_bundle.decode@SM8650",
-        "compile/lm_bundle.prefill@SM8750", "compile/lm_bundle.decode@SM8750"])
+        "compile/lm_bundle.prefill@SM8750", "compile/lm_bundle.decode@SM8750",
+        "compile/lora_mlp@SM8650", "compile/lora_mlp@SM8750"])
     assert got["bundle"] == ["bundle/lm_bundle@SM8650", "bundle/lm_bundle@SM8750"]
-    assert len(got["verify"]) == 11 and "prebuilt" not in got  # 6 direct, 4 bundle graphs, 1 multi-SoC
+    assert len(got["verify"]) == 13 and "prebuilt" not in got  # 8 direct, 4 bundle graphs, 1 multi-SoC
+    # LoRA: 3 adapters x 2 targets, each bound and verified; the base compiled once per target.
+    assert len(got["adapter"]) == len(got["verify_adapter"]) == 6
     # One model prepared the same way by three recipes is one action.
     tiny = [a for a in plan.actions if a.kind == "prepare" and "tiny_cnn" in a.id]
     assert len(tiny) == 1 and sorted(tiny[0].recipes) == ["tiny_cnn", "tiny_cnn_flex", "tiny_cnn_int8"]

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import toolchain
 from ..action import Action
+from ..adapters import add_wrapper_defaults
 from ..errors import ActionError
 from .compile import compile_error, summarize  # noqa: F401 - the same summary hook as compile
 from .modelio import load
@@ -40,6 +41,8 @@ def run(ctx: Any) -> None:
     for g, p in zip(graphs, ctx_paths):
         (ctx.tmp / f"{g}.input.onnx").unlink()
         _restore_io_names(p, renames[g])
+        if a.params.get("adapters"):  # LoRA: the wrapper carries the slots' defaults (inputs become optional)
+            add_wrapper_defaults(p, Path(a.inputs[f"reference:{g}"]))
     _rename_bin(ctx_paths, ctx.tmp_output("bin"))
 
 

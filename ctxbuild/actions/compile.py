@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 from .. import toolchain
 from ..action import Action
+from ..adapters import add_wrapper_defaults
 from ..errors import ActionError
 from .soccheck import check_outputs  # noqa: F401 - the hook: the binary's SoC is the target's
 
@@ -31,6 +32,8 @@ def run(ctx: Any) -> None:
                             probe=lambda: cpu_nodes(src, options, ctx.tmp)) from None
     if is_multi_soc(a):
         _normalize_build_time(ctx.tmp_output("bin"))
+    if "reference" in a.inputs:  # LoRA: the wrapper carries the slots' defaults, so adapters are optional
+        add_wrapper_defaults(dst, Path(a.inputs["reference"]))
 
 
 def compile_graph(model: Path, dst: Path, params: dict[str, Any], tmp: Path) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ..action import Action
+from ..adapters import add_defaults, make_slots
 from ..errors import ActionError
 from .modelio import external_data_files, graph_inputs, load
 
@@ -34,11 +35,18 @@ def run(ctx: Any) -> None:
         raise ActionError(f"{src}: control flow is not supported on QNN: node {', '.join(flow[:5])}",
                           "export the model without If/Loop/Scan (unroll, or split it into graphs)")
     _fix_shapes(model, src, ctx.action.params["inputs"], ctx.action.recipe_files[0])
+    slots = ctx.action.params.get("adapter_slots")
+    if slots:  # LoRA: slots become graph inputs before folding (folding would rename or merge them)
+        defaults = make_slots(model, slots["patterns"], slots["scaling"])
     dst = ctx.tmp_output("model")
     if ctx.action.params["optimize"]:
         _optimize(model, dst, ctx.tmp)
     else:
         onnx.save(model, str(dst))
+    if slots:  # the float reference: the same graph with the defaults as overridable initializers
+        reference = onnx.load(str(dst))
+        add_defaults(reference, defaults)
+        onnx.save(reference, str(ctx.tmp_output("reference")))
 
 
 def _fix_shapes(model: Any, src: Path, shapes: dict[str, list[int]], recipe: str) -> None:

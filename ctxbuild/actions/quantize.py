@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..action import Action
+from ..adapters import CalibrationSet
 from ..errors import ActionError
 from ..quantization import QUANT_TYPES, get_qnn_qdq_kwargs
 from .modelio import load
@@ -40,8 +41,13 @@ def run(ctx: Any) -> None:
     os.link(a.inputs["model"], src)
     model = load(src, external_data=False)
     spec = input_spec(model)
+    lora = CalibrationSet.of(a)  # LoRA: the slots' values come from the calibration adapters
+    if lora:
+        spec = lora.data_spec(spec)
     samples = list(random_samples(spec, a.params["samples"]) if a.params["random"]
                    else from_files(spec, discover_inputs(a), a.recipe_files[0]))
+    if lora:
+        samples = lora.expand(samples)
     overrides = tensor_overrides(model, s, a.recipe_files[0])
     try:
         config = get_qnn_qdq_config(str(src), _Reader(samples), init_overrides=overrides or None,

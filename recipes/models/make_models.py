@@ -87,6 +87,60 @@ def lm_block(tokens: int) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
 
 
+LORA_RANK = 8
+
+
+def lora_mlp(rng: np.random.Generator, tokens: int = 16, d: int = 64, h: int = 128) -> onnx.ModelProto:
+    """The MLP with a LoRA branch on both layers, PEFT-style: y = x@W + (x@lora_A)@lora_B * lora_scale.
+    The base's lora_B are zeros (PEFT's init), so without an adapter the model is the plain MLP."""
+    r = LORA_RANK
+    inits = [_init(rng, "w1", (d, h), 0.1), _init(rng, "w2", (h, d), 0.1),
+             _init(rng, "layer1.lora_A", (d, r), 0.1), numpy_helper.from_array(np.zeros((r, h), np.float32), "layer1.lora_B"),
+             _init(rng, "layer2.lora_A", (h, r), 0.1), numpy_helper.from_array(np.zeros((r, d), np.float32), "layer2.lora_B"),
+             numpy_helper.from_array(np.ones(1, np.float32), "lora_scale")]
+    nodes = []
+    for i, (src, w) in enumerate((("x", "w1"), ("g1", "w2")), start=1):
+        nodes += [
+            helper.make_node("MatMul", [src, w], [f"base{i}"], name=f"fc{i}"),
+            helper.make_node("MatMul", [src, f"layer{i}.lora_A"], [f"down{i}"], name=f"lora{i}_down"),
+            helper.make_node("MatMul", [f"down{i}", f"layer{i}.lora_B"], [f"up{i}"], name=f"lora{i}_up"),
+            helper.make_node("Mul", [f"up{i}", "lora_scale"], [f"scaled{i}"], name=f"lora{i}_scale"),
+            helper.make_node("Add", [f"base{i}", f"scaled{i}"], [f"a{i}" if i == 1 else "y"], name=f"lora{i}_add"),
+        ]
+        if i == 1:
+            nodes += [helper.make_node("Sigmoid", ["a1"], ["s1"], name="act_sig"),
+                      helper.make_node("Mul", ["a1", "s1"], ["g1"], name="act_silu")]
+    graph = helper.make_graph(nodes, "lora_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, d])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, tokens, d])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+
+
+def lora_weights(rng: np.random.Generator, scale: float = 0.1, d: int = 64, h: int = 128) -> dict[str, np.ndarray]:
+    """One adapter's A/B weights for lora_mlp, by slot name."""
+    r = LORA_RANK
+    shapes = {"layer1.lora_A": (d, r), "layer1.lora_B": (r, h), "layer2.lora_A": (h, r), "layer2.lora_B": (r, d)}
+    return {k: (rng.standard_normal(s) * scale).astype(np.float32) for k, s in shapes.items()}
+
+
+def lora_adapters(dest: Path) -> None:
+    """Three adapters in the three formats a recipe accepts (recipes/lora_mlp.yaml)."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(11)
+    dest.mkdir(parents=True, exist_ok=True)
+    save_file(lora_weights(rng), str(dest / "formal.safetensors"))
+    # PEFT-style names in the file, mapped to the slots by the recipe's `tensors:`
+    np.savez(dest / "casual.npz", **{f"base_model.{k}.weight": v for k, v in lora_weights(rng).items()})
+    import onnxruntime as ort
+
+    weights = lora_weights(rng)  # kept alive: the OrtValues borrow its memory
+    fmt = ort.AdapterFormat()
+    fmt.set_adapter_version(1)
+    fmt.set_model_version(1)
+    fmt.set_parameters({k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in sorted(weights.items())})
+    fmt.export_adapter(str(dest / "pirate.onnx_adapter"))
+
+
 def images(rng: np.random.Generator, n: int) -> list[np.ndarray]:
     """Smooth image-like samples (low-frequency patterns plus noise), not white noise."""
     yy, xx = np.meshgrid(np.linspace(0, 1, 64), np.linspace(0, 1, 64), indexing="ij")
@@ -107,6 +161,9 @@ def main(dest: Path) -> None:
     rng = np.random.default_rng(3)
     _samples(dest / "calib" / "tiny_cnn", [{"image": img} for img in images(rng, 8)])
     _samples(dest / "calib" / "mlp", [{"x": rng.standard_normal((1, 16, 64)).astype(np.float32)} for _ in range(4)])
+    onnx.save(lora_mlp(np.random.default_rng(12)), dest / "lora_mlp.onnx")
+    lora_adapters(dest / "adapters")
+    _samples(dest / "calib" / "lora_mlp", [{"x": rng.standard_normal((1, 16, 64)).astype(np.float32)} for _ in range(4)])
     for name, tokens in (("lm_prefill", 32), ("lm_decode", 1)):
         _samples(dest / "calib" / name,
                  [{"hidden": rng.standard_normal((1, tokens, 256)).astype(np.float32)} for _ in range(4)])
