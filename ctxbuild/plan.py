@@ -153,8 +153,13 @@ def _prepare(recipe: Recipe, g: Graph, work: Path) -> tuple[str, Action]:
     stem = g.model.stem
     path = str(work / f"{stem}-{h}" / "prepared.onnx")
     a = Action(id=f"prepare/{stem}-{h}", kind="prepare", description=f"prepare {stem}",
-               inputs={"model": str(g.model)}, outputs={"model": path}, params=params, **_common(recipe))
+               inputs={"model": str(g.model)}, outputs=_model_files("model", path), params=params, **_common(recipe))
     return path, a
+
+
+def _model_files(role: str, path: str) -> dict[str, str]:
+    """A model ctxbuild writes comes with its external data file (`<model>.data`, see actions/prepare.py)."""
+    return {role: path, f"{role}.data": path + ".data"}
 
 
 def _quantize(recipe: Recipe, g: Graph, prepared: str, work: Path) -> tuple[str, Action]:
@@ -168,7 +173,7 @@ def _quantize(recipe: Recipe, g: Graph, prepared: str, work: Path) -> tuple[str,
     stem = g.model.stem
     path = str(work / f"{stem}-{h}" / f"quantized.{recipe.precision}.onnx")
     a = Action(id=f"quantize/{stem}-{h}", kind="quantize", description=f"quantize {stem} ({recipe.precision})",
-               inputs={"model": prepared}, outputs={"model": path}, params=params, watch=watch,
+               inputs=_model_files("model", prepared), outputs=_model_files("model", path), params=params, watch=watch,
                **_common(recipe))
     return path, a
 
@@ -198,7 +203,7 @@ def _compile(recipe: Recipe, b: Built, t: Target, d: Path, *, name: str | None =
               "graphs": [b.graph.name]}
     twin = " (verification twin)" if name else ""
     return Action(id=f"compile/{stem}@{t.name}", kind="compile", description=f"compile {stem}@{t.name}{twin}",
-                  inputs={"model": b.model}, outputs=outputs, params=params,
+                  inputs=_model_files("model", b.model), outputs=outputs, params=params,
                   target=(action_target or t).as_dict(), pool="compile", **_common(recipe))
 
 
@@ -223,8 +228,8 @@ def _bundle(recipe: Recipe, built: list[Built], t: Target, out: Path) -> Action:
     d = out / t.name / recipe.name
     outputs = {f"ctx:{b.graph.name}": str(d / f"{b.graph.name}_ctx.onnx") for b in built}
     outputs["bin"] = str(d / f"{recipe.name}_qnn.bin")
-    inputs = {f"model:{b.graph.name}": b.model for b in built}
-    inputs.update({f"reference:{b.graph.name}": b.reference for b in built})
+    inputs = {k: v for b in built for k, v in _model_files(f"model:{b.graph.name}", b.model).items()}
+    inputs.update({k: v for b in built for k, v in _model_files(f"reference:{b.graph.name}", b.reference).items()})
     params = {"provider_options": provider_options(recipe, t), "cpu_fallback": recipe.compile.cpu_fallback,
               "precision": recipe.precision, "graphs": [b.graph.name for b in built]}
     return Action(id=f"bundle/{recipe.name}@{t.name}", kind="bundle",
@@ -248,7 +253,8 @@ def _verify(recipe: Recipe, b: Built, t: Target, compiled: Action, out: Path, *,
               "sample_source": "verification" if v.get("dir") else ("calibration" if samples_dir else "random"),
               "cpu_fallback": recipe.compile.cpu_fallback,
               "inputs": {k: list(x) for k, x in sorted(graph.inputs.items())}}
-    inputs = {"reference": b.reference, "compiled": b.model, **{f"ctx.{k}": p for k, p in compiled.outputs.items()}}
+    inputs = {**_model_files("reference", b.reference), **_model_files("compiled", b.model),
+              **{f"ctx.{k}": p for k, p in compiled.outputs.items()}}
     if bundle is not None:
         inputs.update({"bundle.ctx": bundle.outputs[f"ctx:{graph.name}"], "bundle.bin": bundle.outputs["bin"]})
     if artifact is not None:

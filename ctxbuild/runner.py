@@ -32,6 +32,7 @@ class ActionContext:
         self.tmp = tmp
         self.log_path = log_path  # the EP logs here (fd 2 is captured); actions parse it for causes
         self.facts: dict[str, Any] = {}  # measurements of this run (timings) for the record, not the outputs
+        self.key = ""  # the action key: names staging.fixed_dir, so it must not depend on OUT
 
     def tmp_output(self, role: str) -> Path:
         """Temp path with the output's final file name (a _ctx.onnx names its bin by file name)."""
@@ -80,6 +81,7 @@ def main(spec_arg: str) -> int:
             else:
                 tmp.mkdir(parents=True, exist_ok=True)
                 ctx = ActionContext(action, out, tmp, log)
+                ctx.key = key
                 try:
                     impl.run(ctx)
                 finally:

@@ -8,6 +8,7 @@ from typing import Any
 from .. import toolchain
 from ..action import Action
 from ..errors import ActionError
+from ..staging import fixed_dir, link_model
 
 _UNSUPPORTED = re.compile(r"\{ name: ([^,]*), type: ([^ }]*) \}")
 
@@ -21,8 +22,12 @@ def run(ctx: Any) -> None:
     a = ctx.action
     dst = ctx.tmp_output("ctx")
     try:
-        toolchain.compile_model(Path(a.inputs["model"]), dst, a.params["provider_options"],
-                                embed=a.params["embed"], cpu_fallback=a.params["cpu_fallback"])
+        with fixed_dir(ctx.key) as d:
+            toolchain.compile_model(link_model(Path(a.inputs["model"]), d, "model.onnx"), dst,
+                                    a.params["provider_options"], embed=a.params["embed"],
+                                    cpu_fallback=a.params["cpu_fallback"])
+    except ActionError:
+        raise
     except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped; the log holds the real cause
         raise compile_error(ctx.log_path, e, a.params["cpu_fallback"]) from None
 
