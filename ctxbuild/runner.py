@@ -13,7 +13,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import toolchain
+from . import memory, toolchain
 from .action import Action, canonical_json, load_spec
 from .actions import IMPLEMENTATIONS, hook
 from .atomic import write_bytes
@@ -79,6 +79,9 @@ def main(spec_arg: str) -> int:
                 sys.stdout.flush()
                 os.write(1, cache.read_log(hit) or b"")
             else:
+                need = _memory_estimate(action)
+                record["memory_estimate"] = need
+                memory.check_fits(action, need)
                 tmp.mkdir(parents=True, exist_ok=True)
                 ctx = ActionContext(action, out, tmp, log)
                 ctx.key = key
@@ -116,6 +119,7 @@ def main(spec_arg: str) -> int:
         record.update(status="failed", cause=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
     finally:
         record["seconds"] = round(time.monotonic() - start, 3)
+        record["peak_rss"] = memory.peak_rss()
         record["finished"] = time.time()
         record["log"] = str(log.relative_to(out))
         shutil.rmtree(tmp, ignore_errors=True)
@@ -124,6 +128,14 @@ def main(spec_arg: str) -> int:
     _remove_outputs(action)  # a failed action leaves no output behind, not even an older one
     _print_failure(action, log, record["cause"])
     return 1
+
+
+def _memory_estimate(action: Action) -> int:
+    """The worker's estimate (it scheduled this action by it), else our own (run without a worker)."""
+    try:
+        return int(os.environ[memory.ESTIMATE_ENV])
+    except (KeyError, ValueError):
+        return memory.estimate(action)
 
 
 def _open_cache() -> Any:

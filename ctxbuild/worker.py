@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from . import memory
 from .client import ENV
 from .procs import die_with_parent
 
@@ -99,6 +100,18 @@ def serve(sock_path: str) -> None:
     signal.set_wakeup_fd(wake_w)
     sel.register(wake_r, selectors.EVENT_READ, ("wake", None))
     children: dict[int, tuple[socket.socket, int]] = {}  # pid -> (client conn, pidfd)
+    memory_tokens = memory.Scheduler(memory.budget())
+
+    def start(ready: list[tuple[int, tuple[socket.socket, list[int], dict]]]) -> None:
+        """Fork the requests the memory budget lets run now."""
+        for need, (conn, fds, req) in ready:
+            child = _spawn(conn, fds, req, srv)
+            memory_tokens.started(child, need)
+            pidfd = os.pidfd_open(child)
+            children[child] = (conn, pidfd)
+            sel.register(pidfd, selectors.EVENT_READ, ("exit", child))
+            sel.register(conn, selectors.EVENT_READ, ("client", child))
+
     while not stop or children:
         if os.getppid() != parent:  # the driver died without stopping us (and PDEATHSIG is unavailable)
             stop = True
@@ -108,15 +121,13 @@ def serve(sock_path: str) -> None:
                 os.read(wake_r, 512)
             elif kind == "accept":
                 conn, _ = srv.accept()
-                child = _spawn(conn, srv)
-                if child is None:
+                request = _receive(conn)
+                if request is None:
                     conn.close()
                     continue
-                pidfd = os.pidfd_open(child)
-                children[child] = (conn, pidfd)
-                sel.register(pidfd, selectors.EVENT_READ, ("exit", child))
-                sel.register(conn, selectors.EVENT_READ, ("client", child))
+                start(memory_tokens.submit(_estimate(request[1]), (conn, *request)))
             elif kind == "exit":
+                start(memory_tokens.finished(pid))
                 conn, pidfd = children.pop(pid)
                 _, status = os.waitpid(pid, 0)
                 code = os.waitstatus_to_exitcode(status)
@@ -156,7 +167,8 @@ def _exit_with_parent() -> int:
     return parent
 
 
-def _spawn(conn: socket.socket, srv: socket.socket) -> int | None:
+def _receive(conn: socket.socket) -> tuple[list[int], dict] | None:
+    """The client's stdout/stderr fds and its request (client.encode_request), or None if it hung up."""
     header, fds, _, _ = socket.recv_fds(conn, 4, 2)
     if len(header) < 4 or len(fds) != 2:
         return None
@@ -167,7 +179,22 @@ def _spawn(conn: socket.socket, srv: socket.socket) -> int | None:
         if not chunk:
             return None
         body += chunk
-    req = marshal.loads(body)  # from client.encode_request; the socket is private (0700 dir)
+    return fds, marshal.loads(body)  # the socket is private (0700 dir)
+
+
+def _estimate(req: dict) -> int:
+    """The action's memory estimate (passed on to it in its environment, for its record and check)."""
+    from .action import load_spec
+
+    try:
+        need = memory.estimate(load_spec(Path(req["cwd"]) / req["spec"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        need = memory.BASE  # an unreadable spec: the action itself reports it
+    req["env"][memory.ESTIMATE_ENV] = str(need)
+    return need
+
+
+def _spawn(conn: socket.socket, fds: list[int], req: dict, srv: socket.socket) -> int:
     pid = os.fork()
     if pid:
         for fd in fds:
