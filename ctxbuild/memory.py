@@ -2,8 +2,8 @@
 it reads, a budget the worker keeps concurrent actions within, and the peak RSS each action really had.
 
 The factors are measured (bench/memory_bench.py, README "Measured"): peak RSS of one action process
-= BASE + factor x the bytes of the model files it reads (.onnx plus external data), fitted over models of
-100 MB to 2 GB. They err on the high side; a build that knows better sets --memory-budget.
+= BASE + factor x the bytes of the model files it reads (.onnx plus external data). They err on the high
+side; a build that knows better sets --memory-budget.
 """
 from __future__ import annotations
 
@@ -17,11 +17,16 @@ from .errors import ActionError
 GiB = 1 << 30
 BUDGET_ENV = "CTXBUILD_MEMORY_BUDGET"
 ESTIMATE_ENV = "CTXBUILD_MEMORY_ESTIMATE"  # set by the worker for the action it forks
-# The forked action process before it reads any model: onnxruntime, the QNN EP, libQnnHtp.so mapped.
-BASE = 400 << 20
-# Peak RSS per byte of model read, by kind (and precision for compiles: the HTP compiler holds ~3.7x the
-# bytes that end in the binary; fp16 models carry float32 weights, so half of that per model byte).
-FACTORS: dict[str, float] = {"prepare": 2.5, "quantize": 6.0, "verify": 4.0, "prebuilt": 2.0}
+# The forked action process before it reads any model (onnxruntime, the QNN EP, libQnnHtp.so mapped) is
+# 100-170 MB; the fits below cross zero at 115-306 MB.
+BASE = 300 << 20
+# Peak RSS per byte of model read, by kind, fitted on MatMul chains of 96 and 512 MB (bench/memory_bench.py)
+# and rounded up. prepare: ORT's optimizer holds the weights about once (1.08x); without it (qdq) the
+# weights are streamed (flat 69 MB). compile: the HTP compiler holds ~3.9x the bytes that end in the
+# binary; fp16 models carry float32 weights, so ~2x per model byte. verify: the float model on the CPU EP
+# plus the simulator's copy of the binary (up to 2.7x of the two files).
+FACTORS: dict[str, float] = {"prepare": 1.3, "quantize": 6.0, "verify": 3.0, "prebuilt": 2.0}
+PREPARE_STREAMED_FACTOR = 0.1
 COMPILE_FACTORS: dict[str, float] = {"fp16": 2.2, "int8": 4.2, "int16": 4.2, "qdq": 4.2}
 # Which inputs an action reads whole, by role prefix (the others are small: specs, wrappers, samples).
 WEIGHT_ROLES: dict[str, tuple[str, ...]] = {
@@ -44,6 +49,8 @@ def estimate(action: Any) -> int:
             continue  # missing input: the action reports it
     if action.kind in ("compile", "bundle"):
         factor = COMPILE_FACTORS.get(action.params.get("precision", ""), max(COMPILE_FACTORS.values()))
+    elif action.kind == "prepare" and not action.params.get("optimize", True):
+        factor = PREPARE_STREAMED_FACTOR
     else:
         factor = FACTORS.get(action.kind, 1.0)
     return BASE + int(factor * size)

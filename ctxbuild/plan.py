@@ -40,11 +40,16 @@ class Plan:
             verifiers = [v for v in self.graph.successors(a.id) if self.graph.nodes[v]["action"].kind == "verify"]
             twins = sorted({u for v in verifiers for u in self.graph.predecessors(v)
                             if self.graph.nodes[u]["action"].kind == "compile" and u != a.id})
+            note = None if verifiers or a.kind == "prebuilt" else verification_note(self._recipe(a.recipes[0]))
             for role, path in a.outputs.items():
                 rows.append({"action": a.id, "recipe": a.recipes[0], "target": a.target, "role": role,
                              "path": str(Path(path).relative_to(self.out)), "graphs": a.params.get("graphs"),
-                             "verified_by": sorted(verifiers), "twins": twins if a.kind == "bundle" else []})
+                             "verified_by": sorted(verifiers), "twins": twins if a.kind == "bundle" else [],
+                             **({"verify_note": note} if note else {})})
         return rows
+
+    def _recipe(self, name: str) -> Recipe:
+        return next(r for r in self.recipes.recipes if r.name == name)
 
 
 def _delivered(a: Action, out: Path) -> bool:
@@ -130,7 +135,22 @@ def verification_enabled(recipe: Recipe) -> bool:
     """On by default for models small enough to simulate quickly; the recipe can force it either way."""
     if "enabled" in recipe.verify:
         return bool(recipe.verify["enabled"])
-    return sum(g.model.stat().st_size for g in recipe.graphs) <= VERIFY_DEFAULT_MAX_BYTES
+    return _model_bytes(recipe) <= VERIFY_DEFAULT_MAX_BYTES
+
+
+def verification_note(recipe: Recipe) -> str | None:
+    """Why a recipe's artifacts go unverified when the recipe did not say so itself (for the report)."""
+    if "enabled" in recipe.verify or verification_enabled(recipe):
+        return None
+    return (f"not verified: the model's weights ({_model_bytes(recipe) / 2**20:.0f} MB with external data) are over "
+            f"the {VERIFY_DEFAULT_MAX_BYTES >> 20} MB up to which simulator runs are on by default (the x86 simulator "
+            "takes minutes per GB of weights); set `verify: true` in the recipe to run it")
+
+
+def _model_bytes(recipe: Recipe) -> int:
+    from .actions.modelio import weight_bytes
+
+    return sum(weight_bytes(g.model) for g in recipe.graphs)
 
 
 def multi_soc_target(targets: list[Target]) -> Target:

@@ -99,6 +99,10 @@ def collect(out: Path, *, build_id: str | None = None, returncode: int = 0,
                              verifies.get((recipe, a["target"]["name"]), []), sizes, a["id"] in this_build,
                              sharing.get((recipe, a["target"]["name"]))))
     rows.sort(key=lambda r: (_natural(r["recipe"]), r["target"]["name"]))
+    notes = {art["action"]: art["verify_note"] for art in plan.get("artifacts", []) if art.get("verify_note")}
+    for row in rows:  # verification left off by default (a large model): said, not silently skipped
+        if row["action"] in notes and not row["verify"]:
+            row["warnings"].append(notes[row["action"]])
 
     failures = []
     for a in actions:
