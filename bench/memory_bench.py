@@ -33,20 +33,24 @@ SHAPES = {
 CTXBUILD = [sys.executable, "-m", "ctxbuild"]
 
 
-def recipe(precision: str, verify: bool) -> str:
-    lines = ["name: big", "model: big.onnx", f"precision: {precision}", "targets: [SM8650]",
-             "compile: {embed: false}", f"verify: {{enabled: {str(verify).lower()}, samples: 1, timeout_s: 1800}}"]
+def recipe(precision: str, verify: bool, bundle: bool) -> str:
+    graphs = (["bundle:", "  - {name: prefill, model: prefill.onnx}", "  - {name: decode, model: big.onnx}"]
+              if bundle else ["model: big.onnx"])
+    lines = ["name: big", *graphs, f"precision: {precision}", "targets: [SM8650]",
+             f"verify: {{enabled: {str(verify).lower()}, samples: 1, timeout_s: 1800}}"]
     if precision == "int8":
         lines.append("calibration: {random: true, samples: 2}")
     return "\n".join(lines) + "\n"
 
 
-def run_one(precision: str, size: int, verify: bool, work: Path) -> dict:
+def run_one(precision: str, size: int, verify: bool, bundle: bool, work: Path) -> dict:
     dim, layers = SHAPES[precision][size]
     src = work / "recipes"
     src.mkdir()
     data = matmul_chain(src / "big.onnx", dim=dim, layers=layers, precision=precision)
-    (src / "big.yaml").write_text(recipe(precision, verify))
+    if bundle:  # a prefill graph (16 rows) with the decode graph's weights
+        matmul_chain(src / "prefill.onnx", dim=dim, layers=layers, precision=precision, rows=16)
+    (src / "big.yaml").write_text(recipe(precision, verify, bundle))
     env_cache = {"CTXBUILD_CACHE_DIR": str(work / "cache")}
     cold = _build(src, work / "out1", env_cache)
     records = _records(work / "out1")
@@ -55,13 +59,20 @@ def run_one(precision: str, size: int, verify: bool, work: Path) -> dict:
     shutil.copytree(work / "out1" / "SM8650", work / "cp" / "SM8650")
     cp = time.monotonic() - start
     bins = list((work / "out1" / "SM8650").rglob("*.bin"))
-    row = {"precision": precision, "nominal_mb": size, "dim": dim, "layers": layers, "weights_bytes": data,
+    row = {"precision": precision, "bundle": bundle, "nominal_mb": size, "dim": dim, "layers": layers, "weights_bytes": data,
            "binary_bytes": sum(b.stat().st_size for b in bins), "cold_seconds": cold["seconds"],
            "driver_peak_rss": cold["driver_peak_rss"], "restore_seconds": warm["seconds"], "cp_seconds": round(cp, 3),
-           "actions": {r["kind"]: {"peak_rss": r["peak_rss"], "estimate": r.get("memory_estimate"),
+           "actions": {_label(r): {"peak_rss": r["peak_rss"], "estimate": r.get("memory_estimate"),
                                    "seconds": r["seconds"], "simulator_seconds": r.get("simulator_seconds")}
                        for r in records}}
     return row
+
+
+def _label(record: dict) -> str:
+    """The kind, plus which graph for the per-graph actions of a bundle (prepare/decode, verify/prefill...)."""
+    rid = record["id"]
+    graph = next((g for g in ("prefill", "decode") if g in rid), None)
+    return f"{record['kind']}/{graph}" if graph and record["kind"] != "bundle" else record["kind"]
 
 
 def _build(src: Path, out: Path, env: dict[str, str]) -> dict:
@@ -86,18 +97,21 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[100, 500, 1000])
     ap.add_argument("--precisions", nargs="+", default=["fp16", "qdq"])
     ap.add_argument("--no-verify", action="store_true")
+    ap.add_argument("--bundle", action="store_true", help="a prefill/decode bundle sharing every weight")
     ap.add_argument("--verify-max-mb", type=int, default=500, help="verify only models up to this size")
     args = ap.parse_args()
     rows = []
     for precision in args.precisions:
         for size in args.sizes:
             with tempfile.TemporaryDirectory(prefix="ctxbuild-membench-", dir="/tmp") as tmp:
-                row = run_one(precision, size, not args.no_verify and size <= args.verify_max_mb, Path(tmp))
+                row = run_one(precision, size, not args.no_verify and size <= args.verify_max_mb, args.bundle,
+                              Path(tmp))
             rows.append(row)
             print(_line(row), flush=True)
     results = ROOT / "bench" / "results"
     results.mkdir(parents=True, exist_ok=True)
-    (results / "memory_bench.json").write_text(json.dumps(rows, indent=2))
+    name = "_".join(["memory_bench", *args.precisions, *map(str, args.sizes)] + (["bundle"] if args.bundle else []))
+    (results / f"{name}.json").write_text(json.dumps(rows, indent=2))
 
 
 def _line(row: dict) -> str:
