@@ -20,15 +20,19 @@ ESTIMATE_ENV = "CTXBUILD_MEMORY_ESTIMATE"  # set by the worker for the action it
 # The forked action process before it reads any model (onnxruntime, the QNN EP, libQnnHtp.so mapped) is
 # 100-170 MB; the fits below cross zero at 115-306 MB.
 BASE = 300 << 20
-# Peak RSS per byte of model read, by kind, fitted on MatMul chains of 96 and 512 MB (bench/memory_bench.py)
-# and rounded up. prepare: ORT's optimizer holds the weights about once (1.08x); without it (qdq) the
-# weights are streamed (flat 69 MB). compile: the HTP compiler holds ~3.9x the bytes that end in the
-# binary; fp16 models carry float32 weights, so ~2x per model byte. verify: the float model on the CPU EP
-# plus the simulator's copy of the binary (up to 2.7x of the two files). quantize (int8, float32 weights):
-# ORT's quantizer and its calibration session, 3.0x.
-FACTORS: dict[str, float] = {"prepare": 1.3, "quantize": 3.5, "verify": 3.0, "prebuilt": 2.0}
+# Peak RSS per byte of model read, by kind and precision, fitted on MatMul chains of 0.1-1 GB
+# (bench/memory_bench.py, README "Large models") and rounded up:
+# - prepare: ORT's optimizer holds the weights about once (1.08x); without it (qdq) they are streamed.
+# - quantize (float32 weights): ORT's quantizer and its calibration session, 3.0x.
+# - compile: the HTP compiler holds ~3.9x the bytes that end in the binary; fp16 models carry float32
+#   weights, so ~2x per model byte. A bundle: the same over all its graphs' models (2.03x for two fp16).
+# - verify: the float model on the CPU EP plus the simulator; 0.6x for fp16/int8, 2.4x for qdq.
+FACTORS: dict[str, float] = {"prepare": 1.3, "quantize": 3.5, "compile": 4.2, "bundle": 4.2, "verify": 3.0,
+                             "prebuilt": 2.0}
+PRECISION_FACTORS: dict[tuple[str, str], float] = {
+    ("compile", "fp16"): 2.2, ("bundle", "fp16"): 2.2,
+    ("verify", "fp16"): 1.2, ("verify", "int8"): 1.2, ("verify", "int16"): 1.2}
 PREPARE_STREAMED_FACTOR = 0.1
-COMPILE_FACTORS: dict[str, float] = {"fp16": 2.2, "int8": 4.2, "int16": 4.2, "qdq": 4.2}
 # Which inputs an action reads whole, by role prefix (the others are small: specs, wrappers, samples).
 WEIGHT_ROLES: dict[str, tuple[str, ...]] = {
     "prepare": ("model",), "quantize": ("model",), "compile": ("model",), "bundle": ("model:", "model.data:"),
@@ -48,12 +52,11 @@ def estimate(action: Any) -> int:
             size += weight_bytes(p) if action.kind == "prepare" else p.stat().st_size
         except OSError:
             continue  # missing input: the action reports it
-    if action.kind in ("compile", "bundle"):
-        factor = COMPILE_FACTORS.get(action.params.get("precision", ""), max(COMPILE_FACTORS.values()))
-    elif action.kind == "prepare" and not action.params.get("optimize", True):
+    if action.kind == "prepare" and not action.params.get("optimize", True):
         factor = PREPARE_STREAMED_FACTOR
     else:
-        factor = FACTORS.get(action.kind, 1.0)
+        factor = PRECISION_FACTORS.get((action.kind, action.params.get("precision", "")),
+                                       FACTORS.get(action.kind, max(FACTORS.values())))
     return BASE + int(factor * size)
 
 
