@@ -90,13 +90,13 @@ def budget() -> int:
         return default_budget()
 
 
-def check_fits(action: Any, need: int) -> None:
+def check_fits(need: int) -> None:
     """An action that would not fit even alone fails before it starts, not by the OOM killer's hand."""
     limit = budget()
     if need > limit:
         info = meminfo()
         raise ActionError(
-            f"{action.description}: needs an estimated {fmt(need)} of memory; the budget is {fmt(limit)} "
+            f"needs an estimated {fmt(need)} of memory; the budget is {fmt(limit)} "
             f"(this machine: {fmt(info['MemTotal'])} RAM, {fmt(info['MemAvailable'])} available now)",
             "free memory, use a machine with more RAM, or raise --memory-budget if the estimate is too high")
 

@@ -81,7 +81,7 @@ def main(spec_arg: str) -> int:
             else:
                 need = _memory_estimate(action)
                 record["memory_estimate"] = need
-                memory.check_fits(action, need)
+                memory.check_fits(need)
                 tmp.mkdir(parents=True, exist_ok=True)
                 ctx = ActionContext(action, out, tmp, log)
                 ctx.key = key

@@ -14,7 +14,7 @@ from .capture import captured
 from .layout import cache_dir
 
 # Bump when an action's outputs change for the same inputs (new parameters, different layout...).
-ACTION_SCHEMA_VERSION = 1
+ACTION_SCHEMA_VERSION = 2  # 2: models carry <model>.data; compiles from staging.fixed_dir
 EP_NAME = "QNNExecutionProvider"
 
 
