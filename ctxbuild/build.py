@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import jobserver, ninja, outdir, toolchain, worker
+from . import jobserver, memory, ninja, outdir, toolchain, worker
 from .atomic import write_bytes
 from .errors import CtxbuildError, UsageError
 from .layout import STATE, cache_dir, record_path, spec_name
@@ -37,6 +37,7 @@ class BuildOptions:
     verify: bool = True
     verify_only: bool = False  # `ctxbuild verify`: only the verify edges (and what they need)
     cache_env: dict[str, str] = field(default_factory=dict)
+    memory_budget: int | None = None  # bytes concurrent actions may use (default: available at start)
 
 
 def default_compile_jobs() -> int:
@@ -143,6 +144,7 @@ def build(opts: BuildOptions) -> int:
 def _build(opts: BuildOptions) -> int:
     started = time.monotonic()
     os.environ.update(opts.cache_env)  # the driver's own cache lookups (toolchain memo) follow the flags too
+    os.environ[memory.BUDGET_ENV] = str(opts.memory_budget or memory.default_budget())  # for the worker
     build_id = uuid.uuid4().hex
     env = {"CTXBUILD_BUILD_ID": build_id, **opts.cache_env}
     # The worker imports onnxruntime while the driver plans: the two overlap on a cold build.
@@ -170,7 +172,8 @@ def _build(opts: BuildOptions) -> int:
     _invalidate_downstream(opts.out, state, {r["id"] for r in failed})
     write_manifest(opts.out, ninja.read_state(opts.out, "plan.json") or state, versions)
     from .report import write_report  # OUT/report.html + report.json; never fails the build
-    write_report(opts.out, build_id=build_id, returncode=rc, wall_seconds=time.monotonic() - started)
+    write_report(opts.out, build_id=build_id, returncode=rc, wall_seconds=time.monotonic() - started,
+                 driver_peak_rss=memory.peak_rss(children=False))  # not ninja's, not the worker's
     if rc != 0:
         for r in failed:
             print(f"ctxbuild: FAILED {r['id']}: {r.get('cause', 'see log')} (log: {opts.out / r['log']})",

@@ -17,6 +17,12 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}", f"see `{self.prog} --help`")
 
 
+def _size(text: str | None) -> int | None:
+    from .cache_cli import parse_size
+
+    return None if text is None else parse_size(text, "--memory-budget")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ctxbuild", description="Build QNN context binaries and EPContext models from recipes.")
     p.add_argument("--version", action=_Version, nargs=0,
@@ -33,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--only", action="append", default=[], metavar="RECIPE", help="only this recipe (repeatable)")
     b.add_argument("--dry-run", "-n", action="store_true", help="show what would run")
     b.add_argument("--compile-jobs", type=int, help="max concurrent compiles (default: from CPUs and memory)")
+    b.add_argument("--memory-budget", metavar="SIZE", help="memory concurrent actions may use, e.g. 16G "
+                   "(default: what is available when the build starts)")
     b.add_argument("--explain", action="store_true", help="say why each action ran or was restored")
     b.add_argument("--no-verify", action="store_true", help="skip simulator verification of the artifacts")
     _cache_args(b)
@@ -183,7 +191,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return build(BuildOptions(paths=args.paths, out=args.out, jobs=args.jobs, keep_going=args.keep_going,
                                   targets=args.target, only=args.only, dry_run=args.dry_run,
                                   compile_jobs=args.compile_jobs, explain=args.explain, verify=not args.no_verify,
-                                  cache_env=_cache_env(args)))
+                                  cache_env=_cache_env(args), memory_budget=_size(args.memory_budget)))
     if args.cmd == "verify" and args.layers:
         from .layers_cli import main as layers
 

@@ -46,13 +46,18 @@ class Plan:
                 v for v in self.graph.successors(a.id) if self.graph.nodes[v]["action"].kind == "verify"]
             twins = sorted({u for v in verifiers for u in self.graph.predecessors(v)
                             if self.graph.nodes[u]["action"].kind == "compile" and u != a.id})
+            note = None if verifiers or a.kind == "prebuilt" else verification_note(self._recipe(a.recipes[0]))
             for role, path in a.outputs.items():
                 if role in ("result", "search"):  # select's verification records, not artifacts
                     continue
                 rows.append({"action": a.id, "recipe": a.recipes[0], "target": a.target, "role": role,
                              "path": str(Path(path).relative_to(self.out)), "graphs": a.params.get("graphs"),
-                             "verified_by": sorted(verifiers), "twins": twins if a.kind == "bundle" else []})
+                             "verified_by": sorted(verifiers), "twins": twins if a.kind == "bundle" else [],
+                             **({"verify_note": note} if note else {})})
         return rows
+
+    def _recipe(self, name: str) -> Recipe:
+        return next(r for r in self.recipes.recipes if r.name == name)
 
 
 def _delivered(a: Action, out: Path) -> bool:
@@ -166,7 +171,22 @@ def verification_enabled(recipe: Recipe) -> bool:
     """On by default for models small enough to simulate quickly; the recipe can force it either way."""
     if "enabled" in recipe.verify:
         return bool(recipe.verify["enabled"])
-    return sum(g.model.stat().st_size for g in recipe.graphs) <= VERIFY_DEFAULT_MAX_BYTES
+    return _model_bytes(recipe) <= VERIFY_DEFAULT_MAX_BYTES
+
+
+def verification_note(recipe: Recipe) -> str | None:
+    """Why a recipe's artifacts go unverified when the recipe did not say so itself (for the report)."""
+    if "enabled" in recipe.verify or verification_enabled(recipe):
+        return None
+    return (f"not verified: the model's weights ({_model_bytes(recipe) / 2**20:.0f} MB with external data) are over "
+            f"the {VERIFY_DEFAULT_MAX_BYTES >> 20} MB up to which simulator runs are on by default (the x86 simulator "
+            "takes minutes per GB of weights); set `verify: true` in the recipe to run it")
+
+
+def _model_bytes(recipe: Recipe) -> int:
+    from .actions.modelio import weight_bytes
+
+    return sum(weight_bytes(g.model) for g in recipe.graphs)
 
 
 def multi_soc_target(targets: list[Target]) -> Target:
@@ -190,12 +210,17 @@ def _prepare(recipe: Recipe, g: Graph, work: Path) -> tuple[str, Action]:
     h = short_hash(["prepare", params, str(g.model)])
     stem = g.model.stem
     path = str(work / f"{stem}-{h}" / "prepared.onnx")
-    outputs = {"model": path}
+    outputs = _model_files("model", path)
     if recipe.adapters:
-        outputs["reference"] = str(Path(path).with_name("reference.onnx"))
+        outputs.update(_model_files("reference", str(Path(path).with_name("reference.onnx"))))
     a = Action(id=f"prepare/{stem}-{h}", kind="prepare", description=f"prepare {stem}",
                inputs={"model": str(g.model)}, outputs=outputs, params=params, **_common(recipe))
     return path, a
+
+
+def _model_files(role: str, path: str) -> dict[str, str]:
+    """A model ctxbuild writes comes with its external data file (`<model>.data`, see actions/prepare.py)."""
+    return {role: path, f"{role}.data": path + ".data"}
 
 
 def _quantize(recipe: Recipe, g: Graph, prepared: str, work: Path, settings: dict[str, Any],
@@ -207,17 +232,17 @@ def _quantize(recipe: Recipe, g: Graph, prepared: str, work: Path, settings: dic
     quant = {k: v for k, v in settings.items() if k not in ("name", "samples")}
     params = {"quantization": quant, "samples": settings["samples"] or cal.samples, "random": cal.random,
               "inputs": {k: list(v) for k, v in sorted(g.inputs.items())}}
-    inputs = {"model": prepared}
-    if recipe.adapters:  # LoRA: calibrate over the declared adapter set (changing it re-quantizes, recompiles)
+    inputs = _model_files("model", prepared)
+    if recipe.adapters and reference:  # LoRA: calibrate over the declared adapter set (a change recompiles)
         params["adapters"], more = calibration_inputs(recipe.adapters)
-        inputs.update(more, reference=reference)
+        inputs.update(more, **_model_files("reference", reference))
     watch = [str(cal.dir)] if cal.dir else []  # its *contents* are keyed (discovered inputs), not its path
     h = short_hash(["quantize", params, prepared, watch])
     stem = g.model.stem
     path = str(work / f"{stem}-{h}" / "quantized.onnx")
     a = Action(id=f"quantize/{stem}-{h}", kind="quantize",
                description=f"quantize {stem} ({describe(recipe.precision, settings)})",
-               inputs=inputs, outputs={"model": path}, params=params, watch=watch,
+               inputs=inputs, outputs=_model_files("model", path), params=params, watch=watch,
                **_common(recipe))
     return path, a
 
@@ -250,9 +275,9 @@ def _compile(recipe: Recipe, b: Built, t: Target, d: Path, *, name: str | None =
         params["split_outputs"] = _split_param(recipe.compile.split_outputs)
     twin = " (verification twin)" if name else f" (candidate {candidate})" if candidate else ""
     ident = f"{stem}.{candidate}" if candidate else stem
-    inputs = {"model": b.model}
+    inputs = _model_files("model", b.model)
     if recipe.adapters:  # the wrapper gets the slots' defaults from the float reference
-        inputs["reference"] = b.reference
+        inputs.update(_model_files("reference", b.reference))
     return Action(id=f"compile/{ident}@{t.name}", kind="compile", description=f"compile {stem}@{t.name}{twin}",
                   inputs=inputs, outputs=outputs, params=params,
                   target=(action_target or t).as_dict(), pool="compile", **_common(recipe))
@@ -283,8 +308,8 @@ def _bundle(recipe: Recipe, built: list[Built], t: Target, out: Path) -> Action:
     d = out / t.name / recipe.name
     outputs = {f"ctx:{b.graph.name}": str(d / f"{b.graph.name}_ctx.onnx") for b in built}
     outputs["bin"] = str(d / f"{recipe.name}_qnn.bin")
-    inputs = {f"model:{b.graph.name}": b.model for b in built}
-    inputs.update({f"reference:{b.graph.name}": b.reference for b in built})
+    inputs = {k: v for b in built for k, v in _model_files(f"model:{b.graph.name}", b.model).items()}
+    inputs.update({k: v for b in built for k, v in _model_files(f"reference:{b.graph.name}", b.reference).items()})
     params = {"provider_options": provider_options(recipe, t), "cpu_fallback": recipe.compile.cpu_fallback,
               "precision": recipe.precision, "graphs": [b.graph.name for b in built]}
     if recipe.adapters:  # the wrappers get the slots' defaults from the float references
@@ -315,7 +340,8 @@ def _verify(recipe: Recipe, b: Built, t: Target, compiled: Action, out: Path, *,
         params["split_outputs"] = _split_param(recipe.compile.split_outputs)
     if v.get("slices"):
         params["slices"] = v["slices"]
-    inputs = {"reference": b.reference, "compiled": b.model, **{f"ctx.{k}": p for k, p in compiled.outputs.items()}}
+    inputs = {**_model_files("reference", b.reference), **_model_files("compiled", b.model),
+              **{f"ctx.{k}": p for k, p in compiled.outputs.items()}}
     if bundle is not None:
         inputs.update({"bundle.ctx": bundle.outputs[f"ctx:{graph.name}"], "bundle.bin": bundle.outputs["bin"]})
     if artifact is not None:

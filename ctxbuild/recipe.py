@@ -273,6 +273,8 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
     recipe_targets = _targets(f, data, merged["targets"], groups)
     _check_provider_options(f, data, compile_opts, recipe_targets)
     _check_layout(f, data, "bundle" in merged, merged.get("multi_soc", False), compile_opts, recipe_targets)
+    if compile_opts.embed:
+        _check_embed_size(f, data, graphs[0].model, precision)
     verify = merged.get("verify", {})
     verify = {"enabled": verify} if isinstance(verify, bool) else dict(verify)
     if verify.get("dir") and not (vdir := (f.parent / verify["dir"]).resolve()).is_dir():
@@ -386,6 +388,25 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
 
 def _split_outputs(v: bool | list[str]) -> bool | tuple[str, ...]:
     return tuple(v) if isinstance(v, list) else bool(v)
+
+
+# Bytes of context binary per byte of model (.onnx + external data), measured with onnxruntime-qnn 2.7.0:
+# fp16 halves float32 weights, int8/int16 quantize them to uint8, qdq models keep their 8-bit weights.
+BINARY_PER_MODEL_BYTE = {"fp16": 0.5, "int8": 0.25, "int16": 0.25, "qdq": 1.0}
+PROTOBUF_LIMIT = 2**31 - 1
+
+
+def _check_embed_size(f: Path, data: LineDict, model: Path, precision: str) -> None:
+    """An embedded binary is a protobuf attribute: over 2 GB the compile would fail after minutes of work."""
+    from .actions.modelio import weight_bytes
+
+    size = weight_bytes(model)
+    binary = int(size * BINARY_PER_MODEL_BYTE.get(precision, 1.0))
+    if binary > PROTOBUF_LIMIT:
+        raise RecipeError(f"{f}:{line_of(data, ['compile', 'embed'])}: compile.embed: the context binary of "
+                          f"{model.name} ({size / 2**30:.1f} GiB with its external data) would be about "
+                          f"{binary / 2**30:.1f} GiB, over the 2 GB an ONNX file can embed",
+                          "set compile.embed: false (the binary is written beside the _ctx.onnx)")
 
 
 def _opt_str(v: Any) -> str:

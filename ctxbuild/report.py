@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from . import kinds
+from . import kinds, memory
 from .atomic import write_if_changed
 from .layout import STATE, record_path, spec_name
 from .search_table import search_of, with_costs
@@ -30,7 +30,7 @@ _CHAR_W, _NODE_H, _V_GAP, _COL_GAP, _PAD, _MAX_LABEL = 6.7, 26, 10, 56, 12, 52
 
 
 def write_report(out: Path, *, build_id: str | None = None, returncode: int = 0,
-                 wall_seconds: float | None = None) -> dict[str, Any] | None:
+                 wall_seconds: float | None = None, driver_peak_rss: int | None = None) -> dict[str, Any] | None:
     """Write OUT/report.json and OUT/report.html (atomically); returns the report data.
 
     build_id: the build that just ran (records carrying it are "this build"); without it, last_build.json says.
@@ -39,6 +39,7 @@ def write_report(out: Path, *, build_id: str | None = None, returncode: int = 0,
     """
     try:
         report = collect(Path(out), build_id=build_id, returncode=returncode, wall_seconds=wall_seconds)
+        report["memory"] = memory.section(_read_records(Path(out), report), driver_peak_rss)
         html = render_html(report, Path(out))
         # no indent: json's C encoder only runs without one (6x faster here); `jq .` pretty-prints it
         write_if_changed(Path(out) / "report.json", json.dumps(report, sort_keys=True).encode() + b"\n")
@@ -50,6 +51,10 @@ def write_report(out: Path, *, build_id: str | None = None, returncode: int = 0,
 
 
 # ---- data -------------------------------------------------------------------------------------------------
+
+def _read_records(out: Path, report: dict[str, Any]) -> dict[str, Any]:
+    return {n["id"]: _read(record_path(out, n["id"])) for n in report["graph"]["nodes"]}
+
 
 def collect(out: Path, *, build_id: str | None = None, returncode: int = 0,
             wall_seconds: float | None = None) -> dict[str, Any]:
@@ -116,6 +121,10 @@ def _rows(out: Path, plan: dict[str, Any], manifest: dict[str, Any], records: di
             rows.append(_row(a, recipe, spec, records, status, by_id, failed_up, verifies.get(pair, []), sizes,
                              a["id"] in this_build, sharing.get(pair)))
     rows.sort(key=lambda r: (_natural(r["recipe"]), r["target"]["name"]))
+    notes = {art["action"]: art["verify_note"] for art in plan.get("artifacts", []) if art.get("verify_note")}
+    for row in rows:  # verification left off by default (a large model): said, not silently skipped
+        if row["action"] in notes and not row["verify"]:
+            row["warnings"].append(notes[row["action"]])
     return rows
 
 

@@ -13,7 +13,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import kinds, toolchain
+from . import kinds, memory, toolchain
 from .action import Action, canonical_json, load_spec
 from .atomic import write_bytes
 from .capture import captured
@@ -34,6 +34,7 @@ class ActionContext:
         self.facts: dict[str, Any] = {}  # measurements of this run (timings) for the record, not the outputs
         self.cache: Any = None  # the build cache (None when off): verify memoizes simulator outputs in it
         self.key_components: dict[str, Any] = {}  # the action key's parts: input digests already computed
+        self.key = ""  # the action key: names staging.fixed_dir, so it must not depend on OUT
 
     def tmp_output(self, role: str) -> Path:
         """Temp path with the output's final file name (a _ctx.onnx names its bin by file name)."""
@@ -85,6 +86,7 @@ def main(spec_arg: str) -> int:
         record.update(status="failed", cause=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
     finally:
         record["seconds"] = round(time.monotonic() - start, 3)
+        record["peak_rss"] = memory.peak_rss()
         record["finished"] = time.time()
         record["log"] = str(log.relative_to(out))
         shutil.rmtree(tmp, ignore_errors=True)
@@ -121,9 +123,12 @@ def _restore_or_run(action: Action, kind: type[kinds.Kind], out: Path, tmp: Path
         sys.stdout.flush()
         os.write(1, cache.read_log(hit) or b"")
         return hit
+    need = _memory_estimate(action)
+    record["memory_estimate"] = need
+    memory.check_fits(need)
     tmp.mkdir(parents=True, exist_ok=True)
     ctx = ActionContext(action, out, tmp, log)
-    ctx.cache, ctx.key_components = cache, components
+    ctx.cache, ctx.key_components, ctx.key = cache, components, key
     try:
         kind.module().run(ctx)
     finally:
@@ -154,6 +159,14 @@ def _restored_ok(action: Action, kind: type[kinds.Kind], cache: Any) -> bool:
         cache.warnings.append(f"cache entry rejected: {e}; rebuilding")
         _remove_outputs(action)
         return False
+
+
+def _memory_estimate(action: Action) -> int:
+    """The worker's estimate (it scheduled this action by it), else our own (run without a worker)."""
+    try:
+        return int(os.environ[memory.ESTIMATE_ENV])
+    except (KeyError, ValueError):
+        return memory.estimate(action)
 
 
 def _open_cache() -> Any:

@@ -14,7 +14,7 @@ from .capture import captured
 from .layout import cache_dir
 
 # Bump when an action's outputs change for the same inputs (new parameters, different layout...).
-ACTION_SCHEMA_VERSION = 2  # 2: verify checks slices of concatenated outputs
+ACTION_SCHEMA_VERSION = 3  # 2: verify checks output slices; 3: models carry <model>.data, compiled from staging.fixed_dir
 EP_NAME = "QNNExecutionProvider"
 
 
@@ -141,11 +141,11 @@ def compile_model(src: Path, dst: Path, provider_options: dict[str, str], *, emb
                   config: dict[str, str] | None = None) -> None:
     """ModelCompiler: writes `dst` (EPContext wrapper) and, unless embedded, `<dst stem>_qnn.bin` beside it.
 
-    The model goes in as bytes: given a path, the EP derives the partition (graph) name and bits of the
-    binary from the input's absolute path, so the same model built in two OUT dirs would differ. From
-    bytes, in a fresh process, outputs are byte-identical wherever they are built (measured, 2.7.0).
+    The EP derives the partition (graph) name and bits of the binary from `src`'s path: actions pass a
+    path from staging.fixed_dir, so outputs are byte-identical wherever they are built (measured, 2.7.0).
+    A path, not bytes: only a path lets ORT find external data (weights over 2 GB).
     """
     import onnxruntime as ort
 
     so = session_options(provider_options, cpu_fallback=cpu_fallback, config=config)
-    ort.ModelCompiler(so, src.read_bytes(), embed_compiled_data_into_model=embed).compile_to_file(str(dst))
+    ort.ModelCompiler(so, str(src), embed_compiled_data_into_model=embed).compile_to_file(str(dst))

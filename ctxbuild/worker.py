@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from . import memory
 from .client import ENV
 from .procs import die_with_parent
 
@@ -85,6 +86,18 @@ def serve(sock_path: str) -> None:
     signal.set_wakeup_fd(wake_w)
     sel.register(wake_r, selectors.EVENT_READ, ("wake", None))
     children: dict[int, tuple[socket.socket, int]] = {}  # pid -> (client conn, pidfd)
+    tokens = memory.Scheduler(memory.budget())  # requests wait here until their memory estimate fits
+
+    def start(ready: list[tuple[int, tuple[socket.socket, list[int], dict]]]) -> None:
+        """Fork the requests the memory budget lets run now; watch each child's exit and its client."""
+        for need, (conn, fds, req) in ready:
+            child = _spawn(conn, fds, req, srv)
+            tokens.started(child, need)
+            pidfd = os.pidfd_open(child)
+            children[child] = (conn, pidfd)
+            sel.register(pidfd, selectors.EVENT_READ, ("exit", child))
+            sel.register(conn, selectors.EVENT_READ, ("client", child))
+
     while not stop or children:
         if os.getppid() != parent:  # the driver died without stopping us (and PDEATHSIG is unavailable)
             stop = True
@@ -93,9 +106,15 @@ def serve(sock_path: str) -> None:
             if kind == "wake":
                 os.read(wake_r, 512)
             elif kind == "accept":
-                _accept(srv, sel, children)
+                conn, _ = srv.accept()
+                request = _receive(conn)
+                if request is None:
+                    conn.close()
+                    continue
+                start(tokens.submit(_estimate(request[1]), (conn, *request)))
             elif kind == "exit":
                 _reap(pid, sel, children)
+                start(tokens.finished(pid))
             elif kind == "client" and pid in children:
                 _check_client(pid, children)
         if stop and srv.fileno() != -1:  # stop accepting; the loop ends once running children are done
@@ -134,19 +153,6 @@ def _listen(sock_path: str) -> socket.socket:
     return srv
 
 
-def _accept(srv: socket.socket, sel: selectors.BaseSelector, children: dict[int, tuple[socket.socket, int]]) -> None:
-    """Fork a child for the client's action; watch its exit (pidfd) and the client's connection."""
-    conn, _ = srv.accept()
-    child = _spawn(conn, srv)
-    if child is None:
-        conn.close()
-        return
-    pidfd = os.pidfd_open(child)
-    children[child] = (conn, pidfd)
-    sel.register(pidfd, selectors.EVENT_READ, ("exit", child))
-    sel.register(conn, selectors.EVENT_READ, ("client", child))
-
-
 def _reap(pid: int, sel: selectors.BaseSelector, children: dict[int, tuple[socket.socket, int]]) -> None:
     """The child exited: tell its client the exit code."""
     conn, pidfd = children.pop(pid)
@@ -182,7 +188,8 @@ def _exit_with_parent() -> int:
     return parent
 
 
-def _spawn(conn: socket.socket, srv: socket.socket) -> int | None:
+def _receive(conn: socket.socket) -> tuple[list[int], dict] | None:
+    """The client's stdout/stderr fds and its request (client.encode_request), or None if it hung up."""
     header, fds, _, _ = socket.recv_fds(conn, 4, 2)
     if len(header) < 4 or len(fds) != 2:
         return None
@@ -193,7 +200,22 @@ def _spawn(conn: socket.socket, srv: socket.socket) -> int | None:
         if not chunk:
             return None
         body += chunk
-    req = marshal.loads(body)  # from client.encode_request; the socket is private (0700 dir)
+    return fds, marshal.loads(body)  # the socket is private (0700 dir)
+
+
+def _estimate(req: dict) -> int:
+    """The action's memory estimate (passed on to it in its environment, for its record and check)."""
+    from .action import load_spec
+
+    try:
+        need = memory.estimate(load_spec(Path(req["cwd"]) / req["spec"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        need = memory.BASE  # an unreadable spec: the action itself reports it
+    req["env"][memory.ESTIMATE_ENV] = str(need)
+    return need
+
+
+def _spawn(conn: socket.socket, fds: list[int], req: dict, srv: socket.socket) -> int:
     pid = os.fork()
     if pid:
         for fd in fds:

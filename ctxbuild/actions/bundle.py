@@ -18,7 +18,8 @@ from ..action import Action
 from ..adapters import add_wrapper_defaults
 from ..errors import ActionError
 from .compile import compile_error, summarize  # noqa: F401 - the same summary hook as compile
-from .modelio import load
+from ..staging import fixed_dir, link_data
+from .modelio import initializer_digests, load
 from .soccheck import check_outputs  # noqa: F401 - the hook: the binary's SoC is the target's
 
 
@@ -27,19 +28,20 @@ def run(ctx: Any) -> None:
     graphs: list[str] = a.params["graphs"]
     _check_shared_weights(a, graphs)
     ctx_paths = [ctx.tmp_output(f"ctx:{g}") for g in graphs]
-    renames = {g: _prefixed_copy(Path(a.inputs[f"model:{g}"]), g, ctx.tmp / f"{g}.input.onnx") for g in graphs}
-    try:
-        # One process, EP kept registered, fixed order, same provider options: the EP's share group.
-        for i, (g, dst) in enumerate(zip(graphs, ctx_paths)):
-            config = {"ep.share_ep_contexts": "1"}  # session config entries: as provider options they are ignored
-            if i == len(graphs) - 1:
-                config["ep.stop_share_ep_contexts"] = "1"
-            toolchain.compile_model(ctx.tmp / f"{g}.input.onnx", dst, a.params["provider_options"], embed=False,
-                                    cpu_fallback=a.params["cpu_fallback"], config=config)
-    except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped; the log holds the cause
-        raise compile_error(ctx.log_path, e, a.params["cpu_fallback"], a.params["provider_options"]) from None
+    with fixed_dir(ctx.key) as d:  # one subdirectory per graph: their data files may share a name
+        staged = {g: d / g / f"{g}.onnx" for g in graphs}
+        renames = {g: _prefixed_copy(Path(a.inputs[f"model:{g}"]), g, staged[g]) for g in graphs}
+        try:
+            # One process, EP kept registered, fixed order, same provider options: the EP's share group.
+            for i, (g, dst) in enumerate(zip(graphs, ctx_paths)):
+                config = {"ep.share_ep_contexts": "1"}  # session config entries: as provider options they are ignored
+                if i == len(graphs) - 1:
+                    config["ep.stop_share_ep_contexts"] = "1"
+                toolchain.compile_model(staged[g], dst, a.params["provider_options"], embed=False,
+                                        cpu_fallback=a.params["cpu_fallback"], config=config)
+        except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped; the log holds the cause
+            raise compile_error(ctx.log_path, e, a.params["cpu_fallback"], a.params["provider_options"]) from None
     for g, p in zip(graphs, ctx_paths):
-        (ctx.tmp / f"{g}.input.onnx").unlink()
         _restore_io_names(p, renames[g])
         if a.params.get("adapters"):  # LoRA: the wrapper carries the slots' defaults (inputs become optional)
             add_wrapper_defaults(p, Path(a.inputs[f"reference:{g}"]))
@@ -47,10 +49,13 @@ def run(ctx: Any) -> None:
 
 
 def _prefixed_copy(src: Path, graph: str, dst: Path) -> dict[str, str]:
-    """Save `src` with its graph inputs/outputs renamed `<graph>__<name>`; returns original -> new."""
+    """Save `src` with its graph inputs/outputs renamed `<graph>__<name>`, its external data linked beside
+    it (never loaded); returns original -> new."""
     import onnx
 
-    model = load(src)
+    model = load(src, external_data=False)
+    dst.parent.mkdir()
+    link_data(src, dst.parent)
     io = [v.name for v in (*model.graph.input, *model.graph.output)]
     inits = {t.name for t in model.graph.initializer}
     ren = {n: f"{graph}__{n}" for n in io if n not in inits}
@@ -114,25 +119,24 @@ def _check_shared_weights(a: Action, graphs: list[str]) -> None:
     """
     if a.params["precision"] not in ("int8", "int16"):
         return
-    from onnx import TensorProto, numpy_helper
+    from onnx import TensorProto
 
-    floats = {g: {t.name: t for t in load(Path(a.inputs[f"reference:{g}"])).graph.initializer} for g in graphs}
-    quant = {g: {t.name: t for t in load(Path(a.inputs[f"model:{g}"])).graph.initializer} for g in graphs}
+    floats = {g: initializer_digests(Path(a.inputs[f"reference:{g}"])) for g in graphs}
+    quant = {g: initializer_digests(Path(a.inputs[f"model:{g}"])) for g in graphs}
     first = graphs[0]
     for other in graphs[1:]:
         for name, t in floats[first].items():
-            u = floats[other].get(name)
-            if u is None or t.raw_data != u.raw_data or numpy_helper.to_array(t).size < 2:
+            if floats[other].get(name) != t or t[1] < 2:
                 continue
             values = [quant[g].get(name + "_quantized") for g in (first, other)]
-            if any(v is not None and v.data_type == TensorProto.INT32 for v in values):
+            if any(v is not None and v[0] == TensorProto.INT32 for v in values):
                 print(f"bias '{name}' is quantized per graph (scale follows activations); not shared")
                 continue
             for suffix in ("_quantized", "_scale", "_zero_point"):
                 qa, qb = quant[first].get(name + suffix), quant[other].get(name + suffix)
                 if qa is None and qb is None:
                     continue
-                if qa is None or qb is None or numpy_helper.to_array(qa).tobytes() != numpy_helper.to_array(qb).tobytes():
+                if qa != qb:
                     raise ActionError(
                         f"graphs '{first}' and '{other}' share weight '{name}' but quantize it differently "
                         f"({name + suffix} differs); QNN would store it twice",

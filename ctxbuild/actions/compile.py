@@ -9,6 +9,7 @@ from .. import toolchain
 from ..action import Action
 from ..adapters import add_wrapper_defaults
 from ..errors import ActionError
+from ..staging import fixed_dir, link_model
 from .soccheck import check_outputs  # noqa: F401 - the hook: the binary's SoC is the target's
 
 _UNSUPPORTED = re.compile(r"\{ name: ([^,]*), type: ([^ }]*) \}")
@@ -24,7 +25,8 @@ def run(ctx: Any) -> None:
     dst = ctx.tmp_output("ctx")
     src, options = Path(a.inputs["model"]), a.params["provider_options"]
     try:
-        compile_graph(src, dst, a.params, ctx.tmp)
+        with fixed_dir(ctx.key) as d:  # a path that depends only on the key: the EP puts it in the binary
+            compile_graph(link_model(src, d, "model.onnx"), dst, a.params, ctx.tmp)
     except ActionError:
         raise
     except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped; the log holds the real cause
@@ -51,7 +53,7 @@ def compile_graph(model: Path, dst: Path, params: dict[str, Any], tmp: Path) -> 
 
     original = load(model)
     cut_model, joins = cut(original, None if split is True else list(split))
-    src = tmp / "split.onnx"
+    src = model.with_name("split.onnx")  # beside the model: in compile's fixed, key-named directory
     onnx.save(cut_model, src)
     toolchain.compile_model(src, dst, params["provider_options"], embed=params["embed"],
                             cpu_fallback=params["cpu_fallback"])

@@ -1,4 +1,7 @@
-"""prepare: fix input shapes, stamp an IR version onnxruntime reads, reject control flow, fold with ORT's basic optimizer."""
+"""prepare: fix input shapes, stamp an IR version onnxruntime reads, reject control flow, fold with ORT's basic optimizer.
+
+The output's weights always go to external data (`prepared.onnx.data`): models over the 2 GB protobuf
+limit then flow like any other, and the weights are never loaded into Python memory here."""
 from __future__ import annotations
 
 import shutil
@@ -8,11 +11,12 @@ from typing import Any
 from ..action import Action
 from ..adapters import add_defaults, make_slots
 from ..errors import ActionError
-from .modelio import external_data_files, graph_inputs, load
+from .modelio import data_path, external_data_files, graph_inputs, load, save_external, save_with_data
 
 # Measured: onnxruntime 1.31 loads IR <= 13; onnx 1.23 writes 14 by default. Stamp down to what ORT reads.
 ORT_MAX_IR_VERSION = 13
 CONTROL_FLOW = ("If", "Loop", "Scan")
+EXTERNAL_MIN_BYTES = 1024  # onnx's own default threshold for external data
 
 
 def discover_inputs(action: Action) -> dict[str, Path]:
@@ -24,7 +28,7 @@ def run(ctx: Any) -> None:
     import onnx
 
     src = Path(ctx.action.inputs["model"])
-    model = load(src)
+    model = load(src, external_data=False)
     if model.ir_version > onnx.IR_VERSION:
         raise ActionError(f"{src}: IR version {model.ir_version} is newer than this toolchain reads "
                           f"(onnx {onnx.__version__}: <= {onnx.IR_VERSION})",
@@ -40,13 +44,13 @@ def run(ctx: Any) -> None:
         defaults = make_slots(model, slots["patterns"], slots["scaling"])
     dst = ctx.tmp_output("model")
     if ctx.action.params["optimize"]:
-        _optimize(model, dst, ctx.tmp)
+        _optimize(model, src, dst, ctx.tmp)
     else:
-        onnx.save(model, str(dst))
+        save_external(model, src.parent, dst)
     if slots:  # the float reference: the same graph with the defaults as overridable initializers
         reference = onnx.load(str(dst))
         add_defaults(reference, defaults)
-        onnx.save(reference, str(ctx.tmp_output("reference")))
+        save_with_data(reference, ctx.tmp_output("reference"))
 
 
 def _fix_shapes(model: Any, src: Path, shapes: dict[str, list[int]], recipe: str) -> None:
@@ -81,19 +85,25 @@ def _fix_shapes(model: Any, src: Path, shapes: dict[str, list[int]], recipe: str
                                   "(1 where the model leaves a dim open: use your real size)")
 
 
-def _optimize(model: Any, dst: Path, tmp: Path) -> None:
-    """ORT_ENABLE_BASIC folds BatchNorm into Conv and constants: float BatchNorm does not run on HTP."""
+def _optimize(model: Any, src: Path, dst: Path, tmp: Path) -> None:
+    """ORT_ENABLE_BASIC folds BatchNorm into Conv and constants: float BatchNorm does not run on HTP.
+    ORT reads the weights from the source's external data (linked beside the staged proto) and writes
+    every initializer of EXTERNAL_MIN_BYTES or more to `prepared.onnx.data`."""
     import onnx
     import onnxruntime as ort
 
-    if model.ByteSize() > 2_000_000_000:
-        raise ActionError("models over 2 GB (external data after preparing) are not supported yet",
-                          "split the model, or quantize it yourself and use precision: qdq")
-    staged = tmp / "staged.onnx"
+    from ..staging import link_data
+
+    staged = tmp / "staged" / "staged.onnx"
+    staged.parent.mkdir()
+    link_data(src, staged.parent)
     onnx.save(model, str(staged))
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     so.optimized_model_filepath = str(dst)
+    so.add_session_config_entry("session.optimized_model_external_initializers_file_name", data_path(dst).name)
+    so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
+                                str(EXTERNAL_MIN_BYTES))
     try:
         ort.InferenceSession(str(staged), so, providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001 - ORT raises its own untyped errors for invalid models
@@ -102,4 +112,4 @@ def _optimize(model: Any, dst: Path, tmp: Path) -> None:
             raise ActionError(f"no space left to write the prepared model under {dst.parent} ({free:,} bytes free, "
                               f"it needs about {model.ByteSize():,})", "free disk space where OUT is") from None
         raise ActionError(f"onnxruntime rejected the model: {str(e).splitlines()[0][:300]}") from None
-    staged.unlink()
+    data_path(dst).touch()  # ORT writes no data file when no initializer is that big; the plan declares one

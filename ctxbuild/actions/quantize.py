@@ -12,7 +12,7 @@ from ..action import Action
 from ..adapters import CalibrationSet
 from ..errors import ActionError
 from ..quantization import QUANT_TYPES, get_qnn_qdq_kwargs
-from .modelio import load
+from .modelio import data_path, load
 from .samples import from_files, input_spec, list_samples, random_samples
 
 
@@ -30,15 +30,25 @@ def warnings(action: Action) -> list[str]:
 
 
 def run(ctx: Any) -> None:
+    a = ctx.action
+    # onnxruntime's quantizer writes scratch files (`<model>-inferred.onnx`) beside its input; actions sharing
+    # one prepared model would race on them, so each works on a private link of the proto. The link sits
+    # beside the model: onnx refuses external data that is a symlink or has several hard links.
+    model = Path(a.inputs["model"])
+    src = model.with_name(f".quantize-input-{os.getpid()}.onnx")
+    os.link(model, src)
+    try:
+        _quantize(ctx, src)
+    finally:
+        src.unlink()
+
+
+def _quantize(ctx: Any, src: Path) -> None:
     from onnxruntime.quantization import quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     a = ctx.action
     s = a.params["quantization"]
-    # onnxruntime's quantizer writes scratch files (`<model>-inferred.onnx`) beside its input; actions sharing
-    # one prepared model would race on them, so each works on a private link inside its own temp dir.
-    src = ctx.tmp / "input.onnx"
-    os.link(a.inputs["model"], src)
     model = load(src, external_data=False)
     spec = input_spec(model)
     lora = CalibrationSet.of(a)  # LoRA: the slots' values come from the calibration adapters
@@ -49,15 +59,18 @@ def run(ctx: Any) -> None:
     if lora:
         samples = lora.expand(samples)
     overrides = tensor_overrides(model, s, a.recipe_files[0])
+    dst = ctx.tmp_output("model")
     try:
         config = get_qnn_qdq_config(str(src), _Reader(samples), init_overrides=overrides or None,
                                     **get_qnn_qdq_kwargs(s))
         if s["percentile"] is not None:
             config.extra_options["CalibPercentile"] = s["percentile"]
-        quantize(str(src), str(ctx.tmp_output("model")), config)
+        config.use_external_data_format = True  # weights to `<output>.data`: no 2 GB protobuf limit
+        quantize(str(src), str(dst), config)
     except ValueError as e:  # onnxruntime's checks of the overrides (unknown tensor, bad axis...)
         raise ActionError(f"{a.recipe_files[0]}: quantization: {str(e).strip().splitlines()[0][:300]}",
                           "fix the recipe's quantization overrides") from None
+    data_path(dst).touch()  # the quantizer writes none when every tensor is small; the plan declares one
 
 
 # Inputs of these ops that are biases: QDQ quantizes them to int32 from the input and weight scales.

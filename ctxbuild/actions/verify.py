@@ -62,7 +62,8 @@ def run(ctx: Any) -> None:
                  inputs["reference"] if p["sample_source"] == "random" else None]
     memo = OutputsMemo(ctx.cache, ctx.tmp)
     start = time.monotonic()
-    reference = memo.get_or_compute("reference", [inputs["reference"], sample_id, key["toolchain"]["onnxruntime"]],
+    reference = memo.get_or_compute("reference", [inputs["reference"], inputs.get("reference.data"), sample_id,
+                                                   key["toolchain"]["onnxruntime"]],
                                     lambda: _cpu_outputs(ref_model, samples))
     ctx.facts["reference_seconds"] = round(time.monotonic() - start, 3)
     start = time.monotonic()

@@ -40,12 +40,14 @@ def copy_hashing(src: Path, dst: Path) -> tuple[str, int]:
     """Create `dst` (must not exist) with `src`'s content, fsynced; return the digest of what was copied.
 
     Reflink first (instant, shares extents copy-on-write, so later edits of either file never reach the
-    other); else a streamed copy that hashes on the way. Never a hardlink: an edit in place of a restored
+    other); else copy_file_range (the kernel copies, no bytes through Python; the source is then hashed
+    from the page cache); else a streamed copy that hashes on the way. Memory stays bounded (CHUNK). Never a hardlink: an edit in place of a restored
     output would corrupt the blob, and the output would carry the blob's old mtime, which ninja reads as
     "older than its inputs" and rebuilds forever.
     """
     with open(src, "rb") as fin, open(dst, "xb") as fout:
-        if _reflink(fin, fout):
+        if _reflink(fin, fout) or _kernel_copy(fin, fout):
+            fin.seek(0)
             digest, size = hash_stream(fin)
         else:
             h, size = hashlib.sha256(), 0
@@ -65,6 +67,32 @@ def _reflink(fin: BinaryIO, fout: BinaryIO) -> bool:
     except OSError:  # EOPNOTSUPP (ext4, tmpfs), EXDEV (other filesystem), ...: the copy handles it
         return False
     return True
+
+
+def _kernel_copy(fin: BinaryIO, fout: BinaryIO) -> bool:
+    """The whole file with os.copy_file_range; False (nothing written) where the kernel or filesystem
+    cannot (EXDEV before Linux 5.3, some FUSE and network filesystems)."""
+    size = os.fstat(fin.fileno()).st_size
+    copied = 0
+    try:
+        while copied < size:
+            n = os.copy_file_range(fin.fileno(), fout.fileno(), min(size - copied, 1 << 30))
+            if n == 0:
+                break
+            copied += n
+    except OSError:
+        if copied:
+            raise
+        return False
+    return copied == size or _restart(fin, fout)
+
+
+def _restart(fin: BinaryIO, fout: BinaryIO) -> bool:
+    """The source changed size under us: start over with the streamed copy."""
+    fout.seek(0)
+    fout.truncate()
+    fin.seek(0)
+    return False
 
 
 def restore_outputs(entries: Iterable[OutputEntry], dest: dict[str, Path],

@@ -1,0 +1,66 @@
+"""A fixed path to hand the QNN EP: compile outputs that do not depend on where OUT is.
+
+Given a model *path*, the EP derives the graph (partition) name, and with it bits of the binary, from
+that path; a model given as bytes cannot carry external data (weights over 2 GB). So the model and its
+external data files are exposed, as symlinks, under a directory whose name depends only on the action
+key: the same inputs give byte-identical outputs in any OUT directory (measured, onnxruntime-qnn 2.7.0).
+Two processes with the same key (two OUT dirs building at once) take turns on a lock file.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import ActionError
+
+# Not $TMPDIR: the path ends up in the binary, so it must be the same on every machine.
+ROOT = Path("/tmp")
+
+
+@contextmanager
+def fixed_dir(key: str) -> Iterator[Path]:
+    """An empty directory /tmp/ctxbuild-stage-<key prefix>, exclusively ours until the block ends."""
+    d = ROOT / f"ctxbuild-stage-{key[:24]}"
+    try:
+        lock = open(f"{d}.lock", "a")
+    except OSError as e:
+        raise ActionError(f"cannot lock {d}.lock: {e.strerror}", "remove it, or make /tmp writable") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        shutil.rmtree(d, ignore_errors=True)  # a crashed run's leftovers
+        d.mkdir()
+        try:
+            yield d
+        finally:
+            shutil.rmtree(d, ignore_errors=True)  # the lock file stays: unlinking it would race a waiter
+
+
+def link_model(model: Path, into: Path, name: str | None = None) -> Path:
+    """Link `model` (as `name`) and the external data files it names into `into`; returns the link."""
+    link = into / (name or model.name)
+    _link(model.resolve(), link)
+    link_data(model, into)
+    return link
+
+
+def link_data(model: Path, into: Path) -> None:
+    """Link the external data files `model` names into `into`, under the names the model uses."""
+    from .actions.modelio import external_data_files, load
+
+    for role, path in external_data_files(load(model, external_data=False), model).items():
+        dst = into / role.removeprefix("external:")
+        if not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            _link(path, dst)
+
+
+def _link(src: Path, dst: Path) -> None:
+    """A hardlink (onnx's Python loader refuses symlinked external data), else a symlink (ORT takes it)."""
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem
+        dst.symlink_to(src)
