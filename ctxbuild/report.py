@@ -257,6 +257,7 @@ def _verify(a: dict[str, Any], rec: dict[str, Any] | None, st: str) -> dict[str,
             "passed": passed, "method": res.get("method"), "samples": res.get("samples"),
             "sample_source": res.get("sample_source"), "thresholds": thr, "outputs": outputs,
             "coverage": res.get("coverage"), "simulator_seconds": rec.get("simulator_seconds"),
+            "clipping": [c["tensor"] for c in res.get("clipping") or []],  # LoRA: tensors leaving their encodings
             "seconds": rec.get("seconds"), "cause": _one_line(rec.get("cause")), "log": rec.get("log"),
             "href": _href(rec.get("log")), "layers": _layers(a)}
 
