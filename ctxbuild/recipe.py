@@ -336,7 +336,8 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
     copts = merged.get("compile", {})
     # Only the recipe's own keys: directory defaults written for compiled recipes apply to it harmlessly.
     unused = sorted(set(data.get("compile", {})) - {"embed"}) + [
-        k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "verify") if k in data]
+        k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "verify")
+        if k in data]
     if unused:
         raise RecipeError(f"{f}:{line_of(data, ['prebuilt'])}: a prebuilt binary is not compiled; "
                           f"{', '.join(unused)} has no effect", "remove it (only compile.embed applies)")

@@ -30,7 +30,8 @@ def wrapper_identity(ctx_model: Path) -> str:
     model = onnx.load(str(ctx_model), load_external_data=False)
     for node in model.graph.node:
         attrs = {a.name: a for a in node.attribute}
-        if node.op_type == "EPContext" and "ep_cache_context" in attrs and attrs.get("embed_mode") and attrs["embed_mode"].i == 0:
+        external = "embed_mode" in attrs and attrs["embed_mode"].i == 0
+        if node.op_type == "EPContext" and external and "ep_cache_context" in attrs:
             attrs["ep_cache_context"].s = b""  # the .bin's name; its bytes are keyed by their own digest
     return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
 
