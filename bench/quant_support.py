@@ -115,9 +115,11 @@ def main() -> int:
             q = _try(_quantize, src, qdq, act, weight, pc)
             row = {}
             for arch in ARCHES:
-                row[arch] = q if q != "ok" else _try(_compile_and_run, qdq, Path(tmp) / f"{qdq.stem}_{arch}_ctx.onnx", arch)
+                ctx = Path(tmp) / f"{qdq.stem}_{arch}_ctx.onnx"
+                row[arch] = q if q != "ok" else _try(_compile_and_run, qdq, ctx, arch)
             results[label] = row
-            print(f"{label:32s} " + "  ".join(f"v{a}:{'ok' if r == 'ok' else 'FAIL'}" for a, r in row.items()), flush=True)
+            cells = "  ".join(f"v{a}:{'ok' if r == 'ok' else 'FAIL'}" for a, r in row.items())
+            print(f"{label:32s} {cells}", flush=True)
             for a, r in row.items():
                 if r != "ok":
                     print(f"    v{a}: {r}")

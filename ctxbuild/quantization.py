@@ -23,10 +23,11 @@ SHORTHANDS: dict[str, dict[str, Any]] = {
 }
 # precision: auto, cheapest on the device first. Measured on a public text recognizer (QNN-NOTES.md): per-tensor
 # uint8 weights lose attention blocks, per-channel recovers most of it, 16-bit weights the rest at ~3.5x the cost.
+# Named by label(): a16w8, a16w8-pc, a16w16 (a refining mapping shows in the names, e.g. a16w8-percentile).
 DEFAULT_LADDER: list[dict[str, Any]] = [
-    {"name": "a16w8", "activations": "uint16", "weights": "uint8"},
-    {"name": "a16w8-pc", "activations": "uint16", "weights": "uint8", "per_channel": True},
-    {"name": "a16w16", "activations": "uint16", "weights": "int16"},
+    {"activations": "uint16", "weights": "uint8"},
+    {"activations": "uint16", "weights": "uint8", "per_channel": True},
+    {"activations": "uint16", "weights": "int16"},
 ]
 # Measured with bench/quant_support.py (onnxruntime-qnn 2.7.0 / QNN 2.51, compile + simulator run per arch):
 # int16 weights compile on v73, v75, v79, v81 and fail on v68/v69 (Conv); int16 weights with 8-bit activations,
@@ -38,7 +39,7 @@ def settings(block: dict[str, Any]) -> dict[str, Any]:
     """A full, canonical settings dict (what the quantize action's params hold) from a recipe block."""
     weights = block.get("weights", "uint8")
     method = block.get("calibration_method", "minmax")
-    s: dict[str, Any] = {
+    return {
         "activations": block.get("activations", "uint16"), "weights": weights,
         "per_channel": bool(block.get("per_channel", False)),
         "activation_symmetric": bool(block.get("activation_symmetric", False)),
@@ -50,7 +51,6 @@ def settings(block: dict[str, Any]) -> dict[str, Any]:
         "tensors": {k: dict(v) for k, v in sorted(block.get("tensors", {}).items())},
         "nodes": {k: dict(v) for k, v in sorted(block.get("nodes", {}).items())},
     }
-    return s
 
 
 def label(s: dict[str, Any]) -> str:
@@ -68,15 +68,15 @@ def label(s: dict[str, Any]) -> str:
 
 def describe(precision: str, s: dict[str, Any]) -> str:
     """The precision's name when `s` is just its shorthand, else the settings' label."""
-    plain = precision in SHORTHANDS and {**s, "samples": None} == {**settings(SHORTHANDS[precision]), "name": s.get("name")}
-    return precision if plain else label(s)
+    shorthand = {**settings(SHORTHANDS.get(precision, {})), "name": s.get("name")}
+    return precision if precision in SHORTHANDS and {**s, "samples": None} == shorthand else label(s)
 
 
 def problem(s: dict[str, Any], target: Target) -> str | None:
     """Why `target` cannot run these settings (measured, see INT16_WEIGHTS_MIN_ARCH), or None."""
     if s["weights"] == "int16":
         if s["activations"] != "uint16":
-            return "int16 weights need uint16 activations on the HTP (8-bit activations with 16-bit weights fail to compile)"
+            return "int16 weights need uint16 activations (with 8-bit activations they fail to compile)"
         old = [a for a in target.htp_arch.split(",") if int(a) < INT16_WEIGHTS_MIN_ARCH]
         if old:
             return (f"int16 weights need HTP v{INT16_WEIGHTS_MIN_ARCH} or newer; target {target.name} is "

@@ -98,6 +98,13 @@ def records(out: Path) -> dict[str, dict[str, Any]]:
     return recs
 
 
+def cache_entries(*outs: Path) -> int:
+    """Cache entries these builds made: one per action, plus the verify memo's (simulator and CPU reference
+    outputs, stored under their own keys, which verify records list)."""
+    recs = [r for out in outs for r in records(out).values()]
+    return len({r["key"] for r in recs}) + len({k for r in recs for k in r.get("memo_keys", {}).values()})
+
+
 def last_build(out: Path) -> dict[str, str]:
     """Action id -> what happened ("run", "cache", "failed") in the most recent `ctxbuild build`."""
     return json.loads((out / ".ctxbuild" / "last_build.json").read_text())["actions"]

@@ -19,7 +19,7 @@ import pytest
 
 from ctxbuild.cache_cli import parse_size
 from ctxbuild.errors import UsageError
-from tests.conftest import ROOT, last_build, records
+from tests.conftest import ROOT, cache_entries, last_build, records
 
 COMPILE_KINDS = ("compile", "bundle")
 
@@ -229,7 +229,7 @@ def test_cache_stats_gc_clear(tree: Path, tmp_path: Path, ctxbuild, cache_dir: P
     time.sleep(0.05)
     build(ctxbuild, tree, tmp_path / "b", "--only", "tiny_cnn_int8")
     stats = json.loads(ctxbuild("cache", "stats", "--json").out)
-    n = len(records(tmp_path / "a")) + len(records(tmp_path / "b"))
+    n = cache_entries(tmp_path / "a", tmp_path / "b")
     assert stats["entries"] == n and stats["blobs"] >= n and stats["bytes"] > 0
     assert stats["last_build"]["misses"] == len(records(tmp_path / "b")) and stats["last_build"]["hits"] == 0
     build(ctxbuild, tree, tmp_path / "b2", "--only", "tiny_cnn_int8")

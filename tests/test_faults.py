@@ -21,7 +21,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import last_build, records
+from tests.conftest import cache_entries, last_build, records
 from tests.nginx_fixture import find_nginx, start_nginx
 
 ONLY = ("--only", "tiny_cnn_int8", "--only", "mlp_fp16")  # 2 recipes, 6 actions: a build takes ~1.5 s
@@ -187,7 +187,7 @@ def test_kill_9_mid_compile_then_rebuild(deep_tree: Path, tmp_path: Path, ctxbui
     assert last_build(out)[compile_id] == "run"
     assert_out_consistent(out)
     assert not list(work.iterdir()), list(work.iterdir())  # the killed action's work dir was swept
-    assert assert_cache_consistent(cache_dir) == len(records(out))
+    assert assert_cache_consistent(cache_dir) == cache_entries(out)
     r = ctxbuild("build", str(deep_tree), "-o", str(out))
     assert r.code == 0 and "no work to do" in r.text, r.text
 
@@ -252,7 +252,7 @@ def test_two_builds_at_once_share_one_cache(tree: Path, tmp_path: Path, cache_di
     assert artifacts(out1) and artifacts(out1) == artifacts(out2)
     for out in (out1, out2):
         assert_out_consistent(out)
-    assert assert_cache_consistent(cache_dir) == len(records(out1))
+    assert assert_cache_consistent(cache_dir) == cache_entries(out1, out2)
     r = subprocess.run([sys.executable, "-m", "ctxbuild", "build", str(tree), "-o", str(tmp_path / "out3"), *ONLY],
                        env={**os.environ, **env}, capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0 and set(last_build(tmp_path / "out3").values()) == {"cache"}, r.stderr
@@ -382,7 +382,7 @@ def test_remote_round_trip_and_poisoned_blob(tree: Path, tmp_path: Path, ctxbuil
     assert r.code == 0, r.text
     assert set(last_build(tmp_path / "out-a").values()) == {"run"}
     n = len(records(tmp_path / "out-a"))
-    assert len(server_files(server, "ac")) == n and requests(server, "PUT") > n
+    assert len(server_files(server, "ac")) == cache_entries(tmp_path / "out-a") and requests(server, "PUT") > n
     first = artifacts(tmp_path / "out-a")
 
     # Another machine: empty local cache, fresh OUT: everything comes from the remote, nothing compiles.
@@ -446,7 +446,7 @@ def test_remote_token_from_env_is_never_printed(tree: Path, tmp_path: Path, ctxb
         r = ctxbuild("build", str(tree), "-o", str(out), *ONLY, "--remote-cache", url,
                      env={"CTXBUILD_REMOTE_TOKEN": token})
         assert r.code == 0, r.text
-        assert len(server_files(tmp_path / "nginx", "ac")) == len(records(out))  # the token worked
+        assert len(server_files(tmp_path / "nginx", "ac")) == cache_entries(out)  # the token worked
         bad = "wr0ng-" + os.urandom(8).hex()
         r2 = ctxbuild("build", str(tree), "-o", str(tmp_path / "out2"), *ONLY, "--remote-cache", url,
                       env={"CTXBUILD_REMOTE_TOKEN": bad, "CTXBUILD_CACHE_DIR": str(tmp_path / "other-cache")})

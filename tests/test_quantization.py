@@ -191,4 +191,5 @@ def test_defaults_file_quantization_merges_with_the_recipe(tree: Path, tmp_path:
     plan = json.loads(r.out)
     q = next(a for a in plan["actions"] if a["kind"] == "quantize")
     s = q["params"]["quantization"]
-    assert (s["per_channel"], s["weights"], s["calibration_method"], s["percentile"]) == (True, "int16", "percentile", 99.999)
+    got = (s["per_channel"], s["weights"], s["calibration_method"], s["percentile"])
+    assert got == (True, "int16", "percentile", 99.999)

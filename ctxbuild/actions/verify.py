@@ -78,7 +78,7 @@ def run(ctx: Any) -> None:
     # Timings go to the record, not the result file: the file must be the same bytes on every run.
     ctx.facts["simulator_seconds"] = round(time.monotonic() - start, 3)
     ctx.facts.update({f"simulator_{k}_seconds": round(v, 3) for k, v in timing.items()})
-    ctx.facts["memo_hits"] = memo.hits
+    ctx.facts.update(memo_hits=memo.hits, memo_keys=memo.keys)
     result: dict[str, Any] = {
         "graph": p["graph"], "method": p["method"], "samples": len(samples), "sample_source": p["sample_source"],
         "outputs": {name: metrics(reference[name], got[name]) for name in reference},

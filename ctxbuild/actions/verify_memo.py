@@ -30,7 +30,8 @@ def wrapper_identity(ctx_model: Path) -> str:
     model = onnx.load(str(ctx_model), load_external_data=False)
     for node in model.graph.node:
         attrs = {a.name: a for a in node.attribute}
-        if node.op_type == "EPContext" and "embed_mode" in attrs and attrs["embed_mode"].i == 0:
+        external = "embed_mode" in attrs and attrs["embed_mode"].i == 0
+        if node.op_type == "EPContext" and external and "ep_cache_context" in attrs:
             attrs["ep_cache_context"].s = b""  # the .bin's name; its bytes are keyed by their own digest
     return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
 
@@ -40,12 +41,14 @@ class OutputsMemo:
         self.cache = cache if os.environ.get("CTXBUILD_VERIFY_MEMO", "1") != "0" else None
         self.tmp = tmp
         self.hits: list[str] = []
+        self.keys: dict[str, str] = {}  # what -> cache key (in the record: the entries this action uses)
 
     def get_or_compute(self, what: str, parts: Any, compute: Callable[[], Outputs]) -> Outputs:
         """`what` names the computation (and is reported in `hits`); `parts` is everything it depends on."""
         if self.cache is None:
             return compute()
         key = hashlib.sha256(canonical_json(["verify-memo", what, parts])).hexdigest()
+        self.keys[what] = key
         path = self.tmp / f"memo-{what}-{key[:16]}.npz"
         hit = self.cache.lookup(key)
         if hit is not None and self.cache.restore(hit, {"outputs": path}):
