@@ -7,8 +7,8 @@ Three runs of the same samples, compared tensor by tensor:
 - a debug variant of the QDQ model compiled with the QNN EP and run on the HTP simulator, chosen
   intermediate tensors ("probes") extra graph outputs: the HTP's own loss, against the QDQ model on the CPU.
 A probe is a second DequantizeLinear on the tensor's QuantizeLinear output, made a graph output: the QNN
-graph emits the quantized tensor the HTP computed and onnxruntime dequantizes it on the CPU, while the
-nodes the HTP fuses keep their QDQ groups (the tensor a group reads is untouched). Whether the debug build
+graph emits the tensor the HTP computed, while the nodes the HTP fuses keep their QDQ groups (the tensor a
+group reads is untouched). Whether the debug build
 still computes the same final outputs as the delivered one is measured and recorded (`debug_build`).
 Large graphs are probed in rounds: evenly spaced tensors first, then the stretch between the two probes
 where the HTP's loss grew most (a bisection over the topological order).
