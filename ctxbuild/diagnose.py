@@ -7,8 +7,8 @@ Three runs of the same samples, compared tensor by tensor:
 - a debug variant of the QDQ model compiled with the QNN EP and run on the HTP simulator, chosen
   intermediate tensors ("probes") extra graph outputs: the HTP's own loss, against the QDQ model on the CPU.
 A probe is a second DequantizeLinear on the tensor's QuantizeLinear output, made a graph output: the QNN
-graph emits the quantized tensor the HTP computed and onnxruntime dequantizes it on the CPU, while the
-nodes the HTP fuses keep their QDQ groups (the tensor a group reads is untouched). Whether the debug build
+graph emits the tensor the HTP computed, while the nodes the HTP fuses keep their QDQ groups (the tensor a
+group reads is untouched). Whether the debug build
 still computes the same final outputs as the delivered one is measured and recorded (`debug_build`).
 Large graphs are probed in rounds: evenly spaced tensors first, then the stretch between the two probes
 where the HTP's loss grew most (a bisection over the topological order).
@@ -197,7 +197,8 @@ def node_losses(g: Graph, snr: dict[str, float]) -> dict[str, dict[str, Any]]:
 # ---- HTP: the debug variant on the simulator ---------------------------------------------------------------
 
 def probe_model(qdq: Any, tensors: list[str], shapes: dict[str, Any]) -> tuple[Any, dict[str, str]]:
-    """The QDQ model with a second DequantizeLinear on each tensor's QuantizeLinear, made a graph output."""
+    """The QDQ model with a second DequantizeLinear on each tensor's QuantizeLinear, made a graph output
+    (in a model without QuantizeLinear, the tensor itself)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -206,12 +207,16 @@ def probe_model(qdq: Any, tensors: list[str], shapes: dict[str, Any]) -> tuple[A
     quantizer = {n.input[0]: n for n in m.graph.node if n.op_type == "QuantizeLinear"}
     outputs = {o.name for o in m.graph.output}
     probes: dict[str, str] = {}
+    produced = {o for n in m.graph.node for o in n.output}
     for t in tensors:
         if t in outputs:
             probes[t] = t
             continue
         q = quantizer.get(t)
         if q is None:
+            if not quantizer and t in produced:  # a float model (fp16 on the HTP): the tensor itself
+                m.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, shapes.get(t)))
+                probes[t] = t
             continue
         name = f"{t}__probe"
         m.graph.node.append(helper.make_node("DequantizeLinear", [q.output[0], *q.input[1:]], [name],

@@ -259,15 +259,24 @@ def _verify(a: dict[str, Any], rec: dict[str, Any] | None, st: str) -> dict[str,
             "coverage": res.get("coverage"), "simulator_seconds": rec.get("simulator_seconds"),
             "clipping": [c["tensor"] for c in res.get("clipping") or []],  # LoRA: tensors leaving their encodings
             "seconds": rec.get("seconds"), "cause": _one_line(rec.get("cause")), "log": rec.get("log"),
-            "href": _href(rec.get("log")), "layers": _layers(a)}
+            "href": _href(rec.get("log")), "layers": _layers(a, rec)}
 
 
-def _layers(a: dict[str, Any]) -> dict[str, Any] | None:
-    """`ctxbuild verify --layers` wrote `<graph>_layers.json` beside the verify result: its gist."""
+def _layers(a: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any] | None:
+    """`ctxbuild verify --layers` wrote `<graph>_layers.json` beside the verify result: its gist, unless the
+    verification ran again since (then it describes another build)."""
+    from .layers_cli import layers_path
+
     outs = a.get("outputs") or []
     if not outs:
         return None
-    d = _read(Path(outs[0]).with_name(Path(outs[0]).name.removesuffix("_verify.json") + "_layers.json"))
+    path = layers_path(outs[0])
+    try:
+        if path.stat().st_mtime < rec.get("finished", 0):
+            return None
+    except OSError:
+        return None
+    d = _read(path)
     if not isinstance(d, dict):
         return None
     worst = d.get("worst_quantization" if d.get("where") == "quantization" else "worst_htp") or []

@@ -64,6 +64,7 @@ def test_float_model_loss_is_the_htps(tree: Path, tmp_path: Path, ctxbuild) -> N
     assert all(row["quantization"]["snr_db"] == 120 for row in d["outputs"].values())
     assert d["worst_quantization"] == [] and d["worst_htp"]
     assert all(20 < n["htp_snr_db"] < 120 for n in d["worst_htp"])
+    assert len(d["worst_htp"]) > 1  # intermediate tensors probed too, not only the output
     assert not (out / "SM8750" / "mlp_fp16" / "mlp_fp16_layers.json").exists()  # --target
 
 
