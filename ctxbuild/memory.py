@@ -35,7 +35,7 @@ PRECISION_FACTORS: dict[tuple[str, str], float] = {
 PREPARE_STREAMED_FACTOR = 0.1
 # Which inputs an action reads whole, by role prefix (the others are small: specs, wrappers, samples).
 WEIGHT_ROLES: dict[str, tuple[str, ...]] = {
-    "prepare": ("model",), "quantize": ("model",), "compile": ("model",), "bundle": ("model:", "model.data:"),
+    "prepare": ("model",), "quantize": ("model",), "compile": ("model",), "bundle": ("model:",),
     "verify": ("reference", "ctx.bin"), "prebuilt": ("bin",)}
 
 
