@@ -1,7 +1,7 @@
 """Memory-aware scheduling: each action's peak memory estimated from its kind and the size of the model
 it reads, a budget the worker keeps concurrent actions within, and the peak RSS each action really had.
 
-The factors are measured (bench/memory_bench.py, README "Measured"): peak RSS of one action process
+The factors are measured (bench/memory_bench.py, README "Large models"): peak RSS of one action process
 = BASE + factor x the bytes of the model files it reads (.onnx plus external data). They err on the high
 side; a build that knows better sets --memory-budget.
 """
