@@ -1,7 +1,7 @@
 """Memory-aware scheduling: each action's peak memory estimated from its kind and the size of the model
 it reads, a budget the worker keeps concurrent actions within, and the peak RSS each action really had.
 
-The factors are measured (bench/memory_bench.py, README "Measured"): peak RSS of one action process
+The factors are measured (bench/memory_bench.py, README "Large models"): peak RSS of one action process
 = BASE + factor x the bytes of the model files it reads (.onnx plus external data). They err on the high
 side; a build that knows better sets --memory-budget.
 """
@@ -35,7 +35,7 @@ PRECISION_FACTORS: dict[tuple[str, str], float] = {
 PREPARE_STREAMED_FACTOR = 0.1
 # Which inputs an action reads whole, by role prefix (the others are small: specs, wrappers, samples).
 WEIGHT_ROLES: dict[str, tuple[str, ...]] = {
-    "prepare": ("model",), "quantize": ("model",), "compile": ("model",), "bundle": ("model:", "model.data:"),
+    "prepare": ("model",), "quantize": ("model",), "compile": ("model",), "bundle": ("model:",),
     "verify": ("reference", "ctx.bin"), "prebuilt": ("bin",)}
 
 

@@ -2,8 +2,8 @@
 
 Given a model *path*, the EP derives the graph (partition) name, and with it bits of the binary, from
 that path; a model given as bytes cannot carry external data (weights over 2 GB). So the model and its
-external data files are exposed, as symlinks, under a directory whose name depends only on the action
-key: the same inputs give byte-identical outputs in any OUT directory (measured, onnxruntime-qnn 2.7.0).
+external data files are exposed, as links, under a directory whose name depends only on the action key:
+the same inputs give byte-identical outputs in any OUT directory (measured, onnxruntime-qnn 2.7.0).
 Two processes with the same key (two OUT dirs building at once) take turns on a lock file.
 """
 from __future__ import annotations
