@@ -77,6 +77,11 @@ def main(spec_arg: str) -> int:
                 print(f"restored {action.id} from cache (key {key[:16]}); the original log follows")
                 sys.stdout.flush()
                 os.write(1, cache.read_log(hit) or b"")
+            elif (farm := _run_on_farm(action, key, components, discovered, cache, out)) is not None:
+                known = farm.record
+                record.update(farm.info)
+                record["source"] = "run"
+                record["cache_origin"] = "farm"
             else:
                 tmp.mkdir(parents=True, exist_ok=True)
                 ctx = ActionContext(action, out, tmp, log)
@@ -137,6 +142,16 @@ def _open_cache() -> Any:
         remote = RemoteStore(url, token=token or None, read_only=os.environ.get("CTXBUILD_REMOTE_READ_ONLY") == "1",
                              timeout=float(os.environ.get("CTXBUILD_REMOTE_TIMEOUT", "10")), state_dir=root)
     return Cache(LocalStore(root), remote)
+
+
+def _run_on_farm(action: Action, key: str, components: dict[str, Any], discovered: dict[str, Path], cache: Any,
+                 out: Path) -> Any:
+    """On a build with an executor: run on the cluster, outputs restored from the cache; else None."""
+    if not os.environ.get("CTXBUILD_FARM"):
+        return None
+    from .farm.submit import run_on_farm
+
+    return run_on_farm(action, key, components, discovered, cache, out)
 
 
 def _key_components(action: Action, discovered: dict[str, Path], memo: DigestMemo, state: Path) -> dict[str, Any]:
