@@ -43,18 +43,21 @@ class Cluster:
     scheduler: Proc
     workers: dict[str, Proc] = field(default_factory=dict)
 
-    def add_worker(self, name: str, resources: str, env: dict[str, str] | None = None, nthreads: int = 1) -> Proc:
-        """Start `dask worker` and wait until the scheduler lists it."""
-        local = self.tmp / f"worker-{name}"
-        cache = self.tmp / f"cache-{name}"
-        env = {**os.environ, "CTXBUILD_CACHE_DIR": str(cache), **(env or {})}
-        proc = _start(name, [str(DASK), "worker", self.address, "--name", name, "--nthreads", str(nthreads),
-                             "--no-nanny", "--no-dashboard", "--resources", resources, "--local-directory", str(local),
-                             "--host", "127.0.0.1"], self.tmp, env)
-        proc.local_dir = local
-        self.workers[name] = proc
-        proc.address = self._wait_for_worker(proc)
-        return proc
+    def add_workers(self, specs: dict[str, tuple[str, dict[str, str] | None]], nthreads: int = 1) -> None:
+        """Start a `dask worker` per name -> (resources, extra environment); wait until the scheduler lists
+        them all. Workers on one host share a ctxbuild cache dir, as they would share ~/.cache."""
+        started = []
+        for name, (resources, extra) in specs.items():
+            local = self.tmp / f"worker-{name}"
+            env = {**os.environ, "CTXBUILD_CACHE_DIR": str(self.tmp / "worker-cache"), **(extra or {})}
+            proc = _start(name, [str(DASK), "worker", self.address, "--name", name, "--nthreads", str(nthreads),
+                                 "--no-nanny", "--no-dashboard", "--resources", resources, "--local-directory",
+                                 str(local), "--host", "127.0.0.1"], self.tmp, env)
+            proc.local_dir = local
+            self.workers[name] = proc
+            started.append(proc)
+        for proc in started:
+            proc.address = self._wait_for_worker(proc)
 
     def _wait_for_worker(self, proc: Proc) -> str:
         from distributed import Client
@@ -73,17 +76,14 @@ class Cluster:
     def scratch_dirs(self, name: str, pattern: str) -> list[Path]:
         """A worker's ctxbuild task directories (named after the action's spec) matching `pattern`."""
         local = self.workers[name].local_dir
-        return sorted(local.rglob(f"ctxbuild/{pattern}")) if local and local.exists() else []
+        try:  # task dirs come and go while we look
+            return sorted(local.glob(f"dask-scratch-space/worker-*/ctxbuild/{pattern}")) if local else []
+        except FileNotFoundError:
+            return []
 
     def stop(self) -> None:
+        """SIGKILL every process group: nothing of the cluster outlives a test, and no graceful wait."""
         for p in [*self.workers.values(), self.scheduler]:
-            if p.popen.poll() is None:
-                p.popen.send_signal(signal.SIGTERM)
-        for p in [*self.workers.values(), self.scheduler]:
-            try:
-                p.popen.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
             p.kill()
 
 

@@ -4,6 +4,7 @@ handshake and ~1 s of imports each). Each request becomes one Dask future; a req
 process goes away (ninja interrupted) cancels its future, and leaving the build cancels them all."""
 from __future__ import annotations
 
+import logging
 import os
 import select
 import shutil
@@ -18,12 +19,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..errors import ExecutorUnavailable, UsageError
 from . import resources, wire
 from .submit import FALLBACK_ENV, FARM_ENV
 
-CONNECT_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
 WORKERS_TIMEOUT_S = 30.0
 # A scheduler connection that stays down this long fails the actions waiting on it.
 RECONNECT_GRACE_S = 10.0
@@ -62,7 +64,13 @@ def running(address: str, *, store: dict[str, Any], build_id: str, fallback: str
         raise UsageError("--executor needs dask and distributed", "pip install 'ctxbuild[farm]'") from None
     from .task import PLUGIN_NAME, FarmPlugin
 
+    # Dask logs connection trouble with tracebacks on stderr; the build reports it in one line per action.
+    for name in ["distributed", *logging.root.manager.loggerDict]:
+        if name.startswith("distributed"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
     try:
+        _probe(address)
         client = Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
     except (OSError, TimeoutError, ValueError) as e:
         reason = f"the Dask scheduler at {address} is unreachable ({str(e).splitlines()[0][:200]})"
@@ -146,6 +154,8 @@ class _Gateway:
                     return {"status": "failed", "cause": f"Dask workers died each time they ran {action['id']}; "
                             "not retrying it again (distributed.scheduler.allowed-failures)"}
                 except Exception as e:  # noqa: BLE001 - cancelled, or lost with the scheduler
+                    if "connection-lost" in str(e) or self.client.status != "running":
+                        return _unavailable(f"the Dask scheduler at {self.address} went away")
                     return _unavailable(f"the Dask scheduler at {self.address} lost {action['id']} "
                                         f"({type(e).__name__}: {str(e)[:200]})")
                 if _hung_up(conn):
@@ -185,6 +195,13 @@ class _Gateway:
             except Exception:  # noqa: BLE001 - the scheduler is gone: nothing left to cancel
                 pass
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _probe(address: str) -> None:
+    """A refused TCP connection fails at once here; the dask Client would retry it until its timeout."""
+    parts = urlsplit(address)
+    if parts.scheme == "tcp" and parts.hostname and parts.port:
+        socket.create_connection((parts.hostname, parts.port), timeout=CONNECT_TIMEOUT_S).close()
 
 
 def _hung_up(conn: socket.socket) -> bool:

@@ -45,8 +45,10 @@ def run_on_farm(action: Action, key: str, components: dict[str, Any], discovered
     if reply.get("log"):
         os.write(1, reply["log"].encode())  # the worker's log becomes this action's log (fd 1 is captured)
     where = f" on {reply['worker']}" if reply.get("worker") else ""
+    if reply["status"] == "unavailable":
+        raise ActionError(reply["cause"], "start it again and rebuild, or pass --executor-fallback local")
     if reply["status"] != "ok":
-        raise ActionError(f"{reply['cause']}", f"ran{where}" if where else None, details=reply.get("details"))
+        raise ActionError(reply["cause"], f"ran{where}" if where else None, details=reply.get("details"))
     dest = {r: Path(p) for r, p in action.outputs.items()}
     hit = cache.lookup(key)
     if hit is None or not cache.restore(hit, dest):
