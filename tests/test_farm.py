@@ -237,6 +237,32 @@ def test_unreachable_scheduler_is_a_clear_error_or_falls_back(tmp_path: Path, ex
     assert r.returncode == 0, r.stderr
     assert "building locally" in r.stderr
     assert all("farm" not in rec for rec in records(tmp_path / "out").values())
+    # `executor:` in _defaults.yaml, next to `cache:`; a malformed one is a recipe error (exit 2).
+    defaults = tree / "_defaults.yaml"
+    base = defaults.read_text()
+    defaults.write_text(base + f"executor: {dead}\ncache: {{remote: {remote}}}\n")
+    r = _run(args[:-2], tmp_path / "cache")
+    assert r.returncode == 1 and f"the Dask scheduler at {dead} is unreachable" in r.stderr, r.stderr
+    defaults.write_text(base + "executor: 127.0.0.1:8786\n")
+    r = _run(args[:-2], tmp_path / "cache")
+    assert r.returncode == 2 and "_defaults.yaml" in r.stderr and "executor" in r.stderr, r.stderr
+
+
+def test_task_resources_follow_the_cluster() -> None:
+    from ctxbuild.farm import resources
+
+    fp = {"onnxruntime": "1", "qnn_sdk": "v2"}
+    workers = {"a": {"nthreads": 4, "resources": {"qnn": 1, "mem_gb": 8}}, "b": {"nthreads": 2, "resources": {}}}
+    assert resources.slots(workers) == 1 + 2
+    big = resources.largest(workers)
+    want = resources.task_resources("compile", fp, 4 << 30, big)
+    assert want == {resources.toolchain_resource(fp): 1, "qnn": 1, "mem_gb": 8.0}  # capped at the biggest worker
+    small = resources.task_resources("prepare", fp, 1 << 20, big)
+    assert "qnn" not in small and small["mem_gb"] == resources.estimate_mem_gb("prepare", 1 << 20)
+    assert resources.estimate_mem_gb("prepare", 1 << 30) < resources.estimate_mem_gb("compile", 1 << 30)
+    # A cluster without the resources: only the toolchain is asked for (else the task would wait forever).
+    assert resources.task_resources("compile", fp, 1 << 30, {}) == {resources.toolchain_resource(fp): 1}
+    assert resources.toolchain_resource(fp) != resources.toolchain_resource({**fp, "qnn_sdk": "v3"})
 
 
 def test_scheduler_gone_mid_build_fails_clearly(tmp_path: Path, example_models: Path, cluster: Cluster,

@@ -30,6 +30,7 @@ WORKERS_TIMEOUT_S = 30.0
 # A scheduler connection that stays down this long fails the actions waiting on it.
 RECONNECT_GRACE_S = 10.0
 _POLL_S = 0.2
+WORKERS_TTL_S = 2.0
 
 
 @dataclass
@@ -101,6 +102,7 @@ class _Gateway:
     def __init__(self, client: Any, address: str, store: dict[str, Any], build_id: str) -> None:
         self.client, self.address, self.store, self.build_id = client, address, store, build_id
         self._futures: set[Any] = set()
+        self._workers: tuple[float, dict[str, dict[str, Any]]] | None = None
         self._lock = threading.Lock()
         self._dir = tempfile.mkdtemp(prefix="ctxbuild-g-")  # private (0700), short (AF_UNIX path limit)
         self.path = os.path.join(self._dir, "s")
@@ -119,8 +121,13 @@ class _Gateway:
         self._thread = threading.Thread(target=self._server.serve_forever, name="ctxbuild-gateway", daemon=True)
         self._thread.start()
 
-    def workers(self) -> dict[str, dict[str, Any]]:
-        return self.client.scheduler_info(n_workers=-1)["workers"]
+    def workers(self, fresh: bool = True) -> dict[str, dict[str, Any]]:
+        """The scheduler's view of the workers; `fresh=False` reuses one up to WORKERS_TTL_S old (one round
+        trip to the scheduler fewer per action)."""
+        with self._lock:
+            if fresh or self._workers is None or time.monotonic() - self._workers[0] > WORKERS_TTL_S:
+                self._workers = (time.monotonic(), self.client.scheduler_info(n_workers=-1)["workers"])
+            return self._workers[1]
 
     def run(self, req: dict[str, Any], conn: socket.socket) -> dict[str, Any] | None:
         """Submit one action and wait for it; None if the asking process hung up (its future is cancelled)."""
@@ -131,10 +138,12 @@ class _Gateway:
         action = req["action"]
         wanted = resources.toolchain_resource(req["fingerprint"])
         try:
-            workers = self.workers()
+            workers = self.workers(fresh=False)
+            if not _offered(wanted, workers):  # a worker may have joined since
+                workers = self.workers()
         except Exception as e:  # noqa: BLE001 - the scheduler went away between two actions
             return _unavailable(f"the Dask scheduler at {self.address} went away ({type(e).__name__})")
-        if not any(wanted in (w.get("resources") or {}) for w in workers.values()):
+        if not _offered(wanted, workers):
             return {"status": "failed", "cause": self._no_toolchain(req["fingerprint"])}
         task = {**req, "store": self.store, "build_id": self.build_id}
         future = self.client.submit(
@@ -195,6 +204,10 @@ class _Gateway:
             except Exception:  # noqa: BLE001 - the scheduler is gone: nothing left to cancel
                 pass
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _offered(resource: str, workers: dict[str, dict[str, Any]]) -> bool:
+    return any(resource in (w.get("resources") or {}) for w in workers.values())
 
 
 def _probe(address: str) -> None:

@@ -155,7 +155,8 @@ def _run_in(task_dir: Path, req: dict[str, Any], root: Path) -> dict[str, Any]:
         return {"status": "failed", "cause": f"the worker computed action key {record['key'][:16]}, the submitting "
                                              f"side {req['key'][:16]}: {json.dumps(record['key_detail'])[:500]}"}
     cache = Cache(local, remote)
-    if not cache.publish(record["key"]):
+    uploaded = record.get("source") == "run" and not record.get("cache_warnings")  # the runner stored it remotely
+    if not uploaded and not cache.publish(record["key"]):
         return {"status": "error", "cause": "could not upload the outputs to the remote cache: "
                                             + ("; ".join(cache.warnings) or "unknown reason")}
     return {"status": "ok", "facts": {k: v for k, v in record.items() if k not in _RECORD_FIELDS}}
