@@ -207,6 +207,7 @@ def test_deterministic_failure_is_not_retried(tmp_path: Path, example_models: Pa
     r = _run(_farm_args(tree, tmp_path / "out", cluster, remote, "--only", "bad"), tmp_path / "cache")
     assert r.returncode == 1
     assert "QNN cannot run 1 node(s): find_nonzero (NonZero)" in r.stderr, r.stderr
+    assert "dask-scratch-space" not in r.stderr  # the worker's scratch paths are mapped back to ours
     rec = records(tmp_path / "out")["compile/bad@SM8650"]
     assert rec["status"] == "failed"
     from distributed import Client

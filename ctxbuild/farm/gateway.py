@@ -150,15 +150,16 @@ class _Gateway:
             run_action, task, key=f"ctxbuild-{action['id']}-{uuid.uuid4().hex[:8]}", pure=False, retries=0,
             resources=resources.task_resources(action["kind"], req["fingerprint"], req["input_bytes"],
                                                resources.largest(workers)))
+        done = threading.Event()
+        future.add_done_callback(lambda _: done.set())  # waiting on it costs no round trip to the client loop
         with self._lock:
             self._futures.add(future)
         down_since = None
         try:
             while True:
                 try:
-                    return future.result(timeout=_POLL_S)
-                except TimeoutError:
-                    pass
+                    if done.wait(_POLL_S):
+                        return future.result()
                 except KilledWorker:
                     return {"status": "failed", "cause": f"Dask workers died each time they ran {action['id']}; "
                             "not retrying it again (distributed.scheduler.allowed-failures)"}

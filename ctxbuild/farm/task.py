@@ -145,12 +145,16 @@ def _run_in(task_dir: Path, req: dict[str, Any], root: Path) -> dict[str, Any]:
         code = run_via_worker(str(spec), _fork_server(root)[WORKER_ENV], fds=(console.fileno(), console.fileno()),
                               env=env)
     record = _read_json(record_path(out, action["id"]))
+
+    def as_submitted(text: str) -> str:  # messages name the submitter's paths, not this scratch dir's
+        return text.replace(str(inputs), "").replace(str(out), req["out"])
+
     if code is None or record is None:
         return {"status": "error", "cause": f"the action process on the worker did not finish (exit {code})",
-                "log": _tail(task_dir / "console.txt")}
+                "log": as_submitted(_tail(task_dir / "console.txt"))}
     if record["status"] != "ok":
-        return {"status": "failed", "cause": record.get("cause", "failed"), "details": record.get("result"),
-                "log": _tail(out / record["log"])}
+        return {"status": "failed", "cause": as_submitted(record.get("cause", "failed")),
+                "details": record.get("result"), "log": as_submitted(_tail(out / record["log"]))}
     if record["key"] != req["key"]:  # same content, same toolchain: a path leaked into the key somewhere
         return {"status": "failed", "cause": f"the worker computed action key {record['key'][:16]}, the submitting "
                                              f"side {req['key'][:16]}: {json.dumps(record['key_detail'])[:500]}"}
