@@ -95,6 +95,9 @@ def running(address: str, *, store: dict[str, Any], build_id: str, fallback: str
     finally:
         if gateway is not None:
             gateway.close()
+            if gateway.gone and fallback == "local":  # each action's log says so too; the user sees it once
+                print(f"ctxbuild: warning: the Dask scheduler at {address} went away during the build; the "
+                      "actions after that ran locally (--executor-fallback local)", file=sys.stderr)
         client.close()
 
 
@@ -103,6 +106,7 @@ class _Gateway:
         self.client, self.address, self.store, self.build_id = client, address, store, build_id
         self._futures: set[Any] = set()
         self._workers: tuple[float, dict[str, dict[str, Any]]] | None = None
+        self.gone = False  # the scheduler went away: later actions are told at once
         self._lock = threading.Lock()
         self._dir = tempfile.mkdtemp(prefix="ctxbuild-g-")  # private (0700), short (AF_UNIX path limit)
         self.path = os.path.join(self._dir, "s")
@@ -137,12 +141,14 @@ class _Gateway:
 
         action = req["action"]
         wanted = resources.toolchain_resource(req["fingerprint"])
+        if self.gone or self.client.status != "running":  # no waiting out a reconnect per action
+            return self._went_away()
         try:
             workers = self.workers(fresh=False)
             if not _offered(wanted, workers):  # a worker may have joined since
                 workers = self.workers()
-        except Exception as e:  # noqa: BLE001 - the scheduler went away between two actions
-            return _unavailable(f"the Dask scheduler at {self.address} went away ({type(e).__name__})")
+        except Exception:  # noqa: BLE001 - the scheduler went away between two actions
+            return self._went_away()
         if not _offered(wanted, workers):
             return {"status": "failed", "cause": self._no_toolchain(req["fingerprint"])}
         task = {**req, "store": self.store, "build_id": self.build_id}
@@ -165,7 +171,7 @@ class _Gateway:
                             "not retrying it again (distributed.scheduler.allowed-failures)"}
                 except Exception as e:  # noqa: BLE001 - cancelled, or lost with the scheduler
                     if "connection-lost" in str(e) or self.client.status != "running":
-                        return _unavailable(f"the Dask scheduler at {self.address} went away")
+                        return self._went_away()
                     return _unavailable(f"the Dask scheduler at {self.address} lost {action['id']} "
                                         f"({type(e).__name__}: {str(e)[:200]})")
                 if _hung_up(conn):
@@ -175,12 +181,16 @@ class _Gateway:
                     down_since = down_since or time.monotonic()
                     if time.monotonic() - down_since > RECONNECT_GRACE_S:
                         future.cancel()
-                        return _unavailable(f"the Dask scheduler at {self.address} went away")
+                        return self._went_away()
                 else:
                     down_since = None
         finally:
             with self._lock:
                 self._futures.discard(future)
+
+    def _went_away(self) -> dict[str, Any]:
+        self.gone = True
+        return _unavailable(f"the Dask scheduler at {self.address} went away")
 
     def _no_toolchain(self, fp: dict[str, Any]) -> str:
         from .task import worker_fingerprints

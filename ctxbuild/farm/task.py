@@ -30,6 +30,7 @@ from ..client import ENV as WORKER_ENV, run_via_worker
 from ..errors import CacheError
 from ..layout import STATE, cache_dir, record_path, spec_name
 from .resources import TOOLCHAIN_CAPACITY, toolchain_resource
+from .submit import FALLBACK_ENV, FARM_ENV
 
 PLUGIN_NAME = "ctxbuild-farm"
 LOG_TAIL_BYTES = 64 << 10
@@ -38,7 +39,7 @@ _RECORD_FIELDS = frozenset({"id", "kind", "recipes", "target", "build_id", "star
                             "source", "cache_origin", "outputs", "status", "warnings", "cache_warnings", "seconds",
                             "finished", "log", "result", "graph_names", "cause"})
 # Variables of the submitting side that must not reach the worker's runner (it would submit again).
-_DROP_ENV = ("CTXBUILD_FARM", "CTXBUILD_EXECUTOR", "CTXBUILD_NO_CACHE", "CTXBUILD_REMOTE_READ_ONLY", WORKER_ENV)
+_DROP_ENV = (FARM_ENV, FALLBACK_ENV, "CTXBUILD_NO_CACHE", "CTXBUILD_REMOTE_READ_ONLY", WORKER_ENV)
 
 _lock = threading.Lock()
 _server: dict[str, Any] = {}  # this worker process's fork server: {"env": {...}, "stack": ExitStack}
