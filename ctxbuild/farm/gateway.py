@@ -88,7 +88,12 @@ def running(address: str, *, store: dict[str, Any], build_id: str, fallback: str
         except TimeoutError:
             raise ExecutorUnavailable(f"the Dask scheduler at {address} has no workers",
                                       "start some: dask worker " + address) from None
-        client.register_plugin(FarmPlugin(), name=PLUGIN_NAME)  # on every worker, present and future
+        try:
+            client.register_plugin(FarmPlugin(), name=PLUGIN_NAME)  # on every worker, present and future
+        except Exception as e:  # noqa: BLE001 - e.g. a worker without ctxbuild cannot unpickle the plugin
+            raise ExecutorUnavailable(f"could not set up ctxbuild on the Dask workers of {address}: "
+                                      f"{type(e).__name__}: {str(e)[:200]}",
+                                      "install ctxbuild[farm] (same version) on every worker") from None
         gateway = _Gateway(client, address, store, build_id)
         yield Farm({FARM_ENV: gateway.path, **({FALLBACK_ENV: fallback} if fallback else {})},
                    resources.slots(gateway.workers()))
@@ -114,11 +119,13 @@ class _Gateway:
 
         class Handler(socketserver.BaseRequestHandler):
             def handle(self) -> None:
-                req = wire.recv(self.request)
-                if req is not None:
-                    reply = gateway.run(req, self.request)
+                try:
+                    req = wire.recv(self.request)
+                    reply = gateway.run(req, self.request) if req is not None else None
                     if reply is not None:
                         wire.send(self.request, reply)
+                except OSError:  # the action process went away (ninja interrupted): nobody to answer
+                    pass
 
         self._server = socketserver.ThreadingUnixStreamServer(self.path, Handler)
         self._server.daemon_threads = True

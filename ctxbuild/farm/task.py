@@ -86,11 +86,11 @@ def _fork_server(root: Path) -> dict[str, str]:
 
 
 def _alive(pid: int) -> bool:
+    """The fork server is our child: a dead one is a zombie until reaped, which kill(pid, 0) calls alive."""
     try:
-        os.kill(pid, 0)
-    except OSError:
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:  # reaped already, or not ours
         return False
-    return True
 
 
 def run_action(req: dict[str, Any]) -> dict[str, Any]:
