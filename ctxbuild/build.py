@@ -11,6 +11,7 @@ import shutil
 import sys
 import time
 import uuid
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,10 @@ from .errors import CtxbuildError, UsageError
 from .layout import STATE, cache_dir, record_path, spec_name
 from .manifest import read_records, write as write_manifest
 from .suggest import did_you_mean
+
+
+# With an executor, ninja's -j (the cluster's slots) and Dask's resources bound compiles, not a local pool.
+FARM_COMPILE_JOBS = 1024
 
 
 @dataclass
@@ -38,6 +43,8 @@ class BuildOptions:
     verify_only: bool = False  # `ctxbuild verify`: only the verify edges (and what they need)
     cache_env: dict[str, str] = field(default_factory=dict)
     memory_budget: int | None = None  # bytes concurrent actions may use (default: available at start)
+    executor: str | None = None  # a Dask scheduler address, or "local"
+    executor_fallback: str | None = None  # "local": build here when the scheduler is unreachable
 
 
 def default_compile_jobs() -> int:
@@ -148,11 +155,19 @@ def _build(opts: BuildOptions) -> int:
     build_id = uuid.uuid4().hex
     env = {"CTXBUILD_BUILD_ID": build_id, **opts.cache_env}
     # The worker imports onnxruntime while the driver plans: the two overlap on a cold build.
-    with worker.running(opts.out / STATE / "worker.log") as w_env:
+    with worker.running(opts.out / STATE / "worker.log") as w_env, ExitStack() as farm_stack:
+        # Known before planning where possible: with an executor, the compile pool follows the cluster.
+        address = _executor(opts, None if opts.executor or os.environ.get("CTXBUILD_EXECUTOR")
+                            else ninja.read_state(opts.out, "plan.json"))
         state = ensure_planned(opts)
+        if address is None and (address := _executor(opts, state)) is not None:  # first build with `executor:`
+            state = ensure_planned(opts)
         targets = ninja_targets(state, opts)
         env.update(_cache_settings(state.get("cache", {}), env))
         _check_remote_url({**os.environ, **env})
+        if address is not None and not opts.dry_run:
+            state, jobs_default = _start_farm(opts, address, farm_stack, env, build_id, state)
+            opts.jobs = opts.jobs or jobs_default
         versions = toolchain.summary(opts.out / STATE)
         if not opts.dry_run:
             _note_toolchain(opts.out, state)
@@ -182,6 +197,32 @@ def _build(opts: BuildOptions) -> int:
             print("ctxbuild: ninja failed before running an action (see above)", file=sys.stderr)
         return 1
     return 0
+
+
+def _executor(opts: BuildOptions, state: dict[str, Any] | None) -> str | None:
+    """The executor address (flag, environment, or `executor:` in the plan's defaults); sets the compile pool."""
+    from .farm.gateway import executor_address
+
+    address = executor_address(opts.executor, (state or {}).get("cache", {}))
+    if address is not None and opts.compile_jobs is None:
+        opts.compile_jobs = FARM_COMPILE_JOBS
+    return address
+
+
+def _start_farm(opts: BuildOptions, address: str, stack: ExitStack, env: dict[str, str], build_id: str,
+                state: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    """Connect for the build; returns the (possibly re-planned) state and ninja's -j (the cluster's slots)."""
+    from .farm import gateway
+
+    store = gateway.check_data_plane({**os.environ, **env})
+    fallback = opts.executor_fallback or os.environ.get("CTXBUILD_EXECUTOR_FALLBACK")
+    farm = stack.enter_context(gateway.running(address, store=store, build_id=build_id, fallback=fallback))
+    if farm is None:  # unreachable, and the user asked to build locally: the local compile pool again
+        if opts.compile_jobs == FARM_COMPILE_JOBS:
+            opts.compile_jobs = None
+        return ensure_planned(opts), None
+    env.update(farm.env)
+    return state, farm.slots
 
 
 def _cache_settings(defaults: dict[str, Any], env: dict[str, str]) -> dict[str, str]:
@@ -233,6 +274,8 @@ def _explain(r: dict[str, Any]) -> str:
         return f"failed: {r.get('cause')}"
     if r.get("source") == "cache":
         src = "restored from cache" + (" (remote)" if r.get("cache_origin") == "remote" else "")
+    elif r.get("cache_origin") == "farm":
+        src = f"ran on {r.get('farm', {}).get('worker')}: not in cache"
     elif r.get("cache_origin") == "off":
         src = "ran: cache disabled"
     else:

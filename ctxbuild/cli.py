@@ -44,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--explain", action="store_true", help="say why each action ran or was restored")
     b.add_argument("--no-verify", action="store_true", help="skip simulator verification of the artifacts")
     _cache_args(b)
+    _executor_args(b)
 
     v = sub.add_parser("verify", help="run only the verification of built artifacts (cached results reused)")
     _paths_out(v)
@@ -52,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--target", action="append", default=[], metavar="NAME", help="with --layers: only this target")
     v.add_argument("--samples", type=int, metavar="N", help="with --layers: samples to run (default: verify's)")
     _cache_args(v)
+    _executor_args(v)
 
     i = sub.add_parser("inspect", help="describe a context binary (.bin) or EPContext model (_ctx.onnx)")
     i.add_argument("file", type=Path, help="a context binary, or an EPContext model (followed to its binary)")
@@ -118,6 +120,13 @@ def _cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", type=Path, help="local cache (default: $CTXBUILD_CACHE_DIR or XDG cache)")
     p.add_argument("--remote-cache", metavar="URL", help="HTTP cache with /ac and /cas (or $CTXBUILD_REMOTE_CACHE)")
     p.add_argument("--remote-read-only", action="store_true", help="never upload (untrusted builds)")
+
+
+def _executor_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--executor", metavar="ADDRESS",
+                   help="run actions on a Dask cluster, e.g. tcp://host:8786 (or $CTXBUILD_EXECUTOR; default: local)")
+    p.add_argument("--executor-fallback", choices=["fail", "local"],
+                   help="if the cluster is unreachable: fail (default) or build locally ($CTXBUILD_EXECUTOR_FALLBACK)")
 
 
 def _cache_env(args: argparse.Namespace) -> dict[str, str]:
@@ -191,7 +200,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return build(BuildOptions(paths=args.paths, out=args.out, jobs=args.jobs, keep_going=args.keep_going,
                                   targets=args.target, only=args.only, dry_run=args.dry_run,
                                   compile_jobs=args.compile_jobs, explain=args.explain, verify=not args.no_verify,
-                                  cache_env=_cache_env(args), memory_budget=_size(args.memory_budget)))
+                                  cache_env=_cache_env(args), memory_budget=_size(args.memory_budget),
+                                  executor=args.executor, executor_fallback=args.executor_fallback))
     if args.cmd == "verify" and args.layers:
         from .layers_cli import main as layers
 
@@ -201,7 +211,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .build import BuildOptions, build
 
         return build(BuildOptions(paths=args.paths, out=args.out, jobs=args.jobs, verify_only=True,
-                                  cache_env=_cache_env(args)))
+                                  cache_env=_cache_env(args), executor=args.executor,
+                                  executor_fallback=args.executor_fallback))
     if args.cmd == "inspect":
         from .contextbin import describe, format_text
 

@@ -18,15 +18,17 @@ ENV = "CTXBUILD_WORKER"
 _CONNECT_WAIT_S = 30.0  # the worker imports for ~0.5 s after the driver starts it; first clients wait
 
 
-def encode_request(spec: str) -> bytes:
+def encode_request(spec: str, env: dict | None = None) -> bytes:
     """Length-prefixed marshal of {spec, cwd, env}; the worker decodes it (a private 0700 socket)."""
-    body = marshal.dumps({"spec": os.path.abspath(spec), "cwd": os.getcwd(), "env": dict(os.environ)})
+    body = marshal.dumps({"spec": os.path.abspath(spec), "cwd": os.getcwd(),
+                          "env": dict(os.environ) if env is None else env})
     return _struct.pack("!I", len(body)) + body
 
 
-def run_via_worker(spec: str) -> int | None:
-    """Run the action in a child of the worker; None if there is no usable worker."""
-    target = os.environ.get(ENV)
+def run_via_worker(spec: str, target: str | None = None, fds: tuple = (1, 2), env: dict | None = None) -> int | None:
+    """Run the action in a child of the worker; None if there is no usable worker. The farm's Dask task
+    (farm/task.py) names its worker, console file and environment; ninja's edges use the defaults."""
+    target = target or os.environ.get(ENV)
     if not target:
         return None
     sock_path, _, pid = target.rpartition(":")
@@ -35,8 +37,8 @@ def run_via_worker(spec: str) -> int | None:
         return None
     try:
         # ninja's pipe (our stdout/stderr) goes to the action process: its output reaches ninja directly.
-        conn.sendmsg([encode_request(spec)],
-                     [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array("i", [1, 2]).tobytes())])
+        conn.sendmsg([encode_request(spec, env)],
+                     [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array("i", list(fds)).tobytes())])
         data = b""
         while len(data) < 4:
             chunk = conn.recv(4 - len(data))

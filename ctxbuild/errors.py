@@ -66,3 +66,9 @@ class CorruptEntry(CacheError):
     def __init__(self, message: str, hint: str | None = None, digest: str | None = None) -> None:
         super().__init__(message, hint)
         self.digest = digest  # the bad blob's name: the rebuilt content is uploaded over it
+
+
+class ExecutorUnavailable(CtxbuildError):
+    """The remote executor (a Dask scheduler) cannot be reached or has no workers."""
+
+    exit_code = 1

@@ -52,12 +52,14 @@ def estimate(action: Any) -> int:
             size += weight_bytes(p) if action.kind == "prepare" else p.stat().st_size
         except OSError:
             continue  # missing input: the action reports it
-    if action.kind == "prepare" and not action.params.get("optimize", True):
-        factor = PREPARE_STREAMED_FACTOR
-    else:
-        factor = PRECISION_FACTORS.get((action.kind, action.params.get("precision", "")),
-                                       FACTORS.get(action.kind, max(FACTORS.values())))
-    return BASE + int(factor * size)
+    return BASE + int(factor(action.kind, action.params) * size)
+
+
+def factor(kind: str, params: dict[str, Any]) -> float:
+    """Peak RSS per byte of weights read, for an action of `kind` with `params` (the fits above)."""
+    if kind == "prepare" and not params.get("optimize", True):
+        return PREPARE_STREAMED_FACTOR
+    return PRECISION_FACTORS.get((kind, params.get("precision", "")), FACTORS.get(kind, max(FACTORS.values())))
 
 
 def meminfo() -> dict[str, int]:

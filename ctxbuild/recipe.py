@@ -156,6 +156,8 @@ def _defaults_for(directory: Path, root: Path, memo: dict, files: list[Path]
         for g, members in data.get("target_groups", {}).items():
             groups[g] = [(m, f, line_of(data, ["target_groups", g, i])) for i, m in enumerate(members)]
         cache.update(data.get("cache", {}))
+        if "executor" in data:  # rides with the cache settings: the remote cache is the executor's data plane
+            cache["executor"] = data["executor"]
     memo[directory] = (defaults, groups, cache)
     return memo[directory]
 

@@ -123,6 +123,12 @@ def _restore_or_run(action: Action, kind: type[kinds.Kind], out: Path, tmp: Path
         sys.stdout.flush()
         os.write(1, cache.read_log(hit) or b"")
         return hit
+    farm = _run_on_farm(action, key, components, discovered, cache, out)
+    if farm is not None and _restored_ok(action, kind, cache):  # ran on the cluster, restored from the cache
+        record.update(farm.info)
+        record["source"] = "run"
+        record["cache_origin"] = "farm"
+        return farm.record
     need = _memory_estimate(action)
     record["memory_estimate"] = need
     memory.check_fits(need)
@@ -190,6 +196,16 @@ def _open_cache() -> Any:
     if problem:
         cache.warnings.append(problem)
     return cache
+
+
+def _run_on_farm(action: Action, key: str, components: dict[str, Any], discovered: dict[str, Path], cache: Any,
+                 out: Path) -> Any:
+    """On a build with an executor: run on the cluster, outputs restored from the cache; else None."""
+    if not os.environ.get("CTXBUILD_FARM"):
+        return None
+    from .farm.submit import run_on_farm
+
+    return run_on_farm(action, key, components, discovered, cache, out)
 
 
 def _key_components(action: Action, discovered: dict[str, Path], memo: DigestMemo, state: Path) -> dict[str, Any]:

@@ -70,6 +70,24 @@ class Cache:
                 self._guard(self._upload, record, outputs, log)
         return record
 
+    def publish(self, key: str) -> bool:
+        """Make sure the remote holds `key`'s record and blobs, uploading them from the local store (a hit
+        in this machine's local cache was never uploaded). False, with a warning, where it cannot."""
+        if self.remote is None or self.local is None or self.remote.read_only:
+            return False
+        if self._guard(self.remote.get_record, key) is not None:
+            return True
+        record = self._guard(self.local.get, key)
+        if record is None:
+            return False
+        blobs = {e.name: self.local.blob_path(e.digest) for e in record.outputs}
+        try:
+            self._upload(record, blobs, self.local.read_log(record))
+        except CacheError as e:
+            self._warn(str(e))
+            return False
+        return True
+
     def read_log(self, record: ActionRecord) -> bytes | None:
         log = self._guard(self.local.read_log, record) if self.local is not None else None
         if log is None and self.remote is not None and record.log_digest is not None:

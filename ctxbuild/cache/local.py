@@ -110,6 +110,13 @@ class LocalStore:
         except OSError as e:
             raise self._unavailable(e) from None
 
+    def copy_out(self, digest: str, dest: Path) -> bool:
+        """Create `dest` (must not exist) with the blob's content, checked; False if absent or corrupt."""
+        try:
+            return self._stage(OutputEntry(dest.name, digest, 0), dest)
+        except OSError as e:
+            raise self._unavailable(e) from None
+
     def _read(self, path: Path) -> bytes | None:
         """The file's bytes, None if absent; any other failure means the cache is unusable."""
         try:

@@ -1,0 +1,190 @@
+"""What runs on a Dask worker: fetch an action's inputs from the remote cache by digest into a private
+scratch dir, run the very same runner there (in a fresh process forked from a pre-imported ctxbuild
+worker, as locally: the QNN EP's output depends on a fresh process), and publish outputs + record to the
+remote cache. The reply is a small dict; every byte of data travels through the cache, none through Dask.
+
+The FarmPlugin (registered by the driver's gateway) advertises the worker's toolchain fingerprints as
+Dask resources, so the scheduler only places an action where the fingerprint in its key is the worker's
+own; run_action checks it again and fails with both fingerprints named.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from distributed import WorkerPlugin, get_worker
+
+from .. import toolchain
+from ..cache import Cache, LocalStore, RemoteStore
+from ..client import ENV as WORKER_ENV, run_via_worker
+from ..errors import CacheError
+from ..layout import STATE, cache_dir, record_path, spec_name
+from .resources import TOOLCHAIN_CAPACITY, toolchain_resource
+from .submit import FALLBACK_ENV, FARM_ENV
+
+PLUGIN_NAME = "ctxbuild-farm"
+LOG_TAIL_BYTES = 64 << 10
+# A record's fields the runner always writes; anything else is a measurement of the run (ctx.facts).
+_RECORD_FIELDS = frozenset({"id", "kind", "recipes", "target", "build_id", "started", "key", "key_detail", "why",
+                            "source", "cache_origin", "outputs", "status", "warnings", "cache_warnings", "seconds",
+                            "finished", "log", "result", "graph_names", "cause"})
+# Variables of the submitting side that must not reach the worker's runner (it would submit again).
+_DROP_ENV = (FARM_ENV, FALLBACK_ENV, "CTXBUILD_NO_CACHE", "CTXBUILD_REMOTE_READ_ONLY", WORKER_ENV)
+
+_lock = threading.Lock()
+_server: dict[str, Any] = {}  # this worker process's fork server: {"env": {...}, "stack": ExitStack}
+
+
+def scratch_root(worker: Any) -> Path:
+    return Path(worker.local_directory) / "ctxbuild"
+
+
+def fingerprints(state: Path) -> dict[str, dict[str, Any]]:
+    """The two toolchain fingerprints action keys carry: without (prepare, quantize) and with QNN."""
+    return {kind: toolchain.fingerprint(kind, state) for kind in ("prepare", "compile")}
+
+
+def worker_fingerprints(dask_worker: Any) -> dict[str, dict[str, Any]]:
+    """For `client.run`: what this worker advertises (error messages name it)."""
+    return fingerprints(scratch_root(dask_worker))
+
+
+class FarmPlugin(WorkerPlugin):
+    async def setup(self, worker: Any) -> None:
+        root = scratch_root(worker)
+        root.mkdir(parents=True, exist_ok=True)
+        # Started from the event loop's thread: the fork server dies with the thread that started it.
+        _fork_server(root)
+        fps = await asyncio.to_thread(fingerprints, root)
+        await worker.set_resources(**{toolchain_resource(fp): TOOLCHAIN_CAPACITY for fp in fps.values()})
+
+    # No teardown: the next build re-registers the plugin, and in-flight actions of another build still
+    # use the fork server. It ends with the worker process (it follows its parent).
+
+
+def _fork_server(root: Path) -> dict[str, str]:
+    from .. import worker as forkserver
+
+    with _lock:
+        env = _server.get("env")
+        if env is not None and _alive(int(env[WORKER_ENV].rpartition(":")[2])):
+            return env
+        stack = ExitStack()
+        env = stack.enter_context(forkserver.running(root / "forkserver.log"))
+        _server.update(env=env, stack=stack)
+        return env
+
+
+def _alive(pid: int) -> bool:
+    """The fork server is our child: a dead one is a zombie until reaped, which kill(pid, 0) calls alive."""
+    try:
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:  # reaped already, or not ours
+        return False
+
+
+def run_action(req: dict[str, Any]) -> dict[str, Any]:
+    """The Dask task. Never raises for the action's own failure: Dask would only retry it, and a failed
+    action fails the same way everywhere. A dead worker is Dask's business (it reschedules, bounded)."""
+    worker = get_worker()
+    root = scratch_root(worker)
+    started = time.monotonic()
+    info = {"worker": worker.address, "host": socket.gethostname()}
+    here = toolchain.fingerprint(req["action"]["kind"], root)
+    if here != req["fingerprint"]:
+        return {**info, "status": "failed",
+                "cause": f"toolchain mismatch: worker {worker.address} has {json.dumps(here, sort_keys=True)}, "
+                         f"the action's key needs {json.dumps(req['fingerprint'], sort_keys=True)}"}
+    task_dir = Path(tempfile.mkdtemp(prefix=f"{spec_name(req['action']['id'])[:-5]}.", dir=root))
+    try:
+        reply = _run_in(task_dir, req, root)
+    except CacheError as e:  # the data plane failed, not the action
+        reply = {"status": "error", "cause": f"on worker {worker.address}: {e}"}
+    finally:
+        shutil.rmtree(task_dir, ignore_errors=True)
+    return {**info, **reply, "seconds": round(time.monotonic() - started, 3)}
+
+
+def _run_in(task_dir: Path, req: dict[str, Any], root: Path) -> dict[str, Any]:
+    store = req["store"]
+    remote = RemoteStore(store["url"], token=os.environ.get(store["token_env"]) or None,
+                         timeout=store["timeout"])
+    local = LocalStore(cache_dir())  # this host's cache: an input shared by several actions is fetched once
+    inputs = task_dir / "in"
+    placed: dict[str, str] = {}
+    for path, digest in req["files"]:
+        dst = inputs / path.lstrip("/")  # mirrored: a model's external data and a _ctx.onnx's bin stay beside it
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if not (local.fetch_into(digest, partial(remote.fetch_blob, digest)) and local.copy_out(digest, dst)):
+            return {"status": "error", "cause": f"input {path} (sha256 {digest[:12]}) is not in the remote cache "
+                                                f"{remote.url}"}
+        placed[path] = str(dst)
+    action = dict(req["action"])
+    out, out_orig = task_dir / "out", Path(req["out"])
+    action["inputs"] = {role: placed[p] for role, p in action["inputs"].items()}
+    action["outputs"] = {role: str(out / _relative(Path(p), out_orig)) for role, p in action["outputs"].items()}
+    action["watch"] = [str(inputs / w.lstrip("/")) for w in action["watch"]]
+    for w in action["watch"]:
+        Path(w).mkdir(parents=True, exist_ok=True)
+    spec = out / STATE / "actions" / spec_name(action["id"])
+    spec.parent.mkdir(parents=True)
+    spec.write_text(json.dumps(action))
+    env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}
+    env.update(CTXBUILD_REMOTE_CACHE=store["url"], CTXBUILD_REMOTE_TOKEN_ENV=store["token_env"],
+               CTXBUILD_REMOTE_TIMEOUT=str(store["timeout"]), CTXBUILD_BUILD_ID=req.get("build_id") or "")
+    with open(task_dir / "console.txt", "wb") as console:
+        code = run_via_worker(str(spec), _fork_server(root)[WORKER_ENV], fds=(console.fileno(), console.fileno()),
+                              env=env)
+    record = _read_json(record_path(out, action["id"]))
+
+    def as_submitted(text: str) -> str:  # messages name the submitter's paths, not this scratch dir's
+        return text.replace(str(inputs), "").replace(str(out), req["out"])
+
+    if code is None or record is None:
+        return {"status": "error", "cause": f"the action process on the worker did not finish (exit {code})",
+                "log": as_submitted(_tail(task_dir / "console.txt"))}
+    if record["status"] != "ok":
+        return {"status": "failed", "cause": as_submitted(record.get("cause", "failed")),
+                "details": record.get("result"), "log": as_submitted(_tail(out / record["log"]))}
+    if record["key"] != req["key"]:  # same content, same toolchain: a path leaked into the key somewhere
+        return {"status": "failed", "cause": f"the worker computed action key {record['key'][:16]}, the submitting "
+                                             f"side {req['key'][:16]}: {json.dumps(record['key_detail'])[:500]}"}
+    cache = Cache(local, remote)
+    uploaded = record.get("source") == "run" and not record.get("cache_warnings")  # the runner stored it remotely
+    if not uploaded and not cache.publish(record["key"]):
+        return {"status": "error", "cause": "could not upload the outputs to the remote cache: "
+                                            + ("; ".join(cache.warnings) or "unknown reason")}
+    return {"status": "ok", "facts": {k: v for k, v in record.items() if k not in _RECORD_FIELDS}}
+
+
+def _relative(p: Path, out: Path) -> Path:
+    try:
+        return p.relative_to(out)
+    except ValueError:
+        return Path(p.name)
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - LOG_TAIL_BYTES))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
