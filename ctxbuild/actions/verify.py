@@ -143,7 +143,7 @@ def failures(result: dict[str, Any]) -> list[str]:
             out.append(f"output '{name}' cosine {m['cosine']:.4f} (min {t['min_cosine']}), "
                        f"SNR {m['snr_db']:.1f} dB (min {t['min_snr_db']})")
         for sl in m.get("slices") or []:
-            if sl["cosine"] < t["min_cosine"] or sl["snr_db"] < t["min_snr_db"]:
+            if not (sl["cosine"] >= t["min_cosine"] and sl["snr_db"] >= t["min_snr_db"]):
                 out.append(f"output '{name}' slice {sl['start']}:{sl['stop']} ({sl['slice']}, values up to "
                            f"{sl['range']:.3g}) cosine {sl['cosine']:.4f}, SNR {sl['snr_db']:.1f} dB")
     if result.get("bundle_signature_match") is False:

@@ -53,7 +53,7 @@ def run(ctx: Any) -> None:
         "coverage": verify.coverage(Path(a.inputs["ctx.ctx"]), Path(a.inputs["compiled"])),
         "clipping": clipping,
     }
-    failures = verify._failures(result)
+    failures = verify.failures(result)
     result["passed"] = not failures
     Path(ctx.tmp_output("result")).write_text(json.dumps(result, indent=2, sort_keys=True))
     if failures:
