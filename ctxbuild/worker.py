@@ -26,6 +26,7 @@ from typing import Iterator
 
 from . import memory
 from .client import ENV
+from .farm.wire import recv_exactly
 from .procs import die_with_parent
 
 
@@ -193,14 +194,8 @@ def _receive(conn: socket.socket) -> tuple[list[int], dict] | None:
     header, fds, _, _ = socket.recv_fds(conn, 4, 2)
     if len(header) < 4 or len(fds) != 2:
         return None
-    size = struct.unpack("!I", header)[0]
-    body = b""
-    while len(body) < size:
-        chunk = conn.recv(size - len(body))
-        if not chunk:
-            return None
-        body += chunk
-    return fds, marshal.loads(body)  # the socket is private (0700 dir)
+    body = recv_exactly(conn, struct.unpack("!I", header)[0])
+    return None if body is None else (fds, marshal.loads(body))  # the socket is private (0700 dir)
 
 
 def _estimate(req: dict) -> int:

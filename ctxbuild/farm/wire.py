@@ -14,14 +14,15 @@ def send(conn: socket.socket, obj: Any) -> None:
 
 def recv(conn: socket.socket) -> Any:
     """The next message; None if the peer closed the connection first."""
-    header = _exactly(conn, 4)
+    header = recv_exactly(conn, 4)
     if header is None:
         return None
-    body = _exactly(conn, struct.unpack("!I", header)[0])
+    body = recv_exactly(conn, struct.unpack("!I", header)[0])
     return None if body is None else json.loads(body)
 
 
-def _exactly(conn: socket.socket, n: int) -> bytes | None:
+def recv_exactly(conn: socket.socket, n: int) -> bytes | None:
+    """n bytes from a stream socket; None if the peer closed it first."""
     data = b""
     while len(data) < n:
         chunk = conn.recv(n - len(data))
