@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 
 from tests._sliced_model import write_tree
-from tests.conftest import records
 
 
 def _flat_calibration(tree: Path) -> None:
