@@ -10,20 +10,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.real_models import LINE_SHAPE, recognizer, write_text_lines
+from bench.real_models.inputs import write_samples
+from bench.real_models.models import MODELS, MissingModel, locate
 
 pytestmark = pytest.mark.slow
 
 
 def test_auto_finds_a_passing_candidate_for_the_text_recognizer(tmp_path: Path, ctxbuild) -> None:
-    model = recognizer()
-    if model is None:
-        pytest.skip("rapidocr-onnxruntime is not installed (pip install -e '.[real-models]')")
+    try:
+        model = locate("ppocr_rec")
+    except MissingModel as e:
+        pytest.skip(str(e))
+    rec = MODELS["ppocr_rec"]
     tree = tmp_path / "recipes"
-    write_text_lines(tree / "cal", 8, first_seed=0)
-    write_text_lines(tree / "ver", 4, first_seed=100)
+    write_samples("ppocr_rec", tree / "cal", 8, first_seed=0)
+    write_samples("ppocr_rec", tree / "ver", 4, first_seed=100)
     (tree / "rec.yaml").write_text(
-        f"model: {model}\ninputs: {{x: {list(LINE_SHAPE)}}}\nprecision: auto\ncalibration: {{dir: cal}}\n"
+        f"model: {model}\ninputs: {{{rec.input}: {list(rec.shape)}}}\nprecision: auto\ncalibration: {{dir: cal}}\n"
         "verify: {dir: ver, samples: 4, timeout_s: 1800}\ntargets: [SM8650]\n")
     out = tmp_path / "out"
     r = ctxbuild("build", str(tree), "-o", str(out), timeout=3600)
