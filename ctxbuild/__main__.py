@@ -1,9 +1,10 @@
+import os
 import sys
 
 try:
     from .cli import entry
-except KeyboardInterrupt:  # Ctrl-C while still importing: the same exit as later on
-    print("ctxbuild: interrupted", file=sys.stderr)
-    sys.exit(130)
+except KeyboardInterrupt:  # Ctrl-C while still importing: the same exit as later on (see cli.entry)
+    print("ctxbuild: interrupted", file=sys.stderr, flush=True)
+    os._exit(130)
 
 entry()

@@ -300,6 +300,13 @@ def entry() -> None:
     except BrokenPipeError:  # `ctxbuild targets | head`: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = 0
+    if code == 130:
+        # Interrupted. CPython remembers a KeyboardInterrupt that once escaped code it ran via PyRun_* (some
+        # library imports do) and then ends itself with SIGINT at exit (-2, measured 3 in 40 Ctrl-Cs while
+        # planning), whatever we return. Our cleanup is done: leave with our exit code.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
 
 
