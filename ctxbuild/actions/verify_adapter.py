@@ -92,11 +92,15 @@ def clipped_tensors(reference: Path, qdq_model: Path, feeds: list[dict[str, np.n
     from onnxruntime.quantization.qdq_loss_debug import collect_activations, modify_model_output_intermediate_tensors
 
     ranges = encodings(qdq_model)
-    # The debugger writes scratch files beside its input: work on a private link (see actions/quantize.py).
-    src, augmented = tmp / "reference.onnx", tmp / "augmented.onnx"
+    # The debugger writes scratch files beside its input: work on a private link of the proto, beside the
+    # model (onnx refuses external data that has several hard links), as actions/quantize.py does.
+    src, augmented = reference.with_name(f".clip-input-{os.getpid()}.onnx"), tmp / "augmented.onnx"
     os.link(reference, src)
-    ops = sorted({n.op_type for n in load(src, external_data=False).graph.node})
-    modify_model_output_intermediate_tensors(str(src), str(augmented), op_types_for_saving=ops)
+    try:
+        ops = sorted({n.op_type for n in load(src, external_data=False).graph.node})
+        modify_model_output_intermediate_tensors(str(src), str(augmented), op_types_for_saving=ops)
+    finally:
+        src.unlink()
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # collect_activations' default
     so.log_severity_level = 3  # the slots are overridable initializers: ORT warns about each
