@@ -180,7 +180,7 @@ def verification_note(recipe: Recipe) -> str | None:
         return None
     return (f"not verified: the model's weights ({_model_bytes(recipe) / 2**20:.0f} MB with external data) are over "
             f"the {VERIFY_DEFAULT_MAX_BYTES >> 20} MB up to which simulator runs are on by default (an 8-bit graph of "
-            "512 MB took 93 s per sample on the x86 simulator); set `verify: true` in the recipe to run it")
+            "512 MB took 93 s to verify one sample on the x86 simulator); set `verify: true` in the recipe to run it")
 
 
 def _model_bytes(recipe: Recipe) -> int:

@@ -12,6 +12,7 @@ import ctypes as C
 import io
 import json
 import math
+import mmap
 import os
 import struct
 import sys
@@ -779,14 +780,16 @@ def _extract(info: QnnSystemContext_BinaryInfo_t) -> dict[str, Any]:
 _COMMON_KEYS = ("backend_id", "backend", "build_id", "core_api_version", "backend_api_version", "graphs")
 
 
-def _context_info(data: bytes, label: str) -> dict[str, Any]:
+def _context_info(data: bytes | mmap.mmap, label: str) -> dict[str, Any]:
     """libQnnSystem's view of one plain context binary. May crash the process on corrupt input."""
     iface = _interface().v1
     handle = _Handle()
     if iface.systemContextCreate(C.byref(handle)) != QNN_SUCCESS:
         raise InspectError(f"{library_path()}: QnnSystemContext_create failed")
     try:
-        buf = (C.c_uint8 * len(data)).from_buffer_copy(data)
+        # A private file mapping is writable, so ctypes can use it in place: no copy of a multi-GB binary.
+        wrap = C.c_uint8 * len(data)
+        buf = wrap.from_buffer(data) if isinstance(data, mmap.mmap) else wrap.from_buffer_copy(data)
         info = C.POINTER(QnnSystemContext_BinaryInfo_t)()
         info_size = C.c_uint64()
         err = iface.systemContextGetBinaryInfo(handle, buf, len(data), C.byref(info), C.byref(info_size))
@@ -798,13 +801,14 @@ def _context_info(data: bytes, label: str) -> dict[str, Any]:
         return _extract(info.contents)
     finally:
         iface.systemContextFree(handle)
+        buf = None  # release the mapping now, even when a traceback keeps this frame: mmap.close() needs that
 
 
-def _zip_entries(data: bytes, label: str) -> list[tuple[str, bytes]]:
+def _zip_entries(data: bytes | mmap.mmap, label: str) -> list[tuple[str, bytes]]:
     """Entries of a multi-SoC container. QNN writes them stored with zero CRCs, so zipfile lists
     them but refuses to read them: take the bytes after each local header instead."""
     try:
-        infos = zipfile.ZipFile(io.BytesIO(data)).infolist()
+        infos = zipfile.ZipFile(io.BytesIO(data) if isinstance(data, bytes) else data).infolist()
     except (zipfile.BadZipFile, OSError) as e:
         raise InspectError(f"{label}: damaged multi-SoC container ({e})", "rebuild it") from e
     entries = []
@@ -819,7 +823,7 @@ def _zip_entries(data: bytes, label: str) -> list[tuple[str, bytes]]:
     return entries
 
 
-def binary_info_from_bytes(data: bytes, label: str = "<bytes>") -> dict[str, Any]:
+def binary_info_from_bytes(data: bytes | mmap.mmap, label: str = "<bytes>") -> dict[str, Any]:
     """Metadata of a context binary given as bytes (see `binary_info`)."""
     if not data:
         raise InspectError(f"{label}: file is empty", "rebuild the context binary")
@@ -854,10 +858,14 @@ def binary_info(path: Path) -> dict[str, Any]:
     containers, entries (name and size of each member).
     """
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return binary_info_from_bytes(b"", str(path))
+            # Mapped, not read: only the pages libQnnSystem touches become resident.
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as data:
+                return binary_info_from_bytes(data, str(path))
     except OSError as e:
         raise InspectError(f"{path}: cannot read: {e.strerror}", "check the path") from e
-    return binary_info_from_bytes(data, str(path))
 
 
 def main(argv: list[str]) -> int:

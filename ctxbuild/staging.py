@@ -25,18 +25,36 @@ ROOT = Path("/tmp")
 def fixed_dir(key: str) -> Iterator[Path]:
     """An empty directory /tmp/ctxbuild-stage-<key prefix>, exclusively ours until the block ends."""
     d = ROOT / f"ctxbuild-stage-{key[:24]}"
-    try:
-        lock = open(f"{d}.lock", "a")
-    except OSError as e:
-        raise ActionError(f"cannot lock {d}.lock: {e.strerror}", "remove it, or make /tmp writable") from None
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _locked(Path(f"{d}.lock")):
         shutil.rmtree(d, ignore_errors=True)  # a crashed run's leftovers
         d.mkdir()
         try:
             yield d
         finally:
-            shutil.rmtree(d, ignore_errors=True)  # the lock file stays: unlinking it would race a waiter
+            shutil.rmtree(d, ignore_errors=True)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """flock on `path`, removed afterwards. A waiter that wakes on a lock file already unlinked by the
+    holder sees another inode (or none) at `path` and tries again: the classic race-free pattern."""
+    while True:
+        try:
+            f = open(path, "a")
+        except OSError as e:
+            raise ActionError(f"cannot lock {path}: {e.strerror}", "remove it, or make /tmp writable") from None
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        f.close()
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        f.close()
 
 
 def link_model(model: Path, into: Path, name: str | None = None) -> Path:

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
 
 from ctxbuild import memory
+from ctxbuild.staging import fixed_dir
 from tests._big_models import matmul_chain
 from tests.conftest import last_build, records
 
@@ -105,3 +109,28 @@ def test_scheduler_keeps_running_estimates_within_the_budget() -> None:
     assert s.submit(20, "d") == []  # too big even alone: waits until nothing runs ...
     s.finished(2)
     assert s.finished(3) == [(20, "d")]  # ... then starts (and fails its own memory check)
+
+
+def _stage_worker(key: str, log: Any) -> None:
+    with fixed_dir(key) as d:
+        log.put(("in", os.getpid()))
+        (d / "x").write_text(str(os.getpid()))
+        time.sleep(0.2)
+        assert (d / "x").read_text() == str(os.getpid())
+        log.put(("out", os.getpid()))
+
+
+def test_fixed_dir_is_exclusive_per_key_and_leaves_nothing() -> None:
+    """Two OUT dirs compiling the same action at once take turns on its staging directory."""
+    key = hashlib.sha256(str(time.time()).encode()).hexdigest()
+    ctx = multiprocessing.get_context("fork")
+    log = ctx.Queue()
+    procs = [ctx.Process(target=_stage_worker, args=(key, log)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    events = [log.get(timeout=5) for _ in range(6)]
+    assert all(events[i] == ("in", events[i][1]) and events[i + 1] == ("out", events[i][1]) for i in range(0, 6, 2))
+    assert not list(Path("/tmp").glob(f"ctxbuild-stage-{key[:24]}*"))
