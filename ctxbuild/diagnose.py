@@ -60,12 +60,19 @@ def _reader(samples: list[dict[str, np.ndarray]]) -> Any:
 
 
 def _private(model: Path, tmp: Path, name: str) -> str:
-    """onnxruntime's quantization tools write scratch files beside their input: give them a private link."""
+    """onnxruntime's quantization tools write scratch files beside their input: give them a private link,
+    and copies of its external data files (onnx refuses data files that are links or have several links)."""
+    from .actions.modelio import external_data_files, load
+
     dst = tmp / name
     try:
         os.link(model, dst)
     except OSError:
         shutil.copyfile(model, dst)
+    for role, path in external_data_files(load(model, external_data=False), model).items():
+        data = tmp / role.removeprefix("external:")
+        if not data.exists():
+            shutil.copyfile(path, data)
     return str(dst)
 
 
