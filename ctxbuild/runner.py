@@ -34,7 +34,6 @@ class ActionContext:
         self.facts: dict[str, Any] = {}  # measurements of this run (timings) for the record, not the outputs
         self.cache: Any = None  # the build cache (None when off): verify memoizes simulator outputs in it
         self.key_components: dict[str, Any] = {}  # the action key's parts: input digests already computed
-        self.key = ""  # the action key: names staging.fixed_dir, so it must not depend on OUT
 
     def tmp_output(self, role: str) -> Path:
         """Temp path with the output's final file name (a _ctx.onnx names its bin by file name)."""
@@ -134,7 +133,7 @@ def _restore_or_run(action: Action, kind: type[kinds.Kind], out: Path, tmp: Path
     memory.check_fits(need)
     tmp.mkdir(parents=True, exist_ok=True)
     ctx = ActionContext(action, out, tmp, log)
-    ctx.cache, ctx.key_components, ctx.key = cache, components, key
+    ctx.cache, ctx.key_components = cache, components
     try:
         kind.module().run(ctx)
     finally:

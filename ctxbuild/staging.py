@@ -2,23 +2,35 @@
 
 Given a model *path*, the EP derives the graph (partition) name, and with it bits of the binary, from
 that path; a model given as bytes cannot carry external data (weights over 2 GB). So the model and its
-external data files are exposed, as links, under a directory whose name depends only on the action key:
+external data files are exposed, as links, under a directory named by the digest of those models alone:
 the same inputs give byte-identical outputs in any OUT directory (measured, onnxruntime-qnn 2.7.0).
-Two processes with the same key (two OUT dirs building at once) take turns on a lock file.
+Two processes staging the same models (two OUT dirs, or two actions, building at once) take turns on a lock.
 """
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from .errors import ActionError
 
 # Not $TMPDIR: the path ends up in the binary, so it must be the same on every machine.
 ROOT = Path("/tmp")
+
+
+def stage_name(key_components: dict[str, Any]) -> str:
+    """The staging directory's name: a digest of the models handed to the EP (roles `model...`), nothing
+    else. Two actions compiling the same model bytes (a plain build and a precision-search candidate, two
+    recipes) then see the same path and get the same binary; different models never share a directory."""
+    from .action import canonical_json
+
+    models = {r: d for r, d in key_components["inputs"].items() if r.startswith("model")}
+    return hashlib.sha256(canonical_json(models)).hexdigest()
 
 
 @contextmanager

@@ -87,13 +87,17 @@ def test_normalized_container_reads_and_loads_like_the_original(flex_tree: Path,
     # The same compile without ctxbuild's normalization: what QNN itself wrote. In a fresh process, as
     # ctxbuild compiles: an earlier compile in the same process changes QNN's output bytes.
     spec = json.loads((out / ".ctxbuild" / "actions" / spec_name(ACTION)).read_text())
+    record = json.loads((out / ".ctxbuild" / "records" / spec_name(ACTION)).read_text())
     raw_dir = tmp_path / "raw"
     raw_dir.mkdir()
+    # Staged as the compile action stages it (the EP puts the model's path into the binary).
     subprocess.run([sys.executable, "-c", "import sys, json; from pathlib import Path; from ctxbuild import toolchain; "
-                    "toolchain.compile_model(Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3]), "
-                    "embed=False, cpu_fallback=False)", spec["inputs"]["model"],
-                    str(raw_dir / "tiny_cnn_flex_ctx.onnx"), json.dumps(spec["params"]["provider_options"])],
-                   check=True, capture_output=True)
+                    "from ctxbuild.staging import fixed_dir, link_model, stage_name\n"
+                    "with fixed_dir(stage_name(json.loads(sys.argv[4]))) as d:\n"
+                    "    toolchain.compile_model(link_model(Path(sys.argv[1]), d, 'model.onnx'), Path(sys.argv[2]), "
+                    "json.loads(sys.argv[3]), embed=False, cpu_fallback=False)", spec["inputs"]["model"],
+                    str(raw_dir / "tiny_cnn_flex_ctx.onnx"), json.dumps(spec["params"]["provider_options"]),
+                    json.dumps(record["key_detail"])], check=True, capture_output=True)
     raw = (raw_dir / "tiny_cnn_flex_ctx_qnn.bin").read_bytes()
     assert (raw_dir / "tiny_cnn_flex_ctx.onnx").read_bytes() == built["tiny_cnn_flex_ctx.onnx"]
     assert STAMP.findall(raw) and b"1970-01-01 00:00:00 UTC" not in STAMP.findall(raw)

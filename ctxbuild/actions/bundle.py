@@ -18,7 +18,7 @@ from ..action import Action
 from ..adapters import add_wrapper_defaults
 from ..errors import ActionError
 from .compile import compile_error, summarize  # noqa: F401 - the same summary hook as compile
-from ..staging import fixed_dir, link_data
+from ..staging import fixed_dir, link_data, stage_name
 from .modelio import initializer_digests, load
 from .soccheck import check_outputs  # noqa: F401 - the hook: the binary's SoC is the target's
 
@@ -28,7 +28,7 @@ def run(ctx: Any) -> None:
     graphs: list[str] = a.params["graphs"]
     _check_shared_weights(a, graphs)
     ctx_paths = [ctx.tmp_output(f"ctx:{g}") for g in graphs]
-    with fixed_dir(ctx.key) as d:  # one subdirectory per graph: their data files may share a name
+    with fixed_dir(stage_name(ctx.key_components)) as d:  # one subdirectory per graph: their data files may share a name
         staged = {g: d / g / f"{g}.onnx" for g in graphs}
         renames = {g: _prefixed_copy(Path(a.inputs[f"model:{g}"]), g, staged[g]) for g in graphs}
         try:

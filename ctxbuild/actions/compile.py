@@ -9,7 +9,7 @@ from .. import toolchain
 from ..action import Action
 from ..adapters import add_wrapper_defaults
 from ..errors import ActionError
-from ..staging import fixed_dir, link_model
+from ..staging import fixed_dir, link_model, stage_name
 from .soccheck import check_outputs  # noqa: F401 - the hook: the binary's SoC is the target's
 
 _UNSUPPORTED = re.compile(r"\{ name: ([^,]*), type: ([^ }]*) \}")
@@ -25,7 +25,7 @@ def run(ctx: Any) -> None:
     dst = ctx.tmp_output("ctx")
     src, options = Path(a.inputs["model"]), a.params["provider_options"]
     try:
-        with fixed_dir(ctx.key) as d:  # a path that depends only on the key: the EP puts it in the binary
+        with fixed_dir(stage_name(ctx.key_components)) as d:  # the EP puts the path in the binary: fixed
             compile_graph(link_model(src, d, "model.onnx"), dst, a.params, ctx.tmp)
     except ActionError:
         raise
