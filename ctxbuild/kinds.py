@@ -12,7 +12,8 @@ that the rest of ctxbuild reads instead of keeping lists of kind names:
   join its key (toolchain.fingerprint);
 - `deliverable`: its outputs under OUT/<target>/ are artifacts (manifest, report rows); its outputs in
   the work dir are verification twins (plan.Plan.artifacts, report.py);
-- `verification`: it checks accuracy (`ctxbuild verify` runs these edges; the report shows them per row).
+- `verification`: it checks accuracy (`ctxbuild verify` runs these edges; the report shows them per row);
+- `memory`: its measured peak-memory model (memory.py schedules and checks actions by it).
 
 Adding a kind: a class here and its implementation module (see README, "Adding an action kind").
 """
@@ -20,7 +21,17 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, TypedDict
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Peak RSS of one action process = memory.BASE + factor x the bytes of the inputs it reads whole.
+    Fitted on MatMul chains of 0.1-1 GB (bench/memory_bench.py, README "Large models"), rounded up."""
+    factor: float = 0.0
+    weight_roles: tuple[str, ...] = ()  # input role prefixes read whole (specs, wrappers, samples are small)
+    by_precision: dict[str, float] = field(default_factory=dict)
 
 
 class Kind:
@@ -31,6 +42,7 @@ class Kind:
     uses_qnn: ClassVar[bool] = False
     deliverable: ClassVar[bool] = False
     verification: ClassVar[bool] = False
+    memory: ClassVar[MemoryModel] = MemoryModel()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -92,6 +104,7 @@ class Prepare(Kind):
     implementation = "ctxbuild.actions.prepare"
     params = PrepareParams
     discovers_inputs = True  # external data files
+    memory = MemoryModel(1.3, ("model",))  # ORT's optimizer holds the weights about once (1.08x)
 
 
 class _QuantizeRequired(TypedDict):
@@ -111,6 +124,7 @@ class Quantize(Kind):
     implementation = "ctxbuild.actions.quantize"
     params = QuantizeParams
     discovers_inputs = True  # calibration samples
+    memory = MemoryModel(3.5, ("model",))  # the quantizer and its calibration session (3.0x, float32 weights)
 
 
 class _CompileRequired(TypedDict):
@@ -132,6 +146,8 @@ class Compile(Kind):
     params = CompileParams
     uses_qnn = True
     deliverable = True
+    # the HTP compiler holds ~3.9x the bytes that end in the binary; fp16 models carry float32 weights (~2x)
+    memory = MemoryModel(4.2, ("model",), {"fp16": 2.2})
 
 
 class BundleParams(TypedDict):
@@ -148,6 +164,7 @@ class Bundle(Kind):
     params = BundleParams
     uses_qnn = True
     deliverable = True
+    memory = MemoryModel(4.2, ("model:",), {"fp16": 2.2})  # as compile, over all its graphs (2.03x two fp16)
 
 
 class PrebuiltParams(TypedDict):
@@ -165,6 +182,7 @@ class Prebuilt(Kind):
     params = PrebuiltParams
     uses_qnn = True
     deliverable = True
+    memory = MemoryModel(2.0, ("bin",))
 
 
 class _VerifyRequired(TypedDict):
@@ -193,6 +211,8 @@ class Verify(Kind):
     discovers_inputs = True  # verification samples
     uses_qnn = True
     verification = True
+    # the float model on the CPU EP plus the simulator: 0.6x for fp16/int8, 2.4x for qdq
+    memory = MemoryModel(3.0, ("reference", "ctx.bin"), {"fp16": 1.2, "int8": 1.2, "int16": 1.2})
 
 
 class SelectParams(TypedDict):
@@ -240,6 +260,7 @@ class VerifyAdapter(Kind):
     discovers_inputs = True
     uses_qnn = True
     verification = True
+    memory = Verify.memory
 
 
 class LoraSectionsParams(TypedDict):

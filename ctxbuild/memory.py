@@ -12,6 +12,7 @@ import resource
 from pathlib import Path
 from typing import Any
 
+from . import kinds
 from .errors import ActionError
 
 GiB = 1 << 30
@@ -20,32 +21,18 @@ ESTIMATE_ENV = "CTXBUILD_MEMORY_ESTIMATE"  # set by the worker for the action it
 # The forked action process before it reads any model (onnxruntime, the QNN EP, libQnnHtp.so mapped) is
 # 100-170 MB; the fits below cross zero at 115-306 MB.
 BASE = 300 << 20
-# Peak RSS per byte of model read, by kind and precision, fitted on MatMul chains of 0.1-1 GB
-# (bench/memory_bench.py, README "Large models") and rounded up:
-# - prepare: ORT's optimizer holds the weights about once (1.08x); without it (qdq) they are streamed.
-# - quantize (float32 weights): ORT's quantizer and its calibration session, 3.0x.
-# - compile: the HTP compiler holds ~3.9x the bytes that end in the binary; fp16 models carry float32
-#   weights, so ~2x per model byte. A bundle: the same over all its graphs' models (2.03x for two fp16).
-# - verify: the float model on the CPU EP plus the simulator; 0.6x for fp16/int8, 2.4x for qdq.
-FACTORS: dict[str, float] = {"prepare": 1.3, "quantize": 3.5, "compile": 4.2, "bundle": 4.2, "verify": 3.0,
-                             "prebuilt": 2.0}
-PRECISION_FACTORS: dict[tuple[str, str], float] = {
-    ("compile", "fp16"): 2.2, ("bundle", "fp16"): 2.2,
-    ("verify", "fp16"): 1.2, ("verify", "int8"): 1.2, ("verify", "int16"): 1.2}
-PREPARE_STREAMED_FACTOR = 0.1
-# Which inputs an action reads whole, by role prefix (the others are small: specs, wrappers, samples).
-WEIGHT_ROLES: dict[str, tuple[str, ...]] = {
-    "prepare": ("model",), "quantize": ("model",), "compile": ("model",), "bundle": ("model:",),
-    "verify": ("reference", "ctx.bin"), "prebuilt": ("bin",)}
+PREPARE_STREAMED_FACTOR = 0.1  # prepare without ORT's optimizer (qdq) copies external tensors range by range
+# The per-kind factors (peak RSS per byte of the weights an action reads) live with each kind in kinds.py.
 
 
 def estimate(action: Any) -> int:
     """Bytes of peak RSS `action` is expected to need, from the sizes of the files it reads."""
     from .actions.modelio import weight_bytes
 
+    roles = kinds.get(action.kind).memory.weight_roles
     size = 0
     for role, path in action.inputs.items():
-        if not any(role.startswith(p) for p in WEIGHT_ROLES.get(action.kind, ())):
+        if not any(role.startswith(p) for p in roles):
             continue
         p = Path(path)
         try:  # a user's model names its external data itself; ctxbuild's models list `<model>.data` as an input
@@ -59,7 +46,8 @@ def factor(kind: str, params: dict[str, Any]) -> float:
     """Peak RSS per byte of weights read, for an action of `kind` with `params` (the fits above)."""
     if kind == "prepare" and not params.get("optimize", True):
         return PREPARE_STREAMED_FACTOR
-    return PRECISION_FACTORS.get((kind, params.get("precision", "")), FACTORS.get(kind, max(FACTORS.values())))
+    model = kinds.get(kind).memory
+    return model.by_precision.get(params.get("precision", ""), model.factor)
 
 
 def meminfo() -> dict[str, int]:
