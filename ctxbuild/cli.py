@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     a = sub.add_parser("action", help=argparse.SUPPRESS)
     a.add_argument("spec")
     w = sub.add_parser("worker", help=argparse.SUPPRESS)
-    w.add_argument("socket")
+    w.add_argument("listen_fd", type=int)
     r = sub.add_parser("regenerate", help=argparse.SUPPRESS)
     r.add_argument("out", type=Path)
     return p
@@ -125,7 +125,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.cmd == "worker":
         from .worker import serve
 
-        serve(args.socket)
+        serve(args.listen_fd)
         return 0
     if args.cmd == "build":
         from .build import BuildOptions, build

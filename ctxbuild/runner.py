@@ -20,7 +20,7 @@ from .atomic import write_bytes
 from .capture import captured
 from .digests import DigestMemo, sha256_file
 from .errors import ActionError, CtxbuildError
-from .layout import STATE, cache_dir, depfile_path, log_path, record_path, rel
+from .layout import STATE, cache_dir, depfile_path, log_path, record_path, rel, spec_name
 
 
 class ActionContext:
@@ -52,31 +52,26 @@ def main(spec_arg: str) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     impl = IMPLEMENTATIONS[action.kind]
     start = time.monotonic()
-    record: dict[str, Any] = {"id": action.id, "kind": action.kind, "recipes": action.recipes,
-                              "target": action.target, "build_id": os.environ.get("CTXBUILD_BUILD_ID"),
-                              "started": time.time()}
+    record = new_record(action, os.environ.get("CTXBUILD_BUILD_ID"))
     previous = _read_json(record_file)
     memo = DigestMemo(state / "digests.sqlite")
     tmp = state / "tmp" / f"{action.spec_name[:-5]}.{os.getpid()}"
     cache = None
     try:
         with captured(log):
-            cache = _open_cache()
-            discovered = hook(action.kind, "discover_inputs")(action)
-            _write_depfile(out, action, discovered)
-            components = _key_components(action, discovered, memo, state)
-            key = _digest(components)
-            record.update(key=key, key_detail=components)
-            record["why"] = _why(previous, record)
+            cache = open_cache()
+            if cache:
+                cache.warnings += carried_warnings(out, action.id, record["build_id"])
+            key, components = action_key(action, out, memo)
+            note_key(record, key, components, previous)
             hit = cache.lookup(key) if cache else None
             known = None  # role -> (sha256, size) of the output as placed, when the cache already hashed it
             if hit is not None and cache.restore(hit, {r: Path(p) for r, p in action.outputs.items()}):
                 known = hit
                 record["source"] = "cache"
                 record["cache_origin"] = "remote" if cache.hits_remote else "local"
-                print(f"restored {action.id} from cache (key {key[:16]}); the original log follows")
                 sys.stdout.flush()
-                os.write(1, cache.read_log(hit) or b"")
+                os.write(1, restored_log(action, key, cache, hit))
             else:
                 tmp.mkdir(parents=True, exist_ok=True)
                 ctx = ActionContext(action, out, tmp, log)
@@ -90,19 +85,8 @@ def main(spec_arg: str) -> int:
                 if cache:
                     known = cache.store(key, {r: Path(p) for r, p in action.outputs.items()}, log.read_bytes(),
                                         {"id": action.id, "seconds": round(time.monotonic() - start, 3)})
-        hashed = {e.name: (e.digest, e.size) for e in known.outputs} if known is not None else {}
-        record["outputs"] = {r: _describe_output(Path(p), out, hashed.get(r)) for r, p in action.outputs.items()}
-        for r, p in action.outputs.items():  # consumers later in this build need not hash them again
-            memo.remember(Path(p), record["outputs"][r]["sha256"])
-        record.update(hook(action.kind, "summarize")(action))
-        record["status"] = "ok"
-        record["warnings"] = hook(action.kind, "warnings")(action)
-        for w in record["warnings"]:
+        for w in complete_record(action, out, record, known, memo, cache):
             print(f"ctxbuild: warning: {w}", file=sys.stderr)
-        if cache:
-            record["cache_warnings"] = cache.warnings
-            for w in cache.warnings:
-                print(f"ctxbuild: warning: {w}", file=sys.stderr)
         return 0
     except CtxbuildError as e:
         record.update(status="failed", cause=str(e))
@@ -117,14 +101,69 @@ def main(spec_arg: str) -> int:
         record["finished"] = time.time()
         record["log"] = str(log.relative_to(out))
         shutil.rmtree(tmp, ignore_errors=True)
-        write_bytes(record_file, canonical_json(record))
+        write_bytes(record_file, canonical_json(record), durable=False)
         memo.close()
     _remove_outputs(action)  # a failed action leaves no output behind, not even an older one
     _print_failure(action, log, record["cause"])
     return 1
 
 
-def _open_cache() -> Any:
+def new_record(action: Action, build_id: str | None) -> dict[str, Any]:
+    return {"id": action.id, "kind": action.kind, "recipes": action.recipes, "target": action.target,
+            "build_id": build_id, "started": time.time()}
+
+
+def note_key(record: dict[str, Any], key: str, components: dict[str, Any], previous: dict[str, Any] | None) -> None:
+    """The key, its components, and which of them changed since `previous` (this action's last record)."""
+    record.update(key=key, key_detail=components)
+    record["why"] = _why(previous, record)
+
+
+def action_key(action: Action, out: Path, memo: DigestMemo) -> tuple[str, dict[str, Any]]:
+    """The action key and its components; files found at run time also go to ninja's depfile."""
+    discovered = hook(action.kind, "discover_inputs")(action)
+    _write_depfile(out, action, discovered)
+    components = _key_components(action, discovered, memo, out / STATE)
+    return _digest(components), components
+
+
+def restored_log(action: Action, key: str, cache: Any, hit: Any) -> bytes:
+    """What a restored action's log holds: a line saying so, then the log of the run that was cached."""
+    head = f"restored {action.id} from cache (key {key[:16]}); the original log follows\n".encode()
+    return head + (cache.read_log(hit) or b"")
+
+
+def complete_record(action: Action, out: Path, record: dict[str, Any], known: Any, memo: DigestMemo,
+                    cache: Any) -> list[str]:
+    """Fill in a succeeded action's record (outputs, summary, warnings); returns the warnings to show.
+    `known`: the cache record whose digests the placed outputs were checked against, if any."""
+    hashed = {e.name: (e.digest, e.size) for e in known.outputs} if known is not None else {}
+    record["outputs"] = {r: _describe_output(Path(p), out, hashed.get(r)) for r, p in action.outputs.items()}
+    for r, p in action.outputs.items():  # consumers later in this build need not hash them again
+        memo.remember(Path(p), record["outputs"][r]["sha256"])
+    record.update(hook(action.kind, "summarize")(action))
+    record["status"] = "ok"
+    record["warnings"] = hook(action.kind, "warnings")(action)
+    shown = list(record["warnings"])
+    if cache:
+        record["cache_warnings"] = cache.warnings
+        shown += cache.warnings
+    return shown
+
+
+def carried_warnings(out: Path, action_id: str, build_id: str | None, warnings: list[str] | None = None) -> list[str]:
+    """Cache warnings met for this action earlier in the same build (prerestore.py's look-ahead, whose miss
+    left it to ninja): given `warnings`, store them; else return and forget what was stored."""
+    path = out / STATE / "carried" / spec_name(action_id)
+    if warnings is not None:
+        write_bytes(path, canonical_json({"build_id": build_id, "warnings": warnings}), durable=False)
+        return warnings
+    data = _read_json(path)
+    path.unlink(missing_ok=True)
+    return data["warnings"] if data and data.get("build_id") == build_id else []
+
+
+def open_cache() -> Any:
     """The layered cache the environment describes (the driver turns flags and defaults into it)."""
     if os.environ.get("CTXBUILD_NO_CACHE") == "1":
         return None
@@ -227,7 +266,7 @@ def _write_depfile(out: Path, action: Action, discovered: dict[str, Path]) -> No
 
     outs = " ".join(esc(rel(p, out)) for p in action.outputs.values())
     deps = " ".join(esc(str(p)) for p in discovered.values())
-    write_bytes(depfile_path(out, action.id), f"{outs}: {deps}\n".encode())
+    write_bytes(depfile_path(out, action.id), f"{outs}: {deps}\n".encode(), durable=False)
 
 
 _NOISE = ("File mapped weights feature", "EPContext encryption config", "LIBNATIVE", "Please consider",
