@@ -10,7 +10,8 @@ Every figure is the wall time of a whole process, median over --reps repetitions
 package (this repo's shell sets PYTHONDONTWRITEBYTECODE, which would recompile ctxbuild on every start).
 
 - noop:            `ctxbuild build` in an up-to-date OUT. Baseline: `ninja` alone in that OUT.
-- restore:         fresh OUT, warm local cache: every action restored. Baseline: `cp -r` of the same outputs
+- restore:         fresh OUT (the same path each time, as a CI workspace: the plan cache applies), warm
+                   local cache: every action restored. Baseline: `cp -r` of the same outputs
                    (every artifact directory and .ctxbuild/work, where intermediate models live). After each
                    restore a second build must run nothing (checked, not timed).
 - restore_remote:  fresh OUT, empty local cache, the same cache behind nginx on loopback.
@@ -88,7 +89,8 @@ def workload(r: Runner, tag: str, recipes: Path, extra: list[str], reps: int, ur
         expect(warm_out, {}, "noop")
         r.sample(f"{tag}.ninja_noop", r.run([ninja_bin()], cwd=warm_out))
 
-        out = r.fresh(f"{tag}/restore-out")
+        out = root / "restore-out"  # one path, emptied each time, as a CI job's workspace
+        shutil.rmtree(out, ignore_errors=True)
         r.sample(f"{tag}.restore", r.build(recipes, out, warm_cache, extra))
         expect(out, {"cache": actions}, "restore")
         r.build(recipes, out, warm_cache, extra)
@@ -100,11 +102,12 @@ def workload(r: Runner, tag: str, recipes: Path, extra: list[str], reps: int, ur
                  r.run(["cp", "-r", str(trees[-1]), str(dest / ".ctxbuild")]))
 
         if url is not None:
-            out = r.fresh(f"{tag}/rrestore-out")
+            out = root / "rrestore-out"
+            shutil.rmtree(out, ignore_errors=True)
             r.sample(f"{tag}.restore_remote", r.build(recipes, out, r.fresh(f"{tag}/rcache"), extra, remote=url))
             expect(out, {"cache": actions}, "remote restore")
         for p in root.glob("*-*"):
-            if p.name not in ("warm-cache", "warm-out"):
+            if p.name not in ("warm-cache", "warm-out", "restore-out", "rrestore-out"):
                 shutil.rmtree(p, ignore_errors=True)
     return {"actions": actions, "output_bytes": size}
 

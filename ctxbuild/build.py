@@ -77,6 +77,11 @@ def _stale(out: Path, state: dict[str, Any]) -> bool:
 
 
 def plan_and_render(out: Path, inv: dict[str, Any]) -> None:
+    from . import plancache
+
+    if plancache.restore(out, inv):  # the same recipes were planned into this OUT path before
+        toolchain.sdk_build_id(out / STATE)
+        return
     from . import recipe
     from .plan import make_plan
 
@@ -85,6 +90,7 @@ def plan_and_render(out: Path, inv: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     toolchain.sdk_build_id(out / STATE)  # warm the memo once, not in N parallel actions
     ninja.render(plan, compile_jobs=inv["compile_jobs"], invocation=inv)
+    plancache.store(out, inv)
 
 
 def regenerate(out: Path) -> None:

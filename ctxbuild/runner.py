@@ -66,6 +66,7 @@ def main(spec_arg: str) -> int:
             note_key(record, key, components, previous)
             hit = cache.lookup(key) if cache else None
             known = None  # role -> (sha256, size) of the output as placed, when the cache already hashed it
+            summary = None
             if hit is not None and cache.restore(hit, {r: Path(p) for r, p in action.outputs.items()}):
                 known = hit
                 record["source"] = "cache"
@@ -82,10 +83,12 @@ def main(spec_arg: str) -> int:
                 _place_outputs(action, tmp)
                 record["source"] = "run"
                 record["cache_origin"] = None if cache else "off"
-                if cache:
+                summary = hook(action.kind, "summarize")(action)
+                if cache:  # the summary goes along: a restore need not load the outputs again to make it
                     known = cache.store(key, {r: Path(p) for r, p in action.outputs.items()}, log.read_bytes(),
-                                        {"id": action.id, "seconds": round(time.monotonic() - start, 3)})
-        for w in complete_record(action, out, record, known, memo, cache):
+                                        {"id": action.id, "seconds": round(time.monotonic() - start, 3),
+                                         "summary": summary})
+        for w in complete_record(action, out, record, known, memo, cache, summary):
             print(f"ctxbuild: warning: {w}", file=sys.stderr)
         return 0
     except CtxbuildError as e:
@@ -119,9 +122,12 @@ def note_key(record: dict[str, Any], key: str, components: dict[str, Any], previ
     record["why"] = _why(previous, record)
 
 
-def action_key(action: Action, out: Path, memo: DigestMemo) -> tuple[str, dict[str, Any]]:
-    """The action key and its components; files found at run time also go to ninja's depfile."""
-    discovered = hook(action.kind, "discover_inputs")(action)
+def action_key(action: Action, out: Path, memo: DigestMemo,
+               discovered: dict[str, Path] | None = None) -> tuple[str, dict[str, Any]]:
+    """The action key and its components; files found at run time (`discovered`: already found) also go to
+    ninja's depfile."""
+    if discovered is None:
+        discovered = hook(action.kind, "discover_inputs")(action)
     _write_depfile(out, action, discovered)
     components = _key_components(action, discovered, memo, out / STATE)
     return _digest(components), components
@@ -134,14 +140,17 @@ def restored_log(action: Action, key: str, cache: Any, hit: Any) -> bytes:
 
 
 def complete_record(action: Action, out: Path, record: dict[str, Any], known: Any, memo: DigestMemo,
-                    cache: Any) -> list[str]:
+                    cache: Any, summary: dict[str, Any] | None = None) -> list[str]:
     """Fill in a succeeded action's record (outputs, summary, warnings); returns the warnings to show.
-    `known`: the cache record whose digests the placed outputs were checked against, if any."""
+    `known`: the cache record whose digests the placed outputs were checked against, if any; `summary`:
+    the summarize hook's result if known (computed when the action ran, or kept in that cache record)."""
     hashed = {e.name: (e.digest, e.size) for e in known.outputs} if known is not None else {}
     record["outputs"] = {r: _describe_output(Path(p), out, hashed.get(r)) for r, p in action.outputs.items()}
     for r, p in action.outputs.items():  # consumers later in this build need not hash them again
         memo.remember(Path(p), record["outputs"][r]["sha256"])
-    record.update(hook(action.kind, "summarize")(action))
+    if summary is None and known is not None and isinstance(known.meta.get("summary"), dict):
+        summary = known.meta["summary"]
+    record.update(hook(action.kind, "summarize")(action) if summary is None else summary)
     record["status"] = "ok"
     record["warnings"] = hook(action.kind, "warnings")(action)
     shown = list(record["warnings"])

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ..action import Action
 from .modelio import load
 from .samples import from_files, input_spec, list_samples, random_samples
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def discover_inputs(action: Action) -> dict[str, Path]:

@@ -12,18 +12,18 @@ action with a clear line, never the worker, ninja or the driver.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import time
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from .. import toolchain
 from ..action import Action
 from ..errors import ActionError
 from .modelio import load
 from .samples import from_files, input_spec, list_samples, random_samples
+
+if TYPE_CHECKING:  # imported where used: the cache-hit path (listing samples, warnings) needs no numpy
+    import numpy as np
 
 SNR_CAP_DB = 120.0
 _ZERO_POWER = 1e-20
@@ -75,6 +75,8 @@ def run(ctx: Any) -> None:
 
 
 def metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, float | None]:
+    import numpy as np
+
     r = ref.astype(np.float64).ravel()
     g = got.astype(np.float64).reshape(ref.shape).ravel()
     p_ref, p_got, p_err = float(r @ r), float(g @ g), float((r - g) @ (r - g))
@@ -111,6 +113,7 @@ def _failures(result: dict[str, Any]) -> list[str]:
 
 
 def _cpu_outputs(model: Path, samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    import numpy as np
     import onnxruntime as ort
 
     sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
@@ -122,6 +125,8 @@ def _cpu_outputs(model: Path, samples: list[dict[str, np.ndarray]]) -> dict[str,
 def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallback: bool,
              timeout: float) -> dict[str, np.ndarray]:
     """Run on the simulator in a child process; its crash or hang becomes an ActionError here."""
+    import multiprocessing
+
     mp = multiprocessing.get_context("fork")  # the parent already imported onnxruntime: fork is cheap
     recv, send = mp.Pipe(duplex=False)
     child = mp.Process(target=_simulate_child, args=(ctx_model, samples, cpu_fallback, send), daemon=True)
@@ -149,6 +154,7 @@ def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallb
 
 
 def _simulate_child(ctx_model: Path, samples: list[dict[str, np.ndarray]], cpu_fallback: bool, send: Any) -> None:
+    import numpy as np
     import onnxruntime as ort
 
     try:
