@@ -68,8 +68,9 @@ def store(out: Path, inv: dict[str, Any]) -> None:
 
 def _entry_path(out: Path, inv: dict[str, Any]) -> Path:
     h = hashlib.sha256(json.dumps([VERSION, sys.executable, str(_PACKAGE), str(out), inv], sort_keys=True).encode())
-    for p in sorted([*_PACKAGE.rglob("*.py"), *_PACKAGE.rglob("*.json"), *_PACKAGE.parent.glob("templates/*")]):
-        h.update(p.name.encode() + b"\0" + p.read_bytes())  # ctxbuild's own code, templates and schema
+    own = [p for p in _PACKAGE.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    for p in sorted([*own, *_PACKAGE.parent.glob("templates/*")]):  # ctxbuild's code, schema, templates
+        h.update(str(p.relative_to(_PACKAGE.parent)).encode() + b"\0" + p.read_bytes())
     return cache_dir() / "plans" / f"{h.hexdigest()}.json"
 
 

@@ -2,6 +2,7 @@
 fresh OUT restored from the cache before ninja starts, after which ninja itself finds nothing to do."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -107,3 +108,35 @@ def test_rapidhash_reference_values() -> None:
              b"abcd": 0x56B66B8DC802BCC, b"0123456789abcdef": 0xFCC8FA4E2771D2EF,
              b"0123456789abcdefg": 0xAB3C2320D701D807, fox: 0xF7DE5CEDF7BDF329}
     assert {s: rapidhash(s) for s in cases} == cases
+
+
+def imported(stderr: str) -> set[str]:
+    """Modules a process imported, from its PYTHONPROFILEIMPORTTIME lines."""
+    return {line.rpartition("|")[2].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+
+
+HEAVY = {"networkx", "jsonschema", "onnx", "numpy", "onnxruntime", "jinja2"}
+
+
+def test_plan_cache_and_light_fast_paths(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """A fresh OUT at a path planned before takes its plan from the cache and restores without importing the
+    planner's libraries, onnx or numpy; a no-op imports none of them either (nor jinja2: no report)."""
+    out = tmp_path / "out"
+    build(ctxbuild, tree, out, "--only", RECIPE)
+    profile = {"PYTHONPROFILEIMPORTTIME": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    r = build(ctxbuild, tree, out, "--only", RECIPE, env=profile)
+    assert "no work to do" in r.out
+    assert not imported(r.err) & HEAVY, imported(r.err) & HEAVY
+
+    shutil.rmtree(out)
+    r = build(ctxbuild, tree, out, "--only", RECIPE, env=profile)
+    assert set(last_build(out).values()) == {"cache"}
+    assert not imported(r.err) & (HEAVY - {"jinja2"}), imported(r.err) & HEAVY  # jinja2: the new report
+
+    # A recipe edited since: the cached plan no longer matches, the planner runs and sees the edit.
+    shutil.rmtree(out)
+    recipe = tree / f"{RECIPE}.yaml"
+    recipe.write_text(recipe.read_text().replace("SM8650", "SM8750"))
+    r = build(ctxbuild, tree, out, "--only", RECIPE, env=profile)
+    assert "networkx" in imported(r.err)
+    assert (out / "SM8750" / RECIPE).is_dir() and not (out / "SM8650").exists()
