@@ -25,7 +25,6 @@ import os
 import platform
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -73,7 +72,8 @@ class Runner(Bench):
         cmd = [*ctxbuild_cmd(), "build", str(recipes), "-o", str(out), *extra]
         if remote:
             cmd += ["--remote-cache", remote]
-        return self.run(cmd, env={"CTXBUILD_CACHE_DIR": str(cache)})
+        # cwd outside any source tree: `python -m ctxbuild` (the worker) must import the ctxbuild under test
+        return self.run(cmd, cwd=self.root, env={"CTXBUILD_CACHE_DIR": str(cache)})
 
 
 def actions_run(out: Path) -> int:
@@ -139,6 +139,7 @@ def main() -> None:
     ap.add_argument("--skip-examples", action="store_true")
     ap.add_argument("--skip-remote", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the temp directory")
+    ap.add_argument("--label", default="", help="results go to bench/results/fastpath-LABEL.json")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="ctxbuild-fastpath-bench-"))
     url, stop = (None, lambda: None) if args.skip_remote else start_nginx(root / "nginx")
@@ -170,14 +171,15 @@ def main() -> None:
                           "platform": platform.platform(), "loadavg_at_end": os.getloadavg()},
               "wall_seconds": round(time.monotonic() - t0, 1)}
     (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "fastpath.json").write_text(json.dumps(result, indent=2) + "\n")
+    dest = HERE / "results" / f"fastpath{'-' + args.label if args.label else ''}.json"
+    dest.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nmedians over {args.reps} repetitions:")
     for k, v in stats.items():
         print(f"  {k:<28} {v['median']:8.3f} s   (min {v['min']:.3f}, max {v['max']:.3f})   "
               f"cpu {cpu[k]['median']:.3f} s")
     for name, g in goals.items():
         print(f"  goal {name:<22} {g['value']:.3f} s <= {g['goal']:.3f} s: {'met' if g['met'] else 'MISSED'}")
-    print(f"wrote {HERE / 'results' / 'fastpath.json'}")
+    print(f"wrote {dest}")
 
 
 if __name__ == "__main__":

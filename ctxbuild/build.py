@@ -161,7 +161,8 @@ def build(opts: BuildOptions) -> int:
             else:
                 from .prerestore import restore_pending
 
-                restore_pending(opts.out, state, pending, build_id, on_miss=w.start)
+                if restore_pending(opts.out, state, pending, build_id, on_miss=w.start):
+                    return _finish(opts, state, build_id, 0, started)  # all restored: ninja has nothing to do
             with jobserver.for_ninja(opts.jobs) as (jobs, js_env):
                 rc = ninja.run(opts.out, targets, jobs=jobs, keep_going=opts.keep_going, dry_run=False,
                                env={**env, **js_env, **w.env})

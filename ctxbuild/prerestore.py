@@ -37,16 +37,10 @@ class Restored:
     ran: bool  # counts as run in this build (a new record); False: what ninja's restat would have skipped
 
 
-@dataclass
-class Outcome:
-    restored: list[str]  # action ids whose outputs or records were restored, in order
-    left: int  # pending commands left to ninja
-
-
 def restore_pending(out: Path, plan: dict[str, Any], commands: list[str], build_id: str,
-                    on_miss: Callable[[], None]) -> Outcome:
+                    on_miss: Callable[[], None]) -> bool:
     """Restore what can be restored of `commands` (ninja -n -v, in order). `on_miss` is called as soon as
-    something is known to be left for ninja to run."""
+    something is known to be left for ninja to run. True: nothing is (ninja would find all up to date)."""
     marker = f" {STATE}/actions/"
     by_spec = {spec_name(a["id"]): a for a in plan["actions"]}
     pending: dict[str, str] = {}  # action id -> its command as ninja evaluates it
@@ -54,12 +48,12 @@ def restore_pending(out: Path, plan: dict[str, Any], commands: list[str], build_
         a = by_spec.get(cmd.rpartition(marker)[2]) if marker in cmd else None
         if a is None:  # not an action edge (the generator): let ninja do everything
             on_miss()
-            return Outcome([], len(commands))
+            return False
         pending[a["id"]] = cmd
     if not pending or os.environ.get("CTXBUILD_NO_CACHE") == "1":
         if pending:
             on_miss()
-        return Outcome([], len(pending))
+        return not pending
     from . import runner  # the action kinds' hooks; imported here, not in each thread
 
     deps = {a["id"]: [d for d in a["deps"] if d in pending] for a in plan["actions"] if a["id"] in pending}
@@ -88,12 +82,13 @@ def restore_pending(out: Path, plan: dict[str, Any], commands: list[str], build_
                     print(f"[restored {len(restored)}/{n}] {result.description}")
     for w in restorer.warnings:
         print(f"ctxbuild: warning: {w}", file=sys.stderr)
+    logged = bool(done) and ninjalog.append(out / STATE, restorer.log_entries)
     if done:
-        if not ninjalog.append(out / STATE, restorer.log_entries):
+        if not logged:
             on_miss()  # ninja will run them again (each a cache hit): slower, still right
         print(f"ctxbuild: restored {len(restored)} of {n} pending actions from the cache "
               f"in {time.monotonic() - t0:.2f} s", flush=True)
-    return Outcome(restored, n - len(done))
+    return logged and len(done) == n
 
 
 def _waves(deps: dict[str, list[str]]) -> list[list[str]]:
