@@ -5,6 +5,8 @@ child starts with onnx, onnxruntime, the quantizer and the registered QNN EP alr
 instead of ~0.25 s per action. ninja runs `python -S .../client.py SPEC`; the client sends
 the spec, its environment and its stdout/stderr (ninja's pipe) over a unix socket and exits with the
 child's status. Without a worker (e.g. plain `ninja` in OUT) the client runs the action itself.
+The driver listens on the socket before ninja starts and the worker process behind it starts on demand
+(`Worker`): a build that restores everything up front or has nothing to do never starts one.
 
 The server is single-threaded (a selector over the listening socket, client connections and child
 pidfds): forking from a multi-threaded process is unsafe.
