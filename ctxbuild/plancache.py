@@ -21,6 +21,7 @@ from .atomic import write_bytes, write_if_changed
 from .layout import STATE, cache_dir
 
 VERSION = 1
+KEEP = 32  # entries kept (most recently used): one per OUT path x invocation x ctxbuild version
 _PACKAGE = Path(__file__).resolve().parent
 
 
@@ -28,10 +29,12 @@ def restore(out: Path, inv: dict[str, Any]) -> bool:
     """Write the cached plan for this invocation into OUT if the recipe tree still matches it."""
     if os.environ.get("CTXBUILD_NO_CACHE") == "1":
         return False
+    path = _entry_path(out, inv)
     try:
-        entry = json.loads(_entry_path(out, inv).read_bytes())
+        entry = json.loads(path.read_bytes())
         if entry.get("version") != VERSION or _fingerprint(out, entry["plan"], entry["specs"]) != entry["fingerprint"]:
             return False
+        os.utime(path)  # recently used: kept by _prune
     except (OSError, ValueError, KeyError, TypeError):
         return False
     state = out / STATE
@@ -62,8 +65,16 @@ def store(out: Path, inv: dict[str, Any]) -> None:
         path = _entry_path(out, inv)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_bytes(path, json.dumps(entry).encode(), durable=False)
+        _prune(path.parent)
     except (OSError, ValueError):  # a read-only or full cache dir: plan every time
         pass
+
+
+def _prune(directory: Path) -> None:
+    """Keep the KEEP most recently used entries (each new ctxbuild version or OUT path adds one)."""
+    entries = sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for stale in entries[KEEP:]:
+        stale.unlink(missing_ok=True)
 
 
 def _entry_path(out: Path, inv: dict[str, Any]) -> Path:

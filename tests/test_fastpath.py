@@ -2,10 +2,12 @@
 fresh OUT restored from the cache before ninja starts, after which ninja itself finds nothing to do."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
+from ctxbuild import plancache
 from ctxbuild.ninja import ninja_binary
 from ctxbuild.ninjalog import rapidhash
 from tests.conftest import last_build, records
@@ -140,3 +142,12 @@ def test_plan_cache_and_light_fast_paths(tree: Path, tmp_path: Path, ctxbuild) -
     r = build(ctxbuild, tree, out, "--only", RECIPE, env=profile)
     assert "networkx" in imported(r.err)
     assert (out / "SM8750" / RECIPE).is_dir() and not (out / "SM8650").exists()
+
+
+def test_plan_cache_keeps_the_most_recently_used_entries(tmp_path: Path) -> None:
+    for i in range(plancache.KEEP + 8):
+        entry = tmp_path / f"{i:02d}.json"
+        entry.write_text("{}")
+        os.utime(entry, (1000 + i, 1000 + i))
+    plancache._prune(tmp_path)
+    assert sorted(p.stem for p in tmp_path.glob("*.json")) == [f"{i:02d}" for i in range(8, plancache.KEEP + 8)]
