@@ -13,13 +13,15 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import numpy as np
 
 from ..action import canonical_json
 
-Outputs = dict[str, np.ndarray]
+if TYPE_CHECKING:  # imported where used: a verify cache hit needs no numpy
+    import numpy as np
+
+Outputs = dict[str, "np.ndarray"]
 
 
 def wrapper_identity(ctx_model: Path) -> str:
@@ -44,6 +46,8 @@ class OutputsMemo:
         self.keys: dict[str, str] = {}  # what -> cache key (in the record: the entries this action uses)
 
     def get_or_compute(self, what: str, parts: Any, compute: Callable[[], Outputs]) -> Outputs:
+        import numpy as np
+
         """`what` names the computation (and is reported in `hits`); `parts` is everything it depends on."""
         if self.cache is None:
             return compute()
