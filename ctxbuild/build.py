@@ -173,20 +173,17 @@ def _build(opts: BuildOptions) -> int:
         if opts.dry_run:
             return 0 if ninja.run(opts.out, targets, jobs=opts.jobs, keep_going=opts.keep_going, dry_run=True,
                                   env=env) == 0 else 1
+        if address is not None:  # before ninja's dry run (it makes output directories): a dead farm leaves none
+            state, jobs_default = _start_farm(opts, address, stack, env, build_id, state)
+            opts.jobs = opts.jobs or jobs_default
         _note_toolchain(opts.out, state)
         pending = ninja.pending(opts.out, targets)
-        if pending == []:  # nothing to run: no worker, no farm, no second ninja, no rewrite of unchanged summaries
+        if pending == []:  # nothing to run: no worker, no second ninja, no rewrite of unchanged summaries
             print("ninja: no work to do.")
             _write_summary(opts.out, [])
             if _summaries_current(opts.out):
                 return 0
             return _finish(opts, state, build_id, 0, started)
-        if address is not None:
-            planned = state
-            state, jobs_default = _start_farm(opts, address, stack, env, build_id, state)
-            opts.jobs = opts.jobs or jobs_default
-            if state is not planned:  # re-planned for local compiles (farm unreachable, fallback local)
-                pending = ninja.pending(opts.out, targets)
         _remove_dead_temps(opts.out)
         from . import jobserver, worker
 

@@ -46,9 +46,9 @@ class OutputsMemo:
         self.keys: dict[str, str] = {}  # what -> cache key (in the record: the entries this action uses)
 
     def get_or_compute(self, what: str, parts: Any, compute: Callable[[], Outputs]) -> Outputs:
+        """`what` names the computation (and is reported in `hits`); `parts` is everything it depends on."""
         import numpy as np
 
-        """`what` names the computation (and is reported in `hits`); `parts` is everything it depends on."""
         if self.cache is None:
             return compute()
         key = hashlib.sha256(canonical_json(["verify-memo", what, parts])).hexdigest()
