@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import fnmatch
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from .errors import ActionError
 from .recipe_adapters import FORMATS
-SlotSpec = dict[str, tuple[tuple[int, ...], np.dtype]]
+
+if TYPE_CHECKING:  # imported where arrays are made: a cache hit needs no numpy
+    import numpy as np
+
+SlotSpec = dict[str, tuple[tuple[int, ...], "np.dtype"]]
 
 
 def match_slots(patterns: list[str], initializers: list[str], inputs: list[str], field: str = "slots"
@@ -38,6 +40,8 @@ def match_slots(patterns: list[str], initializers: list[str], inputs: list[str],
 def make_slots(model: Any, patterns: list[str], scaling: str | None) -> dict[str, np.ndarray]:
     """Turn the matching initializers of `model` into graph inputs (in place); returns slot -> default value.
     Inputs that already exist (exported as adapter inputs) default to zeros and must have fixed shapes."""
+    import numpy as np
+
     from onnx import helper, numpy_helper
     from onnx.helper import tensor_dtype_to_np_dtype
 
@@ -91,6 +95,8 @@ def slot_spec(defaults: dict[str, np.ndarray]) -> SlotSpec:
 
 def read_file(path: Path) -> dict[str, np.ndarray]:
     """Tensor name -> array, from an .onnx_adapter, .safetensors or .npz file."""
+    import numpy as np
+
     if not path.is_file():
         raise ActionError(f"{path}: adapter file not found")
     try:
@@ -123,6 +129,8 @@ def bind(path: Path, spec: SlotSpec, *, tensors: dict[str, str], scaling: str | 
 
     `tensors` maps names in the file to slot names (default: the same name); `scale`, when the recipe gives
     it, fills the `scaling` slot. Slots the file leaves out keep the base model's default."""
+    import numpy as np
+
     raw = read_file(path)
     if not raw:
         raise ActionError(f"{path}: the adapter file holds no tensors")
@@ -151,6 +159,8 @@ def bind(path: Path, spec: SlotSpec, *, tensors: dict[str, str], scaling: str | 
 
 def write_onnx_adapter(path: Path, values: dict[str, np.ndarray]) -> None:
     """onnxruntime's adapter format: what `LoraAdapter().Load` + `RunOptions.add_active_adapter` bind."""
+    import numpy as np
+
     import onnxruntime as ort
 
     arrays = {k: np.ascontiguousarray(v) for k, v in sorted(values.items())}  # OrtValues borrow this memory

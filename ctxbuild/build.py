@@ -10,18 +10,15 @@ import os
 import shutil
 import sys
 import time
-import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import jobserver, memory, ninja, outdir, toolchain, worker
-from .atomic import write_bytes
+from . import memory, ninja, outdir, toolchain
+from .atomic import write_bytes, write_if_changed
 from .errors import CtxbuildError, UsageError
 from .layout import STATE, cache_dir, record_path, spec_name
-from .manifest import read_records, write as write_manifest
-from .suggest import did_you_mean
 
 
 # With an executor, ninja's -j (the cluster's slots) and Dask's resources bound compiles, not a local pool.
@@ -89,6 +86,12 @@ def _stale(out: Path, state: dict[str, Any]) -> bool:
 
 
 def plan_and_render(out: Path, inv: dict[str, Any]) -> None:
+    from . import plancache
+
+    if plancache.restore(out, inv):  # the same recipes were planned into this OUT path before
+        toolchain.sdk_build_id(out / STATE)
+        ninja.clean_dead(out, {a["id"] for a in (ninja.read_state(out, "plan.json") or {}).get("actions", [])})
+        return
     from . import recipe
     from .plan import make_plan
 
@@ -98,6 +101,7 @@ def plan_and_render(out: Path, inv: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     toolchain.sdk_build_id(out / STATE)  # warm the memo once, not in N parallel actions
     ninja.render(plan, compile_jobs=inv["compile_jobs"], invocation=inv)
+    plancache.store(out, inv)
 
 
 def regenerate(out: Path) -> None:
@@ -131,6 +135,8 @@ def ninja_targets(state: dict[str, Any], opts: BuildOptions) -> list[str]:
 
 
 def _close(name: str, options: list[str]) -> str:
+    from .suggest import did_you_mean  # difflib: only for a bad name, not on every build
+
     return did_you_mean(name, options, otherwise=f"known: {', '.join(options) or 'none'}") or ""
 
 
@@ -152,10 +158,9 @@ def _build(opts: BuildOptions) -> int:
     started = time.monotonic()
     os.environ.update(opts.cache_env)  # the driver's own cache lookups (toolchain memo) follow the flags too
     os.environ[memory.BUDGET_ENV] = str(opts.memory_budget or memory.default_budget())  # for the worker
-    build_id = uuid.uuid4().hex
+    build_id = os.urandom(16).hex()
     env = {"CTXBUILD_BUILD_ID": build_id, **opts.cache_env}
-    # The worker imports onnxruntime while the driver plans: the two overlap on a cold build.
-    with worker.running(opts.out / STATE / "worker.log") as w_env, ExitStack() as farm_stack:
+    with ExitStack() as stack:
         # Known before planning where possible: with an executor, the compile pool follows the cluster.
         address = _executor(opts, None if opts.executor or os.environ.get("CTXBUILD_EXECUTOR")
                             else ninja.read_state(opts.out, "plan.json"))
@@ -165,18 +170,42 @@ def _build(opts: BuildOptions) -> int:
         targets = ninja_targets(state, opts)
         env.update(_cache_settings(state.get("cache", {}), env))
         _check_remote_url({**os.environ, **env})
-        if address is not None and not opts.dry_run:
-            state, jobs_default = _start_farm(opts, address, farm_stack, env, build_id, state)
+        if opts.dry_run:
+            return 0 if ninja.run(opts.out, targets, jobs=opts.jobs, keep_going=opts.keep_going, dry_run=True,
+                                  env=env) == 0 else 1
+        if address is not None:  # before ninja's dry run (it makes output directories): a dead farm leaves none
+            state, jobs_default = _start_farm(opts, address, stack, env, build_id, state)
             opts.jobs = opts.jobs or jobs_default
-        versions = toolchain.summary(opts.out / STATE)
-        if not opts.dry_run:
-            _note_toolchain(opts.out, state)
-            _remove_dead_temps(opts.out)
+        _note_toolchain(opts.out, state)
+        pending = ninja.pending(opts.out, targets)
+        if pending == []:  # nothing to run: no worker, no second ninja, no rewrite of unchanged summaries
+            print("ninja: no work to do.")
+            _write_summary(opts.out, [])
+            if _summaries_current(opts.out):
+                return 0
+            return _finish(opts, state, build_id, 0, started)
+        _remove_dead_temps(opts.out)
+        from . import jobserver, worker
+
+        w = stack.enter_context(worker.running(opts.out / STATE / "worker.log"))
+        os.environ.update(env)  # the cache settings, for the actions restored in this process
+        if pending is None:
+            w.start()
+        else:
+            from .prerestore import restore_pending
+
+            if restore_pending(opts.out, state, pending, build_id, on_miss=w.start):
+                return _finish(opts, state, build_id, 0, started)  # all restored: ninja has nothing to do
         with jobserver.for_ninja(opts.jobs) as (jobs, js_env):
-            rc = ninja.run(opts.out, targets, jobs=jobs, keep_going=opts.keep_going, dry_run=opts.dry_run,
-                           env={**env, **js_env, **w_env})
-    if opts.dry_run:
-        return 0 if rc == 0 else 1
+            rc = ninja.run(opts.out, targets, jobs=jobs, keep_going=opts.keep_going, dry_run=False,
+                           env={**env, **js_env, **w.env})
+    return _finish(opts, state, build_id, rc, started)
+
+
+def _finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, started: float) -> int:
+    """Records -> summary, --explain, invalidation after failures, manifest and report."""
+    from .manifest import read_records, write as write_manifest
+
     records = read_records(opts.out)
     ran = [r for r in records.values() if r.get("build_id") == build_id]
     _write_summary(opts.out, ran)
@@ -185,10 +214,11 @@ def _build(opts: BuildOptions) -> int:
             print(f"explain: {r['id']}: {_explain(r)}")
     failed = [r for r in ran if r.get("status") == "failed"]
     _invalidate_downstream(opts.out, state, {r["id"] for r in failed})
-    write_manifest(opts.out, ninja.read_state(opts.out, "plan.json") or state, versions)
+    write_manifest(opts.out, ninja.read_state(opts.out, "plan.json") or state, toolchain.summary(opts.out / STATE))
     from .report import write_report  # OUT/report.html + report.json; never fails the build
     write_report(opts.out, build_id=build_id, returncode=rc, wall_seconds=time.monotonic() - started,
                  driver_peak_rss=memory.peak_rss(children=False))  # not ninja's, not the worker's
+    _note_summarized(opts.out)
     if rc != 0:
         for r in failed:
             print(f"ctxbuild: FAILED {r['id']}: {r.get('cause', 'see log')} (log: {opts.out / r['log']})",
@@ -223,6 +253,33 @@ def _start_farm(opts: BuildOptions, address: str, stack: ExitStack, env: dict[st
         return ensure_planned(opts), None
     env.update(farm.env)
     return state, farm.slots
+
+
+_SUMMARIES = ("manifest.json", "report.json", "report.html")
+
+
+def _summary_inputs(out: Path) -> list[int]:
+    """What manifest and report are made of, as stamps: records (a record written or removed changes the
+    directory's mtime) and the plan."""
+    stamps = []
+    for p in (out / STATE / "records", out / STATE / "plan.json"):
+        try:
+            stamps.append(os.stat(p).st_mtime_ns)
+        except OSError:
+            stamps.append(0)
+    return stamps
+
+
+def _summaries_current(out: Path) -> bool:
+    """True if manifest and report were written from the records and plan as they are now."""
+    if not all((out / name).is_file() for name in _SUMMARIES):
+        return False
+    return ninja.read_state(out, "summarized.json") == {"inputs": _summary_inputs(out)}
+
+
+def _note_summarized(out: Path) -> None:
+    write_if_changed(out / STATE / "summarized.json", json.dumps({"inputs": _summary_inputs(out)}).encode(),
+                     durable=False)
 
 
 def _cache_settings(defaults: dict[str, Any], env: dict[str, str]) -> dict[str, str]:
@@ -288,10 +345,12 @@ def _note_toolchain(out: Path, state: dict[str, Any]) -> None:
     toolchain fingerprint differs from the last build's in this OUT, touch those actions' spec files (an
     input of every edge): ninja re-runs them and each re-keys (a cache hit if that toolchain built it before)."""
     kinds = sorted({a["kind"] for a in state["actions"]})
-    now = {k: toolchain.fingerprint(k, out / STATE) for k in kinds}
-    before = ninja.read_state(out, "toolchain_seen.json")
-    if before == now:
+    stamp = toolchain.quick_stamp()  # a no-op build stops here: fingerprints need importlib.metadata
+    seen = ninja.read_state(out, "toolchain_seen.json") or {}
+    before = seen.get("kinds")
+    if seen.get("stamp") == stamp and before is not None and set(kinds) <= set(before):
         return
+    now = {k: toolchain.fingerprint(k, out / STATE) for k in kinds}
     if before is not None:
         changed = {k for k in kinds if k in before and before[k] != now[k]}
         for a in state["actions"]:
@@ -300,12 +359,12 @@ def _note_toolchain(out: Path, state: dict[str, Any]) -> None:
                     os.utime(out / STATE / "actions" / spec_name(a["id"]))
                 except OSError:
                     pass
-    write_bytes(out / STATE / "toolchain_seen.json", json.dumps(now, sort_keys=True).encode())
+    write_bytes(out / STATE / "toolchain_seen.json", json.dumps({"stamp": stamp, "kinds": now}, sort_keys=True).encode(),
+                durable=False)
 
 
 def _remove_dead_temps(out: Path) -> None:
     """Work dirs (OUT/.ctxbuild/tmp/<action>.<pid>) of action processes that were killed."""
-    import shutil
 
     try:
         entries = list(os.scandir(out / STATE / "tmp"))
@@ -341,7 +400,7 @@ def _write_summary(out: Path, ran: list[dict[str, Any]]) -> None:
                "executed": sum(r.get("source") == "run" for r in ran),
                "failed": sum(r.get("status") == "failed" for r in ran),
                "actions": {r["id"]: r.get("source") or r.get("status") for r in ran}}
-    write_bytes(out / STATE / "last_build.json", json.dumps(summary).encode())
+    write_if_changed(out / STATE / "last_build.json", json.dumps(summary).encode(), durable=False)
     if os.environ.get("CTXBUILD_NO_CACHE") == "1" or not ran:  # a no-op keeps the last real build's figures
         return
     hits = [r for r in ran if r.get("source") == "cache"]

@@ -91,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     a = sub.add_parser("action", description="internal: run one action (what a ninja edge runs)")
     a.add_argument("spec", help="the action's spec file (OUT/.ctxbuild/actions/<id>.json)")
     w = sub.add_parser("worker", description="internal: the fork server that runs actions")
-    w.add_argument("socket", help="unix socket path to listen on")
+    w.add_argument("listen_fd", type=int, help="the listening unix socket inherited from the driver (a file descriptor)")
     r = sub.add_parser("regenerate", description="internal: re-plan OUT/build.ninja (ninja's generator edge)")
     r.add_argument("out", type=Path, help="the output directory")
     return p
@@ -192,7 +192,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.cmd == "worker":
         from .worker import serve
 
-        serve(args.socket)
+        serve(args.listen_fd)
         return 0
     if args.cmd == "build":
         from .build import BuildOptions, build

@@ -11,11 +11,9 @@ import _struct
 import marshal
 import os
 import sys
-import time
 from array import array
 
-ENV = "CTXBUILD_WORKER"
-_CONNECT_WAIT_S = 30.0  # the worker imports for ~0.5 s after the driver starts it; first clients wait
+ENV = "CTXBUILD_WORKER"  # the path of the driver's listening socket
 
 
 def encode_request(spec: str, env: dict | None = None) -> bytes:
@@ -26,22 +24,27 @@ def encode_request(spec: str, env: dict | None = None) -> bytes:
 
 
 def run_via_worker(spec: str, target: str | None = None, fds: tuple = (1, 2), env: dict | None = None) -> int | None:
-    """Run the action in a child of the worker; None if there is no usable worker. The farm's Dask task
-    (farm/task.py) names its worker, console file and environment; ninja's edges use the defaults."""
-    target = target or os.environ.get(ENV)
-    if not target:
+    """Run the action in a child of the worker; None if there is no usable worker (then run it here). The
+    farm's Dask task (farm/task.py) names its worker's socket, console file and environment; ninja's edges
+    use the defaults."""
+    path = target or os.environ.get(ENV)
+    if not path:
         return None
-    sock_path, _, pid = target.rpartition(":")
-    conn = _connect(sock_path, int(pid))
-    if conn is None:
-        return None
+    conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        # ninja's pipe (our stdout/stderr) goes to the action process: its output reaches ninja directly.
-        conn.sendmsg([encode_request(spec, env)],
-                     [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array("i", list(fds)).tobytes())])
+        try:  # the driver listens before ninja starts: a refused connection means no worker, not "not yet"
+            conn.connect(path)
+            # ninja's pipe (our stdout/stderr) goes to the action process: its output reaches ninja directly.
+            conn.sendmsg([encode_request(spec, env)],
+                         [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array("i", list(fds)).tobytes())])
+        except OSError:  # nothing was sent: nothing ran
+            return None
         data = b""
         while len(data) < 4:
-            chunk = conn.recv(4 - len(data))
+            try:  # from here on the action may be running: never run it a second time
+                chunk = conn.recv(4 - len(data))
+            except OSError:
+                chunk = b""
             if not chunk:
                 print(f"error: {spec}: the ctxbuild worker went away", file=sys.stderr)
                 return 1
@@ -53,28 +56,6 @@ def run_via_worker(spec: str, target: str | None = None, fds: tuple = (1, 2), en
         print(f"error: {spec}: action process crashed (signal {-status}); see its log", file=sys.stderr)
         return 128 - status
     return status
-
-
-def _connect(path: str, pid: int) -> "_socket.socket | None":
-    deadline = time.monotonic() + _CONNECT_WAIT_S
-    while True:
-        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        try:
-            s.connect(path)
-            return s
-        except OSError:
-            s.close()
-        if time.monotonic() > deadline or not _alive(pid):
-            return None
-        time.sleep(0.02)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except OSError:
-        return False
 
 
 def main(argv: list[str]) -> int:

@@ -12,7 +12,9 @@ that the rest of ctxbuild reads instead of keeping lists of kind names:
   join its key (toolchain.fingerprint);
 - `deliverable`: its outputs under OUT/<target>/ are artifacts (manifest, report rows); its outputs in
   the work dir are verification twins (plan.Plan.artifacts, report.py);
-- `verification`: it checks accuracy (`ctxbuild verify` runs these edges; the report shows them per row);
+- `inputs_follow_model`: what it discovers is a function of its `model` input's bytes and place (external
+  data beside it): prerestore.py memoizes it by the model's digest instead of parsing the model;
+- `verification`: it checks accuracy (`ctxbuild verify` runs these edges; the report shows them per row).
 - `memory`: its measured peak-memory model (memory.py schedules and checks actions by it).
 
 Adding a kind: a class here and its implementation module (see README, "Adding an action kind").
@@ -39,6 +41,7 @@ class Kind:
     implementation: ClassVar[str]  # module with run(ctx) and optional hooks (ctxbuild/actions/__init__.py)
     params: ClassVar[type]  # a TypedDict: the keys every action of this kind carries in `params`
     discovers_inputs: ClassVar[bool] = False
+    inputs_follow_model: ClassVar[bool] = False
     uses_qnn: ClassVar[bool] = False
     deliverable: ClassVar[bool] = False
     verification: ClassVar[bool] = False
@@ -58,11 +61,11 @@ class Kind:
     @classmethod
     def hook(cls, name: str) -> Callable[..., Any]:
         """The implementation's `name` hook, or the default that does nothing."""
-        return getattr(cls.module(), name, _HOOK_DEFAULTS[name])
+        return getattr(cls.module(), name, HOOK_DEFAULTS[name])
 
 
 _REGISTRY: dict[str, type[Kind]] = {}
-_HOOK_DEFAULTS: dict[str, Callable[..., Any]] = {
+HOOK_DEFAULTS: dict[str, Callable[..., Any]] = {
     "discover_inputs": lambda action: {}, "warnings": lambda action: [], "summarize": lambda action: {},
     "key_extras": lambda action: {}, "check_outputs": lambda action, outputs: None,
 }
@@ -104,6 +107,7 @@ class Prepare(Kind):
     implementation = "ctxbuild.actions.prepare"
     params = PrepareParams
     discovers_inputs = True  # external data files
+    inputs_follow_model = True
     memory = MemoryModel(1.3, ("model",))  # ORT's optimizer holds the weights about once (1.08x)
 
 

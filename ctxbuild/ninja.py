@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__, kinds
-from .action import canonical_json
 from .atomic import write_if_changed
 from .layout import STATE, depfile_path, log_path, rel
 from .ninjaquote import ninja_command, ninja_path, ninja_value
@@ -47,6 +46,8 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
     """Write build.ninja, the action specs and plan state, each only if changed (ninja sees no new mtime)."""
     from . import plan_adapters
 
+    from .action import canonical_json
+
     out = plan.out
     state = out / STATE
     specs = state / "actions"
@@ -58,7 +59,7 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
     for a in plan.actions:
         spec_path = specs / a.spec_name
         wanted_specs.add(spec_path.name)
-        write_if_changed(spec_path, canonical_json(a.to_spec()))
+        write_if_changed(spec_path, canonical_json(a.to_spec()), durable=False)
         outs = [_rel(p, out) for p in a.outputs.values()]
         ins = [_rel(p, out) for p in a.inputs.values()] + [_rel(str(w), out) for w in a.watch]
         ins.append(_rel(str(spec_path), out))
@@ -92,7 +93,7 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
         regen=ninja_command([sys.executable, "-m", "ctxbuild", "regenerate", str(out)]),
         generator_deps=[_rel(p, out) for p in generator_deps], edges=edges, phonies=phonies)
 
-    write_if_changed(state / "invocation.json", canonical_json(invocation))
+    write_if_changed(state / "invocation.json", canonical_json(invocation), durable=False)
     write_if_changed(state / "plan.json", canonical_json({
         "artifacts": plan.artifacts(),
         "adapters": plan_adapters.adapter_rows(plan.actions, plan.graph.successors),
@@ -101,8 +102,8 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
                      "deps": sorted(plan.graph.predecessors(a.id))} for a in plan.actions],
         "generator_deps": generator_deps,  # the driver's staleness check stats exactly the generator edge's inputs
         "cache": plan.recipes.cache,
-    }))
-    if not write_if_changed(out / "build.ninja", text.encode()):
+    }), durable=False)
+    if not write_if_changed(out / "build.ninja", text.encode(), durable=False):
         os.utime(out / "build.ninja")  # the generator edge's output must end newer than its inputs, or it loops
     clean_dead(out, {a.id for a in plan.actions})
 
@@ -167,6 +168,18 @@ def run(out: Path, targets: list[str], *, jobs: int | None, keep_going: int, dry
     full_env.setdefault("NINJA_STATUS", "[%f/%t] ")
     # cwd, not -C: no "Entering directory" noise. ninja dies with the driver (it kills its running edges).
     return subprocess.call(cmd, env=full_env, cwd=out, preexec_fn=die_with_parent)
+
+
+def pending(out: Path, targets: list[str]) -> list[str] | None:
+    """The commands a build of `targets` would run, in ninja's order (its dry run, `ninja -n -v`); [] for a
+    no-op; None if ninja could not tell (a broken build.ninja: the real run will say why)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS")}  # a dry run takes no job slots
+    p = subprocess.run([ninja_binary(), "-n", "-v", *targets], cwd=out, capture_output=True,
+                       env={**env, "NINJA_STATUS": ""})
+    if p.returncode != 0:
+        return None
+    lines = p.stdout.decode(errors="surrogateescape").splitlines()
+    return [ln for ln in lines if not ln.startswith("ninja: ")]
 
 
 def read_state(out: Path, name: str) -> dict[str, Any] | None:

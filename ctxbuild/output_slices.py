@@ -9,11 +9,12 @@ the float model: a Concat making a graph output), or always for slices the recip
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable
 
 from .split_outputs import concat_outputs
+
+if TYPE_CHECKING:  # imported where arrays are made: a cache hit needs no numpy
+    import numpy as np
 
 RANGE_RATIO = 10.0  # one order of magnitude between the largest and smallest slice's max |value|
 
@@ -46,6 +47,8 @@ def _range_label(sizes: tuple[int, ...], i: int) -> str:
 def measure(ref: np.ndarray, got: np.ndarray, s: Slices,
             metrics: Callable[[np.ndarray, np.ndarray], dict[str, Any]]) -> list[dict[str, Any]] | None:
     """Metrics per slice, or None when the slices' ranges are alike (and the recipe did not ask)."""
+    import numpy as np
+
     got = got.reshape(ref.shape)
     axis = s.axis if s.axis >= 0 else s.axis + ref.ndim
     if not 0 <= axis < ref.ndim or sum(s.sizes) != ref.shape[axis]:

@@ -476,9 +476,14 @@ def render_html(report: dict[str, Any], out: Path | None = None) -> str:
     import jinja2
 
     cache = None
-    if out is not None and (out / STATE).is_dir():  # the compiled template, so a no-op build skips the compile
-        cache = jinja2.FileSystemBytecodeCache(str(out / STATE / "jinja"))
-        (out / STATE / "jinja").mkdir(exist_ok=True)
+    if out is not None:  # the compiled template, in the user cache: a fresh OUT skips the compile too
+        from .layout import cache_dir
+
+        try:
+            (cache_dir() / "jinja").mkdir(parents=True, exist_ok=True)
+            cache = jinja2.FileSystemBytecodeCache(str(cache_dir() / "jinja"))
+        except OSError:  # a read-only cache dir: compile every time
+            pass
     env = environment(autoescape=True, bytecode_cache=cache, auto_reload=True)
     env.filters.update(size=fmt_size, secs=fmt_secs, pct=fmt_pct, num=fmt_num)
     return env.get_template("report.html.j2").render(r=report, b=report["build"])

@@ -19,7 +19,7 @@ from .atomic import write_bytes
 from .capture import captured
 from .digests import DigestMemo, sha256_file
 from .errors import ActionError, CtxbuildError
-from .layout import STATE, cache_dir, depfile_path, log_path, record_path, rel
+from .layout import STATE, cache_dir, depfile_path, log_path, record_path, rel, spec_name
 from .ninjaquote import depfile_path as depfile_quote
 
 
@@ -53,24 +53,18 @@ def main(spec_arg: str) -> int:
     record_file = record_path(out, action.id)
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    record: dict[str, Any] = {"id": action.id, "kind": action.kind, "recipes": action.recipes,
-                              "target": action.target, "build_id": os.environ.get("CTXBUILD_BUILD_ID"),
-                              "started": time.time()}
+    record = new_record(action, os.environ.get("CTXBUILD_BUILD_ID"))
     previous = _read_json(record_file)
     memo = DigestMemo(out / STATE / "digests.sqlite")
     tmp = out / STATE / "tmp" / f"{action.spec_name[:-5]}.{os.getpid()}"
     cache = None
     try:
         with captured(log):
-            cache = _open_cache()
-            known = _restore_or_run(action, kind, out, tmp, log, memo, cache, previous, record)
-        _record_outputs(action, out, memo, record, known)
-        record.update(kind.hook("summarize")(action))
-        record["status"] = "ok"
-        record["warnings"] = kind.hook("warnings")(action)
-        if cache:
-            record["cache_warnings"] = cache.warnings
-        for w in record["warnings"] + record.get("cache_warnings", []):
+            cache = open_cache()
+            if cache:
+                cache.warnings += carried_warnings(out, action.id, record["build_id"])
+            known, summary = _restore_or_run(action, kind, out, tmp, log, memo, cache, previous, record)
+        for w in complete_record(action, out, record, known, memo, cache, summary):
             print(f"ctxbuild: warning: {w}", file=sys.stderr)
     except CtxbuildError as e:
         record.update(status="failed", cause=str(e))
@@ -90,7 +84,7 @@ def main(spec_arg: str) -> int:
         record["log"] = str(log.relative_to(out))
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            write_bytes(record_file, canonical_json(record))
+            write_bytes(record_file, canonical_json(record), durable=False)
         except OSError as e:  # a full OUT: the action fails with one line (the driver finds no record)
             record.update(status="failed", cause=f"cannot write its record: {e.strerror}")
         memo.close()
@@ -102,32 +96,30 @@ def main(spec_arg: str) -> int:
 
 
 def _restore_or_run(action: Action, kind: type[kinds.Kind], out: Path, tmp: Path, log: Path, memo: DigestMemo,
-                    cache: Any, previous: dict[str, Any] | None, record: dict[str, Any]) -> Any:
+                    cache: Any, previous: dict[str, Any] | None, record: dict[str, Any]) -> tuple[Any, dict | None]:
     """Key the action, then restore its outputs from the cache or run it and store them. Returns the cache
-    record when the cache hashed the placed outputs (restored or stored), else None."""
+    record when the cache hashed the placed outputs (restored or stored), else None, and the summarize
+    hook's result when the action ran here (it goes into the cache record: a restore need not load the
+    outputs again to make it)."""
     start = time.monotonic()
     discovered = kind.hook("discover_inputs")(action)
-    _write_depfile(out, action, discovered)
-    components = _key_components(action, discovered, memo, out / STATE)
-    key = _digest(components)
-    record.update(key=key, key_detail=components)
-    record["why"] = _why(previous, record)
+    key, components = action_key(action, out, memo, discovered)
+    note_key(record, key, components, previous)
     dests = {r: Path(p) for r, p in action.outputs.items()}
     hit = cache.lookup(key) if cache else None
-    if hit is not None and cache.restore(hit, dests) and _restored_ok(action, kind, cache):
+    if hit is not None and cache.restore(hit, dests) and restored_ok(action, kind, cache):
         record["source"] = "cache"
         record["cache_origin"] = "remote" if cache.hits_remote else "local"
         record["original_seconds"] = hit.meta.get("seconds")  # what the work cost when it ran
-        print(f"restored {action.id} from cache (key {key[:16]}); the original log follows")
         sys.stdout.flush()
-        os.write(1, cache.read_log(hit) or b"")
-        return hit
+        os.write(1, restored_log(action, key, cache, hit))
+        return hit, None
     farm = _run_on_farm(action, key, components, discovered, cache, out)
-    if farm is not None and _restored_ok(action, kind, cache):  # ran on the cluster, restored from the cache
+    if farm is not None and restored_ok(action, kind, cache):  # ran on the cluster, restored from the cache
         record.update(farm.info)
         record["source"] = "run"
         record["cache_origin"] = "farm"
-        return farm.record
+        return farm.record, None
     need = _memory_estimate(action)
     record["memory_estimate"] = need
     memory.check_fits(need)
@@ -142,20 +134,14 @@ def _restore_or_run(action: Action, kind: type[kinds.Kind], out: Path, tmp: Path
     _place_outputs(action, tmp)
     record["source"] = "run"
     record["cache_origin"] = None if cache else "off"
+    summary = kind.hook("summarize")(action)
     if not cache:
-        return None
-    return cache.store(key, dests, log.read_bytes(), {"id": action.id, "seconds": round(time.monotonic() - start, 3)})
+        return None, summary
+    return cache.store(key, dests, log.read_bytes(), {"id": action.id, "seconds": round(time.monotonic() - start, 3),
+                                                      "summary": summary}), summary
 
 
-def _record_outputs(action: Action, out: Path, memo: DigestMemo, record: dict[str, Any], known: Any) -> None:
-    """Path, digest and size of each placed output; the memo learns them (consumers need not hash again)."""
-    hashed = {e.name: (e.digest, e.size) for e in known.outputs} if known is not None else {}
-    record["outputs"] = {r: _describe_output(Path(p), out, hashed.get(r)) for r, p in action.outputs.items()}
-    for r, p in action.outputs.items():
-        memo.remember(Path(p), record["outputs"][r]["sha256"])
-
-
-def _restored_ok(action: Action, kind: type[kinds.Kind], cache: Any) -> bool:
+def restored_ok(action: Action, kind: type[kinds.Kind], cache: Any) -> bool:
     """Restored outputs get the same check as fresh ones: a poisoned record is a miss, and the action runs."""
     try:
         kind.hook("check_outputs")(action, {r: Path(p) for r, p in action.outputs.items()})
@@ -174,7 +160,68 @@ def _memory_estimate(action: Action) -> int:
         return memory.estimate(action)
 
 
-def _open_cache() -> Any:
+def new_record(action: Action, build_id: str | None) -> dict[str, Any]:
+    return {"id": action.id, "kind": action.kind, "recipes": action.recipes, "target": action.target,
+            "build_id": build_id, "started": time.time()}
+
+
+def note_key(record: dict[str, Any], key: str, components: dict[str, Any], previous: dict[str, Any] | None) -> None:
+    """The key, its components, and which of them changed since `previous` (this action's last record)."""
+    record.update(key=key, key_detail=components)
+    record["why"] = _why(previous, record)
+
+
+def action_key(action: Action, out: Path, memo: DigestMemo,
+               discovered: dict[str, Path] | None = None) -> tuple[str, dict[str, Any]]:
+    """The action key and its components; files found at run time (`discovered`: already found) also go to
+    ninja's depfile."""
+    if discovered is None:
+        discovered = kinds.get(action.kind).hook("discover_inputs")(action)
+    _write_depfile(out, action, discovered)
+    components = _key_components(action, discovered, memo, out / STATE)
+    return _digest(components), components
+
+
+def restored_log(action: Action, key: str, cache: Any, hit: Any) -> bytes:
+    """What a restored action's log holds: a line saying so, then the log of the run that was cached."""
+    head = f"restored {action.id} from cache (key {key[:16]}); the original log follows\n".encode()
+    return head + (cache.read_log(hit) or b"")
+
+
+def complete_record(action: Action, out: Path, record: dict[str, Any], known: Any, memo: DigestMemo,
+                    cache: Any, summary: dict[str, Any] | None = None) -> list[str]:
+    """Fill in a succeeded action's record (outputs, summary, warnings); returns the warnings to show.
+    `known`: the cache record whose digests the placed outputs were checked against, if any; `summary`:
+    the summarize hook's result if known (computed when the action ran, or kept in that cache record)."""
+    hashed = {e.name: (e.digest, e.size) for e in known.outputs} if known is not None else {}
+    record["outputs"] = {r: _describe_output(Path(p), out, hashed.get(r)) for r, p in action.outputs.items()}
+    for r, p in action.outputs.items():  # consumers later in this build need not hash them again
+        memo.remember(Path(p), record["outputs"][r]["sha256"])
+    if summary is None and known is not None and isinstance(known.meta.get("summary"), dict):
+        summary = known.meta["summary"]
+    record.update(kinds.get(action.kind).hook("summarize")(action) if summary is None else summary)
+    record["status"] = "ok"
+    record["warnings"] = kinds.get(action.kind).hook("warnings")(action)
+    shown = list(record["warnings"])
+    if cache:
+        record["cache_warnings"] = cache.warnings
+        shown += cache.warnings
+    return shown
+
+
+def carried_warnings(out: Path, action_id: str, build_id: str | None, warnings: list[str] | None = None) -> list[str]:
+    """Cache warnings met for this action earlier in the same build (prerestore.py's look-ahead, whose miss
+    left it to ninja): given `warnings`, store them; else return and forget what was stored."""
+    path = out / STATE / "carried" / spec_name(action_id)
+    if warnings is not None:
+        write_bytes(path, canonical_json({"build_id": build_id, "warnings": warnings}), durable=False)
+        return warnings
+    data = _read_json(path)
+    path.unlink(missing_ok=True)
+    return data["warnings"] if data and data.get("build_id") == build_id else []
+
+
+def open_cache() -> Any:
     """The layered cache the environment describes (the driver turns flags and defaults into it)."""
     if os.environ.get("CTXBUILD_NO_CACHE") == "1":
         return None
@@ -292,7 +339,7 @@ def _write_depfile(out: Path, action: Action, discovered: dict[str, Path]) -> No
         return
     outs = " ".join(depfile_quote(rel(p, out)) for p in action.outputs.values())
     deps = " ".join(depfile_quote(str(p)) for p in discovered.values())
-    write_bytes(depfile_path(out, action.id), f"{outs}: {deps}\n".encode())
+    write_bytes(depfile_path(out, action.id), f"{outs}: {deps}\n".encode(), durable=False)
 
 
 _NOISE = ("File mapped weights feature", "EPContext encryption config", "LIBNATIVE", "Please consider",

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import sys
 from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +15,13 @@ from .layout import cache_dir
 # Bump when an action's outputs change for the same inputs (new parameters, different layout...).
 ACTION_SCHEMA_VERSION = 3  # 2: verify checks output slices; 3: models carry <model>.data, compiled from staging.fixed_dir
 EP_NAME = "QNNExecutionProvider"
+LIBRARIES = ("libQnnHtp.so", "libHtpPrepare.so", "libonnxruntime_providers_qnn.so")  # what a QNN change changes
 
 
 @lru_cache(maxsize=None)
 def version(dist: str) -> str:
+    from importlib import metadata
+
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -29,14 +31,15 @@ def version(dist: str) -> str:
 @lru_cache(maxsize=1)
 def qnn_library_dir() -> Path:
     """Directory of the onnxruntime-qnn wheel's shared libraries (found without importing onnxruntime)."""
+    from importlib import metadata
+
     dist = metadata.distribution("onnxruntime-qnn")
     return Path(str(dist.locate_file("onnxruntime_qnn")))
 
 
 def library_files() -> list[Path]:
     """Files whose change means a different compiler: generator-edge inputs, and the SDK id memo's stamp."""
-    d = qnn_library_dir()
-    return [d / "libQnnHtp.so", d / "libHtpPrepare.so", d / "libonnxruntime_providers_qnn.so"]
+    return [qnn_library_dir() / name for name in LIBRARIES]
 
 
 def _stamp() -> list[Any]:
@@ -71,6 +74,8 @@ def sdk_build_id(out_state: Path | None) -> str:
 
 def _probe_sdk_build_id() -> str:
     """Compile a one-node model and read the SDK version the EP writes: exactly what artifacts will carry."""
+    import tempfile
+
     import numpy as np
     import onnx
     from onnx import TensorProto, helper
@@ -106,6 +111,31 @@ def fingerprint(kind: str, out_state: Path) -> dict[str, Any]:
     if override := os.environ.get("CTXBUILD_TOOLCHAIN_OVERRIDE"):  # for tests only: pose as another toolchain
         fp.update(json.loads(override))
     return fp
+
+
+def quick_stamp() -> list[Any]:
+    """Everything `fingerprint` depends on, read with directory listings and a few stats instead of
+    importlib.metadata (~30 ms to import): the toolchain packages' dist-info names (they carry the versions)
+    and the QNN libraries' stats. Unchanged stamp, unchanged fingerprints; the no-op build checks only this."""
+    found: list[Any] = []
+    for d in sys.path:
+        try:
+            names = os.listdir(d or ".")
+        except OSError:
+            continue
+        found += [[d, n] for n in sorted(names) if n.endswith(".dist-info")
+                  and n.startswith(("onnx-", "onnxruntime-", "onnxruntime_qnn-"))]
+        if "onnxruntime_qnn" in names:
+            libs = [os.path.join(d, "onnxruntime_qnn", name) for name in LIBRARIES]
+            found += [[f, st.st_size, st.st_mtime_ns] for f in libs for st in _stats(f)]
+    return [ACTION_SCHEMA_VERSION, found]
+
+
+def _stats(f: str) -> list[os.stat_result]:
+    try:
+        return [os.stat(f)]
+    except OSError:
+        return []
 
 
 def summary(out_state: Path | None) -> dict[str, str]:

@@ -5,6 +5,8 @@ child starts with onnx, onnxruntime, the quantizer and the registered QNN EP alr
 instead of ~0.25 s per action. ninja runs `python -S .../client.py SPEC`; the client sends
 the spec, its environment and its stdout/stderr (ninja's pipe) over a unix socket and exits with the
 child's status. Without a worker (e.g. plain `ninja` in OUT) the client runs the action itself.
+The driver listens on the socket before ninja starts and the worker process behind it starts on demand
+(`Worker`): a build that restores everything up front or has nothing to do never starts one.
 
 The server is single-threaded (a selector over the listening socket, client connections and child
 pidfds): forking from a multi-threaded process is unsafe.
@@ -20,6 +22,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -32,30 +35,113 @@ from .procs import die_with_parent
 
 # --- the driver side -------------------------------------------------------------------------------
 
-@contextmanager
-def running(log: Path) -> Iterator[dict[str, str]]:
-    """Start a worker for the duration of a ninja run; yields the environment that points clients at it."""
-    d = tempfile.mkdtemp(prefix="ctxbuild-w-")  # short path (AF_UNIX limit 108), private (0700)
-    sock = os.path.join(d, "s")
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "wb") as logf:
-        proc = subprocess.Popen([sys.executable, "-m", "ctxbuild", "worker", sock], stdout=logf, stderr=logf,
-                                stdin=subprocess.DEVNULL)
-    try:
-        yield {ENV: f"{sock}:{proc.pid}"}
-    finally:
-        _stop(proc)
-        for p in (sock, d):
+class Worker:
+    """A listening socket ninja's clients can use from the start, and the worker process behind it, started
+    on demand: by the first client that connects, or by the driver once it knows actions will run. A build
+    that runs no action (a no-op, everything restored up front) never pays the worker's ~0.5 s of imports."""
+
+    def __init__(self, log: Path) -> None:
+        self._dir = tempfile.mkdtemp(prefix="ctxbuild-w-")  # short path (AF_UNIX limit 108), private (0700)
+        self.path = os.path.join(self._dir, "s")
+        self._log = log
+        self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._srv.bind(self.path)
+        self._srv.listen(64)  # clients queue here while the worker imports
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._stopping = False
+        self._wake_r, self._wake_w = os.pipe()
+        self._watcher = threading.Thread(target=self._watch, name="ctxbuild-worker-watch", daemon=True)
+        self._watcher.start()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {ENV: self.path}
+
+    @property
+    def started(self) -> bool:
+        return self._proc is not None
+
+    @property
+    def dead(self) -> bool:
+        """Started and exited since (reaped here): the farm's Dask task starts another."""
+        return self._proc is not None and self._proc.poll() is not None
+
+    def start(self) -> None:
+        """Have the worker started now (once), e.g. from the first cache miss before ninja runs. The watcher
+        thread starts it: the worker's parent thread must live as long as the worker (PR_SET_PDEATHSIG)."""
+        os.write(self._wake_w, b"s")
+
+    def _spawn(self) -> None:
+        with self._lock:
+            if self._proc is not None or self._stopping:
+                return
+            self._log.parent.mkdir(parents=True, exist_ok=True)
+            fd = self._srv.fileno()
+            with open(self._log, "wb") as logf:
+                self._proc = subprocess.Popen([sys.executable, "-m", "ctxbuild", "worker", str(fd)], stdout=logf,
+                                              stderr=logf, stdin=subprocess.DEVNULL, pass_fds=(fd,))
+
+    def _watch(self) -> None:
+        """Start the worker when asked to or when a client connects. If it dies while the build goes on,
+        close the socket, so that clients fail at once instead of waiting for it. This thread lives until
+        stop()."""
+        import select
+
+        while self._proc is None and not self._stopping:
+            ready = select.select([self._srv, self._wake_r], [], [])[0]
+            asked = self._wake_r in ready and b"s" in os.read(self._wake_r, 64)
+            if (asked or self._srv in ready) and not self._stopping:
+                self._spawn()
+        pidfd = os.pidfd_open(self._proc.pid) if self._proc is not None else None
+        try:
+            while not self._stopping:
+                ready = select.select([self._wake_r] + ([pidfd] if pidfd is not None else []), [], [])[0]
+                if self._wake_r in ready:
+                    os.read(self._wake_r, 64)
+                elif pidfd in ready:
+                    with self._lock:
+                        if not self._stopping:
+                            self._srv.close()
+                    os.close(pidfd)
+                    pidfd = None
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+        os.write(self._wake_w, b"x")
+        self._watcher.join()
+        if self._proc is not None:
+            _stop(self._proc)
+        self._srv.close()
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+        for p in (self.path, self._dir):
             try:
-                os.unlink(p) if p == sock else os.rmdir(p)
+                os.unlink(p) if p == self.path else os.rmdir(p)
             except OSError:
                 pass
+
+
+@contextmanager
+def running(log: Path) -> Iterator[Worker]:
+    """A worker (started on demand) for the duration of a ninja run; `.env` points clients at it."""
+    w = Worker(log)
+    try:
+        yield w
+    finally:
+        w.stop()
 
 
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM, then wait on a pidfd: Popen.wait(timeout=) polls with sleeps (~0.1 s lost per build)."""
     import select
 
+    if proc.poll() is not None:  # exited already (and reaped: no pidfd to open)
+        return
     pidfd = os.pidfd_open(proc.pid)
     try:
         proc.terminate()
@@ -68,10 +154,11 @@ def _stop(proc: subprocess.Popen) -> None:
 
 # --- the server -------------------------------------------------------------------------------------
 
-def serve(sock_path: str) -> None:
+def serve(listen_fd: int) -> None:
+    """Accept on the driver's listening socket (inherited as `listen_fd`) until SIGTERM."""
     parent = _exit_with_parent()
     _preload()
-    srv = _listen(sock_path)
+    srv = socket.socket(fileno=listen_fd)
     sel = selectors.DefaultSelector()
     sel.register(srv, selectors.EVENT_READ, ("accept", None))
     stop = False
@@ -121,11 +208,6 @@ def serve(sock_path: str) -> None:
         if stop and srv.fileno() != -1:  # stop accepting; the loop ends once running children are done
             sel.unregister(srv)
             srv.close()
-            for path, remove in ((sock_path, os.unlink), (os.path.dirname(sock_path), os.rmdir)):
-                try:  # the driver does this too, unless it was killed
-                    remove(path)
-                except OSError:
-                    pass
 
 
 def _preload() -> None:
@@ -144,14 +226,6 @@ def _preload() -> None:
     ctypes.CDLL(str(toolchain.qnn_library_dir() / "libQnnHtp.so"))
     for dist in ("onnx", "onnxruntime", "onnxruntime-qnn"):  # memoized: children inherit the answers
         toolchain.version(dist)
-
-
-def _listen(sock_path: str) -> socket.socket:
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(sock_path + ".tmp")
-    srv.listen(64)
-    os.rename(sock_path + ".tmp", sock_path)  # clients see the socket only once it accepts
-    return srv
 
 
 def _reap(pid: int, sel: selectors.BaseSelector, children: dict[int, tuple[socket.socket, int]]) -> None:

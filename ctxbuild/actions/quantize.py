@@ -4,9 +4,7 @@ from __future__ import annotations
 import difflib
 import os
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ..action import Action
 from ..adapters import CalibrationSet
@@ -14,6 +12,9 @@ from ..errors import ActionError
 from ..quantization import QUANT_TYPES, get_qnn_qdq_kwargs
 from .modelio import data_path, load
 from .samples import from_files, input_spec, list_samples, random_samples
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def discover_inputs(action: Action) -> dict[str, Path]:
@@ -80,6 +81,7 @@ _BIAS_INPUT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
 def tensor_overrides(model: Any, s: dict[str, Any], recipe: str) -> dict[str, list[dict[str, Any]]]:
     """onnxruntime TensorQuantOverrides from the recipe's per-node and per-tensor settings (tensors win).
     A node override sets the type of the node's weights (initializer inputs, biases excepted) and outputs."""
+    import numpy as np
     from onnxruntime.quantization import QuantType
 
     def qtype(name: str) -> Any:

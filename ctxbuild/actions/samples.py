@@ -2,15 +2,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ..errors import ActionError
 from .modelio import graph_inputs
 
 RANDOM_SEED = 0
-InputSpec = dict[str, tuple[tuple[int, ...], np.dtype]]
+if TYPE_CHECKING:  # numpy is imported where arrays are made: listing samples (a cache lookup) needs none
+    import numpy as np
+
+InputSpec = dict[str, tuple[tuple[int, ...], "np.dtype"]]
 
 
 def list_samples(d: Path, limit: int, recipe: str) -> dict[str, Path]:
@@ -22,6 +23,7 @@ def list_samples(d: Path, limit: int, recipe: str) -> dict[str, Path]:
 
 
 def input_spec(model: Any) -> InputSpec:
+    import numpy as np
     from onnx.helper import tensor_dtype_to_np_dtype
 
     return {i.name: (tuple(d.dim_value for d in i.type.tensor_type.shape.dim),
@@ -29,6 +31,8 @@ def input_spec(model: Any) -> InputSpec:
 
 
 def random_samples(spec: InputSpec, n: int) -> Iterator[dict[str, np.ndarray]]:
+    import numpy as np
+
     rng = np.random.default_rng(RANDOM_SEED)
     for _ in range(n):
         yield {name: rng.random(shape).astype(dtype) for name, (shape, dtype) in spec.items()}
@@ -40,6 +44,8 @@ def from_files(spec: InputSpec, files: dict[str, Path], recipe: str) -> Iterator
 
 
 def load_sample(path: Path, spec: InputSpec) -> dict[str, np.ndarray]:
+    import numpy as np
+
     try:
         if path.suffix == ".npz":
             with np.load(path, allow_pickle=False) as z:
@@ -53,6 +59,8 @@ def load_sample(path: Path, spec: InputSpec) -> dict[str, np.ndarray]:
 
 
 def check_sample(sample: dict[str, np.ndarray], spec: InputSpec, path: Path, recipe: str) -> dict[str, np.ndarray]:
+    import numpy as np
+
     unknown = sorted(set(sample) - set(spec))
     missing = sorted(set(spec) - set(sample))
     if unknown or missing:

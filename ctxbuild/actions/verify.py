@@ -12,12 +12,9 @@ action with a clear line, never the worker, ninja or the driver.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import time
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from .. import output_slices, toolchain
 from ..action import Action
@@ -25,6 +22,9 @@ from ..errors import ActionError
 from .modelio import load
 from .samples import from_files, input_spec, list_samples, random_samples
 from .verify_memo import OutputsMemo, wrapper_identity
+
+if TYPE_CHECKING:  # imported where used: the cache-hit path (listing samples, warnings) needs no numpy
+    import numpy as np
 
 SNR_CAP_DB = 120.0
 _ZERO_POWER = 1e-20
@@ -112,6 +112,8 @@ def _hint(a: Action, ref_model: Path, samples: list[dict[str, np.ndarray]], refe
 
 
 def metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, float | None]:
+    import numpy as np
+
     r = ref.astype(np.float64).ravel()
     g = got.astype(np.float64).reshape(ref.shape).ravel()
     p_ref, p_got, p_err = float(r @ r), float(g @ g), float((r - g) @ (r - g))
@@ -152,6 +154,7 @@ def failures(result: dict[str, Any]) -> list[str]:
 
 
 def _cpu_outputs(model: Path, samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    import numpy as np
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -168,6 +171,8 @@ def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallb
     """Run on the simulator in a child process (one session for all samples); its crash or hang becomes an
     ActionError here. `timing` receives the child's session load and run seconds. `adapter`: an
     `.onnx_adapter` bound to every run (RunOptions.add_active_adapter)."""
+    import multiprocessing
+
     mp = multiprocessing.get_context("fork")  # the parent already imported onnxruntime: fork is cheap
     recv, send = mp.Pipe(duplex=False)
     child = mp.Process(target=_simulate_child, args=(ctx_model, samples, cpu_fallback, send, adapter), daemon=True)
@@ -199,6 +204,7 @@ def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallb
 
 def _simulate_child(ctx_model: Path, samples: list[dict[str, np.ndarray]], cpu_fallback: bool, send: Any,
                     adapter: Path | None = None) -> None:
+    import numpy as np
     import onnxruntime as ort
 
     try:

@@ -11,15 +11,16 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ..adapters import read_onnx_adapter
 from ..errors import ActionError
 from . import verify
 from .modelio import load
 from .samples import from_files, input_spec, random_samples
+
+if TYPE_CHECKING:  # imported where used: a cache hit needs no numpy
+    import numpy as np
 
 # A value counts as clipped when it lies beyond its encoding's range by more than half a quantization step.
 CLIP_STEPS = 0.5
@@ -66,6 +67,7 @@ def run(ctx: Any) -> None:
 
 def encodings(qdq_model: Path) -> dict[str, tuple[float, float, float]]:
     """Float tensor -> (low, high, step) its QuantizeLinear node can represent, from the quantized model."""
+    import numpy as np
     import onnx
     from onnx import numpy_helper
 
@@ -88,6 +90,7 @@ def encodings(qdq_model: Path) -> dict[str, tuple[float, float, float]]:
 def clipped_tensors(reference: Path, qdq_model: Path, feeds: list[dict[str, np.ndarray]],
                     bound: dict[str, np.ndarray], tmp: Path) -> list[dict[str, Any]]:
     """Tensors of the float model (and the adapter's own slot values) outside their encoding's range."""
+    import numpy as np
     import onnxruntime as ort
     from onnxruntime.quantization.qdq_loss_debug import collect_activations, modify_model_output_intermediate_tensors
 

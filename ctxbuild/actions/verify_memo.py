@@ -13,13 +13,15 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import numpy as np
 
 from ..action import canonical_json
 
-Outputs = dict[str, np.ndarray]
+if TYPE_CHECKING:  # imported where used: a verify cache hit needs no numpy
+    import numpy as np
+
+Outputs = dict[str, "np.ndarray"]
 
 
 def wrapper_identity(ctx_model: Path) -> str:
@@ -45,6 +47,8 @@ class OutputsMemo:
 
     def get_or_compute(self, what: str, parts: Any, compute: Callable[[], Outputs]) -> Outputs:
         """`what` names the computation (and is reported in `hits`); `parts` is everything it depends on."""
+        import numpy as np
+
         if self.cache is None:
             return compute()
         key = hashlib.sha256(canonical_json(["verify-memo", what, parts])).hexdigest()

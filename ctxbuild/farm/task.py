@@ -42,7 +42,7 @@ _RECORD_FIELDS = frozenset({"id", "kind", "recipes", "target", "build_id", "star
 _DROP_ENV = (FARM_ENV, FALLBACK_ENV, "CTXBUILD_NO_CACHE", "CTXBUILD_REMOTE_READ_ONLY", WORKER_ENV)
 
 _lock = threading.Lock()
-_server: dict[str, Any] = {}  # this worker process's fork server: {"env": {...}, "stack": ExitStack}
+_server: dict[str, Any] = {}  # this worker process's fork server: {"worker": worker.Worker, "stack": ExitStack}
 
 
 def scratch_root(worker: Any) -> Path:
@@ -63,7 +63,6 @@ class FarmPlugin(WorkerPlugin):
     async def setup(self, worker: Any) -> None:
         root = scratch_root(worker)
         root.mkdir(parents=True, exist_ok=True)
-        # Started from the event loop's thread: the fork server dies with the thread that started it.
         _fork_server(root)
         fps = await asyncio.to_thread(fingerprints, root)
         await worker.set_resources(**{toolchain_resource(fp): TOOLCHAIN_CAPACITY for fp in fps.values()})
@@ -72,25 +71,21 @@ class FarmPlugin(WorkerPlugin):
     # use the fork server. It ends with the worker process (it follows its parent).
 
 
-def _fork_server(root: Path) -> dict[str, str]:
+def _fork_server(root: Path) -> str:
+    """The socket of this Dask worker's fork server, started now if there is none or it died."""
     from .. import worker as forkserver
 
     with _lock:
-        env = _server.get("env")
-        if env is not None and _alive(int(env[WORKER_ENV].rpartition(":")[2])):
-            return env
+        w = _server.get("worker")
+        if w is not None and not w.dead:
+            return w.path
+        if w is not None:  # its socket is closed already (worker.Worker): clean up, start another
+            _server["stack"].close()
         stack = ExitStack()
-        env = stack.enter_context(forkserver.running(root / "forkserver.log"))
-        _server.update(env=env, stack=stack)
-        return env
-
-
-def _alive(pid: int) -> bool:
-    """The fork server is our child: a dead one is a zombie until reaped, which kill(pid, 0) calls alive."""
-    try:
-        return os.waitpid(pid, os.WNOHANG) == (0, 0)
-    except ChildProcessError:  # reaped already, or not ours
-        return False
+        w = stack.enter_context(forkserver.running(root / "forkserver.log"))
+        w.start()  # import now, while the plugin sets up, not on the first action
+        _server.update(worker=w, stack=stack)
+        return w.path
 
 
 def run_action(req: dict[str, Any]) -> dict[str, Any]:
@@ -143,7 +138,7 @@ def _run_in(task_dir: Path, req: dict[str, Any], root: Path) -> dict[str, Any]:
     env.update(CTXBUILD_REMOTE_CACHE=store["url"], CTXBUILD_REMOTE_TOKEN_ENV=store["token_env"],
                CTXBUILD_REMOTE_TIMEOUT=str(store["timeout"]), CTXBUILD_BUILD_ID=req.get("build_id") or "")
     with open(task_dir / "console.txt", "wb") as console:
-        code = run_via_worker(str(spec), _fork_server(root)[WORKER_ENV], fds=(console.fileno(), console.fileno()),
+        code = run_via_worker(str(spec), _fork_server(root), fds=(console.fileno(), console.fileno()),
                               env=env)
     record = _read_json(record_path(out, action["id"]))
 
