@@ -37,6 +37,15 @@ def conv_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=OPSET, ir_version=IR_VERSION)
 
 
+def nonzero_model() -> onnx.ModelProto:
+    """Relu then NonZero (node `find_nonzero`), an op QNN rejects: a compile that fails for a real reason."""
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="relu0"),
+                               helper.make_node("NonZero", ["r"], ["y"], name="find_nonzero")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    return helper.make_model(graph, opset_imports=OPSET, ir_version=IR_VERSION)
+
+
 def matmul_model(name: str, rows: int = 1, relu: bool = False) -> onnx.ModelProto:
     """Two inputs, two outputs: z = x @ W + y and Relu(z) or 2 * z. Every variant uses the same W,
     so two of them compiled into one context can share it."""

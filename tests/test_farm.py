@@ -193,16 +193,11 @@ def test_deterministic_failure_is_not_retried(tmp_path: Path, example_models: Pa
                                               remote: str) -> None:
     cluster = shared_cluster
     import onnx
-    from onnx import TensorProto, helper
+
+    from tests._qnn_models import nonzero_model
 
     tree = _copy_tree(tmp_path, example_models)
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="relu0"),
-                           helper.make_node("NonZero", ["r"], ["y"], name="find_nonzero")], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 10
-    onnx.save(m, tree / "models" / "nz.onnx")
+    onnx.save(nonzero_model(), tree / "models" / "nz.onnx")
     (tree / "bad.yaml").write_text("model: models/nz.onnx\nprecision: fp16\ntargets: [SM8650]\nverify: false\n")
     r = _run(_farm_args(tree, tmp_path / "out", cluster, remote, "--only", "bad"), tmp_path / "cache")
     assert r.returncode == 1

@@ -21,8 +21,8 @@ from urllib.parse import unquote
 
 import onnx
 import pytest
-from onnx import TensorProto, helper
 
+from tests._qnn_models import nonzero_model
 from tests.conftest import RECIPES
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -44,13 +44,7 @@ def built(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> dic
     tree = root / "recipes"
     shutil.copytree(RECIPES, tree, ignore=shutil.ignore_patterns("models"))
     shutil.copytree(example_models, tree / "models")
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="relu0"),
-                           helper.make_node("NonZero", ["r"], ["y"], name="find_nonzero")], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 10
-    onnx.save(m, tree / "models" / "nz.onnx")
+    onnx.save(nonzero_model(), tree / "models" / "nz.onnx")
     (tree / "broken_nz.yaml").write_text("model: models/nz.onnx\nprecision: fp16\ntargets: [SM8650]\n")
     (tree / "strict_int8.yaml").write_text(
         "model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: int8\n"
