@@ -6,6 +6,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,3 +110,16 @@ def cache_entries(*outs: Path) -> int:
 def last_build(out: Path) -> dict[str, str]:
     """Action id -> what happened ("run", "cache", "failed") in the most recent `ctxbuild build`."""
     return json.loads((out / ".ctxbuild" / "last_build.json").read_text())["actions"]
+
+
+@contextmanager
+def small_tmpfs(path: Path, options: str) -> Iterator[Path]:
+    """A tmpfs of `options` (e.g. size=48k) mounted on the existing directory `path` for the block; skips
+    the test where mounting is not allowed (needs root)."""
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {r.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], capture_output=True)

@@ -21,7 +21,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import cache_entries, last_build, records
+from tests.conftest import cache_entries, last_build, records, small_tmpfs
 from tests.nginx_fixture import find_nginx, start_nginx
 
 ONLY = ("--only", "tiny_cnn_int8", "--only", "mlp_fp16")  # 2 recipes, 6 actions: a build takes ~1.5 s
@@ -306,11 +306,7 @@ def test_read_only_cache_dir_serves_hits_and_builds_the_rest(tree: Path, tmp_pat
 def test_full_cache_dir(tree: Path, tmp_path: Path, ctxbuild, cache_dir: Path) -> None:
     """A 48 KB tmpfs: the first blobs fit, the 64 KB context binary does not (ENOSPC)."""
     cache_dir.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(cache_dir)], capture_output=True,
-                       text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {r.stderr.strip()}")
-    try:
+    with small_tmpfs(cache_dir, "size=48k"):
         r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"), "--only", "tiny_cnn_int8")
         assert r.code == 0, r.text
         assert "unavailable: No space left on device (continuing without it)" in r.text, r.text
@@ -321,8 +317,6 @@ def test_full_cache_dir(tree: Path, tmp_path: Path, ctxbuild, cache_dir: Path) -
         r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out2"), "--only", "tiny_cnn_int8")
         assert r.code == 0, r.text
         assert artifacts(tmp_path / "out2") == artifacts(tmp_path / "out")
-    finally:
-        subprocess.run(["umount", str(cache_dir)], capture_output=True)
 
 
 # --- the remote cache -------------------------------------------------------------------------------

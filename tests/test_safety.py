@@ -15,7 +15,7 @@ import ninja as ninja_pkg
 import numpy as np
 import pytest
 
-from tests.conftest import Result, last_build, records
+from tests.conftest import Result, last_build, records, small_tmpfs
 
 ODD = "sp ace $dollar #hash :colon é"
 NINJA = str(Path(ninja_pkg.BIN_DIR) / "ninja")
@@ -478,11 +478,7 @@ def test_full_out_disk_after_the_build(tree: Path, tmp_path: Path, ctxbuild) -> 
     _keep(tree, "mlp_fp16.yaml")
     out = tmp_path / "out"
     out.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,nr_inodes=400", "tmpfs", str(out)], capture_output=True,
-                       text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {r.stderr.strip()}")
-    try:
+    with small_tmpfs(out, "size=8m,nr_inodes=400"):
         r = ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650", "--no-verify")
         assert r.code == 0, r.text
         (out / "filler").mkdir()
@@ -493,8 +489,6 @@ def test_full_out_disk_after_the_build(tree: Path, tmp_path: Path, ctxbuild) -> 
         assert r.code == 1, r.text
         assert "Traceback" not in r.text and "No space left on device" in r.err, r.text
         assert r.err.strip().count("\n") == 0, r.err
-    finally:
-        subprocess.run(["umount", str(out)], capture_output=True)
 
 
 def test_ctrl_c_while_planning_exits_130(tree: Path, tmp_path: Path, cache_dir: Path) -> None:
@@ -590,13 +584,8 @@ def test_full_disk_during_prepare_says_so(tree: Path, tmp_path: Path, ctxbuild) 
     (tree / "lm.yaml").write_text("model: models/lm_prefill.onnx\nprecision: fp16\ntargets: [SM8650]\nverify: false\n")
     out = tmp_path / "out"
     out.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3000k", "tmpfs", str(out)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {r.stderr.strip()}")
-    try:
+    with small_tmpfs(out, "size=3000k"):
         r = ctxbuild("build", str(tree), "-o", str(out), "--no-cache")
-    finally:
-        subprocess.run(["umount", str(out)], capture_output=True)
     assert r.code == 1, r.text
     assert "INVALID_PROTOBUF" not in r.err and "Traceback" not in r.text, r.text
     assert "no space left" in r.err.lower() or "No space left on device" in r.err, r.err
