@@ -137,8 +137,10 @@ def clean_dead(out: Path, planned: set[str]) -> None:
 
 def generator_inputs(plan: Plan) -> list[str]:
     """What build.ninja is made from: recipes, defaults, recipe directories (a new file changes their
-    mtime), the planner and the QNN libraries. One list for the generator edge and the driver."""
-    return sorted({str(p) for p in [*plan.recipes.files, *plan.recipes.dirs, *_planner_files(), *_toolchain_files()]})
+    mtime), the planner and the QNN libraries. One list for the generator edge and the driver.
+    Grouped, each group sorted: the order must not depend on where the checkout or the recipes live."""
+    groups = [[*plan.recipes.files, *plan.recipes.dirs], _planner_files(), _toolchain_files()]
+    return list(dict.fromkeys(str(p) for group in groups for p in sorted(group)))
 
 
 def _planner_files() -> list[Path]:
