@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import ActionError
-from .recipe_adapters import FORMATS
+
+FORMATS = (".onnx_adapter", ".safetensors", ".npz")  # adapter files a recipe may name
 
 if TYPE_CHECKING:  # imported where arrays are made: a cache hit needs no numpy
     import numpy as np

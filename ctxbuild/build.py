@@ -230,10 +230,10 @@ def _finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, s
 
 
 def _executor(opts: BuildOptions, state: dict[str, Any] | None) -> str | None:
-    """The executor address (flag, environment, or `executor:` in the plan's defaults); sets the compile pool."""
-    from .farm.gateway import executor_address
-
-    address = executor_address(opts.executor, (state or {}).get("cache", {}))
+    """The executor address (--executor, else $CTXBUILD_EXECUTOR, else `executor:` in the plan's defaults;
+    "local", the default: None); sets the compile pool. The farm's modules load only when there is one."""
+    address = opts.executor or os.environ.get("CTXBUILD_EXECUTOR") or (state or {}).get("cache", {}).get("executor")
+    address = None if address in (None, "", "local") else address
     if address is not None and opts.compile_jobs is None:
         opts.compile_jobs = FARM_COMPILE_JOBS
     return address

@@ -31,6 +31,12 @@ def rel(p: str, out: Path) -> str:
         return str(path)
 
 
+def memo_dir(name: str) -> Path:
+    """Derived facts kept in the user cache beside the action cache (plans, discovered inputs, binaries'
+    SoCs, compiled templates): each a pure function of what names it, so deleting any of them is safe."""
+    return cache_dir() / "memo" / name
+
+
 def cache_dir() -> Path:
     """The local cache: $CTXBUILD_CACHE_DIR, else $XDG_CACHE_HOME/ctxbuild, else ~/.cache/ctxbuild."""
     import os

@@ -101,6 +101,7 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
                      "description": a.description, "outputs": list(a.outputs.values()),
                      "deps": sorted(plan.graph.predecessors(a.id))} for a in plan.actions],
         "generator_deps": generator_deps,  # the driver's staleness check stats exactly the generator edge's inputs
+        "toolchain_deps": [str(p) for p in _toolchain_files()],  # the plan cache stats these, hashes the rest
         "cache": plan.recipes.cache,
     }), durable=False)
     if not write_if_changed(out / "build.ninja", text.encode(), durable=False):

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import write_bytes, write_if_changed
-from .layout import STATE, cache_dir
+from .layout import STATE, memo_dir
 
-VERSION = 1
+VERSION = 2  # 2: QNN libraries by stat
 KEEP = 32  # entries kept (most recently used): one per OUT path x invocation x ctxbuild version
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -82,15 +82,22 @@ def _entry_path(out: Path, inv: dict[str, Any]) -> Path:
     own = [p for p in _PACKAGE.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
     for p in sorted(own):  # ctxbuild's code, schema, templates
         h.update(str(p.relative_to(_PACKAGE.parent)).encode() + b"\0" + p.read_bytes())
-    return cache_dir() / "plans" / f"{h.hexdigest()}.json"
+    return memo_dir("plans") / f"{h.hexdigest()}.json"
 
 
 def _fingerprint(out: Path, plan_text: str, specs: dict[str, str]) -> list[Any]:
-    """What the planner read, as it is now: YAML content, directory listings, sizes of outside inputs."""
+    """What the planner read, as it is now: directory listings, recipe and defaults content (a checkout gives
+    them new mtimes), the stat of the QNN libraries (hashing them cost ~0.2 s; pip replaces them with new
+    files), sizes of outside inputs. ctxbuild's own files are in the entry's slot."""
     plan = json.loads(plan_text)
+    libraries = set(plan["toolchain_deps"])
     read: list[Any] = []
     for p in plan["generator_deps"]:
-        if os.path.isdir(p):
+        if Path(p).is_relative_to(_PACKAGE):
+            continue
+        if p in libraries:
+            read.append([p, _stat(p)])
+        elif os.path.isdir(p):
             read.append([p, sorted(os.listdir(p))])
         else:
             read.append([p, _sha256(p)])
@@ -109,6 +116,14 @@ def _sha256(path: str) -> str | None:
             return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         return None
+
+
+def _stat(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
 
 
 def _size(path: str) -> int | None:

@@ -25,7 +25,7 @@ from . import kinds, ninjalog
 from .action import canonical_json, load_spec
 from .atomic import write_bytes
 from .digests import DigestMemo
-from .layout import STATE, cache_dir, log_path, record_path, rel, spec_name
+from .layout import STATE, log_path, memo_dir, record_path, rel, spec_name
 
 THREADS = 8  # I/O and hashing release the GIL; fsyncs of many threads share journal commits
 
@@ -119,7 +119,6 @@ class _Restorer:
         self.warnings: list[str] = []
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._check_lock = threading.Lock()
         self._t0 = time.monotonic()
 
     def restore(self, aid: str, command: str, stamp: int, runs: bool) -> Restored | None:
@@ -164,8 +163,7 @@ class _Restorer:
         kind = kinds.get(action.kind)
         if kind.hook("check_outputs") is kinds.HOOK_DEFAULTS["check_outputs"]:
             return True
-        with self._check_lock:  # one forked reader at a time (soccheck forks; forks from threads serialized)
-            return self.runner.restored_ok(action, kind, _Scratch())
+        return self.runner.restored_ok(action, kind, _Scratch())
 
     def _memo(self) -> DigestMemo:
         """One digest memo per thread (sqlite connections belong to their thread; opening and closing one per
@@ -182,7 +180,7 @@ class _Restorer:
         if not kinds.get(action.kind).inputs_follow_model:
             return None
         model = Path(action.inputs["model"])
-        memo_file = cache_dir() / "discovered" / f"{memo.digest(model)}.json"
+        memo_file = memo_dir("discovered") / f"{memo.digest(model)}.json"
         try:
             return {name: (model.parent / rel).resolve() for name, rel in json.loads(memo_file.read_bytes()).items()}
         except (OSError, ValueError, AttributeError, TypeError):

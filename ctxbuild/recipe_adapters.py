@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .adapters import FORMATS
 from .errors import RecipeError
 from .yamlsrc import LineDict, line_of
 
 
-FORMATS = (".onnx_adapter", ".safetensors", ".npz")
 
 
 @dataclass(frozen=True)

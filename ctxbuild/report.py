@@ -477,11 +477,11 @@ def render_html(report: dict[str, Any], out: Path | None = None) -> str:
 
     cache = None
     if out is not None:  # the compiled template, in the user cache: a fresh OUT skips the compile too
-        from .layout import cache_dir
+        from .layout import memo_dir
 
         try:
-            (cache_dir() / "jinja").mkdir(parents=True, exist_ok=True)
-            cache = jinja2.FileSystemBytecodeCache(str(cache_dir() / "jinja"))
+            memo_dir("jinja").mkdir(parents=True, exist_ok=True)
+            cache = jinja2.FileSystemBytecodeCache(str(memo_dir("jinja")))
         except OSError:  # a read-only cache dir: compile every time
             pass
     env = environment(autoescape=True, bytecode_cache=cache, auto_reload=True)

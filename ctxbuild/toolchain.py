@@ -55,6 +55,17 @@ def sdk_build_id(out_state: Path | None) -> str:
     (`out_state`; None outside a build, e.g. `ctxbuild --version`).
     """
     stamp = _stamp()
+    known = json.dumps([stamp, str(cache_dir()), str(out_state)])
+    if known in _SDK_BUILD_IDS:  # keying 50 restored actions read the memo file 50 times
+        return _SDK_BUILD_IDS[known]
+    _SDK_BUILD_IDS[known] = _sdk_build_id(stamp, out_state)
+    return _SDK_BUILD_IDS[known]
+
+
+_SDK_BUILD_IDS: dict[str, str] = {}  # per process, by the stamp and the memo places
+
+
+def _sdk_build_id(stamp: list[Any], out_state: Path | None) -> str:
     memos = [cache_dir() / "toolchain.json"] + ([out_state / "toolchain.json"] if out_state is not None else [])
     for memo in memos:
         try:

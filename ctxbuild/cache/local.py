@@ -158,7 +158,7 @@ class LocalStore:
 
     def clear(self) -> None:
         try:
-            for sub in ("ac", "cas", "tmp"):
+            for sub in ("ac", "cas", "tmp", "memo"):
                 if (self.root / sub).exists():
                     shutil.rmtree(self.root / sub)
             (self.root / "stats.json").unlink(missing_ok=True)
@@ -236,7 +236,7 @@ class LocalStore:
     def _stage(self, entry: OutputEntry, tmp: Path) -> bool:
         blob = self.blob_path(entry.digest)
         try:
-            digest, _ = copy_hashing(blob, tmp)
+            digest, _ = copy_hashing(blob, tmp, durable=False)  # into OUT
         except FileNotFoundError:  # never stored, or gc took it: a miss
             return False
         if digest != entry.digest:

@@ -39,12 +39,6 @@ class Farm:
     slots: int  # actions the cluster runs at once: ninja's -j
 
 
-def executor_address(flag: str | None, defaults: dict[str, Any]) -> str | None:
-    """--executor, else $CTXBUILD_EXECUTOR, else `executor:` in _defaults.yaml; "local" (the default): None."""
-    address = flag or os.environ.get("CTXBUILD_EXECUTOR") or defaults.get("executor") or "local"
-    return None if address == "local" else address
-
-
 def check_data_plane(env: dict[str, str]) -> dict[str, Any]:
     """A remote executor moves every byte through the remote cache: it must be there and writable."""
     url = env.get("CTXBUILD_REMOTE_CACHE")
