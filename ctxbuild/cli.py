@@ -192,8 +192,21 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.cmd == "worker":
         from .worker import serve
 
-        serve(args.listen_fd)
-        return 0
+        code = 0
+        try:
+            serve(args.listen_fd)
+        except KeyboardInterrupt:  # before serve() ignores SIGINT
+            code = 130
+        except BaseException:  # noqa: BLE001 - reported here, then the same way out
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        # Not through the interpreter's exit: onnxruntime's static destructors, run after the EP was
+        # registered here, were seen to hang forever (pthread_cond_destroy) and leave the worker behind.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     if args.cmd == "build":
         from .build import BuildOptions, build
 

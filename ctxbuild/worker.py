@@ -155,7 +155,10 @@ def _stop(proc: subprocess.Popen) -> None:
 # --- the server -------------------------------------------------------------------------------------
 
 def serve(listen_fd: int) -> None:
-    """Accept on the driver's listening socket (inherited as `listen_fd`) until SIGTERM."""
+    """Accept on the driver's listening socket (inherited as `listen_fd`) until SIGTERM. A Ctrl-C reaches the
+    whole process group: the driver owns it and stops us with SIGTERM once ninja is done; actions keep
+    Python's default (KeyboardInterrupt, then their cleanup)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = _exit_with_parent()
     _preload()
     srv = socket.socket(fileno=listen_fd)
@@ -295,6 +298,7 @@ def _spawn(conn: socket.socket, fds: list[int], req: dict, srv: socket.socket) -
         srv.close()
         conn.close()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         os.dup2(fds[0], 1)
         os.dup2(fds[1], 2)
         os.close(fds[0])

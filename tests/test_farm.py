@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RECIPES, records
+from tests._procs import in_group, live_processes, wait_for
 from tests.dask_fixture import Cluster, ClusterUnavailable, free_port, start_cluster
 from tests.nginx_fixture import find_nginx, start_nginx
 
@@ -304,6 +305,8 @@ def test_ctrl_c_cancels_submitted_work(tmp_path: Path, example_models: Path, sha
     os.killpg(build.pid, signal.SIGINT)  # what a terminal's ctrl-C does
     build.communicate(timeout=60)
     assert build.returncode != 0
+    # nothing of the build lingers: not the worker (it once hung in onnxruntime's exit handlers), not an action
+    wait_for(lambda: not live_processes(in_group(build.pid)), 20, "the build's processes to exit")
     from distributed import Client
 
     def ctxbuild_tasks(dask_scheduler=None) -> list[str]:  # type: ignore[no-untyped-def]

@@ -22,6 +22,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import cache_entries, last_build, records, small_tmpfs
+from tests._procs import in_group, live_processes, wait_for, with_cwd
 from tests.nginx_fixture import find_nginx, start_nginx
 
 ONLY = ("--only", "tiny_cnn_int8", "--only", "mlp_fp16")  # 2 recipes, 6 actions: a build takes ~1.5 s
@@ -88,44 +89,6 @@ def start_build(tmp_path: Path, name: str, *args: str, env: dict[str, str] | Non
 
 def output_of(tmp_path: Path, name: str) -> str:
     return (tmp_path / f"{name}.stdout").read_text() + (tmp_path / f"{name}.stderr").read_text()
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.005):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-
-
-def live_processes(pred) -> list[int]:
-    """Pids (not zombies) whose /proc entry satisfies pred(pid, stat_fields)."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            fields = (d / "stat").read_text().rpartition(")")[2].split()
-            if fields[0] != "Z" and pred(int(d.name), fields):
-                found.append(int(d.name))
-        except (OSError, IndexError):
-            continue
-    return found
-
-
-def in_group(pgid: int):
-    return lambda pid, f: int(f[2]) == pgid
-
-
-def with_cwd(path: Path):
-    def pred(pid: int, f: list[str]) -> bool:
-        try:
-            return os.readlink(f"/proc/{pid}/cwd") == str(path)
-        except OSError:
-            return False
-    return pred
 
 
 # --- a model whose compile takes ~0.6 s, long enough to be killed in the middle of --------------------

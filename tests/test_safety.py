@@ -15,6 +15,7 @@ import ninja as ninja_pkg
 import numpy as np
 import pytest
 
+from tests._procs import in_group, live_processes, wait_for
 from tests.conftest import Result, last_build, records, small_tmpfs
 
 ODD = "sp ace $dollar #hash :colon é"
@@ -508,6 +509,7 @@ def test_ctrl_c_while_planning_exits_130(tree: Path, tmp_path: Path, cache_dir: 
         text, _ = p.communicate(timeout=120)
         assert p.returncode == 130, (i, p.returncode, text[-2000:])
         assert "Traceback" not in text and "ctxbuild: interrupted" in text, text[-2000:]
+        wait_for(lambda: not live_processes(in_group(p.pid)), 20, "the worker and every action to exit")
 
 
 # ---- 11. messages that said the wrong thing ---------------------------------------------------------------
