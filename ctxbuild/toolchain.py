@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -20,6 +21,9 @@ LIBRARIES = ("libQnnHtp.so", "libHtpPrepare.so", "libonnxruntime_providers_qnn.s
 
 @lru_cache(maxsize=None)
 def version(dist: str) -> str:
+    found = _dist_info(dist)
+    if found is not None:
+        return found[1]
     from importlib import metadata
 
     try:
@@ -31,10 +35,30 @@ def version(dist: str) -> str:
 @lru_cache(maxsize=1)
 def qnn_library_dir() -> Path:
     """Directory of the onnxruntime-qnn wheel's shared libraries (found without importing onnxruntime)."""
+    found = _dist_info("onnxruntime-qnn")
+    if found is not None:
+        return Path(found[0]) / "onnxruntime_qnn"
     from importlib import metadata
 
-    dist = metadata.distribution("onnxruntime-qnn")
-    return Path(str(dist.locate_file("onnxruntime_qnn")))
+    return Path(str(metadata.distribution("onnxruntime-qnn").locate_file("onnxruntime_qnn")))
+
+
+@lru_cache(maxsize=None)
+def _dist_info(dist: str) -> tuple[str, str] | None:
+    """(directory, version) of the first `<name>-<version>.dist-info` on sys.path, as importlib.metadata
+    finds an installed wheel, without importing it (~14 ms of a 0.3 s restore). Names compare normalized
+    (the packaging spec: lower case, runs of - _ . as one _). None: let importlib.metadata look."""
+    want = re.sub(r"[-_.]+", "_", dist).lower()
+    for d in sys.path:
+        try:
+            names = sorted(os.listdir(d or "."))
+        except OSError:
+            continue
+        for n in names:
+            name, _, ver = n.removesuffix(".dist-info").partition("-")
+            if n.endswith(".dist-info") and ver and re.sub(r"[-_.]+", "_", name).lower() == want:
+                return d or ".", ver
+    return None
 
 
 def library_files() -> list[Path]:
@@ -42,6 +66,7 @@ def library_files() -> list[Path]:
     return [qnn_library_dir() / name for name in LIBRARIES]
 
 
+@lru_cache(maxsize=1)  # per process: a build keys 50-150 actions; a toolchain swapped mid-build is not supported
 def _stamp() -> list[Any]:
     return [version("onnxruntime"), version("onnxruntime-qnn")] + [
         [f.name, s.st_size, s.st_mtime_ns] for f in library_files() for s in [f.stat()]
