@@ -27,7 +27,9 @@ from .atomic import write_bytes
 from .digests import DigestMemo
 from .layout import STATE, log_path, memo_dir, record_path, rel, spec_name
 
-THREADS = 8  # I/O and hashing release the GIL; fsyncs of many threads share journal commits
+# I/O and hashing release the GIL, the keying around them does not: more threads than cores mostly trade the
+# GIL back and forth (2 cores, 150 actions: median 0.65 s with 2 threads, 0.97 s with 4, 1.0 s with 8).
+THREADS = min(8, os.cpu_count() or 2)
 
 
 @dataclass
