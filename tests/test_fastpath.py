@@ -2,6 +2,7 @@
 fresh OUT restored from the cache before ninja starts, after which ninja itself finds nothing to do."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -134,6 +135,8 @@ def test_plan_cache_and_light_fast_paths(tree: Path, tmp_path: Path, ctxbuild) -
     r = build(ctxbuild, tree, out, "--only", RECIPE, env=profile)
     assert set(last_build(out).values()) == {"cache"}
     assert not imported(r.err) & (HEAVY - {"jinja2"}), imported(r.err) & HEAVY  # jinja2: the new report
+    light = {"yaml", "importlib.metadata", "ctxbuild.farm.gateway", "ctxbuild.recipe_adapters"}  # ~40 ms of a 0.25 s restore
+    assert not imported(r.err) & light, imported(r.err) & light
 
     # A recipe edited since: the cached plan no longer matches, the planner runs and sees the edit.
     shutil.rmtree(out)
@@ -151,3 +154,21 @@ def test_plan_cache_keeps_the_most_recently_used_entries(tmp_path: Path) -> None
         os.utime(entry, (1000 + i, 1000 + i))
     plancache._prune(tmp_path)
     assert sorted(p.stem for p in tmp_path.glob("*.json")) == [f"{i:02d}" for i in range(8, plancache.KEEP + 8)]
+
+
+def test_plan_cache_fingerprint_reads_recipes_by_content_and_qnn_libraries_by_stat(tmp_path: Path) -> None:
+    recipes, lib = tmp_path / "recipes", tmp_path / "libQnnHtp.so"
+    recipes.mkdir()
+    (recipes / "a.yaml").write_text("model: m.onnx\n")
+    lib.write_bytes(b"\0" * 64)
+    plan = json.dumps({"generator_deps": [str(recipes), str(recipes / "a.yaml"), str(lib)],
+                       "toolchain_deps": [str(lib)]})
+    first = plancache._fingerprint(tmp_path / "out", plan, {})
+    os.utime(recipes / "a.yaml", ns=(1, 1))  # a checkout's new mtime, same content: the same plan
+    assert plancache._fingerprint(tmp_path / "out", plan, {}) == first
+    (recipes / "a.yaml").write_text("model: n.onnx\n")
+    edited = plancache._fingerprint(tmp_path / "out", plan, {})
+    assert edited != first
+    st = lib.stat()
+    os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # pip's new library: never hashed, its stat differs
+    assert plancache._fingerprint(tmp_path / "out", plan, {}) != edited

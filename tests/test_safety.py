@@ -399,6 +399,34 @@ def test_poisoned_cache_entry_for_another_soc_is_rejected(tree: Path, tmp_path: 
     assert {(t["soc_model"], t["htp_arch"]) for b in info["binaries"] for t in b["targets"]} == {(57, 75)}
 
 
+def test_soc_memo_answers_only_for_its_bytes_and_qnn_build(tree: Path, tmp_path: Path, ctxbuild, cache_dir: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """What libQnnSystem read from a binary is memoized by the binary's sha256 and the QNN SDK build. A memo
+    edited to claim another SoC shows it is consulted; under another SDK build it is not, and the real
+    reader answers again."""
+    from ctxbuild.action import load_spec
+    from ctxbuild.actions import soccheck
+    from ctxbuild.errors import ActionError
+    from ctxbuild.layout import spec_name
+
+    _keep(tree, "mlp_fp16.yaml")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), "--no-verify", "--target", "SM8650")
+    assert r.code == 0, r.text
+    memos = list((cache_dir / "memo" / "soc").glob("*.json"))
+    assert len(memos) == 1 and json.loads(memos[0].read_text()) == [["57", "75"]], memos
+    monkeypatch.setenv("CTXBUILD_CACHE_DIR", str(cache_dir))
+    action = load_spec(out / ".ctxbuild" / "actions" / spec_name("compile/mlp_fp16@SM8650"))
+    outputs = {role: Path(p) for role, p in action.outputs.items()}
+    soccheck.check_outputs(action, outputs)
+
+    memos[0].write_text(json.dumps([["69", "79"]]))
+    with pytest.raises(ActionError, match="built for soc_model 69 / HTP v79"):
+        soccheck.check_outputs(action, outputs)
+    monkeypatch.setattr(soccheck, "sdk_build_id", lambda out_state: "another QNN build")
+    soccheck.check_outputs(action, outputs)  # read again by libQnnSystem: the binary is SM8650's
+
+
 # ---- 6. external data outside the model's directory ------------------------------------------------------
 
 def _external_model(path: Path, location: str) -> None:
