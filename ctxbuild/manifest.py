@@ -18,6 +18,7 @@ KINDS = {"ctx": "epcontext_model", "bin": "context_binary"}
 def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, str]) -> dict[str, Any]:
     """Describe what is on disk and up to date; artifacts of failed or unbuilt actions are left out."""
     memo = DigestMemo(out / STATE / "digests.sqlite")
+    searches = {a["id"]: a["candidates"] for a in plan_state["actions"] if "candidates" in a}
     artifacts = []
     for art in plan_state["artifacts"]:
         path = out / art["path"]
@@ -31,7 +32,8 @@ def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, s
             "serves": _serves(art["target"]), "verification": _verification(out, art["verified_by"]),
         }
         if search := search_of(record):  # precision: auto: which candidate won, every candidate's figures
-            entry["precision_search"] = with_costs(search, lambda i: _read(record_path(out, i)))
+            entry["precision_search"] = with_costs(search, searches.get(art["action"], {}),
+                                                   lambda i: _read(record_path(out, i)))
         names = record.get("graph_names", {})
         if role.startswith("ctx"):  # an EPContext model names one graph of its binary
             graph = role.split(":", 1)[1] if ":" in role else art["graphs"][0]

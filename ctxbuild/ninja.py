@@ -14,6 +14,7 @@ from .atomic import write_if_changed
 from .layout import STATE, depfile_path, log_path, rel
 from .ninjaquote import ninja_command, ninja_path, ninja_value
 from .procs import die_with_parent
+from .search_table import candidate_actions
 from .templating import environment, template_file
 
 if TYPE_CHECKING:
@@ -86,6 +87,8 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
             stale.unlink()
 
     generator_deps = generator_inputs(plan)
+    by_id = {a.id: a for a in plan.actions}
+    producer = {p: a.id for a in plan.actions for p in a.outputs.values()}
     text = environment(keep_trailing_newline=True).get_template("build.ninja.j2").render(
         version=__version__, recipe_roots=ninja_value(", ".join(invocation["paths"])), compile_jobs=compile_jobs,
         # a plain script without site (-S): the edge client's start-up is paid once per action
@@ -99,7 +102,9 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
         "adapters": plan_adapters.adapter_rows(plan.actions, plan.graph.successors),
         "actions": [{"id": a.id, "kind": a.kind, "recipes": a.recipes, "target": a.target,
                      "description": a.description, "outputs": list(a.outputs.values()),
-                     "deps": sorted(plan.graph.predecessors(a.id))} for a in plan.actions],
+                     "deps": sorted(plan.graph.predecessors(a.id)),
+                     **({"candidates": candidate_actions(a, by_id, producer)} if a.kind == "select" else {})}
+                    for a in plan.actions],
         "generator_deps": generator_deps,  # the driver's staleness check stats exactly the generator edge's inputs
         "toolchain_deps": [str(p) for p in _toolchain_files()],  # the plan cache stats these, hashes the rest
         "cache": plan.recipes.cache,

@@ -268,6 +268,8 @@ def _compile(recipe: Recipe, b: Built, t: Target, d: Path, *, name: str | None =
     outputs = {"ctx": str(d / f"{stem}_ctx.onnx")}
     if not recipe.compile.embed:
         outputs["bin"] = str(d / f"{stem}_ctx_qnn.bin")
+    if candidate:  # a candidate QNN cannot compile drops out of the search (compile.py), it does not stop it
+        outputs["status"] = str(d / "compile_status.json")
     params = {"provider_options": provider_options(recipe, t), "embed": recipe.compile.embed,
               "cpu_fallback": recipe.compile.cpu_fallback, "precision": recipe.precision,
               "graphs": [b.graph.name]}

@@ -202,7 +202,7 @@ def _row(a: dict[str, Any], recipe: str, spec: dict[str, Any], records: dict[str
         "warnings": list(rec.get("warnings") or []),
     }
     if search := search_of(rec):
-        row["search"] = with_costs(search, records.get)
+        row["search"] = with_costs(search, a.get("candidates", {}), records.get)
         cands = row["search"]["candidates"]
         row["precision"] = f"auto: {row['search']['winner'] or 'none passed'}"
         for step, col in (("compile", "compile_seconds"), ("verify", "verify_seconds")):

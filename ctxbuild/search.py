@@ -25,11 +25,10 @@ def search_actions(recipe: Recipe, out: Path) -> list[Action]:
     prepared, prep = _prepare(recipe, g, work)
     acts = [prep]
     built: dict[str, Built] = {}
-    quantize_ids: dict[str, str] = {}
     for s in recipe.quantization:
         model, q = _quantize(recipe, g, prepared, work, s)
         acts.append(q)
-        built[s["name"]], quantize_ids[s["name"]] = Built(g, prepared, model), q.id
+        built[s["name"]] = Built(g, prepared, model)
     for t in recipe.targets:
         candidates, skipped = [], []
         for s in recipe.quantization:
@@ -41,7 +40,7 @@ def search_actions(recipe: Recipe, out: Path) -> list[Action]:
             c = _compile(recipe, built[s["name"]], t, d, candidate=s["name"])
             v = _verify(recipe, built[s["name"]], t, c, out, method="direct", candidate=s["name"])
             acts += [c, v]
-            candidates.append((s, quantize_ids[s["name"]], c, v))
+            candidates.append((s, c, v))
         if not candidates:
             raise_no_candidate(recipe, t, skipped)
         acts.append(_select(recipe, t, out, candidates, skipped))
@@ -56,7 +55,7 @@ def raise_no_candidate(recipe: Recipe, t: Target, skipped: list[dict[str, str]])
                       "add a candidate with weights: uint8 to the quantization ladder")
 
 
-def _select(recipe: Recipe, t: Target, out: Path, candidates: list[tuple[dict[str, Any], str, Action, Action]],
+def _select(recipe: Recipe, t: Target, out: Path, candidates: list[tuple[dict[str, Any], Action, Action]],
             skipped: list[dict[str, str]]) -> Action:
     d = out / t.name / recipe.name
     outputs = {"ctx": str(d / f"{recipe.name}_ctx.onnx")}
@@ -66,16 +65,17 @@ def _select(recipe: Recipe, t: Target, out: Path, candidates: list[tuple[dict[st
     outputs["search"] = str(d / f"{recipe.name}_search.json")
     inputs: dict[str, str] = {}
     table = []
-    for s, qid, c, v in candidates:
+    for s, c, v in candidates:
         n = s["name"]
         inputs[f"{n}.result"] = v.outputs["result"]
         inputs.update({f"{n}.{role}": p for role, p in c.outputs.items()})
-        table.append({"name": n, "quantization": {k: x for k, x in s.items() if k != "name"},
-                      "actions": {"quantize": qid, "compile": c.id, "verify": v.id}})
+        # No action ids here: they hash paths (OUT, the model's), and params are the select's key.
+        table.append({"name": n, "quantization": {k: x for k, x in s.items() if k != "name"}})
     min_cos, min_snr = thresholds(recipe)
     params = {"thresholds": {"min_cosine": min_cos, "min_snr_db": min_snr}, "candidates": table,
               "skipped": skipped, "graphs": [recipe.graphs[0].name], "precision": "auto"}
     return Action(id=f"select/{recipe.name}@{t.name}", kind="select",
                   description=f"select {recipe.name}@{t.name} ({len(candidates)} candidates)", inputs=inputs,
                   outputs=outputs, params=params, target=t.as_dict(), **_common(recipe))
+
 

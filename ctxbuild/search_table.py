@@ -16,16 +16,31 @@ def search_of(record: dict[str, Any] | None) -> dict[str, Any] | None:
     return record.get("search") or (record.get("result") or {}).get("search")
 
 
-def with_costs(search: dict[str, Any], read_record: Callable[[str], dict[str, Any] | None]) -> dict[str, Any]:
+def with_costs(search: dict[str, Any], actions: dict[str, dict[str, str]],
+               read_record: Callable[[str], dict[str, Any] | None]) -> dict[str, Any]:
+    """`actions`: candidate -> {step: action id}, from the plan state (search.candidate_actions)."""
     rows = []
     for c in search.get("candidates", []):
         seconds: dict[str, float | None] = {}
-        for step, action_id in c.get("actions", {}).items():
+        for step, action_id in actions.get(c["name"], {}).items():
             r = read_record(action_id) or {}
             seconds[step] = r.get("original_seconds") if r.get("source") == "cache" else r.get("seconds")
         known = [s for s in seconds.values() if s is not None]
         rows.append({"name": c["name"], "passed": c["passed"], "winner": c["name"] == search.get("winner"),
                      "outputs": c["outputs"], "bin_size": c["bin_size"], "failures": c.get("failures", []),
+                     "compile_refused": c.get("compile_refused"),
                      "seconds": seconds, "total_seconds": round(sum(known), 3) if known else None})
     return {"winner": search.get("winner"), "thresholds": search.get("thresholds"), "candidates": rows,
             "skipped": search.get("skipped", [])}
+
+
+def candidate_actions(select: Any, actions: dict[str, Any], producer: dict[str, str]) -> dict[str, dict[str, str]]:
+    """candidate -> {quantize, compile, verify}: the actions behind a select's inputs, for the candidates'
+    costs in the report and manifest (kept in the plan state, out of every key). `producer`: path -> id."""
+    found: dict[str, dict[str, str]] = {}
+    for c in select.params["candidates"]:
+        n = c["name"]
+        compiled = producer[select.inputs[f"{n}.ctx"]]
+        found[n] = {"quantize": producer[actions[compiled].inputs["model"]], "compile": compiled,
+                    "verify": producer[select.inputs[f"{n}.result"]]}
+    return found

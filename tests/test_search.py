@@ -130,3 +130,35 @@ def test_identical_binary_reuses_simulator_outputs(tree: Path, tmp_path: Path, c
     assert r.code == 0, r.text
     fresh = records(out)["verify/plain@SM8650"]
     assert fresh["memo_hits"] == [] and fresh["result"]["outputs"] == pair[0]["result"]["outputs"]
+
+
+MLP = "model: models/mlp.onnx\ncalibration: {dir: models/calib/mlp}\nprecision: auto\ntargets: [SM8650]\n"
+# uint16 (asymmetric) weights on fc1: QNN refuses the FullyConnected (error 3110), measured with 2.7.0.
+REFUSED = "  - {name: w1-uint16, tensors: {w1: {type: uint16}}}\n"
+
+
+def test_candidate_qnn_will_not_compile_drops_out(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _only(tree, {"auto": MLP + "quantization:\n" + REFUSED + "  - {name: plain}\n"})
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    s = json.loads((out / "SM8650" / "auto" / "auto_search.json").read_text())
+    refused, plain = s["candidates"]
+    assert s["winner"] == "plain" and plain["passed"] and not refused["passed"]
+    assert "fc1" in refused["compile_refused"]["error"] and refused["bin_size"] is None, refused
+    assert records(out)["compile/auto.w1-uint16@SM8650"]["compile_refused"]["error"] == refused["compile_refused"]["error"]
+    assert "QNN would not compile it: QNN cannot run 1 node(s): fc1" in (out / "report.html").read_text()
+    search = next(a for a in json.loads((out / "manifest.json").read_text())["artifacts"] if "precision_search" in a)
+    assert all(c["seconds"]["compile"] > 0 for c in search["precision_search"]["candidates"])
+
+    # Cached like any result, and every key is free of OUT paths: a fresh OUT restores all, the select too.
+    fresh = tmp_path / "fresh"
+    r = ctxbuild("build", str(tree), "-o", str(fresh))
+    assert r.code == 0 and set(last_build(fresh).values()) == {"cache"}, r.text
+    assert (fresh / "SM8650" / "auto" / "auto_search.json").read_bytes() == \
+        (out / "SM8650" / "auto" / "auto_search.json").read_bytes()
+
+    _only(tree, {"auto": MLP + "quantization:\n" + REFUSED})  # nothing else on the ladder: the build fails
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 1, r.text
+    assert "no quantization candidate meets" in r.err and "w1-uint16 did not compile (QNN cannot run" in r.err, r.err

@@ -1,6 +1,14 @@
-"""compile: ModelCompiler with the QNN plugin EP -> `<recipe>_ctx.onnx` (+ `_ctx_qnn.bin` unless embedded)."""
+"""compile: ModelCompiler with the QNN plugin EP -> `<recipe>_ctx.onnx` (+ `_ctx_qnn.bin` unless embedded).
+
+A precision search's candidate also writes `compile_status.json`. When QNN refuses to compile it (nodes it
+cannot run at that quantization, a device configuration), the action succeeds with the refusal in its status
+and empty placeholders for the model files, which nothing but the search reads: the candidate drops out and
+the select action judges the others. The refusal is cached like any result (same inputs and compiler, same
+refusal); anything else (out of memory, a crash, an interrupt) still fails the action and is not cached.
+"""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any, Callable
@@ -10,14 +18,30 @@ from ..action import Action
 from ..adapters import add_wrapper_defaults
 from ..errors import ActionError
 from ..staging import fixed_dir, link_model, stage_name
-from .soccheck import check_outputs  # noqa: F401 - the hook: the binary's SoC is the target's
+from . import soccheck
 
 _UNSUPPORTED = re.compile(r"\{ name: ([^,]*), type: ([^ }]*) \}")
 
 
 def summarize(action: Action) -> dict[str, Any]:
     """Graph names as the binary holds them (loaders such as qnn.lora_config need them)."""
+    if refused := compile_refusal(action.outputs):
+        return {"graph_names": {}, "compile_refused": refused}
     return {"graph_names": partition_names(action)}
+
+
+def check_outputs(action: Action, outputs: dict[str, Path]) -> None:
+    """The hook: the binary's SoC is the target's (a refused candidate has no binary)."""
+    if compile_refusal(outputs) is None:
+        soccheck.check_outputs(action, outputs)
+
+
+def compile_refusal(outputs: dict[str, Any]) -> dict[str, Any] | None:
+    """A search candidate's recorded refusal ({"error", "hint"}), or None (compiled, or not a candidate)."""
+    if "status" not in outputs:
+        return None
+    status = json.loads(Path(outputs["status"]).read_text())
+    return None if status["compiled"] else status
 
 
 def run(ctx: Any) -> None:
@@ -27,11 +51,21 @@ def run(ctx: Any) -> None:
     try:
         with fixed_dir(stage_name(ctx.key_components)) as d:  # the EP puts the path in the binary: fixed
             compile_graph(link_model(src, d, "model.onnx"), dst, a.params, ctx.tmp)
-    except ActionError:
+    except (ActionError, MemoryError, OSError):  # not QNN's verdict on this model: never a candidate's result
         raise
     except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped; the log holds the real cause
-        raise compile_error(ctx.log_path, e, a.params["cpu_fallback"], options,
-                            probe=lambda: cpu_nodes(src, options, ctx.tmp)) from None
+        error = compile_error(ctx.log_path, e, a.params["cpu_fallback"], options,
+                              probe=lambda: cpu_nodes(src, options, ctx.tmp))
+        if "status" not in a.outputs:
+            raise error from None
+        print(f"candidate {a.id} dropped out: {error.message}")
+        status = {"compiled": False, "error": error.message, "hint": error.hint}
+        for role in a.outputs:
+            ctx.tmp_output(role).write_bytes(b"")
+        ctx.tmp_output("status").write_text(json.dumps(status, indent=2, sort_keys=True))
+        return
+    if "status" in a.outputs:
+        ctx.tmp_output("status").write_text(json.dumps({"compiled": True}, indent=2, sort_keys=True))
     if is_multi_soc(a):
         _normalize_build_time(ctx.tmp_output("bin"))
     if "reference" in a.inputs:  # LoRA: the wrapper carries the slots' defaults, so adapters are optional

@@ -29,10 +29,14 @@ def run(ctx: Any) -> None:
         name = c["name"]
         res = json.loads(Path(a.inputs[f"{name}.result"]).read_text())
         results[name] = res
+        row = {"name": name, "quantization": c["quantization"]}
+        if refused := res.get("compile_refused"):  # dropped out: QNN would not compile this candidate
+            rows.append({**row, "passed": False, "failures": [f"QNN would not compile it: {refused['error']}"],
+                         "compile_refused": refused, "bin_size": None, "outputs": {}})
+            continue
         why = failures({**res, "thresholds": thr})
         binary = Path(a.inputs.get(f"{name}.bin") or a.inputs[f"{name}.ctx"])
-        rows.append({"name": name, "passed": not why, "failures": why, "quantization": c["quantization"],
-                     "actions": c["actions"], "bin_size": binary.stat().st_size,
+        rows.append({**row, "passed": not why, "failures": why, "bin_size": binary.stat().st_size,
                      "outputs": {o: {k: m[k] for k in ("cosine", "snr_db", "argmax_agreement")}
                                  for o, m in res["outputs"].items()}})
     winner = next((r["name"] for r in rows if r["passed"]), None)
@@ -54,7 +58,9 @@ def run(ctx: Any) -> None:
 
 
 def _worst(row: dict[str, Any]) -> str:
-    """The worst output's figures: `cosine 0.8432, SNR 6.1 dB`."""
+    """The worst output's figures: `cosine 0.8432, SNR 6.1 dB`, or why there are none."""
+    if refused := row.get("compile_refused"):
+        return f"did not compile ({refused['error']})"
     cos = min(m["cosine"] for m in row["outputs"].values())
     snr = min(m["snr_db"] for m in row["outputs"].values())
     return f"cosine {cos:.6f}, SNR {snr:.1f} dB"
@@ -64,6 +70,9 @@ def table(search: dict[str, Any]) -> str:
     """The candidate table as text (the log and the console on failure)."""
     lines = [f"{'candidate':<20} {'cosine':>9} {'SNR dB':>8} {'bin bytes':>11}  result"]
     for r in search["candidates"]:
+        if refused := r.get("compile_refused"):
+            lines.append(f"{r['name']:<20} {'':>9} {'':>8} {'':>11}  did not compile: {refused['error']}")
+            continue
         cos = min(m["cosine"] for m in r["outputs"].values())
         snr = min(m["snr_db"] for m in r["outputs"].values())
         verdict = "WINNER" if r["name"] == search["winner"] else ("pass" if r["passed"] else "below threshold")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .. import output_slices, toolchain
 from ..action import Action
 from ..errors import ActionError
+from .compile import compile_refusal
 from .modelio import load
 from .samples import from_files, input_spec, list_samples, random_samples
 from .verify_memo import OutputsMemo, wrapper_identity
@@ -50,6 +51,10 @@ def summarize(action: Action) -> dict[str, Any]:
 def run(ctx: Any) -> None:
     a = ctx.action
     p = a.params
+    if refused := compile_refusal({k.removeprefix("ctx."): v for k, v in a.inputs.items() if k.startswith("ctx.")}):
+        result = {"graph": p["graph"], "method": p["method"], "outputs": {}, "compile_refused": refused}
+        Path(ctx.tmp_output("result")).write_text(json.dumps(result, indent=2, sort_keys=True))
+        return  # a search candidate QNN would not compile: nothing to measure, the select action says so
     ref_model = Path(a.inputs["reference"])
     ref_proto = load(ref_model, external_data=False)
     spec = input_spec(ref_proto)
