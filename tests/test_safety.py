@@ -404,6 +404,7 @@ def test_soc_memo_answers_only_for_its_bytes_and_qnn_build(tree: Path, tmp_path:
     """What libQnnSystem read from a binary is memoized by the binary's sha256 and the QNN SDK build. A memo
     edited to claim another SoC shows it is consulted; under another SDK build it is not, and the real
     reader answers again."""
+    from ctxbuild import toolchain
     from ctxbuild.action import load_spec
     from ctxbuild.actions import soccheck
     from ctxbuild.errors import ActionError
@@ -423,7 +424,7 @@ def test_soc_memo_answers_only_for_its_bytes_and_qnn_build(tree: Path, tmp_path:
     memos[0].write_text(json.dumps([["69", "79"]]))
     with pytest.raises(ActionError, match="built for soc_model 69 / HTP v79"):
         soccheck.check_outputs(action, outputs)
-    monkeypatch.setattr(soccheck, "sdk_build_id", lambda out_state: "another QNN build")
+    monkeypatch.setattr(toolchain, "sdk_build_id", lambda out_state: "another QNN build")
     soccheck.check_outputs(action, outputs)  # read again by libQnnSystem: the binary is SM8650's
 
 

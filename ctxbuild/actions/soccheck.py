@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import toolchain
 from ..atomic import write_bytes
 from ..errors import ActionError, InspectError
 from ..layout import memo_dir
-from ..toolchain import sdk_build_id
 
 TIMEOUT_S = 60
 
@@ -51,7 +51,7 @@ def _targets(outputs: dict[str, Path]) -> set[tuple[str, str]]:
     source = outputs["bin"] if "bin" in outputs else outputs[min(r for r in outputs if r.startswith("ctx"))]
     with open(source, "rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
-    memo = memo_dir("soc") / f"{digest}-{sdk_build_id(None)}.json"
+    memo = memo_dir("soc") / f"{digest}-{toolchain.sdk_build_id(None)}.json"
     try:
         return {(s, a) for s, a in json.loads(memo.read_bytes())}
     except (OSError, ValueError, TypeError):
