@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from .errors import CtxbuildError, UsageError
+from .procs import interrupted, note_interrupt
 
 
 class _Parser(argparse.ArgumentParser):
@@ -148,33 +149,30 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         if args.cmd not in ("action", "worker"):  # those two have their own signal handling
             signal.signal(signal.SIGINT, _on_sigint)
-        return _dispatch(args)
+        code = _dispatch(args)
+        return _interrupted() if interrupted() else code  # a Ctrl-C whose KeyboardInterrupt was lost
     except KeyboardInterrupt:
         return _interrupted()
     except CtxbuildError as e:
-        if _INTERRUPTED:  # e.g. a failure caused by the interrupt itself
+        if interrupted():  # e.g. a failure caused by the interrupt itself
             return _interrupted()
         print(f"ctxbuild: error: {e}", file=sys.stderr)
         return e.exit_code
     except BrokenPipeError:  # `ctxbuild targets | head`: entry() handles it
         raise
     except OSError as e:  # a full or read-only OUT, outside any action: one line, not a traceback
-        if _INTERRUPTED:
+        if interrupted():
             return _interrupted()
         print(f"ctxbuild: error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
         return 1
     except Exception:
-        if _INTERRUPTED:  # an interrupt inside an import can surface as ImportError
+        if interrupted():  # an interrupt inside an import can surface as ImportError
             return _interrupted()
         raise
 
 
-_INTERRUPTED = False
-
-
 def _on_sigint(signum: int, frame: object) -> None:
-    global _INTERRUPTED
-    _INTERRUPTED = True
+    note_interrupt()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # one is enough: the cleanup on the way out runs undisturbed
     raise KeyboardInterrupt
 

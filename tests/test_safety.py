@@ -541,6 +541,22 @@ def test_ctrl_c_while_planning_exits_130(tree: Path, tmp_path: Path, cache_dir: 
         wait_for(lambda: not live_processes(in_group(p.pid)), 20, "the worker and every action to exit")
 
 
+
+def test_a_lost_ctrl_c_still_stops_ninja(tree: Path, tmp_path: Path, ctxbuild, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The handler's KeyboardInterrupt, raised while the driver forked ninja, once vanished in logging's
+    at-fork hook: ninja built everything and the driver exited 0. The interrupt is remembered; ninja is
+    stopped at once and the driver raises it."""
+    from ctxbuild import ninja, procs
+
+    _keep(tree, "mlp_fp16.yaml")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), "--dry-run")
+    assert r.code == 0 and (out / "build.ninja").is_file(), r.text
+    monkeypatch.setattr(procs, "_interrupted", True)
+    with pytest.raises(KeyboardInterrupt):
+        ninja.run(out, ["all"], jobs=1, keep_going=1, dry_run=False)
+    assert not list(out.glob("SM*/mlp_fp16/*_ctx.onnx"))
+
 # ---- 11. messages that said the wrong thing ---------------------------------------------------------------
 
 def _onnx(path: Path, nodes: list, inputs: list, outputs: list) -> None:
