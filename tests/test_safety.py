@@ -401,8 +401,8 @@ def test_poisoned_cache_entry_for_another_soc_is_rejected(tree: Path, tmp_path: 
 
 def test_soc_memo_answers_only_for_its_bytes_and_qnn_build(tree: Path, tmp_path: Path, ctxbuild, cache_dir: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """What libQnnSystem read from a binary is memoized by the binary's sha256 and the QNN SDK build. A memo
-    edited to claim another SoC shows it is consulted; under another SDK build it is not, and the real
+    """What libQnnSystem read from a binary is memoized by the binary's sha256 and the installed QNN. A memo
+    edited to claim another SoC shows it is consulted; under another QNN install it is not, and the real
     reader answers again."""
     from ctxbuild import toolchain
     from ctxbuild.action import load_spec
@@ -424,8 +424,12 @@ def test_soc_memo_answers_only_for_its_bytes_and_qnn_build(tree: Path, tmp_path:
     memos[0].write_text(json.dumps([["69", "79"]]))
     with pytest.raises(ActionError, match="built for soc_model 69 / HTP v79"):
         soccheck.check_outputs(action, outputs)
-    monkeypatch.setattr(toolchain, "sdk_build_id", lambda out_state: "another QNN build")
-    soccheck.check_outputs(action, outputs)  # read again by libQnnSystem: the binary is SM8650's
+    monkeypatch.setattr(toolchain, "quick_stamp", lambda: ["another QNN install"])
+    soccheck._qnn_id.cache_clear()
+    try:
+        soccheck.check_outputs(action, outputs)  # read again by libQnnSystem: the binary is SM8650's
+    finally:
+        soccheck._qnn_id.cache_clear()  # later tests in this process: the real install again
 
 
 # ---- 6. external data outside the model's directory ------------------------------------------------------

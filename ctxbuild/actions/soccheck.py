@@ -5,7 +5,7 @@ restore: provider options, a QNN quirk or a poisoned remote record cannot ship a
 under this target's name. libQnnSystem reads the bytes in a forked child (35-75 ms measured on a busy
 2-core machine; `inspect`'s fresh interpreter took ~0.4 s): a binary that crashes or hangs it fails this
 action with one line, nothing else. What it read is memoized in the user cache by the file's sha256 and
-the QNN SDK build: a restore of a binary this machine has read before costs a hash, not a read (restoring
+the installed QNN: a restore of a binary this machine has read before costs a hash, not a read (restoring
 the examples: 16 reads and importing onnx, ~0.3 s of ~0.6 s).
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ import select
 import signal
 import threading
 import time
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ def _targets(outputs: dict[str, Path]) -> set[tuple[str, str]]:
     source = outputs["bin"] if "bin" in outputs else outputs[min(r for r in outputs if r.startswith("ctx"))]
     with open(source, "rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
-    memo = memo_dir("soc") / f"{digest}-{toolchain.sdk_build_id(None)}.json"
+    memo = memo_dir("soc") / f"{digest}-{_qnn_id()}.json"
     try:
         return {(s, a) for s, a in json.loads(memo.read_bytes())}
     except (OSError, ValueError, TypeError):
@@ -65,6 +66,13 @@ def _targets(outputs: dict[str, Path]) -> set[tuple[str, str]]:
     except OSError:  # a read-only cache dir: read every time
         pass
     return have
+
+
+@lru_cache(maxsize=1)
+def _qnn_id() -> str:
+    """Names the installed QNN (its wheels' versions, its libraries' stats) without the SDK id's probe compile,
+    which a read-only cache dir would make every action pay."""
+    return hashlib.sha256(json.dumps(toolchain.quick_stamp()).encode()).hexdigest()[:16]
 
 
 def _binary_bytes(source: Path, *, embedded: bool) -> bytes:
