@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from . import __version__, kinds
 from .atomic import write_if_changed
 from .layout import STATE, depfile_path, log_path, rel
 from .ninjaquote import ninja_command, ninja_path, ninja_value
-from .procs import check_interrupt, die_with_parent
+from .procs import check_interrupt, die_with_parent, run_interruptible
 from .search_table import candidate_actions
 from .templating import environment, template_file
 
@@ -176,17 +175,7 @@ def run(out: Path, targets: list[str], *, jobs: int | None, keep_going: int, dry
     full_env = {**os.environ, **(env or {})}
     full_env.setdefault("NINJA_STATUS", "[%f/%t] ")
     # cwd, not -C: no "Entering directory" noise. ninja dies with the driver (it kills its running edges).
-    with subprocess.Popen(cmd, env=full_env, cwd=out, preexec_fn=die_with_parent) as p:
-        try:
-            check_interrupt()  # a Ctrl-C during the fork reached neither ninja nor our handler's exception
-            return p.wait()
-        except BaseException:
-            p.send_signal(signal.SIGINT)  # ninja stops its running edges, as on a terminal's Ctrl-C
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-            raise
+    return run_interruptible(cmd, env=full_env, cwd=out, preexec_fn=die_with_parent)
 
 
 def pending(out: Path, targets: list[str]) -> list[str] | None:

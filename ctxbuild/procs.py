@@ -2,7 +2,14 @@
 the driver's Ctrl-C, which must reach them."""
 from __future__ import annotations
 
+import os
+import select
 import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 _interrupted = False
@@ -23,6 +30,58 @@ def check_interrupt() -> None:
     only reports. Seen here: ninja then ran the whole build and the driver exited 0. Call after forking."""
     if _interrupted:
         raise KeyboardInterrupt
+
+
+def run_interruptible(cmd: list[str], **popen: Any) -> int:
+    """Run `cmd` (ninja) to its end; a Ctrl-C is passed on to it, then raised here as KeyboardInterrupt once it
+    has stopped. While it runs, SIGINT only sets the flag: raised from the handler, KeyboardInterrupt landed in
+    whatever Python code ran next (seen: a weakref callback, which drops it with a traceback), and a SIGINT
+    the kernel gave another thread left the main thread in waitpid until ninja had built everything; one
+    that reached the child before its exec was lost to it. The flag is checked whenever ninja exits, the
+    signal's wakeup fd fires, or every second."""
+    with _sigint_noted() as wake, subprocess.Popen(cmd, **popen) as p:
+        pidfd = os.pidfd_open(p.pid)
+        try:
+            forwarded = False
+            while True:
+                if _interrupted and not forwarded:
+                    p.send_signal(signal.SIGINT)  # ninja stops its running edges, as on a terminal's Ctrl-C
+                    forwarded = True
+                ready = select.select([pidfd] + ([wake] if wake is not None else []), [], [], 1.0)[0]
+                if wake is not None and wake in ready:
+                    os.read(wake, 512)
+                if pidfd in ready:
+                    code = p.wait()
+                    check_interrupt()
+                    return code
+        except BaseException:
+            p.send_signal(signal.SIGINT)
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+            raise
+        finally:
+            os.close(pidfd)
+
+
+@contextmanager
+def _sigint_noted() -> Iterator[int | None]:
+    """SIGINT sets the flag and wakes the returned fd (None, and no change, off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield None
+        return
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    old_fd = signal.set_wakeup_fd(w)
+    old = signal.signal(signal.SIGINT, lambda signum, frame: note_interrupt())
+    try:
+        yield r
+    finally:
+        signal.signal(signal.SIGINT, old)
+        signal.set_wakeup_fd(old_fd)
+        os.close(r)
+        os.close(w)
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:

@@ -561,6 +561,34 @@ def test_a_lost_ctrl_c_still_stops_ninja(tree: Path, tmp_path: Path, ctxbuild, m
         ninja.run(out, ["all"], jobs=1, keep_going=1, dry_run=False)
     assert not list(out.glob("SM*/mlp_fp16/*_ctx.onnx"))
 
+
+def test_ctrl_c_handed_to_another_thread_stops_ninja(tree: Path, tmp_path: Path, ctxbuild, cache_dir: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel may give a process-directed SIGINT to any thread of the driver. Given to another thread, it
+    once left the main thread in waitpid until ninja had built everything; now ninja is stopped at once."""
+    import signal
+    import threading
+
+    from ctxbuild import ninja
+
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), "--dry-run")
+    assert r.code == 0, r.text
+    planned = len(json.loads((out / ".ctxbuild" / "plan.json").read_text())["actions"])
+    monkeypatch.setenv("CTXBUILD_CACHE_DIR", str(cache_dir))
+
+    def interrupt_this_thread() -> None:
+        time.sleep(1.0)  # ninja is building by now (one job at a time: the build takes many seconds)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+    poker = threading.Thread(target=interrupt_this_thread)
+    poker.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        ninja.run(out, [], jobs=1, keep_going=1, dry_run=False)
+    poker.join()
+    assert len(records(out)) < planned, (len(records(out)), planned, time.monotonic() - started)
+
 # ---- 11. messages that said the wrong thing ---------------------------------------------------------------
 
 def _onnx(path: Path, nodes: list, inputs: list, outputs: list) -> None:
