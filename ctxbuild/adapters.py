@@ -208,9 +208,15 @@ class CalibrationSet:
 
 
 def add_wrapper_defaults(wrapper: Path, reference: Path) -> None:
-    """Give a compiled `_ctx.onnx` its slots' defaults (from the float reference): the inputs become optional."""
+    """Give a compiled `_ctx.onnx` its slots' defaults (from the float reference): the inputs become optional.
+    A slot the wrapper takes quantized (compile.quantized_io) gets its default quantized the same way."""
     import onnx
 
+    from .quantized_io import quantize, read_metadata
+
     model = onnx.load(str(wrapper))
-    add_defaults(model, slot_defaults(onnx.load(str(reference))))
+    encodings = read_metadata(model)
+    defaults = {k: quantize(v, encodings[k]) if k in encodings else v
+                for k, v in slot_defaults(onnx.load(str(reference))).items()}
+    add_defaults(model, defaults)
     onnx.save(model, str(wrapper))

@@ -141,6 +141,7 @@ class _CompileRequired(TypedDict):
 
 class CompileParams(_CompileRequired, total=False):
     split_outputs: bool | list[str]  # only when the recipe sets it (existing keys stay as they were)
+    quantized_io: bool  # likewise: the wrapper's I/O takes the quantized types (quantized_io.py)
 
 
 class Compile(Kind):
@@ -254,6 +255,7 @@ class Adapter(Kind):
 class VerifyAdapterParams(VerifyParams, total=False):
     adapter: str
     calibrated: bool  # in the calibration set: a clipping failure then means the base's encodings are wrong
+    bind: dict[str, Any]  # compile.quantized_io: how the adapter action bound the file (the reference rebinds it)
 
 
 class VerifyAdapter(Kind):

@@ -275,6 +275,8 @@ def _compile(recipe: Recipe, b: Built, t: Target, d: Path, *, name: str | None =
               "graphs": [b.graph.name]}
     if recipe.compile.split_outputs:  # only when set: existing action keys stay as they were
         params["split_outputs"] = _split_param(recipe.compile.split_outputs)
+    if recipe.compile.quantized_io:
+        params["quantized_io"] = True
     twin = " (verification twin)" if name else f" (candidate {candidate})" if candidate else ""
     ident = f"{stem}.{candidate}" if candidate else stem
     inputs = _model_files("model", b.model)

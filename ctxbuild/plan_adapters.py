@@ -51,8 +51,12 @@ def adapter_actions(recipe: Recipe, graph: str, t: Target, deliverable: Action, 
                          target=t.as_dict(), recipes=[recipe.name], recipe_files=[str(recipe.file)])
         acts.append(binding)
         if base_verify is not None:
-            acts.append(_verify_adapter(base_verify, binding, a.name, a.name in adapters.calibrate,
-                                        d / f"{stem(a.name)}_verify.json", label, t.name))
+            v = _verify_adapter(base_verify, binding, a.name, a.name in adapters.calibrate,
+                                d / f"{stem(a.name)}_verify.json", label, t.name)
+            if recipe.compile.quantized_io:  # the binding holds quantized values: the reference binds the file
+                v.inputs["adapter"] = str(a.file)
+                v.params["bind"] = adapter_param(adapters, a)
+            acts.append(v)
     return acts
 
 

@@ -37,6 +37,7 @@ class CompileOptions:
     cpu_fallback: bool = False
     provider_options: tuple[tuple[str, str], ...] = ()
     split_outputs: bool | tuple[str, ...] = False  # see split_outputs.py
+    quantized_io: bool = False  # see quantized_io.py
 
 
 @dataclass(frozen=True)
@@ -271,10 +272,13 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
         cpu_fallback=copts.get("cpu_fallback", False),
         provider_options=tuple(sorted((str(k), _opt_str(v)) for k, v in copts.get("provider_options", {}).items())),
         split_outputs=_split_outputs(copts.get("split_outputs", False)),
+        quantized_io=copts.get("quantized_io", False),
     )
     recipe_targets = _targets(f, data, merged["targets"], groups)
     _check_provider_options(f, data, compile_opts, recipe_targets)
     _check_layout(f, data, "bundle" in merged, merged.get("multi_soc", False), compile_opts, recipe_targets)
+    if compile_opts.quantized_io:
+        _check_quantized_io(f, data, "bundle" in merged, precision, compile_opts)
     if compile_opts.embed:
         _check_embed_size(f, data, graphs[0].model, precision)
     verify = merged.get("verify", {})
@@ -326,6 +330,19 @@ def _check_provider_options(f: Path, data: LineDict, copts: CompileOptions, targ
 
 # The oldest onnxruntime-qnn these were measured on; older EPs lack ep.share_ep_contexts or multi-SoC contexts.
 MIN_QNN_EP = {"bundle": (2, 7), "multi_soc": (2, 7)}
+
+
+def _check_quantized_io(f: Path, data: LineDict, bundle: bool, precision: str, copts: CompileOptions) -> None:
+    where = f"{f}:{line_of(data, ['compile', 'quantized_io'])}"
+    if precision == "fp16":
+        raise RecipeError(f"{where}: compile.quantized_io needs a quantized model; precision fp16 has float I/O",
+                          "use precision int16, int8, qdq or auto, or remove compile.quantized_io")
+    if bundle:
+        raise RecipeError(f"{where}: compile.quantized_io is not supported for bundles",
+                          "build the graphs with float I/O")
+    if copts.split_outputs:
+        raise RecipeError(f"{where}: compile.quantized_io cannot be combined with compile.split_outputs",
+                          "remove one of them")
 
 
 def _check_layout(f: Path, data: LineDict, bundle: bool, multi_soc: bool, copts: CompileOptions,

@@ -13,6 +13,7 @@ from typing import Any
 from ..action import Action
 from ..adapters import bind_param, read_onnx_adapter, slot_defaults, slot_spec, write_onnx_adapter
 from ..errors import ActionError
+from ..quantized_io import quantize, read_metadata
 
 
 def summarize(action: Action) -> dict[str, Any]:
@@ -29,16 +30,18 @@ def run(ctx: Any) -> None:
     if not defaults:
         raise ActionError(f"{a.inputs['ctx']}: the compiled model has no adapter slots",
                           "check adapters.slots in the recipe")
+    # compile.quantized_io: such a slot takes the adapter's float values quantized with its encoding
+    encodings = read_metadata(wrapper)
     types = {i.name: i.type.tensor_type.elem_type for i in wrapper.graph.input}
-    if any(types[s] != onnx.TensorProto.FLOAT for s in defaults if s in types):
-        raise ActionError(f"{a.inputs['ctx']}: adapter slots with quantized I/O are not supported",
-                          "build the base with float I/O")
-    spec = slot_spec(defaults)
+    if any(types[s] != onnx.TensorProto.FLOAT and s not in encodings for s in defaults if s in types):
+        raise ActionError(f"{a.inputs['ctx']}: adapter slots with quantized I/O of unknown encoding",
+                          "build the base with ctxbuild (compile.quantized_io records the encodings) or float I/O")
+    spec = slot_spec({k: v.astype("float32") if k in encodings else v for k, v in defaults.items()})
     for role, path in a.inputs.items():  # a bundle's other graphs: their slots are known names too
         if role.startswith("peer:"):
             spec = {**slot_spec(slot_defaults(onnx.load(path, load_external_data=False))), **spec}
     values = bind_param(Path(a.inputs["adapter"]), spec, a.params)
-    values = {k: v for k, v in values.items() if k in defaults}
+    values = {k: quantize(v, encodings[k]) if k in encodings else v for k, v in values.items() if k in defaults}
     if not values:
         raise ActionError(f"{a.inputs['adapter']}: no tensor for a slot of graph '{a.params['graph']}'",
                           f"its slots: {', '.join(sorted(defaults))}")

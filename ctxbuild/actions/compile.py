@@ -76,6 +76,9 @@ def compile_graph(model: Path, dst: Path, params: dict[str, Any], tmp: Path) -> 
     """One graph through ModelCompiler; with `split_outputs`, its final Concats cut off before compiling and
     re-joined in the wrapper after (see split_outputs.py). Also builds diagnose.py's debug variants."""
     split = params.get("split_outputs")
+    if params.get("quantized_io"):
+        _compile_quantized_io(model, dst, params)
+        return
     if not split:
         toolchain.compile_model(model, dst, params["provider_options"], embed=params["embed"],
                                 cpu_fallback=params["cpu_fallback"])
@@ -92,6 +95,27 @@ def compile_graph(model: Path, dst: Path, params: dict[str, Any], tmp: Path) -> 
     toolchain.compile_model(src, dst, params["provider_options"], embed=params["embed"],
                             cpu_fallback=params["cpu_fallback"])
     wrapper = rejoin(onnx.load(str(dst), load_external_data=False), original, joins)
+    onnx.save(wrapper, dst)
+
+
+def _compile_quantized_io(model: Path, dst: Path, params: dict[str, Any]) -> None:
+    """The model without its boundary Q/DQ (quantized_io.py), compiled; the wrapper records the encodings."""
+    import onnx
+
+    from .. import quantized_io
+    from .modelio import load
+
+    stripped = load(model, external_data=False)  # weights stay in the linked data files, beside it
+    encodings = quantized_io.strip(stripped)
+    if not encodings:
+        raise ActionError("compile.quantized_io: no graph input or output of the quantized model is quantized",
+                          "remove compile.quantized_io (it applies to int16, int8, qdq and auto)")
+    src = model.with_name("quantized_io.onnx")  # beside the model: in compile's fixed, key-named directory
+    onnx.save(stripped, src)
+    toolchain.compile_model(src, dst, params["provider_options"], embed=params["embed"],
+                            cpu_fallback=params["cpu_fallback"])
+    wrapper = onnx.load(str(dst), load_external_data=False)
+    quantized_io.write_metadata(wrapper, encodings)
     onnx.save(wrapper, dst)
 
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import output_slices, toolchain
+from .. import output_slices, quantized_io, toolchain
 from ..action import Action
 from ..errors import ActionError
 from .compile import compile_refusal
@@ -218,6 +218,9 @@ def _simulate_child(ctx_model: Path, samples: list[dict[str, np.ndarray]], cpu_f
         sess = ort.InferenceSession(str(ctx_model), so)
         loaded = time.monotonic()
         names = [o.name for o in sess.get_outputs()]
+        # compile.quantized_io: float samples in, float outputs out, through the recorded encodings
+        enc = json.loads(sess.get_modelmeta().custom_metadata_map.get(quantized_io.KEY, "{}"))
+        samples = [{k: quantized_io.quantize(v, enc[k]) if k in enc else v for k, v in s.items()} for s in samples]
         ro = None
         if adapter is not None:
             lora = ort.LoraAdapter()
@@ -226,7 +229,8 @@ def _simulate_child(ctx_model: Path, samples: list[dict[str, np.ndarray]], cpu_f
             ro.add_active_adapter(lora)
         runs = [sess.run(None, s, ro) for s in samples]
         times = {"load": loaded - start, "run": time.monotonic() - loaded}
-        send.send(({n: np.concatenate([r[i] for r in runs]) for i, n in enumerate(names)}, times))
+        got = {n: np.concatenate([r[i] for r in runs]) for i, n in enumerate(names)}
+        send.send(({n: quantized_io.dequantize(v, enc[n]) if n in enc else v for n, v in got.items()}, times))
     except Exception as e:  # noqa: BLE001 - report ORT's message to the parent as one line
         send.send(str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__)
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..adapters import read_onnx_adapter
+from ..adapters import bind_param, read_onnx_adapter, slot_defaults, slot_spec
 from ..errors import ActionError
 from . import verify
 from .modelio import load
@@ -39,6 +39,8 @@ def run(ctx: Any) -> None:
                    else from_files(spec, discover_inputs(a), a.recipe_files[0]))
     binding = Path(a.inputs["binding"])
     bound = read_onnx_adapter(binding)
+    if "adapter" in a.inputs:  # compile.quantized_io: the binding is quantized; the float model takes the file's values
+        bound = _float_values(Path(a.inputs["ctx.ctx"]), Path(a.inputs["adapter"]), p["bind"], set(bound))
     feeds = [{**s, **bound} for s in samples]
     reference = verify._cpu_outputs(ref_model, feeds)
     start = time.monotonic()
@@ -63,6 +65,15 @@ def run(ctx: Any) -> None:
                 if clipping else "check the calibration samples and adapters.calibrate")
         raise ActionError(f"{p['graph']} with adapter '{p['adapter']}'@{a.target['name']}: " + "; ".join(failures),
                           details=result, hint=hint)
+
+
+def _float_values(wrapper: Path, adapter: Path, bind: dict[str, Any], slots: set[str]) -> dict[str, np.ndarray]:
+    """The adapter file's float values for `slots`, bound as the adapter action bound them (before quantizing)."""
+    import onnx
+
+    defaults = slot_defaults(onnx.load(str(wrapper), load_external_data=False))
+    values = bind_param(adapter, slot_spec({k: v.astype("float32") for k, v in defaults.items()}), bind)
+    return {k: v for k, v in values.items() if k in slots}
 
 
 def encodings(qdq_model: Path) -> dict[str, tuple[float, float, float]]:
