@@ -94,6 +94,15 @@ def slot_spec(defaults: dict[str, np.ndarray]) -> SlotSpec:
     return {k: (tuple(v.shape), v.dtype) for k, v in defaults.items()}
 
 
+def wrapper_slot_spec(wrapper: Any) -> SlotSpec:
+    """What an adapter file is bound against for a compiled wrapper: a slot it takes quantized
+    (compile.quantized_io) is bound in float, then quantized with its encoding."""
+    from .quantized_io import read_metadata
+
+    encodings = read_metadata(wrapper)
+    return slot_spec({k: v.astype("float32") if k in encodings else v for k, v in slot_defaults(wrapper).items()})
+
+
 def read_file(path: Path) -> dict[str, np.ndarray]:
     """Tensor name -> array, from an .onnx_adapter, .safetensors or .npz file."""
     import numpy as np

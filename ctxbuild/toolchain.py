@@ -5,6 +5,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -49,11 +50,7 @@ def _dist_info(dist: str) -> tuple[str, str] | None:
     finds an installed wheel, without importing it (~14 ms of a 0.3 s restore). Names compare normalized
     (the packaging spec: lower case, runs of - _ . as one _). None: let importlib.metadata look."""
     want = re.sub(r"[-_.]+", "_", dist).lower()
-    for d in sys.path:
-        try:
-            names = sorted(os.listdir(d or "."))
-        except OSError:
-            continue
+    for d, names in _site_listings():
         for n in names:
             name, _, ver = n.removesuffix(".dist-info").partition("-")
             if n.endswith(".dist-info") and ver and re.sub(r"[-_.]+", "_", name).lower() == want:
@@ -79,19 +76,13 @@ def sdk_build_id(out_state: Path | None) -> str:
     The memo lives in the user cache dir (a fresh OUT must not pay the ~0.3 s probe), else in OUT
     (`out_state`; None outside a build, e.g. `ctxbuild --version`).
     """
+    return _sdk_build_id(cache_dir(), out_state)
+
+
+@lru_cache(maxsize=None)  # per process, as the stamp: keying 50 restored actions read the memo file 50 times
+def _sdk_build_id(cache: Path, out_state: Path | None) -> str:
     stamp = _stamp()
-    known = json.dumps([stamp, str(cache_dir()), str(out_state)])
-    if known in _SDK_BUILD_IDS:  # keying 50 restored actions read the memo file 50 times
-        return _SDK_BUILD_IDS[known]
-    _SDK_BUILD_IDS[known] = _sdk_build_id(stamp, out_state)
-    return _SDK_BUILD_IDS[known]
-
-
-_SDK_BUILD_IDS: dict[str, str] = {}  # per process, by the stamp and the memo places
-
-
-def _sdk_build_id(stamp: list[Any], out_state: Path | None) -> str:
-    memos = [cache_dir() / "toolchain.json"] + ([out_state / "toolchain.json"] if out_state is not None else [])
+    memos = [cache / "toolchain.json"] + ([out_state / "toolchain.json"] if out_state is not None else [])
     for memo in memos:
         try:
             data = json.loads(memo.read_text())
@@ -154,17 +145,22 @@ def quick_stamp() -> list[Any]:
     importlib.metadata (~30 ms to import): the toolchain packages' dist-info names (they carry the versions)
     and the QNN libraries' stats. Unchanged stamp, unchanged fingerprints; the no-op build checks only this."""
     found: list[Any] = []
-    for d in sys.path:
-        try:
-            names = os.listdir(d or ".")
-        except OSError:
-            continue
-        found += [[d, n] for n in sorted(names) if n.endswith(".dist-info")
+    for d, names in _site_listings():
+        found += [[d, n] for n in names if n.endswith(".dist-info")
                   and n.startswith(("onnx-", "onnxruntime-", "onnxruntime_qnn-"))]
         if "onnxruntime_qnn" in names:
             libs = [os.path.join(d, "onnxruntime_qnn", name) for name in LIBRARIES]
             found += [[f, st.st_size, st.st_mtime_ns] for f in libs for st in _stats(f)]
     return [ACTION_SCHEMA_VERSION, found]
+
+
+def _site_listings() -> Iterator[tuple[str, list[str]]]:
+    """Each readable sys.path entry with its sorted listing, in import order."""
+    for d in sys.path:
+        try:
+            yield d, sorted(os.listdir(d or "."))
+        except OSError:
+            continue
 
 
 def _stats(f: str) -> list[os.stat_result]:

@@ -100,6 +100,16 @@ def _outputs(out: Path) -> dict[str, bytes]:
             and p.name not in ("manifest.json", "report.json")}
 
 
+def _wait_for_work(build: subprocess.Popen, cluster: Cluster, scratch: str, timeout: float = 120) -> None:
+    """Until a Dask worker has a scratch dir matching `scratch` (that action is running there), the build
+    ended, or `timeout` passed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and build.poll() is None:
+        if any(cluster.scratch_dirs(n, scratch) for n in cluster.workers):
+            return
+        time.sleep(0.01)
+
+
 def _no_temps(out: Path) -> None:
     leftovers = [p for p in out.rglob("*") if ".tmp" in p.name and ".ctxbuild" not in p.parts]
     assert not leftovers, leftovers
@@ -272,11 +282,7 @@ def test_scheduler_gone_mid_build(tmp_path: Path, example_models: Path, cluster:
                                                                           "--executor-fallback", fallback)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "CTXBUILD_CACHE_DIR": str(tmp_path / "cache")})
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and build.poll() is None:
-        if any(cluster.scratch_dirs(n, "prepare.*") for n in cluster.workers):
-            break
-        time.sleep(0.01)
+    _wait_for_work(build, cluster, "prepare.*")
     cluster.scheduler.kill()
     _, stderr = build.communicate(timeout=180)
     assert "Traceback" not in stderr, stderr
@@ -297,11 +303,7 @@ def test_ctrl_c_cancels_submitted_work(tmp_path: Path, example_models: Path, sha
     build = subprocess.Popen([sys.executable, "-m", "ctxbuild", *_farm_args(tree, tmp_path / "out", cluster, remote)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                              env={**os.environ, "CTXBUILD_CACHE_DIR": str(tmp_path / "cache")})
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and build.poll() is None:
-        if any(cluster.scratch_dirs(n, "quantize.*") for n in cluster.workers):
-            break
-        time.sleep(0.01)
+    _wait_for_work(build, cluster, "quantize.*")
     os.killpg(build.pid, signal.SIGINT)  # what a terminal's ctrl-C does
     build.communicate(timeout=60)
     assert build.returncode != 0

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..action import Action
-from ..adapters import bind_param, read_onnx_adapter, slot_defaults, slot_spec, write_onnx_adapter
+from ..adapters import bind_param, read_onnx_adapter, slot_defaults, wrapper_slot_spec, write_onnx_adapter
 from ..errors import ActionError
 from ..quantized_io import quantize, read_metadata
 
@@ -36,10 +36,10 @@ def run(ctx: Any) -> None:
     if any(types[s] != onnx.TensorProto.FLOAT and s not in encodings for s in defaults if s in types):
         raise ActionError(f"{a.inputs['ctx']}: adapter slots with quantized I/O of unknown encoding",
                           "build the base with ctxbuild (compile.quantized_io records the encodings) or float I/O")
-    spec = slot_spec({k: v.astype("float32") if k in encodings else v for k, v in defaults.items()})
+    spec = wrapper_slot_spec(wrapper)
     for role, path in a.inputs.items():  # a bundle's other graphs: their slots are known names too
         if role.startswith("peer:"):
-            spec = {**slot_spec(slot_defaults(onnx.load(path, load_external_data=False))), **spec}
+            spec = {**wrapper_slot_spec(onnx.load(path, load_external_data=False)), **spec}
     values = bind_param(Path(a.inputs["adapter"]), spec, a.params)
     values = {k: quantize(v, encodings[k]) if k in encodings else v for k, v in values.items() if k in defaults}
     if not values:

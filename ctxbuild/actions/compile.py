@@ -73,33 +73,34 @@ def run(ctx: Any) -> None:
 
 
 def compile_graph(model: Path, dst: Path, params: dict[str, Any], tmp: Path) -> None:
-    """One graph through ModelCompiler; with `split_outputs`, its final Concats cut off before compiling and
-    re-joined in the wrapper after (see split_outputs.py). Also builds diagnose.py's debug variants."""
-    split = params.get("split_outputs")
-    if params.get("quantized_io"):
-        _compile_quantized_io(model, dst, params)
-        return
-    if not split:
-        toolchain.compile_model(model, dst, params["provider_options"], embed=params["embed"],
+    """One graph through ModelCompiler. With `split_outputs` its final Concats are cut off before compiling and
+    re-joined in the wrapper after (split_outputs.py); with `quantized_io` its boundary Q/DQ are removed and
+    their encodings recorded in the wrapper (quantized_io.py). Also builds diagnose.py's debug variants."""
+    def compile_(src: Path) -> None:
+        toolchain.compile_model(src, dst, params["provider_options"], embed=params["embed"],
                                 cpu_fallback=params["cpu_fallback"])
-        return
+
+    if split := params.get("split_outputs"):
+        _compile_split(model, dst, None if split is True else list(split), compile_)
+    elif params.get("quantized_io"):
+        _compile_quantized_io(model, dst, compile_)
+    else:
+        compile_(model)
+
+
+def _compile_split(model: Path, dst: Path, outputs: list[str] | None, compile_: Callable[[Path], None]) -> None:
     import onnx
 
     from ..split_outputs import cut, rejoin
     from .modelio import load
 
     original = load(model)
-    cut_model, joins = cut(original, None if split is True else list(split))
-    src = model.with_name("split.onnx")  # beside the model: in compile's fixed, key-named directory
-    onnx.save(cut_model, src)
-    toolchain.compile_model(src, dst, params["provider_options"], embed=params["embed"],
-                            cpu_fallback=params["cpu_fallback"])
-    wrapper = rejoin(onnx.load(str(dst), load_external_data=False), original, joins)
-    onnx.save(wrapper, dst)
+    cut_model, joins = cut(original, outputs)
+    compile_(_save_beside(model, "split.onnx", cut_model))
+    onnx.save(rejoin(onnx.load(str(dst), load_external_data=False), original, joins), dst)
 
 
-def _compile_quantized_io(model: Path, dst: Path, params: dict[str, Any]) -> None:
-    """The model without its boundary Q/DQ (quantized_io.py), compiled; the wrapper records the encodings."""
+def _compile_quantized_io(model: Path, dst: Path, compile_: Callable[[Path], None]) -> None:
     import onnx
 
     from .. import quantized_io
@@ -110,13 +111,19 @@ def _compile_quantized_io(model: Path, dst: Path, params: dict[str, Any]) -> Non
     if not encodings:
         raise ActionError("compile.quantized_io: no graph input or output of the quantized model is quantized",
                           "remove compile.quantized_io (it applies to int16, int8, qdq and auto)")
-    src = model.with_name("quantized_io.onnx")  # beside the model: in compile's fixed, key-named directory
-    onnx.save(stripped, src)
-    toolchain.compile_model(src, dst, params["provider_options"], embed=params["embed"],
-                            cpu_fallback=params["cpu_fallback"])
+    compile_(_save_beside(model, "quantized_io.onnx", stripped))
     wrapper = onnx.load(str(dst), load_external_data=False)
     quantized_io.write_metadata(wrapper, encodings)
     onnx.save(wrapper, dst)
+
+
+def _save_beside(model: Path, name: str, proto: Any) -> Path:
+    """A rewritten model beside `model`: in compile's fixed, key-named directory, with its data files."""
+    import onnx
+
+    path = model.with_name(name)
+    onnx.save(proto, path)
+    return path
 
 
 def is_multi_soc(action: Action) -> bool:

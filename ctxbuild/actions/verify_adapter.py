@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..adapters import bind_param, read_onnx_adapter, slot_defaults, slot_spec
+from ..adapters import bind_param, read_onnx_adapter, wrapper_slot_spec
 from ..errors import ActionError
 from . import verify
 from .modelio import load
@@ -71,8 +71,7 @@ def _float_values(wrapper: Path, adapter: Path, bind: dict[str, Any], slots: set
     """The adapter file's float values for `slots`, bound as the adapter action bound them (before quantizing)."""
     import onnx
 
-    defaults = slot_defaults(onnx.load(str(wrapper), load_external_data=False))
-    values = bind_param(adapter, slot_spec({k: v.astype("float32") for k, v in defaults.items()}), bind)
+    values = bind_param(adapter, wrapper_slot_spec(onnx.load(str(wrapper), load_external_data=False)), bind)
     return {k: v for k, v in values.items() if k in slots}
 
 
