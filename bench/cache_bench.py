@@ -134,7 +134,7 @@ def expect(out: Path, want: dict[str, int], what: str) -> None:
 
 
 def ninja_bin() -> str:
-    from ctxbuild.ninja import ninja_binary
+    from ctxbuild.engine.ninja import ninja_binary
 
     return ninja_binary()
 

@@ -14,7 +14,7 @@ import onnxruntime_qnn
 from onnxruntime.quantization import QuantType, quantize
 from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-from ctxbuild.targets import lookup
+from ctxbuild.recipes.targets import lookup
 
 
 def main(recipes: Path, out: Path, targets: list[str]) -> None:

@@ -94,7 +94,7 @@ def _quantize(src: Path, dst: Path, act: str, weight: str, per_channel: bool) ->
 def _compile_and_run(qdq: Path, ctx: Path, arch: str) -> None:
     import onnxruntime as ort
 
-    from ctxbuild import toolchain
+    from ctxbuild.toolchain import installed as toolchain
 
     toolchain.compile_model(qdq, ctx, {"soc_model": ARCHES[arch], "htp_arch": arch}, embed=False, cpu_fallback=False)
     sess = ort.InferenceSession(str(ctx), toolchain.session_options({}, cpu_fallback=False))

@@ -48,3 +48,9 @@ def cache_dir() -> Path:
     if xdg and Path(xdg).is_absolute():  # the XDG spec says to ignore a relative value
         return Path(xdg) / "ctxbuild"
     return Path.home() / ".cache" / "ctxbuild"
+
+
+def layers_path(verify_result: str) -> Path:
+    """`ctxbuild verify --layers` writes `<graph>_layers.json` beside the graph's `_verify.json`."""
+    p = Path(verify_result)
+    return p.with_name(p.name.removesuffix("_verify.json") + "_layers.json")

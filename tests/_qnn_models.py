@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
 from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-from ctxbuild import toolchain
+from ctxbuild.toolchain import installed as toolchain
 
 TARGET = {"soc_model": "57", "htp_arch": "75"}  # SM8650
 # onnx 1.23 writes IR 14 by default; onnxruntime 1.31 reads at most 13.

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ctxbuild import memory
+from ctxbuild.plan import memory
 from ctxbuild.cache.files import hash_file
 from tests._big_models import matmul_chain
 from tests.conftest import ROOT, last_build, records

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import pytest
 
-from ctxbuild.cache_cli import parse_size
+from ctxbuild.cli.cache import parse_size
 from ctxbuild.errors import UsageError
 from tests.conftest import ROOT, cache_entries, last_build, records
 
@@ -141,7 +141,7 @@ def fake_qnn_version(tmp_path: Path) -> dict[str, str]:
     its libraries) load: a dist-info of our own beside a symlink to the installed package."""
     import onnxruntime_qnn
 
-    from ctxbuild import toolchain
+    from ctxbuild.toolchain import installed as toolchain
 
     d = tmp_path / "fake-qnn"
     info = d / "onnxruntime_qnn-9.9.9.dist-info"
@@ -152,7 +152,7 @@ def fake_qnn_version(tmp_path: Path) -> dict[str, str]:
     import subprocess
     import sys
 
-    probe = subprocess.run([sys.executable, "-c", "from ctxbuild import toolchain as t; import json; "
+    probe = subprocess.run([sys.executable, "-c", "from ctxbuild.toolchain import installed as t; import json; "
                             "print(json.dumps([t.version('onnxruntime-qnn'), str(t.qnn_library_dir()), "
                             "[f.is_file() for f in t.library_files()]]))"],
                            env={**os.environ, **env}, capture_output=True, text=True, check=True)

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from ctxbuild.cli import _parser
-from ctxbuild.toolchain import version
+from ctxbuild.cli.main import _parser
+from ctxbuild.toolchain.installed import version
 
 INTERNAL = ("action", "worker", "regenerate")
 

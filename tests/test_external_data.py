@@ -15,8 +15,8 @@ from typing import Any
 import onnx
 import pytest
 
-from ctxbuild import memory
-from ctxbuild.staging import fixed_dir
+from ctxbuild.plan import memory
+from ctxbuild.qnn.staging import fixed_dir
 from tests._big_models import matmul_chain
 from tests.conftest import last_build, records
 

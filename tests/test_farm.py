@@ -194,7 +194,7 @@ def test_mismatched_toolchain_worker_is_never_used(tmp_path: Path, example_model
 
 
 def _local_fingerprint_sdk() -> str:
-    from ctxbuild import toolchain
+    from ctxbuild.toolchain import installed as toolchain
     from ctxbuild.layout import cache_dir
 
     return toolchain.sdk_build_id(cache_dir())

@@ -8,9 +8,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ctxbuild import plancache
-from ctxbuild.ninja import ninja_binary
-from ctxbuild.ninjalog import rapidhash
+from ctxbuild.engine import plancache
+from ctxbuild.engine.ninja import ninja_binary
+from ctxbuild.engine.ninjalog import rapidhash
 from tests.conftest import last_build, records
 from tests.test_cache_build import build, digests, explain_lines
 
@@ -135,7 +135,7 @@ def test_plan_cache_and_light_fast_paths(tree: Path, tmp_path: Path, ctxbuild) -
     r = build(ctxbuild, tree, out, "--only", RECIPE, env=profile)
     assert set(last_build(out).values()) == {"cache"}
     assert not imported(r.err) & (HEAVY - {"jinja2"}), imported(r.err) & HEAVY  # jinja2: the new report
-    light = {"yaml", "importlib.metadata", "ctxbuild.farm.gateway", "ctxbuild.recipe_adapters"}  # ~40 ms of a 0.25 s restore
+    light = {"yaml", "importlib.metadata", "ctxbuild.farm.gateway", "ctxbuild.lora.recipe"}  # ~40 ms of a 0.25 s restore
     assert not imported(r.err) & light, imported(r.err) & light
 
     # A recipe edited since: the cached plan no longer matches, the planner runs and sees the edit.

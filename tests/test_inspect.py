@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 
-from ctxbuild.contextbin import describe, format_text, read_binary_info
+from ctxbuild.qnn.contextbin import describe, format_text, read_binary_info
 from ctxbuild.errors import InspectError
 from tests._qnn_models import Built, bin_of, build_models, conv_model
 

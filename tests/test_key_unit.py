@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ctxbuild import runner, toolchain
-from ctxbuild.action import Action
+from ctxbuild.engine import runner
+from ctxbuild.toolchain import installed as toolchain
+from ctxbuild.plan.action import Action
 from ctxbuild.digests import DigestMemo
 
 

@@ -199,9 +199,9 @@ def test_bad_adapter_files_fail_with_clear_errors(lora: Path, tree: Path, tmp_pa
 
 def test_prebuilt_with_lora_v2_sections(built: Path, tmp_path: Path, ctxbuild) -> None:
     """A binary ctxbuild compiled stands in for the base; the sections' content is opaque to ctxbuild (no
-    section can be made here: see README). A copy of the base whose SDK build id string is rewritten stands
+    section can be made here: see docs/limitations.md). A copy of the base whose SDK build id string is rewritten stands
     in for a base made with another QAIRT SDK."""
-    from ctxbuild.contextbin import describe
+    from ctxbuild.qnn.contextbin import describe
 
     d = tmp_path / "vendor"
     d.mkdir()
@@ -293,9 +293,9 @@ adapters:
 
 
 def test_inspect_lists_updateable_tensors_when_a_binary_has_them(built: Path) -> None:
-    """No binary with updateable tensors can be made here (QNN error 6022, see README): the listing is shown
+    """No binary with updateable tensors can be made here (QNN error 6022, see docs/limitations.md): the listing is shown
     on a real binary's description with one of its tensors moved to where libQnnSystem reports them."""
-    from ctxbuild.contextbin import describe, format_text
+    from ctxbuild.qnn.contextbin import describe, format_text
 
     info = describe(built / "SM8650" / "lora_mlp" / "lora_mlp_ctx_qnn.bin")
     assert "updateable tensor" not in format_text(info)  # compiled binaries have none

@@ -11,9 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from ctxbuild.ninjaquote import ninja_path
-from ctxbuild import kinds, ninja, recipe, toolchain
-from ctxbuild.plan import Plan, make_plan
+from ctxbuild.engine.ninjaquote import ninja_path
+from ctxbuild.templating import template_dir
+from ctxbuild.plan import kinds
+from ctxbuild.engine import ninja
+from ctxbuild.recipes import recipe
+from ctxbuild.toolchain import installed as toolchain
+from ctxbuild.plan.planner import Plan, make_plan
 from tests.fake_tree import fake_tree
 
 GOLDEN = Path(__file__).parent / "golden" / "build.ninja"
@@ -96,7 +100,8 @@ def _normalized(text: str, plan: Plan, tree: Path) -> str:
     """Machine-specific absolute paths -> placeholders, longest first (the venv lives inside the worktree);
     the short hashes in work-file names (they cover the model's absolute path) -> <hash>, and phony lists
     re-sorted after that (ninja sorts them by the hashed names)."""
-    subs = {str(Path(sys.executable)): "$PYTHON", str(Path(ninja.__file__).resolve().parent): "$PKG",
+    subs = {str(Path(sys.executable)): "$PYTHON", str(Path(ninja.__file__).resolve().parents[1]): "$PKG",
+            str(template_dir()): "$TEMPLATES",
             str(toolchain.qnn_library_dir()): "$QNN", str(tree.resolve()): "$RECIPES", str(plan.out): "$OUT"}
     for old in sorted(subs, key=len, reverse=True):
         text = text.replace(ninja_path(old), subs[old]).replace(old, subs[old])

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from ctxbuild.quantized_io import KEY, dequantize, quantize
+from ctxbuild.qnn.quantized_io import KEY, dequantize, quantize
 from tests._qnn_models import cosine, cpu_run, qnn_session
 from tests.test_lora import adapter_values, merged_model
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ctxbuild.contextbin import describe
+from ctxbuild.qnn.contextbin import describe
 from ctxbuild.errors import ActionError
-from ctxbuild.reproducible import build_time, normalize_multi_soc
+from ctxbuild.qnn.reproducible import build_time, normalize_multi_soc
 from ctxbuild.layout import spec_name
 from tests._qnn_models import qnn_session
 from tests.conftest import keep_only, last_build
@@ -91,7 +91,7 @@ def test_normalized_container_reads_and_loads_like_the_original(flex_tree: Path,
     raw_dir = tmp_path / "raw"
     raw_dir.mkdir()
     # Staged as the compile action stages it (the EP puts the model's path into the binary).
-    subprocess.run([sys.executable, "-c", "import sys, json; from pathlib import Path; from ctxbuild import toolchain; "
+    subprocess.run([sys.executable, "-c", "import sys, json; from pathlib import Path; from ctxbuild.toolchain import installed as toolchain; "
                     "from ctxbuild.staging import fixed_dir, link_model, stage_name\n"
                     "with fixed_dir(stage_name(json.loads(sys.argv[4]))) as d:\n"
                     "    toolchain.compile_model(link_model(Path(sys.argv[1]), d, 'model.onnx'), Path(sys.argv[2]), "

@@ -382,7 +382,7 @@ def test_poisoned_cache_entry_for_another_soc_is_rejected(tree: Path, tmp_path: 
     """A cache record for SM8650's compile that holds SM8750's binary (what a poisoned remote could serve)."""
     from ctxbuild.cache.local import LocalStore
     from ctxbuild.cache.record import ActionRecord
-    from ctxbuild.contextbin import describe
+    from ctxbuild.qnn.contextbin import describe
 
     _keep(tree, "mlp_fp16.yaml")
     r = ctxbuild("build", str(tree), "-o", str(tmp_path / "a"), "--no-verify")
@@ -404,9 +404,9 @@ def test_soc_memo_answers_only_for_its_bytes_and_qnn_build(tree: Path, tmp_path:
     """What libQnnSystem read from a binary is memoized by the binary's sha256 and the installed QNN. A memo
     edited to claim another SoC shows it is consulted; under another QNN install it is not, and the real
     reader answers again."""
-    from ctxbuild import toolchain
-    from ctxbuild.action import load_spec
-    from ctxbuild.actions import soccheck
+    from ctxbuild.toolchain import installed as toolchain
+    from ctxbuild.plan.action import load_spec
+    from ctxbuild.qnn import soccheck
     from ctxbuild.errors import ActionError
     from ctxbuild.layout import spec_name
 
@@ -492,7 +492,7 @@ def test_yaml_alias_bomb_is_refused(tree: Path, tmp_path: Path, ctxbuild) -> Non
 def test_libyaml_loader_when_available() -> None:
     import yaml
 
-    from ctxbuild import yamlsrc
+    from ctxbuild.recipes import yamlsrc
 
     if not yaml.__with_libyaml__:
         pytest.skip("PyYAML built without libyaml")
@@ -550,7 +550,7 @@ def test_a_lost_ctrl_c_still_stops_ninja(tree: Path, tmp_path: Path, ctxbuild, m
     """The handler's KeyboardInterrupt, raised while the driver forked ninja, once vanished in logging's
     at-fork hook: ninja built everything and the driver exited 0. The interrupt is remembered; ninja is
     stopped at once and the driver raises it."""
-    from ctxbuild import ninja, procs
+    from ctxbuild.engine import ninja, procs
 
     _keep(tree, "mlp_fp16.yaml")
     out = tmp_path / "out"
@@ -569,7 +569,7 @@ def test_ctrl_c_handed_to_another_thread_stops_ninja(tree: Path, tmp_path: Path,
     import signal
     import threading
 
-    from ctxbuild import ninja
+    from ctxbuild.engine import ninja
 
     out = tmp_path / "out"
     r = ctxbuild("build", str(tree), "-o", str(out), "--dry-run")

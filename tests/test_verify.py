@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ctxbuild.actions.verify import SNR_CAP_DB, metrics
+from ctxbuild.verify.measure import SNR_CAP_DB, metrics
 from tests.conftest import keep_only, last_build, records
 
 

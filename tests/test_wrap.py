@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 import pytest
 
-from ctxbuild.contextbin import describe
+from ctxbuild.qnn.contextbin import describe
 from ctxbuild.errors import InspectError
-from ctxbuild.wrap import wrap_binary
+from ctxbuild.qnn.wrap import wrap_binary
 from tests._qnn_models import Built, bin_of, build_models, conv_model, matmul_model, random_inputs, run
 
 pytestmark = pytest.mark.e2e  # compiles with the real QNN EP in-process

@@ -123,11 +123,11 @@ def run_candidate(name: str, cand: str, work: Path, target: str, cache: Path) ->
 
 def measure(name: str, work: Path, ctx: Path) -> dict[str, Any]:
     """A second simulator run of the built model against the float model (verify keeps metrics, not outputs)."""
-    from ctxbuild.actions.verify import _cpu_outputs, metrics, simulate
+    from ctxbuild.actions.verify import cpu_outputs, metrics, simulate
 
     inp = MODELS[name].input
     samples = [{inp: np.load(p)[inp]} for p in sorted((work / "verify").glob("*.npz"))]
-    ref = _cpu_outputs(work / "prepared_float.onnx", samples)
+    ref = cpu_outputs(work / "prepared_float.onnx", samples)
     got = simulate(ctx, samples, cpu_fallback=False, timeout=1800)
     out = {}
     for o, r in ref.items():

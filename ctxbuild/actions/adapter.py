@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..action import Action
-from ..adapters import bind_param, read_onnx_adapter, slot_defaults, wrapper_slot_spec, write_onnx_adapter
-from ..errors import ActionError
-from ..quantized_io import quantize, read_metadata
+from ctxbuild.plan.action import Action
+from ctxbuild.lora.adapters import bind_param, read_onnx_adapter, slot_defaults, wrapper_slot_spec, write_onnx_adapter
+from ctxbuild.errors import ActionError
+from ctxbuild.qnn.quantized_io import quantize, read_metadata
 
 
 def summarize(action: Action) -> dict[str, Any]:

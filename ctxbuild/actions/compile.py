@@ -13,12 +13,12 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import toolchain
-from ..action import Action
-from ..adapters import add_wrapper_defaults
-from ..errors import ActionError
-from ..staging import fixed_dir, link_model, stage_name
-from . import soccheck
+from ctxbuild.toolchain import installed as toolchain
+from ctxbuild.plan.action import Action
+from ctxbuild.lora.adapters import add_wrapper_defaults
+from ctxbuild.errors import ActionError
+from ctxbuild.qnn.staging import fixed_dir, link_model, stage_name
+from ctxbuild.qnn import soccheck
 
 _UNSUPPORTED = re.compile(r"\{ name: ([^,]*), type: ([^ }]*) \}")
 
@@ -91,8 +91,8 @@ def compile_graph(model: Path, dst: Path, params: dict[str, Any], tmp: Path) -> 
 def _compile_split(model: Path, dst: Path, outputs: list[str] | None, compile_: Callable[[Path], None]) -> None:
     import onnx
 
-    from ..split_outputs import cut, rejoin
-    from .modelio import load
+    from ctxbuild.qnn.split_outputs import cut, rejoin
+    from ctxbuild.graph.modelio import load
 
     original = load(model)
     cut_model, joins = cut(original, outputs)
@@ -103,8 +103,8 @@ def _compile_split(model: Path, dst: Path, outputs: list[str] | None, compile_: 
 def _compile_quantized_io(model: Path, dst: Path, compile_: Callable[[Path], None]) -> None:
     import onnx
 
-    from .. import quantized_io
-    from .modelio import load
+    from ctxbuild.qnn import quantized_io
+    from ctxbuild.graph.modelio import load
 
     stripped = load(model, external_data=False)  # weights stay in the linked data files, beside it
     encodings = quantized_io.strip(stripped)
@@ -132,13 +132,13 @@ def is_multi_soc(action: Action) -> bool:
 
 def key_extras(action: Action) -> dict[str, Any]:
     """A multi-SoC binary embeds the reproducible-builds time (ctxbuild/reproducible.py): part of its key."""
-    from ..reproducible import build_time
+    from ctxbuild.qnn.reproducible import build_time
 
     return {"build_time": build_time()} if is_multi_soc(action) else {}
 
 
 def _normalize_build_time(path: Path) -> None:
-    from ..reproducible import build_time, normalize_multi_soc
+    from ctxbuild.qnn.reproducible import build_time, normalize_multi_soc
 
     try:
         data, _ = normalize_multi_soc(path.read_bytes(), build_time())

@@ -2,7 +2,7 @@
 
 Copies each section next to the target's wrapper and writes one `qnn.lora_config` per adapter: lines
 `<graph name in the binary>;<section path>`, the path relative to the wrapper's directory. Section files are
-opaque here: they can be neither made nor run on this machine (see README, "LoRA adapters"). What can be
+opaque here: they can be neither made nor run on this machine (see docs/bundles-and-lora.md). What can be
 checked is checked: the base binary's SoC, its graph names, and its QNN SDK build against the installed
 EP's (sections and base must come from the same SDK as the runtime; a mismatch is the classic cause of
 on-device crashes).
@@ -13,11 +13,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .. import toolchain
-from ..action import Action
-from ..errors import ActionError, InspectError
-from ..layout import STATE
-from .prebuilt import _check_target
+from ctxbuild.toolchain import installed as toolchain
+from ctxbuild.plan.action import Action
+from ctxbuild.errors import ActionError, InspectError
+from ctxbuild.layout import STATE
+from ctxbuild.actions.prebuilt import check_target
 
 
 def summarize(action: Action) -> dict[str, Any]:
@@ -30,7 +30,7 @@ def warnings(action: Action) -> list[str]:
     """A tolerated SDK mismatch (`sdk_mismatch: warn`), shown on every build, cached or not."""
     if action.params["sdk_mismatch"] != "warn":
         return []
-    from ..contextbin import read_binary_info
+    from ctxbuild.qnn.contextbin import read_binary_info
 
     src = Path(action.inputs["bin"])
     out = Path(next(iter(action.outputs.values()))).parents[2]  # OUT/<target>/<recipe>/<file>
@@ -39,7 +39,7 @@ def warnings(action: Action) -> list[str]:
 
 
 def run(ctx: Any) -> None:
-    from ..contextbin import read_binary_info
+    from ctxbuild.qnn.contextbin import read_binary_info
 
     a = ctx.action
     p = a.params
@@ -48,7 +48,7 @@ def run(ctx: Any) -> None:
         info = read_binary_info(str(src), path=src)
     except InspectError as e:
         raise ActionError(str(e)) from None
-    _check_target(info, p, src, a.target["name"])
+    check_target(info, p, src, a.target["name"])
     check_sdk(info.get("build_id") or "unknown", toolchain.sdk_build_id(ctx.out / STATE), src, p["sdk_mismatch"])
     graphs = [g["name"] for g in info["graphs"]]
     for name in p["names"]:

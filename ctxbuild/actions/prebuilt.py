@@ -6,14 +6,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..errors import ActionError, InspectError
-from .compile import summarize  # noqa: F401 - the same summary hook as compile
-from .soccheck import check_outputs  # noqa: F401 - the hook: the binary's SoC is the target's
+from ctxbuild.errors import ActionError, InspectError
+from ctxbuild.actions.compile import summarize  # noqa: F401 - the same summary hook as compile
+from ctxbuild.qnn.soccheck import check_outputs  # noqa: F401 - the hook: the binary's SoC is the target's
 
 
 def run(ctx: Any) -> None:
-    from ..contextbin import read_binary_info
-    from ..wrap import wrap_binary
+    from ctxbuild.qnn.contextbin import read_binary_info
+    from ctxbuild.qnn.wrap import wrap_binary
 
     a = ctx.action
     p = a.params
@@ -23,7 +23,7 @@ def run(ctx: Any) -> None:
     shutil.copyfile(src, staged)  # the wrappers name the binary by file name: give it its final one
     try:
         info = read_binary_info(str(src), path=staged)
-        _check_target(info, p, src, a.target["name"])
+        check_target(info, p, src, a.target["name"])
         if len(info["graphs"]) != len(p["graphs"]):
             raise ActionError(f"{src}: the binary holds {len(info['graphs'])} graph(s), the recipe names "
                               f"{len(p['graphs'])}", "list one name per graph in prebuilt.graphs, in the binary's order")
@@ -37,7 +37,7 @@ def run(ctx: Any) -> None:
         os.replace(staged, ctx.tmp_output("bin"))
 
 
-def _check_target(info: dict[str, Any], p: dict[str, Any], src: Path, target: str) -> None:
+def check_target(info: dict[str, Any], p: dict[str, Any], src: Path, target: str) -> None:
     """A binary built for another SoC fails to load on the device: refuse it here, where it is cheap."""
     for t in info.get("targets") or []:
         soc, arch = t.get("soc_model"), t.get("htp_arch")

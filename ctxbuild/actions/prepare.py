@@ -8,10 +8,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..action import Action
-from ..adapters import add_defaults, make_slots
-from ..errors import ActionError
-from .modelio import data_path, external_data_files, graph_inputs, load, save_external, save_with_data
+from ctxbuild.plan.action import Action
+from ctxbuild.lora.adapters import add_defaults, make_slots
+from ctxbuild.errors import ActionError
+from ctxbuild.graph.modelio import data_path, external_data_files, graph_inputs, load, save_external, save_with_data
 
 # Measured: onnxruntime 1.31 loads IR <= 13; onnx 1.23 writes 14 by default. Stamp down to what ORT reads.
 ORT_MAX_IR_VERSION = 13
@@ -92,7 +92,7 @@ def _optimize(model: Any, src: Path, dst: Path, tmp: Path) -> None:
     import onnx
     import onnxruntime as ort
 
-    from ..staging import link_data
+    from ctxbuild.qnn.staging import link_data
 
     staged = tmp / "staged" / "staged.onnx"
     staged.parent.mkdir()

@@ -6,12 +6,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..action import Action
-from ..adapters import CalibrationSet
-from ..errors import ActionError
-from ..quantization import QUANT_TYPES, get_qnn_qdq_kwargs
-from .modelio import data_path, load
-from .samples import from_files, input_spec, list_samples, random_samples
+from ctxbuild.plan.action import Action
+from ctxbuild.lora.adapters import CalibrationSet
+from ctxbuild.errors import ActionError
+from ctxbuild.recipes.quantization import QUANT_TYPES, get_qnn_qdq_kwargs
+from ctxbuild.graph.modelio import data_path, load
+from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
 
 if TYPE_CHECKING:
     import numpy as np

@@ -9,10 +9,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..action import Action
-from ..errors import ActionError
-from .compile import partition_names
-from .verify import failures
+from ctxbuild.plan.action import Action
+from ctxbuild.errors import ActionError
+from ctxbuild.actions.compile import partition_names
+from ctxbuild.verify.measure import failures
 
 
 def summarize(action: Action) -> dict[str, Any]:

@@ -1,12 +1,5 @@
-"""verify: run the compiled `_ctx.onnx` on the HTP simulator and the float model on the CPU EP, compare.
-
-Metrics per output, over all samples together:
-- cosine similarity; when the reference and the result are both (numerically) zero it is 1, when only
-  one of them is, 0: never NaN, never a pass for a result that is all zeros against a real signal;
-- SNR in dB, 10*log10(sum(ref^2) / sum((ref - got)^2)), clamped to +-SNR_CAP_DB (an exact match is
-  +cap, noise against a zero reference is -cap);
-- max and mean absolute error; argmax agreement for classifier-shaped outputs ([N, classes]).
-The simulator runs in a forked child with a timeout: a crash or hang in the QNN library fails this
+"""verify: run the compiled `_ctx.onnx` on the HTP simulator and the float model on the CPU EP, compare
+(ctxbuild/verify/measure.py has the runs and the metrics). The simulator runs in a forked child with a timeout: a crash or hang in the QNN library fails this
 action with a clear line, never the worker, ninja or the driver.
 """
 from __future__ import annotations
@@ -16,19 +9,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import output_slices, quantized_io, toolchain
-from ..action import Action
-from ..errors import ActionError
-from .compile import compile_refusal
-from .modelio import load
-from .samples import from_files, input_spec, list_samples, random_samples
-from .verify_memo import OutputsMemo, wrapper_identity
+from ctxbuild.verify import slices as output_slices
+from ctxbuild.plan.action import Action
+from ctxbuild.errors import ActionError
+from ctxbuild.actions.compile import compile_refusal
+from ctxbuild.graph.modelio import load
+from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
+from ctxbuild.verify.memo import OutputsMemo, wrapper_identity
+from ctxbuild.verify.measure import cpu_outputs, failures, metrics, simulate
 
 if TYPE_CHECKING:  # imported where used: the cache-hit path (listing samples, warnings) needs no numpy
     import numpy as np
-
-SNR_CAP_DB = 120.0
-_ZERO_POWER = 1e-20
 
 
 def discover_inputs(action: Action) -> dict[str, Path]:
@@ -69,7 +60,7 @@ def run(ctx: Any) -> None:
     start = time.monotonic()
     reference = memo.get_or_compute("reference", [inputs["reference"], inputs.get("reference.data"), sample_id,
                                                    key["toolchain"]["onnxruntime"]],
-                                    lambda: _cpu_outputs(ref_model, samples))
+                                    lambda: cpu_outputs(ref_model, samples))
     ctx.facts["reference_seconds"] = round(time.monotonic() - start, 3)
     start = time.monotonic()
     timing: dict[str, float] = {}
@@ -110,129 +101,10 @@ def run(ctx: Any) -> None:
 def _hint(a: Action, ref_model: Path, samples: list[dict[str, np.ndarray]], reference: dict[str, np.ndarray],
           result: dict[str, Any]) -> str:
     """Where the accuracy went (quantization or the HTP) and the likely fix: diagnose.py, CPU side only."""
-    from ..diagnose import failure_hint
+    from ctxbuild.verify.diagnose import failure_hint
 
     return failure_hint(ref_model, Path(a.inputs["compiled"]), samples, reference, result,
                         recipe=a.recipes[0], precision=a.params["precision"])
-
-
-def metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, float | None]:
-    import numpy as np
-
-    r = ref.astype(np.float64).ravel()
-    g = got.astype(np.float64).reshape(ref.shape).ravel()
-    p_ref, p_got, p_err = float(r @ r), float(g @ g), float((r - g) @ (r - g))
-    if p_ref <= _ZERO_POWER and p_got <= _ZERO_POWER:
-        cosine = 1.0
-    elif p_ref <= _ZERO_POWER or p_got <= _ZERO_POWER:
-        cosine = 0.0
-    else:
-        cosine = float(r @ g / np.sqrt(p_ref * p_got))
-    if p_err <= _ZERO_POWER:
-        snr = SNR_CAP_DB
-    elif p_ref <= _ZERO_POWER:
-        snr = -SNR_CAP_DB
-    else:
-        snr = float(np.clip(10 * np.log10(p_ref / p_err), -SNR_CAP_DB, SNR_CAP_DB))
-    diff = np.abs(r - g)
-    argmax = None
-    if ref.ndim == 2 and ref.shape[1] > 1:  # [N, classes]: N samples stacked
-        argmax = float(np.mean(ref.argmax(1) == got.reshape(ref.shape).argmax(1)))
-    return {"cosine": round(cosine, 6), "snr_db": round(snr, 3), "max_abs": float(diff.max()),
-            "mean_abs": float(diff.mean()), "argmax_agreement": argmax}
-
-
-def failures(result: dict[str, Any]) -> list[str]:
-    t = result["thresholds"]
-    out = []
-    for name, m in result["outputs"].items():
-        if not (m["cosine"] >= t["min_cosine"] and m["snr_db"] >= t["min_snr_db"]):  # NaN fails too
-            out.append(f"output '{name}' cosine {m['cosine']:.4f} (min {t['min_cosine']}), "
-                       f"SNR {m['snr_db']:.1f} dB (min {t['min_snr_db']})")
-        for sl in m.get("slices") or []:
-            if not (sl["cosine"] >= t["min_cosine"] and sl["snr_db"] >= t["min_snr_db"]):
-                out.append(f"output '{name}' slice {sl['start']}:{sl['stop']} ({sl['slice']}, values up to "
-                           f"{sl['range']:.3g}) cosine {sl['cosine']:.4f}, SNR {sl['snr_db']:.1f} dB")
-    if result.get("bundle_signature_match") is False:
-        out.append("the bundle's graph has different inputs/outputs than its single-graph build")
-    return out
-
-
-def _cpu_outputs(model: Path, samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    import numpy as np
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3  # a LoRA reference's slots are overridable initializers: ORT warns per session
-    sess = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    runs = [sess.run(None, s) for s in samples]
-    return {n: np.concatenate([r[i] for r in runs]) for i, n in enumerate(names)}
-
-
-def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallback: bool,
-             timeout: float, timing: dict[str, float] | None = None,
-             adapter: Path | None = None) -> dict[str, np.ndarray]:
-    """Run on the simulator in a child process (one session for all samples); its crash or hang becomes an
-    ActionError here. `timing` receives the child's session load and run seconds. `adapter`: an
-    `.onnx_adapter` bound to every run (RunOptions.add_active_adapter)."""
-    import multiprocessing
-
-    mp = multiprocessing.get_context("fork")  # the parent already imported onnxruntime: fork is cheap
-    recv, send = mp.Pipe(duplex=False)
-    child = mp.Process(target=_simulate_child, args=(ctx_model, samples, cpu_fallback, send, adapter), daemon=True)
-    child.start()
-    send.close()
-    result = None
-    if recv.poll(timeout):
-        try:
-            result = recv.recv()
-        except EOFError:
-            result = None
-    child.join(5 if result is not None else 0)
-    if child.is_alive():
-        child.kill()
-        child.join()
-        if result is None:
-            raise ActionError(f"{ctx_model.name}: the HTP simulator did not finish within {timeout:g} s",
-                              "raise verify.timeout_s, or verify fewer samples")
-    if result is None:
-        raise ActionError(f"{ctx_model.name}: the HTP simulator crashed (exit {child.exitcode}) running the "
-                          "context binary", "the binary may be corrupt; rebuild it (see the log)")
-    if isinstance(result, str):
-        raise ActionError(f"{ctx_model.name}: the HTP simulator failed: {result}")
-    outputs, times = result
-    if timing is not None:
-        timing.update(times)
-    return outputs
-
-
-def _simulate_child(ctx_model: Path, samples: list[dict[str, np.ndarray]], cpu_fallback: bool, send: Any,
-                    adapter: Path | None = None) -> None:
-    import numpy as np
-    import onnxruntime as ort
-
-    try:
-        start = time.monotonic()
-        so = toolchain.session_options({}, cpu_fallback=cpu_fallback)
-        sess = ort.InferenceSession(str(ctx_model), so)
-        loaded = time.monotonic()
-        names = [o.name for o in sess.get_outputs()]
-        # compile.quantized_io: float samples in, float outputs out, through the recorded encodings
-        enc = json.loads(sess.get_modelmeta().custom_metadata_map.get(quantized_io.KEY, "{}"))
-        samples = [{k: quantized_io.quantize(v, enc[k]) if k in enc else v for k, v in s.items()} for s in samples]
-        ro = None
-        if adapter is not None:
-            lora = ort.LoraAdapter()
-            lora.Load(str(adapter))
-            ro = ort.RunOptions()
-            ro.add_active_adapter(lora)
-        runs = [sess.run(None, s, ro) for s in samples]
-        times = {"load": loaded - start, "run": time.monotonic() - loaded}
-        got = {n: np.concatenate([r[i] for r in runs]) for i, n in enumerate(names)}
-        send.send(({n: quantized_io.dequantize(v, enc[n]) if n in enc else v for n, v in got.items()}, times))
-    except Exception as e:  # noqa: BLE001 - report ORT's message to the parent as one line
-        send.send(str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__)
 
 
 def coverage(ctx_model: Path, compiled: Path) -> dict[str, Any]:
@@ -248,7 +120,7 @@ def coverage(ctx_model: Path, compiled: Path) -> dict[str, Any]:
 
 def _same_signature(bundle_ctx: Path, single_ctx: Path) -> bool:
     """The bundle's copy of a graph must have the I/O of the single-graph build that was verified."""
-    from ..contextbin import describe
+    from ctxbuild.qnn.contextbin import describe
 
     def signature(ctx_path: Path) -> list[Any]:
         info = describe(ctx_path)

@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..adapters import bind_param, read_onnx_adapter, wrapper_slot_spec
-from ..errors import ActionError
-from . import verify
-from .modelio import load
-from .samples import from_files, input_spec, random_samples
+from ctxbuild.lora.adapters import bind_param, read_onnx_adapter, wrapper_slot_spec
+from ctxbuild.errors import ActionError
+from ctxbuild.actions import verify
+from ctxbuild.verify.measure import cpu_outputs, failures, metrics, simulate
+from ctxbuild.graph.modelio import load
+from ctxbuild.graph.samples import from_files, input_spec, random_samples
 
 if TYPE_CHECKING:  # imported where used: a cache hit needs no numpy
     import numpy as np
@@ -42,9 +43,9 @@ def run(ctx: Any) -> None:
     if "adapter" in a.inputs:  # compile.quantized_io: the binding is quantized; the float model takes the file's values
         bound = _float_values(Path(a.inputs["ctx.ctx"]), Path(a.inputs["adapter"]), p["bind"], set(bound))
     feeds = [{**s, **bound} for s in samples]
-    reference = verify._cpu_outputs(ref_model, feeds)
+    reference = cpu_outputs(ref_model, feeds)
     start = time.monotonic()
-    got = verify.simulate(Path(a.inputs["ctx.ctx"]), samples, cpu_fallback=p["cpu_fallback"],
+    got = simulate(Path(a.inputs["ctx.ctx"]), samples, cpu_fallback=p["cpu_fallback"],
                           timeout=p["timeout_s"], adapter=binding)
     ctx.facts["simulator_seconds"] = round(time.monotonic() - start, 3)
     clipping = (clipped_tensors(ref_model, Path(a.inputs["compiled"]), feeds, bound, ctx.tmp)
@@ -52,18 +53,18 @@ def run(ctx: Any) -> None:
     result: dict[str, Any] = {
         "graph": p["graph"], "adapter": p["adapter"], "calibrated": p["calibrated"], "method": p["method"],
         "samples": len(samples), "sample_source": p["sample_source"], "thresholds": p["thresholds"],
-        "outputs": {name: verify.metrics(reference[name], got[name]) for name in reference},
+        "outputs": {name: metrics(reference[name], got[name]) for name in reference},
         "coverage": verify.coverage(Path(a.inputs["ctx.ctx"]), Path(a.inputs["compiled"])),
         "clipping": clipping,
     }
-    failures = verify.failures(result)
-    result["passed"] = not failures
+    failed = failures(result)
+    result["passed"] = not failed
     Path(ctx.tmp_output("result")).write_text(json.dumps(result, indent=2, sort_keys=True))
-    if failures:
+    if failed:
         clipped = ", ".join(f"'{c['tensor']}' ({c['fraction']:.1%} of values)" for c in clipping[:6])
         hint = (f"the adapter does not fit the base's encodings: {clipped} clip; add it to adapters.calibrate"
                 if clipping else "check the calibration samples and adapters.calibrate")
-        raise ActionError(f"{p['graph']} with adapter '{p['adapter']}'@{a.target['name']}: " + "; ".join(failures),
+        raise ActionError(f"{p['graph']} with adapter '{p['adapter']}'@{a.target['name']}: " + "; ".join(failed),
                           details=result, hint=hint)
 
 

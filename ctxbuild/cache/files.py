@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from ..digests import hash_file, hash_stream
+from ctxbuild.digests import hash_file, hash_stream
 
 if TYPE_CHECKING:
-    from .record import OutputEntry
+    from ctxbuild.cache.record import OutputEntry
 
 __all__ = ["copy_hashing", "hash_file", "restore_outputs", "same_content", "temp_path"]
 

@@ -11,11 +11,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import CacheError, CacheUnavailable, CorruptEntry
-from .files import restore_outputs
-from .local import LocalStore
-from .record import ActionRecord, OutputEntry
-from .remote import RemoteSkipped, RemoteStore
+from ctxbuild.errors import CacheError, CacheUnavailable, CorruptEntry
+from ctxbuild.cache.files import restore_outputs
+from ctxbuild.cache.local import LocalStore
+from ctxbuild.cache.record import ActionRecord, OutputEntry
+from ctxbuild.cache.remote import RemoteSkipped, RemoteStore
 
 T = TypeVar("T")
 

@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..atomic import write_bytes
-from ..errors import CacheUnavailable
-from .files import copy_hashing, hash_file, restore_outputs, temp_path
-from .record import ActionRecord, OutputEntry, check_digest, check_key
+from ctxbuild.atomic import write_bytes
+from ctxbuild.errors import CacheUnavailable
+from ctxbuild.cache.files import copy_hashing, hash_file, restore_outputs, temp_path
+from ctxbuild.cache.record import ActionRecord, OutputEntry, check_digest, check_key
 
 # Temps and unreferenced blobs younger than this may belong to an insert in progress in another process.
 GRACE_SECONDS = 600.0

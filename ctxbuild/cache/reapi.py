@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from ..errors import CacheError
-from .record import ActionRecord, OutputEntry, check_digest, check_key
+from ctxbuild.errors import CacheError
+from ctxbuild.cache.record import ActionRecord, OutputEntry, check_digest, check_key
 
 PACKAGE = "build.bazel.remote.execution.v2"
 METADATA_PATH = ".ctxbuild/record.json"

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .files import hash_file
+from ctxbuild.digests import hash_file
 
 FORMAT_VERSION = 1
 _DIGEST = re.compile(r"[0-9a-f]{64}")

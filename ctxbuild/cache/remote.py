@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import SplitResult, unquote, urlsplit
 
-from ..atomic import write_bytes
-from ..errors import CacheError, CorruptEntry, RemoteUnavailable, UsageError
-from . import reapi
-from .files import CHUNK, temp_path
-from .record import ActionRecord, check_digest, check_key
+from ctxbuild.atomic import write_bytes
+from ctxbuild.errors import CacheError, CorruptEntry, RemoteUnavailable, UsageError
+from ctxbuild.cache import reapi
+from ctxbuild.cache.files import CHUNK, temp_path
+from ctxbuild.cache.record import ActionRecord, check_digest, check_key
 
 BREAKER_SECONDS = 120.0
 MIN_RATE = 256 << 10  # bytes/s: below this, beyond the grace of one `timeout`, a transfer is abandoned

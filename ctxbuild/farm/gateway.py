@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import ExecutorUnavailable, UsageError
-from . import resources, wire
-from .submit import FALLBACK_ENV, FARM_ENV
+from ctxbuild.errors import ExecutorUnavailable, UsageError
+from ctxbuild.farm import resources, wire
+from ctxbuild.farm.submit import FALLBACK_ENV, FARM_ENV
 
 CONNECT_TIMEOUT_S = 5.0
 WORKERS_TIMEOUT_S = 30.0
@@ -57,7 +57,7 @@ def running(address: str, *, store: dict[str, Any], build_id: str, fallback: str
         from distributed import Client
     except ImportError:
         raise UsageError("--executor needs dask and distributed", "pip install 'ctxbuild[farm]'") from None
-    from .task import PLUGIN_NAME, FarmPlugin
+    from ctxbuild.farm.task import PLUGIN_NAME, FarmPlugin
 
     # Dask logs connection trouble with tracebacks on stderr; the build reports it in one line per action.
     for name in ["distributed", *logging.root.manager.loggerDict]:
@@ -138,7 +138,7 @@ class _Gateway:
         """Submit one action and wait for it; None if the asking process hung up (its future is cancelled)."""
         from distributed import KilledWorker
 
-        from .task import run_action
+        from ctxbuild.farm.task import run_action
 
         action = req["action"]
         wanted = resources.toolchain_resource(req["fingerprint"])
@@ -194,7 +194,7 @@ class _Gateway:
         return _unavailable(f"the Dask scheduler at {self.address} went away")
 
     def _no_toolchain(self, fp: dict[str, Any]) -> str:
-        from .task import worker_fingerprints
+        from ctxbuild.farm.task import worker_fingerprints
 
         try:
             theirs = self.client.run(worker_fingerprints)

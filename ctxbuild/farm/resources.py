@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from .. import kinds, memory
-from ..action import canonical_json
+from ctxbuild.plan import kinds, memory
+from ctxbuild.plan.action import canonical_json
 
 TOOLCHAIN_PREFIX = "ctxbuild-toolchain-"
 # Fingerprint resources only select workers; advertised in a quantity no build exhausts.

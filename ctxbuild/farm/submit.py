@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..action import Action
-from ..errors import ActionError
-from . import wire
+from ctxbuild.plan.action import Action
+from ctxbuild.errors import ActionError
+from ctxbuild.farm import wire
 
 FARM_ENV = "CTXBUILD_FARM"  # the gateway's socket; the driver sets it when a build has an executor
 FALLBACK_ENV = "CTXBUILD_EXECUTOR_FALLBACK"

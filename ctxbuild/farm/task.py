@@ -24,13 +24,13 @@ from typing import Any
 
 from distributed import WorkerPlugin, get_worker
 
-from .. import toolchain
-from ..cache import Cache, LocalStore, RemoteStore
-from ..client import ENV as WORKER_ENV, run_via_worker
-from ..errors import CacheError
-from ..layout import STATE, cache_dir, record_path, spec_name
-from .resources import TOOLCHAIN_CAPACITY, toolchain_resource
-from .submit import FALLBACK_ENV, FARM_ENV
+from ctxbuild.toolchain import installed as toolchain
+from ctxbuild.cache import Cache, LocalStore, RemoteStore
+from ctxbuild.engine.client import ENV as WORKER_ENV, run_via_worker
+from ctxbuild.errors import CacheError
+from ctxbuild.layout import STATE, cache_dir, record_path, spec_name
+from ctxbuild.farm.resources import TOOLCHAIN_CAPACITY, toolchain_resource
+from ctxbuild.farm.submit import FALLBACK_ENV, FARM_ENV
 
 PLUGIN_NAME = "ctxbuild-farm"
 LOG_TAIL_BYTES = 64 << 10
@@ -73,7 +73,7 @@ class FarmPlugin(WorkerPlugin):
 
 def _fork_server(root: Path) -> str:
     """The socket of this Dask worker's fork server, started now if there is none or it died."""
-    from .. import worker as forkserver
+    from ctxbuild.engine import worker as forkserver
 
     with _lock:
         w = _server.get("worker")

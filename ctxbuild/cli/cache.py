@@ -1,0 +1,93 @@
+"""`ctxbuild cache stats|gc|clear`: look after the local cache (ccache's -s / --evict / -C)."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from ctxbuild.errors import UsageError
+from ctxbuild.layout import cache_dir
+from ctxbuild.units import fmt_size
+
+SUMMARY = "last_build.json"  # the driver's summary of the most recent build that used this cache
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*", re.IGNORECASE)
+
+
+def parse_size(text: str, what: str = "cache gc") -> int:
+    """`500M`, `2G`, `1.5GiB`, `123456` (bytes). K/M/G/T are powers of 1000, Ki/Mi/Gi/Ti of 1024."""
+    m = _SIZE.fullmatch(text)
+    if not m:
+        raise UsageError(f"{what}: bad size {text!r}", "use a byte count or a number with K, M, G, T (or Ki, Mi, Gi)")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+
+
+def resolve_dir(given: Path | None) -> Path:
+    return given.expanduser().resolve() if given else cache_dir()
+
+
+def main(args: Any) -> int:
+    from ctxbuild.cache import LocalStore
+    from ctxbuild.cache.local import GRACE_SECONDS
+
+    root = resolve_dir(args.cache_dir)
+    store = LocalStore(root)
+    if args.cache_cmd == "stats":
+        return _stats(store, args.json)
+    if args.cache_cmd == "gc":
+        limit = parse_size(args.max_size)
+        before = store.stats() if root.is_dir() else {"entries": 0, "blobs": 0, "bytes": 0}
+        result = store.gc(limit) if root.is_dir() else {"removed_entries": 0, "removed_blobs": 0, "bytes": 0}
+        freed = before["bytes"] - result["bytes"]
+        print(f"removed {result['removed_entries']} entries and {result['removed_blobs']} blobs "
+              f"({fmt_size(max(freed, 0))}), least recently used first; {root} now holds {fmt_size(result['bytes'])} "
+              f"(limit {fmt_size(limit)})")
+        if result["bytes"] > limit:
+            print(f"note: some blobs no entry names were kept: written too recently (unreferenced ones: within "
+                  f"{GRACE_SECONDS / 60:.0f} minutes), a build may be about to name them; `ctxbuild cache clear` "
+                  "removes everything")
+        return 0
+    if args.cache_cmd == "clear":
+        before = store.stats() if root.is_dir() else {"entries": 0, "blobs": 0, "bytes": 0}
+        if root.is_dir():
+            store.clear()
+            (root / SUMMARY).unlink(missing_ok=True)
+        print(f"removed {before['entries']} entries and {before['blobs']} blobs ({fmt_size(before['bytes'])}) "
+              f"from {root}")
+        return 0
+    raise UsageError(f"unknown cache command {args.cache_cmd}")
+
+
+def _stats(store: Any, as_json: bool) -> int:
+    root: Path = store.root
+    stats = store.stats() if root.is_dir() else {"entries": 0, "blobs": 0, "bytes": 0, "last_gc": None}
+    last = _read(root / SUMMARY)
+    info = {"cache_dir": str(root), **stats, "last_build": last}
+    if as_json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+        return 0
+    print(f"cache directory   {root}")
+    print(f"entries           {stats['entries']}")
+    print(f"blobs             {stats['blobs']}")
+    print(f"size              {fmt_size(stats['bytes'])} ({stats['bytes']} bytes)")
+    if last is None:
+        print("last build        none recorded (no-op builds are not)")
+        return 0
+    looked = last.get("hits", 0) + last.get("misses", 0)
+    rate = f" ({100 * last.get('hits', 0) / looked:.0f}% hits)" if looked else ""
+    print(f"last build        {last.get('out', '?')}: {last.get('ran', 0)} actions ran or restored, "
+          f"{last.get('hits', 0)} hits{rate} ({last.get('hits_local', 0)} local, "
+          f"{last.get('hits_remote', 0)} remote), {last.get('misses', 0)} misses, {last.get('failed', 0)} failed")
+    sys.stdout.flush()
+    return 0
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,66 @@
+"""`ctxbuild verify --layers RECIPE`: build and verify the recipe, then diagnose each of its verified graphs
+per layer (diagnose.py), print the worst nodes and write `<graph>_layers.json` beside `<graph>_verify.json`
+(the report shows it for failed graphs)."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ctxbuild.plan.action import Action, load_spec
+from ctxbuild.engine.capture import captured
+from ctxbuild.errors import UsageError
+from ctxbuild.layout import STATE, layers_path, spec_name
+
+
+def main(paths: list[Path], out: Path, recipe: str, targets: list[str], *, samples: int | None,
+         cache_env: dict[str, str]) -> int:
+    from ctxbuild.verify import diagnose
+    from ctxbuild.engine import ninja
+    from ctxbuild.engine.build import BuildOptions, build
+    from ctxbuild.outputs.report import write_report
+
+    out = out.resolve()
+    rc = build(BuildOptions(paths=paths, out=out, only=[recipe], targets=targets, cache_env=cache_env))
+    state = ninja.read_state(out, "plan.json") or {"actions": []}
+    verifies = [load_spec(out / STATE / "actions" / spec_name(a["id"])) for a in state["actions"]
+                if a["kind"] == "verify" and recipe in a["recipes"]
+                and (not targets or a["target"]["name"] in targets)]
+    if not verifies:
+        raise UsageError(f"--layers {recipe}: the recipe has no verified graph"
+                         + (f" for {', '.join(targets)}" if targets else ""), "is verification off for it?")
+    by_output = {p: a for a in state["actions"] for p in a["outputs"]}
+    for v in verifies:
+        compiler = load_spec(out / STATE / "actions" / spec_name(by_output[v.inputs["ctx.ctx"]]["id"]))
+        if not Path(v.inputs["ctx.ctx"]).is_file():
+            print(f"ctxbuild: {v.id}: nothing compiled to diagnose (the build failed before verification)",
+                  file=sys.stderr)
+            rc = rc or 1
+            continue
+        started = time.monotonic()
+        log = out / STATE / "logs" / f"layers.{v.id.split('/', 1)[1]}.log"
+        with captured(log):  # the EP's native logging, as for actions
+            result = diagnose.diagnose(Path(v.inputs["reference"]), Path(v.inputs["compiled"]), _samples(v, samples),
+                                       compiler.params, v.params["thresholds"], slices=v.params.get("slices"),
+                                       delivered=Path(v.inputs["ctx.ctx"]), timeout=v.params["timeout_s"])
+        result.update({"graph": v.params["graph"], "target": v.target["name"] if v.target else "",
+                       "verify": v.id, "seconds": round(time.monotonic() - started, 1)})
+        dst = layers_path(v.outputs["result"])
+        diagnose.write(dst, result)
+        print(diagnose.format_text(result))
+        print(f"  written: {dst}")
+    write_report(out)
+    return rc
+
+
+def _samples(v: Action, limit: int | None) -> list[dict[str, Any]]:
+    from ctxbuild.graph.modelio import load
+    from ctxbuild.graph.samples import from_files, input_spec, random_samples
+    from ctxbuild.actions.verify import discover_inputs
+
+    spec = input_spec(load(Path(v.inputs["reference"]), external_data=False))
+    n = limit or v.params["samples"]
+    if v.params["sample_source"] == "random":
+        return list(random_samples(spec, n))
+    return list(from_files(spec, dict(list(discover_inputs(v).items())[:n]), v.recipe_files[0]))

@@ -1,0 +1,123 @@
+"""OUT's safety: where it may be, one build at a time, and a `clean` that removes only what ctxbuild wrote.
+
+`clean -o .` once deleted recipes and models, and `build -o <recipes dir>` was accepted: OUT may not be,
+contain, or sit inside a directory holding recipes, models or samples.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ctxbuild.errors import UsageError
+from ctxbuild.layout import STATE
+
+if TYPE_CHECKING:
+    from ctxbuild.recipes.recipe import RecipeSet
+
+LOCK = "lock"
+WRITTEN = ("build.ninja", "manifest.json", "report.json", "report.html")  # besides the artifacts and OUT/.ctxbuild
+_HINT = "choose an output directory outside the recipe, model and sample directories (e.g. -o out)"
+
+
+def check_placement(out: Path, dirs: Iterable[Path], what: str) -> None:
+    """Refuse an OUT that is, contains, or sits inside one of `dirs` (a usage error, before any write)."""
+    out = out.resolve()
+    for d in sorted({Path(d).resolve() for d in dirs}):
+        if out == d:
+            relation = "is"
+        elif d.is_relative_to(out):
+            relation = "contains"
+        elif out.is_relative_to(d):
+            relation = "is inside"
+        else:
+            continue
+        raise UsageError(f"output directory {out} {relation} the {what} {d}", _HINT)
+
+
+def recipe_dirs(paths: Iterable[Path]) -> list[Path]:
+    """The directories PATHS name: a directory itself, a recipe file's parent."""
+    return [p if p.is_dir() else p.parent for p in paths]
+
+
+@contextmanager
+def locked(out: Path, *, wait: bool = True) -> Iterator[None]:
+    """An exclusive flock on OUT/.ctxbuild/lock for the whole build: a second build into the same OUT
+    waits (saying so) or, with wait=False, fails with a clear line. The kernel drops it if we die."""
+    state = out / STATE
+    state.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            if not wait:
+                raise UsageError(f"another ctxbuild (pid {holder}) is building into {out}",
+                                 "wait for it to finish") from None
+            print(f"ctxbuild: waiting for another build into {out} (pid {holder}) to finish", file=sys.stderr,
+                  flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.pwrite(fd, f"{os.getpid():<12}".encode(), 0)  # fixed width, no truncate: no new block on a full disk
+        yield
+    finally:
+        os.close(fd)
+
+
+def clean(out: Path) -> None:
+    """Remove what ctxbuild wrote into OUT (artifacts it planned or built, its state, manifest, reports, and
+    directories left empty by that); anything else in OUT stays."""
+    if not out.exists():
+        return
+    if not (out / STATE).is_dir() and not (out / "build.ninja").is_file():
+        raise UsageError(f"{out} does not look like a ctxbuild output directory; not removing it")
+    out = out.resolve()
+    with locked(out, wait=False):
+        files = {out / name for name in WRITTEN} | {out / p for p in _artifacts(out)}
+        for f in sorted(files):
+            if f.is_relative_to(out / STATE) or not f.is_relative_to(out) or not (f.is_file() or f.is_symlink()):
+                continue
+            f.unlink()
+            d = f.parent
+            while d != out and d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+                d = d.parent
+        shutil.rmtree(out / STATE, ignore_errors=True)
+    if not any(out.iterdir()):
+        out.rmdir()
+
+
+def _artifacts(out: Path) -> set[str]:
+    """Output paths (relative to OUT) from the plan and from every action record."""
+    paths: set[str] = set()
+    try:
+        plan = json.loads((out / STATE / "plan.json").read_text())
+        for a in plan.get("actions", []):
+            paths.update(os.path.relpath(p, out) for p in a.get("outputs", []))
+    except (OSError, ValueError, TypeError):
+        pass
+    for rec in (out / STATE / "records").glob("*.json"):
+        try:
+            paths.update(o["path"] for o in (json.loads(rec.read_text()).get("outputs") or {}).values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return {p for p in paths if not p.startswith("..") and not os.path.isabs(p)}
+
+
+def source_dirs(recipes: RecipeSet) -> list[Path]:
+    """Every directory the recipes read from: recipe trees, models, samples, prebuilt binaries."""
+    dirs = [*recipes.dirs, *(f.parent for f in recipes.files)]
+    for r in recipes.recipes:
+        dirs += [g.model.parent for g in r.graphs]
+        dirs += [g.calibration.dir for g in r.graphs if g.calibration is not None and g.calibration.dir is not None]
+        if r.verify.get("dir"):
+            dirs.append(r.file.parent / r.verify["dir"])
+        if r.prebuilt is not None:
+            dirs.append(r.prebuilt.bin.parent)
+    return dirs

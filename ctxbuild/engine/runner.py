@@ -1,0 +1,367 @@
+"""Run one action (what a ninja edge executes): key it, restore from cache or run it, place outputs atomically.
+
+Protocol with the driver: the spec file names everything; the record file written last
+(OUT/.ctxbuild/records/<id>.json) tells the driver and `--explain` what happened and why.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from ctxbuild.plan import kinds, memory
+from ctxbuild.toolchain import installed as toolchain
+from ctxbuild.plan.action import Action, canonical_json, load_spec
+from ctxbuild.atomic import write_bytes
+from ctxbuild.engine.capture import captured
+from ctxbuild.digests import DigestMemo, sha256_file
+from ctxbuild.errors import ActionError, CtxbuildError
+from ctxbuild.layout import STATE, cache_dir, depfile_path, log_path, record_path, rel, spec_name
+from ctxbuild.engine.ninjaquote import depfile_path as depfile_quote
+
+
+class ActionContext:
+    """What an action implementation gets: its spec, a private temp dir, and where to write outputs."""
+
+    def __init__(self, action: Action, out: Path, tmp: Path, log_path: Path) -> None:
+        self.action = action
+        self.out = out
+        self.tmp = tmp
+        self.log_path = log_path  # the EP logs here (fd 2 is captured); actions parse it for causes
+        self.facts: dict[str, Any] = {}  # measurements of this run (timings) for the record, not the outputs
+        self.cache: Any = None  # the build cache (None when off): verify memoizes simulator outputs in it
+        self.key_components: dict[str, Any] = {}  # the action key's parts: input digests already computed
+
+    def tmp_output(self, role: str) -> Path:
+        """Temp path with the output's final file name (a _ctx.onnx names its bin by file name)."""
+        return self.tmp / Path(self.action.outputs[role]).name
+
+
+def out_dir_of(spec_path: Path) -> Path:
+    return spec_path.resolve().parent.parent.parent  # OUT/.ctxbuild/actions/<id>.json
+
+
+def main(spec_arg: str) -> int:
+    spec_path = Path(spec_arg)
+    out = out_dir_of(spec_path)
+    action = load_spec(spec_path)
+    kind = kinds.get(action.kind)
+    log = log_path(out, action.id)
+    record_file = record_path(out, action.id)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    record = new_record(action, os.environ.get("CTXBUILD_BUILD_ID"))
+    previous = _read_json(record_file)
+    memo = DigestMemo(out / STATE / "digests.sqlite")
+    tmp = out / STATE / "tmp" / f"{action.spec_name[:-5]}.{os.getpid()}"
+    cache = None
+    try:
+        with captured(log):
+            cache = open_cache()
+            if cache:
+                cache.warnings += carried_warnings(out, action.id, record["build_id"])
+            known, summary = _restore_or_run(action, kind, out, tmp, log, memo, cache, previous, record)
+        for w in complete_record(action, out, record, known, memo, cache, summary):
+            print(f"ctxbuild: warning: {w}", file=sys.stderr)
+    except CtxbuildError as e:
+        record.update(status="failed", cause=str(e))
+        if details := getattr(e, "details", None):  # e.g. a failed verification's metrics
+            record["result"] = details
+    except Exception as e:  # an action's bug or a library failure: still one clean failure of this edge
+        try:
+            with open(log, "a") as f:
+                traceback.print_exc(file=f)
+        except OSError:  # a full disk: the cause below still says what happened
+            pass
+        record.update(status="failed", cause=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+    finally:
+        record["seconds"] = round(time.monotonic() - start, 3)
+        record["peak_rss"] = memory.peak_rss()
+        record["finished"] = time.time()
+        record["log"] = str(log.relative_to(out))
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            write_bytes(record_file, canonical_json(record), durable=False)
+        except OSError as e:  # a full OUT: the action fails with one line (the driver finds no record)
+            record.update(status="failed", cause=f"cannot write its record: {e.strerror}")
+        memo.close()
+    if record["status"] == "ok":
+        return 0
+    _remove_outputs(action)  # a failed action leaves no output behind, not even an older one
+    _print_failure(action, log, record["cause"])
+    return 1
+
+
+def _restore_or_run(action: Action, kind: type[kinds.Kind], out: Path, tmp: Path, log: Path, memo: DigestMemo,
+                    cache: Any, previous: dict[str, Any] | None, record: dict[str, Any]) -> tuple[Any, dict | None]:
+    """Key the action, then restore its outputs from the cache or run it and store them. Returns the cache
+    record when the cache hashed the placed outputs (restored or stored), else None, and the summarize
+    hook's result when the action ran here (it goes into the cache record: a restore need not load the
+    outputs again to make it)."""
+    start = time.monotonic()
+    discovered = kind.hook("discover_inputs")(action)
+    key, components = action_key(action, out, memo, discovered)
+    note_key(record, key, components, previous)
+    dests = {r: Path(p) for r, p in action.outputs.items()}
+    hit = cache.lookup(key) if cache else None
+    if hit is not None and cache.restore(hit, dests) and restored_ok(action, kind, cache):
+        record["source"] = "cache"
+        record["cache_origin"] = "remote" if cache.hits_remote else "local"
+        record["original_seconds"] = hit.meta.get("seconds")  # what the work cost when it ran
+        sys.stdout.flush()
+        os.write(1, restored_log(action, key, cache, hit))
+        return hit, None
+    farm = _run_on_farm(action, key, components, discovered, cache, out)
+    if farm is not None and restored_ok(action, kind, cache):  # ran on the cluster, restored from the cache
+        record.update(farm.info)
+        record["source"] = "run"
+        record["cache_origin"] = "farm"
+        return farm.record, None
+    need = _memory_estimate(action)
+    record["memory_estimate"] = need
+    memory.check_fits(need)
+    tmp.mkdir(parents=True, exist_ok=True)
+    ctx = ActionContext(action, out, tmp, log)
+    ctx.cache, ctx.key_components = cache, components
+    try:
+        kind.module().run(ctx)
+    finally:
+        record.update(ctx.facts)
+    kind.hook("check_outputs")(action, {r: tmp / Path(p).name for r, p in action.outputs.items()})
+    _place_outputs(action, tmp)
+    record["source"] = "run"
+    record["cache_origin"] = None if cache else "off"
+    summary = kind.hook("summarize")(action)
+    if not cache:
+        return None, summary
+    return cache.store(key, dests, log.read_bytes(), {"id": action.id, "seconds": round(time.monotonic() - start, 3),
+                                                      "summary": summary}), summary
+
+
+def restored_ok(action: Action, kind: type[kinds.Kind], cache: Any) -> bool:
+    """Restored outputs get the same check as fresh ones: a poisoned record is a miss, and the action runs."""
+    try:
+        kind.hook("check_outputs")(action, {r: Path(p) for r, p in action.outputs.items()})
+        return True
+    except ActionError as e:
+        cache.warnings.append(f"cache entry rejected: {e}; rebuilding")
+        _remove_outputs(action)
+        return False
+
+
+def _memory_estimate(action: Action) -> int:
+    """The worker's estimate (it scheduled this action by it), else our own (run without a worker)."""
+    try:
+        return int(os.environ[memory.ESTIMATE_ENV])
+    except (KeyError, ValueError):
+        return memory.estimate(action)
+
+
+def new_record(action: Action, build_id: str | None) -> dict[str, Any]:
+    return {"id": action.id, "kind": action.kind, "recipes": action.recipes, "target": action.target,
+            "build_id": build_id, "started": time.time()}
+
+
+def note_key(record: dict[str, Any], key: str, components: dict[str, Any], previous: dict[str, Any] | None) -> None:
+    """The key, its components, and which of them changed since `previous` (this action's last record)."""
+    record.update(key=key, key_detail=components)
+    record["why"] = _why(previous, record)
+
+
+def action_key(action: Action, out: Path, memo: DigestMemo,
+               discovered: dict[str, Path] | None = None) -> tuple[str, dict[str, Any]]:
+    """The action key and its components; files found at run time (`discovered`: already found) also go to
+    ninja's depfile."""
+    if discovered is None:
+        discovered = kinds.get(action.kind).hook("discover_inputs")(action)
+    _write_depfile(out, action, discovered)
+    components = _key_components(action, discovered, memo, out / STATE)
+    return _digest(components), components
+
+
+def restored_log(action: Action, key: str, cache: Any, hit: Any) -> bytes:
+    """What a restored action's log holds: a line saying so, then the log of the run that was cached."""
+    head = f"restored {action.id} from cache (key {key[:16]}); the original log follows\n".encode()
+    return head + (cache.read_log(hit) or b"")
+
+
+def complete_record(action: Action, out: Path, record: dict[str, Any], known: Any, memo: DigestMemo,
+                    cache: Any, summary: dict[str, Any] | None = None) -> list[str]:
+    """Fill in a succeeded action's record (outputs, summary, warnings); returns the warnings to show.
+    `known`: the cache record whose digests the placed outputs were checked against, if any; `summary`:
+    the summarize hook's result if known (computed when the action ran, or kept in that cache record)."""
+    hashed = {e.name: (e.digest, e.size) for e in known.outputs} if known is not None else {}
+    record["outputs"] = {r: _describe_output(Path(p), out, hashed.get(r)) for r, p in action.outputs.items()}
+    for r, p in action.outputs.items():  # consumers later in this build need not hash them again
+        memo.remember(Path(p), record["outputs"][r]["sha256"])
+    if summary is None and known is not None and isinstance(known.meta.get("summary"), dict):
+        summary = known.meta["summary"]
+    record.update(kinds.get(action.kind).hook("summarize")(action) if summary is None else summary)
+    record["status"] = "ok"
+    record["warnings"] = kinds.get(action.kind).hook("warnings")(action)
+    shown = list(record["warnings"])
+    if cache:
+        record["cache_warnings"] = cache.warnings
+        shown += cache.warnings
+    return shown
+
+
+def carried_warnings(out: Path, action_id: str, build_id: str | None, warnings: list[str] | None = None) -> list[str]:
+    """Cache warnings met for this action earlier in the same build (prerestore.py's look-ahead, whose miss
+    left it to ninja): given `warnings`, store them; else return and forget what was stored."""
+    path = out / STATE / "carried" / spec_name(action_id)
+    if warnings is not None:
+        write_bytes(path, canonical_json({"build_id": build_id, "warnings": warnings}), durable=False)
+        return warnings
+    data = _read_json(path)
+    path.unlink(missing_ok=True)
+    return data["warnings"] if data and data.get("build_id") == build_id else []
+
+
+def open_cache() -> Any:
+    """The layered cache the environment describes (the driver turns flags and defaults into it)."""
+    if os.environ.get("CTXBUILD_NO_CACHE") == "1":
+        return None
+    from ctxbuild.cache import Cache, LocalStore, RemoteStore
+    from ctxbuild.cache.remote import MIN_RATE, clean_token
+
+    root = cache_dir()
+    remote, problem = None, None
+    if url := os.environ.get("CTXBUILD_REMOTE_CACHE"):
+        token, _ = clean_token(os.environ.get(os.environ.get("CTXBUILD_REMOTE_TOKEN_ENV", "CTXBUILD_REMOTE_TOKEN")))
+        try:
+            remote = RemoteStore(url, token=token, read_only=os.environ.get("CTXBUILD_REMOTE_READ_ONLY") == "1",
+                                 timeout=float(os.environ.get("CTXBUILD_REMOTE_TIMEOUT", "10")), state_dir=root,
+                                 min_rate=float(os.environ.get("CTXBUILD_REMOTE_MIN_RATE", MIN_RATE)))
+        except (CtxbuildError, ValueError) as e:  # e.g. plain `ninja` with a bad URL: a cache problem, not a failure
+            problem = f"remote cache not used: {e}"
+    cache = Cache(LocalStore(root), remote)
+    if problem:
+        cache.warnings.append(problem)
+    return cache
+
+
+def _run_on_farm(action: Action, key: str, components: dict[str, Any], discovered: dict[str, Path], cache: Any,
+                 out: Path) -> Any:
+    """On a build with an executor: run on the cluster, outputs restored from the cache; else None."""
+    if not os.environ.get("CTXBUILD_FARM"):
+        return None
+    from ctxbuild.farm.submit import run_on_farm
+
+    return run_on_farm(action, key, components, discovered, cache, out)
+
+
+def _key_components(action: Action, discovered: dict[str, Path], memo: DigestMemo, state: Path) -> dict[str, Any]:
+    """Everything that decides the outputs, and nothing else (no temp paths, no times, no OUT path)."""
+    return {
+        "kind": action.kind,
+        "params": action.params,
+        "inputs": {role: memo.digest(Path(p)) for role, p in sorted(action.inputs.items())},
+        "discovered_inputs": {name: memo.digest(p) for name, p in sorted(discovered.items())},
+        "outputs": sorted(Path(p).name for p in action.outputs.values()),
+        "toolchain": toolchain.fingerprint(action.kind, state),
+        **({"extras": extras} if (extras := kinds.get(action.kind).hook("key_extras")(action)) else {}),
+    }
+
+
+def _digest(data: Any) -> str:
+    import hashlib
+
+    return hashlib.sha256(canonical_json(data)).hexdigest()
+
+
+def _why(previous: dict[str, Any] | None, record: dict[str, Any]) -> str:
+    """Which key components changed since the previous record of this action in this OUT, with detail."""
+    if not previous or "key_detail" not in previous:
+        return "no earlier build in this output directory"
+    old, new = previous["key_detail"], record["key_detail"]
+    changed = [k for k in new if old.get(k) != new[k]]
+    if not changed:
+        return "key unchanged (outputs missing or older than their inputs)"
+    return "changed: " + ", ".join(_change(k, old.get(k), new[k]) for k in changed)
+
+
+def _change(component: str, old: Any, new: Any) -> str:
+    """`toolchain (onnxruntime-qnn 2.7.0 -> 9.9.9)`, `inputs (model)`, `params (provider_options.vtcm_mb)`."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return component
+    if component == "toolchain":
+        parts = [f"{t} {old.get(t, 'none')} -> {new.get(t, 'none')}" for t in sorted({*old, *new})
+                 if old.get(t) != new.get(t)]
+    else:
+        parts = _changed_paths(old, new)
+    return f"{component} ({', '.join(parts[:6])}{', ...' if len(parts) > 6 else ''})" if parts else component
+
+
+def _changed_paths(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for k in sorted({*old, *new}):
+        a, b = old.get(k), new.get(k)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _changed_paths(a, b, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k}" + (" added" if a is None else " removed" if b is None else ""))
+    return out
+
+
+def _place_outputs(action: Action, tmp: Path) -> None:
+    """Move each output into place atomically; an identical existing file is left alone (ninja restat)."""
+    for path in action.outputs.values():
+        dest, src = Path(path), tmp / Path(path).name
+        if not src.is_file():
+            raise ActionError(f"{action.description}: produced no {dest.name}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.is_file() and dest.stat().st_size == src.stat().st_size and sha256_file(dest) == sha256_file(src):
+            continue
+        os.replace(src, dest)
+
+
+def _remove_outputs(action: Action) -> None:
+    for p in action.outputs.values():
+        Path(p).unlink(missing_ok=True)
+
+
+def _describe_output(p: Path, out: Path, hashed: tuple[str, int] | None = None) -> dict[str, Any]:
+    """`hashed`: the digest the cache verified while restoring or storing this very file (one read fewer)."""
+    size = p.stat().st_size
+    digest = hashed[0] if hashed is not None and hashed[1] == size else sha256_file(p)
+    return {"path": str(p.relative_to(out)), "sha256": digest, "size": size}
+
+
+def _write_depfile(out: Path, action: Action, discovered: dict[str, Path]) -> None:
+    """Files found at run time (external data, calibration samples) become ninja dependencies (deps = gcc)."""
+    if not kinds.get(action.kind).discovers_inputs:
+        return
+    outs = " ".join(depfile_quote(rel(p, out)) for p in action.outputs.values())
+    deps = " ".join(depfile_quote(str(p)) for p in discovered.values())
+    write_bytes(depfile_path(out, action.id), f"{outs}: {deps}\n".encode(), durable=False)
+
+
+_NOISE = ("File mapped weights feature", "EPContext encryption config", "LIBNATIVE", "Please consider",
+          "pre-processing before quantization")
+
+
+def _print_failure(action: Action, log_path: Path, cause: str) -> None:
+    try:
+        lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if not any(n in ln for n in _NOISE)]
+    except OSError:
+        lines = []
+    if lines:
+        print(f"--- log of {action.description} ({log_path}), last lines:", file=sys.stderr)
+        print("\n".join(lines[-15:]), file=sys.stderr)
+    print(f"error: {action.description}: {cause}", file=sys.stderr)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,82 @@
+"""Input samples (.npz keyed by input name, or .npy for single-input models), checked against the model."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+from ctxbuild.errors import ActionError
+from ctxbuild.graph.modelio import graph_inputs
+
+RANDOM_SEED = 0
+if TYPE_CHECKING:  # numpy is imported where arrays are made: listing samples (a cache lookup) needs none
+    import numpy as np
+
+InputSpec = dict[str, tuple[tuple[int, ...], "np.dtype"]]
+
+
+def list_samples(d: Path, limit: int, recipe: str) -> dict[str, Path]:
+    files = sorted(p for p in d.iterdir() if p.suffix in (".npz", ".npy") and p.is_file())
+    if not files:
+        raise ActionError(f"{recipe}: sample dir {d} has no .npz/.npy files",
+                          "add samples, one .npz per sample keyed by input name")
+    return {f"sample:{p.name}": p for p in files[:limit]}
+
+
+def input_spec(model: Any) -> InputSpec:
+    import numpy as np
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    return {i.name: (tuple(d.dim_value for d in i.type.tensor_type.shape.dim),
+                     np.dtype(tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))) for i in graph_inputs(model)}
+
+
+def random_samples(spec: InputSpec, n: int) -> Iterator[dict[str, np.ndarray]]:
+    import numpy as np
+
+    rng = np.random.default_rng(RANDOM_SEED)
+    for _ in range(n):
+        yield {name: rng.random(shape).astype(dtype) for name, (shape, dtype) in spec.items()}
+
+
+def from_files(spec: InputSpec, files: dict[str, Path], recipe: str) -> Iterator[dict[str, np.ndarray]]:
+    for path in files.values():
+        yield check_sample(load_sample(path, spec), spec, path, recipe)
+
+
+def load_sample(path: Path, spec: InputSpec) -> dict[str, np.ndarray]:
+    import numpy as np
+
+    try:
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+        if len(spec) != 1:
+            raise ActionError(f"{path}: a .npy sample holds one array but the model has inputs "
+                              f"{', '.join(spec)}", "use .npz files keyed by input name")
+        return {next(iter(spec)): np.load(path, allow_pickle=False)}
+    except (OSError, ValueError) as e:
+        raise ActionError(f"{path}: cannot read sample: {str(e).splitlines()[0]}") from None
+
+
+def check_sample(sample: dict[str, np.ndarray], spec: InputSpec, path: Path, recipe: str) -> dict[str, np.ndarray]:
+    import numpy as np
+
+    unknown = sorted(set(sample) - set(spec))
+    missing = sorted(set(spec) - set(sample))
+    if unknown or missing:
+        raise ActionError(f"{path}: sample keys {sorted(sample)} do not match the model inputs {sorted(spec)}"
+                          + (f" (unknown: {', '.join(unknown)})" if unknown else "")
+                          + (f" (missing: {', '.join(missing)})" if missing else ""),
+                          f"name the arrays after the inputs (recipe {recipe})")
+    out = {}
+    for name, arr in sample.items():
+        shape, dtype = spec[name]
+        if tuple(arr.shape) != shape:
+            raise ActionError(f"{path}: '{name}' has shape {list(arr.shape)}, the recipe fixes it to {list(shape)}",
+                              "regenerate the samples at the recipe's input shape")
+        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+            bad = int(arr.size - np.isfinite(arr).sum())
+            raise ActionError(f"{path}: '{name}' holds {bad} NaN/Inf value(s)",
+                              "samples must be real, finite inputs; regenerate this file")
+        out[name] = arr.astype(dtype, copy=False)
+    return out

@@ -1,0 +1,45 @@
+"""The manifest's `adapters` list: every LoRA adapter per target, with its files, what it binds and its
+verification. Built from plan.json's "adapters" rows (plan_adapters.adapter_rows) and the action records."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from ctxbuild.digests import DigestMemo
+from ctxbuild.layout import record_path
+
+# Why a LoRAv2 section has no verification (measured here; see docs/bundles-and-lora.md).
+SECTION_UNVERIFIED = ("the x86 HTP simulator refuses context binaries with updateable tensors (QNN error 5005); "
+                      "verify on a device")
+
+
+def adapter_entries(out: Path, rows: list[dict[str, Any]], memo: DigestMemo,
+                    verification: Callable[[Path, list[str]], dict[str, Any] | None]) -> list[dict[str, Any]]:
+    entries = []
+    for row in rows:
+        record = _read(record_path(out, row["action"]))
+        paths = [Path(p) for p in row["files"]]
+        if record is None or record.get("status") != "ok" or not all(p.is_file() for p in paths):
+            continue  # failed or not built: nothing to ship
+        entry: dict[str, Any] = {
+            "recipe": row["recipe"], "target": row["target"], "name": row["name"], "kind": row["kind"],
+            "files": [{"path": str(p.relative_to(out)), "sha256": memo.digest(p), "size": p.stat().st_size}
+                      for p in paths],
+        }
+        if row["kind"] == "onnx_adapter":
+            info = record.get("adapter", {})
+            entry["binds"] = {"graph": row["graph"], "slots": info.get("slots")}
+            entry["verification"] = verification(out, row["verified_by"])
+        else:
+            entry["binds"] = {"graphs": record.get("sections", {}).get(row["name"], {}).get("graphs")}
+            entry["verification"] = {"status": "not run", "reason": SECTION_UNVERIFIED}
+        entries.append(entry)
+    return entries
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,88 @@
+"""The `adapters:` block of a recipe (LoRA adapters over slots of the base model) and a prebuilt binary's
+LoRAv2 sections (`prebuilt.adapters`), checked with file:line errors."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ctxbuild.lora.adapters import FORMATS
+from ctxbuild.errors import RecipeError
+from ctxbuild.recipes.yamlsrc import LineDict, line_of
+
+
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str
+    file: Path
+    tensors: tuple[tuple[str, str], ...]  # name in the file -> slot
+    scale: float | None  # value for the scaling slot
+
+
+@dataclass(frozen=True)
+class Adapters:
+    slots: tuple[str, ...]  # names or glob patterns of initializers / graph inputs
+    scaling: str | None
+    items: tuple[Adapter, ...]
+    calibrate: tuple[str, ...]  # adapter names the activation encodings are calibrated over
+
+    def calibration_set(self) -> list[Adapter]:
+        return [a for a in self.items if a.name in self.calibrate]
+
+
+@dataclass(frozen=True)
+class Sections:
+    """LoRAv2 binary sections made elsewhere (QAIRT SDK) for a prebuilt base binary."""
+
+    files: tuple[tuple[str, Path], ...]  # adapter name -> section file
+    sdk_mismatch: str  # "error" | "warn"
+
+
+def parse_adapters(f: Path, data: LineDict, spec: dict[str, Any], precision: str) -> Adapters:
+    def at(*path: str | int) -> str:
+        return f"{f}:{line_of(data, ['adapters', *path])}"
+
+    if precision == "qdq":  # its LoRA weights are already quantized initializers behind DequantizeLinear
+        raise RecipeError(f"{at()}: adapters need a float base model, not precision qdq",
+                          "export the float model and use precision int16, int8 or fp16")
+
+    items = []
+    for i, item in enumerate(spec["files"]):
+        path = (f.parent / item["file"]).resolve()
+        if path.suffix not in FORMATS:
+            raise RecipeError(f"{at('files', i, 'file')}: adapter '{item['name']}': '{item['file']}' is not an "
+                              "adapter file", f"use one of {', '.join(FORMATS)}")
+        if not path.is_file():
+            raise RecipeError(f"{at('files', i, 'file')}: adapter '{item['name']}': file '{item['file']}' not "
+                              f"found (looked in {path})", "paths are relative to the recipe file")
+        if "scale" in item and not spec.get("scaling"):
+            raise RecipeError(f"{at('files', i, 'scale')}: adapter '{item['name']}' sets `scale` but the recipe "
+                              "has no `adapters.scaling` input", "name the model's scaling input or initializer")
+        items.append(Adapter(item["name"], path, tuple(sorted(item.get("tensors", {}).items())), item.get("scale")))
+    names = [a.name for a in items]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise RecipeError(f"{at('files')}: adapter name '{dup}' appears twice", "adapter names must be unique")
+    calibrate = spec.get("calibrate", names)
+    for i, n in enumerate(calibrate):
+        if n not in names:
+            raise RecipeError(f"{at('calibrate', i)}: '{n}' is not an adapter of this recipe",
+                              f"adapters: {', '.join(names)}")
+    return Adapters(tuple(spec["slots"]), spec.get("scaling"), tuple(items), tuple(calibrate))
+
+
+def parse_sections(f: Path, data: LineDict, spec: dict[str, Any]) -> Sections:
+    files = []
+    for name, rel in spec.get("adapters", {}).items():
+        where = f"{f}:{line_of(data, ['prebuilt', 'adapters', name])}"
+        path = (f.parent / rel).resolve()
+        if not path.is_file():
+            raise RecipeError(f"{where}: LoRAv2 section '{name}': '{rel}' not found (looked in {path})",
+                              "paths are relative to the recipe file")
+        if path.stat().st_size == 0:
+            raise RecipeError(f"{where}: LoRAv2 section '{name}': '{rel}' is empty",
+                              "re-export it with the QAIRT SDK (qnn-context-binary-generator --adapter_weight_config)")
+        files.append((name, path))
+    return Sections(tuple(files), spec.get("sdk_mismatch", "error"))

@@ -1,0 +1,102 @@
+"""OUT/manifest.json: every artifact with its recipe, target, kind, path, sha256, size and the toolchain."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ctxbuild.atomic import write_if_changed
+from ctxbuild.digests import DigestMemo
+from ctxbuild.layout import STATE, record_path
+from ctxbuild.outputs.search_table import search_of, with_costs
+from ctxbuild.lora.manifest import adapter_entries
+
+MANIFEST_VERSION = 1
+KINDS = {"ctx": "epcontext_model", "bin": "context_binary"}
+
+
+def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, str]) -> dict[str, Any]:
+    """Describe what is on disk and up to date; artifacts of failed or unbuilt actions are left out."""
+    memo = DigestMemo(out / STATE / "digests.sqlite")
+    searches = {a["id"]: a["candidates"] for a in plan_state["actions"] if "candidates" in a}
+    artifacts = []
+    for art in plan_state["artifacts"]:
+        path = out / art["path"]
+        record = _read(record_path(out, art["action"]))
+        if not path.is_file() or record is None or record.get("status") != "ok":
+            continue
+        role = art["role"]
+        entry = {
+            "recipe": art["recipe"], "target": art["target"], "kind": KINDS.get(role.split(":")[0], role),
+            "path": art["path"], "sha256": memo.digest(path), "size": path.stat().st_size,
+            "serves": _serves(art["target"]), "verification": _verification(out, art["verified_by"]),
+        }
+        if search := search_of(record):  # precision: auto: which candidate won, every candidate's figures
+            entry["precision_search"] = with_costs(search, searches.get(art["action"], {}),
+                                                   lambda i: _read(record_path(out, i)))
+        names = record.get("graph_names", {})
+        if role.startswith("ctx"):  # an EPContext model names one graph of its binary
+            graph = role.split(":", 1)[1] if ":" in role else art["graphs"][0]
+            entry.update(graph=graph, graph_name_in_binary=names.get(graph))
+        else:
+            entry["graphs"] = names
+            if art["twins"]:
+                entry["weight_sharing"] = _sharing(out, art["twins"], entry["size"])
+        artifacts.append(entry)
+    adapters = adapter_entries(out, plan_state.get("adapters", []), memo, _verification)
+    memo.close()
+    manifest = {"version": MANIFEST_VERSION, "toolchain": toolchain_versions, "artifacts": artifacts,
+                "adapters": adapters}
+    write_if_changed(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n")
+    return manifest
+
+
+def _serves(target: dict[str, Any]) -> list[dict[str, str]]:
+    """The SoCs a binary loads on: one, or several for a multi-SoC ("flexible") binary."""
+    names = target["name"].split("+")
+    socs, arches = target["soc_model"].split(","), target["htp_arch"].split(",")
+    if len(names) != len(socs):
+        names = [target["name"]] * len(socs)
+    return [{"name": n, "soc_model": s, "htp_arch": h} for n, s, h in zip(names, socs, arches)]
+
+
+def _verification(out: Path, verifiers: list[str]) -> dict[str, Any] | None:
+    if not verifiers:
+        return None
+    results = [_read(record_path(out, v)) for v in verifiers]
+    if any(r is None or r.get("status") not in ("ok", "failed") for r in results):
+        return {"status": "not run"}
+    passed = all(r.get("status") == "ok" for r in results)  # type: ignore[union-attr]
+    methods = sorted({r.get("result", {}).get("method", "?") for r in results})  # type: ignore[union-attr]
+    return {"status": "passed" if passed else "failed", "method": ", ".join(methods)}
+
+
+def _sharing(out: Path, twins: list[str], bundle_size: int) -> dict[str, Any] | None:
+    """Bundle .bin size against the same graphs compiled apart (the verification twins), measured."""
+    sizes = {}
+    for t in twins:
+        r = _read(record_path(out, t))
+        if r is None or r.get("status") != "ok" or "bin" not in r.get("outputs", {}):
+            return None
+        sizes[t] = r["outputs"]["bin"]["size"]
+    separate = sum(sizes.values())
+    return {"separate_bin_size": separate, "bundle_bin_size": bundle_size, "saved_bytes": separate - bundle_size}
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_records(out: Path) -> dict[str, dict[str, Any]]:
+    records = {}
+    for p in (out / STATE / "records").glob("*.json"):
+        try:
+            r = json.loads(p.read_text())
+            records[r["id"]] = r
+        except (OSError, ValueError, KeyError):
+            continue
+    return records
+

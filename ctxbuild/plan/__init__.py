@@ -1,0 +1,1 @@
+"""The action graph: the kinds registry, Action, the planner, the precision search, memory estimates."""

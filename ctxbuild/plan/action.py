@@ -1,0 +1,52 @@
+"""The Action: one unit of work with declared inputs, outputs and parameters; its spec file is what ninja runs."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ctxbuild import layout
+
+
+def canonical_json(data: Any) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def short_hash(data: Any, n: int = 10) -> str:
+    return hashlib.sha256(canonical_json(data)).hexdigest()[:n]
+
+
+@dataclass
+class Action:
+    id: str  # stable and readable: "compile/mobilenet@SM8650"
+    kind: str  # prepare | quantize | compile | bundle | verify
+    description: str
+    inputs: dict[str, str]  # role -> absolute path of a file another action or the user provides
+    outputs: dict[str, str]  # role -> absolute path
+    params: dict[str, Any]  # everything else that decides the outputs (canonical JSON)
+    recipes: list[str] = field(default_factory=list)  # recipe names, for errors and the report
+    recipe_files: list[str] = field(default_factory=list)
+    target: dict[str, Any] | None = None
+    watch: list[str] = field(default_factory=list)  # directories ninja should watch (calibration dirs)
+    pool: str | None = None
+
+    @property
+    def spec_name(self) -> str:
+        return layout.spec_name(self.id)
+
+    def identity(self) -> Any:
+        """What makes two actions the same work (for dedupe across recipes)."""
+        return [self.kind, self.params, sorted(self.inputs.items()), sorted(self.outputs.items())]
+
+    def to_spec(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_spec(cls, data: dict[str, Any]) -> "Action":
+        return cls(**data)
+
+
+def load_spec(path: Path) -> Action:
+    return Action.from_spec(json.loads(path.read_text()))

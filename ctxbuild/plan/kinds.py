@@ -1,0 +1,284 @@
+"""Action kinds: the one place that says what each kind of action is and what it needs.
+
+One class per kind, registered by subclassing `Kind` (as Olive registers its passes): its name, the
+module that implements it (imported only by the process that runs the action, so the driver, the
+planner and the report never pay for numpy or onnxruntime), the TypedDict of its parameters, and flags
+that the rest of ctxbuild reads instead of keeping lists of kind names:
+
+- `discovers_inputs`: it reads files found at run time (external data, calibration samples): its
+  implementation's `discover_inputs` hook names them, they join the action key, and ninja watches them
+  through a depfile (ninja.py, runner.py);
+- `uses_qnn`: its outputs depend on the QNN compiler/simulator: onnxruntime-qnn and the QNN SDK build id
+  join its key (toolchain.fingerprint);
+- `deliverable`: its outputs under OUT/<target>/ are artifacts (manifest, report rows); its outputs in
+  the work dir are verification twins (plan.Plan.artifacts, report.py);
+- `inputs_follow_model`: what it discovers is a function of its `model` input's bytes and place (external
+  data beside it): prerestore.py memoizes it by the model's digest instead of parsing the model;
+- `verification`: it checks accuracy (`ctxbuild verify` runs these edges; the report shows them per row).
+- `memory`: its measured peak-memory model (memory.py schedules and checks actions by it).
+
+Adding a kind: a class here and its implementation module (see docs/internals.md, "Adding an action kind").
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, TypedDict
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Peak RSS of one action process = memory.BASE + factor x the bytes of the inputs it reads whole.
+    Fitted on MatMul chains of 0.1-1 GB (bench/memory_bench.py, docs/large-models.md), rounded up."""
+    factor: float = 0.0
+    weight_roles: tuple[str, ...] = ()  # input role prefixes read whole (specs, wrappers, samples are small)
+    by_precision: dict[str, float] = field(default_factory=dict)
+
+
+class Kind:
+    name: ClassVar[str]
+    implementation: ClassVar[str]  # module with run(ctx) and optional hooks (ctxbuild/actions/__init__.py)
+    params: ClassVar[type]  # a TypedDict: the keys every action of this kind carries in `params`
+    discovers_inputs: ClassVar[bool] = False
+    inputs_follow_model: ClassVar[bool] = False
+    uses_qnn: ClassVar[bool] = False
+    deliverable: ClassVar[bool] = False
+    verification: ClassVar[bool] = False
+    memory: ClassVar[MemoryModel] = MemoryModel()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.name in _REGISTRY:
+            raise TypeError(f"action kind {cls.name!r} is registered twice ({_REGISTRY[cls.name].__name__}, "
+                            f"{cls.__name__})")
+        _REGISTRY[cls.name] = cls
+
+    @classmethod
+    def module(cls) -> ModuleType:
+        return importlib.import_module(cls.implementation)
+
+    @classmethod
+    def hook(cls, name: str) -> Callable[..., Any]:
+        """The implementation's `name` hook, or the default that does nothing."""
+        return getattr(cls.module(), name, HOOK_DEFAULTS[name])
+
+
+_REGISTRY: dict[str, type[Kind]] = {}
+HOOK_DEFAULTS: dict[str, Callable[..., Any]] = {
+    "discover_inputs": lambda action: {}, "warnings": lambda action: [], "summarize": lambda action: {},
+    "key_extras": lambda action: {}, "check_outputs": lambda action, outputs: None,
+}
+
+
+def get(name: str) -> type[Kind]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown action kind {name!r} (known: {', '.join(_REGISTRY)})") from None
+
+
+def all_kinds() -> list[type[Kind]]:
+    return list(_REGISTRY.values())
+
+
+def names(**flags: bool) -> set[str]:
+    """Kinds whose flags have the given values, e.g. names(deliverable=True)."""
+    return {k.name for k in _REGISTRY.values() if all(getattr(k, f) == v for f, v in flags.items())}
+
+
+# --- the kinds --------------------------------------------------------------------------------------------
+
+Shape = dict[str, list[int]]  # input name -> fixed dims
+
+
+class _PrepareRequired(TypedDict):
+    inputs: Shape
+    optimize: bool  # ORT basic optimizer (off for qdq: it would fold weight DequantizeLinear away)
+
+
+class PrepareParams(_PrepareRequired, total=False):
+    adapter_slots: dict[str, Any]  # LoRA: slot patterns and scaling input; slots become optional inputs
+
+
+class Prepare(Kind):
+    """Fix input shapes, stamp an IR version onnxruntime reads, reject control flow, fold."""
+    name = "prepare"
+    implementation = "ctxbuild.actions.prepare"
+    params = PrepareParams
+    discovers_inputs = True  # external data files
+    inputs_follow_model = True
+    memory = MemoryModel(1.3, ("model",))  # ORT's optimizer holds the weights about once (1.08x)
+
+
+class _QuantizeRequired(TypedDict):
+    quantization: dict[str, Any]  # quantization.py's settings for onnxruntime's QNN quantizer
+    samples: int
+    random: bool
+    inputs: Shape
+
+
+class QuantizeParams(_QuantizeRequired, total=False):
+    adapters: dict[str, Any]  # LoRA: the calibration set (adapter name -> tensors, scale, scaling)
+
+
+class Quantize(Kind):
+    """QDQ quantization for QNN on the recipe's calibration samples."""
+    name = "quantize"
+    implementation = "ctxbuild.actions.quantize"
+    params = QuantizeParams
+    discovers_inputs = True  # calibration samples
+    memory = MemoryModel(3.5, ("model",))  # the quantizer and its calibration session (3.0x, float32 weights)
+
+
+class _CompileRequired(TypedDict):
+    provider_options: dict[str, str]
+    embed: bool
+    cpu_fallback: bool
+    precision: str
+    graphs: list[str]
+
+
+class CompileParams(_CompileRequired, total=False):
+    split_outputs: bool | list[str]  # only when the recipe sets it (existing keys stay as they were)
+    quantized_io: bool  # likewise: the wrapper's I/O takes the quantized types (quantized_io.py)
+
+
+class Compile(Kind):
+    """One graph for one target (or one multi-SoC binary) with the QNN EP's ModelCompiler."""
+    name = "compile"
+    implementation = "ctxbuild.actions.compile"
+    params = CompileParams
+    uses_qnn = True
+    deliverable = True
+    # the HTP compiler holds ~3.9x the bytes that end in the binary; fp16 models carry float32 weights (~2x)
+    memory = MemoryModel(4.2, ("model",), {"fp16": 2.2})
+
+
+class BundleParams(TypedDict):
+    provider_options: dict[str, str]
+    cpu_fallback: bool
+    precision: str
+    graphs: list[str]
+
+
+class Bundle(Kind):
+    """Several graphs in one weight-shared context binary."""
+    name = "bundle"
+    implementation = "ctxbuild.actions.bundle"
+    params = BundleParams
+    uses_qnn = True
+    deliverable = True
+    memory = MemoryModel(4.2, ("model:",), {"fp16": 2.2})  # as compile, over all its graphs (2.03x two fp16)
+
+
+class PrebuiltParams(TypedDict):
+    graphs: list[str]
+    embed: bool
+    quantized_io: bool
+    soc_model: str
+    htp_arch: str
+
+
+class Prebuilt(Kind):
+    """A context binary made elsewhere, checked with libQnnSystem and wrapped per target."""
+    name = "prebuilt"
+    implementation = "ctxbuild.actions.prebuilt"
+    params = PrebuiltParams
+    uses_qnn = True
+    deliverable = True
+    memory = MemoryModel(2.0, ("bin",))
+
+
+class _VerifyRequired(TypedDict):
+    graph: str
+    method: str
+    precision: str
+    thresholds: dict[str, float]
+    samples: int
+    timeout_s: float
+    sample_source: str
+    cpu_fallback: bool
+    inputs: Shape
+
+
+class VerifyParams(_VerifyRequired, total=False):
+    split_outputs: bool | list[str]  # the wrapper's re-joining Concat runs on the CPU
+    slices: dict[str, Any]  # recipe-declared output slices
+    gate: bool  # False: a precision-search candidate, measured here and judged by `select`
+
+
+class Verify(Kind):
+    """A compiled graph on the HTP simulator against the float model on the CPU EP."""
+    name = "verify"
+    implementation = "ctxbuild.actions.verify"
+    params = VerifyParams
+    discovers_inputs = True  # verification samples
+    uses_qnn = True
+    verification = True
+    # the float model on the CPU EP plus the simulator: 0.6x for fp16/int8, 2.4x for qdq
+    memory = MemoryModel(3.0, ("reference", "ctx.bin"), {"fp16": 1.2, "int8": 1.2, "int16": 1.2})
+
+
+class SelectParams(TypedDict):
+    thresholds: dict[str, float]
+    candidates: list[dict[str, Any]]  # ladder order: name, quantization, the candidate's action ids
+    skipped: list[dict[str, str]]
+    graphs: list[str]
+    precision: str
+
+
+class Select(Kind):
+    """precision: auto: the first candidate (ladder order) whose verification meets the thresholds."""
+    name = "select"
+    implementation = "ctxbuild.actions.select"
+    params = SelectParams
+    deliverable = True
+    verification = True  # it judges the candidates' verifications: `ctxbuild verify` runs it
+
+
+class AdapterParams(TypedDict):
+    name: str
+    graph: str
+    tensors: dict[str, str]  # slot -> tensor name in the adapter file
+    scale: float | None
+    scaling: str | None  # the model's scaling input, if any
+
+
+class Adapter(Kind):
+    """One LoRA adapter bound for one graph and target: its .onnx_adapter, checked against the wrapper's slots."""
+    name = "adapter"
+    implementation = "ctxbuild.actions.adapter"
+    params = AdapterParams
+
+
+class VerifyAdapterParams(VerifyParams, total=False):
+    adapter: str
+    calibrated: bool  # in the calibration set: a clipping failure then means the base's encodings are wrong
+    bind: dict[str, Any]  # compile.quantized_io: how the adapter action bound the file (the reference rebinds it)
+
+
+class VerifyAdapter(Kind):
+    """A graph's verification with one adapter bound (RunOptions.add_active_adapter) on the simulator."""
+    name = "verify_adapter"
+    implementation = "ctxbuild.actions.verify_adapter"
+    params = VerifyAdapterParams
+    discovers_inputs = True
+    uses_qnn = True
+    verification = True
+    memory = Verify.memory
+
+
+class LoraSectionsParams(TypedDict):
+    names: list[str]
+    sdk_mismatch: str  # "error" | "warn"
+    soc_model: str
+    htp_arch: str
+
+
+class LoraSections(Kind):
+    """LoRAv2 sections made elsewhere: copied beside a prebuilt wrapper, one qnn.lora_config each."""
+    name = "lora_sections"
+    implementation = "ctxbuild.actions.lora_sections"
+    params = LoraSectionsParams
+    uses_qnn = True  # the base binary's SDK build is compared with the installed EP's

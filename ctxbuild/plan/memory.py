@@ -1,0 +1,153 @@
+"""Memory-aware scheduling: each action's peak memory estimated from its kind and the size of the model
+it reads, a budget the worker keeps concurrent actions within, and the peak RSS each action really had.
+
+The factors are measured (bench/memory_bench.py, docs/large-models.md): peak RSS of one action process
+= BASE + factor x the bytes of the model files it reads (.onnx plus external data). They err on the high
+side; a build that knows better sets --memory-budget.
+"""
+from __future__ import annotations
+
+import os
+import resource
+from pathlib import Path
+from typing import Any
+
+from ctxbuild.plan import kinds
+from ctxbuild.errors import ActionError
+
+GiB = 1 << 30
+BUDGET_ENV = "CTXBUILD_MEMORY_BUDGET"
+ESTIMATE_ENV = "CTXBUILD_MEMORY_ESTIMATE"  # set by the worker for the action it forks
+# The forked action process before it reads any model (onnxruntime, the QNN EP, libQnnHtp.so mapped) is
+# 100-170 MB; the fits below cross zero at 115-306 MB.
+BASE = 300 << 20
+PREPARE_STREAMED_FACTOR = 0.1  # prepare without ORT's optimizer (qdq) copies external tensors range by range
+# The per-kind factors (peak RSS per byte of the weights an action reads) live with each kind in kinds.py.
+
+
+def estimate(action: Any) -> int:
+    """Bytes of peak RSS `action` is expected to need, from the sizes of the files it reads."""
+    from ctxbuild.graph.modelio import weight_bytes
+
+    roles = kinds.get(action.kind).memory.weight_roles
+    size = 0
+    for role, path in action.inputs.items():
+        if not any(role.startswith(p) for p in roles):
+            continue
+        p = Path(path)
+        try:  # a user's model names its external data itself; ctxbuild's models list `<model>.data` as an input
+            size += weight_bytes(p) if action.kind == "prepare" else p.stat().st_size
+        except OSError:
+            continue  # missing input: the action reports it
+    return BASE + int(factor(action.kind, action.params) * size)
+
+
+def factor(kind: str, params: dict[str, Any]) -> float:
+    """Peak RSS per byte of weights read, for an action of `kind` with `params` (the fits above)."""
+    if kind == "prepare" and not params.get("optimize", True):
+        return PREPARE_STREAMED_FACTOR
+    model = kinds.get(kind).memory
+    return model.by_precision.get(params.get("precision", ""), model.factor)
+
+
+def meminfo() -> dict[str, int]:
+    """MemTotal and MemAvailable in bytes (Linux)."""
+    out = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, value = line.split(":", 1)
+                if name in ("MemTotal", "MemAvailable"):
+                    out[name] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    if "MemTotal" not in out:
+        out["MemTotal"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    out.setdefault("MemAvailable", out["MemTotal"])
+    return out
+
+
+def default_budget() -> int:
+    """What the build may use at once: the memory available when it starts, less room for the driver."""
+    return max(meminfo()["MemAvailable"] - (256 << 20), 512 << 20)
+
+
+def budget() -> int:
+    """The budget the driver chose (environment), else the default measured now."""
+    try:
+        return int(os.environ[BUDGET_ENV])
+    except (KeyError, ValueError):
+        return default_budget()
+
+
+def check_fits(need: int) -> None:
+    """An action that would not fit even alone fails before it starts, not by the OOM killer's hand."""
+    limit = budget()
+    if need > limit:
+        info = meminfo()
+        raise ActionError(
+            f"needs an estimated {fmt(need)} of memory; the budget is {fmt(limit)} "
+            f"(this machine: {fmt(info['MemTotal'])} RAM, {fmt(info['MemAvailable'])} available now)",
+            "free memory, use a machine with more RAM, or raise --memory-budget if the estimate is too high")
+
+
+def peak_rss(*, children: bool = True) -> int:
+    """Peak resident set of this process and (`children`) of its waited-for children, e.g. the simulator's."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if children:
+        peak = max(peak, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    return peak * 1024  # Linux reports KiB
+
+
+def fmt(n: int) -> str:
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / (1 << 20):.0f} MiB"
+
+
+class Scheduler:
+    """Memory tokens for the worker: start a request when its estimate fits in what running actions leave
+    of the budget, else queue it (first come, first served: a big action is not starved by small ones).
+    With nothing running, the head always starts: it fits alone or fails early (check_fits)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.running: dict[int, int] = {}  # pid -> estimate
+        self.queue: list[tuple[int, Any]] = []  # (estimate, request)
+
+    def used(self) -> int:
+        return sum(self.running.values())
+
+    def submit(self, need: int, request: Any) -> list[tuple[int, Any]]:
+        self.queue.append((need, request))
+        return self.ready()
+
+    def finished(self, pid: int) -> list[tuple[int, Any]]:
+        self.running.pop(pid, None)
+        return self.ready()
+
+    def started(self, pid: int, need: int) -> None:
+        self.running[pid] = need
+
+    def ready(self) -> list[tuple[int, Any]]:
+        """Requests to start now, in order; the caller reports each one's pid with started()."""
+        out = []
+        used = self.used()
+        while self.queue and (not self.running and not out or used + self.queue[0][0] <= self.limit):
+            need, req = self.queue.pop(0)
+            used += need
+            out.append((need, req))
+        return out
+
+
+def section(records: dict[str, Any], driver_peak: int | None) -> dict[str, Any]:
+    """The report's memory table: the driver's peak and each action's estimate and peak of its last run."""
+    rows = [{"id": i, "kind": r.get("kind"), "source": r.get("source"), "estimate": r.get("memory_estimate"),
+             "peak_rss": r.get("peak_rss"), "seconds": r.get("seconds")}
+            for i, r in sorted(records.items()) if r and r.get("peak_rss") is not None]
+    return {"driver_peak_rss": driver_peak, "budget": _int(os.environ.get(BUDGET_ENV)), "actions": rows}
+
+
+def _int(s: str | None) -> int | None:
+    try:
+        return int(s) if s else None
+    except ValueError:
+        return None

@@ -1,0 +1,1 @@
+"""Recipes: YAML with line numbers, the JSON Schema, the SoC table and targets, quantization settings."""

@@ -1,0 +1,496 @@
+"""Recipes: discover YAML files, merge directory defaults, validate, and turn them into plain Recipe objects."""
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ctxbuild.recipes import quantization as quant
+from ctxbuild.recipes import targets as soc_table
+from ctxbuild.errors import RecipeError
+from ctxbuild.recipes.suggest import did_you_mean
+from ctxbuild.lora.recipe import Adapters, Sections, parse_adapters, parse_sections
+from ctxbuild.recipes.targets import Target
+from ctxbuild.toolchain.installed import version
+from ctxbuild.recipes.yamlsrc import LineDict, line_of, load_mapping
+
+DEFAULTS_FILE = "_defaults.yaml"
+SCHEMA_PATH = Path(__file__).with_name("recipe.schema.json")
+PRECISIONS = ("int16", "int8", "fp16", "qdq", "auto")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    dir: Path | None
+    random: bool
+    samples: int
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    embed: bool = False
+    optimization_mode: int | None = None
+    vtcm_mb: int | None = None
+    cpu_fallback: bool = False
+    provider_options: tuple[tuple[str, str], ...] = ()
+    split_outputs: bool | tuple[str, ...] = False  # see split_outputs.py
+    quantized_io: bool = False  # see quantized_io.py
+
+
+@dataclass(frozen=True)
+class Graph:
+    """One ONNX graph to compile: the recipe's model, or one member of a bundle."""
+
+    name: str
+    model: Path
+    inputs: dict[str, tuple[int, ...]]
+    calibration: Calibration | None
+
+
+@dataclass(frozen=True)
+class Prebuilt:
+    bin: Path
+    graphs: tuple[str, ...]
+    quantized_io: bool
+    sections: Sections | None = None  # LoRAv2 adapter sections made elsewhere
+
+
+@dataclass
+class Recipe:
+    name: str
+    file: Path
+    precision: str
+    graphs: list[Graph]
+    targets: list[Target]
+    compile: CompileOptions
+    is_bundle: bool = False
+    multi_soc: bool = False
+    verify: dict[str, Any] = field(default_factory=dict)
+    prebuilt: Prebuilt | None = None
+    # quantization.settings() dicts: one for int16/int8, the ordered candidates for auto, none for fp16/qdq
+    quantization: list[dict[str, Any]] = field(default_factory=list)
+    adapters: Adapters | None = None
+
+
+@dataclass
+class RecipeSet:
+    recipes: list[Recipe]
+    files: list[Path]  # every YAML file read (recipes and defaults): the generator edge's inputs
+    dirs: list[Path]  # every directory scanned: a new recipe file changes its mtime
+    cache: dict[str, Any]  # merged `cache:` settings from defaults files
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+def load(paths: list[Path]) -> RecipeSet:
+    """Load every recipe under `paths` (files or directories)."""
+    files: list[Path] = []
+    dirs: list[Path] = []
+    recipe_files: list[tuple[Path, Path]] = []  # (recipe file, root it was found under)
+    for p in dict.fromkeys(p.resolve() for p in paths):  # a directory given twice is read once
+        if p.is_dir():
+            root = p.resolve()
+            for d in sorted([root, *(q for q in root.rglob("*") if q.is_dir() and not _hidden(q, root))]):
+                dirs.append(d)
+                for f in sorted(d.iterdir()):
+                    if f.suffix in (".yaml", ".yml") and f.name != DEFAULTS_FILE and f.is_file():
+                        recipe_files.append((f, root))
+        elif p.is_file():
+            recipe_files.append((p, p.parent))
+        else:
+            raise RecipeError(f"{p}: no such file or directory", "give recipe files or directories")
+    if not recipe_files:
+        raise RecipeError(f"no recipes (*.yaml) found under {', '.join(map(str, paths))}")
+
+    defaults_cache: dict[Path, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {}
+    recipes: list[Recipe] = []
+    cache_settings: dict[str, Any] = {}
+    seen: dict[str, Path] = {}
+    unique: dict[Path, Path] = {}  # a file given and also found under a directory given: read once
+    for f, root in recipe_files:
+        unique.setdefault(f, root)
+    for f, root in unique.items():
+        defaults, groups, cache = _defaults_for(f.parent, root, defaults_cache, files)
+        cache_settings.update(cache)
+        files.append(f)
+        recipe = _load_recipe(f, defaults, groups)
+        if recipe.name in seen:
+            raise RecipeError(f"{f}:1: recipe name '{recipe.name}' is already used by {seen[recipe.name]}",
+                              "recipe names must be unique across the tree; set `name:` in one of them")
+        seen[recipe.name] = f
+        recipes.append(recipe)
+    return RecipeSet(recipes, sorted(set(files)), dirs, cache_settings)
+
+
+def _hidden(p: Path, root: Path) -> bool:
+    return any(part.startswith(".") for part in p.relative_to(root).parts)
+
+
+def _defaults_for(directory: Path, root: Path, memo: dict, files: list[Path]
+                  ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Merged (defaults, target_groups, cache) from `_defaults.yaml` files from `root` down to `directory`."""
+    if directory in memo:
+        return memo[directory]
+    if directory == root or root not in directory.parents:
+        parent: tuple[dict, dict, dict] = ({}, {}, {})
+    else:
+        parent = _defaults_for(directory.parent, root, memo, files)
+    defaults, groups, cache = copy.deepcopy(parent[0]), dict(parent[1]), dict(parent[2])
+    f = directory / DEFAULTS_FILE
+    if f.is_file():
+        files.append(f)
+        data = load_mapping(f)
+        _validate(f, data, schema()["$defs"]["defaults_file"])
+        if "defaults" in data:
+            _validate(f, data["defaults"], _partial_recipe_schema(), prefix=["defaults"], root=data)
+            defaults = _merge(defaults, data["defaults"])
+            for key in ("model",):
+                if key in data["defaults"]:
+                    raise RecipeError(f"{f}:{line_of(data, ['defaults', key])}: `{key}` cannot be a default",
+                                      "set it in each recipe")
+        for g, members in data.get("target_groups", {}).items():
+            groups[g] = [(m, f, line_of(data, ["target_groups", g, i])) for i, m in enumerate(members)]
+        cache.update(data.get("cache", {}))
+        if "executor" in data:  # rides with the cache settings: the remote cache is the executor's data plane
+            cache["executor"] = data["executor"]
+    memo[directory] = (defaults, groups, cache)
+    return memo[directory]
+
+
+def _partial_recipe_schema() -> dict[str, Any]:
+    s = dict(schema())
+    s.pop("$id", None)
+    return s
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge mappings (recipe keys win); lists and scalars are replaced."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _validate(f: Path, data: Any, sch: dict[str, Any], prefix: list[str | int] | None = None,
+              root: Any = None) -> None:
+    import jsonschema  # imported lazily: only planning needs it, not the no-op fast path
+
+    full = {**sch, "$defs": schema()["$defs"]}
+    validator = jsonschema.Draft202012Validator(full)
+    errors = sorted(validator.iter_errors(data), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if not errors:
+        return
+    err = errors[0]
+    # oneOf hides the useful message in its context; pick the most specific sub-error.
+    if err.context:
+        err = max(err.context, key=lambda e: len(e.absolute_path))
+    path = (prefix or []) + list(err.absolute_path)
+    line = line_of(root if root is not None else data, path)
+    where = ".".join(str(p) for p in path) or "(top level)"
+    raise RecipeError(f"{f}:{line}: {where}: {_describe(err)}", _hint(err))
+
+
+def _describe(err: Any) -> str:
+    v = err.validator
+    if v == "additionalProperties":
+        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+        return f"unknown key '{extra[0]}'" if extra else err.message
+    if v == "type":
+        return f"expected {err.validator_value}, got {type(err.instance).__name__} {err.instance!r}"
+    if v == "enum":
+        return f"{err.instance!r} is not one of {', '.join(map(str, err.validator_value))}"
+    if v == "required":
+        return err.message.replace("is a required property", "is required")
+    if v == "pattern":
+        return f"{err.instance!r} is not a valid name (letters, digits, . _ + -; no path separators)"
+    return err.message
+
+
+def _hint(err: Any) -> str | None:
+    if err.validator == "additionalProperties":
+        known = sorted(err.schema.get("properties", {}))
+        extra = sorted(set(err.instance) - set(known))
+        otherwise = f"known keys: {', '.join(known)}"
+        return did_you_mean(extra[0], known, otherwise=otherwise) if extra else otherwise
+    if err.validator == "enum":
+        return did_you_mean(str(err.instance), [str(x) for x in err.validator_value])
+    return None
+
+
+def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> Recipe:
+    data = load_mapping(f)
+    _validate(f, data, _partial_recipe_schema())
+    merged = _merge(defaults, data)
+
+    def at(*path: str | int) -> str:
+        return f"{f}:{line_of(data, list(path))}"
+
+    name = merged.get("name", f.stem)
+    if not soc_table.is_safe_name(name):
+        raise RecipeError(f"{at('name')}: recipe name '{name}' cannot be used as a directory name under OUT",
+                          "use letters, digits, . _ + - (no '/', no '..')")
+    sources = [k for k in ("model", "bundle", "prebuilt") if k in merged]
+    if len(sources) > 1:
+        raise RecipeError(f"{at(sources[1])}: a recipe has one of `model`, `bundle` or `prebuilt`, not "
+                          f"{' and '.join(sources)}")
+    if not sources:
+        raise RecipeError(f"{at()}: `model` is required", "the ONNX file, relative to this recipe "
+                          "(or `bundle:` graphs, or a `prebuilt:` context binary)")
+    if "targets" not in merged:
+        raise RecipeError(f"{at()}: `targets` is required", "e.g. targets: [SM8650, SM8750]")
+    if "prebuilt" in merged:
+        return _prebuilt_recipe(f, data, name, merged, groups)
+    precision = merged.get("precision")
+    if precision is None:
+        raise RecipeError(f"{at()}: `precision` is required", f"one of {', '.join(PRECISIONS)}")
+    if "bundle" in merged:
+        # A graph's own calibration wins; the recipe's (or the directory default's) is its default.
+        graphs = [_graph(f, data, ["bundle", i], {"calibration": merged.get("calibration"), **g}, g["name"], precision)
+                  for i, g in enumerate(merged["bundle"])]
+        names = [g.name for g in graphs]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup:
+            raise RecipeError(f"{at('bundle')}: graph name '{dup}' appears twice in the bundle",
+                              "graph names must be unique within a bundle")
+    else:
+        graphs = [_graph(f, data, [], merged, name, precision)]
+
+    copts = merged.get("compile", {})
+    compile_opts = CompileOptions(
+        embed=copts.get("embed", False),
+        optimization_mode=copts.get("optimization_mode"),
+        vtcm_mb=copts.get("vtcm_mb"),
+        cpu_fallback=copts.get("cpu_fallback", False),
+        provider_options=tuple(sorted((str(k), _opt_str(v)) for k, v in copts.get("provider_options", {}).items())),
+        split_outputs=_split_outputs(copts.get("split_outputs", False)),
+        quantized_io=copts.get("quantized_io", False),
+    )
+    recipe_targets = _targets(f, data, merged["targets"], groups)
+    _check_provider_options(f, data, compile_opts, recipe_targets)
+    _check_layout(f, data, "bundle" in merged, merged.get("multi_soc", False), compile_opts, recipe_targets)
+    if compile_opts.quantized_io:
+        _check_quantized_io(f, data, "bundle" in merged, precision, compile_opts)
+    if compile_opts.embed:
+        _check_embed_size(f, data, graphs[0].model, precision)
+    verify = merged.get("verify", {})
+    verify = {"enabled": verify} if isinstance(verify, bool) else dict(verify)
+    if verify.get("dir") and not (vdir := (f.parent / verify["dir"]).resolve()).is_dir():
+        raise RecipeError(f"{at('verify', 'dir')}: verify dir '{verify['dir']}' "
+                          f"{'is a file, not a directory' if vdir.exists() else 'not found'} (looked in {vdir})",
+                          "give a directory of .npz/.npy samples, relative to the recipe")
+    if precision == "auto":
+        _check_auto(at, "bundle" in merged, merged.get("multi_soc", False), verify)
+    quantization = quant.from_recipe(precision, merged.get("quantization"), recipe_targets, at)
+    adapters = parse_adapters(f, data, merged["adapters"], precision) if "adapters" in merged else None
+    if adapters and merged.get("multi_soc"):
+        raise RecipeError(f"{at('adapters')}: adapters cannot be combined with multi_soc yet",
+                          "build the adapters' base per SoC")
+    if adapters and precision == "auto":
+        raise RecipeError(f"{at('adapters')}: adapters cannot be combined with precision: auto yet (the search "
+                          "verifies without adapters)", "choose a precision or a quantization block")
+    return Recipe(name=name, file=f, precision=precision, graphs=graphs, targets=recipe_targets,
+                  compile=compile_opts, is_bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False),
+                  verify=verify, quantization=quantization, adapters=adapters)
+
+
+def _check_auto(at: Any, bundle: bool, multi_soc: bool, verify: dict[str, Any]) -> None:
+    """precision: auto decides by simulator runs of single-graph, single-SoC binaries."""
+    for key, on in (("bundle", bundle), ("multi_soc", multi_soc)):
+        if on:
+            raise RecipeError(f"{at(key)}: precision: auto cannot be combined with {key} (the simulator cannot run "
+                              "its binary)", "choose a precision (or a quantization block) for it")
+    if verify.get("enabled") is False:
+        raise RecipeError(f"{at('verify')}: precision: auto chooses by verification on the simulator; it cannot "
+                          "be turned off", "remove `verify: false`, or choose a precision")
+
+
+def _check_provider_options(f: Path, data: LineDict, copts: CompileOptions, targets: list[Target]) -> None:
+    """soc_model/htp_arch select the SoC: a provider option saying otherwise than the target would ship a
+    binary for another SoC under this target's name."""
+    for key, value in copts.provider_options:
+        if key not in ("soc_model", "htp_arch"):
+            continue
+        soc = soc_table.lookup(value) if key == "soc_model" else None  # QNN takes "SM8750" as well as "69"
+        given = str(soc.soc_model) if soc is not None else value
+        for t in targets:
+            if given not in getattr(t, key).split(","):
+                raise RecipeError(f"{f}:{line_of(data, ['compile', 'provider_options', key])}: compile.provider_options."
+                                  f"{key} '{value}' contradicts target {t.name} ({key} {getattr(t, key)})",
+                                  "choose the SoC with `targets`, and remove it from provider_options")
+
+
+# The oldest onnxruntime-qnn these were measured on; older EPs lack ep.share_ep_contexts or multi-SoC contexts.
+MIN_QNN_EP = {"bundle": (2, 7), "multi_soc": (2, 7)}
+
+
+def _check_quantized_io(f: Path, data: LineDict, bundle: bool, precision: str, copts: CompileOptions) -> None:
+    where = f"{f}:{line_of(data, ['compile', 'quantized_io'])}"
+    if precision == "fp16":
+        raise RecipeError(f"{where}: compile.quantized_io needs a quantized model; precision fp16 has float I/O",
+                          "use precision int16, int8, qdq or auto, or remove compile.quantized_io")
+    if bundle:
+        raise RecipeError(f"{where}: compile.quantized_io is not supported for bundles",
+                          "build the graphs with float I/O")
+    if copts.split_outputs:
+        raise RecipeError(f"{where}: compile.quantized_io cannot be combined with compile.split_outputs",
+                          "remove one of them")
+
+
+def _check_layout(f: Path, data: LineDict, bundle: bool, multi_soc: bool, copts: CompileOptions,
+                  targets: list[Target]) -> None:
+    """Combinations the QNN EP refuses, caught before anything is built."""
+    def at(key: str) -> str:
+        return f"{f}:{line_of(data, [key])}"
+
+    if bundle and copts.split_outputs:
+        raise RecipeError(f"{f}:{line_of(data, ['compile', 'split_outputs'])}: compile.split_outputs is not "
+                          "supported for bundles", "split the outputs in the graphs' models instead")
+    if bundle and copts.embed:
+        raise RecipeError(f"{at('bundle')}: a bundle cannot use compile.embed: its graphs share one .bin",
+                          "remove `embed: true`")
+    if multi_soc and bundle:
+        raise RecipeError(f"{at('multi_soc')}: multi_soc cannot be combined with a bundle (the QNN EP cannot "
+                          "share weights across a multi-SoC context)", "build the bundle per SoC instead")
+    if multi_soc and copts.embed:
+        raise RecipeError(f"{at('multi_soc')}: multi_soc cannot be combined with compile.embed",
+                          "remove `embed: true`")
+    if multi_soc and len(targets) < 2:
+        raise RecipeError(f"{at('multi_soc')}: multi_soc needs two or more targets", "list them in `targets`")
+    for feature, wanted in (("bundle", bundle), ("multi_soc", multi_soc)):
+        have = _version_tuple(version("onnxruntime-qnn"))
+        if wanted and have < MIN_QNN_EP[feature]:
+            need = ".".join(map(str, MIN_QNN_EP[feature]))
+            raise RecipeError(f"{at(feature)}: {feature} needs onnxruntime-qnn >= {need}; this toolchain has "
+                              f"{version('onnxruntime-qnn')}", f"pip install 'onnxruntime-qnn>={need}'")
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    parts = []
+    for p in v.split(".")[:3]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], groups: dict[str, list]) -> Recipe:
+    spec = merged["prebuilt"]
+    where = f"{f}:{line_of(data, ['prebuilt', 'bin'])}"
+    binary = (f.parent / spec["bin"]).resolve()
+    if not binary.is_file():
+        raise RecipeError(f"{where}: prebuilt binary '{spec['bin']}' "
+                          f"{'is a directory' if binary.is_dir() else 'not found'} (looked in {binary})",
+                          "paths are relative to the recipe file")
+    graphs = tuple(spec.get("graphs", [name]))
+    if len(set(graphs)) != len(graphs):
+        raise RecipeError(f"{where}: prebuilt.graphs names a graph twice", "graph names must be unique")
+    copts = merged.get("compile", {})
+    # Only the recipe's own keys: directory defaults written for compiled recipes apply to it harmlessly.
+    unused = sorted(set(data.get("compile", {})) - {"embed"}) + [
+        k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "verify", "adapters") if k in data]
+    if unused:
+        raise RecipeError(f"{f}:{line_of(data, ['prebuilt'])}: a prebuilt binary is not compiled; "
+                          f"{', '.join(unused)} has no effect", "remove it (only compile.embed applies)")
+    return Recipe(name=name, file=f, precision="prebuilt", graphs=[], targets=_targets(f, data, merged["targets"], groups),
+                  compile=CompileOptions(embed=copts.get("embed", False)), verify={"enabled": False},
+                  prebuilt=Prebuilt(binary, graphs, spec.get("quantized_io", False),
+                                    parse_sections(f, data, spec) if "adapters" in spec else None))
+
+
+def _split_outputs(v: bool | list[str]) -> bool | tuple[str, ...]:
+    return tuple(v) if isinstance(v, list) else bool(v)
+
+
+# Bytes of context binary per byte of model (.onnx + external data), measured with onnxruntime-qnn 2.7.0:
+# fp16 halves float32 weights, int8/int16 quantize them to uint8, qdq models keep their 8-bit weights.
+BINARY_PER_MODEL_BYTE = {"fp16": 0.5, "int8": 0.25, "int16": 0.25, "qdq": 1.0}
+PROTOBUF_LIMIT = 2**31 - 1
+
+
+def _check_embed_size(f: Path, data: LineDict, model: Path, precision: str) -> None:
+    """An embedded binary is a protobuf attribute: over 2 GB the compile would fail after minutes of work."""
+    from ctxbuild.graph.modelio import weight_bytes
+
+    size = weight_bytes(model)
+    binary = int(size * BINARY_PER_MODEL_BYTE.get(precision, 1.0))
+    if binary > PROTOBUF_LIMIT:
+        raise RecipeError(f"{f}:{line_of(data, ['compile', 'embed'])}: compile.embed: the context binary of "
+                          f"{model.name} ({size / 2**30:.1f} GiB with its external data) would be about "
+                          f"{binary / 2**30:.1f} GiB, over the 2 GB an ONNX file can embed",
+                          "set compile.embed: false (the binary is written beside the _ctx.onnx)")
+
+
+def _opt_str(v: Any) -> str:
+    return ("1" if v else "0") if isinstance(v, bool) else str(v)
+
+
+def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any], name: str, precision: str) -> Graph:
+    where = f"{f}:{line_of(data, path + ['model'])}"
+    model = (f.parent / spec["model"]).resolve()
+    if model.is_dir():
+        raise RecipeError(f"{where}: model '{spec['model']}' is a directory ({model}), not an ONNX file",
+                          "name the .onnx file inside it")
+    if not model.is_file():
+        raise RecipeError(f"{where}: model '{spec['model']}' not found (looked in {model})",
+                          "model paths are relative to the recipe file")
+    cal = spec.get("calibration")
+    calibration = None
+    if precision in ("int16", "int8", "auto"):
+        if not cal or (not cal.get("dir") and not cal.get("random")):
+            raise RecipeError(f"{where}: precision {precision} needs calibration data",
+                              "set calibration.dir to a directory of .npz/.npy samples "
+                              "(or calibration.random: true, which makes accuracy meaningless)")
+        cdir = None
+        if cal.get("dir"):
+            cdir = (f.parent / cal["dir"]).resolve()
+            if not cdir.is_dir():
+                what = "is a file, not a directory" if cdir.exists() else "not found"
+                raise RecipeError(f"{f}:{line_of(data, path + ['calibration', 'dir'])}: calibration dir "
+                                  f"'{cal['dir']}' {what} (looked in {cdir})",
+                                  "give a directory of .npz/.npy samples, relative to the recipe")
+        calibration = Calibration(cdir, bool(cal.get("random")) and cdir is None, cal.get("samples", 8))
+    inputs = {k: tuple(v) for k, v in spec.get("inputs", {}).items()}
+    return Graph(name=name, model=model, inputs=inputs, calibration=calibration)
+
+
+def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list]) -> list[Target]:
+    out: dict[str, Target] = {}
+
+    def add(spec: Any, where: str, stack: tuple[str, ...]) -> None:
+        if isinstance(spec, dict):
+            builtin = soc_table.lookup(spec["name"])
+            # The same SoC with other options (e.g. vtcm_mb) may keep its name; another SoC may not.
+            if builtin is not None and (str(spec["soc_model"]), str(spec["htp_arch"])) != (
+                    str(builtin.soc_model), str(builtin.htp_arch)):
+                raise RecipeError(f"{where}: custom target name '{spec['name']}' is taken by the built-in SoC "
+                                  f"{builtin.name} (soc_model {builtin.soc_model}, htp_arch {builtin.htp_arch}); "
+                                  f"its outputs would mix with {builtin.name}'s under OUT",
+                                  f"give it another name, or use '{builtin.name}' as is")
+            t = Target(spec["name"], str(spec["soc_model"]), str(spec["htp_arch"]), spec.get("vtcm_mb"))
+        elif spec in groups:
+            if spec in stack:
+                raise RecipeError(f"{where}: target group '{spec}' includes itself")
+            for member, gf, gline in groups[spec]:
+                add(member, f"{gf}:{gline}", stack + (spec,))
+            return
+        else:
+            soc = soc_table.lookup(spec)
+            if soc is None:
+                raise RecipeError(f"{where}: unknown SoC or target group '{spec}'",
+                                  soc_table.suggest(spec, list(groups)))
+            t = soc_table.soc_target(soc)
+        if t.name in out and out[t.name] != t:
+            raise RecipeError(f"{where}: target name '{t.name}' is defined twice with different settings")
+        out[t.name] = t
+
+    for i, spec in enumerate(specs):
+        add(spec, f"{f}:{line_of(data, ['targets', i])}", ())
+    return list(out.values())

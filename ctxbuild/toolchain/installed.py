@@ -1,0 +1,215 @@
+"""Toolchain versions and the QNN EP: what goes into every action key, and how actions reach the EP."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ctxbuild.atomic import write_bytes
+from ctxbuild.engine.capture import captured
+from ctxbuild.layout import cache_dir
+
+# Bump when an action's outputs change for the same inputs (new parameters, different layout...).
+ACTION_SCHEMA_VERSION = 3  # 2: verify checks output slices; 3: models carry <model>.data, compiled from staging.fixed_dir
+EP_NAME = "QNNExecutionProvider"
+LIBRARIES = ("libQnnHtp.so", "libHtpPrepare.so", "libonnxruntime_providers_qnn.so")  # what a QNN change changes
+
+
+@lru_cache(maxsize=None)
+def version(dist: str) -> str:
+    found = _dist_info(dist)
+    if found is not None:
+        return found[1]
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "missing"
+
+
+@lru_cache(maxsize=1)
+def qnn_library_dir() -> Path:
+    """Directory of the onnxruntime-qnn wheel's shared libraries (found without importing onnxruntime)."""
+    found = _dist_info("onnxruntime-qnn")
+    if found is not None:
+        return Path(found[0]) / "onnxruntime_qnn"
+    from importlib import metadata
+
+    return Path(str(metadata.distribution("onnxruntime-qnn").locate_file("onnxruntime_qnn")))
+
+
+@lru_cache(maxsize=None)
+def _dist_info(dist: str) -> tuple[str, str] | None:
+    """(directory, version) of the first `<name>-<version>.dist-info` on sys.path, as importlib.metadata
+    finds an installed wheel, without importing it (~14 ms of a 0.3 s restore). Names compare normalized
+    (the packaging spec: lower case, runs of - _ . as one _). None: let importlib.metadata look."""
+    want = re.sub(r"[-_.]+", "_", dist).lower()
+    for d, names in _site_listings():
+        for n in names:
+            name, _, ver = n.removesuffix(".dist-info").partition("-")
+            if n.endswith(".dist-info") and ver and re.sub(r"[-_.]+", "_", name).lower() == want:
+                return d or ".", ver
+    return None
+
+
+def library_files() -> list[Path]:
+    """Files whose change means a different compiler: generator-edge inputs, and the SDK id memo's stamp."""
+    return [qnn_library_dir() / name for name in LIBRARIES]
+
+
+@lru_cache(maxsize=1)  # per process: a build keys 50-150 actions; a toolchain swapped mid-build is not supported
+def _stamp() -> list[Any]:
+    return [version("onnxruntime"), version("onnxruntime-qnn")] + [
+        [f.name, s.st_size, s.st_mtime_ns] for f in library_files() for s in [f.stat()]
+    ]
+
+
+def sdk_build_id(out_state: Path | None) -> str:
+    """The QNN SDK build id (`ep_sdk_version`) the EP stamps into context binaries, memoized per toolchain.
+
+    The memo lives in the user cache dir (a fresh OUT must not pay the ~0.3 s probe), else in OUT
+    (`out_state`; None outside a build, e.g. `ctxbuild --version`).
+    """
+    return _sdk_build_id(cache_dir(), out_state)
+
+
+@lru_cache(maxsize=None)  # per process, as the stamp: keying 50 restored actions read the memo file 50 times
+def _sdk_build_id(cache: Path, out_state: Path | None) -> str:
+    stamp = _stamp()
+    memos = [cache / "toolchain.json"] + ([out_state / "toolchain.json"] if out_state is not None else [])
+    for memo in memos:
+        try:
+            data = json.loads(memo.read_text())
+            if data["stamp"] == stamp:
+                return data["sdk_build_id"]
+        except (OSError, ValueError, KeyError):
+            continue
+    build_id = _probe_sdk_build_id()
+    for memo in memos:  # both: a later build may have an empty cache dir, or a fresh OUT
+        try:
+            write_bytes(memo, json.dumps({"stamp": stamp, "sdk_build_id": build_id}).encode())
+        except OSError:
+            continue  # read-only or full cache dir: the OUT copy serves
+    return build_id
+
+
+def _probe_sdk_build_id() -> str:
+    """Compile a one-node model and read the SDK version the EP writes: exactly what artifacts will carry."""
+    import tempfile
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "c"], ["y"])], "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor("c", TensorProto.FLOAT, [1, 4], np.ones(4, np.float32).tolist())])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    with tempfile.TemporaryDirectory(prefix="ctxbuild-probe-") as tmp:
+        src, dst = Path(tmp) / "probe.onnx", Path(tmp) / "probe_ctx.onnx"
+        onnx.save(model, src)
+        with captured(None):  # the EP's banner and warnings are noise here
+            compile_model(src, dst, {"soc_model": "57", "htp_arch": "75", "enable_htp_fp16_precision": "1"},
+                          embed=False, cpu_fallback=False)
+        for node in onnx.load(dst).graph.node:
+            for a in node.attribute:
+                if a.name == "ep_sdk_version":
+                    return a.s.decode()
+    return "unknown"
+
+
+def fingerprint(kind: str, out_state: Path) -> dict[str, Any]:
+    """The toolchain part of an action key. Kinds that use QNN also depend on the QNN compiler."""
+    from ctxbuild.plan import kinds
+
+    fp: dict[str, Any] = {"ctxbuild_action_schema": ACTION_SCHEMA_VERSION, "onnx": version("onnx"),
+                          "onnxruntime": version("onnxruntime")}
+    if kinds.get(kind).uses_qnn:
+        fp["onnxruntime-qnn"] = version("onnxruntime-qnn")
+        fp["qnn_sdk"] = sdk_build_id(out_state)
+    if override := os.environ.get("CTXBUILD_TOOLCHAIN_OVERRIDE"):  # for tests only: pose as another toolchain
+        fp.update(json.loads(override))
+    return fp
+
+
+def quick_stamp() -> list[Any]:
+    """Everything `fingerprint` depends on, read with directory listings and a few stats instead of
+    importlib.metadata (~30 ms to import): the toolchain packages' dist-info names (they carry the versions)
+    and the QNN libraries' stats. Unchanged stamp, unchanged fingerprints; the no-op build checks only this."""
+    found: list[Any] = []
+    for d, names in _site_listings():
+        found += [[d, n] for n in names if n.endswith(".dist-info")
+                  and n.startswith(("onnx-", "onnxruntime-", "onnxruntime_qnn-"))]
+        if "onnxruntime_qnn" in names:
+            libs = [os.path.join(d, "onnxruntime_qnn", name) for name in LIBRARIES]
+            found += [[f, st.st_size, st.st_mtime_ns] for f in libs for st in _stats(f)]
+    return [ACTION_SCHEMA_VERSION, found]
+
+
+def _site_listings() -> Iterator[tuple[str, list[str]]]:
+    """Each readable sys.path entry with its sorted listing, in import order."""
+    for d in sys.path:
+        try:
+            yield d, sorted(os.listdir(d or "."))
+        except OSError:
+            continue
+
+
+def _stats(f: str) -> list[os.stat_result]:
+    try:
+        return [os.stat(f)]
+    except OSError:
+        return []
+
+
+def summary(out_state: Path | None) -> dict[str, str]:
+    return {"onnx": version("onnx"), "onnxruntime": version("onnxruntime"),
+            "onnxruntime-qnn": version("onnxruntime-qnn"), "qnn_sdk_build_id": sdk_build_id(out_state)}
+
+
+# --- the EP -----------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def qnn_devices() -> list[Any]:
+    """Register the QNN plugin EP once per process (unregistering resets shared contexts: see QNN-NOTES)."""
+    import onnxruntime as ort
+    import onnxruntime_qnn
+
+    ort.register_execution_provider_library(EP_NAME, onnxruntime_qnn.get_library_path())
+    return [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]
+
+
+def session_options(provider_options: dict[str, str], *, cpu_fallback: bool,
+                    config: dict[str, str] | None = None) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = int(os.environ.get("CTXBUILD_ORT_LOG_LEVEL", "2"))
+    if not cpu_fallback:
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    for k, v in (config or {}).items():
+        so.add_session_config_entry(k, v)
+    so.add_provider_for_devices(qnn_devices(), {"backend_type": "htp", **provider_options})
+    return so
+
+
+def compile_model(src: Path, dst: Path, provider_options: dict[str, str], *, embed: bool, cpu_fallback: bool,
+                  config: dict[str, str] | None = None) -> None:
+    """ModelCompiler: writes `dst` (EPContext wrapper) and, unless embedded, `<dst stem>_qnn.bin` beside it.
+
+    The EP derives the partition (graph) name and bits of the binary from `src`'s path: actions pass a
+    path from staging.fixed_dir, so outputs are byte-identical wherever they are built (measured, 2.7.0).
+    A path, not bytes: only a path lets ORT find external data (weights over 2 GB).
+    """
+    import onnxruntime as ort
+
+    so = session_options(provider_options, cpu_fallback=cpu_fallback, config=config)
+    ort.ModelCompiler(so, str(src), embed_compiled_data_into_model=embed).compile_to_file(str(dst))

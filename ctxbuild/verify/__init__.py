@@ -1,0 +1,1 @@
+"""Verification beyond one action: per-slice metrics, the verification memo, the per-layer diagnosis."""

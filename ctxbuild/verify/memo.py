@@ -1,0 +1,69 @@
+"""Verification outputs memoized in the build cache, keyed by content digests.
+
+A verify action re-runs whenever any of its parameters change (thresholds, the method label, a bundle beside
+it), but the expensive parts depend on far less: the simulator's outputs on the context binary's bytes and the
+samples, the CPU reference's on the float model and the samples. Both are stored as an .npz blob under a key
+of exactly those digests plus the toolchain, through the same cache (local, remote, digest-checked) as action
+outputs. A byte-identical binary verified once (another target of a search, a multi-SoC twin, a threshold
+change, another OUT) costs a cache restore instead of a simulator run. The comparison itself always runs.
+`CTXBUILD_VERIFY_MEMO=0` turns it off (bench/verify_cost.py measures with and without).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+
+from ctxbuild.plan.action import canonical_json
+
+if TYPE_CHECKING:  # imported where used: a verify cache hit needs no numpy
+    import numpy as np
+
+Outputs = dict[str, "np.ndarray"]
+
+
+def wrapper_identity(ctx_model: Path) -> str:
+    """Digest of an EPContext wrapper without the file name of its external binary: wrappers of byte-identical
+    binaries built under different recipe names differ only there (measured), and run identically."""
+    import onnx
+
+    model = onnx.load(str(ctx_model), load_external_data=False)
+    for node in model.graph.node:
+        attrs = {a.name: a for a in node.attribute}
+        external = "embed_mode" in attrs and attrs["embed_mode"].i == 0
+        if node.op_type == "EPContext" and external and "ep_cache_context" in attrs:
+            attrs["ep_cache_context"].s = b""  # the .bin's name; its bytes are keyed by their own digest
+    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+
+
+class OutputsMemo:
+    def __init__(self, cache: Any, tmp: Path) -> None:
+        self.cache = cache if os.environ.get("CTXBUILD_VERIFY_MEMO", "1") != "0" else None
+        self.tmp = tmp
+        self.hits: list[str] = []
+        self.keys: dict[str, str] = {}  # what -> cache key (in the record: the entries this action uses)
+
+    def get_or_compute(self, what: str, parts: Any, compute: Callable[[], Outputs]) -> Outputs:
+        """`what` names the computation (and is reported in `hits`); `parts` is everything it depends on."""
+        import numpy as np
+
+        if self.cache is None:
+            return compute()
+        key = hashlib.sha256(canonical_json(["verify-memo", what, parts])).hexdigest()
+        self.keys[what] = key
+        path = self.tmp / f"memo-{what}-{key[:16]}.npz"
+        hit = self.cache.lookup(key)
+        if hit is not None and self.cache.restore(hit, {"outputs": path}):
+            try:
+                with np.load(path, allow_pickle=False) as z:  # tensor names may hold '/': stored by index
+                    got = {str(n): z[str(i)] for i, n in enumerate(z["names"])}
+                self.hits.append(what)
+                return got
+            except (OSError, ValueError):
+                pass  # unreadable despite its digest (format change): compute and overwrite
+        got = compute()
+        np.savez(path, names=np.array(list(got)), **{str(i): v for i, v in enumerate(got.values())})
+        self.cache.store(key, {"outputs": path}, None, {"id": f"verify-memo/{what}"})
+        return got
