@@ -9,10 +9,11 @@ MODELS := recipes/models/tiny_cnn.onnx
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# constraints.txt pins the whole resolved set: a fresh machine gets the same toolchain (docs/deploy.md).
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet --upgrade -c constraints.txt pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $@
 
 models: $(MODELS)

@@ -92,10 +92,11 @@ def test_normalized_container_reads_and_loads_like_the_original(flex_tree: Path,
     raw_dir.mkdir()
     # Staged as the compile action stages it (the EP puts the model's path into the binary).
     subprocess.run([sys.executable, "-c", "import sys, json; from pathlib import Path; from ctxbuild.toolchain import installed as toolchain; "
-                    "from ctxbuild.qnn.staging import fixed_dir, link_model, stage_name\n"
+                    "from ctxbuild.qnn.staging import fixed_dir, link_model, stage_name; from ctxbuild.qnn.lower import lower_file\n"
                     "with fixed_dir(stage_name(json.loads(sys.argv[4]))) as d:\n"
                     "    toolchain.compile_model(link_model(Path(sys.argv[1]), d, 'model.onnx'), Path(sys.argv[2]), "
-                    "json.loads(sys.argv[3]), embed=False, cpu_fallback=False)", spec["inputs"]["model"],
+                    "json.loads(sys.argv[3]), embed=False, cpu_fallback=False)\n"
+                    "lower_file(Path(sys.argv[2]))", spec["inputs"]["model"],
                     str(raw_dir / "tiny_cnn_flex_ctx.onnx"), json.dumps(spec["params"]["provider_options"]),
                     json.dumps(record["key_detail"])], check=True, capture_output=True)
     raw = (raw_dir / "tiny_cnn_flex_ctx_qnn.bin").read_bytes()

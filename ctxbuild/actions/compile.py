@@ -17,6 +17,7 @@ from ctxbuild.toolchain import installed as toolchain
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import add_wrapper_defaults
 from ctxbuild.errors import ActionError
+from ctxbuild.qnn.lower import lower_file
 from ctxbuild.qnn.staging import fixed_dir, link_model, stage_name
 from ctxbuild.qnn import soccheck
 
@@ -70,6 +71,7 @@ def run(ctx: Any) -> None:
         _normalize_build_time(ctx.tmp_output("bin"))
     if "reference" in a.inputs:  # LoRA: the wrapper carries the slots' defaults, so adapters are optional
         add_wrapper_defaults(dst, Path(a.inputs["reference"]))
+    lower_file(dst)  # last: older onnxruntime versions must open what the steps above wrote
 
 
 def compile_graph(model: Path, dst: Path, params: dict[str, Any], tmp: Path) -> None:

@@ -66,6 +66,14 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--embed", action="store_true", help="embed the binary in each wrapper")
     w.add_argument("--quantized-io", action="store_true", help="expose the graph's integer I/O (no Q/DQ)")
 
+    ck = sub.add_parser("check", help="deploy gate: will OUT's wrappers load on a device runtime (and SoC)?")
+    ck.add_argument("path", type=Path, help="a build's output directory (its manifest.json), or one _ctx.onnx")
+    ck.add_argument("--runtime", action="append", required=True, metavar="KEY=VERSION[,...]",
+                    help="the devices' runtime: qairt=2.47 or onnxruntime-qnn=2.3.0, optionally ,onnxruntime=1.24.4 "
+                         "(default: 1.24, the oldest the QNN EP runs on); repeatable")
+    ck.add_argument("--soc", metavar="NAME", help="the devices' SoC (default: the SoCs each artifact was built for)")
+    ck.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
     pl = sub.add_parser("plan", help="print the action graph")
     _paths_out(pl)
     pl.add_argument("--format", choices=["text", "json", "dot"], default="text",
@@ -237,6 +245,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         for p in wrap_binary(args.file, args.out, embed=args.embed, quantized_io=args.quantized_io):
             print(p)
         return 0
+    if args.cmd == "check":
+        from ctxbuild.outputs.gate import WILL_NOT_LOAD, check, table
+        from ctxbuild.toolchain.runtimes import parse_cli
+
+        rows = check(args.path, [parse_cli(r) for r in args.runtime], args.soc)
+        print(json.dumps(rows, indent=2) if args.json else table(rows))
+        return 1 if any(r["verdict"] == WILL_NOT_LOAD for r in rows) else 0
     if args.cmd == "regenerate":
         from ctxbuild.engine.build import regenerate
 

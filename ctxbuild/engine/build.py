@@ -184,7 +184,7 @@ def _build(opts: BuildOptions) -> int:
             print("ninja: no work to do.")
             _write_summary(opts.out, [])
             if _summaries_current(opts.out):
-                return 0
+                return _deploy_gate(opts.out, None)  # a no-op build still says what will not load
             return _finish(opts, state, build_id, 0, started)
         _remove_dead_temps(opts.out)
         from ctxbuild.engine import jobserver, worker
@@ -216,7 +216,8 @@ def _finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, s
             print(f"explain: {r['id']}: {_explain(r)}")
     failed = [r for r in ran if r.get("status") == "failed"]
     _invalidate_downstream(opts.out, state, {r["id"] for r in failed})
-    write_manifest(opts.out, ninja.read_state(opts.out, "plan.json") or state, toolchain.summary(opts.out / STATE))
+    manifest = write_manifest(opts.out, ninja.read_state(opts.out, "plan.json") or state,
+                              toolchain.summary(opts.out / STATE))
     from ctxbuild.outputs.report import write_report  # OUT/report.html + report.json; never fails the build
     write_report(opts.out, build_id=build_id, returncode=rc, wall_seconds=time.monotonic() - started,
                  driver_peak_rss=memory.peak_rss(children=False))  # not ninja's, not the worker's
@@ -228,7 +229,22 @@ def _finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, s
         if not failed:
             print("ctxbuild: ninja failed before running an action (see above)", file=sys.stderr)
         return 1
-    return 0
+    return _deploy_gate(opts.out, manifest)
+
+
+def _deploy_gate(out: Path, manifest: dict[str, Any] | None) -> int:
+    """At the end, after everything is built: 1 if a wrapper will not load on a runtime its recipe declares."""
+    from ctxbuild.outputs.gate import blocked
+
+    if manifest is None:
+        try:
+            manifest = json.loads((out / "manifest.json").read_text())
+        except (OSError, ValueError):
+            return 0
+    lines = blocked(manifest)
+    for line in lines:
+        print(f"ctxbuild: FAILED deploy gate: {line}", file=sys.stderr)
+    return 1 if lines else 0
 
 
 def _executor(opts: BuildOptions, state: dict[str, Any] | None) -> str | None:

@@ -10,13 +10,16 @@ from ctxbuild.digests import DigestMemo
 from ctxbuild.layout import STATE, record_path
 from ctxbuild.outputs.search_table import search_of, with_costs
 from ctxbuild.lora.manifest import adapter_entries
+from ctxbuild.outputs import gate
+from ctxbuild.toolchain.runtimes import Runtime, runtime
 
 MANIFEST_VERSION = 1
 KINDS = {"ctx": "epcontext_model", "bin": "context_binary"}
 
 
 def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, str]) -> dict[str, Any]:
-    """Describe what is on disk and up to date; artifacts of failed or unbuilt actions are left out."""
+    """Describe what is on disk and up to date; artifacts of failed or unbuilt actions are left out. Wrappers
+    carry the EP's compatibility info and, for the runtimes their recipe declares, the deploy gate's verdicts."""
     memo = DigestMemo(out / STATE / "digests.sqlite")
     searches = {a["id"]: a["candidates"] for a in plan_state["actions"] if "candidates" in a}
     artifacts = []
@@ -37,7 +40,10 @@ def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, s
         names = record.get("graph_names", {})
         if role.startswith("ctx"):  # an EPContext model names one graph of its binary
             graph = role.split(":", 1)[1] if ":" in role else art["graphs"][0]
-            entry.update(graph=graph, graph_name_in_binary=names.get(graph))
+            entry.update(graph=graph, graph_name_in_binary=names.get(graph), compatibility=gate.facts(path))
+            if art.get("runtimes"):  # the deploy gate, for the runtimes the recipe declares
+                entry["runtimes"] = [{"runtime": rt.as_dict(), **v} for rt in map(_runtime, art["runtimes"])
+                                     for v in gate.judge(entry["compatibility"], entry["serves"], rt)]
         else:
             entry["graphs"] = names
             if art["twins"]:
@@ -49,6 +55,10 @@ def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, s
                 "adapters": adapters}
     write_if_changed(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n")
     return manifest
+
+
+def _runtime(spec: dict[str, str]) -> Runtime:
+    return runtime(spec, "runtimes")  # checked with the recipe: no error here
 
 
 def _serves(target: dict[str, Any]) -> list[dict[str, str]]:

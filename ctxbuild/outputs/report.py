@@ -20,6 +20,7 @@ from ctxbuild.plan import kinds, memory
 from ctxbuild.atomic import write_if_changed
 from ctxbuild.layout import STATE, layers_path, record_path, spec_name
 from ctxbuild.outputs.search_table import search_of, with_costs
+from ctxbuild.outputs.gate import WILL_NOT_LOAD
 from ctxbuild.templating import environment
 from ctxbuild.units import fmt_size
 
@@ -77,7 +78,11 @@ def collect(out: Path, *, build_id: str | None = None, returncode: int = 0,
                  if r and i in this_build and "started" in r and "finished" in r]
         wall_seconds = max(f for _, f in spans) - min(s for s, _ in spans) if spans else None
     # The outcome is this build's; a failure left from an earlier build still shows in its row and in failures.
-    outcome = "failed" if returncode != 0 or counts["failed"] else ("up to date" if not this_build else "ok")
+    gate = [{"path": a["path"], "runtime": v["runtime"]["label"], "soc": v["soc"], "verdict": v["verdict"],
+             "reason": v["reason"]} for a in manifest.get("artifacts", []) for v in a.get("runtimes", [])]
+    blocked = any(g["verdict"] == WILL_NOT_LOAD for g in gate)  # the build failed on it (engine/build.py)
+    outcome = ("failed" if returncode != 0 or counts["failed"] or blocked
+               else ("up to date" if not this_build else "ok"))
     note = None
     if returncode != 0 and not failures:
         note = "ninja failed before running an action: see the console output"
@@ -89,6 +94,7 @@ def collect(out: Path, *, build_id: str | None = None, returncode: int = 0,
                   "wall_seconds": None if wall_seconds is None else round(wall_seconds, 3), **counts},
         "toolchain": manifest.get("toolchain") or {},
         "rows": rows,
+        "gate": gate,
         "failures": failures,
         "graph": _layout(actions, status, {i: _href((r or {}).get("log")) for i, r in records.items()}),
     }

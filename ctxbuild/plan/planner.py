@@ -47,8 +47,14 @@ class Plan:
                 rows.append({"action": a.id, "recipe": a.recipes[0], "target": a.target, "role": role,
                              "path": str(Path(path).relative_to(self.out)), "graphs": a.params.get("graphs"),
                              "verified_by": sorted(verifiers), "twins": twins if a.kind == "bundle" else [],
-                             **({"verify_note": note} if note else {})})
+                             **({"verify_note": note} if note else {}),
+                             **({"runtimes": runtimes} if (runtimes := self._runtimes(a.recipes)) else {})})
         return rows
+
+    def _runtimes(self, recipes: list[str]) -> list[dict[str, str]]:
+        """The runtimes every recipe an action serves declares (the deploy gate checks its outputs on each)."""
+        specs = [s for r in recipes for s in self._recipe(r).runtimes]
+        return [s for i, s in enumerate(specs) if s not in specs[:i]]
 
     def _recipe(self, name: str) -> Recipe:
         return next(r for r in self.recipes.recipes if r.name == name)

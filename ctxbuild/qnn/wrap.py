@@ -22,11 +22,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ctxbuild import atomic
 from ctxbuild.qnn.contextbin import EPCONTEXT_DOMAIN, read_binary_info
+from ctxbuild.qnn.lower import lower
 from ctxbuild.errors import InspectError
 
 EP_SOURCE = "QNNExecutionProvider"
-# QuantizeLinear/DequantizeLinear with 16- and 4-bit integers need opset 21 (IR >= 10);
-# onnxruntime 1.31 reads IR <= 13.
+# Written at opset 21 / IR 10 (QuantizeLinear with 16- and 4-bit integers needs them), then lowered to what
+# each wrapper's content needs (lower.py).
 OPSETS = [helper.make_opsetid("", 21), helper.make_opsetid(EPCONTEXT_DOMAIN, 1)]
 IR_VERSION = 10
 # protobuf cannot serialize a message of 2 GiB or more.
@@ -165,7 +166,7 @@ def _graph_model(bin_label: str, info: dict[str, Any], graph: dict[str, Any],
         doc_string=f"EPContext node for {EP_SOURCE}", **attrs))
     g = helper.make_graph(nodes, graph["name"], values["inputs"], values["outputs"], inits,
                           value_info=values["inner"])
-    return helper.make_model(g, opset_imports=OPSETS, ir_version=IR_VERSION, producer_name="ctxbuild")
+    return lower(helper.make_model(g, opset_imports=OPSETS, ir_version=IR_VERSION, producer_name="ctxbuild"))
 
 
 def wrap_binary(bin_path: Path, out_dir: Path, *, embed: bool = False,

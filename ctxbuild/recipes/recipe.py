@@ -10,7 +10,7 @@ from typing import Any
 
 from ctxbuild.recipes import quantization as quant
 from ctxbuild.recipes import targets as soc_table
-from ctxbuild.errors import RecipeError
+from ctxbuild.errors import RecipeError, UsageError
 from ctxbuild.recipes.suggest import did_you_mean
 from ctxbuild.lora.recipe import Adapters, Sections, parse_adapters, parse_sections
 from ctxbuild.recipes.targets import Target
@@ -73,6 +73,7 @@ class Recipe:
     # quantization.settings() dicts: one for int16/int8, the ordered candidates for auto, none for fp16/qdq
     quantization: list[dict[str, Any]] = field(default_factory=list)
     adapters: Adapters | None = None
+    runtimes: list[dict[str, str]] = field(default_factory=list)  # the fleet's runtimes: the deploy gate's
 
 
 @dataclass
@@ -150,6 +151,7 @@ def _defaults_for(directory: Path, root: Path, memo: dict, files: list[Path]
         if "defaults" in data:
             _validate(f, data["defaults"], _partial_recipe_schema(), prefix=["defaults"], root=data)
             defaults = _merge(defaults, data["defaults"])
+            _runtimes(f, data, data["defaults"], ("defaults",))
             for key in ("model",):
                 if key in data["defaults"]:
                     raise RecipeError(f"{f}:{line_of(data, ['defaults', key])}: `{key}` cannot be a default",
@@ -223,6 +225,8 @@ def _hint(err: Any) -> str | None:
         return did_you_mean(extra[0], known, otherwise=otherwise) if extra else otherwise
     if err.validator == "enum":
         return did_you_mean(str(err.instance), [str(x) for x in err.validator_value])
+    if err.validator == "type" and err.validator_value == "string" and isinstance(err.instance, float):
+        return 'quote it, e.g. "2.50": YAML reads 2.50 as the number 2.5'
     return None
 
 
@@ -299,7 +303,23 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
                           "verifies without adapters)", "choose a precision or a quantization block")
     return Recipe(name=name, file=f, precision=precision, graphs=graphs, targets=recipe_targets,
                   compile=compile_opts, is_bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False),
-                  verify=verify, quantization=quantization, adapters=adapters)
+                  verify=verify, quantization=quantization, adapters=adapters, runtimes=_runtimes(f, data, merged))
+
+
+def _runtimes(f: Path, data: LineDict, merged: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[dict[str, str]]:
+    """`runtimes:` checked for what no toolchain serves (the schema checked the shape). The file's own entries
+    (a recipe's, or with `prefix` a defaults file's); inherited ones were checked in their defaults file."""
+    from ctxbuild.toolchain.runtimes import runtime
+
+    node: Any = data
+    for key in prefix:
+        node = node.get(key, {})
+    for i, spec in enumerate(node.get("runtimes", [])):
+        try:
+            runtime(dict(spec), f"{f}:{line_of(data, [*prefix, 'runtimes', i])}: runtimes[{i}]")
+        except UsageError as e:
+            raise RecipeError(e.message, e.hint) from None
+    return [dict(s) for s in merged.get("runtimes", [])]
 
 
 def _check_auto(at: Any, bundle: bool, multi_soc: bool, verify: dict[str, Any]) -> None:
@@ -400,6 +420,7 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
         raise RecipeError(f"{f}:{line_of(data, ['prebuilt'])}: a prebuilt binary is not compiled; "
                           f"{', '.join(unused)} has no effect", "remove it (only compile.embed applies)")
     return Recipe(name=name, file=f, precision="prebuilt", graphs=[], targets=_targets(f, data, merged["targets"], groups),
+                  runtimes=_runtimes(f, data, merged),
                   compile=CompileOptions(embed=copts.get("embed", False)), verify={"enabled": False},
                   prebuilt=Prebuilt(binary, graphs, spec.get("quantized_io", False),
                                     parse_sections(f, data, spec) if "adapters" in spec else None))
