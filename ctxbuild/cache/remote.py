@@ -51,13 +51,12 @@ class RemoteStore:
 
     def __init__(self, url: str, *, token: str | None = None, read_only: bool = False, timeout: float = 10.0,
                  state_dir: Path | None = None, min_rate: float = MIN_RATE) -> None:
-        parts = urlsplit(url)
-        self.url = _shown(parts)
-        try:
-            port = parts.port
+        try:  # urlsplit itself refuses some (an unclosed "[::1"), .port others (a port out of range)
+            parts = urlsplit(url)
+            self.url, port = _shown(parts), parts.port
         except ValueError:
-            port = -1
-        if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+            parts, self.url, port = None, url.rpartition("@")[2], None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             raise UsageError(f"remote cache URL {self.url!r} is not http(s)://host[:port][/path]")
         connection = HTTPSConnection if parts.scheme == "https" else HTTPConnection
         self._connect = partial(connection, parts.hostname, port, timeout=timeout, blocksize=CHUNK)

@@ -236,6 +236,10 @@ def _executor(opts: BuildOptions, state: dict[str, Any] | None) -> str | None:
     "local", the default: None); sets the compile pool. The farm's modules load only when there is one."""
     address = opts.executor or os.environ.get("CTXBUILD_EXECUTOR") or (state or {}).get("cache", {}).get("executor")
     address = None if address in (None, "", "local") else address
+    if address is not None:
+        from ctxbuild.farm.gateway import check_address
+
+        check_address(address)
     if address is not None and opts.compile_jobs is None:
         opts.compile_jobs = FARM_COMPILE_JOBS
     return address

@@ -31,6 +31,7 @@ WORKERS_TIMEOUT_S = 30.0
 RECONNECT_GRACE_S = 10.0
 _POLL_S = 0.2
 WORKERS_TTL_S = 2.0
+SCHEMES = ("tcp", "tls", "ucx", "inproc", "ws", "wss")  # Dask's comm backends
 
 
 @dataclass
@@ -48,6 +49,15 @@ def check_data_plane(env: dict[str, str]) -> dict[str, Any]:
                          "or --remote-read-only")
     return {"url": url, "token_env": env.get("CTXBUILD_REMOTE_TOKEN_ENV", "CTXBUILD_REMOTE_TOKEN"),
             "timeout": float(env.get("CTXBUILD_REMOTE_TIMEOUT", "10"))}
+
+
+def check_address(address: str) -> None:
+    """A scheme Dask cannot speak is a usage error, before connecting: dask's Client would raise it only
+    after its own 10 s close timeout, with a traceback (the recipe schema holds `executor:` to these too)."""
+    scheme = address.partition("://")[0] if "://" in address else "tcp"  # dask's default for host:port
+    if scheme not in SCHEMES:
+        raise UsageError(f"--executor {address!r}: scheme {scheme!r} is not a Dask scheduler's",
+                         f"use {'://, '.join(SCHEMES)}://HOST:PORT, e.g. tcp://scheduler:8786, or local")
 
 
 @contextmanager
