@@ -35,7 +35,7 @@ def _count(minimum: int) -> Callable[[str], int]:
 
 
 def _size(text: str | None) -> int | None:
-    from ctxbuild.cli.cache import parse_size
+    from ctxbuild.units import parse_size
 
     return None if text is None else parse_size(text, "--memory-budget")
 
@@ -138,6 +138,8 @@ def _cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", type=Path, help="local cache (default: $CTXBUILD_CACHE_DIR or XDG cache)")
     p.add_argument("--remote-cache", metavar="URL", help="HTTP cache with /ac and /cas (or $CTXBUILD_REMOTE_CACHE)")
     p.add_argument("--remote-read-only", action="store_true", help="never upload (untrusted builds)")
+    p.add_argument("--remote-max-download", metavar="SIZE", help="the most one remote blob download may bring, "
+                   "e.g. 64G (default 32GiB; or cache.max_download)")
 
 
 def _executor_args(p: argparse.ArgumentParser) -> None:
@@ -158,6 +160,10 @@ def _cache_env(args: argparse.Namespace) -> dict[str, str]:
         env["CTXBUILD_REMOTE_CACHE"] = args.remote_cache
     if args.remote_read_only:
         env["CTXBUILD_REMOTE_READ_ONLY"] = "1"
+    if args.remote_max_download:
+        from ctxbuild.units import parse_size
+
+        env["CTXBUILD_REMOTE_MAX_DOWNLOAD"] = str(parse_size(args.remote_max_download, "--remote-max-download"))
     return env
 
 

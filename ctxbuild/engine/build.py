@@ -298,6 +298,10 @@ def _cache_settings(defaults: dict[str, Any], env: dict[str, str]) -> dict[str, 
         out["CTXBUILD_REMOTE_READ_ONLY"] = "1"
     if "token_env" in defaults and "CTXBUILD_REMOTE_TOKEN_ENV" not in given:
         out["CTXBUILD_REMOTE_TOKEN_ENV"] = defaults["token_env"]
+    if "max_download" in defaults and "CTXBUILD_REMOTE_MAX_DOWNLOAD" not in given:
+        from ctxbuild.units import parse_size  # the schema checked its form, with the file's line
+
+        out["CTXBUILD_REMOTE_MAX_DOWNLOAD"] = str(parse_size(str(defaults["max_download"]), "cache.max_download"))
     return out
 
 

@@ -227,7 +227,7 @@ def open_cache() -> Any:
     if os.environ.get("CTXBUILD_NO_CACHE") == "1":
         return None
     from ctxbuild.cache import Cache, LocalStore, RemoteStore
-    from ctxbuild.cache.remote import MIN_RATE, clean_token
+    from ctxbuild.cache.remote import MAX_DOWNLOAD, MIN_RATE, clean_token
 
     root = cache_dir()
     remote, problem = None, None
@@ -236,7 +236,8 @@ def open_cache() -> Any:
         try:
             remote = RemoteStore(url, token=token, read_only=os.environ.get("CTXBUILD_REMOTE_READ_ONLY") == "1",
                                  timeout=float(os.environ.get("CTXBUILD_REMOTE_TIMEOUT", "10")), state_dir=root,
-                                 min_rate=float(os.environ.get("CTXBUILD_REMOTE_MIN_RATE", MIN_RATE)))
+                                 min_rate=float(os.environ.get("CTXBUILD_REMOTE_MIN_RATE", MIN_RATE)),
+                                 max_download=int(os.environ.get("CTXBUILD_REMOTE_MAX_DOWNLOAD", MAX_DOWNLOAD)))
         except (CtxbuildError, ValueError) as e:  # e.g. plain `ninja` with a bad URL: a cache problem, not a failure
             problem = f"remote cache not used: {e}"
     cache = Cache(LocalStore(root), remote)
