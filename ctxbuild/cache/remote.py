@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import netrc
 import os
 import time
 from collections.abc import Iterator
@@ -331,6 +332,19 @@ def _auth_headers(parts: SplitResult, token: str | None) -> dict[str, str]:
     if token:
         return {"Authorization": f"Bearer {token}"}
     if parts.username is not None:  # http://user:pass@host, as bazel-remote's htpasswd auth expects
-        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
-        return {"Authorization": f"Basic {base64.b64encode(pair).decode()}"}
-    return {}
+        return _basic(unquote(parts.username), unquote(parts.password or ""))
+    login = _netrc_login(parts.hostname or "")
+    return _basic(*login) if login else {}
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": f"Basic {base64.b64encode(f'{user}:{password}'.encode()).decode()}"}
+
+
+def _netrc_login(host: str) -> tuple[str, str] | None:
+    """(login, password) for `host` from $NETRC, else ~/.netrc, as curl and pip read it; None without one."""
+    try:
+        entry = netrc.netrc(os.environ.get("NETRC") or None).authenticators(host)
+    except (OSError, netrc.NetrcParseError):  # no file, unreadable, or malformed: no credentials
+        return None
+    return (entry[0], entry[2] or "") if entry else None

@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ctxbuild.errors import ExecutorUnavailable, UsageError
-from ctxbuild.cache.remote import MAX_DOWNLOAD
+from ctxbuild.cache.remote import MAX_DOWNLOAD, RemoteStore
 from ctxbuild.farm import resources, wire
 from ctxbuild.farm.submit import FALLBACK_ENV, FARM_ENV
 
@@ -48,7 +48,8 @@ def check_data_plane(env: dict[str, str]) -> dict[str, Any]:
         raise UsageError("--executor needs a writable remote cache: it is how inputs and outputs travel",
                          "add --remote-cache URL (or cache.remote in _defaults.yaml), without --no-cache "
                          "or --remote-read-only")
-    return {"url": url, "token_env": env.get("CTXBUILD_REMOTE_TOKEN_ENV", "CTXBUILD_REMOTE_TOKEN"),
+    # Without user:password: the request travels through Dask; each worker reads its own ~/.netrc or token.
+    return {"url": RemoteStore(url).url, "token_env": env.get("CTXBUILD_REMOTE_TOKEN_ENV", "CTXBUILD_REMOTE_TOKEN"),
             "timeout": float(env.get("CTXBUILD_REMOTE_TIMEOUT", "10")),
             "max_download": int(env.get("CTXBUILD_REMOTE_MAX_DOWNLOAD", MAX_DOWNLOAD))}
 

@@ -157,6 +157,12 @@ def _defaults_for(directory: Path, root: Path, memo: dict, files: list[Path]
         for g, members in data.get("target_groups", {}).items():
             groups[g] = [(m, f, line_of(data, ["target_groups", g, i])) for i, m in enumerate(members)]
         cache.update(data.get("cache", {}))
+        if "@" in str(data.get("cache", {}).get("remote", "")).partition("://")[2].partition("/")[0]:
+            # Never shown: the message names the field, not the URL.
+            raise RecipeError(f"{f}:{line_of(data, ['cache', 'remote'])}: cache.remote holds credentials "
+                              "(user:password@); a defaults file travels with the recipes, credentials may not",
+                              "remove them and put them in ~/.netrc (machine HOST login USER password ...), or "
+                              "a bearer token in the variable cache.token_env names ($CTXBUILD_REMOTE_TOKEN)")
         if "executor" in data:  # rides with the cache settings: the remote cache is the executor's data plane
             cache["executor"] = data["executor"]
     memo[directory] = (defaults, groups, cache)
