@@ -116,3 +116,21 @@ def test_memo_directory_link_is_removed(tmp_path: Path, victim: Path, monkeypatc
     d.mkdir(parents=True, exist_ok=True)
     (d / "x.json").write_text("{}")
     _untouched(victim)
+
+
+@pytest.mark.parametrize("entry", ["record", "blob"])
+def test_entry_replaced_by_a_directory_heals(tmp_path: Path, entry: str) -> None:
+    """Issue 19, item 15: was "cache unavailable" on every build, forever. Now the directory is removed (a
+    miss, one warning) and the next store writes the entry again."""
+    warnings: list[str] = []
+    store = LocalStore(tmp_path / "cache", on_warning=warnings.append)
+    record = store.put(KEY, _output(tmp_path), None, {})
+    path = tmp_path / "cache" / "ac" / KEY[:2] / KEY if entry == "record" else store.blob_path(DIGEST)
+    path.unlink()
+    (path / "inside").mkdir(parents=True)
+    dest = tmp_path / "restored" / "a_ctx.bin"
+    found = store.get(KEY)
+    assert found is None if entry == "record" else not store.restore(found, {"ctx": dest})
+    assert not path.is_dir() and any("directory" in w for w in warnings), warnings
+    assert store.put(KEY, _output(tmp_path), None, {}) == record
+    assert store.get(KEY) == record and store.restore(record, {"ctx": dest}) and dest.read_bytes() == CONTENT

@@ -14,8 +14,7 @@ from ctxbuild.digests import hash_file, hash_stream
 if TYPE_CHECKING:
     from ctxbuild.cache.record import OutputEntry
 
-__all__ = ["copy_hashing", "hash_file", "no_link", "read_no_follow", "restore_outputs", "same_content",
-           "temp_path"]
+__all__ = ["copy_hashing", "hash_file", "read_no_follow", "restore_outputs", "same_content", "temp_path"]
 
 CHUNK = 1 << 20
 # linux/fs.h: _IOW(0x94, 9, int). fcntl.FICLONE only exists from Python 3.12.
@@ -35,18 +34,6 @@ def same_content(path: Path, digest: str, size: int) -> bool:
         return hash_file(path)[0] == digest
     except OSError:
         return False
-
-
-def no_link(path: Path) -> bool:
-    """Remove a symbolic link at `path` (never its target): the stores' own files and directories are never
-    links, and one planted there would make a touch, read or write reach a file outside. True if removed."""
-    try:
-        if not path.is_symlink():
-            return False
-        path.unlink()
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def read_no_follow(path: Path) -> bytes:

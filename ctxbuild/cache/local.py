@@ -10,7 +10,8 @@ be read or written (full, read-only, not a directory): the caller warns once and
 A corrupt blob or record is not an error: it is deleted, reported through `on_warning`, and is a miss.
 
 Symbolic links inside the root are never followed: every file and directory here is the store's own, so
-a link found where one belongs was planted; it is removed (never its target) and the entry is a miss.
+a link found where one belongs was planted; it is removed (never its target) and the entry is a miss. So
+is a directory where a record or blob belongs (or a file where a directory does): the next store heals it.
 The last path component is opened with O_NOFOLLOW; the store's directories are checked with lstat before
 use (a process racing the checks with write access to the cache is out of scope: it can write blobs).
 """
@@ -30,7 +31,7 @@ from typing import Any
 
 from ctxbuild.atomic import write_bytes
 from ctxbuild.errors import CacheUnavailable
-from ctxbuild.cache.files import copy_hashing, hash_file, no_link, read_no_follow, restore_outputs, temp_path
+from ctxbuild.cache.files import copy_hashing, hash_file, read_no_follow, restore_outputs, temp_path
 from ctxbuild.cache.record import ActionRecord, OutputEntry, check_digest, check_key
 
 # Temps and unreferenced blobs younger than this may belong to an insert in progress in another process.
@@ -134,7 +135,7 @@ class LocalStore:
         except FileNotFoundError:
             return None
         except OSError as e:
-            if e.errno == errno.ELOOP and self._drop_link(path):
+            if e.errno in _FOREIGN and self._drop_foreign(path):
                 return None
             raise self._unavailable(e) from None
 
@@ -239,7 +240,7 @@ class LocalStore:
     def _files(self, sub: str) -> Iterator[tuple[Path, os.stat_result]]:
         """Records or blobs: the files in root/<sub>/<2 hex>/ (temps live in root/tmp, never here). Links
         found on the way are removed, never followed."""
-        no_link(self.root / sub)
+        self._drop_foreign(self.root / sub, is_dir=True)
         for d in _scandir(self.root / sub):
             if d.is_symlink():
                 _discard(Path(d.path))
@@ -260,7 +261,7 @@ class LocalStore:
         except FileNotFoundError:  # never stored, or gc took it: a miss
             return False
         except OSError as e:
-            if e.errno == errno.ELOOP and self._drop_link(blob):
+            if e.errno in _FOREIGN and self._drop_foreign(blob):
                 return False
             raise
         if digest != entry.digest:
@@ -303,31 +304,40 @@ class LocalStore:
         return True
 
     def _is_blob(self, path: Path) -> bool:
-        """A regular file of the store's own at `path`; a link there is removed (a miss)."""
+        """A regular file of the store's own at `path`; anything else there is removed (a miss)."""
         self._own_dir(path.parent, create=False)
-        try:
-            mode = path.lstat().st_mode
-        except FileNotFoundError:
-            return False
-        if stat.S_ISLNK(mode):
-            self._drop_link(path)
-            return False
-        return stat.S_ISREG(mode)
+        self._drop_foreign(path)
+        return os.path.lexists(path)
 
     def _own_dir(self, path: Path, *, create: bool = True) -> Path:
         """`path` (root/<sub> or root/<sub>/<2 hex>) without a link in it below the root; created if asked."""
         d = self.root
         for part in path.relative_to(self.root).parts:
             d = d / part
-            self._drop_link(d)
+            self._drop_foreign(d, is_dir=True)
         if create:
             path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def _drop_link(self, path: Path) -> bool:
-        if not no_link(path):
+    def _drop_foreign(self, path: Path, *, is_dir: bool = False) -> bool:
+        """Remove what is at `path` unless it is what the store keeps there (a regular file, or with `is_dir`
+        a directory): a planted link (never its target), or a directory where a file belongs. True if
+        something was removed."""
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
             return False
-        self.on_warning(f"local cache: {path} was a symbolic link; removed it (never followed)")
+        if stat.S_ISLNK(mode):
+            what = "a symbolic link"
+        elif stat.S_ISDIR(mode) if is_dir else stat.S_ISREG(mode):
+            return False
+        else:
+            what = "a directory" if stat.S_ISDIR(mode) else "not a directory" if is_dir else "not a regular file"
+        if stat.S_ISDIR(mode):
+            shutil.rmtree(path)  # removes links inside, never follows them
+        else:
+            path.unlink()
+        self.on_warning(f"local cache: {path} was {what}; removed it (never followed)")
         return True
 
     def _drop_corrupt(self, blob: Path) -> None:
@@ -343,6 +353,9 @@ class LocalStore:
     def _unavailable(self, e: OSError) -> CacheUnavailable:
         return CacheUnavailable(f"local cache {self.root} unavailable: {e.strerror or e}",
                                 "continuing without it")
+
+
+_FOREIGN = (errno.ELOOP, errno.EISDIR)  # opening a record or blob found a link, or a directory
 
 
 def _scandir(path: Path) -> list[os.DirEntry[str]]:
