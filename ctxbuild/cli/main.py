@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Callable, NoReturn
 
-from ctxbuild.errors import CtxbuildError, UsageError
+from ctxbuild.errors import CtxbuildError, UsageError, machine_limit
 from ctxbuild.engine.procs import interrupted, note_interrupt
 
 
@@ -186,11 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # a full or read-only OUT, outside any action: one line, not a traceback
         if interrupted():
             return _interrupted()
-        print(f"ctxbuild: error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+        line = machine_limit(e) or f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}"
+        print(f"ctxbuild: error: {line}", file=sys.stderr)
         return 1
-    except Exception:
+    except Exception as e:
         if interrupted():  # an interrupt inside an import can surface as ImportError
             return _interrupted()
+        if line := machine_limit(e):  # e.g. the toolchain probe's compile under `ulimit -f`
+            print(f"ctxbuild: error: {line}", file=sys.stderr)
+            return 1
         raise
 
 
