@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 STATE = ".ctxbuild"  # OUT/.ctxbuild: action specs, records, logs, depfiles, work files, plan state
+OUT_FILES = ("build.ninja", "manifest.json", "report.json", "report.html")  # besides the artifacts and STATE
 
 
 def spec_name(action_id: str) -> str:

@@ -16,6 +16,7 @@ from ctxbuild.lora.recipe import Adapters, Sections, parse_adapters, parse_secti
 from ctxbuild.recipes.targets import Target
 from ctxbuild.toolchain.installed import version
 from ctxbuild.recipes.yamlsrc import LineDict, line_of, load_mapping
+from ctxbuild.layout import OUT_FILES
 
 DEFAULTS_FILE = "_defaults.yaml"
 SCHEMA_PATH = Path(__file__).with_name("recipe.schema.json")
@@ -196,13 +197,30 @@ def _validate(f: Path, data: Any, sch: dict[str, Any], prefix: list[str | int] |
     if not errors:
         return
     err = errors[0]
-    # oneOf hides the useful message in its context; pick the most specific sub-error.
+    # oneOf hides the useful message in its context: the branch of the value's own type says what is wrong
+    # inside it (an unknown key in a mapping); when no branch has its type, all their types are the message.
+    described = None
     if err.context:
-        err = max(err.context, key=lambda e: len(e.absolute_path))
+        inside = [e for e in err.context if e.validator != "type"]
+        if inside:
+            err = max(inside, key=lambda e: len(e.absolute_path))
+        else:
+            expected = " or ".join(dict.fromkeys(_YAML_TYPES.get(e.validator_value, e.validator_value)
+                                                 for e in err.context))
+            described = f"expected {expected}, got {_yaml_type(err.instance)} {err.instance!r}"
     path = (prefix or []) + list(err.absolute_path)
-    line = line_of(root if root is not None else data, path)
+    unknown = sorted(set(err.instance) - set(err.schema.get("properties", {}))) \
+        if err.validator == "additionalProperties" else []
+    line = line_of(root if root is not None else data, path + unknown[:1])  # an unknown key: its own line
     where = ".".join(str(p) for p in path) or "(top level)"
-    raise RecipeError(f"{f}:{line}: {where}: {_describe(err)}", _hint(err))
+    raise RecipeError(f"{f}:{line}: {where}: {described or _describe(err)}", _hint(err))
+
+
+_YAML_TYPES = {"object": "mapping", "array": "list"}  # JSON Schema's names, as a YAML author knows them
+
+
+def _yaml_type(value: Any) -> str:
+    return "mapping" if isinstance(value, dict) else "list" if isinstance(value, list) else type(value).__name__
 
 
 def _describe(err: Any) -> str:
@@ -211,7 +229,8 @@ def _describe(err: Any) -> str:
         extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
         return f"unknown key '{extra[0]}'" if extra else err.message
     if v == "type":
-        return f"expected {err.validator_value}, got {type(err.instance).__name__} {err.instance!r}"
+        expected = _YAML_TYPES.get(err.validator_value, err.validator_value)
+        return f"expected {expected}, got {_yaml_type(err.instance)} {err.instance!r}"
     if v == "enum":
         return f"{err.instance!r} is not one of {', '.join(map(str, err.validator_value))}"
     if v == "required":
@@ -281,6 +300,8 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
         quantized_io=copts.get("quantized_io", False),
     )
     recipe_targets = _targets(f, data, merged["targets"], groups)
+    for t in recipe_targets:
+        _check_vtcm(at("compile", "vtcm_mb"), "compile.vtcm_mb", compile_opts.vtcm_mb, t)
     _check_provider_options(f, data, compile_opts, recipe_targets)
     _check_layout(f, data, "bundle" in merged, merged.get("multi_soc", False), compile_opts, recipe_targets)
     if compile_opts.quantized_io:
@@ -467,6 +488,16 @@ def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any],
     return Graph(name=name, model=model, inputs=inputs, calibration=calibration)
 
 
+def _check_vtcm(where: str, field: str, vtcm_mb: int | None, target: Target) -> None:
+    """No more VTCM than the target's SoC has (known for the SoCs of the table; another soc_model is taken
+    on trust). QNN accepted more and failed, or worse, on the device."""
+    soc = soc_table.by_soc_model(target.soc_model)
+    if vtcm_mb is not None and soc is not None and vtcm_mb > soc.vtcm_mb:
+        raise RecipeError(f"{where}: {field} {vtcm_mb} is more than the {soc.vtcm_mb} MB of VTCM of {soc.name} "
+                          f"(soc_model {soc.soc_model}, target '{target.name}')",
+                          f"use at most {soc.vtcm_mb}, or leave it out (the SoC's default)")
+
+
 def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list]) -> list[Target]:
     out: dict[str, Target] = {}
 
@@ -480,7 +511,12 @@ def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list])
                                   f"{builtin.name} (soc_model {builtin.soc_model}, htp_arch {builtin.htp_arch}); "
                                   f"its outputs would mix with {builtin.name}'s under OUT",
                                   f"give it another name, or use '{builtin.name}' as is")
+            if spec["name"].lower() in OUT_FILES:
+                raise RecipeError(f"{where}: custom target name '{spec['name']}' is one of OUT's own files "
+                                  f"({', '.join(OUT_FILES)}): its outputs would replace it or fail",
+                                  "give the target another name")
             t = Target(spec["name"], str(spec["soc_model"]), str(spec["htp_arch"]), spec.get("vtcm_mb"))
+            _check_vtcm(where, "vtcm_mb", t.vtcm_mb, t)
         elif spec in groups:
             if spec in stack:
                 raise RecipeError(f"{where}: target group '{spec}' includes itself")
