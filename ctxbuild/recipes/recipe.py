@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+import stat
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -412,10 +413,8 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
     spec = merged["prebuilt"]
     where = f"{f}:{line_of(data, ['prebuilt', 'bin'])}"
     binary = (f.parent / spec["bin"]).resolve()
-    if not binary.is_file():
-        raise RecipeError(f"{where}: prebuilt binary '{spec['bin']}' "
-                          f"{'is a directory' if binary.is_dir() else 'not found'} (looked in {binary})",
-                          "paths are relative to the recipe file")
+    _check_file(where, f"prebuilt binary '{spec['bin']}'", binary, "a context binary; paths are relative to the "
+                                                                   "recipe file")
     graphs = tuple(spec.get("graphs", [name]))
     if len(set(graphs)) != len(graphs):
         raise RecipeError(f"{where}: prebuilt.graphs names a graph twice", "graph names must be unique")
@@ -459,15 +458,30 @@ def _opt_str(v: Any) -> str:
     return ("1" if v else "0") if isinstance(v, bool) else str(v)
 
 
+_NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _check_file(where: str, what: str, path: Path, wanted: str) -> None:
+    """`path` must be a non-empty regular file; else say what it is (a FIFO or /dev/zero is not "not found",
+    and an empty file would fail later with a confusing message). `wanted`: the hint, what to give."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise RecipeError(f"{where}: {what} not found (looked in {path})", f"give {wanted}") from None
+    except OSError as e:
+        raise RecipeError(f"{where}: {what} cannot be read: {e.strerror} ({path})", f"give {wanted}") from None
+    kind = next((name for test, name in _NOT_REGULAR if test(st.st_mode)), None)
+    if kind is not None:
+        raise RecipeError(f"{where}: {what} is {kind}, not a regular file ({path})", f"give {wanted}")
+    if st.st_size == 0:
+        raise RecipeError(f"{where}: {what} is empty (0 bytes) ({path})", f"give {wanted}")
+
+
 def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any], name: str, precision: str) -> Graph:
     where = f"{f}:{line_of(data, path + ['model'])}"
     model = (f.parent / spec["model"]).resolve()
-    if model.is_dir():
-        raise RecipeError(f"{where}: model '{spec['model']}' is a directory ({model}), not an ONNX file",
-                          "name the .onnx file inside it")
-    if not model.is_file():
-        raise RecipeError(f"{where}: model '{spec['model']}' not found (looked in {model})",
-                          "model paths are relative to the recipe file")
+    _check_file(where, f"model '{spec['model']}'", model, "an ONNX file; model paths are relative to the recipe file")
     cal = spec.get("calibration")
     calibration = None
     if precision in ("int16", "int8", "auto"):
