@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxbuild.errors import ActionError
+from ctxbuild.graph.samples import read_arrays
 
 FORMATS = (".onnx_adapter", ".safetensors", ".npz")  # adapter files a recipe may name
 
@@ -105,8 +106,6 @@ def wrapper_slot_spec(wrapper: Any) -> SlotSpec:
 
 def read_file(path: Path) -> dict[str, np.ndarray]:
     """Tensor name -> array, from an .onnx_adapter, .safetensors or .npz file."""
-    import numpy as np
-
     if not path.is_file():
         raise ActionError(f"{path}: adapter file not found")
     try:
@@ -116,12 +115,11 @@ def read_file(path: Path) -> dict[str, np.ndarray]:
             from safetensors.numpy import load_file
 
             return dict(load_file(str(path)))
-        if path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as z:
-                return {k: z[k] for k in z.files}
     except Exception as e:  # noqa: BLE001 - each reader raises its own types for a corrupt file
         raise ActionError(f"{path}: cannot read adapter file: {str(e).strip().splitlines()[0][:200]}",
                           "re-export the adapter") from None
+    if path.suffix == ".npz":
+        return read_arrays(path, "adapter file")
     raise ActionError(f"{path}: unsupported adapter format", f"use one of {', '.join(FORMATS)}")
 
 
