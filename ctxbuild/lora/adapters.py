@@ -158,11 +158,29 @@ def bind(path: Path, spec: SlotSpec, *, tensors: dict[str, str], scaling: str | 
                               f"{list(shape)}", "the adapter was trained for another base model or rank")
         if not np.can_cast(value.dtype, dtype, casting="same_kind"):
             raise ActionError(f"{path}: tensor '{name}' is {value.dtype}, slot '{slot}' needs {dtype}")
-        out[slot] = value.astype(dtype, copy=False)
+        with np.errstate(over="ignore"):  # an overflow is reported by _finite, with the file's name
+            out[slot] = _finite(path, f"tensor '{name}'", value, value.astype(dtype, copy=False))
     if scale is not None and scaling:
         shape, dtype = spec[scaling]
-        out[scaling] = np.full(shape, scale, dtype)
+        with np.errstate(over="ignore"):
+            out[scaling] = _finite(path, "scale", np.float64(scale), np.full(shape, scale, dtype))
     return out
+
+
+def _finite(path: Path, what: str, given: np.ndarray, bound: np.ndarray) -> np.ndarray:
+    """NaN or Inf in an adapter would ship (verification is optional) and poison every output."""
+    import numpy as np
+
+    if not np.issubdtype(bound.dtype, np.floating) or np.isfinite(bound).all():
+        return bound
+    nan, inf = int(np.isnan(given).sum()), int(np.isinf(given).sum())
+    if nan or inf:
+        found = " and ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "infinite")) if n)
+        raise ActionError(f"{path}: {what} holds {found} value{'s' if nan + inf > 1 else ''}",
+                          "fix the adapter (a diverged training run?) or leave it out")
+    raise ActionError(f"{path}: {what} has values beyond the range of {bound.dtype} (the slot's type; largest "
+                      f"magnitude {float(np.abs(given).max()):g})", "rescale the adapter, or give the base model "
+                                                                   "a wider type for its LoRA weights")
 
 
 def write_onnx_adapter(path: Path, values: dict[str, np.ndarray]) -> None:
