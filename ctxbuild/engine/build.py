@@ -35,6 +35,7 @@ class BuildOptions:
     keep_going: int = 1
     targets: list[str] = field(default_factory=list)
     only: list[str] = field(default_factory=list)
+    only_flag: str = "--only"  # the flag that named them, for messages (`verify --layers` passes one)
     dry_run: bool = False
     compile_jobs: int | None = None
     explain: bool = False
@@ -121,7 +122,7 @@ def ninja_targets(state: dict[str, Any], opts: BuildOptions) -> list[str]:
     targets = sorted({a["target"]["name"] for a in state["actions"] if a["target"]})
     for name in opts.only:
         if name not in recipes:
-            raise UsageError(f"--only {name}: no such recipe", _close(name, recipes))
+            raise UsageError(f"{opts.only_flag} {name}: no such recipe", _close(name, recipes))
     for name in opts.targets:
         if name not in targets:
             raise UsageError(f"--target {name}: no recipe builds for it", _close(name, targets))
