@@ -97,6 +97,10 @@ def running(address: str, *, store: dict[str, Any], build_id: str, fallback: str
                                       "start some: dask worker " + address) from None
         try:
             client.register_plugin(FarmPlugin(), name=PLUGIN_NAME)  # on every worker, present and future
+        except (OSError, TimeoutError) as e:  # dask's CommClosedError is an OSError: a worker out of reach
+            raise ExecutorUnavailable(f"a Dask worker of {address} could not be reached to set up ctxbuild on it: "
+                                      f"{type(e).__name__}: {str(e)[:200]}",
+                                      "check the workers' network, or stop the unreachable worker") from None
         except Exception as e:  # noqa: BLE001 - e.g. a worker without ctxbuild cannot unpickle the plugin
             raise ExecutorUnavailable(f"could not set up ctxbuild on the Dask workers of {address}: "
                                       f"{type(e).__name__}: {str(e)[:200]}",
