@@ -1,6 +1,9 @@
 """Errors a user can hit. Each carries a one-line cause and a hint; the CLI prints them without a traceback."""
 from __future__ import annotations
 
+import errno
+import resource
+
 
 class CtxbuildError(Exception):
     """Base class. `exit_code` is what the CLI returns: 2 for bad input/usage, 1 for a failed build."""
@@ -66,6 +69,21 @@ class CorruptEntry(CacheError):
     def __init__(self, message: str, hint: str | None = None, digest: str | None = None) -> None:
         super().__init__(message, hint)
         self.digest = digest  # the bad blob's name: the rebuilt content is uploaded over it
+
+
+def machine_limit(e: BaseException) -> str | None:
+    """One line for a failure the machine caused, not the build (a full disk, a quota, a file-size limit),
+    which gets no traceback; None for anything else. A library that hides the OSError behind its own
+    message (onnxruntime: "Failed to write context cache file") is recognised by the limit being set."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    note = f" (the file-size limit, `ulimit -f`, is {limit} bytes)" if limit != resource.RLIM_INFINITY else ""
+    if isinstance(e, OSError) and e.errno in (errno.EFBIG, errno.ENOSPC, errno.EDQUOT):
+        where = f"{e.filename}: " if e.filename else ""
+        return f"{where}{e.strerror}{note if e.errno == errno.EFBIG else ''}"
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if note and "write" in text.lower():
+        return f"{type(e).__name__}: {text}{note}"
+    return None
 
 
 class ExecutorUnavailable(CtxbuildError):

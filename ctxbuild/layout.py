@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 STATE = ".ctxbuild"  # OUT/.ctxbuild: action specs, records, logs, depfiles, work files, plan state
+OUT_FILES = ("build.ninja", "manifest.json", "report.json", "report.html")  # besides the artifacts and STATE
 
 
 def spec_name(action_id: str) -> str:
@@ -33,8 +34,14 @@ def rel(p: str, out: Path) -> str:
 
 def memo_dir(name: str) -> Path:
     """Derived facts kept in the user cache beside the action cache (plans, discovered inputs, binaries'
-    SoCs, compiled templates): each a pure function of what names it, so deleting any of them is safe."""
-    return cache_dir() / "memo" / name
+    SoCs, compiled templates): each a pure function of what names it, so deleting any of them is safe.
+    A symbolic link planted for either directory is removed, never followed (a memo written through it
+    would land outside the cache)."""
+    path = cache_dir() / "memo" / name
+    for d in (path.parent, path):
+        if d.is_symlink():
+            d.unlink(missing_ok=True)
+    return path
 
 
 def cache_dir() -> Path:

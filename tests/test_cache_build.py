@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import pytest
 
-from ctxbuild.cli.cache import parse_size
+from ctxbuild.units import parse_size
 from ctxbuild.errors import UsageError
 from tests.conftest import ROOT, cache_entries, last_build, records
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from ctxbuild.errors import ActionError, InspectError
 from ctxbuild.actions.compile import summarize  # noqa: F401 - the same summary hook as compile
-from ctxbuild.qnn.soccheck import check_outputs  # noqa: F401 - the hook: the binary's SoC is the target's
+from ctxbuild.qnn import soccheck
 
 
 def run(ctx: Any) -> None:
@@ -37,11 +37,18 @@ def run(ctx: Any) -> None:
         os.replace(staged, ctx.tmp_output("bin"))
 
 
+def check_outputs(action: Any, outputs: dict[str, Path]) -> None:
+    """The hook: the binary holds the target's SoC (a multi-SoC binary made elsewhere serves each of its SoCs)."""
+    soccheck.check_outputs(action, outputs, exact=False)
+
+
 def check_target(info: dict[str, Any], p: dict[str, Any], src: Path, target: str) -> None:
-    """A binary built for another SoC fails to load on the device: refuse it here, where it is cheap."""
-    for t in info.get("targets") or []:
-        soc, arch = t.get("soc_model"), t.get("htp_arch")
-        if soc is not None and str(soc) != p["soc_model"] or arch is not None and str(arch) != p["htp_arch"]:
-            raise ActionError(f"{src}: built for soc_model {soc} / HTP v{arch}, target {target} is "
-                              f"soc_model {p['soc_model']} / v{p['htp_arch']}",
-                              "use the binary made for this SoC, or target the SoC it was made for")
+    """A binary built for another SoC fails to load on the device: refuse it here, where it is cheap. A
+    multi-SoC ("flexible") binary holds several; one of them must be the target's."""
+    have = [(t.get("soc_model"), t.get("htp_arch")) for t in info.get("targets") or []]
+    if not have or any((soc is None or str(soc) == p["soc_model"]) and (arch is None or str(arch) == p["htp_arch"])
+                       for soc, arch in have):
+        return
+    shown = ", ".join(f"soc_model {soc} / HTP v{arch}" for soc, arch in have)
+    raise ActionError(f"{src}: built for {shown}, target {target} is soc_model {p['soc_model']} / v{p['htp_arch']}",
+                      "use the binary made for this SoC, or target the SoC it was made for")

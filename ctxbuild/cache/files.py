@@ -14,7 +14,7 @@ from ctxbuild.digests import hash_file, hash_stream
 if TYPE_CHECKING:
     from ctxbuild.cache.record import OutputEntry
 
-__all__ = ["copy_hashing", "hash_file", "restore_outputs", "same_content", "temp_path"]
+__all__ = ["copy_hashing", "hash_file", "read_no_follow", "restore_outputs", "same_content", "temp_path"]
 
 CHUNK = 1 << 20
 # linux/fs.h: _IOW(0x94, 9, int). fcntl.FICLONE only exists from Python 3.12.
@@ -36,7 +36,14 @@ def same_content(path: Path, digest: str, size: int) -> bool:
         return False
 
 
-def copy_hashing(src: Path, dst: Path, *, durable: bool = True) -> tuple[str, int]:
+def read_no_follow(path: Path) -> bytes:
+    """The file's bytes; OSError ELOOP if `path` is a symbolic link (O_NOFOLLOW: checked and opened at once)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with open(fd, "rb") as f:
+        return f.read()
+
+
+def copy_hashing(src: Path, dst: Path, *, durable: bool = True, follow: bool = True) -> tuple[str, int]:
     """Create `dst` (must not exist) with `src`'s content, fsynced if `durable`; return the digest of what
     was copied. Blobs entering the cache are durable; outputs restored into OUT are not, as outputs an
     action writes are not and ninja's are not (fsyncing each cost ~1 ms of a ~4 ms restore).
@@ -45,9 +52,11 @@ def copy_hashing(src: Path, dst: Path, *, durable: bool = True) -> tuple[str, in
     other); else copy_file_range (the kernel copies, no bytes through Python; the source is then hashed
     from the page cache); else a streamed copy that hashes on the way. Memory stays bounded (CHUNK). Never a hardlink: an edit in place of a restored
     output would corrupt the blob, and the output would carry the blob's old mtime, which ninja reads as
-    "older than its inputs" and rebuilds forever.
+    "older than its inputs" and rebuilds forever. `follow=False`: a `src` that is a symbolic link raises
+    OSError ELOOP (a cache blob).
     """
-    with open(src, "rb") as fin, open(dst, "xb") as fout:
+    flags = os.O_RDONLY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    with open(os.open(src, flags), "rb") as fin, open(dst, "xb") as fout:
         if _reflink(fin, fout) or _kernel_copy(fin, fout):
             fin.seek(0)
             digest, size = hash_stream(fin)

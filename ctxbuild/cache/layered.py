@@ -18,6 +18,7 @@ from ctxbuild.cache.record import ActionRecord, OutputEntry
 from ctxbuild.cache.remote import RemoteSkipped, RemoteStore
 
 T = TypeVar("T")
+LOG_LIMIT = 64 << 20  # a log whose record does not say its size (older local records) is read up to this
 
 
 class Cache:
@@ -91,7 +92,8 @@ class Cache:
     def read_log(self, record: ActionRecord) -> bytes | None:
         log = self._guard(self.local.read_log, record) if self.local is not None else None
         if log is None and self.remote is not None and record.log_digest is not None:
-            log = self._guard(self.remote.read_blob, record.log_digest)
+            log = self._guard(self.remote.read_blob, record.log_digest,
+                              record.log_size if record.log_size is not None else LOG_LIMIT)
         return log
 
     def _remote_lookup(self, key: str) -> ActionRecord | None:
@@ -100,8 +102,8 @@ class Cache:
         if record is None or self.local is None:
             return record
         try:
-            for digest in sorted(record.digests()):
-                if not self.local.fetch_into(digest, partial(self.remote.fetch_blob, digest)):
+            for digest, size in sorted(record.blob_sizes().items()):
+                if not self.local.fetch_into(digest, partial(self.remote.fetch_blob, digest, size=size)):
                     return None  # the server lost a blob the record names: a plain miss
             self.local.put_record(record)
         except CacheError as e:
@@ -114,7 +116,7 @@ class Cache:
 
     def _stage_remote(self, entry: OutputEntry, tmp: Path) -> bool:
         assert self.remote is not None
-        return self.remote.fetch_blob(entry.digest, tmp)
+        return self.remote.fetch_blob(entry.digest, tmp, entry.size)
 
     def _upload(self, record: ActionRecord, outputs: dict[str, Path], log: bytes | None) -> None:
         assert self.remote is not None

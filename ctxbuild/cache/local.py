@@ -8,12 +8,20 @@ immutable, so two writers of one blob or record write the same or an equally val
 Error contract: get/put/restore/read_log/stats/gc/clear raise CacheUnavailable when the directory cannot
 be read or written (full, read-only, not a directory): the caller warns once and builds without it.
 A corrupt blob or record is not an error: it is deleted, reported through `on_warning`, and is a miss.
+
+Symbolic links inside the root are never followed: every file and directory here is the store's own, so
+a link found where one belongs was planted; it is removed (never its target) and the entry is a miss. So
+is a directory where a record or blob belongs (or a file where a directory does): the next store heals it.
+The last path component is opened with O_NOFOLLOW; the store's directories are checked with lstat before
+use (a process racing the checks with write access to the cache is out of scope: it can write blobs).
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import shutil
 import time
 from collections import Counter
@@ -23,7 +31,7 @@ from typing import Any
 
 from ctxbuild.atomic import write_bytes
 from ctxbuild.errors import CacheUnavailable
-from ctxbuild.cache.files import copy_hashing, hash_file, restore_outputs, temp_path
+from ctxbuild.cache.files import copy_hashing, hash_file, read_no_follow, restore_outputs, temp_path
 from ctxbuild.cache.record import ActionRecord, OutputEntry, check_digest, check_key
 
 # Temps and unreferenced blobs younger than this may belong to an insert in progress in another process.
@@ -59,7 +67,7 @@ class LocalStore:
             self.on_warning(f"local cache record {key[:12]} was corrupt; deleted it")
             return None
         try:
-            os.utime(path)
+            os.utime(path, follow_symlinks=False)
         except OSError:  # a read-only cache still serves hits; LRU order just goes stale
             pass
         return record
@@ -80,21 +88,23 @@ class LocalStore:
     def put_record(self, record: ActionRecord) -> None:
         """Insert a record whose blobs are already here (the layered cache's remote hits)."""
         try:
-            write_bytes(self._record_path(record.key), record.to_json(), self._tmp_dir())
+            path = self._record_path(record.key)
+            self._own_dir(path.parent)
+            write_bytes(path, record.to_json(), self._tmp_dir())
         except OSError as e:
             raise self._unavailable(e) from None
 
     def fetch_into(self, digest: str, fetch: Callable[[Path], bool]) -> bool:
         """Add a blob produced by `fetch(path)`, which must write verified content there or return False."""
         final = self.blob_path(digest)
-        if final.is_file():
-            return True
         try:
+            if self._is_blob(final):
+                return True
             tmp = temp_path(self._tmp_dir(), digest)
             try:
                 if not fetch(tmp):
                     return False
-                final.parent.mkdir(parents=True, exist_ok=True)
+                self._own_dir(final.parent)
                 os.replace(tmp, final)
             finally:
                 tmp.unlink(missing_ok=True)
@@ -118,12 +128,15 @@ class LocalStore:
             raise self._unavailable(e) from None
 
     def _read(self, path: Path) -> bytes | None:
-        """The file's bytes, None if absent; any other failure means the cache is unusable."""
+        """The file's bytes, None if absent or a link (removed); any other failure: the cache is unusable."""
         try:
-            return path.read_bytes()
+            self._own_dir(path.parent, create=False)
+            return read_no_follow(path)
         except FileNotFoundError:
             return None
         except OSError as e:
+            if e.errno in _FOREIGN and self._drop_foreign(path):
+                return None
             raise self._unavailable(e) from None
 
     def read_log(self, record: ActionRecord) -> bytes | None:
@@ -167,7 +180,7 @@ class LocalStore:
 
     def _last_gc(self) -> float | None:
         try:
-            last = json.loads((self.root / "stats.json").read_bytes())
+            last = json.loads(read_no_follow(self.root / "stats.json"))
         except (FileNotFoundError, ValueError):  # no gc yet, or a file edited by hand
             return None
         return last.get("time") if isinstance(last, dict) else None
@@ -217,7 +230,7 @@ class LocalStore:
         """Delete a blob no record uses unless it was written or reused (touched by put) since
         `older_than`: a concurrent put may be about to name it in a record."""
         try:
-            if path.stat().st_mtime >= older_than:
+            if path.lstat().st_mtime >= older_than:
                 return False
             path.unlink()
         except FileNotFoundError:
@@ -225,10 +238,17 @@ class LocalStore:
         return True
 
     def _files(self, sub: str) -> Iterator[tuple[Path, os.stat_result]]:
-        """Records or blobs: the files in root/<sub>/<2 hex>/ (temps live in root/tmp, never here)."""
+        """Records or blobs: the files in root/<sub>/<2 hex>/ (temps live in root/tmp, never here). Links
+        found on the way are removed, never followed."""
+        self._drop_foreign(self.root / sub, is_dir=True)
         for d in _scandir(self.root / sub):
-            if d.is_dir():
+            if d.is_symlink():
+                _discard(Path(d.path))
+            elif d.is_dir(follow_symlinks=False):
                 for entry in _scandir(Path(d.path)):
+                    if entry.is_symlink():
+                        _discard(Path(entry.path))
+                        continue
                     st = _stat(entry)
                     if st is not None:
                         yield Path(entry.path), st
@@ -236,9 +256,14 @@ class LocalStore:
     def _stage(self, entry: OutputEntry, tmp: Path) -> bool:
         blob = self.blob_path(entry.digest)
         try:
-            digest, _ = copy_hashing(blob, tmp, durable=False)  # into OUT
+            self._own_dir(blob.parent, create=False)
+            digest, _ = copy_hashing(blob, tmp, durable=False, follow=False)  # into OUT
         except FileNotFoundError:  # never stored, or gc took it: a miss
             return False
+        except OSError as e:
+            if e.errno in _FOREIGN and self._drop_foreign(blob):
+                return False
+            raise
         if digest != entry.digest:
             self._drop_corrupt(blob)
             return False
@@ -253,7 +278,7 @@ class LocalStore:
         try:
             digest, size = copy_hashing(src, tmp)
             final = self.blob_path(digest)
-            final.parent.mkdir(parents=True, exist_ok=True)
+            self._own_dir(final.parent)
             os.replace(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
@@ -262,15 +287,57 @@ class LocalStore:
     def _add_bytes(self, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
         if not self._reuse(digest):
-            write_bytes(self.blob_path(digest), data, self._tmp_dir())
+            blob = self.blob_path(digest)
+            self._own_dir(blob.parent)
+            write_bytes(blob, data, self._tmp_dir())
         return digest
 
     def _reuse(self, digest: str) -> bool:
         """True if the blob exists; touching it tells a concurrent gc it is about to be referenced."""
+        path = self.blob_path(digest)
+        if not self._is_blob(path):
+            return False
         try:
-            os.utime(self.blob_path(digest))
+            os.utime(path, follow_symlinks=False)
         except FileNotFoundError:
             return False
+        return True
+
+    def _is_blob(self, path: Path) -> bool:
+        """A regular file of the store's own at `path`; anything else there is removed (a miss)."""
+        self._own_dir(path.parent, create=False)
+        self._drop_foreign(path)
+        return os.path.lexists(path)
+
+    def _own_dir(self, path: Path, *, create: bool = True) -> Path:
+        """`path` (root/<sub> or root/<sub>/<2 hex>) without a link in it below the root; created if asked."""
+        d = self.root
+        for part in path.relative_to(self.root).parts:
+            d = d / part
+            self._drop_foreign(d, is_dir=True)
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _drop_foreign(self, path: Path, *, is_dir: bool = False) -> bool:
+        """Remove what is at `path` unless it is what the store keeps there (a regular file, or with `is_dir`
+        a directory): a planted link (never its target), or a directory where a file belongs. True if
+        something was removed."""
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
+            return False
+        if stat.S_ISLNK(mode):
+            what = "a symbolic link"
+        elif stat.S_ISDIR(mode) if is_dir else stat.S_ISREG(mode):
+            return False
+        else:
+            what = "a directory" if stat.S_ISDIR(mode) else "not a directory" if is_dir else "not a regular file"
+        if stat.S_ISDIR(mode):
+            shutil.rmtree(path)  # removes links inside, never follows them
+        else:
+            path.unlink()
+        self.on_warning(f"local cache: {path} was {what}; removed it (never followed)")
         return True
 
     def _drop_corrupt(self, blob: Path) -> None:
@@ -281,13 +348,14 @@ class LocalStore:
         return self.root / "ac" / key[:2] / check_key(key)
 
     def _tmp_dir(self) -> Path:
-        path = self.root / "tmp"
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return self._own_dir(self.root / "tmp")
 
     def _unavailable(self, e: OSError) -> CacheUnavailable:
         return CacheUnavailable(f"local cache {self.root} unavailable: {e.strerror or e}",
                                 "continuing without it")
+
+
+_FOREIGN = (errno.ELOOP, errno.EISDIR)  # opening a record or blob found a link, or a directory
 
 
 def _scandir(path: Path) -> list[os.DirEntry[str]]:
@@ -301,7 +369,7 @@ def _scandir(path: Path) -> list[os.DirEntry[str]]:
 def _stat(entry: os.DirEntry[str]) -> os.stat_result | None:
     """A regular file's stat, or None if it is not one or was renamed or deleted since it was listed."""
     try:
-        return entry.stat() if entry.is_file() else None
+        return entry.stat(follow_symlinks=False) if entry.is_file(follow_symlinks=False) else None
     except FileNotFoundError:
         return None
 

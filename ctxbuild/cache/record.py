@@ -48,6 +48,13 @@ class ActionRecord:
         """Every blob the record needs: outputs and log."""
         return {o.digest for o in self.outputs} | ({self.log_digest} if self.log_digest else set())
 
+    def blob_sizes(self) -> dict[str, int | None]:
+        """Every blob the record needs, with the size it declares (None: a log of an older record)."""
+        sizes: dict[str, int | None] = {o.digest: o.size for o in self.outputs}
+        if self.log_digest:
+            sizes.setdefault(self.log_digest, self.log_size)
+        return sizes
+
     def to_json(self) -> bytes:
         """Canonical bytes: sorted keys and outputs, no whitespace, so equal records are equal bytes."""
         obj = {

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import netrc
 import os
 import time
 from collections.abc import Iterator
@@ -35,6 +36,11 @@ BREAKER_SECONDS = 120.0
 MIN_RATE = 256 << 10  # bytes/s: below this, beyond the grace of one `timeout`, a transfer is abandoned
 BREAKER_HINT = "not trying it again for a while; the build goes on without it"
 RECORD_LIMIT = 16 << 20  # records are small; a bigger answer is a broken or hostile server
+# The most one blob download may bring, whatever its record says (cache.max_download, --remote-max-download,
+# $CTXBUILD_REMOTE_MAX_DOWNLOAD). Twice the 16 GiB of the biggest single-SoC context binaries Qualcomm ships
+# for LLMs; a record declaring more is a broken or hostile server, or a farm that needs the limit raised.
+MAX_DOWNLOAD = 32 << 30
+MAX_DOWNLOAD_SETTING = "cache.max_download in _defaults.yaml or --remote-max-download"
 _STATUS_REASONS = {401: " (missing or wrong token)", 403: " (access denied)"}
 
 
@@ -47,17 +53,18 @@ class RemoteStore:
     """`token` is sent as `Authorization: Bearer` (user:password in the URL as Basic auth); `read_only`
     never PUTs; `timeout` bounds connecting and each read; a whole transfer of n bytes gets
     `timeout + n / min_rate` seconds (a trickling server is abandoned); `state_dir` (the local cache
-    root) holds the breaker's marker file shared with the build's other processes."""
+    root) holds the breaker's marker file shared with the build's other processes. No download brings more
+    than the size its record declares, nor more than `max_download` bytes."""
 
     def __init__(self, url: str, *, token: str | None = None, read_only: bool = False, timeout: float = 10.0,
-                 state_dir: Path | None = None, min_rate: float = MIN_RATE) -> None:
-        parts = urlsplit(url)
-        self.url = _shown(parts)
-        try:
-            port = parts.port
+                 state_dir: Path | None = None, min_rate: float = MIN_RATE,
+                 max_download: int = MAX_DOWNLOAD) -> None:
+        try:  # urlsplit itself refuses some (an unclosed "[::1"), .port others (a port out of range)
+            parts = urlsplit(url)
+            self.url, port = _shown(parts), parts.port
         except ValueError:
-            port = -1
-        if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+            parts, self.url, port = None, url.rpartition("@")[2], None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             raise UsageError(f"remote cache URL {self.url!r} is not http(s)://host[:port][/path]")
         connection = HTTPSConnection if parts.scheme == "https" else HTTPConnection
         self._connect = partial(connection, parts.hostname, port, timeout=timeout, blocksize=CHUNK)
@@ -66,6 +73,7 @@ class RemoteStore:
         self.read_only = read_only
         self.timeout = timeout
         self.min_rate = min_rate
+        self.max_download = max_download
         marker = f"remote-down-{hashlib.sha256(self.url.encode()).hexdigest()[:16]}"
         self._marker = state_dir / marker if state_dir is not None else None
         self._down: str | None = None
@@ -82,25 +90,24 @@ class RemoteStore:
                 return None
             self._expect(resp, "GET", 200)
             body = io.BytesIO()
-            for chunk in self._chunks(resp):
+            for chunk in self._chunks(resp, RECORD_LIMIT):  # more is cut, and fails to decode below
                 body.write(chunk)
-                if body.tell() > RECORD_LIMIT:
-                    break
         try:
             decoded = reapi.decode(body.getvalue())
-            metadata = self.read_blob(decoded.metadata.digest) if decoded is not None else None
+            metadata = (self.read_blob(decoded.metadata.digest, min(decoded.metadata.size, RECORD_LIMIT))
+                        if decoded is not None else None)
             return reapi.record_of(key, decoded, metadata) if decoded is not None and metadata is not None else None
         except ValueError:
             raise CorruptEntry(f"remote cache {self.url}: action record {key[:12]} is malformed (poisoned or "
                                "corrupt)", "ignored it; the action runs") from None
 
-    def fetch_blob(self, digest: str, dest_path: Path) -> bool:
+    def fetch_blob(self, digest: str, dest_path: Path, size: int | None = None) -> bool:
         """Download to a temp file beside `dest_path` and rename it there only once its sha256 matches.
-        False if the server lacks the blob."""
+        `size`: what the record declares (more is refused). False if the server lacks the blob."""
         tmp = temp_path(dest_path.parent, dest_path.name)
         try:
             with open(tmp, "xb") as f:
-                if not self._download(digest, f):
+                if not self._download(digest, f, size):
                     return False
                 f.flush()
                 os.fsync(f.fileno())
@@ -109,10 +116,11 @@ class RemoteStore:
             tmp.unlink(missing_ok=True)
         return True
 
-    def read_blob(self, digest: str) -> bytes | None:
-        """A small blob (a log) in memory, verified; None if the server lacks it."""
+    def read_blob(self, digest: str, size: int) -> bytes | None:
+        """A small blob (a log, a record's metadata) of at most `size` bytes in memory, verified; None if
+        the server lacks it."""
         buf = io.BytesIO()
-        return buf.getvalue() if self._download(digest, buf) else None
+        return buf.getvalue() if self._download(digest, buf, size) else None
 
     def has_blob(self, digest: str) -> bool:
         with self._exchange("HEAD", f"/cas/{check_digest(digest)}") as resp:
@@ -143,13 +151,25 @@ class RemoteStore:
         self._put(f"/ac/{check_key(record.key)}", entry.action_result, len(entry.action_result))
         return True
 
-    def _download(self, digest: str, sink: BinaryIO) -> bool:
+    def _download(self, digest: str, sink: BinaryIO, size: int | None) -> bool:
+        """Stream the blob into `sink`, at most `size` (declared by its record) and `max_download` bytes."""
+        if size is not None and size > self.max_download:
+            raise CacheError(f"remote cache {self.url}: blob {digest[:12]} is {size} bytes, more than the "
+                             f"{self.max_download} allowed", f"raise {MAX_DOWNLOAD_SETTING}; the action runs")
+        bound = self.max_download if size is None else size
+        what = "bytes its record declares (poisoned or corrupt)" if size is not None else "allowed"
         with self._exchange("GET", f"/cas/{check_digest(digest)}") as resp:
             if resp.status == 404:
                 return False
             self._expect(resp, "GET", 200)
-            h = hashlib.sha256()
-            for chunk in self._chunks(resp):
+            h, received = hashlib.sha256(), 0
+            for chunk in self._chunks(resp, bound):
+                received += len(chunk)
+                if received > bound:  # also a Content-Length over the bound: _chunks stops at bound + 1
+                    message = f"remote cache {self.url}: blob {digest[:12]} is more than the {bound} {what}"
+                    if size is None:
+                        raise CacheError(message, f"raise {MAX_DOWNLOAD_SETTING}; the action runs")
+                    raise CorruptEntry(message, "ignored it; the action runs", digest=digest)
                 h.update(chunk)
                 sink.write(chunk)
         if h.hexdigest() != digest:
@@ -184,12 +204,16 @@ class RemoteStore:
         finally:
             conn.close()
 
-    def _chunks(self, resp: HTTPResponse) -> Iterator[bytes]:
+    def _chunks(self, resp: HTTPResponse, bound: int = RECORD_LIMIT) -> Iterator[bytes]:
+        """The body as it arrives; never more than `bound` + 1 bytes are read (the caller sees the excess),
+        whatever Content-Length says (a lying length would also buy a trickling server time)."""
         expected, received = resp.getheader("Content-Length"), 0
         size = int(expected) if expected is not None and expected.isdigit() else None
-        while True:
+        if size is not None and size > bound:
+            size = bound + 1
+        while received <= bound:
             try:
-                chunk = resp.read1(CHUNK)  # whatever has arrived: read() would block until CHUNK bytes
+                chunk = resp.read1(min(CHUNK, bound + 1 - received))  # whatever has arrived, up to CHUNK
             except (OSError, HTTPException) as e:
                 raise self._trip(self._network_reason(e)) from None
             if not chunk:
@@ -201,7 +225,7 @@ class RemoteStore:
                                  f"the minimum is {self.min_rate / 1024:g} KiB/s after {self.timeout:g}s)")
             yield chunk
         # http.client reports a body cut short by a dying server as a plain end of file.
-        if expected is not None and expected.isdigit() and received < int(expected):
+        if size is not None and received < size:
             raise self._trip(f"broke the connection (sent {received} of {expected} bytes)")
 
     def _expect(self, resp: HTTPResponse, method: str, *ok: int) -> None:
@@ -308,6 +332,19 @@ def _auth_headers(parts: SplitResult, token: str | None) -> dict[str, str]:
     if token:
         return {"Authorization": f"Bearer {token}"}
     if parts.username is not None:  # http://user:pass@host, as bazel-remote's htpasswd auth expects
-        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
-        return {"Authorization": f"Basic {base64.b64encode(pair).decode()}"}
-    return {}
+        return _basic(unquote(parts.username), unquote(parts.password or ""))
+    login = _netrc_login(parts.hostname or "")
+    return _basic(*login) if login else {}
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": f"Basic {base64.b64encode(f'{user}:{password}'.encode()).decode()}"}
+
+
+def _netrc_login(host: str) -> tuple[str, str] | None:
+    """(login, password) for `host` from $NETRC, else ~/.netrc, as curl and pip read it; None without one."""
+    try:
+        entry = netrc.netrc(os.environ.get("NETRC") or None).authenticators(host)
+    except (OSError, netrc.NetrcParseError):  # no file, unreadable, or malformed: no credentials
+        return None
+    return (entry[0], entry[2] or "") if entry else None

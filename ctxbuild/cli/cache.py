@@ -2,27 +2,15 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from ctxbuild.errors import UsageError
 from ctxbuild.layout import cache_dir
-from ctxbuild.units import fmt_size
+from ctxbuild.units import fmt_size, parse_size
 
 SUMMARY = "last_build.json"  # the driver's summary of the most recent build that used this cache
-_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*", re.IGNORECASE)
-
-
-def parse_size(text: str, what: str = "cache gc") -> int:
-    """`500M`, `2G`, `1.5GiB`, `123456` (bytes). K/M/G/T are powers of 1000, Ki/Mi/Gi/Ti of 1024."""
-    m = _SIZE.fullmatch(text)
-    if not m:
-        raise UsageError(f"{what}: bad size {text!r}", "use a byte count or a number with K, M, G, T (or Ki, Mi, Gi)")
-    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
 
 
 def resolve_dir(given: Path | None) -> Path:

@@ -7,9 +7,9 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Callable, NoReturn
 
-from ctxbuild.errors import CtxbuildError, UsageError
+from ctxbuild.errors import CtxbuildError, UsageError, machine_limit
 from ctxbuild.engine.procs import interrupted, note_interrupt
 
 
@@ -18,8 +18,24 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}", f"see `{self.prog} --help`")
 
 
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `minimum` (a negative -j reached ninja, a --compile-jobs of -2 an
+    invalid build.ninja)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {minimum} or more, got {value}")
+        return value
+
+    parse.__name__ = "count"
+    return parse
+
+
 def _size(text: str | None) -> int | None:
-    from ctxbuild.cli.cache import parse_size
+    from ctxbuild.units import parse_size
 
     return None if text is None else parse_size(text, "--memory-budget")
 
@@ -34,12 +50,12 @@ def _parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("build", help="build recipes (default: recipes/) into OUT")
     _paths_out(b)
-    b.add_argument("-j", "--jobs", type=int, help="parallel actions (default: make's jobserver, else ninja's)")
-    b.add_argument("-k", "--keep-going", type=int, default=1, metavar="N", help="go on until N failures (0: all)")
+    b.add_argument("-j", "--jobs", type=_count(0), help="parallel actions (0: no limit; default: make's jobserver, else ninja's)")
+    b.add_argument("-k", "--keep-going", type=_count(0), default=1, metavar="N", help="go on until N failures (0: all)")
     b.add_argument("--target", action="append", default=[], metavar="NAME", help="only this target (repeatable)")
     b.add_argument("--only", action="append", default=[], metavar="RECIPE", help="only this recipe (repeatable)")
     b.add_argument("--dry-run", "-n", action="store_true", help="show what would run")
-    b.add_argument("--compile-jobs", type=int, help="max concurrent compiles (default: from CPUs and memory)")
+    b.add_argument("--compile-jobs", type=_count(1), help="max concurrent compiles (default: from CPUs and memory)")
     b.add_argument("--memory-budget", metavar="SIZE", help="memory concurrent actions may use, e.g. 16G "
                    "(default: what is available when the build starts)")
     b.add_argument("--explain", action="store_true", help="say why each action ran or was restored")
@@ -49,10 +65,10 @@ def _parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="run only the verification of built artifacts (cached results reused)")
     _paths_out(v)
-    v.add_argument("-j", "--jobs", type=int, help="parallel actions (default: make's jobserver, else ninja's)")
+    v.add_argument("-j", "--jobs", type=_count(0), help="parallel actions (0: no limit; default: make's jobserver, else ninja's)")
     v.add_argument("--layers", metavar="RECIPE", help="diagnose RECIPE per layer: quantization vs HTP loss")
     v.add_argument("--target", action="append", default=[], metavar="NAME", help="with --layers: only this target")
-    v.add_argument("--samples", type=int, metavar="N", help="with --layers: samples to run (default: verify's)")
+    v.add_argument("--samples", type=_count(1), metavar="N", help="with --layers: samples to run (default: verify's)")
     _cache_args(v)
     _executor_args(v)
 
@@ -130,6 +146,8 @@ def _cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", type=Path, help="local cache (default: $CTXBUILD_CACHE_DIR or XDG cache)")
     p.add_argument("--remote-cache", metavar="URL", help="HTTP cache with /ac and /cas (or $CTXBUILD_REMOTE_CACHE)")
     p.add_argument("--remote-read-only", action="store_true", help="never upload (untrusted builds)")
+    p.add_argument("--remote-max-download", metavar="SIZE", help="the most one remote blob download may bring, "
+                   "e.g. 64G (default 32GiB; or cache.max_download)")
 
 
 def _executor_args(p: argparse.ArgumentParser) -> None:
@@ -150,6 +168,10 @@ def _cache_env(args: argparse.Namespace) -> dict[str, str]:
         env["CTXBUILD_REMOTE_CACHE"] = args.remote_cache
     if args.remote_read_only:
         env["CTXBUILD_REMOTE_READ_ONLY"] = "1"
+    if args.remote_max_download:
+        from ctxbuild.units import parse_size
+
+        env["CTXBUILD_REMOTE_MAX_DOWNLOAD"] = str(parse_size(args.remote_max_download, "--remote-max-download"))
     return env
 
 
@@ -172,11 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # a full or read-only OUT, outside any action: one line, not a traceback
         if interrupted():
             return _interrupted()
-        print(f"ctxbuild: error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+        line = machine_limit(e) or f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}"
+        print(f"ctxbuild: error: {line}", file=sys.stderr)
         return 1
-    except Exception:
+    except Exception as e:
         if interrupted():  # an interrupt inside an import can surface as ImportError
             return _interrupted()
+        if line := machine_limit(e):  # e.g. the toolchain probe's compile under `ulimit -f`
+            print(f"ctxbuild: error: {line}", file=sys.stderr)
+            return 1
         raise
 
 
@@ -192,6 +218,9 @@ def _interrupted() -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    for p in getattr(args, "paths", []):  # before OUT's placement is judged against a file that is not there
+        if not p.exists():
+            raise UsageError(f"{p}: no such file or directory", "give recipe files or directories")
     if args.cmd == "action":
         from ctxbuild.engine.client import main as run_client
 

@@ -35,6 +35,7 @@ class BuildOptions:
     keep_going: int = 1
     targets: list[str] = field(default_factory=list)
     only: list[str] = field(default_factory=list)
+    only_flag: str = "--only"  # the flag that named them, for messages (`verify --layers` passes one)
     dry_run: bool = False
     compile_jobs: int | None = None
     explain: bool = False
@@ -121,7 +122,7 @@ def ninja_targets(state: dict[str, Any], opts: BuildOptions) -> list[str]:
     targets = sorted({a["target"]["name"] for a in state["actions"] if a["target"]})
     for name in opts.only:
         if name not in recipes:
-            raise UsageError(f"--only {name}: no such recipe", _close(name, recipes))
+            raise UsageError(f"{opts.only_flag} {name}: no such recipe", _close(name, recipes))
     for name in opts.targets:
         if name not in targets:
             raise UsageError(f"--target {name}: no recipe builds for it", _close(name, targets))
@@ -252,6 +253,10 @@ def _executor(opts: BuildOptions, state: dict[str, Any] | None) -> str | None:
     "local", the default: None); sets the compile pool. The farm's modules load only when there is one."""
     address = opts.executor or os.environ.get("CTXBUILD_EXECUTOR") or (state or {}).get("cache", {}).get("executor")
     address = None if address in (None, "", "local") else address
+    if address is not None:
+        from ctxbuild.farm.gateway import check_address
+
+        check_address(address)
     if address is not None and opts.compile_jobs is None:
         opts.compile_jobs = FARM_COMPILE_JOBS
     return address
@@ -310,6 +315,10 @@ def _cache_settings(defaults: dict[str, Any], env: dict[str, str]) -> dict[str, 
         out["CTXBUILD_REMOTE_READ_ONLY"] = "1"
     if "token_env" in defaults and "CTXBUILD_REMOTE_TOKEN_ENV" not in given:
         out["CTXBUILD_REMOTE_TOKEN_ENV"] = defaults["token_env"]
+    if "max_download" in defaults and "CTXBUILD_REMOTE_MAX_DOWNLOAD" not in given:
+        from ctxbuild.units import parse_size  # the schema checked its form, with the file's line
+
+        out["CTXBUILD_REMOTE_MAX_DOWNLOAD"] = str(parse_size(str(defaults["max_download"]), "cache.max_download"))
     return out
 
 

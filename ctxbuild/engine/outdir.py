@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ctxbuild.errors import UsageError
-from ctxbuild.layout import STATE
+from ctxbuild.layout import OUT_FILES, STATE
 
 if TYPE_CHECKING:
     from ctxbuild.recipes.recipe import RecipeSet
 
 LOCK = "lock"
-WRITTEN = ("build.ninja", "manifest.json", "report.json", "report.html")  # besides the artifacts and OUT/.ctxbuild
+WRITTEN = OUT_FILES  # besides the artifacts and OUT/.ctxbuild
 _HINT = "choose an output directory outside the recipe, model and sample directories (e.g. -o out)"
 
 

@@ -19,7 +19,7 @@ from ctxbuild.plan.action import Action, canonical_json, load_spec
 from ctxbuild.atomic import write_bytes
 from ctxbuild.engine.capture import captured
 from ctxbuild.digests import DigestMemo, sha256_file
-from ctxbuild.errors import ActionError, CtxbuildError
+from ctxbuild.errors import ActionError, CtxbuildError, machine_limit
 from ctxbuild.layout import STATE, cache_dir, depfile_path, log_path, record_path, rel, spec_name
 from ctxbuild.engine.ninjaquote import depfile_path as depfile_quote
 
@@ -72,12 +72,15 @@ def main(spec_arg: str) -> int:
         if details := getattr(e, "details", None):  # e.g. a failed verification's metrics
             record["result"] = details
     except Exception as e:  # an action's bug or a library failure: still one clean failure of this edge
+        cause = machine_limit(e)  # a full disk or a file-size limit: the cause says it all, no traceback
         try:
-            with open(log, "a") as f:
-                traceback.print_exc(file=f)
+            if cause is None:
+                with open(log, "a") as f:
+                    traceback.print_exc(file=f)
         except OSError:  # a full disk: the cause below still says what happened
             pass
-        record.update(status="failed", cause=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+        record.update(status="failed", cause=cause or f"{type(e).__name__}: "
+                                                      f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}")
     finally:
         record["seconds"] = round(time.monotonic() - start, 3)
         record["peak_rss"] = memory.peak_rss()
@@ -227,7 +230,7 @@ def open_cache() -> Any:
     if os.environ.get("CTXBUILD_NO_CACHE") == "1":
         return None
     from ctxbuild.cache import Cache, LocalStore, RemoteStore
-    from ctxbuild.cache.remote import MIN_RATE, clean_token
+    from ctxbuild.cache.remote import MAX_DOWNLOAD, MIN_RATE, clean_token
 
     root = cache_dir()
     remote, problem = None, None
@@ -236,7 +239,8 @@ def open_cache() -> Any:
         try:
             remote = RemoteStore(url, token=token, read_only=os.environ.get("CTXBUILD_REMOTE_READ_ONLY") == "1",
                                  timeout=float(os.environ.get("CTXBUILD_REMOTE_TIMEOUT", "10")), state_dir=root,
-                                 min_rate=float(os.environ.get("CTXBUILD_REMOTE_MIN_RATE", MIN_RATE)))
+                                 min_rate=float(os.environ.get("CTXBUILD_REMOTE_MIN_RATE", MIN_RATE)),
+                                 max_download=int(os.environ.get("CTXBUILD_REMOTE_MAX_DOWNLOAD", MAX_DOWNLOAD)))
         except (CtxbuildError, ValueError) as e:  # e.g. plain `ninja` with a bad URL: a cache problem, not a failure
             problem = f"remote cache not used: {e}"
     cache = Cache(LocalStore(root), remote)

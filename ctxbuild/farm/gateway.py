@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ctxbuild.errors import ExecutorUnavailable, UsageError
+from ctxbuild.cache.remote import MAX_DOWNLOAD, RemoteStore
 from ctxbuild.farm import resources, wire
 from ctxbuild.farm.submit import FALLBACK_ENV, FARM_ENV
 
@@ -31,6 +32,7 @@ WORKERS_TIMEOUT_S = 30.0
 RECONNECT_GRACE_S = 10.0
 _POLL_S = 0.2
 WORKERS_TTL_S = 2.0
+SCHEMES = ("tcp", "tls", "ucx", "inproc", "ws", "wss")  # Dask's comm backends
 
 
 @dataclass
@@ -46,8 +48,19 @@ def check_data_plane(env: dict[str, str]) -> dict[str, Any]:
         raise UsageError("--executor needs a writable remote cache: it is how inputs and outputs travel",
                          "add --remote-cache URL (or cache.remote in _defaults.yaml), without --no-cache "
                          "or --remote-read-only")
-    return {"url": url, "token_env": env.get("CTXBUILD_REMOTE_TOKEN_ENV", "CTXBUILD_REMOTE_TOKEN"),
-            "timeout": float(env.get("CTXBUILD_REMOTE_TIMEOUT", "10"))}
+    # Without user:password: the request travels through Dask; each worker reads its own ~/.netrc or token.
+    return {"url": RemoteStore(url).url, "token_env": env.get("CTXBUILD_REMOTE_TOKEN_ENV", "CTXBUILD_REMOTE_TOKEN"),
+            "timeout": float(env.get("CTXBUILD_REMOTE_TIMEOUT", "10")),
+            "max_download": int(env.get("CTXBUILD_REMOTE_MAX_DOWNLOAD", MAX_DOWNLOAD))}
+
+
+def check_address(address: str) -> None:
+    """A scheme Dask cannot speak is a usage error, before connecting: dask's Client would raise it only
+    after its own 10 s close timeout, with a traceback (the recipe schema holds `executor:` to these too)."""
+    scheme = address.partition("://")[0] if "://" in address else "tcp"  # dask's default for host:port
+    if scheme not in SCHEMES:
+        raise UsageError(f"--executor {address!r}: scheme {scheme!r} is not a Dask scheduler's",
+                         f"use {'://, '.join(SCHEMES)}://HOST:PORT, e.g. tcp://scheduler:8786, or local")
 
 
 @contextmanager
@@ -84,6 +97,10 @@ def running(address: str, *, store: dict[str, Any], build_id: str, fallback: str
                                       "start some: dask worker " + address) from None
         try:
             client.register_plugin(FarmPlugin(), name=PLUGIN_NAME)  # on every worker, present and future
+        except (OSError, TimeoutError) as e:  # dask's CommClosedError is an OSError: a worker out of reach
+            raise ExecutorUnavailable(f"a Dask worker of {address} could not be reached to set up ctxbuild on it: "
+                                      f"{type(e).__name__}: {str(e)[:200]}",
+                                      "check the workers' network, or stop the unreachable worker") from None
         except Exception as e:  # noqa: BLE001 - e.g. a worker without ctxbuild cannot unpickle the plugin
             raise ExecutorUnavailable(f"could not set up ctxbuild on the Dask workers of {address}: "
                                       f"{type(e).__name__}: {str(e)[:200]}",

@@ -113,7 +113,7 @@ def run_action(req: dict[str, Any]) -> dict[str, Any]:
 def _run_in(task_dir: Path, req: dict[str, Any], root: Path) -> dict[str, Any]:
     store = req["store"]
     remote = RemoteStore(store["url"], token=os.environ.get(store["token_env"]) or None,
-                         timeout=store["timeout"])
+                         timeout=store["timeout"], max_download=store["max_download"])
     local = LocalStore(cache_dir())  # this host's cache: an input shared by several actions is fetched once
     inputs = task_dir / "in"
     placed: dict[str, str] = {}

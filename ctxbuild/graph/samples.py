@@ -44,18 +44,41 @@ def from_files(spec: InputSpec, files: dict[str, Path], recipe: str) -> Iterator
 
 
 def load_sample(path: Path, spec: InputSpec) -> dict[str, np.ndarray]:
+    if path.suffix != ".npz" and len(spec) != 1:
+        raise ActionError(f"{path}: a .npy sample holds one array but the model has inputs "
+                          f"{', '.join(spec)}", "use .npz files keyed by input name")
+    arrays = read_arrays(path, "sample")
+    return arrays if path.suffix == ".npz" else {next(iter(spec)): arrays[""]}
+
+
+_MAGIC = {".npz": (b"PK\x03\x04", b"PK\x05\x06"), ".npy": (b"\x93NUMPY",)}  # a zip (or an empty one); .npy
+
+
+def read_arrays(path: Path, what: str) -> dict[str, np.ndarray]:
+    """The arrays of a .npz (by name) or a .npy (under ""), never unpickling anything. A file that is not
+    one, is cut short, or holds Python objects is one ActionError naming it: np.load alone would treat a
+    non-zip as a pickle and advise allow_pickle=True (running code from the file), or raise zipfile's and
+    zlib's own errors."""
+    import zipfile
+    import zlib
+
     import numpy as np
 
     try:
-        if path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as z:
-                return {k: z[k] for k in z.files}
-        if len(spec) != 1:
-            raise ActionError(f"{path}: a .npy sample holds one array but the model has inputs "
-                              f"{', '.join(spec)}", "use .npz files keyed by input name")
-        return {next(iter(spec)): np.load(path, allow_pickle=False)}
-    except (OSError, ValueError) as e:
-        raise ActionError(f"{path}: cannot read sample: {str(e).splitlines()[0]}") from None
+        with open(path, "rb") as f:
+            head = f.read(6)
+        if not head.startswith(_MAGIC[path.suffix]):
+            raise ValueError(f"not a {path.suffix} file ({'empty' if not head else f'it starts with {head!r}'})")
+        if path.suffix == ".npy":
+            return {"": np.load(path, allow_pickle=False)}
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "pickle" in cause:  # numpy's message advises allow_pickle=True: never
+            cause = "it holds Python objects (pickled), which ctxbuild never loads"
+        raise ActionError(f"{path}: cannot read {what}: {cause[:200]}",
+                          "save plain numeric arrays with numpy.savez / numpy.save") from None
 
 
 def check_sample(sample: dict[str, np.ndarray], spec: InputSpec, path: Path, recipe: str) -> dict[str, np.ndarray]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxbuild.errors import ActionError
+from ctxbuild.graph.samples import read_arrays
 
 FORMATS = (".onnx_adapter", ".safetensors", ".npz")  # adapter files a recipe may name
 
@@ -105,8 +106,6 @@ def wrapper_slot_spec(wrapper: Any) -> SlotSpec:
 
 def read_file(path: Path) -> dict[str, np.ndarray]:
     """Tensor name -> array, from an .onnx_adapter, .safetensors or .npz file."""
-    import numpy as np
-
     if not path.is_file():
         raise ActionError(f"{path}: adapter file not found")
     try:
@@ -116,12 +115,11 @@ def read_file(path: Path) -> dict[str, np.ndarray]:
             from safetensors.numpy import load_file
 
             return dict(load_file(str(path)))
-        if path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as z:
-                return {k: z[k] for k in z.files}
     except Exception as e:  # noqa: BLE001 - each reader raises its own types for a corrupt file
         raise ActionError(f"{path}: cannot read adapter file: {str(e).strip().splitlines()[0][:200]}",
                           "re-export the adapter") from None
+    if path.suffix == ".npz":
+        return read_arrays(path, "adapter file")
     raise ActionError(f"{path}: unsupported adapter format", f"use one of {', '.join(FORMATS)}")
 
 
@@ -160,11 +158,29 @@ def bind(path: Path, spec: SlotSpec, *, tensors: dict[str, str], scaling: str | 
                               f"{list(shape)}", "the adapter was trained for another base model or rank")
         if not np.can_cast(value.dtype, dtype, casting="same_kind"):
             raise ActionError(f"{path}: tensor '{name}' is {value.dtype}, slot '{slot}' needs {dtype}")
-        out[slot] = value.astype(dtype, copy=False)
+        with np.errstate(over="ignore"):  # an overflow is reported by _finite, with the file's name
+            out[slot] = _finite(path, f"tensor '{name}'", value, value.astype(dtype, copy=False))
     if scale is not None and scaling:
         shape, dtype = spec[scaling]
-        out[scaling] = np.full(shape, scale, dtype)
+        with np.errstate(over="ignore"):
+            out[scaling] = _finite(path, "scale", np.float64(scale), np.full(shape, scale, dtype))
     return out
+
+
+def _finite(path: Path, what: str, given: np.ndarray, bound: np.ndarray) -> np.ndarray:
+    """NaN or Inf in an adapter would ship (verification is optional) and poison every output."""
+    import numpy as np
+
+    if not np.issubdtype(bound.dtype, np.floating) or np.isfinite(bound).all():
+        return bound
+    nan, inf = int(np.isnan(given).sum()), int(np.isinf(given).sum())
+    if nan or inf:
+        found = " and ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "infinite")) if n)
+        raise ActionError(f"{path}: {what} holds {found} value{'s' if nan + inf > 1 else ''}",
+                          "fix the adapter (a diverged training run?) or leave it out")
+    raise ActionError(f"{path}: {what} has values beyond the range of {bound.dtype} (the slot's type; largest "
+                      f"magnitude {float(np.abs(given).max()):g})", "rescale the adapter, or give the base model "
+                                                                   "a wider type for its LoRA weights")
 
 
 def write_onnx_adapter(path: Path, values: dict[str, np.ndarray]) -> None:

@@ -2,6 +2,7 @@
 LoRAv2 sections (`prebuilt.adapters`), checked with file:line errors."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,9 @@ def parse_adapters(f: Path, data: LineDict, spec: dict[str, Any], precision: str
         if not path.is_file():
             raise RecipeError(f"{at('files', i, 'file')}: adapter '{item['name']}': file '{item['file']}' not "
                               f"found (looked in {path})", "paths are relative to the recipe file")
+        if "scale" in item and not math.isfinite(item["scale"]):
+            raise RecipeError(f"{at('files', i, 'scale')}: adapter '{item['name']}': scale {item['scale']} is not "
+                              "a finite number", "give a number such as 0.5 (YAML .nan and .inf are not)")
         if "scale" in item and not spec.get("scaling"):
             raise RecipeError(f"{at('files', i, 'scale')}: adapter '{item['name']}' sets `scale` but the recipe "
                               "has no `adapters.scaling` input", "name the model's scaling input or initializer")

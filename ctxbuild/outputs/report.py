@@ -47,7 +47,8 @@ def write_report(out: Path, *, build_id: str | None = None, returncode: int = 0,
         write_if_changed(Path(out) / "report.html", html.encode())
         return report
     except Exception as e:  # noqa: BLE001 -- the build's result stands; the report is only a view of it
-        print(f"ctxbuild: warning: could not write the build report: {type(e).__name__}: {e}", file=sys.stderr)
+        where = f" to {Path(out)}" if isinstance(e, OSError) else ""  # what failed to write: OUT's files
+        print(f"ctxbuild: warning: could not write the build report{where}: {type(e).__name__}: {e}", file=sys.stderr)
         return None
 
 
@@ -484,9 +485,18 @@ def render_html(report: dict[str, Any], out: Path | None = None) -> str:
     if out is not None:  # the compiled template, in the user cache: a fresh OUT skips the compile too
         from ctxbuild.layout import memo_dir
 
+        class Memo(jinja2.FileSystemBytecodeCache):
+            """A full or read-only cache dir costs the compile, never the report (jinja re-raises)."""
+
+            def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+                try:
+                    super().dump_bytecode(bucket)
+                except OSError:
+                    pass
+
         try:
             memo_dir("jinja").mkdir(parents=True, exist_ok=True)
-            cache = jinja2.FileSystemBytecodeCache(str(memo_dir("jinja")))
+            cache = Memo(str(memo_dir("jinja")))
         except OSError:  # a read-only cache dir: compile every time
             pass
     env = environment(autoescape=True, bytecode_cache=cache, auto_reload=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+import stat
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -16,6 +17,7 @@ from ctxbuild.lora.recipe import Adapters, Sections, parse_adapters, parse_secti
 from ctxbuild.recipes.targets import Target
 from ctxbuild.toolchain.installed import version
 from ctxbuild.recipes.yamlsrc import LineDict, line_of, load_mapping
+from ctxbuild.layout import OUT_FILES
 
 DEFAULTS_FILE = "_defaults.yaml"
 SCHEMA_PATH = Path(__file__).with_name("recipe.schema.json")
@@ -159,6 +161,12 @@ def _defaults_for(directory: Path, root: Path, memo: dict, files: list[Path]
         for g, members in data.get("target_groups", {}).items():
             groups[g] = [(m, f, line_of(data, ["target_groups", g, i])) for i, m in enumerate(members)]
         cache.update(data.get("cache", {}))
+        if "@" in str(data.get("cache", {}).get("remote", "")).partition("://")[2].partition("/")[0]:
+            # Never shown: the message names the field, not the URL.
+            raise RecipeError(f"{f}:{line_of(data, ['cache', 'remote'])}: cache.remote holds credentials "
+                              "(user:password@); a defaults file travels with the recipes, credentials may not",
+                              "remove them and put them in ~/.netrc (machine HOST login USER password ...), or "
+                              "a bearer token in the variable cache.token_env names ($CTXBUILD_REMOTE_TOKEN)")
         if "executor" in data:  # rides with the cache settings: the remote cache is the executor's data plane
             cache["executor"] = data["executor"]
     memo[directory] = (defaults, groups, cache)
@@ -192,13 +200,30 @@ def _validate(f: Path, data: Any, sch: dict[str, Any], prefix: list[str | int] |
     if not errors:
         return
     err = errors[0]
-    # oneOf hides the useful message in its context; pick the most specific sub-error.
+    # oneOf hides the useful message in its context: the branch of the value's own type says what is wrong
+    # inside it (an unknown key in a mapping); when no branch has its type, all their types are the message.
+    described = None
     if err.context:
-        err = max(err.context, key=lambda e: len(e.absolute_path))
+        inside = [e for e in err.context if e.validator != "type"]
+        if inside:
+            err = max(inside, key=lambda e: len(e.absolute_path))
+        else:
+            expected = " or ".join(dict.fromkeys(_YAML_TYPES.get(e.validator_value, e.validator_value)
+                                                 for e in err.context))
+            described = f"expected {expected}, got {_yaml_type(err.instance)} {err.instance!r}"
     path = (prefix or []) + list(err.absolute_path)
-    line = line_of(root if root is not None else data, path)
+    unknown = sorted(set(err.instance) - set(err.schema.get("properties", {}))) \
+        if err.validator == "additionalProperties" else []
+    line = line_of(root if root is not None else data, path + unknown[:1])  # an unknown key: its own line
     where = ".".join(str(p) for p in path) or "(top level)"
-    raise RecipeError(f"{f}:{line}: {where}: {_describe(err)}", _hint(err))
+    raise RecipeError(f"{f}:{line}: {where}: {described or _describe(err)}", _hint(err))
+
+
+_YAML_TYPES = {"object": "mapping", "array": "list"}  # JSON Schema's names, as a YAML author knows them
+
+
+def _yaml_type(value: Any) -> str:
+    return "mapping" if isinstance(value, dict) else "list" if isinstance(value, list) else type(value).__name__
 
 
 def _describe(err: Any) -> str:
@@ -207,7 +232,8 @@ def _describe(err: Any) -> str:
         extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
         return f"unknown key '{extra[0]}'" if extra else err.message
     if v == "type":
-        return f"expected {err.validator_value}, got {type(err.instance).__name__} {err.instance!r}"
+        expected = _YAML_TYPES.get(err.validator_value, err.validator_value)
+        return f"expected {expected}, got {_yaml_type(err.instance)} {err.instance!r}"
     if v == "enum":
         return f"{err.instance!r} is not one of {', '.join(map(str, err.validator_value))}"
     if v == "required":
@@ -279,6 +305,8 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
         quantized_io=copts.get("quantized_io", False),
     )
     recipe_targets = _targets(f, data, merged["targets"], groups)
+    for t in recipe_targets:
+        _check_vtcm(at("compile", "vtcm_mb"), "compile.vtcm_mb", compile_opts.vtcm_mb, t)
     _check_provider_options(f, data, compile_opts, recipe_targets)
     _check_layout(f, data, "bundle" in merged, merged.get("multi_soc", False), compile_opts, recipe_targets)
     if compile_opts.quantized_io:
@@ -405,10 +433,8 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
     spec = merged["prebuilt"]
     where = f"{f}:{line_of(data, ['prebuilt', 'bin'])}"
     binary = (f.parent / spec["bin"]).resolve()
-    if not binary.is_file():
-        raise RecipeError(f"{where}: prebuilt binary '{spec['bin']}' "
-                          f"{'is a directory' if binary.is_dir() else 'not found'} (looked in {binary})",
-                          "paths are relative to the recipe file")
+    _check_file(where, f"prebuilt binary '{spec['bin']}'", binary, "a context binary; paths are relative to the "
+                                                                   "recipe file")
     graphs = tuple(spec.get("graphs", [name]))
     if len(set(graphs)) != len(graphs):
         raise RecipeError(f"{where}: prebuilt.graphs names a graph twice", "graph names must be unique")
@@ -453,15 +479,30 @@ def _opt_str(v: Any) -> str:
     return ("1" if v else "0") if isinstance(v, bool) else str(v)
 
 
+_NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _check_file(where: str, what: str, path: Path, wanted: str) -> None:
+    """`path` must be a non-empty regular file; else say what it is (a FIFO or /dev/zero is not "not found",
+    and an empty file would fail later with a confusing message). `wanted`: the hint, what to give."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise RecipeError(f"{where}: {what} not found (looked in {path})", f"give {wanted}") from None
+    except OSError as e:
+        raise RecipeError(f"{where}: {what} cannot be read: {e.strerror} ({path})", f"give {wanted}") from None
+    kind = next((name for test, name in _NOT_REGULAR if test(st.st_mode)), None)
+    if kind is not None:
+        raise RecipeError(f"{where}: {what} is {kind}, not a regular file ({path})", f"give {wanted}")
+    if st.st_size == 0:
+        raise RecipeError(f"{where}: {what} is empty (0 bytes) ({path})", f"give {wanted}")
+
+
 def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any], name: str, precision: str) -> Graph:
     where = f"{f}:{line_of(data, path + ['model'])}"
     model = (f.parent / spec["model"]).resolve()
-    if model.is_dir():
-        raise RecipeError(f"{where}: model '{spec['model']}' is a directory ({model}), not an ONNX file",
-                          "name the .onnx file inside it")
-    if not model.is_file():
-        raise RecipeError(f"{where}: model '{spec['model']}' not found (looked in {model})",
-                          "model paths are relative to the recipe file")
+    _check_file(where, f"model '{spec['model']}'", model, "an ONNX file; model paths are relative to the recipe file")
     cal = spec.get("calibration")
     calibration = None
     if precision in ("int16", "int8", "auto"):
@@ -482,6 +523,16 @@ def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any],
     return Graph(name=name, model=model, inputs=inputs, calibration=calibration)
 
 
+def _check_vtcm(where: str, field: str, vtcm_mb: int | None, target: Target) -> None:
+    """No more VTCM than the target's SoC has (known for the SoCs of the table; another soc_model is taken
+    on trust). QNN accepted more and failed, or worse, on the device."""
+    soc = soc_table.by_soc_model(target.soc_model)
+    if vtcm_mb is not None and soc is not None and vtcm_mb > soc.vtcm_mb:
+        raise RecipeError(f"{where}: {field} {vtcm_mb} is more than the {soc.vtcm_mb} MB of VTCM of {soc.name} "
+                          f"(soc_model {soc.soc_model}, target '{target.name}')",
+                          f"use at most {soc.vtcm_mb}, or leave it out (the SoC's default)")
+
+
 def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list]) -> list[Target]:
     out: dict[str, Target] = {}
 
@@ -495,7 +546,12 @@ def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list])
                                   f"{builtin.name} (soc_model {builtin.soc_model}, htp_arch {builtin.htp_arch}); "
                                   f"its outputs would mix with {builtin.name}'s under OUT",
                                   f"give it another name, or use '{builtin.name}' as is")
+            if spec["name"].lower() in OUT_FILES:
+                raise RecipeError(f"{where}: custom target name '{spec['name']}' is one of OUT's own files "
+                                  f"({', '.join(OUT_FILES)}): its outputs would replace it or fail",
+                                  "give the target another name")
             t = Target(spec["name"], str(spec["soc_model"]), str(spec["htp_arch"]), spec.get("vtcm_mb"))
+            _check_vtcm(where, "vtcm_mb", t.vtcm_mb, t)
         elif spec in groups:
             if spec in stack:
                 raise RecipeError(f"{where}: target group '{spec}' includes itself")

@@ -65,6 +65,11 @@ def lookup(name: str) -> Soc | None:
     return _BY_NAME.get(name.upper())
 
 
+def by_soc_model(soc_model: str) -> Soc | None:
+    """The table's SoC with this soc_model number; None for a number it does not know (or a multi-SoC list)."""
+    return next((s for s in SOCS if str(s.soc_model) == soc_model), None)
+
+
 def suggest(name: str, extra: list[str] | None = None) -> str:
     candidates = [s.name for s in SOCS] + [a for s in SOCS for a in s.aliases] + (extra or [])
     close = did_you_mean(name, candidates, cutoff=0.5)

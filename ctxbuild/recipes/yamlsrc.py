@@ -23,7 +23,11 @@ class LineList(list):
 
 # libyaml's parser when present (a 50 MB file: seconds, not 88 s); its nodes carry line marks too.
 _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+PARSER = "python" if _Base is yaml.SafeLoader else "libyaml"
 MAX_ITEMS = 1_000_000  # scalars + keys + containers after alias expansion: a "billion laughs" stops here
+# Containers inside containers, through aliases too. Construction and validation recurse per level (400
+# levels: a RecursionError; 100,000: libyaml's composer overflowed the C stack); a recipe needs about 5.
+MAX_DEPTH = 64
 
 
 class _Loader(_Base):  # type: ignore[misc,valid-type]
@@ -65,6 +69,7 @@ def load_mapping(path: Path) -> LineDict:
     except UnicodeDecodeError:
         raise RecipeError(f"{path}: not UTF-8 text", "recipes are YAML files") from None
     try:
+        _check_depth(path, text)
         data = yaml.load(text, Loader=_Loader)  # noqa: S506 - SafeLoader subclass
     except RecipeError as e:
         raise RecipeError(f"{path}:{e.message}", e.hint) from None
@@ -81,21 +86,42 @@ def load_mapping(path: Path) -> LineDict:
     return data
 
 
+def _too_deep(path: Path, line: int) -> RecipeError:
+    return RecipeError(f"{path}:{line}: YAML nested more than {MAX_DEPTH} levels deep",
+                       "a recipe is a few levels of mappings and lists")
+
+
+def _check_depth(path: Path, text: str) -> None:
+    """Before anything is composed or constructed (both recurse per level): the parser's events are a
+    flat stream, so counting the open containers costs no stack."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _too_deep(path, event.start_mark.line + 1)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
 def _check_expanded_size(path: Path, data: Any) -> None:
     """Aliases share one constructed object, so loading is cheap; validating and merging walk every use.
-    Count the items as a walk would see them (memoized per object: linear in the file) and refuse a bomb."""
-    sizes: dict[int, int] = {}
+    Count the items and levels as a walk would see them (memoized per object: linear in the file) and
+    refuse a bomb, or an alias chain nesting deeper than MAX_DEPTH."""
+    seen: dict[int, tuple[int, int]] = {}  # id -> (items, depth)
 
-    def size(o: Any) -> int:
-        if id(o) not in sizes:
+    def measure(o: Any, level: int) -> tuple[int, int]:
+        if level > MAX_DEPTH:
+            raise _too_deep(path, getattr(o, "line", 1))
+        if id(o) not in seen:
             items = [*o.keys(), *o.values()] if isinstance(o, dict) else o if isinstance(o, list) else []
-            sizes[id(o)] = 1 + sum(size(x) for x in items)
-        return sizes[id(o)]
+            inner = [measure(x, level + 1) for x in items]
+            seen[id(o)] = (1 + sum(n for n, _ in inner), 1 + max((d for _, d in inner), default=0))
+        elif level + seen[id(o)][1] - 1 > MAX_DEPTH:
+            raise _too_deep(path, getattr(o, "line", 1))
+        return seen[id(o)]
 
-    try:
-        total = size(data)
-    except RecursionError:
-        raise RecipeError(f"{path}:1: YAML nested too deeply", "a recipe is a few levels of mappings") from None
+    total = measure(data, 0)[0]
     if total > MAX_ITEMS:
         raise RecipeError(f"{path}:1: YAML expands to {total:,} items through aliases/anchors (limit {MAX_ITEMS:,})",
                           "remove the alias chain; a recipe is a few dozen keys") from None

@@ -1,0 +1,46 @@
+"""Recipe fields that were accepted or misreported (issue 19, items 17, 18, 21): each is refused at plan
+time with one line naming the file:line and field, exit 2."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import keep_only
+
+HEAD = "model: models/mlp.onnx\nprecision: fp16\n"
+
+
+@pytest.mark.parametrize("body, expect", [
+    # 17: an unknown key inside `verify:` or a custom target said "expected boolean, got LineDict"
+    ("targets: [SM8650]\nverify:\n  cosin: 0.9\n", [":5:", "unknown key 'cosin'", "did you mean 'min_cosine'"]),
+    ("targets:\n  - {name: mine, soc_model: 57, htp_arch: 75, vtcm: 8}\n", [":4:", "unknown key 'vtcm'", "did you mean 'vtcm_mb'"]),
+    ("targets: [SM8650]\nverify: 3\n", [":4:", "verify", "expected boolean or mapping, got int 3"]),
+    # 18: target names that are OUT's own files (with report.html the build exited 0 with no report)
+    ("targets:\n  - {name: report.html, soc_model: 57, htp_arch: 75}\n", [":4:", "'report.html'", "OUT's own"]),
+    ("targets:\n  - {name: manifest.json, soc_model: 57, htp_arch: 75}\n", [":4:", "'manifest.json'", "OUT's own"]),
+    ("targets:\n  - {name: Build.Ninja, soc_model: 57, htp_arch: 75}\n", [":4:", "'Build.Ninja'", "OUT's own"]),
+    # 21: soc_model beyond QNN's uint32 was dropped silently; vtcm_mb beyond the SoC's VTCM accepted
+    ("targets:\n  - {name: mine, soc_model: 4294967296, htp_arch: 75}\n", [":4:", "soc_model", "4294967295"]),
+    ("targets:\n  - {name: mine, soc_model: 57, htp_arch: 75, vtcm_mb: 64}\n", [":4:", "vtcm_mb 64", "SM8650", "8 MB"]),
+    ("targets: [SM8650]\ncompile:\n  vtcm_mb: 16\n", [":5:", "compile.vtcm_mb 16", "SM8650", "8 MB"]),
+])
+def test_bad_field_is_one_line(tree: Path, tmp_path: Path, ctxbuild, body: str, expect: list[str]) -> None:
+    keep_only(tree)
+    (tree / "bad.yaml").write_text(HEAD + body)
+    r = ctxbuild("plan", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 2, r.text
+    assert "Traceback" not in r.err
+    line = r.err.strip().splitlines()[-1]
+    assert "bad.yaml" in line, line
+    for e in expect:
+        assert e in line, line
+
+
+def test_custom_targets_within_range_still_plan(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    keep_only(tree)
+    (tree / "ok.yaml").write_text(HEAD + "targets:\n  - {name: mine, soc_model: 57, htp_arch: 75, vtcm_mb: 4}\n"
+                                  "  - {name: future, soc_model: 500, htp_arch: 81, vtcm_mb: 32}\n")
+    r = ctxbuild("plan", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 0, r.text
+    assert "compile/ok@mine" in r.out and "compile/ok@future" in r.out
