@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.plan import memory
-from ctxbuild.engine import ninja, outdir
+from ctxbuild.engine import links, ninja, outdir
 from ctxbuild.toolchain import installed as toolchain
 from ctxbuild.atomic import write_bytes, write_if_changed
 from ctxbuild.errors import CtxbuildError, UsageError
@@ -179,6 +179,7 @@ def _build(opts: BuildOptions) -> int:
             state, jobs_default = _start_farm(opts, address, stack, env, build_id, state)
             opts.jobs = opts.jobs or jobs_default
         _note_toolchain(opts.out, state)
+        links.invalidate_retargeted(opts.out, state)  # before ninja: it follows links and sees old mtimes
         pending = ninja.pending(opts.out, targets)
         if pending == []:  # nothing to run: no worker, no second ninja, no rewrite of unchanged summaries
             print("ninja: no work to do.")

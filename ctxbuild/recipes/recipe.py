@@ -16,6 +16,7 @@ from ctxbuild.lora.recipe import Adapters, Sections, parse_adapters, parse_secti
 from ctxbuild.recipes.targets import Target
 from ctxbuild.toolchain.installed import version
 from ctxbuild.recipes.yamlsrc import LineDict, line_of, load_mapping
+from ctxbuild.recipes.paths import named_path
 
 DEFAULTS_FILE = "_defaults.yaml"
 SCHEMA_PATH = Path(__file__).with_name("recipe.schema.json")
@@ -283,7 +284,7 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
         _check_embed_size(f, data, graphs[0].model, precision)
     verify = merged.get("verify", {})
     verify = {"enabled": verify} if isinstance(verify, bool) else dict(verify)
-    if verify.get("dir") and not (vdir := (f.parent / verify["dir"]).resolve()).is_dir():
+    if verify.get("dir") and not (vdir := named_path(f.parent, verify["dir"])).is_dir():
         raise RecipeError(f"{at('verify', 'dir')}: verify dir '{verify['dir']}' "
                           f"{'is a file, not a directory' if vdir.exists() else 'not found'} (looked in {vdir})",
                           "give a directory of .npz/.npy samples, relative to the recipe")
@@ -384,7 +385,7 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], groups: dict[str, list]) -> Recipe:
     spec = merged["prebuilt"]
     where = f"{f}:{line_of(data, ['prebuilt', 'bin'])}"
-    binary = (f.parent / spec["bin"]).resolve()
+    binary = named_path(f.parent, spec["bin"])
     if not binary.is_file():
         raise RecipeError(f"{where}: prebuilt binary '{spec['bin']}' "
                           f"{'is a directory' if binary.is_dir() else 'not found'} (looked in {binary})",
@@ -434,7 +435,7 @@ def _opt_str(v: Any) -> str:
 
 def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any], name: str, precision: str) -> Graph:
     where = f"{f}:{line_of(data, path + ['model'])}"
-    model = (f.parent / spec["model"]).resolve()
+    model = named_path(f.parent, spec["model"])
     if model.is_dir():
         raise RecipeError(f"{where}: model '{spec['model']}' is a directory ({model}), not an ONNX file",
                           "name the .onnx file inside it")
@@ -450,7 +451,7 @@ def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any],
                               "(or calibration.random: true, which makes accuracy meaningless)")
         cdir = None
         if cal.get("dir"):
-            cdir = (f.parent / cal["dir"]).resolve()
+            cdir = named_path(f.parent, cal["dir"])
             if not cdir.is_dir():
                 what = "is a file, not a directory" if cdir.exists() else "not found"
                 raise RecipeError(f"{f}:{line_of(data, path + ['calibration', 'dir'])}: calibration dir "

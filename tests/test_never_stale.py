@@ -1,0 +1,71 @@
+"""Never a stale or poisoned artifact (issue 19, items 1-3, 5): what OUT ships is what the inputs say now.
+
+Each test builds the small fp16 MLP (no calibration) for one target with the real QNN EP, and compares
+with a clean build of what the inputs are at the end: same bytes, or the build must fail.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from tests.conftest import keep_only, last_build
+from tests.test_cache_build import digests
+
+ONLY = ("--only", "mlp_fp16", "--target", "SM8650", "--no-verify")
+
+
+def reweighted(src: Path, dst: Path, seed: int) -> None:
+    """`src` with every float initializer redrawn: the same size on disk, other outputs (a retrained model)."""
+    m = onnx.load(src)
+    rng = np.random.default_rng(seed)
+    for init in m.graph.initializer:
+        a = numpy_helper.to_array(init)
+        if a.dtype == np.float32:
+            init.CopyFrom(numpy_helper.from_array(rng.standard_normal(a.shape).astype(np.float32), init.name))
+    onnx.save(m, dst)
+
+
+def clean_build(ctxbuild, tree: Path, out: Path) -> dict[str, str]:
+    """A build into a fresh OUT with its own empty cache: what the inputs say now."""
+    shutil.rmtree(out, ignore_errors=True)
+    r = ctxbuild("build", str(tree), "-o", str(out), *ONLY, "--no-cache")
+    assert r.code == 0, r.text
+    return digests(out)
+
+
+def test_retargeted_symlink_outside_the_tree_is_followed(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """`current.onnx -> v1.onnx` outside the recipe tree, retargeted to v2 (same size, an older mtime):
+    the next build, and a build into a fresh OUT, ship v2's binary."""
+    keep_only(tree, "mlp_fp16.yaml")
+    models = tmp_path / "models"
+    models.mkdir()
+    reweighted(tree / "models" / "mlp.onnx", models / "v1.onnx", 1)
+    reweighted(tree / "models" / "mlp.onnx", models / "v2.onnx", 2)
+    assert (models / "v1.onnx").stat().st_size == (models / "v2.onnx").stat().st_size
+    os.utime(models / "v2.onnx", (1_000_000, 1_000_000))  # a model copied with its old mtime (cp -p, rsync)
+    (models / "current.onnx").symlink_to("v1.onnx")
+    recipe = tree / "mlp_fp16.yaml"
+    recipe.write_text(recipe.read_text().replace("models/mlp.onnx", str(models / "current.onnx")))
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), *ONLY)
+    assert r.code == 0, r.text
+    v1 = digests(out)
+
+    (models / "current.onnx").unlink()
+    (models / "current.onnx").symlink_to("v2.onnx")
+    r = ctxbuild("build", str(tree), "-o", str(out), *ONLY)
+    assert r.code == 0, r.text
+    assert "no work to do" not in r.text
+    after_retarget = digests(out)
+    assert after_retarget != v1
+
+    shutil.rmtree(out)  # a fresh OUT: the plan comes from the user cache, which must not be the v1 plan
+    r = ctxbuild("build", str(tree), "-o", str(out), *ONLY)
+    assert r.code == 0, r.text
+    fresh = digests(out)
+    assert fresh == after_retarget == clean_build(ctxbuild, tree, tmp_path / "clean")
