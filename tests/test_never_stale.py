@@ -69,3 +69,38 @@ def test_retargeted_symlink_outside_the_tree_is_followed(tree: Path, tmp_path: P
     assert r.code == 0, r.text
     fresh = digests(out)
     assert fresh == after_retarget == clean_build(ctxbuild, tree, tmp_path / "clean")
+
+
+def test_input_edited_while_its_action_runs_is_not_stored(tree: Path, tmp_path: Path, ctxbuild, cache_dir: Path,
+                                                         monkeypatch, capsys) -> None:
+    """The real prepare action runs in this process; the model is rewritten after it read it, before the
+    runner stores the outputs. Nothing may be stored under the old content's key, nothing placed."""
+    from ctxbuild.engine import runner
+    from ctxbuild.plan import kinds
+    from tests.conftest import records
+
+    keep_only(tree, "mlp_fp16.yaml")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), *ONLY, "--dry-run")  # plans: specs, no action run
+    assert r.code == 0, r.text
+    spec = next((out / ".ctxbuild" / "actions").glob("prepare.*.json"))
+    model = tree / "models" / "mlp.onnx"
+    prepare = kinds.get("prepare").module()
+    real_run = prepare.run
+
+    def run_then_edit(ctx) -> None:
+        real_run(ctx)
+        reweighted(model, model, 7)  # the user saves a retrained model while the action runs
+
+    monkeypatch.setattr(prepare, "run", run_then_edit)
+    monkeypatch.setenv("CTXBUILD_CACHE_DIR", str(cache_dir))
+    assert runner.main(str(spec)) == 1
+    rec = next(r for r in records(out).values() if r["kind"] == "prepare")
+    assert rec["status"] == "failed" and "changed while it ran" in rec["cause"], rec
+    assert "mlp.onnx" in capsys.readouterr().err
+    assert [p for p in cache_dir.glob("ac/*/*") if p.is_file()] == []  # nothing stored under any key
+    monkeypatch.setattr(prepare, "run", real_run)
+    # The next build keys the model as it is now and ships what a clean build of it ships.
+    r = ctxbuild("build", str(tree), "-o", str(out), *ONLY)
+    assert r.code == 0, r.text
+    assert digests(out) == clean_build(ctxbuild, tree, tmp_path / "clean")
