@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.plan import memory
-from ctxbuild.engine import links, ninja, outdir
+from ctxbuild.engine import edited, links, ninja, outdir
 from ctxbuild.toolchain import installed as toolchain
 from ctxbuild.atomic import write_bytes, write_if_changed
 from ctxbuild.errors import CtxbuildError, UsageError
@@ -180,6 +180,7 @@ def _build(opts: BuildOptions) -> int:
             opts.jobs = opts.jobs or jobs_default
         _note_toolchain(opts.out, state)
         links.invalidate_retargeted(opts.out, state)  # before ninja: it follows links and sees old mtimes
+        edited.remove_edited_outputs(opts.out, state)  # ninja sees an edited output as up to date
         pending = ninja.pending(opts.out, targets)
         if pending == []:  # nothing to run: no worker, no second ninja, no rewrite of unchanged summaries
             print("ninja: no work to do.")
