@@ -129,3 +129,20 @@ def test_output_edited_in_out_is_restored_not_adopted(tree: Path, tmp_path: Path
     assert listed[str(binary.relative_to(out))] == built[str(binary.relative_to(out))]
     assert last_build(out)  # the edge ran again (restored from the cache)
 
+
+def test_adapter_renamed_to_another_format_fails_cached_or_clean(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """The suffix picks the adapter's reader, so it is part of the key: safetensors bytes named .npz fail the
+    same whether the cache holds the .safetensors build or not."""
+    keep_only(tree, "lora_mlp.yaml")
+    out = tmp_path / "out"
+    args = ("--only", "lora_mlp", "--target", "SM8650", "--no-verify")
+    r = ctxbuild("build", str(tree), "-o", str(out), *args)
+    assert r.code == 0, r.text
+    adapters = tree / "models" / "adapters"
+    (adapters / "formal.npz").write_bytes((adapters / "formal.safetensors").read_bytes())
+    recipe = tree / "lora_mlp.yaml"
+    recipe.write_text(recipe.read_text().replace("formal.safetensors", "formal.npz"))
+    cached = ctxbuild("build", str(tree), "-o", str(out), *args)
+    clean = ctxbuild("build", str(tree), "-o", str(tmp_path / "clean"), *args, "--no-cache")
+    assert clean.code == 1, clean.text
+    assert cached.code == 1, cached.text
