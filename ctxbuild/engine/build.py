@@ -143,16 +143,21 @@ def _close(name: str, options: list[str]) -> str:
 
 
 def build(opts: BuildOptions) -> int:
-    """One build at a time per OUT; OUT never among the sources; a fresh OUT a bad recipe stopped is removed."""
+    """One build at a time per OUT; OUT never a source directory nor holding one (inside one is fine); what a
+    bad recipe stopped leaves nothing behind."""
     opts.out = opts.out.resolve()
     outdir.check_placement(opts.out, outdir.recipe_dirs(opts.paths), "recipe directory")
     fresh = not opts.out.exists()
+    had_state = (opts.out / STATE).exists()
     try:
         with outdir.locked(opts.out):
             return _build(opts)
     except CtxbuildError:
-        if fresh and not (opts.out / "build.ninja").exists():
-            shutil.rmtree(opts.out, ignore_errors=True)
+        if not (opts.out / "build.ninja").exists():  # a bad recipe or placement: leave no trace
+            if fresh:
+                shutil.rmtree(opts.out, ignore_errors=True)
+            elif not had_state:  # e.g. -o <a model directory>, refused once the recipes were read
+                shutil.rmtree(opts.out / STATE, ignore_errors=True)
         raise
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 from ctxbuild.recipes import quantization as quant
 from ctxbuild.recipes import targets as soc_table
 from ctxbuild.errors import RecipeError
+from ctxbuild.layout import STATE
 from ctxbuild.recipes.suggest import did_you_mean
 from ctxbuild.lora.recipe import Adapters, Sections, parse_adapters, parse_sections
 from ctxbuild.recipes.targets import Target
@@ -97,7 +99,7 @@ def load(paths: list[Path]) -> RecipeSet:
     for p in dict.fromkeys(p.resolve() for p in paths):  # a directory given twice is read once
         if p.is_dir():
             root = p.resolve()
-            for d in sorted([root, *(q for q in root.rglob("*") if q.is_dir() and not _hidden(q, root))]):
+            for d in _recipe_dirs(root):
                 dirs.append(d)
                 for f in sorted(d.iterdir()):
                     if f.suffix in (".yaml", ".yml") and f.name != DEFAULTS_FILE and f.is_file():
@@ -129,8 +131,14 @@ def load(paths: list[Path]) -> RecipeSet:
     return RecipeSet(recipes, sorted(set(files)), dirs, cache_settings)
 
 
-def _hidden(p: Path, root: Path) -> bool:
-    return any(part.startswith(".") for part in p.relative_to(root).parts)
+def _recipe_dirs(root: Path) -> list[Path]:
+    """`root` and the directories below it, sorted, without hidden ones and without ctxbuild output
+    directories (those holding OUT's state dir: OUT may live inside a recipe directory)."""
+    found = []
+    for d, subdirs, _ in os.walk(root):
+        subdirs[:] = [s for s in subdirs if not s.startswith(".") and not os.path.isdir(os.path.join(d, s, STATE))]
+        found.append(Path(d))
+    return sorted(found)
 
 
 def _defaults_for(directory: Path, root: Path, memo: dict, files: list[Path]
