@@ -78,3 +78,16 @@ def test_split_outputs_with_external_data(tmp_path: Path, ctxbuild) -> None:
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 0, r.text
     assert (out / "SM8650" / "det_split" / "det_split_ctx_qnn.bin").stat().st_size > 0
+
+
+def test_failed_verification_keeps_artifacts_out_of_the_deliverable_tree(tmp_path: Path, ctxbuild) -> None:
+    """A graph that fails verification must not be shipped by a step that copies OUT/<target>/: its wrapper and
+    binary move to OUT/.ctxbuild/failed/<target>/..., and the build says so."""
+    tree = write_tree(tmp_path / "recipes", {"det": ""})
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 1, r.text
+    assert not list((out / "SM8650").rglob("*.onnx")) and not list((out / "SM8650").rglob("*.bin")), r.text
+    kept = out / ".ctxbuild" / "failed" / "SM8650" / "det"
+    assert (kept / "det_ctx.onnx").is_file() and (kept / "det_ctx_qnn.bin").is_file()
+    assert str(kept) in r.err, r.err

@@ -44,6 +44,7 @@ class BuildOptions:
     memory_budget: int | None = None  # bytes concurrent actions may use (default: available at start)
     executor: str | None = None  # a Dask scheduler address, or "local"
     executor_fallback: str | None = None  # "local": build here when the scheduler is unreachable
+    set_aside_failed: bool = True  # a failed verification's artifacts leave OUT/<target>/ (not for --layers)
 
 
 def default_compile_jobs() -> int:
@@ -223,6 +224,11 @@ def _finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, s
             print(f"explain: {r['id']}: {_explain(r)}")
     failed = [r for r in ran if r.get("status") == "failed"]
     _invalidate_downstream(opts.out, state, {r["id"] for r in failed})
+    # `ctxbuild build` only: `ctxbuild verify` (and --layers, which reads them next) checks what a build placed.
+    aside = [] if opts.verify_only or not opts.set_aside_failed else _set_aside_unverified(opts.out, state, {r["id"] for r in failed})
+    for kept in sorted({p.parent for p in aside}):
+        print(f"ctxbuild: failed verification: what it verified is in {kept}, out of the deliverable tree "
+              "(OUT/<target>/)", file=sys.stderr)
     write_manifest(opts.out, ninja.read_state(opts.out, "plan.json") or state, toolchain.summary(opts.out / STATE))
     from ctxbuild.outputs.report import write_report  # OUT/report.html + report.json; never fails the build
     write_report(opts.out, build_id=build_id, returncode=rc, wall_seconds=time.monotonic() - started,
@@ -333,6 +339,30 @@ def _invalidate_downstream(out: Path, state: dict[str, Any], failed: set[str]) -
                 for p in by_id[c]["outputs"]:
                     Path(p).unlink(missing_ok=True)
                 record_path(out, c).unlink(missing_ok=True)
+
+
+def _set_aside_unverified(out: Path, state: dict[str, Any], failed: set[str]) -> list[Path]:
+    """The deliverables a failed verification checked (its compile's wrapper and binary) move from
+    OUT/<target>/ to OUT/.ctxbuild/failed/<target>/: a packaging step copying OUT/<target>/ must not ship
+    them. The next build restores them by key (cheap) and verifies again. Returns where they went."""
+    from ctxbuild.plan import kinds
+
+    by_id = {a["id"]: a for a in state["actions"]}
+    moved = []
+    for action_id in sorted(failed):
+        a = by_id.get(action_id)
+        if a is None or not kinds.get(a["kind"]).verification:
+            continue
+        for dep in a["deps"]:
+            if not kinds.get(by_id[dep]["kind"]).deliverable:
+                continue
+            for p in map(Path, by_id[dep]["outputs"]):
+                if p.is_file() and p.is_relative_to(out) and not p.is_relative_to(out / STATE):
+                    dest = out / STATE / "failed" / p.relative_to(out)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(p, dest)
+                    moved.append(dest)
+    return moved
 
 
 def _explain(r: dict[str, Any]) -> str:
