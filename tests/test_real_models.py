@@ -63,7 +63,12 @@ def test_split_outputs_on_a_real_yolo_detector(tmp_path: Path, ctxbuild) -> None
     out = tmp_path / "out"
     r = ctxbuild("build", str(tree), "-o", str(out), "-k", "0", timeout=3600)
     assert "hardlink" not in r.text and "QNN compile failed" not in r.text, r.text
+    # The score slice's accuracy depends on the rendered inputs (documents, no people: scores near 0); a failed
+    # verification sets the artifacts aside and must not point at split_outputs again.
     ctx = out / "SM8650" / "fall_yolov8" / "fall_yolov8_ctx.onnx"
+    if r.code != 0:
+        assert "split_outputs: true compiles" not in r.text, r.text
+        ctx = out / ".ctxbuild" / "failed" / "SM8650" / "fall_yolov8" / "fall_yolov8_ctx.onnx"
     assert ctx.is_file(), r.text
     wrapper = onnx.load(str(ctx), load_external_data=False)
     assert [n.op_type for n in wrapper.graph.node] == ["EPContext", "Concat"]
