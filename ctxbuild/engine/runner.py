@@ -108,7 +108,11 @@ def _restore_or_run(action: Action, kind: type[kinds.Kind], out: Path, tmp: Path
     note_key(record, key, components, previous)
     dests = {r: Path(p) for r, p in action.outputs.items()}
     hit = cache.lookup(key) if cache else None
-    if hit is not None and cache.restore(hit, dests) and restored_ok(action, kind, cache):
+    restored = hit is not None and cache.restore(hit, dests)
+    if restored and not restored_ok(action, kind, cache):
+        cache.rejected.add(key)  # a poisoned entry: what this run makes replaces it
+        restored = False
+    if restored:
         record["source"] = "cache"
         record["cache_origin"] = "remote" if cache.hits_remote else "local"
         record["original_seconds"] = hit.meta.get("seconds")  # what the work cost when it ran
