@@ -55,6 +55,15 @@ class DigestMemo:
             self._store(key, st, digest)
         return digest
 
+    def stamps(self) -> dict[str, str]:
+        """Every memoized path -> its stat stamp then (one query: the driver checks all outputs per build)."""
+        if self._db is None:
+            return {}
+        try:
+            return dict(self._db.execute("SELECT path, stat FROM d").fetchall())
+        except sqlite3.Error:
+            return {}
+
     def remember(self, path: Path, digest: str) -> None:
         """Memoize a file this process just wrote and hashed itself: no one else writes action outputs."""
         self._store(str(path.resolve()), os.stat(path), digest)
@@ -70,6 +79,14 @@ class DigestMemo:
     def close(self) -> None:
         if self._db is not None:
             self._db.close()
+
+
+def stamp_of(path: Path) -> str | None:
+    """The memo's stamp of `path` now (None if it is missing)."""
+    try:
+        return _stamp(os.stat(path))
+    except OSError:
+        return None
 
 
 def _stamp(st: os.stat_result) -> str:

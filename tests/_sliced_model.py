@@ -10,14 +10,15 @@ from onnx import TensorProto, helper, numpy_helper
 BOXES, SCORES, CELLS = 4, 6, 256  # output [1, BOXES + SCORES, CELLS]
 
 
-def sliced_detector() -> onnx.ModelProto:
+def sliced_detector(width: int = 8) -> onnx.ModelProto:
+    """`width` stem channels: 64 makes weights big enough for onnx to put them in external data."""
     rng = np.random.default_rng(0)
 
     def w(name: str, shape: tuple[int, ...], s: float = 0.3) -> onnx.TensorProto:
         return numpy_helper.from_array((rng.standard_normal(shape) * s).astype(np.float32), name)
 
-    inits = [w("w1", (8, 3, 3, 3)), w("b1", (8,), 0.05), w("wb", (BOXES, 8, 1, 1)), w("bb", (BOXES,), 0.1),
-             w("ws", (SCORES, 8, 1, 1)), w("bs", (SCORES,), 0.1),
+    inits = [w("w1", (width, 3, 3, 3)), w("b1", (width,), 0.05), w("wb", (BOXES, width, 1, 1)), w("bb", (BOXES,), 0.1),
+             w("ws", (SCORES, width, 1, 1)), w("bs", (SCORES,), 0.1),
              numpy_helper.from_array(np.array([320.0], np.float32), "k"),
              numpy_helper.from_array(np.array([1, BOXES, -1], np.int64), "box_shape"),
              numpy_helper.from_array(np.array([1, SCORES, -1], np.int64), "score_shape")]
@@ -37,10 +38,10 @@ def sliced_detector() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
-def write_tree(root: Path, recipes: dict[str, str]) -> Path:
+def write_tree(root: Path, recipes: dict[str, str], width: int = 8) -> Path:
     """root/det.onnx, root/cal/*.npz and one recipe per entry (name -> extra YAML lines)."""
     root.mkdir(parents=True, exist_ok=True)
-    onnx.save(sliced_detector(), root / "det.onnx")
+    onnx.save(sliced_detector(width), root / "det.onnx")
     rng = np.random.default_rng(1)
     (root / "cal").mkdir(exist_ok=True)
     for i in range(4):

@@ -315,3 +315,20 @@ def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     monkeypatch.setenv("XDG_CACHE_HOME", "relative")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert default_cache_dir() == tmp_path / "home" / ".cache" / "ctxbuild"
+
+
+def test_a_second_different_result_for_one_key_is_refused_loudly(tmp_path: Path) -> None:
+    """Issue 19 item 4: one key, one result. The first stored result is kept and placed over a different
+    second one, with a warning naming the outputs; the same bytes again are no warning."""
+    cache = Cache(LocalStore(tmp_path / "cache"))
+    first = outputs(tmp_path / "a", ctx=b"first wrapper", bin=b"first binary")
+    assert cache.store(key(1), first, b"log", {}) is not None and not cache.warnings
+    same = outputs(tmp_path / "b", ctx=b"first wrapper", bin=b"first binary")
+    assert cache.store(key(1), same, b"log", {}) is not None and not cache.warnings
+    other = outputs(tmp_path / "c", ctx=b"first wrapper", bin=b"another binary")
+    kept = cache.store(key(1), other, b"log", {})
+    assert kept is not None and other["bin.bin"].read_bytes() == b"first binary"
+    assert len(cache.warnings) == 1 and "NOT REPRODUCIBLE" in cache.warnings[0] and "bin.bin" in cache.warnings[0]
+    assert "ctx.bin" not in cache.warnings[0]
+    assert {e.name: e.digest for e in cache.lookup(key(1)).outputs} == {
+        e.name: e.digest for e in ActionRecord.of_files(key(1), first, None, {}).outputs}

@@ -321,3 +321,31 @@ def test_ctrl_c_cancels_submitted_work(tmp_path: Path, example_models: Path, sha
         assert client.run_on_scheduler(ctxbuild_tasks) == []
     _no_temps(tmp_path / "out")
 
+
+
+def test_lora_repeated_on_one_worker_identical_to_local(tmp_path: Path, example_models: Path, remote: str,
+                                                        local_reference: Path) -> None:
+    """Issue 19 item 4: the LoRA recipe built three times on the same Dask worker process (its host cache
+    emptied in between, so every action runs again there) gives the local build's bytes every time."""
+    from tests.nginx_fixture import start_nginx
+
+    c = _cluster(tmp_path / "dask", {"only": (GOOD, None)})
+    try:
+        for i in range(3):
+            url, stop = (remote, None) if i == 0 else start_nginx(tmp_path / f"nginx{i}")  # an empty remote cache
+            try:
+                shutil.rmtree(c.tmp / "worker-cache", ignore_errors=True)
+                tree = _copy_tree(tmp_path / f"run{i}", example_models)
+                out = tmp_path / f"out{i}"
+                r = _run(_farm_args(tree, out, c, url, "--only", "lora_mlp", "--target", "SM8650"),
+                         tmp_path / f"cache{i}")
+                assert r.returncode == 0, r.stderr
+                assert all(rec["cache_origin"] == "farm" for rec in records(out).values())
+                got, want = _outputs(out), _outputs(local_reference)
+                differ = sorted(name for name in got if got[name] != want[name])
+                assert not differ, (i, differ)
+            finally:
+                if stop is not None:
+                    stop()
+    finally:
+        c.stop()

@@ -175,27 +175,45 @@ def test_verify_sample_edit_reruns_verify(tree: Path, tmp_path: Path, ctxbuild) 
 
 # ---- 1. OUT is never a source directory; clean removes only what ctxbuild wrote --------------------------
 
-@pytest.mark.parametrize("out_arg", [".", "recipes", "recipes/out", "recipes/models/out"])
+@pytest.mark.parametrize("out_arg", [".", "recipes", "recipes/models", "recipes/models/calib"])
 def test_out_among_sources_is_refused(tree: Path, tmp_path: Path, ctxbuild, out_arg: str) -> None:
+    """OUT may not be a source directory nor contain one; the hint does not propose what was refused."""
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     r = ctxbuild("build", "recipes", "-o", out_arg, cwd=tmp_path)
     assert r.code == 2, r.text
     assert "output directory" in r.err and ("recipe" in r.err or "model" in r.err), r.err
+    assert "(e.g. -o out)" not in r.err
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written
     r = ctxbuild("clean", "-o", out_arg, cwd=tmp_path)
     assert (tree / "tiny_cnn.yaml").is_file() and (tree / "models" / "tiny_cnn.onnx").is_file()
 
 
-def test_out_inside_a_model_directory_is_refused(tree: Path, tmp_path: Path, ctxbuild) -> None:
-    shared = tmp_path / "shared"
+def test_out_inside_a_source_directory_is_allowed(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """As meson allows a build directory inside the source tree: `ctxbuild build x.yaml` with the recipe in
+    the current directory and the default -o out, `ctxbuild build .` there, a model beside OUT. OUT is never
+    read as recipes (a second build has no work), and clean leaves the sources."""
+    _keep(tree, "mlp_fp16.yaml")
+    args = ("--target", "SM8650", "--no-verify")
+    r = ctxbuild("build", "mlp_fp16.yaml", *args, cwd=tree)
+    assert r.code == 0, r.text
+    assert (tree / "out" / "SM8650" / "mlp_fp16" / "mlp_fp16_ctx.onnx").is_file()
+    (tree / "out" / "stray.yaml").write_text("model: nothing.onnx\n")  # OUT is not a recipe directory
+    for _ in range(2):
+        r = ctxbuild("build", ".", *args, cwd=tree)
+        assert r.code == 0, r.text
+    assert "no work to do" in r.out, r.text
+    r = ctxbuild("clean", cwd=tree)
+    assert r.code == 0, r.text
+    assert sorted(p.name for p in (tree / "out").iterdir()) == ["stray.yaml"]
+    assert (tree / "mlp_fp16.yaml").is_file() and (tree / "models" / "mlp.onnx").is_file()
+    shutil.rmtree(tree / "out")  # cleaned, it is no output directory any more: its YAML would be a recipe
+
+    shared = tmp_path / "shared"  # a model in the directory that holds OUT
     shared.mkdir()
     shutil.copy(tree / "models" / "mlp.onnx", shared / "mlp.onnx")
-    _keep(tree, "mlp_fp16.yaml")
     (tree / "mlp_fp16.yaml").write_text("model: ../shared/mlp.onnx\nprecision: fp16\ntargets: [SM8650]\n")
-    r = ctxbuild("build", str(tree), "-o", str(shared / "out"))
-    assert r.code == 2, r.text
-    assert f"is inside the recipe/model directory {shared}" in r.err, r.err
-    assert not (shared / "out").exists()
+    r = ctxbuild("build", str(tree), "-o", str(shared / "out"), "--no-verify")
+    assert r.code == 0, r.text
 
 
 def test_clean_removes_only_what_ctxbuild_wrote(tree: Path, tmp_path: Path, ctxbuild) -> None:
@@ -544,6 +562,25 @@ def test_ctrl_c_while_planning_exits_130(tree: Path, tmp_path: Path, cache_dir: 
         assert "Traceback" not in text and "ctxbuild: interrupted" in text, text[-2000:]
         wait_for(lambda: not live_processes(in_group(p.pid)), 20, "the worker and every action to exit")
 
+
+
+def test_ctrl_c_inside_a_weakref_callback_is_quiet_and_still_an_interrupt() -> None:
+    """The flaky traceback of test_ctrl_c_while_planning_exits_130, made deterministic: the SIGINT lands while
+    a weakref callback runs (as the garbage collector runs them during planning's imports). Python cannot
+    raise it there; ctxbuild must not print a traceback for it, and must still know it was interrupted."""
+    code = (
+        "import os, signal, weakref\n"
+        "from ctxbuild.cli.main import catch_ctrl_c\n"
+        "from ctxbuild.engine.procs import interrupted\n"
+        "catch_ctrl_c()\n"
+        "class T: pass\n"
+        "t = T()\n"
+        "r = weakref.ref(t, lambda ref: os.kill(os.getpid(), signal.SIGINT))\n"
+        "del t\n"
+        "print('interrupted' if interrupted() else 'lost')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "interrupted", (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr
 
 
 def test_a_lost_ctrl_c_still_stops_ninja(tree: Path, tmp_path: Path, ctxbuild, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -162,3 +162,20 @@ def test_candidate_qnn_will_not_compile_drops_out(tree: Path, tmp_path: Path, ct
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 1, r.text
     assert "no quantization candidate meets" in r.err and "w1-uint16 did not compile (QNN cannot run" in r.err, r.err
+
+
+def test_no_winner_names_the_failing_slice_not_the_whole_output() -> None:
+    """The figures of issue 19 item 6: the whole output passes (0.9965, 21.5 dB), its score slice does not."""
+    from ctxbuild.actions.select import measured_row, no_winner, table
+
+    thr = {"min_cosine": 0.99, "min_snr_db": 20.0}
+    res = {"outputs": {"output0": {
+        "cosine": 0.9965, "snr_db": 21.5, "argmax_agreement": 1.0,
+        "slices": [{"slice": "boxes", "start": 0, "stop": 4, "axis": 1, "range": 320.0, "cosine": 0.9999, "snr_db": 40.2},
+                   {"slice": "scores", "start": 4, "stop": 84, "axis": 1, "range": 1.0, "cosine": 0.61, "snr_db": 1.5}]}}}
+    row = {"name": "a16w8", "quantization": {}, **measured_row(res, thr), "bin_size": 10}
+    search = {"thresholds": thr, "winner": None, "candidates": [row], "skipped": []}
+    err = no_winner("SM8650", search)
+    assert "SNR 1.5 dB (output 'output0' slice 4:84 (scores))" in err.message, err.message
+    assert "21.5" not in err.message and "split_outputs" in err.hint
+    assert "1.5" in table(search) and "slice 4:84" in table(search)

@@ -67,3 +67,27 @@ def test_split_outputs_in_a_bundle_is_refused(tmp_path: Path, ctxbuild) -> None:
     r = ctxbuild("plan", str(tree))
     assert r.code == 2
     assert f"{tree / 'b.yaml'}:8: compile.split_outputs is not supported for bundles" in r.err
+
+
+def test_split_outputs_with_external_data(tmp_path: Path, ctxbuild) -> None:
+    """Weights big enough for external data (as every real detector's): the quantized model's .data file is
+    staged for the EP, and the split re-reads the model with onnx, which refuses a hard-linked data file
+    ('potential hardlink attack'). The compile must work, and a failure there must not be blamed on QNN."""
+    tree = write_tree(tmp_path / "recipes", {"det_split": "compile: {split_outputs: true}\nverify: false\n"}, width=64)
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    assert (out / "SM8650" / "det_split" / "det_split_ctx_qnn.bin").stat().st_size > 0
+
+
+def test_failed_verification_keeps_artifacts_out_of_the_deliverable_tree(tmp_path: Path, ctxbuild) -> None:
+    """A graph that fails verification must not be shipped by a step that copies OUT/<target>/: its wrapper and
+    binary move to OUT/.ctxbuild/failed/<target>/..., and the build says so."""
+    tree = write_tree(tmp_path / "recipes", {"det": ""})
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 1, r.text
+    assert not list((out / "SM8650").rglob("*.onnx")) and not list((out / "SM8650").rglob("*.bin")), r.text
+    kept = out / ".ctxbuild" / "failed" / "SM8650" / "det"
+    assert (kept / "det_ctx.onnx").is_file() and (kept / "det_ctx_qnn.bin").is_file()
+    assert str(kept) in r.err, r.err

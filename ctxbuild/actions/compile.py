@@ -45,6 +45,14 @@ def compile_refusal(outputs: dict[str, Any]) -> dict[str, Any] | None:
     return None if status["compiled"] else status
 
 
+class QnnCompileFailed(Exception):
+    """ModelCompiler itself failed (the log holds why): only this is reported as a QNN compile failure."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def run(ctx: Any) -> None:
     a = ctx.action
     dst = ctx.tmp_output("ctx")
@@ -52,9 +60,8 @@ def run(ctx: Any) -> None:
     try:
         with fixed_dir(stage_name(ctx.key_components)) as d:  # the EP puts the path in the binary: fixed
             compile_graph(link_model(src, d, "model.onnx"), dst, a.params, ctx.tmp)
-    except (ActionError, MemoryError, OSError):  # not QNN's verdict on this model: never a candidate's result
-        raise
-    except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped; the log holds the real cause
+    except QnnCompileFailed as failed:  # QNN's verdict; anything else (reading, rewriting the model) is not
+        e = failed.error
         error = compile_error(ctx.log_path, e, a.params["cpu_fallback"], options,
                               probe=lambda: cpu_nodes(src, options, ctx.tmp))
         if "status" not in a.outputs:
@@ -79,8 +86,13 @@ def compile_graph(model: Path, dst: Path, params: dict[str, Any], tmp: Path) -> 
     re-joined in the wrapper after (split_outputs.py); with `quantized_io` its boundary Q/DQ are removed and
     their encodings recorded in the wrapper (quantized_io.py). Also builds diagnose.py's debug variants."""
     def compile_(src: Path) -> None:
-        toolchain.compile_model(src, dst, params["provider_options"], embed=params["embed"],
-                                cpu_fallback=params["cpu_fallback"])
+        try:
+            toolchain.compile_model(src, dst, params["provider_options"], embed=params["embed"],
+                                    cpu_fallback=params["cpu_fallback"])
+        except (ActionError, MemoryError, OSError):
+            raise
+        except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped
+            raise QnnCompileFailed(e) from e
 
     if split := params.get("split_outputs"):
         _compile_split(model, dst, None if split is True else list(split), compile_)
@@ -96,7 +108,9 @@ def _compile_split(model: Path, dst: Path, outputs: list[str] | None, compile_: 
     from ctxbuild.qnn.split_outputs import cut, rejoin
     from ctxbuild.graph.modelio import load
 
-    original = load(model)
+    # The graph only: the weights stay in the staged data files, which onnx refuses to read (hard links,
+    # symlinks) and the EP reads as they are.
+    original = load(model, external_data=False)
     cut_model, joins = cut(original, outputs)
     compile_(_save_beside(model, "split.onnx", cut_model))
     onnx.save(rejoin(onnx.load(str(dst), load_external_data=False), original, joins), dst)

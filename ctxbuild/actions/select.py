@@ -34,21 +34,14 @@ def run(ctx: Any) -> None:
             rows.append({**row, "passed": False, "failures": [f"QNN would not compile it: {refused['error']}"],
                          "compile_refused": refused, "bin_size": None, "outputs": {}})
             continue
-        why = failures({**res, "thresholds": thr})
         binary = Path(a.inputs.get(f"{name}.bin") or a.inputs[f"{name}.ctx"])
-        rows.append({**row, "passed": not why, "failures": why, "bin_size": binary.stat().st_size,
-                     "outputs": {o: {k: m[k] for k in ("cosine", "snr_db", "argmax_agreement")}
-                                 for o, m in res["outputs"].items()}})
+        rows.append({**row, **measured_row(res, thr), "bin_size": binary.stat().st_size})
     winner = next((r["name"] for r in rows if r["passed"]), None)
     search = {"thresholds": thr, "winner": winner, "candidates": rows, "skipped": a.params["skipped"]}
     ctx.tmp_output("search").write_text(json.dumps(search, indent=2, sort_keys=True))
     if winner is None:
         print(table(search))
-        raise ActionError(f"{a.target['name']}: no quantization candidate meets min cosine {thr['min_cosine']} / "
-                          f"min SNR {thr['min_snr_db']} dB: " + "; ".join(
-                              f"{r['name']} {_worst(r)}" for r in rows), details={"passed": False, "search": search},
-                          hint="add a stronger candidate (weights: int16, per-node overrides) to the ladder, "
-                          "or lower verify.min_cosine/min_snr_db if the model tolerates it")
+        raise no_winner(a.target["name"], search)
     shutil.copyfile(a.inputs[f"{winner}.ctx"], ctx.tmp_output("ctx"))
     if "bin" in a.outputs:
         shutil.copyfile(a.inputs[f"{winner}.bin"], ctx.tmp_output("bin"))
@@ -57,13 +50,40 @@ def run(ctx: Any) -> None:
     ctx.tmp_output("result").write_text(json.dumps(result, indent=2, sort_keys=True))
 
 
+def measured_row(res: dict[str, Any], thr: dict[str, float]) -> dict[str, Any]:
+    """A verified candidate's row: verdict, failures, per-output figures and the worst figures, slices
+    included (a score slice at 1.5 dB fails the candidate while the whole output reads 21 dB)."""
+    why = failures({**res, "thresholds": thr})
+    parts = [(m["cosine"], m["snr_db"], f"output '{o}'") for o, m in res["outputs"].items()]
+    parts += [(s["cosine"], s["snr_db"], f"output '{o}' slice {s['start']}:{s['stop']} ({s['slice']})")
+              for o, m in res["outputs"].items() for s in m.get("slices") or []]
+    worst = min(parts, key=lambda p: p[1])
+    return {"passed": not why, "failures": why,
+            "worst": {"cosine": min(p[0] for p in parts), "snr_db": worst[1], "where": worst[2]},
+            "outputs": {o: {k: m[k] for k in ("cosine", "snr_db", "argmax_agreement")}
+                        for o, m in res["outputs"].items()}}
+
+
+def no_winner(target: str, search: dict[str, Any]) -> ActionError:
+    """The failure naming each candidate's worst figures (a failing slice's, not its whole output's)."""
+    rows, thr = search["candidates"], search["thresholds"]
+    sliced = any("slice" in r.get("worst", {}).get("where", "") and not r["passed"] for r in rows)
+    hint = ("add a stronger candidate (weights: int16, per-node overrides) to the ladder, "
+            "or lower verify.min_cosine/min_snr_db if the model tolerates it")
+    if sliced:
+        hint = ("a slice of a concatenated output fails: compile.split_outputs: true gives each part its own scale "
+                "(as a search dimension: put it in the recipe and every candidate compiles split); or " + hint)
+    return ActionError(f"{target}: no quantization candidate meets min cosine {thr['min_cosine']} / min SNR "
+                       f"{thr['min_snr_db']} dB: " + "; ".join(f"{r['name']} {_worst(r)}" for r in rows),
+                       details={"passed": False, "search": search}, hint=hint)
+
+
 def _worst(row: dict[str, Any]) -> str:
-    """The worst output's figures: `cosine 0.8432, SNR 6.1 dB`, or why there are none."""
+    """The worst figures, slices included: `cosine 0.8432, SNR 1.5 dB (output 'y' slice 4:10 (scores))`."""
     if refused := row.get("compile_refused"):
         return f"did not compile ({refused['error']})"
-    cos = min(m["cosine"] for m in row["outputs"].values())
-    snr = min(m["snr_db"] for m in row["outputs"].values())
-    return f"cosine {cos:.6f}, SNR {snr:.1f} dB"
+    w = row["worst"]
+    return f"cosine {w['cosine']:.6f}, SNR {w['snr_db']:.1f} dB ({w['where']})"
 
 
 def table(search: dict[str, Any]) -> str:
@@ -73,9 +93,9 @@ def table(search: dict[str, Any]) -> str:
         if refused := r.get("compile_refused"):
             lines.append(f"{r['name']:<20} {'':>9} {'':>8} {'':>11}  did not compile: {refused['error']}")
             continue
-        cos = min(m["cosine"] for m in r["outputs"].values())
-        snr = min(m["snr_db"] for m in r["outputs"].values())
-        verdict = "WINNER" if r["name"] == search["winner"] else ("pass" if r["passed"] else "below threshold")
-        lines.append(f"{r['name']:<20} {cos:>9.6f} {snr:>8.1f} {r['bin_size']:>11}  {verdict}")
+        w = r["worst"]
+        verdict = "WINNER" if r["name"] == search["winner"] else (
+            "pass" if r["passed"] else f"below threshold: {w['where']}")
+        lines.append(f"{r['name']:<20} {w['cosine']:>9.6f} {w['snr_db']:>8.1f} {r['bin_size']:>11}  {verdict}")
     lines += [f"{s['name']:<20} {'':>9} {'':>8} {'':>11}  skipped: {s['reason']}" for s in search["skipped"]]
     return "\n".join(lines)

@@ -103,8 +103,12 @@ def _hint(a: Action, ref_model: Path, samples: list[dict[str, np.ndarray]], refe
     """Where the accuracy went (quantization or the HTP) and the likely fix: diagnose.py, CPU side only."""
     from ctxbuild.verify.diagnose import failure_hint
 
+    import onnx
+
+    wrapper = onnx.load(a.inputs["ctx.ctx"], load_external_data=False)
+    split = any(n.name.endswith("__rejoin") for n in wrapper.graph.node)  # compiled with split_outputs already
     return failure_hint(ref_model, Path(a.inputs["compiled"]), samples, reference, result,
-                        recipe=a.recipes[0], precision=a.params["precision"])
+                        recipe=a.recipes[0], precision=a.params["precision"], split=split)
 
 
 def coverage(ctx_model: Path, compiled: Path) -> dict[str, Any]:

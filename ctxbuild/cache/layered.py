@@ -31,6 +31,7 @@ class Cache:
         self.misses = 0
         self._origin: dict[str, str] = {}  # key -> where lookup found it, counted once restore succeeds
         self._poisoned: set[str] = set()  # remote blobs that failed their digest check: re-uploaded on store
+        self.rejected: set[str] = set()  # keys whose restored outputs failed the kind's check: store replaces them
         if local is not None:
             local.on_warning = self._warn
 
@@ -62,7 +63,14 @@ class Cache:
 
     def store(self, key: str, outputs: dict[str, Path], log: bytes | None,
               meta: dict[str, Any]) -> ActionRecord | None:
-        """Local put, then upload (blobs, then record) unless the remote is read-only."""
+        """Local put, then upload (blobs, then record) unless the remote is read-only. A key already stored
+        (another build stored it while this one ran) keeps its first result: see _keep_first."""
+        if key not in self.rejected:  # an entry this build rejected (poisoned) is replaced, not kept
+            existing = self._guard(self.local.get, key) if self.local is not None else None
+            if existing is None and self.remote is not None:
+                existing = self._remote_lookup(key)
+            if existing is not None and (kept := self._keep_first(existing, outputs)) is not None:
+                return kept
         record = self._guard(self.local.put, key, outputs, log, meta) if self.local is not None else None
         if self.remote is not None and not self.remote.read_only:
             if record is None:
@@ -70,6 +78,27 @@ class Cache:
             if record is not None:
                 self._guard(self._upload, record, outputs, log)
         return record
+
+    def _keep_first(self, existing: ActionRecord, outputs: dict[str, Path]) -> ActionRecord | None:
+        """One key, one result. Different bytes for a key the cache holds mean the action is not reproducible
+        (or state leaked into it): never replaced silently. The stored result is kept and placed over this
+        run's, so every build of the key ships the same bytes, and the difference is a warning naming it.
+        None: store this run's result (the same bytes, or the stored result could not be placed)."""
+        mine = self._guard(ActionRecord.of_files, existing.key, outputs, None, {})
+        if mine is None:
+            return None
+        theirs = {e.name: e.digest for e in existing.outputs}
+        differ = sorted(e.name for e in mine.outputs if theirs.get(e.name) != e.digest)
+        if not differ:  # the same bytes: stored again as usual (heals a blob that went missing or bad)
+            return None
+        placed = (self.local is not None and self._guard(self.local.restore, existing, outputs)) or \
+            self._guard(restore_outputs, existing.outputs, outputs, self._stage_remote)
+        if not placed:  # the stored result is gone or bad: this run's replaces it
+            return None
+        self._warn(f"NOT REPRODUCIBLE: cache key {existing.key[:16]} already holds other bytes for "
+                   f"{', '.join(differ)} than this run made; the stored result is kept and placed "
+                   "(docs/caching.md, Guarantees)")
+        return existing
 
     def publish(self, key: str) -> bool:
         """Make sure the remote holds `key`'s record and blobs, uploading them from the local store (a hit

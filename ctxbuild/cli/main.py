@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import Any, Callable, NoReturn
 
 from ctxbuild.errors import CtxbuildError, UsageError, machine_limit
 from ctxbuild.engine.procs import interrupted, note_interrupt
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         if args.cmd not in ("action", "worker"):  # those two have their own signal handling
-            signal.signal(signal.SIGINT, _on_sigint)
+            catch_ctrl_c()
         code = _dispatch(args)
         return _interrupted() if interrupted() else code  # a Ctrl-C whose KeyboardInterrupt was lost
     except KeyboardInterrupt:
@@ -204,6 +204,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ctxbuild: error: {line}", file=sys.stderr)
             return 1
         raise
+
+
+def catch_ctrl_c() -> None:
+    """Ctrl-C raises KeyboardInterrupt wherever Python is. Where that is a weakref callback or a __del__ (the
+    garbage collector runs them inside any allocation: planning imports networkx and jsonschema), Python
+    cannot raise it: it printed 'Exception ignored in ... Traceback ... KeyboardInterrupt' and went on. The
+    flag is set either way (the driver checks it before ninja and at the end: exit 130), so such a lost
+    interrupt is dropped quietly; every other unraisable exception still goes to Python's own hook."""
+    signal.signal(signal.SIGINT, _on_sigint)
+    default = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if not (isinstance(unraisable.exc_value, KeyboardInterrupt) and interrupted()):
+            default(unraisable)
+
+    sys.unraisablehook = hook
 
 
 def _on_sigint(signum: int, frame: object) -> None:

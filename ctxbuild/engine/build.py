@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.plan import memory
-from ctxbuild.engine import ninja, outdir
+from ctxbuild.engine import edited, links, ninja, outdir
 from ctxbuild.toolchain import installed as toolchain
 from ctxbuild.atomic import write_bytes, write_if_changed
 from ctxbuild.errors import CtxbuildError, UsageError
@@ -45,6 +45,7 @@ class BuildOptions:
     memory_budget: int | None = None  # bytes concurrent actions may use (default: available at start)
     executor: str | None = None  # a Dask scheduler address, or "local"
     executor_fallback: str | None = None  # "local": build here when the scheduler is unreachable
+    set_aside_failed: bool = True  # a failed verification's artifacts leave OUT/<target>/ (not for --layers)
 
 
 def default_compile_jobs() -> int:
@@ -144,16 +145,21 @@ def _close(name: str, options: list[str]) -> str:
 
 
 def build(opts: BuildOptions) -> int:
-    """One build at a time per OUT; OUT never among the sources; a fresh OUT a bad recipe stopped is removed."""
+    """One build at a time per OUT; OUT never a source directory nor holding one (inside one is fine); what a
+    bad recipe stopped leaves nothing behind."""
     opts.out = opts.out.resolve()
     outdir.check_placement(opts.out, outdir.recipe_dirs(opts.paths), "recipe directory")
     fresh = not opts.out.exists()
+    had_state = (opts.out / STATE).exists()
     try:
         with outdir.locked(opts.out):
             return _build(opts)
     except CtxbuildError:
-        if fresh and not (opts.out / "build.ninja").exists():
-            shutil.rmtree(opts.out, ignore_errors=True)
+        if not (opts.out / "build.ninja").exists():  # a bad recipe or placement: leave no trace
+            if fresh:
+                shutil.rmtree(opts.out, ignore_errors=True)
+            elif not had_state:  # e.g. -o <a model directory>, refused once the recipes were read
+                shutil.rmtree(opts.out / STATE, ignore_errors=True)
         raise
 
 
@@ -180,6 +186,8 @@ def _build(opts: BuildOptions) -> int:
             state, jobs_default = _start_farm(opts, address, stack, env, build_id, state)
             opts.jobs = opts.jobs or jobs_default
         _note_toolchain(opts.out, state)
+        links.invalidate_retargeted(opts.out, state)  # before ninja: it follows links and sees old mtimes
+        edited.remove_edited_outputs(opts.out, state)  # ninja sees an edited output as up to date
         pending = ninja.pending(opts.out, targets)
         if pending == []:  # nothing to run: no worker, no second ninja, no rewrite of unchanged summaries
             print("ninja: no work to do.")
@@ -217,8 +225,12 @@ def _finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, s
             print(f"explain: {r['id']}: {_explain(r)}")
     failed = [r for r in ran if r.get("status") == "failed"]
     _invalidate_downstream(opts.out, state, {r["id"] for r in failed})
-    manifest = write_manifest(opts.out, ninja.read_state(opts.out, "plan.json") or state,
-                              toolchain.summary(opts.out / STATE))
+    # `ctxbuild build` only: `ctxbuild verify` (and --layers, which reads them next) checks what a build placed.
+    aside = [] if opts.verify_only or not opts.set_aside_failed else _set_aside_unverified(opts.out, state, {r["id"] for r in failed})
+    for kept in sorted({p.parent for p in aside}):
+        print(f"ctxbuild: failed verification: what it verified is in {kept}, out of the deliverable tree "
+              "(OUT/<target>/)", file=sys.stderr)
+    manifest = write_manifest(opts.out, ninja.read_state(opts.out, "plan.json") or state, toolchain.summary(opts.out / STATE))
     from ctxbuild.outputs.report import write_report  # OUT/report.html + report.json; never fails the build
     write_report(opts.out, build_id=build_id, returncode=rc, wall_seconds=time.monotonic() - started,
                  driver_peak_rss=memory.peak_rss(children=False))  # not ninja's, not the worker's
@@ -351,6 +363,30 @@ def _invalidate_downstream(out: Path, state: dict[str, Any], failed: set[str]) -
                 for p in by_id[c]["outputs"]:
                     Path(p).unlink(missing_ok=True)
                 record_path(out, c).unlink(missing_ok=True)
+
+
+def _set_aside_unverified(out: Path, state: dict[str, Any], failed: set[str]) -> list[Path]:
+    """The deliverables a failed verification checked (its compile's wrapper and binary) move from
+    OUT/<target>/ to OUT/.ctxbuild/failed/<target>/: a packaging step copying OUT/<target>/ must not ship
+    them. The next build restores them by key (cheap) and verifies again. Returns where they went."""
+    from ctxbuild.plan import kinds
+
+    by_id = {a["id"]: a for a in state["actions"]}
+    moved = []
+    for action_id in sorted(failed):
+        a = by_id.get(action_id)
+        if a is None or not kinds.get(a["kind"]).verification:
+            continue
+        for dep in a["deps"]:
+            if not kinds.get(by_id[dep]["kind"]).deliverable:
+                continue
+            for p in map(Path, by_id[dep]["outputs"]):
+                if p.is_file() and p.is_relative_to(out) and not p.is_relative_to(out / STATE):
+                    dest = out / STATE / "failed" / p.relative_to(out)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(p, dest)
+                    moved.append(dest)
+    return moved
 
 
 def _explain(r: dict[str, Any]) -> str:

@@ -13,6 +13,7 @@ from ctxbuild import __version__
 from ctxbuild.plan import kinds
 from ctxbuild.atomic import write_if_changed
 from ctxbuild.layout import STATE, depfile_path, log_path, rel
+from ctxbuild.engine.links import linked_inputs
 from ctxbuild.engine.ninjaquote import ninja_command, ninja_path, ninja_value
 from ctxbuild.engine.procs import check_interrupt, die_with_parent, run_interruptible
 from ctxbuild.outputs.search_table import candidate_actions
@@ -108,6 +109,7 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
                     for a in plan.actions],
         "generator_deps": generator_deps,  # the driver's staleness check stats exactly the generator edge's inputs
         "toolchain_deps": [str(p) for p in _toolchain_files()],  # the plan cache stats these, hashes the rest
+        "links": linked_inputs(plan.actions, out),  # outside inputs through a symlink: the driver stamps them
         "cache": plan.recipes.cache,
     }), durable=False)
     if not write_if_changed(out / "build.ninja", text.encode(), durable=False):

@@ -1,7 +1,9 @@
 """OUT's safety: where it may be, one build at a time, and a `clean` that removes only what ctxbuild wrote.
 
-`clean -o .` once deleted recipes and models, and `build -o <recipes dir>` was accepted: OUT may not be,
-contain, or sit inside a directory holding recipes, models or samples.
+`clean -o .` once deleted recipes and models, and `build -o <recipes dir>` was accepted: OUT may not be nor
+contain a directory holding recipes, models or samples. It may sit inside one, as meson's build directory may
+sit in the source tree (`ctxbuild build x.yaml` with the default `-o out`): recipe discovery skips it (any
+directory holding OUT's state dir) and `clean` removes only what ctxbuild wrote.
 """
 from __future__ import annotations
 
@@ -23,19 +25,18 @@ if TYPE_CHECKING:
 
 LOCK = "lock"
 WRITTEN = OUT_FILES  # besides the artifacts and OUT/.ctxbuild
-_HINT = "choose an output directory outside the recipe, model and sample directories (e.g. -o out)"
+_HINT = ("give an output directory of its own: a new subdirectory (of the recipe directory too) or one "
+         "elsewhere; it may not be a recipe, model or sample directory nor contain one")
 
 
 def check_placement(out: Path, dirs: Iterable[Path], what: str) -> None:
-    """Refuse an OUT that is, contains, or sits inside one of `dirs` (a usage error, before any write)."""
+    """Refuse an OUT that is or contains one of `dirs` (a usage error, before any write). Inside one is fine."""
     out = out.resolve()
     for d in sorted({Path(d).resolve() for d in dirs}):
         if out == d:
             relation = "is"
         elif d.is_relative_to(out):
             relation = "contains"
-        elif out.is_relative_to(d):
-            relation = "is inside"
         else:
             continue
         raise UsageError(f"output directory {out} {relation} the {what} {d}", _HINT)

@@ -3,8 +3,8 @@ networkx, jsonschema and jinja2, then validating and rendering), although only t
 
 An entry in the user cache (plans/<slot>.json) holds what `ninja.render` wrote (build.ninja, plan state,
 action specs) and the fingerprint of what the planner read: the content of every recipe and defaults file,
-the listing of every directory scanned (a new recipe), and the size of every file an action reads from
-outside OUT (missing models; the verification default depends on model size). The slot names everything
+the listing of every directory scanned (a new recipe), and the stat (size, mtime, inode, ctime, and each symlink
+on the way) of every file an action reads from outside OUT (missing models; the verification default depends on model size). The slot names everything
 else a plan depends on: ctxbuild's own files, the interpreter, the invocation and the OUT path. One entry
 per slot, the latest; a plan is stored only after it was made without error.
 """
@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.atomic import write_bytes, write_if_changed
+from ctxbuild.engine.links import stamp
 from ctxbuild.layout import STATE, memo_dir
 
-VERSION = 2  # 2: QNN libraries by stat
+VERSION = 3  # 2: QNN libraries by stat; 3: outside inputs by stat and symlinks, not size
 KEEP = 32  # entries kept (most recently used): one per OUT path x invocation x ctxbuild version
 _PACKAGE = Path(__file__).resolve().parents[1]  # ctxbuild/
 
@@ -95,7 +96,8 @@ def _entry_path(out: Path, inv: dict[str, Any]) -> Path:
 def _fingerprint(out: Path, plan_text: str, specs: dict[str, str]) -> list[Any]:
     """What the planner read, as it is now: directory listings, recipe and defaults content (a checkout gives
     them new mtimes), the stat of the QNN libraries (hashing them cost ~0.2 s; pip replaces them with new
-    files), sizes of outside inputs. ctxbuild's own files are in the entry's slot."""
+    files), the stat of outside inputs and of every symlink on their way (size alone misses a retrained model
+of the same size; a fresh checkout's new mtimes cost one re-plan). ctxbuild's own files are in the entry's slot."""
     plan = json.loads(plan_text)
     libraries = set(plan["toolchain_deps"])
     read: list[Any] = []
@@ -114,7 +116,7 @@ def _fingerprint(out: Path, plan_text: str, specs: dict[str, str]) -> list[Any]:
         outside.update(spec["inputs"].values())
         outside.update(spec["watch"])
     inside = str(out) + os.sep  # outputs of other actions: not there yet in a fresh OUT
-    return [read, [[p, _size(p)] for p in sorted(outside) if not p.startswith(inside)]]
+    return [read, [[p, stamp(p)] for p in sorted(outside) if not p.startswith(inside)]]
 
 
 def _sha256(path: str) -> str | None:
@@ -131,11 +133,3 @@ def _stat(path: str) -> list[int] | None:
     except OSError:
         return None
     return [st.st_size, st.st_mtime_ns, st.st_ino]
-
-
-def _size(path: str) -> int | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return -1 if os.path.isdir(path) else st.st_size

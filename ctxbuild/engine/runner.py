@@ -111,7 +111,11 @@ def _restore_or_run(action: Action, kind: type[kinds.Kind], out: Path, tmp: Path
     note_key(record, key, components, previous)
     dests = {r: Path(p) for r, p in action.outputs.items()}
     hit = cache.lookup(key) if cache else None
-    if hit is not None and cache.restore(hit, dests) and restored_ok(action, kind, cache):
+    restored = hit is not None and cache.restore(hit, dests)
+    if restored and not restored_ok(action, kind, cache):
+        cache.rejected.add(key)  # a poisoned entry: what this run makes replaces it
+        restored = False
+    if restored:
         record["source"] = "cache"
         record["cache_origin"] = "remote" if cache.hits_remote else "local"
         record["original_seconds"] = hit.meta.get("seconds")  # what the work cost when it ran
@@ -135,6 +139,7 @@ def _restore_or_run(action: Action, kind: type[kinds.Kind], out: Path, tmp: Path
     finally:
         record.update(ctx.facts)
     kind.hook("check_outputs")(action, {r: tmp / Path(p).name for r, p in action.outputs.items()})
+    _check_inputs_unchanged(action, discovered, memo, out, components)
     _place_outputs(action, tmp)
     record["source"] = "run"
     record["cache_origin"] = None if cache else "off"
@@ -154,6 +159,22 @@ def restored_ok(action: Action, kind: type[kinds.Kind], cache: Any) -> bool:
         cache.warnings.append(f"cache entry rejected: {e}; rebuilding")
         _remove_outputs(action)
         return False
+
+
+def _check_inputs_unchanged(action: Action, discovered: dict[str, Path], memo: DigestMemo, out: Path,
+                            components: dict[str, Any]) -> None:
+    """Inputs hashed again after the run (a stat each, unless one changed): outputs made from an input edited
+    while the action ran would be stored under the old content's key and handed to every later build of it."""
+    try:
+        after = _key_components(action, discovered, memo, out / STATE)
+    except OSError as e:
+        raise ActionError(f"{action.description}: an input went away while it ran ({e.filename}); "
+                          "nothing was stored, build again") from None
+    changed = [f"{role} ({path})" for group, paths in (("inputs", action.inputs), ("discovered_inputs", discovered))
+               for role, path in sorted(paths.items()) if after[group][role] != components[group][role]]
+    if changed:
+        raise ActionError(f"{action.description}: input {', '.join(changed)} changed while it ran; its outputs "
+                          "were not placed or stored, build again")
 
 
 def _memory_estimate(action: Action) -> int:

@@ -198,7 +198,7 @@ def write_onnx_adapter(path: Path, values: dict[str, np.ndarray]) -> None:
 
 
 def bind_param(path: Path, spec: SlotSpec, param: dict[str, Any]) -> dict[str, np.ndarray]:
-    """`bind` with an action's per-adapter parameters ({tensors, scale, scaling})."""
+    """`bind` with an action's per-adapter parameters ({format, tensors, scale, scaling})."""
     return bind(path, spec, tensors=dict(param["tensors"]), scaling=param["scaling"], scale=param["scale"])
 
 

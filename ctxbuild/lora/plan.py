@@ -18,7 +18,9 @@ from ctxbuild.recipes.targets import Target
 
 
 def adapter_param(adapters: Adapters, a: Adapter) -> dict[str, Any]:
-    return {"tensors": dict(a.tensors), "scale": a.scale, "scaling": adapters.scaling}
+    # The suffix picks the file's reader (lora/adapters.read_file): the same bytes under another name read
+    # differently or not at all, so it is keyed like the bytes are.
+    return {"format": a.file.suffix, "tensors": dict(a.tensors), "scale": a.scale, "scaling": adapters.scaling}
 
 
 def calibration_inputs(adapters: Adapters) -> tuple[dict[str, Any], dict[str, str]]:

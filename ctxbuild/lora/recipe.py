@@ -10,6 +10,7 @@ from typing import Any
 from ctxbuild.lora.adapters import FORMATS
 from ctxbuild.errors import RecipeError
 from ctxbuild.recipes.yamlsrc import LineDict, line_of
+from ctxbuild.recipes.paths import named_path
 
 
 
@@ -51,7 +52,7 @@ def parse_adapters(f: Path, data: LineDict, spec: dict[str, Any], precision: str
 
     items = []
     for i, item in enumerate(spec["files"]):
-        path = (f.parent / item["file"]).resolve()
+        path = named_path(f.parent, item["file"])
         if path.suffix not in FORMATS:
             raise RecipeError(f"{at('files', i, 'file')}: adapter '{item['name']}': '{item['file']}' is not an "
                               "adapter file", f"use one of {', '.join(FORMATS)}")
@@ -81,7 +82,7 @@ def parse_sections(f: Path, data: LineDict, spec: dict[str, Any]) -> Sections:
     files = []
     for name, rel in spec.get("adapters", {}).items():
         where = f"{f}:{line_of(data, ['prebuilt', 'adapters', name])}"
-        path = (f.parent / rel).resolve()
+        path = named_path(f.parent, rel)
         if not path.is_file():
             raise RecipeError(f"{where}: LoRAv2 section '{name}': '{rel}' not found (looked in {path})",
                               "paths are relative to the recipe file")

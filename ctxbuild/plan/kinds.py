@@ -240,6 +240,7 @@ class Select(Kind):
 class AdapterParams(TypedDict):
     name: str
     graph: str
+    format: str  # the file's suffix: it picks the reader, so it is keyed
     tensors: dict[str, str]  # slot -> tensor name in the adapter file
     scale: float | None
     scaling: str | None  # the model's scaling input, if any

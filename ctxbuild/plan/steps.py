@@ -11,6 +11,7 @@ from ctxbuild.recipes.quantization import describe
 from ctxbuild.recipes.recipe import Graph, Recipe
 from ctxbuild.recipes.targets import Target
 from ctxbuild.lora.plan import calibration_inputs
+from ctxbuild.recipes.paths import named_path
 
 QUANTIZED = ("int16", "int8")
 
@@ -181,7 +182,7 @@ def verify_action(recipe: Recipe, b: Built, t: Target, compiled: Action, out: Pa
     label = f"{recipe.name}.{graph.name}" if recipe.is_bundle else recipe.name
     min_cos, min_snr = thresholds(recipe)
     v = recipe.verify
-    samples_dir = (recipe.file.parent / v["dir"]).resolve() if v.get("dir") else (
+    samples_dir = named_path(recipe.file.parent, v["dir"]) if v.get("dir") else (
         graph.calibration.dir if graph.calibration and graph.calibration.dir else None)
     params = {"graph": graph.name, "method": method, "precision": recipe.precision,
               "thresholds": {"min_cosine": min_cos, "min_snr_db": min_snr},

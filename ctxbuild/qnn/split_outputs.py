@@ -103,6 +103,8 @@ def cut(model: Any, outputs: list[str] | None) -> tuple[Any, list[Join]]:
             outs.append(o)
             continue
         for p in joins[o.name].parts:
+            if p not in infos and (info := _dequantized_info(p, producer, infos)) is not None:
+                infos[p] = info
             if p in existing or p not in infos:
                 raise ActionError(f"output '{o.name}': part '{p}' of its Concat is already a graph output or has "
                                   "no known type", "drop this output from split_outputs")
@@ -111,6 +113,21 @@ def cut(model: Any, outputs: list[str] | None) -> tuple[Any, list[Join]]:
     del new.graph.output[:]
     new.graph.output.extend(outs)
     return new, list(joins.values())
+
+
+def _dequantized_info(name: str, producer: dict[str, Any], infos: dict[str, Any]) -> Any:
+    """A float DequantizeLinear output onnx's shape inference left untyped: the 16-bit Q/DQ pairs onnxruntime's
+    quantizer writes are com.microsoft ops, which onnx does not infer (seen on a public YOLOv8). Q/DQ keep the
+    shape: the float tensor before the QuantizeLinear gives it."""
+    from onnx import TensorProto, helper
+
+    dq = producer.get(name)
+    q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+    before = infos.get(q.input[0]) if q is not None and q.op_type == "QuantizeLinear" else None
+    if before is None or before.type.tensor_type.elem_type != TensorProto.FLOAT:
+        return None
+    dims = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in before.type.tensor_type.shape.dim]
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
 
 
 def rejoin(wrapper: Any, original: Any, joins: list[Join]) -> Any:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import stat
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -12,12 +13,14 @@ from typing import Any
 from ctxbuild.recipes import quantization as quant
 from ctxbuild.recipes import targets as soc_table
 from ctxbuild.errors import RecipeError, UsageError
+from ctxbuild.layout import STATE
 from ctxbuild.recipes.suggest import did_you_mean
 from ctxbuild.lora.recipe import Adapters, Sections, parse_adapters, parse_sections
 from ctxbuild.recipes.targets import Target
 from ctxbuild.toolchain.installed import version
 from ctxbuild.recipes.yamlsrc import LineDict, line_of, load_mapping
 from ctxbuild.layout import OUT_FILES
+from ctxbuild.recipes.paths import named_path
 
 DEFAULTS_FILE = "_defaults.yaml"
 SCHEMA_PATH = Path(__file__).with_name("recipe.schema.json")
@@ -99,7 +102,7 @@ def load(paths: list[Path]) -> RecipeSet:
     for p in dict.fromkeys(p.resolve() for p in paths):  # a directory given twice is read once
         if p.is_dir():
             root = p.resolve()
-            for d in sorted([root, *(q for q in root.rglob("*") if q.is_dir() and not _hidden(q, root))]):
+            for d in _recipe_dirs(root):
                 dirs.append(d)
                 for f in sorted(d.iterdir()):
                     if f.suffix in (".yaml", ".yml") and f.name != DEFAULTS_FILE and f.is_file():
@@ -131,8 +134,14 @@ def load(paths: list[Path]) -> RecipeSet:
     return RecipeSet(recipes, sorted(set(files)), dirs, cache_settings)
 
 
-def _hidden(p: Path, root: Path) -> bool:
-    return any(part.startswith(".") for part in p.relative_to(root).parts)
+def _recipe_dirs(root: Path) -> list[Path]:
+    """`root` and the directories below it, sorted, without hidden ones and without ctxbuild output
+    directories (those holding OUT's state dir: OUT may live inside a recipe directory)."""
+    found = []
+    for d, subdirs, _ in os.walk(root):
+        subdirs[:] = [s for s in subdirs if not s.startswith(".") and not os.path.isdir(os.path.join(d, s, STATE))]
+        found.append(Path(d))
+    return sorted(found)
 
 
 def _defaults_for(directory: Path, root: Path, memo: dict, files: list[Path]
@@ -315,7 +324,7 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
         _check_embed_size(f, data, graphs[0].model, precision)
     verify = merged.get("verify", {})
     verify = {"enabled": verify} if isinstance(verify, bool) else dict(verify)
-    if verify.get("dir") and not (vdir := (f.parent / verify["dir"]).resolve()).is_dir():
+    if verify.get("dir") and not (vdir := named_path(f.parent, verify["dir"])).is_dir():
         raise RecipeError(f"{at('verify', 'dir')}: verify dir '{verify['dir']}' "
                           f"{'is a file, not a directory' if vdir.exists() else 'not found'} (looked in {vdir})",
                           "give a directory of .npz/.npy samples, relative to the recipe")
@@ -432,7 +441,7 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], groups: dict[str, list]) -> Recipe:
     spec = merged["prebuilt"]
     where = f"{f}:{line_of(data, ['prebuilt', 'bin'])}"
-    binary = (f.parent / spec["bin"]).resolve()
+    binary = named_path(f.parent, spec["bin"])
     _check_file(where, f"prebuilt binary '{spec['bin']}'", binary, "a context binary; paths are relative to the "
                                                                    "recipe file")
     graphs = tuple(spec.get("graphs", [name]))
@@ -501,7 +510,7 @@ def _check_file(where: str, what: str, path: Path, wanted: str) -> None:
 
 def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any], name: str, precision: str) -> Graph:
     where = f"{f}:{line_of(data, path + ['model'])}"
-    model = (f.parent / spec["model"]).resolve()
+    model = named_path(f.parent, spec["model"])
     _check_file(where, f"model '{spec['model']}'", model, "an ONNX file; model paths are relative to the recipe file")
     cal = spec.get("calibration")
     calibration = None
@@ -512,7 +521,7 @@ def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any],
                               "(or calibration.random: true, which makes accuracy meaningless)")
         cdir = None
         if cal.get("dir"):
-            cdir = (f.parent / cal["dir"]).resolve()
+            cdir = named_path(f.parent, cal["dir"])
             if not cdir.is_dir():
                 what = "is a file, not a directory" if cdir.exists() else "not found"
                 raise RecipeError(f"{f}:{line_of(data, path + ['calibration', 'dir'])}: calibration dir "

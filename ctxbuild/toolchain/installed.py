@@ -101,7 +101,30 @@ def _sdk_build_id(cache: Path, out_state: Path | None) -> str:
 
 
 def _probe_sdk_build_id() -> str:
-    """Compile a one-node model and read the SDK version the EP writes: exactly what artifacts will carry."""
+    """probe_sdk_build_id in a child process. Compiling here would advance QNN's process-wide tensor id
+    counter (the probe's three tensors), and every later compile in this process, or in a process forked from
+    it, would number its tensors from there: another binary for the same key (measured: a LoRA compile on a
+    Dask worker whose host cache had lost this memo, ids shifted by 3)."""
+    import subprocess
+    import sys
+
+    from ctxbuild.errors import ActionError
+
+    code = "from ctxbuild.toolchain.installed import probe_sdk_build_id; print(probe_sdk_build_id())"
+    try:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ActionError(f"the QNN SDK version probe did not run: {e}") from None
+    lines = p.stdout.split()
+    if p.returncode != 0 or not lines:  # never memoized: the next build probes again
+        tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ActionError(f"the QNN SDK version probe failed (exit {p.returncode}): {tail[:300]}")
+    return lines[-1]
+
+
+def probe_sdk_build_id() -> str:
+    """Compile a one-node model and read the SDK version the EP writes: exactly what artifacts will carry.
+    Run only in a process of its own (_probe_sdk_build_id)."""
     import tempfile
 
     import numpy as np

@@ -418,13 +418,15 @@ def likely_fix(where: str, worst: list[dict[str, Any]], weights: dict[str, float
 
 
 def failure_hint(reference: Path, compiled: Path, samples: list[dict[str, np.ndarray]],
-                 float_out: dict[str, np.ndarray], result: dict[str, Any], *, recipe: str, precision: str) -> str:
-    """verify's hint on failure: the cheap CPU half of the diagnosis (no extra compile or simulator run)."""
+                 float_out: dict[str, np.ndarray], result: dict[str, Any], *, recipe: str, precision: str,
+                 split: bool = False) -> str:
+    """verify's hint on failure: the cheap CPU half of the diagnosis (no extra compile or simulator run).
+    `split`: the graph was compiled with split_outputs, so a weak slice is not cured by it."""
     from ctxbuild.verify.measure import cpu_outputs, metrics
 
     more = f"`ctxbuild verify --layers {recipe}` lists the worst nodes"
     weak = _weak_slice_fix({n: {"htp": m} for n, m in result["outputs"].items()}, result["thresholds"])
-    if weak:  # one scale over slices of very different ranges: the cure is known, no diagnosis needed
+    if weak and not split:  # one scale over slices of very different ranges: the cure is known, no diagnosis needed
         return weak
     if compiled.resolve() == reference.resolve():
         return f"the {precision} model loses accuracy on the HTP itself; {more}"
