@@ -22,7 +22,8 @@ def main(paths: list[Path], out: Path, recipe: str, targets: list[str], *, sampl
     from ctxbuild.outputs.report import write_report
 
     out = out.resolve()
-    rc = build(BuildOptions(paths=paths, out=out, only=[recipe], targets=targets, cache_env=cache_env))
+    rc = build(BuildOptions(paths=paths, out=out, only=[recipe], targets=targets, cache_env=cache_env,
+                            summary=False))  # the diagnosis follows instead
     state = ninja.read_state(out, "plan.json") or {"actions": []}
     verifies = [load_spec(out / STATE / "actions" / spec_name(a["id"])) for a in state["actions"]
                 if a["kind"] == "verify" and recipe in a["recipes"]

@@ -17,6 +17,7 @@ from typing import Any
 
 from ctxbuild.plan import memory
 from ctxbuild.engine import ninja, outdir
+from ctxbuild.engine.console import Console
 from ctxbuild.toolchain import installed as toolchain
 from ctxbuild.atomic import write_bytes, write_if_changed
 from ctxbuild.errors import CtxbuildError, UsageError
@@ -44,6 +45,8 @@ class BuildOptions:
     memory_budget: int | None = None  # bytes concurrent actions may use (default: available at start)
     executor: str | None = None  # a Dask scheduler address, or "local"
     executor_fallback: str | None = None  # "local": build here when the scheduler is unreachable
+    console: Console = field(default_factory=Console)  # -q, -v, --json
+    summary: bool = True  # end with the summary (built/restored/failed, accuracy, report path)
 
 
 def default_compile_jobs() -> int:
@@ -174,18 +177,18 @@ def _build(opts: BuildOptions) -> int:
         _check_remote_url({**os.environ, **env})
         if opts.dry_run:
             return 0 if ninja.run(opts.out, targets, jobs=opts.jobs, keep_going=opts.keep_going, dry_run=True,
-                                  env=env) == 0 else 1
+                                  env=env, console=opts.console) == 0 else 1
         if address is not None:  # before ninja's dry run (it makes output directories): a dead farm leaves none
             state, jobs_default = _start_farm(opts, address, stack, env, build_id, state)
             opts.jobs = opts.jobs or jobs_default
         _note_toolchain(opts.out, state)
         pending = ninja.pending(opts.out, targets)
         if pending == []:  # nothing to run: no worker, no second ninja, no rewrite of unchanged summaries
-            print("ninja: no work to do.")
+            opts.console.info("ninja: no work to do.")
             _write_summary(opts.out, [])
             if _summaries_current(opts.out):
-                return 0
-            return _finish(opts, state, build_id, 0, started)
+                return _conclude(opts, 0, noop=True)
+            return _finish(opts, state, build_id, 0, started, noop=True)
         _remove_dead_temps(opts.out)
         from ctxbuild.engine import jobserver, worker
 
@@ -196,15 +199,16 @@ def _build(opts: BuildOptions) -> int:
         else:
             from ctxbuild.engine.prerestore import restore_pending
 
-            if restore_pending(opts.out, state, pending, build_id, on_miss=w.start):
+            if restore_pending(opts.out, state, pending, build_id, on_miss=w.start, say=opts.console.info):
                 return _finish(opts, state, build_id, 0, started)  # all restored: ninja has nothing to do
         with jobserver.for_ninja(opts.jobs) as (jobs, js_env):
             rc = ninja.run(opts.out, targets, jobs=jobs, keep_going=opts.keep_going, dry_run=False,
-                           env={**env, **js_env, **w.env})
+                           env={**env, **js_env, **w.env}, console=opts.console)
     return _finish(opts, state, build_id, rc, started)
 
 
-def _finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, started: float) -> int:
+def _finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, started: float, *,
+            noop: bool = False) -> int:
     """Records -> summary, --explain, invalidation after failures, manifest and report."""
     from ctxbuild.outputs.manifest import read_records, write as write_manifest
 
@@ -222,13 +226,25 @@ def _finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, s
                  driver_peak_rss=memory.peak_rss(children=False))  # not ninja's, not the worker's
     _note_summarized(opts.out)
     if rc != 0:
-        for r in failed:
+        for r in failed:  # each failure once: ninja's FAILED header and the action's own error line are not shown
             print(f"ctxbuild: FAILED {r['id']}: {r.get('cause', 'see log')} (log: {opts.out / r['log']})",
                   file=sys.stderr)
         if not failed:
             print("ctxbuild: ninja failed before running an action (see above)", file=sys.stderr)
-        return 1
-    return 0
+    return _conclude(opts, 1 if rc != 0 else 0, noop=noop)
+
+
+def _conclude(opts: BuildOptions, rc: int, *, noop: bool) -> int:
+    """The summary (last lines: accuracy per graph, the report's path), or with --json the results document."""
+    from ctxbuild.outputs import summary
+
+    if opts.console.json:
+        print(json.dumps(summary.document(opts.out, rc, noop=noop), indent=2))
+    elif opts.summary and not opts.console.quiet:
+        sys.stderr.flush()
+        for line in summary.text(summary.document(opts.out, rc, noop=noop)):
+            print(line)
+    return rc
 
 
 def _executor(opts: BuildOptions, state: dict[str, Any] | None) -> str | None:

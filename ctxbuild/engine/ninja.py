@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,6 +14,7 @@ from ctxbuild import __version__
 from ctxbuild.plan import kinds
 from ctxbuild.atomic import write_if_changed
 from ctxbuild.layout import STATE, depfile_path, log_path, rel
+from ctxbuild.engine.console import Console
 from ctxbuild.engine.ninjaquote import ninja_command, ninja_path, ninja_value
 from ctxbuild.engine.procs import check_interrupt, die_with_parent, run_interruptible
 from ctxbuild.outputs.search_table import candidate_actions
@@ -165,18 +167,34 @@ def _toolchain_files() -> list[Path]:
 
 
 def run(out: Path, targets: list[str], *, jobs: int | None, keep_going: int, dry_run: bool,
-        env: dict[str, str] | None = None) -> int:
-    cmd = [ninja_binary()]
+        env: dict[str, str] | None = None, console: Console | None = None) -> int:
+    console = console or Console()
+    cmd = [ninja_binary(), *console.ninja_args()]
     if jobs is not None:
         cmd += ["-j", str(jobs)]
     cmd += ["-k", str(keep_going)]
     if dry_run:
         cmd.append("-n")
     cmd += targets
-    full_env = {**os.environ, **(env or {})}
+    full_env = {**os.environ, **(env or {}), **console.ninja_env()}
     full_env.setdefault("NINJA_STATUS", "[%f/%t] ")
     # cwd, not -C: no "Entering directory" noise. ninja dies with the driver (it kills its running edges).
-    return run_interruptible(cmd, env=full_env, cwd=out, preexec_fn=die_with_parent)
+    # Its stdout comes through the console filter (each failure once, no internal command lines).
+    reader: threading.Thread | None = None
+
+    def started(p: subprocess.Popen[bytes]) -> None:
+        nonlocal reader
+        assert p.stdout is not None  # a copy of the pipe: Popen closes its own on the way out, maybe mid-read
+        reader = threading.Thread(target=console.ninja_output, args=(os.fdopen(os.dup(p.stdout.fileno()), "rb"),),
+                                  daemon=True)
+        reader.start()
+
+    try:
+        return run_interruptible(cmd, env=full_env, cwd=out, preexec_fn=die_with_parent, stdout=subprocess.PIPE,
+                                 on_start=started)
+    finally:
+        if reader is not None:
+            reader.join()
 
 
 def pending(out: Path, targets: list[str]) -> list[str] | None:
