@@ -159,8 +159,17 @@ def build(opts: BuildOptions) -> int:
         raise
 
 
+def make_dry_run(makeflags: str) -> bool:
+    """`make -n` runs recipe lines marked `+` (so that recursive makes can print what they would do): GNU
+    make passes its single-letter flags as MAKEFLAGS' first word ("n -j2 ...", "kns"). A `ctxbuild build`
+    under `make -n` is a dry run, as a recursive $(MAKE) would be."""
+    first = makeflags.split(" ", 1)[0] if makeflags else ""
+    return not first.startswith("-") and "=" not in first and "n" in first
+
+
 def _build(opts: BuildOptions) -> int:
     started = time.monotonic()
+    opts.dry_run = opts.dry_run or make_dry_run(os.environ.get("MAKEFLAGS", ""))
     os.environ.update(opts.cache_env)  # the driver's own cache lookups (toolchain memo) follow the flags too
     os.environ[memory.BUDGET_ENV] = str(opts.memory_budget or memory.default_budget())  # for the worker
     build_id = os.urandom(16).hex()
@@ -190,7 +199,7 @@ def _build(opts: BuildOptions) -> int:
                 return _conclude(opts, 0, noop=True)
             return _finish(opts, state, build_id, 0, started, noop=True)
         _remove_dead_temps(opts.out)
-        from ctxbuild.engine import jobserver, worker
+        from ctxbuild.engine import worker
 
         w = stack.enter_context(worker.running(opts.out / STATE / "worker.log"))
         os.environ.update(env)  # the cache settings, for the actions restored in this process
@@ -201,9 +210,9 @@ def _build(opts: BuildOptions) -> int:
 
             if restore_pending(opts.out, state, pending, build_id, on_miss=w.start, say=opts.console.info):
                 return _finish(opts, state, build_id, 0, started)  # all restored: ninja has nothing to do
-        with jobserver.for_ninja(opts.jobs) as (jobs, js_env):
-            rc = ninja.run(opts.out, targets, jobs=jobs, keep_going=opts.keep_going, dry_run=False,
-                           env={**env, **js_env, **w.env}, console=opts.console)
+        # Without -j, ninja 1.13.2 (PyPI) takes its slots from make's jobserver itself, fifo or pipe (make 4.3)
+        rc = ninja.run(opts.out, targets, jobs=opts.jobs, keep_going=opts.keep_going, dry_run=False,
+                       env={**env, **w.env}, console=opts.console)
     return _finish(opts, state, build_id, rc, started)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -123,7 +124,8 @@ def clean_dead(out: Path, planned: set[str]) -> None:
     so neither the manifest nor the report can list them."""
     state = out / STATE
     if (state / ".ninja_log").is_file():
-        subprocess.run([ninja_binary(), "-t", "cleandead"], cwd=out, stdout=subprocess.DEVNULL, check=False)
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS")}  # a tool, no job slots
+        subprocess.run([ninja_binary(), "-t", "cleandead"], cwd=out, stdout=subprocess.DEVNULL, check=False, env=env)
     dirs: set[Path] = set()
     for record in (state / "records").glob("*.json"):
         try:
@@ -178,23 +180,47 @@ def run(out: Path, targets: list[str], *, jobs: int | None, keep_going: int, dry
     cmd += targets
     full_env = {**os.environ, **(env or {}), **console.ninja_env()}
     full_env.setdefault("NINJA_STATUS", "[%f/%t] ")
+    fds = jobserver_fds(full_env)
     # cwd, not -C: no "Entering directory" noise. ninja dies with the driver (it kills its running edges).
     # Its stdout comes through the console filter (each failure once, no internal command lines).
-    reader: threading.Thread | None = None
+    readers: list[threading.Thread] = []
 
     def started(p: subprocess.Popen[bytes]) -> None:
-        nonlocal reader
-        assert p.stdout is not None  # a copy of the pipe: Popen closes its own on the way out, maybe mid-read
-        reader = threading.Thread(target=console.ninja_output, args=(os.fdopen(os.dup(p.stdout.fileno()), "rb"),),
-                                  daemon=True)
-        reader.start()
+        for pipe, stream in ((p.stdout, None), (p.stderr, sys.stderr)):
+            assert pipe is not None  # a copy of the pipe: Popen closes its own on the way out, maybe mid-read
+            readers.append(threading.Thread(target=console.ninja_output, daemon=True,
+                                            args=(os.fdopen(os.dup(pipe.fileno()), "rb"), stream)))
+            readers[-1].start()
 
     try:
         return run_interruptible(cmd, env=full_env, cwd=out, preexec_fn=die_with_parent, stdout=subprocess.PIPE,
-                                 on_start=started)
+                                 stderr=subprocess.PIPE, on_start=started, pass_fds=fds)
     finally:
-        if reader is not None:
-            reader.join()
+        for r in readers:
+            r.join()
+
+
+_JOBSERVER_AUTH = re.compile(r" ?--jobserver-(?:auth|fds)=(\S+)")
+
+
+def jobserver_fds(env: dict[str, str]) -> tuple[int, ...]:
+    """make's jobserver, for ninja (>= 1.13.2 reads both of make's protocols itself; measured: under
+    `make -j2` it ran 2 actions at once, alone 3). The fifo protocol (make >= 4.4) names a path; make 4.3's
+    names two inherited fds, which subprocess would close: they are passed on. If make did not pass them
+    (a recipe line not marked `+`), the auth is dropped from MAKEFLAGS, or ninja stops with "could not
+    initialize jobserver"; ninja then runs as it would alone."""
+    flags = env.get("MAKEFLAGS", "")
+    m = _JOBSERVER_AUTH.search(flags)
+    if m is None or m.group(1).startswith("fifo:"):
+        return ()
+    try:
+        fds = tuple(int(x) for x in m.group(1).split(","))
+        for fd in fds:
+            os.fstat(fd)
+        return fds
+    except (ValueError, OSError):
+        env["MAKEFLAGS"] = _JOBSERVER_AUTH.sub("", flags)
+        return ()
 
 
 def pending(out: Path, targets: list[str]) -> list[str] | None:
