@@ -63,3 +63,16 @@ def test_graph_inputs_are_memoized_by_stat(tmp_path: Path, monkeypatch: pytest.M
     assert reads == []  # a re-plan does not parse the model again
     _tree(tmp_path, "inputs:\n  image: [1, 3, 32, 48]\n", ["N", 3, 32, 64])  # the model changed
     assert "dim 3 differs" in _error(f) and reads == [tmp_path / "m.onnx"]
+
+
+def test_device_names_are_target_aliases(tmp_path: Path) -> None:
+    """AI Hub's device names (and marketing names) select the SoC; outputs go under the SoC's name."""
+    f = _tree(tmp_path, "inputs:\n  image: [1, 3, 32, 48]\n")
+    f.write_text(f.read_text().replace("targets: [SM8650]", "targets: [Samsung Galaxy S24, snapdragon 8 elite  QRD, "
+                                                            "Snapdragon X Elite CRD, Snapdragon 8 Gen 2]"))
+    [r] = recipe.load([f]).recipes
+    assert [(t.name, t.soc_model, t.htp_arch) for t in r.targets] == [
+        ("SM8650", "57", "75"), ("SM8750", "69", "79"), ("SC8380XP", "60", "73"), ("SM8550", "43", "73")]
+    f.write_text(f.read_text().replace("Samsung Galaxy S24,", "Samsung Galaxy S42,"))
+    assert "unknown SoC or target group 'Samsung Galaxy S42'" in _error(f)
+    assert "did you mean 'Samsung Galaxy S2" in _error(f)

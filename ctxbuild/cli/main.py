@@ -387,12 +387,14 @@ def _targets(as_json: bool) -> int:
 
     if as_json:
         print(json.dumps([{"name": s.name, "soc_model": s.soc_model, "htp_arch": s.htp_arch, "vtcm_mb": s.vtcm_mb,
-                           "aliases": list(s.aliases), "marketing_name": s.marketing} for s in SOCS], indent=2))
+                           "aliases": list(s.aliases), "marketing_name": s.marketing, "devices": list(s.devices)}
+                          for s in SOCS], indent=2))
         return 0
-    print(f"{'name':<10} {'soc_model':>9} {'htp_arch':>8} {'vtcm_mb':>7}  aliases / marketing name")
+    print(f"{'name':<10} {'soc_model':>9} {'htp_arch':>8} {'vtcm_mb':>7}  aliases / marketing name / devices")
     for s in SOCS:
         print(f"{s.name:<10} {s.soc_model:>9} {'v' + str(s.htp_arch):>8} {s.vtcm_mb:>7}  "
-              f"{', '.join(s.aliases) + ' / ' if s.aliases else ''}{s.marketing}")
+              f"{', '.join(s.aliases) + ' / ' if s.aliases else ''}{s.marketing}"
+              f"{' / ' + ', '.join(s.devices) if s.devices else ''}")
     return 0
 
 

@@ -125,6 +125,10 @@ def ninja_targets(state: dict[str, Any], opts: BuildOptions) -> list[str]:
     for name in opts.only:
         if name not in recipes:
             raise UsageError(f"--only {name}: no such recipe", _close(name, recipes))
+    if opts.targets:  # a device or marketing name selects its SoC's target ("Samsung Galaxy S24": SM8650)
+        from ctxbuild.recipes.targets import lookup
+
+        opts.targets = [n if n in targets or lookup(n) is None else lookup(n).name for n in opts.targets]
     for name in opts.targets:
         if name not in targets:
             raise UsageError(f"--target {name}: no recipe builds for it", _close(name, targets))

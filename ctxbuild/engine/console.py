@@ -27,7 +27,7 @@ class Console:
     def info(self, line: str) -> None:
         """A progress or summary line: hidden by -q."""
         if not self.quiet:
-            print(line, file=stream or self.stream, flush=True)
+            print(line, file=self.stream, flush=True)
 
     def ninja_env(self) -> dict[str, str]:
         """ninja colours `FAILED:` when CLICOLOR_FORCE is set (1.13 reads it; through a pipe it sees no
