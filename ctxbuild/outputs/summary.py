@@ -56,11 +56,12 @@ def text(doc: dict[str, Any]) -> list[str]:
     acc = doc["accuracy"]
     if acc:
         width = max(len("graph"), *(len(_graph(r)) for r in acc))
-        lines.append(f"  {'graph':<{width}}  {'target':<10} {'cosine':>8} {'SNR dB':>7}  verdict")
+        tw = max(len("target"), *(len(r["target"] or "-") for r in acc))
+        lines.append(f"  {'graph':<{width}}  {'target':<{tw}} {'cosine':>8} {'SNR dB':>7}  verdict")
         for r in acc:
             cos = "-" if r["cosine"] is None else f"{r['cosine']:.4f}"
             snr = "-" if r["snr_db"] is None else f"{r['snr_db']:.1f}"
-            lines.append(f"  {_graph(r):<{width}}  {r['target'] or '-':<10} {cos:>8} {snr:>7}  {_verdict(r)}")
+            lines.append(f"  {_graph(r):<{width}}  {r['target'] or '-':<{tw}} {cos:>8} {snr:>7}  {_verdict(r)}")
     elif doc["artifacts"]:
         lines.append("  (no graph verified: --no-verify or `verify: false`)")
     lines.append(f"ctxbuild: report: {doc['report']}")
