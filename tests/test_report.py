@@ -361,3 +361,5 @@ def test_search_plot_marks_winner_and_threshold() -> None:
     assert cy["w8a8"] > cy["w8a16"] > cy["fp16"]  # higher SNR drawn higher
     assert plots.search({"candidates": []}) is None
     assert "&lt;b&gt;" in plots.hbars([{"label": "<b>", "value": 1.0, "ok": True}], unit="dB", label="x")  # escaped
+    many = plots.hbars([{"label": f"g{i}", "value": float(i), "ok": None} for i in range(100)], unit="dB", label="x")
+    assert many.count("<rect") == plots.MAX_BARS and "and 60 more" in many  # a 100-target build stays readable

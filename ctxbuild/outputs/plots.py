@@ -9,6 +9,7 @@ from typing import Any
 from ctxbuild.units import fmt_size as format_size
 
 ROW_H = 18
+MAX_BARS = 40  # a 100-target build would draw thousands: the worst ones, and how many are left out
 LABEL_W = 260
 BAR_W = 360
 PASS, FAIL, NEUTRAL, LIMIT = "#1b7f3b", "#b3261e", "#1d5fb4", "#8a5a00"
@@ -23,6 +24,7 @@ def hbars(rows: list[dict[str, Any]], *, unit: str, label: str, fmt: Any = None)
     """Horizontal bars. rows: {label, value, limit (a threshold tick, or None), ok (colour: True/False/None),
     title}. The scale starts at 0 and ends past the largest value or limit."""
     fmt = fmt or (lambda v: f"{v:.1f} {unit}")
+    rows, more = rows[:MAX_BARS], len(rows) - MAX_BARS
     top = max([r["value"] for r in rows] + [r.get("limit") or 0 for r in rows] + [1e-9]) * 1.08
     body = []
     for i, r in enumerate(rows):
@@ -38,7 +40,9 @@ def hbars(rows: list[dict[str, Any]], *, unit: str, label: str, fmt: Any = None)
             x = LABEL_W + BAR_W * r["limit"] / top
             body.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y}" y2="{y + ROW_H}" stroke="{LIMIT}" '
                         f'stroke-width="2"><title>threshold {escape(fmt(r["limit"]))}</title></line>')
-    return _svg(LABEL_W + BAR_W + 90, 8 + len(rows) * ROW_H, body, label)
+    if more > 0:
+        body.append(f'<text x="{LABEL_W}" y="{4 + len(rows) * ROW_H + 12}">… and {more} more (report.json has all)</text>')
+    return _svg(LABEL_W + BAR_W + 90, 8 + (len(rows) + (more > 0)) * ROW_H, body, label)
 
 
 def _fit(label: str, n: int = 36) -> str:
@@ -64,6 +68,8 @@ def accuracy(rows: list[dict[str, Any]]) -> str | None:
                                  "limit": limit, "ok": ok,
                                  "title": f"{name} {part}: SNR {m['snr_db']:.1f} dB, cosine "
                                           f"{m.get('cosine', float('nan')):.5f} (min SNR {limit} dB)"})
+    if len(bars) > MAX_BARS:  # the failing ones first, then those closest to their threshold
+        bars.sort(key=lambda b: (b["ok"] is not False, b["value"] - (b["limit"] or 0)))
     return hbars(bars, unit="dB", label="SNR per output against the threshold") if bars else None
 
 
@@ -71,6 +77,8 @@ def bin_sizes(rows: list[dict[str, Any]]) -> str | None:
     bars = [{"label": f"{r['recipe']}@{r['target']['name']}", "value": r["bin_size"], "ok": None,
              "title": f"{r['recipe']} for {r['target']['name']} (htp v{r['target'].get('htp_arch')}): "
                       f"{r['bin_size']} bytes"} for r in rows if r.get("bin_size")]
+    if len(bars) > MAX_BARS:
+        bars.sort(key=lambda b: -b["value"])  # the largest binaries
     return hbars(bars, unit="B", label=".bin size per SoC", fmt=format_size) if len(bars) > 1 else None
 
 
