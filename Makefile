@@ -21,7 +21,8 @@ models: $(MODELS)
 $(MODELS): recipes/models/make_models.py $(STAMP)
 	$(BIN)/python recipes/models/make_models.py
 
-# `+` hands make's jobserver to ctxbuild, so under `make -jN` ninja takes its slots from make.
+# `+` hands make's jobserver to ctxbuild, so under `make -jN` ninja takes its slots from make; under `make -n`
+# ctxbuild then only lists what it would do.
 build: $(STAMP) $(MODELS)
 	+$(BIN)/ctxbuild build recipes -o out
 

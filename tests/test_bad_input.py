@@ -136,19 +136,21 @@ def test_dynamic_dim_must_be_fixed(tree: Path, tmp_path: Path, ctxbuild) -> None
     _only(tree, "bad.yaml")
     _recipe(tree, "bad", "model: models/tiny_cnn.onnx\nprecision: int16\ncalibration: {random: true}\ntargets: [SM8650]\n")
     r = _build(ctxbuild, tree, tmp_path)
-    assert r.code == 1
-    assert "input 'image' dim 0 ('N') of tiny_cnn.onnx is dynamic" in r.err
-    assert "inputs: {image: [1, 3, 64, 64]}" in r.err
+    assert r.code == 2  # known when planning: a recipe error with the recipe's file:line
+    assert f"{tree / 'bad.yaml'}:1: input 'image' of tiny_cnn.onnx has dynamic dims [N, 3, 64, 64]" in r.err
+    assert "inputs: {image: [1, 3, 64, 64]}" in r.err and len(r.err.splitlines()) == 1
 
 
 def test_wrong_input_name_and_rank(tree: Path, tmp_path: Path, ctxbuild) -> None:
     _only(tree, "bad.yaml")
     _recipe(tree, "bad", "model: models/mlp.onnx\ninputs: {tokens: [1, 16, 64]}\n" + FP16)
     r = _build(ctxbuild, tree, tmp_path)
-    assert r.code == 1 and "'tokens' is not an input of mlp.onnx" in r.err and "inputs are: x" in r.err
+    assert r.code == 2 and f"{tree / 'bad.yaml'}:2: inputs: 'tokens' is not an input of mlp.onnx" in r.err
+    assert "its inputs are: x [1, 16, 64]" in r.err
     _recipe(tree, "bad", "model: models/mlp.onnx\ninputs: {x: [16, 64]}\n" + FP16)
     r = _build(ctxbuild, tree, tmp_path)
-    assert r.code == 1 and "'x' has rank 3" in r.err
+    assert r.code == 2 and "inputs: 'x' is [16, 64] in the recipe and [1, 16, 64] in mlp.onnx (rank 2, the model's is 3)" in r.err
+    assert not (tmp_path / "out").exists()  # stopped before anything was planned or built
 
 
 def test_ir_version_too_new(tree: Path, tmp_path: Path, ctxbuild) -> None:
@@ -200,15 +202,19 @@ def test_random_calibration_warns(tree: Path, tmp_path: Path, ctxbuild) -> None:
 def test_failed_action_removes_stale_output(tree: Path, tmp_path: Path, ctxbuild) -> None:
     """A recipe that built once and then breaks must not leave the old binary to be shipped."""
     _only(tree, "mlp_fp16.yaml")
+    (tree / "mlp_fp16.yaml").write_text((tree / "mlp_fp16.yaml").read_text() + "inputs: {x: [1, 16, 64]}\n")
     r = _build(ctxbuild, tree, tmp_path)
     assert r.code == 0, r.text
     out = tmp_path / "out"
     assert (out / "SM8650" / "mlp_fp16" / "mlp_fp16_ctx.onnx").is_file()
-    (tree / "mlp_fp16.yaml").write_text((tree / "mlp_fp16.yaml").read_text()
-                                        + "inputs: {x: [1, 8, 64]}\n")  # fixed dim mismatch -> prepare fails
+    # the model changes under the same recipe (no re-plan: models are not what build.ninja is made of) into one
+    # whose input differs: prepare fails. (A recipe that contradicts the model fails when planning: exit 2.)
+    m = onnx.load(tree / "models" / "mlp.onnx")
+    m.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 8
+    _save(m, tree / "models" / "mlp.onnx")
     r = _build(ctxbuild, tree, tmp_path)
     assert r.code == 1
-    assert "'x' dim 1 is fixed to 16" in r.err
+    assert "FAILED prepare/" in r.err and "'x' dim 1 is fixed to 8" in r.err
     assert not (out / "SM8650" / "mlp_fp16" / "mlp_fp16_ctx.onnx").exists()
     manifest = json.loads((out / "manifest.json").read_text())
     assert not [a for a in manifest["artifacts"] if a["recipe"] == "mlp_fp16"]

@@ -5,6 +5,9 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from tests._sliced_model import write_tree
 
@@ -83,3 +86,65 @@ def test_weak_slice_diagnosis_points_at_split(tmp_path: Path, ctxbuild) -> None:
 def test_layers_needs_a_known_recipe(tree: Path, tmp_path: Path, ctxbuild) -> None:
     r = ctxbuild("verify", "--layers", "nope", str(tree), "-o", str(tmp_path / "out"))
     assert r.code == 2 and "--only nope: no such recipe" in r.err
+
+
+def _chain_cnn(culprit: str | None) -> onnx.ModelProto:
+    """Four Conv+Relu layers, pooled, a classifier. `culprit`: that conv's dead output channel 0 (a bias
+    so negative the Relu always zeroes it: the float model does not change) gets one weight 60x the layer's
+    largest, so the per-tensor uint8 weight scale leaves every live weight of the layer a step or two: the
+    one layer whose quantization is known to break."""
+    rng = np.random.default_rng(1)
+    chans = [3, 8, 8, 8, 8]
+    inits, nodes, x = [], [], "image"
+    for i in range(1, 5):
+        w = (rng.standard_normal((chans[i], chans[i - 1], 3, 3)) * 0.3).astype(np.float32)
+        b = (rng.standard_normal(chans[i]) * 0.05).astype(np.float32)
+        if f"conv{i}" == culprit:
+            w[0] = 0
+            w[0, 0, 1, 1] = 60 * np.abs(w).max()
+            b[0] = -1e4
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        nodes += [helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}")]
+        x = f"r{i}"
+    inits += [numpy_helper.from_array((rng.standard_normal((8, 10)) * 0.3).astype(np.float32), "wf"),
+              numpy_helper.from_array(np.zeros(10, np.float32), "bf")]
+    nodes += [helper.make_node("GlobalAveragePool", [x], ["p"], name="gap"),
+              helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+              helper.make_node("Gemm", ["f", "wf", "bf"], ["logits"], name="fc")]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.mark.parametrize("culprit", ["conv2", "conv3"])
+def test_diagnosis_names_the_injected_culprit(culprit: str, tmp_path: Path, ctxbuild) -> None:
+    """Quantization broken in one known layer: the diagnosis blames that layer, measured like with like
+    through the quantizer's Conv+Relu fusion (the Relus are not in the QDQ model)."""
+    tree = tmp_path / "recipes"
+    (tree / "calib").mkdir(parents=True)
+    onnx.save(_chain_cnn(culprit), tree / "chain.onnx")
+    rng = np.random.default_rng(2)
+    for i in range(4):
+        np.save(tree / "calib" / f"s{i}.npy", rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
+    (tree / "chain.yaml").write_text("model: chain.onnx\ninputs: {image: [1, 3, 16, 16]}\nprecision: int16\n"
+                                     "calibration: {dir: calib}\ntargets: [SM8650]\nverify: {min_snr_db: 36}\n")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 1, r.text
+    failed = next(ln for ln in r.err.splitlines() if "verify/chain@SM8650" in ln)
+    assert f"most at {culprit} (Conv+Relu)" in failed  # verify's own hint, from the CPU half
+    r = ctxbuild("verify", "--layers", "chain", str(tree), "-o", str(out))
+    assert r.code == 1, r.text
+    d = json.loads((out / "SM8650" / "chain" / "chain_layers.json").read_text())
+    worst = d["worst_quantization"]
+    assert worst[0]["node"] == culprit and worst[0]["op_type"] == "Conv+Relu", worst
+    assert worst[0]["fused"] == [f"relu{culprit[-1]}"]
+    # the noise the culprit adds dwarfs every other layer's; the layers before it keep what 16-bit
+    # activations and 8-bit weights keep (compared after the fused Relu's QuantizeLinear, clamped at 0,
+    # not as the Conv's raw output: that compare measured -9 dB for a clean layer)
+    assert all(worst[0]["quant_added_db"] > n["quant_added_db"] + 6 for n in worst[1:]), worst
+    before = [n for n in worst if n["node"].startswith("conv") and n["node"] < culprit]
+    assert before and all(n["quant_snr_db"] > 35 for n in before), worst
+    assert d["where"] == "quantization" and f"{culprit} (Conv+Relu)" in d["hint"]
+    assert "16-bit activations already" in d["hint"]  # not advised for a recipe at 16 bits

@@ -198,6 +198,14 @@ PROBE = """<script>
   metricFail:all('.m-fail').map(function(e){return [e.textContent,getComputedStyle(e).color];}),
   metricPass:all('.m-pass').map(function(e){return getComputedStyle(e).color;}),
   summary:q('#summary').textContent.replace(/\\s+/g,' ').trim(),
+  plots:all('svg.plot').map(function(e){var r=e.getBoundingClientRect();
+   return {id:e.parentNode.id||e.parentNode.className,w:r.width,h:r.height,bars:e.querySelectorAll('rect').length,
+    red:all.call(null,'#'+(e.parentNode.id||'none')+' rect').filter(function(x){
+     return getComputedStyle(x).fill.indexOf('179, 38, 30')>=0;}).length};}),
+  memoryOpen:q('details.memory')?q('details.memory').open:null,
+  memoryHeight:q('#memory')?q('#memory').getBoundingClientRect().height:null,
+  note:q('#simulator-note')?q('#simulator-note').textContent.replace(/\\s+/g,' '):null,
+  files:all('a.file').map(function(a){return a.getAttribute('href');}),
   svg:{w:svg.width,h:svg.height,nodes:all('svg.graph g.node').length,
    failedStroke:all('svg.graph g.n-failed rect').map(function(e){return getComputedStyle(e).stroke;})}};
  var s=JSON.stringify(facts);
@@ -241,6 +249,11 @@ def _png_size(p: Path) -> tuple[int, int]:
 def test_report_in_headless_chromium(built: dict[str, Any], tmp_path: Path) -> None:
     chromium = _chromium()
     out, rep = built["out"], built["report"]
+    # the per-layer diagnosis of the graph that fails verification: the report draws its worst nodes
+    r = _cli("verify", "--layers", "strict_int8", str(built["tree"]), "-o", str(out), cache=built["root"] / "cache",
+             cwd=built["root"])
+    assert r.returncode == 1 and (out / "SM8650" / "strict_int8" / "strict_int8_layers.json").is_file(), r.stderr
+    rep = _read(out / "report.json")  # rewritten by that run (its build verified strict_int8 again)
     b = rep["build"]
     expected_rows = {(r["recipe"], r["target"]["name"]) for r in rep["rows"]}
     summary = f"{b['built']} built, {b['from_cache']} from cache, {b['failed']} failed"
@@ -277,6 +290,18 @@ def test_report_in_headless_chromium(built: dict[str, Any], tmp_path: Path) -> N
     assert desk["metricPass"] and all(_greenish(c) for c in desk["metricPass"])
     assert desk["svg"]["nodes"] == len(rep["graph"]["nodes"]) and desk["svg"]["w"] > 200 and desk["svg"]["h"] > 50
     assert desk["svg"]["failedStroke"] and all(_reddish(c) for c in desk["svg"]["failedStroke"])
+    # plots drawn by the server as SVG: accuracy per output against the thresholds (strict_int8's bar red),
+    # .bin size per SoC, the failed graph's per-layer loss; all visible
+    plots = {p["id"]: p for p in desk["plots"]}
+    verified = sum(len(v["outputs"]) for row in rep["rows"] for v in row["verify"] if v["outputs"])
+    assert plots["plot-accuracy"]["bars"] >= verified and plots["plot-accuracy"]["red"] >= 1
+    assert plots["plot-bins"]["bars"] == sum(1 for row in rep["rows"] if row["bin_size"])
+    assert "layer-plot" in plots and plots["layer-plot"]["bars"] >= 2
+    assert all(p["w"] > 200 and p["h"] > 20 for p in desk["plots"])
+    assert desk["memoryOpen"] is False and desk["memoryHeight"] < 90  # collapsed: a heading and one summary line
+    assert "measures accuracy, not latency" in desk["note"]
+    assert desk["files"] and all((out / unquote(f)).is_file() for f in desk["files"])  # links to the artifacts
+    assert any(f.endswith("_ctx.onnx") for f in desk["files"]) and any(f.endswith(".bin") for f in desk["files"])
 
     # 3. a 390 px phone (an iframe: headless windows are at least 500 px wide): cards, nothing wider than the screen
     (out / "phone_probe.html").write_text(PHONE.format(src="probe.html", h=844))
@@ -318,3 +343,23 @@ def test_noop_build_rewrites_report_dry_run_does_not(built: dict[str, Any]) -> N
     r = _cli("build", str(built["tree"]), "-o", str(out), "--dry-run", cache=root / "cache", cwd=root)
     assert r.returncode == 0, r.stderr
     assert ((out / "report.json").read_bytes(), (out / "report.html").stat().st_mtime_ns) == before
+
+
+def test_search_plot_marks_winner_and_threshold() -> None:
+    """The precision search's picture: one point per candidate (SNR against .bin size), the min SNR a line."""
+    from ctxbuild.outputs import plots
+
+    search = {"winner": "w8a16", "thresholds": {"min_snr_db": 20},
+              "candidates": [{"name": "w8a8", "passed": False, "bin_size": 40_000, "outputs": {"y": {"snr_db": 12.5}}},
+                             {"name": "w8a16", "passed": True, "winner": True, "bin_size": 65_000,
+                              "outputs": {"y": {"snr_db": 34.0}}},
+                             {"name": "fp16", "passed": True, "bin_size": 130_000, "outputs": {"y": {"snr_db": 60.0}}}]}
+    svg = plots.search(search)
+    assert svg.count("<circle") == 3 and svg.count('stroke="#000"') == 1  # the winner ringed
+    assert "min 20 dB" in svg and "w8a8: SNR 12.5 dB" in svg
+    cy = {m[0]: float(m[1]) for m in re.findall(r"<title>(\w+): SNR [^<]*</title><circle cx=\"[\d.]+\" cy=\"([\d.]+)\"", svg)}
+    assert cy["w8a8"] > cy["w8a16"] > cy["fp16"]  # higher SNR drawn higher
+    assert plots.search({"candidates": []}) is None
+    assert "&lt;b&gt;" in plots.hbars([{"label": "<b>", "value": 1.0, "ok": True}], unit="dB", label="x")  # escaped
+    many = plots.hbars([{"label": f"g{i}", "value": float(i), "ok": None} for i in range(100)], unit="dB", label="x")
+    assert many.count("<rect") == plots.MAX_BARS and "and 60 more" in many  # a 100-target build stays readable

@@ -17,6 +17,7 @@ import hashlib
 import io
 import netrc
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -66,10 +67,20 @@ class RemoteStore:
             parts, self.url, port = None, url.rpartition("@")[2], None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             raise UsageError(f"remote cache URL {self.url!r} is not http(s)://host[:port][/path]")
-        connection = HTTPSConnection if parts.scheme == "https" else HTTPConnection
-        self._connect = partial(connection, parts.hostname, port, timeout=timeout, blocksize=CHUNK)
         self._base = parts.path.rstrip("/")
         self._headers = _auth_headers(parts, token)
+        proxy = proxy_for(parts)
+        if proxy is None:
+            connection = HTTPSConnection if parts.scheme == "https" else HTTPConnection
+            self._connect = partial(connection, parts.hostname, port, timeout=timeout, blocksize=CHUNK)
+        elif parts.scheme == "https":  # a CONNECT tunnel through the proxy; TLS end to end
+            self._connect = partial(_tunnel, proxy, parts.hostname, port, timeout)
+        else:  # a plain HTTP proxy: the request line names the whole URL
+            self._connect = partial(HTTPConnection, proxy.hostname, proxy.port or 80, timeout=timeout, blocksize=CHUNK)
+            self._base = f"http://{parts.hostname}:{port or 80}{self._base}"
+            self._headers.update(_proxy_auth(proxy))
+        self._idle: list[HTTPConnection] = []  # kept alive between requests; threads (prerestore) take their own
+        self._lock = threading.Lock()
         self.read_only = read_only
         self.timeout = timeout
         self.min_rate = min_rate
@@ -186,14 +197,24 @@ class RemoteStore:
     @contextmanager
     def _exchange(self, method: str, path: str, body: BinaryIO | bytes | None = None,
                   headers: dict[str, str] | None = None) -> Iterator[HTTPResponse]:
-        """One request on a fresh connection: an action's process makes only a handful, so keeping
-        connections alive would buy little and need stale-connection retries."""
+        """One request, on the connection the last one left open (HTTP/1.1 keep-alive: a restore of N blobs
+        costs one TCP/TLS handshake, not N). A kept connection the server has closed meanwhile fails before
+        any answer: the request goes once more on a fresh one (never a file body: it was read)."""
         self._check_breaker()
-        conn = self._connect()
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        reused, conn = conn is not None, conn or self._connect()
+        keep = False
         try:
             try:
-                conn.request(method, self._base + path, body=body, headers={**self._headers, **(headers or {})})
-                resp = conn.getresponse()
+                try:
+                    resp = self._send(conn, method, path, body, headers)
+                except (ConnectionError, HTTPException):
+                    if not reused or not (body is None or isinstance(body, bytes)):
+                        raise
+                    conn.close()
+                    conn = self._connect()
+                    resp = self._send(conn, method, path, body, headers)
             except (OSError, HTTPException) as e:
                 raise self._trip(self._network_reason(e)) from None
             except ValueError:  # http.client's "Invalid header value ...": its text would show the token
@@ -201,8 +222,20 @@ class RemoteStore:
                                  "check the token (control characters?)") from None
             self._started = time.monotonic()
             yield resp
+            if not resp.isclosed() and resp.length is not None and resp.length <= CHUNK:
+                resp.read()  # what is left is short (a 404's page, an empty 201): read, and the connection stays
+            keep = resp.isclosed() and not resp.will_close
         finally:
-            conn.close()
+            if keep:
+                with self._lock:
+                    self._idle.append(conn)
+            else:
+                conn.close()
+
+    def _send(self, conn: HTTPConnection, method: str, path: str, body: BinaryIO | bytes | None,
+              headers: dict[str, str] | None) -> HTTPResponse:
+        conn.request(method, self._base + path, body=body, headers={**self._headers, **(headers or {})})
+        return conn.getresponse()
 
     def _chunks(self, resp: HTTPResponse, bound: int = RECORD_LIMIT) -> Iterator[bytes]:
         """The body as it arrives; never more than `bound` + 1 bytes are read (the caller sees the excess),
@@ -321,6 +354,34 @@ def clean_token(raw: str | None) -> tuple[str | None, str | None]:
         return token, None
     return None, ("the remote cache token is not a valid HTTP header value (control, space or non-ASCII "
                   "characters inside it); using the remote cache without it")
+
+
+def proxy_for(parts: SplitResult) -> SplitResult | None:
+    """The proxy for this URL from HTTPS_PROXY / HTTP_PROXY (or lowercase), unless NO_PROXY exempts the host:
+    the standard library's reading of them (urllib.request), as curl, pip and requests read them."""
+    from urllib.request import getproxies_environment, proxy_bypass_environment
+
+    proxies = getproxies_environment()
+    proxy = proxies.get(parts.scheme)
+    if not proxy or proxy_bypass_environment(parts.hostname or "", proxies):
+        return None
+    p = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    if p.scheme != "http" or not p.hostname:
+        raise UsageError(f"proxy {_shown(p)!r} for the remote cache is not http://host[:port]")
+    return p
+
+
+def _tunnel(proxy: SplitResult, host: str, port: int | None, timeout: float) -> HTTPSConnection:
+    conn = HTTPSConnection(proxy.hostname, proxy.port or 80, timeout=timeout, blocksize=CHUNK)
+    conn.set_tunnel(host, port or 443, headers=_proxy_auth(proxy))
+    return conn
+
+
+def _proxy_auth(proxy: SplitResult) -> dict[str, str]:
+    if proxy.username is None:
+        return {}
+    pair = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}".encode()
+    return {"Proxy-Authorization": f"Basic {base64.b64encode(pair).decode()}"}
 
 
 def _shown(parts: SplitResult) -> str:

@@ -23,7 +23,8 @@ def main(paths: list[Path], out: Path, recipe: str, targets: list[str], *, sampl
 
     out = out.resolve()
     rc = build(BuildOptions(paths=paths, out=out, only=[recipe], only_flag="--layers", targets=targets,
-                            cache_env=cache_env, set_aside_failed=False))  # the diagnosis reads the failed graph's artifacts
+                            cache_env=cache_env, set_aside_failed=False,  # the diagnosis reads the failed graph's artifacts
+                            summary=False))  # the diagnosis follows instead
     state = ninja.read_state(out, "plan.json") or {"actions": []}
     verifies = [load_spec(out / STATE / "actions" / spec_name(a["id"])) for a in state["actions"]
                 if a["kind"] == "verify" and recipe in a["recipes"]

@@ -4,18 +4,80 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 from ctxbuild.errors import CtxbuildError, UsageError, machine_limit
 from ctxbuild.engine.procs import interrupted, note_interrupt
 
+if TYPE_CHECKING:
+    from ctxbuild.engine.console import Console
+
+
+INTERNAL = ("action", "worker", "regenerate")  # what ninja and the driver run: not in help, not suggested
+
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+
     def error(self, message: str) -> NoReturn:  # argparse exits 2 too; keep our one-line format
-        raise UsageError(f"{self.prog}: {message}", f"see `{self.prog} --help`")
+        typo = re.match(r"argument COMMAND: invalid choice: '([^']*)'", message)
+        if typo:
+            from ctxbuild.recipes.suggest import did_you_mean
+
+            public = [c for c in _commands(self) if c not in INTERNAL]
+            raise UsageError(f"unknown command '{typo[1]}'",
+                             did_you_mean(typo[1], public, otherwise=f"commands: {', '.join(public)}"))
+        where = self.prog.removeprefix("ctxbuild").strip()  # main() prints "ctxbuild: error: " before it
+        raise UsageError(f"{where + ': ' if where else ''}{message}", f"see `{self.prog} --help`")
+
+
+def _commands(p: argparse.ArgumentParser) -> list[str]:
+    return list(getattr(p, "subcommands", {}))
+
+
+EXAMPLES = {
+    "ctxbuild": """examples:
+  ctxbuild build                       build recipes/ into out/ (what `make build` runs)
+  ctxbuild -C firmware build -q        as make -C: run in firmware/, print only errors
+  ctxbuild build --json > result.json  one JSON document with the results
+  ctxbuild targets                     the SoCs, their aliases and device names
+  ctxbuild completion bash > ~/.local/share/bash-completion/completions/ctxbuild""",
+    "build": """examples:
+  ctxbuild build                                   every recipe in recipes/ into out/
+  ctxbuild build recipes/detector.yaml -o out      one recipe
+  ctxbuild build --only detector --target SM8750   one recipe, one SoC
+  ctxbuild build -n                                what would run (a dry run; also under `make -n`)
+  ctxbuild build --json | jq .accuracy             results as JSON
+  ctxbuild build --remote-cache http://cache:8080  share a cache between machines""",
+    "verify": """examples:
+  ctxbuild verify                        re-verify what was built (cached results reused)
+  ctxbuild verify --layers detector      which layers lose the accuracy, and the likely fix""",
+    "inspect": """examples:
+  ctxbuild inspect out/SM8750/detector/detector_ctx.onnx
+  ctxbuild inspect --json vendor_model.bin""",
+    "wrap": """examples:
+  ctxbuild wrap vendor_model.bin -o wrappers/   one EPContext model per graph of the binary""",
+    "plan": """examples:
+  ctxbuild plan --format dot | dot -Tsvg > plan.svg""",
+    "completion": """examples:
+  ctxbuild completion bash > ~/.local/share/bash-completion/completions/ctxbuild
+  ctxbuild completion zsh > ~/.zfunc/_ctxbuild""",
+}
+
+
+def _common(p: argparse.ArgumentParser, *, default: Any) -> None:
+    """-C, -v, -q: accepted before the command (`ctxbuild -q build`) and after it (`ctxbuild build -q`)."""
+    p.add_argument("-C", dest="directory", type=Path, metavar="DIR", default=default,
+                   help="change to DIR before doing anything (as make -C, git -C, ninja -C)")
+    p.add_argument("-v", "--verbose", action="store_true", default=default,
+                   help="more output: the commands ninja runs, failed edges' command lines")
+    p.add_argument("-q", "--quiet", action="store_true", default=default,
+                   help="errors only: no progress lines, no summary")
 
 
 def _count(minimum: int) -> Callable[[str], int]:
@@ -41,14 +103,22 @@ def _size(text: str | None) -> int | None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ctxbuild", description="Build QNN context binaries and EPContext models from recipes.")
+    p = _Parser(prog="ctxbuild", description="Build QNN context binaries and EPContext models from recipes.",
+                epilog=EXAMPLES["ctxbuild"])
+    _common(p, default=None)
     p.add_argument("--version", action=_Version, nargs=0,
                    help="print ctxbuild's version and the toolchain its action keys depend on, then exit")
     # Subcommands added without help= (action, worker, regenerate: what ninja and the driver run) are
     # left out of --help; the metavar keeps argparse from listing them in the usage line.
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser, metavar="COMMAND")
+    p.subcommands = sub.choices  # type: ignore[attr-defined]
+    common = _Parser(add_help=False)
+    _common(common, default=argparse.SUPPRESS)  # after the command: only when given, else the global value
 
-    b = sub.add_parser("build", help="build recipes (default: recipes/) into OUT")
+    def command(name: str, help: str) -> argparse.ArgumentParser:  # noqa: A002 - argparse's own keyword
+        return sub.add_parser(name, help=help, parents=[common], epilog=EXAMPLES.get(name))
+
+    b = command("build", "build recipes (default: recipes/) into OUT")
     _paths_out(b)
     b.add_argument("-j", "--jobs", type=_count(0), help="parallel actions (0: no limit; default: make's jobserver, else ninja's)")
     b.add_argument("-k", "--keep-going", type=_count(0), default=1, metavar="N", help="go on until N failures (0: all)")
@@ -60,29 +130,32 @@ def _parser() -> argparse.ArgumentParser:
                    "(default: what is available when the build starts)")
     b.add_argument("--explain", action="store_true", help="say why each action ran or was restored")
     b.add_argument("--no-verify", action="store_true", help="skip simulator verification of the artifacts")
+    b.add_argument("--json", action="store_true", help="print one JSON document with the results on stdout "
+                   "(progress goes to stderr)")
     _cache_args(b)
     _executor_args(b)
 
-    v = sub.add_parser("verify", help="run only the verification of built artifacts (cached results reused)")
+    v = command("verify", "run only the verification of built artifacts (cached results reused)")
     _paths_out(v)
     v.add_argument("-j", "--jobs", type=_count(0), help="parallel actions (0: no limit; default: make's jobserver, else ninja's)")
     v.add_argument("--layers", metavar="RECIPE", help="diagnose RECIPE per layer: quantization vs HTP loss")
     v.add_argument("--target", action="append", default=[], metavar="NAME", help="with --layers: only this target")
     v.add_argument("--samples", type=_count(1), metavar="N", help="with --layers: samples to run (default: verify's)")
+    v.add_argument("--json", action="store_true", help="print one JSON document with the results on stdout")
     _cache_args(v)
     _executor_args(v)
 
-    i = sub.add_parser("inspect", help="describe a context binary (.bin) or EPContext model (_ctx.onnx)")
+    i = command("inspect", "describe a context binary (.bin) or EPContext model (_ctx.onnx)")
     i.add_argument("file", type=Path, help="a context binary, or an EPContext model (followed to its binary)")
     i.add_argument("--json", action="store_true", help="print JSON instead of text")
 
-    w = sub.add_parser("wrap", help="write EPContext wrappers for every graph of a context binary")
+    w = command("wrap", "write EPContext wrappers for every graph of a context binary")
     w.add_argument("file", type=Path, help="the context binary (.bin) to wrap")
     w.add_argument("-o", "--out", type=Path, default=Path("."), help="directory for the wrappers (default: .)")
     w.add_argument("--embed", action="store_true", help="embed the binary in each wrapper")
     w.add_argument("--quantized-io", action="store_true", help="expose the graph's integer I/O (no Q/DQ)")
 
-    ck = sub.add_parser("check", help="deploy gate: will OUT's wrappers load on a device runtime (and SoC)?")
+    ck = command("check", "deploy gate: will OUT's wrappers load on a device runtime (and SoC)?")
     ck.add_argument("path", type=Path, help="a build's output directory (its manifest.json), or one _ctx.onnx")
     ck.add_argument("--runtime", action="append", required=True, metavar="KEY=VERSION[,...]",
                     help="the devices' runtime: qairt=2.47 or onnxruntime-qnn=2.3.0, optionally ,onnxruntime=1.24.4 "
@@ -90,20 +163,20 @@ def _parser() -> argparse.ArgumentParser:
     ck.add_argument("--soc", metavar="NAME", help="the devices' SoC (default: the SoCs each artifact was built for)")
     ck.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
-    pl = sub.add_parser("plan", help="print the action graph")
+    pl = command("plan", "print the action graph")
     _paths_out(pl)
     pl.add_argument("--format", choices=["text", "json", "dot"], default="text",
                     help="text (default), json (actions and edges) or dot (Graphviz)")
 
-    t = sub.add_parser("targets", help="list known SoCs")
+    t = command("targets", "list known SoCs")
     t.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
-    c = sub.add_parser("clean", help="remove what ctxbuild wrote into OUT")
+    c = command("clean", "remove what ctxbuild wrote into OUT")
     c.add_argument("-o", "--out", type=Path, default=Path("out"), help="output directory (default: out)")
 
-    sub.add_parser("schema", help="print the recipe JSON Schema")
+    command("schema", "print the recipe JSON Schema")
 
-    ca = sub.add_parser("cache", help="local cache: stats, gc, clear")
+    ca = command("cache", "local cache: stats, gc, clear")
     csub = ca.add_subparsers(dest="cache_cmd", required=True, parser_class=_Parser)
     cs = csub.add_parser("stats", help="entries, size, and the last build's hits and misses")
     cs.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -112,6 +185,9 @@ def _parser() -> argparse.ArgumentParser:
     cc = csub.add_parser("clear", help="remove every entry")
     for c in (cs, cg, cc):
         c.add_argument("--cache-dir", type=Path, help="local cache (default: $CTXBUILD_CACHE_DIR or XDG cache)")
+
+    co = command("completion", "print a shell completion script (bash, zsh, tcsh)")
+    co.add_argument("shell", choices=["bash", "zsh", "tcsh"], help="the shell")
 
     a = sub.add_parser("action", description="internal: run one action (what a ninja edge runs)")
     a.add_argument("spec", help="the action's spec file (OUT/.ctxbuild/actions/<id>.json)")
@@ -178,6 +254,8 @@ def _cache_env(args: argparse.Namespace) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
+        if args.directory is not None:
+            _chdir(args.directory)
         if args.cmd not in ("action", "worker"):  # those two have their own signal handling
             catch_ctrl_c()
         code = _dispatch(args)
@@ -220,6 +298,20 @@ def catch_ctrl_c() -> None:
             default(unraisable)
 
     sys.unraisablehook = hook
+
+
+def _chdir(directory: Path) -> None:
+    """-C DIR: every relative path on the command line (recipes, -o, --cache-dir) is then relative to DIR."""
+    try:
+        os.chdir(directory)
+    except OSError as e:
+        raise UsageError(f"-C {directory}: {e.strerror}", "give an existing directory") from None
+
+
+def _console(args: argparse.Namespace) -> Console:
+    from ctxbuild.engine.console import Console
+
+    return Console(quiet=bool(args.quiet), verbose=bool(args.verbose), json=bool(getattr(args, "json", False)))
 
 
 def _on_sigint(signum: int, frame: object) -> None:
@@ -266,7 +358,8 @@ def _dispatch(args: argparse.Namespace) -> int:
                                   targets=args.target, only=args.only, dry_run=args.dry_run,
                                   compile_jobs=args.compile_jobs, explain=args.explain, verify=not args.no_verify,
                                   cache_env=_cache_env(args), memory_budget=_size(args.memory_budget),
-                                  executor=args.executor, executor_fallback=args.executor_fallback))
+                                  executor=args.executor, executor_fallback=args.executor_fallback,
+                                  console=_console(args)))
     if args.cmd == "verify" and args.layers:
         from ctxbuild.cli.layers import main as layers
 
@@ -277,7 +370,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return build(BuildOptions(paths=args.paths, out=args.out, jobs=args.jobs, verify_only=True,
                                   cache_env=_cache_env(args), executor=args.executor,
-                                  executor_fallback=args.executor_fallback))
+                                  executor_fallback=args.executor_fallback, console=_console(args)))
     if args.cmd == "inspect":
         from ctxbuild.qnn.contextbin import describe, format_text
 
@@ -312,6 +405,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         from ctxbuild.cli.cache import main as cache_main
 
         return cache_main(args)
+    if args.cmd == "completion":
+        import shtab
+
+        sys.stdout.write(shtab.complete(_parser(), shell=args.shell))
+        return 0
     if args.cmd == "schema":
         from ctxbuild.recipes.recipe import SCHEMA_PATH
 
@@ -349,12 +447,14 @@ def _targets(as_json: bool) -> int:
 
     if as_json:
         print(json.dumps([{"name": s.name, "soc_model": s.soc_model, "htp_arch": s.htp_arch, "vtcm_mb": s.vtcm_mb,
-                           "aliases": list(s.aliases), "marketing_name": s.marketing} for s in SOCS], indent=2))
+                           "aliases": list(s.aliases), "marketing_name": s.marketing, "devices": list(s.devices)}
+                          for s in SOCS], indent=2))
         return 0
-    print(f"{'name':<10} {'soc_model':>9} {'htp_arch':>8} {'vtcm_mb':>7}  aliases / marketing name")
+    print(f"{'name':<10} {'soc_model':>9} {'htp_arch':>8} {'vtcm_mb':>7}  aliases / marketing name / devices")
     for s in SOCS:
         print(f"{s.name:<10} {s.soc_model:>9} {'v' + str(s.htp_arch):>8} {s.vtcm_mb:>7}  "
-              f"{', '.join(s.aliases) + ' / ' if s.aliases else ''}{s.marketing}")
+              f"{', '.join(s.aliases) + ' / ' if s.aliases else ''}{s.marketing}"
+              f"{' / ' + ', '.join(s.devices) if s.devices else ''}")
     return 0
 
 

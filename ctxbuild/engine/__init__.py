@@ -1,1 +1,1 @@
-"""The driver: plan (re)use, ninja (render, quote, log, jobserver), restore, worker/client, runner, OUT placement."""
+"""The driver: plan (re)use, ninja (render, quote, log), console, restore, worker/client, runner, OUT placement."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from ctxbuild.plan import memory
 from ctxbuild.engine import edited, links, ninja, outdir
+from ctxbuild.engine.console import Console
 from ctxbuild.toolchain import installed as toolchain
 from ctxbuild.atomic import write_bytes, write_if_changed
 from ctxbuild.errors import CtxbuildError, UsageError
@@ -46,6 +47,8 @@ class BuildOptions:
     executor: str | None = None  # a Dask scheduler address, or "local"
     executor_fallback: str | None = None  # "local": build here when the scheduler is unreachable
     set_aside_failed: bool = True  # a failed verification's artifacts leave OUT/<target>/ (not for --layers)
+    console: Console = field(default_factory=Console)  # -q, -v, --json
+    summary: bool = True  # end with the summary (built/restored/failed, accuracy, report path)
 
 
 def default_compile_jobs() -> int:
@@ -124,6 +127,10 @@ def ninja_targets(state: dict[str, Any], opts: BuildOptions) -> list[str]:
     for name in opts.only:
         if name not in recipes:
             raise UsageError(f"{opts.only_flag} {name}: no such recipe", _close(name, recipes))
+    if opts.targets:  # a device or marketing name selects its SoC's target ("Samsung Galaxy S24": SM8650)
+        from ctxbuild.recipes.targets import lookup
+
+        opts.targets = [n if n in targets or lookup(n) is None else lookup(n).name for n in opts.targets]
     for name in opts.targets:
         if name not in targets:
             raise UsageError(f"--target {name}: no recipe builds for it", _close(name, targets))
@@ -163,8 +170,17 @@ def build(opts: BuildOptions) -> int:
         raise
 
 
+def make_dry_run(makeflags: str) -> bool:
+    """`make -n` runs recipe lines marked `+` (so that recursive makes can print what they would do): GNU
+    make passes its single-letter flags as MAKEFLAGS' first word ("n -j2 ...", "kns"). A `ctxbuild build`
+    under `make -n` is a dry run, as a recursive $(MAKE) would be."""
+    first = makeflags.split(" ", 1)[0] if makeflags else ""
+    return not first.startswith("-") and "=" not in first and "n" in first
+
+
 def _build(opts: BuildOptions) -> int:
     started = time.monotonic()
+    opts.dry_run = opts.dry_run or make_dry_run(os.environ.get("MAKEFLAGS", ""))
     os.environ.update(opts.cache_env)  # the driver's own cache lookups (toolchain memo) follow the flags too
     os.environ[memory.BUDGET_ENV] = str(opts.memory_budget or memory.default_budget())  # for the worker
     build_id = os.urandom(16).hex()
@@ -181,7 +197,7 @@ def _build(opts: BuildOptions) -> int:
         _check_remote_url({**os.environ, **env})
         if opts.dry_run:
             return 0 if ninja.run(opts.out, targets, jobs=opts.jobs, keep_going=opts.keep_going, dry_run=True,
-                                  env=env) == 0 else 1
+                                  env=env, console=opts.console) == 0 else 1
         if address is not None:  # before ninja's dry run (it makes output directories): a dead farm leaves none
             state, jobs_default = _start_farm(opts, address, stack, env, build_id, state)
             opts.jobs = opts.jobs or jobs_default
@@ -190,13 +206,13 @@ def _build(opts: BuildOptions) -> int:
         edited.remove_edited_outputs(opts.out, state)  # ninja sees an edited output as up to date
         pending = ninja.pending(opts.out, targets)
         if pending == []:  # nothing to run: no worker, no second ninja, no rewrite of unchanged summaries
-            print("ninja: no work to do.")
+            opts.console.info("ninja: no work to do.")
             _write_summary(opts.out, [])
             if _summaries_current(opts.out):
-                return _deploy_gate(opts.out, None)  # a no-op build still says what will not load
-            return _finish(opts, state, build_id, 0, started)
+                return _conclude(opts, _deploy_gate(opts.out, None), noop=True)
+            return _finish(opts, state, build_id, 0, started, noop=True)
         _remove_dead_temps(opts.out)
-        from ctxbuild.engine import jobserver, worker
+        from ctxbuild.engine import worker
 
         w = stack.enter_context(worker.running(opts.out / STATE / "worker.log"))
         os.environ.update(env)  # the cache settings, for the actions restored in this process
@@ -205,15 +221,16 @@ def _build(opts: BuildOptions) -> int:
         else:
             from ctxbuild.engine.prerestore import restore_pending
 
-            if restore_pending(opts.out, state, pending, build_id, on_miss=w.start):
+            if restore_pending(opts.out, state, pending, build_id, on_miss=w.start, say=opts.console.info):
                 return _finish(opts, state, build_id, 0, started)  # all restored: ninja has nothing to do
-        with jobserver.for_ninja(opts.jobs) as (jobs, js_env):
-            rc = ninja.run(opts.out, targets, jobs=jobs, keep_going=opts.keep_going, dry_run=False,
-                           env={**env, **js_env, **w.env})
+        # Without -j, ninja 1.13.2 (PyPI) takes its slots from make's jobserver itself, fifo or pipe (make 4.3)
+        rc = ninja.run(opts.out, targets, jobs=opts.jobs, keep_going=opts.keep_going, dry_run=False,
+                       env={**env, **w.env}, console=opts.console)
     return _finish(opts, state, build_id, rc, started)
 
 
-def _finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, started: float) -> int:
+def _finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, started: float, *,
+            noop: bool = False) -> int:
     """Records -> summary, --explain, invalidation after failures, manifest and report."""
     from ctxbuild.outputs.manifest import read_records, write as write_manifest
 
@@ -236,13 +253,13 @@ def _finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, s
                  driver_peak_rss=memory.peak_rss(children=False))  # not ninja's, not the worker's
     _note_summarized(opts.out)
     if rc != 0:
-        for r in failed:
+        for r in failed:  # each failure once: ninja's FAILED header and the action's own error line are not shown
             print(f"ctxbuild: FAILED {r['id']}: {r.get('cause', 'see log')} (log: {opts.out / r['log']})",
                   file=sys.stderr)
         if not failed:
             print("ctxbuild: ninja failed before running an action (see above)", file=sys.stderr)
-        return 1
-    return _deploy_gate(opts.out, manifest)
+        return _conclude(opts, 1, noop=noop)
+    return _conclude(opts, _deploy_gate(opts.out, manifest), noop=noop)
 
 
 def _deploy_gate(out: Path, manifest: dict[str, Any] | None) -> int:
@@ -258,6 +275,19 @@ def _deploy_gate(out: Path, manifest: dict[str, Any] | None) -> int:
     for line in lines:
         print(f"ctxbuild: FAILED deploy gate: {line}", file=sys.stderr)
     return 1 if lines else 0
+
+
+def _conclude(opts: BuildOptions, rc: int, *, noop: bool) -> int:
+    """The summary (last lines: accuracy per graph, the report's path), or with --json the results document."""
+    from ctxbuild.outputs import summary
+
+    if opts.console.json:
+        print(json.dumps(summary.document(opts.out, rc, noop=noop), indent=2))
+    elif opts.summary and not opts.console.quiet:
+        sys.stderr.flush()
+        for line in summary.text(summary.document(opts.out, rc, noop=noop)):
+            print(line)
+    return rc
 
 
 def _executor(opts: BuildOptions, state: dict[str, Any] | None) -> str | None:

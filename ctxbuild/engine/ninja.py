@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +16,7 @@ from ctxbuild.plan import kinds
 from ctxbuild.atomic import write_if_changed
 from ctxbuild.layout import STATE, depfile_path, log_path, rel
 from ctxbuild.engine.links import linked_inputs
+from ctxbuild.engine.console import Console
 from ctxbuild.engine.ninjaquote import ninja_command, ninja_path, ninja_value
 from ctxbuild.engine.procs import check_interrupt, die_with_parent, run_interruptible
 from ctxbuild.outputs.search_table import candidate_actions
@@ -123,7 +126,8 @@ def clean_dead(out: Path, planned: set[str]) -> None:
     so neither the manifest nor the report can list them."""
     state = out / STATE
     if (state / ".ninja_log").is_file():
-        subprocess.run([ninja_binary(), "-t", "cleandead"], cwd=out, stdout=subprocess.DEVNULL, check=False)
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS")}  # a tool, no job slots
+        subprocess.run([ninja_binary(), "-t", "cleandead"], cwd=out, stdout=subprocess.DEVNULL, check=False, env=env)
     dirs: set[Path] = set()
     for record in (state / "records").glob("*.json"):
         try:
@@ -167,18 +171,58 @@ def _toolchain_files() -> list[Path]:
 
 
 def run(out: Path, targets: list[str], *, jobs: int | None, keep_going: int, dry_run: bool,
-        env: dict[str, str] | None = None) -> int:
-    cmd = [ninja_binary()]
+        env: dict[str, str] | None = None, console: Console | None = None) -> int:
+    console = console or Console()
+    cmd = [ninja_binary(), *console.ninja_args()]
     if jobs is not None:
         cmd += ["-j", str(jobs)]
     cmd += ["-k", str(keep_going)]
     if dry_run:
         cmd.append("-n")
     cmd += targets
-    full_env = {**os.environ, **(env or {})}
+    full_env = {**os.environ, **(env or {}), **console.ninja_env()}
     full_env.setdefault("NINJA_STATUS", "[%f/%t] ")
+    fds = jobserver_fds(full_env)
     # cwd, not -C: no "Entering directory" noise. ninja dies with the driver (it kills its running edges).
-    return run_interruptible(cmd, env=full_env, cwd=out, preexec_fn=die_with_parent)
+    # Its stdout comes through the console filter (each failure once, no internal command lines).
+    readers: list[threading.Thread] = []
+
+    def started(p: subprocess.Popen[bytes]) -> None:
+        for pipe, stream in ((p.stdout, None), (p.stderr, sys.stderr)):
+            assert pipe is not None  # a copy of the pipe: Popen closes its own on the way out, maybe mid-read
+            readers.append(threading.Thread(target=console.ninja_output, daemon=True,
+                                            args=(os.fdopen(os.dup(pipe.fileno()), "rb"), stream)))
+            readers[-1].start()
+
+    try:
+        return run_interruptible(cmd, env=full_env, cwd=out, preexec_fn=die_with_parent, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, on_start=started, pass_fds=fds)
+    finally:
+        for r in readers:
+            r.join()
+
+
+_JOBSERVER_AUTH = re.compile(r" ?--jobserver-(?:auth|fds)=(\S+)")
+
+
+def jobserver_fds(env: dict[str, str]) -> tuple[int, ...]:
+    """make's jobserver, for ninja (>= 1.13.2 reads both of make's protocols itself; measured: under
+    `make -j2` it ran 2 actions at once, alone 3). The fifo protocol (make >= 4.4) names a path; make 4.3's
+    names two inherited fds, which subprocess would close: they are passed on. If make did not pass them
+    (a recipe line not marked `+`), the auth is dropped from MAKEFLAGS, or ninja stops with "could not
+    initialize jobserver"; ninja then runs as it would alone."""
+    flags = env.get("MAKEFLAGS", "")
+    m = _JOBSERVER_AUTH.search(flags)
+    if m is None or m.group(1).startswith("fifo:"):
+        return ()
+    try:
+        fds = tuple(int(x) for x in m.group(1).split(","))
+        for fd in fds:
+            os.fstat(fd)
+        return fds
+    except (ValueError, OSError):
+        env["MAKEFLAGS"] = _JOBSERVER_AUTH.sub("", flags)
+        return ()
 
 
 def pending(out: Path, targets: list[str]) -> list[str] | None:

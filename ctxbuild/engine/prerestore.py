@@ -41,9 +41,10 @@ class Restored:
 
 
 def restore_pending(out: Path, plan: dict[str, Any], commands: list[str], build_id: str,
-                    on_miss: Callable[[], None]) -> bool:
+                    on_miss: Callable[[], None], say: Callable[[str], None] = print) -> bool:
     """Restore what can be restored of `commands` (ninja -n -v, in order). `on_miss` is called as soon as
-    something is known to be left for ninja to run. True: nothing is (ninja would find all up to date)."""
+    something is known to be left for ninja to run. True: nothing is (ninja would find all up to date).
+    `say`: where progress lines go (the build's console)."""
     marker = f" {STATE}/actions/"
     by_spec = {spec_name(a["id"]): a for a in plan["actions"]}
     pending: dict[str, str] = {}  # action id -> its command as ninja evaluates it
@@ -82,15 +83,15 @@ def restore_pending(out: Path, plan: dict[str, Any], commands: list[str], build_
                 done[aid] = result.wrote
                 if result.ran:
                     restored.append(aid)
-                    print(f"[restored {len(restored)}/{n}] {result.description}")
+                    say(f"[restored {len(restored)}/{n}] {result.description}")
     for w in restorer.warnings:
         print(f"ctxbuild: warning: {w}", file=sys.stderr)
     logged = bool(done) and ninjalog.append(out / STATE, restorer.log_entries)
     if done:
         if not logged:
             on_miss()  # ninja will run them again (each a cache hit): slower, still right
-        print(f"ctxbuild: restored {len(restored)} of {n} pending actions from the cache "
-              f"in {time.monotonic() - t0:.2f} s", flush=True)
+        say(f"ctxbuild: restored {len(restored)} of {n} pending actions from the cache "
+            f"in {time.monotonic() - t0:.2f} s")
     return logged and len(done) == n
 
 

@@ -7,7 +7,7 @@ import select
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -32,14 +32,17 @@ def check_interrupt() -> None:
         raise KeyboardInterrupt
 
 
-def run_interruptible(cmd: list[str], **popen: Any) -> int:
+def run_interruptible(cmd: list[str], *, on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
+                      **popen: Any) -> int:
     """Run `cmd` (ninja) to its end; a Ctrl-C is passed on to it, then raised here as KeyboardInterrupt once it
     has stopped. While it runs, SIGINT only sets the flag: raised from the handler, KeyboardInterrupt landed in
     whatever Python code ran next (seen: a weakref callback, which drops it with a traceback), and a SIGINT
     the kernel gave another thread left the main thread in waitpid until ninja had built everything; one
     that reached the child before its exec was lost to it. The flag is checked whenever ninja exits, the
-    signal's wakeup fd fires, or every second."""
+    signal's wakeup fd fires, or every second. `on_start`: called with the process (e.g. to read its pipe)."""
     with _sigint_noted() as wake, subprocess.Popen(cmd, **popen) as p:
+        if on_start is not None:
+            on_start(p)
         pidfd = os.pidfd_open(p.pid)
         try:
             forwarded = False

@@ -380,7 +380,8 @@ def _print_failure(action: Action, log_path: Path, cause: str) -> None:
     if lines:
         print(f"--- log of {action.description} ({log_path}), last lines:", file=sys.stderr)
         print("\n".join(lines[-15:]), file=sys.stderr)
-    print(f"error: {action.description}: {cause}", file=sys.stderr)
+    if not os.environ.get("CTXBUILD_BUILD_ID"):  # under `ctxbuild build` the driver names the failure, once
+        print(f"error: {action.description}: {cause}", file=sys.stderr)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

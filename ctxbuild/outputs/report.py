@@ -115,6 +115,12 @@ def _rows(out: Path, plan: dict[str, Any], manifest: dict[str, Any], records: di
             for r in a["recipes"]:
                 verifies.setdefault((r, a["target"]["name"]), []).append(a)
     sizes, sharing = _artifact_sizes(manifest)
+    files: dict[tuple[str, str], list[dict[str, Any]]] = {}  # the row's artifacts, linked from the report
+    for art in manifest.get("artifacts", []):
+        if art.get("target") and art.get("path"):
+            files.setdefault((art["recipe"], art["target"]["name"]), []).append(
+                {"path": art["path"], "size": art.get("size"),
+                 "kind": "bin" if str(art["path"]).endswith(".bin") else "ctx"})
     deliverables = {art["action"] for art in plan.get("artifacts", [])}
     if not deliverables:  # an older plan.json: every action of a deliverable kind is one
         deliverables = {a["id"] for a in actions if a["kind"] in kinds.names(deliverable=True)}
@@ -127,6 +133,7 @@ def _rows(out: Path, plan: dict[str, Any], manifest: dict[str, Any], records: di
             pair = (recipe, a["target"]["name"])
             rows.append(_row(a, recipe, spec, records, status, by_id, failed_up, verifies.get(pair, []), sizes,
                              a["id"] in this_build, sharing.get(pair)))
+            rows[-1]["files"] = sorted(files.get(pair, []), key=lambda f: (f["kind"] != "ctx", f["path"]))
     rows.sort(key=lambda r: (_natural(r["recipe"]), r["target"]["name"]))
     notes = {art["action"]: art["verify_note"] for art in plan.get("artifacts", []) if art.get("verify_note")}
     for row in rows:  # verification left off by default (a large model): said, not silently skipped
@@ -501,7 +508,26 @@ def render_html(report: dict[str, Any], out: Path | None = None) -> str:
             pass
     env = environment(autoescape=True, bytecode_cache=cache, auto_reload=True)
     env.filters.update(size=fmt_size, secs=fmt_secs, pct=fmt_pct, num=fmt_num)
-    return env.get_template("report.html.j2").render(r=report, b=report["build"])
+    from ctxbuild.outputs import plots
+
+    rows = report["rows"]
+    drawn = {"accuracy": plots.accuracy(rows), "bins": plots.bin_sizes(rows),
+             "search": [plots.search(r["search"]) if r.get("search") else None for r in rows],
+             "layers": [{v["graph"]: plots.layer_loss(v["layers"]) for v in r["verify"] if v.get("layers")}
+                        for r in rows]}
+    return env.get_template("report.html.j2").render(r=report, b=report["build"],
+                                                    plots={k: _markup(v) for k, v in drawn.items()})
+
+
+def _markup(v: Any) -> Any:
+    """The plots are SVG built with escaped text: mark them safe for the autoescaping template."""
+    from markupsafe import Markup
+
+    if isinstance(v, list):
+        return [_markup(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _markup(x) for k, x in v.items()}
+    return None if v is None else Markup(v)
 
 
 def fmt_secs(s: float | None) -> str:

@@ -529,6 +529,9 @@ def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any],
                                   "give a directory of .npz/.npy samples, relative to the recipe")
         calibration = Calibration(cdir, bool(cal.get("random")) and cdir is None, cal.get("samples", 8))
     inputs = {k: tuple(v) for k, v in spec.get("inputs", {}).items()}
+    from ctxbuild.recipes import inputs as input_check
+
+    input_check.check(model, inputs, {k: f"{f}:{line_of(data, path + ['inputs', k])}" for k in inputs}, where)
     return Graph(name=name, model=model, inputs=inputs, calibration=calibration)
 
 

@@ -25,7 +25,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -96,24 +96,90 @@ def snr_db(ref: Any, got: Any) -> float:
 @dataclass
 class CpuSide:
     float_acts: dict[str, list[np.ndarray]]
-    qdq_acts: dict[str, list[np.ndarray]]  # original tensor name -> its value after Q/DQ
+    qdq_acts: dict[str, list[np.ndarray]]  # float model's tensor name -> the QDQ model's value after Q/DQ
     quant_snr: dict[str, float]  # float vs QDQ-on-CPU, per tensor (cumulative)
     weight_snr: dict[str, float]  # float weight vs its dequantized value
+    producer: dict[str, str] = field(default_factory=dict)  # tensor -> the QDQ model's node computing it
+    activation_bits: int = 0  # the widest activation QuantizeLinear of the QDQ model (0: none)
+
+
+def qdq_tensors(qdq: Any, float_tensors: set[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Where the QDQ model holds each float tensor's quantized value: float tensor -> QDQ tensor, and the
+    QDQ node that computes it (before its QuantizeLinear).
+
+    The quantizer fuses an activation into its producer (Conv+Relu: the Relu is removed and the Conv writes
+    the Relu's output name, its QuantizeLinear range clamping at 0), so the QDQ model's tensor of that name
+    is the Conv's raw output; only the DequantizeLinear after its QuantizeLinear is the Relu's value. A
+    graph output's last DequantizeLinear writes the output's own name."""
+    nodes = list(qdq.graph.node)
+    producer = {o: n for n in nodes for o in n.output}
+    inits = {i.name for i in qdq.graph.initializer}
+    where: dict[str, str] = {}
+    computed_by: dict[str, str] = {}
+    for dq in nodes:
+        q = producer.get(dq.input[0]) if dq.op_type == "DequantizeLinear" else None
+        if q is None or q.op_type != "QuantizeLinear" or q.input[0] in inits:
+            continue
+        name = dq.output[0] if dq.output[0] in float_tensors else q.input[0]
+        if name in float_tensors and name not in where:
+            where[name] = dq.output[0]
+            src = producer.get(q.input[0])
+            if src is not None:
+                computed_by[name] = src.name
+    for n in nodes:  # tensors the QDQ model computes without quantizing them
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        for o in n.output:
+            if o in float_tensors and o not in where and o not in {q.input[0] for q in nodes
+                                                                     if q.op_type == "QuantizeLinear"}:
+                where[o], computed_by[o] = o, n.name
+    return where, computed_by
+
+
+def activation_bits(qdq: Any) -> int:
+    """8 or 16: the widest integer type the QDQ model quantizes activations to (its zero points' type)."""
+    from onnx import TensorProto
+
+    inits = {i.name: i for i in qdq.graph.initializer}
+    wide = (TensorProto.UINT16, TensorProto.INT16)
+    bits = [16 if inits[n.input[2]].data_type in wide else 8 for n in qdq.graph.node
+            if n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in inits and n.input[0] not in inits]
+    return max(bits, default=0)
+
+
+def _qdq_activations(qdq: Path, samples: list[dict[str, np.ndarray]], tmp: Path,
+                     float_tensors: set[str]) -> tuple[dict[str, list[np.ndarray]], dict[str, str], int]:
+    """Run the QDQ model on the CPU with each float tensor's quantized counterpart a graph output."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    src = _private(qdq, tmp, "qdq.onnx")
+    m = onnx.load(src, load_external_data=False)
+    where, computed_by = qdq_tensors(m, float_tensors)
+    outputs = {o.name for o in m.graph.output}
+    for t in dict.fromkeys(where.values()):
+        if t not in outputs:
+            m.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
+    augmented = tmp / "qdq.augmented.onnx"
+    onnx.save(m, str(augmented))
+    so = ort.SessionOptions()  # the QDQ arithmetic as written: fused integer kernels (QLinearConv) round otherwise
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(str(augmented), so, providers=["CPUExecutionProvider"])
+    names = list(dict.fromkeys(where.values()))
+    acts: dict[str, list[np.ndarray]] = {t: [] for t in where}
+    for s in samples:
+        got = dict(zip(names, sess.run(names, s)))
+        for t, q in where.items():
+            acts[t].append(np.ravel(got[q]))
+    return acts, computed_by, activation_bits(m)
 
 
 def cpu_side(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], tmp: Path) -> CpuSide:
-    from onnxruntime.quantization.qdq_loss_debug import create_activation_matching
-
     f = _activations(reference, samples, tmp, "float")
-    q = _activations(qdq, samples, tmp, "qdq")
-    match = create_activation_matching(q, f)
-    post = {name: m["post_qdq"] for name, m in match.items() if "float" in m}
+    post, computed_by, bits = _qdq_activations(qdq, samples, tmp, set(f))
     quant = {name: snr_db(f[name], v) for name, v in post.items()}
-    # Graph outputs: the QDQ model's last DequantizeLinear writes the output's own name.
-    for name, v in f.items():
-        if name not in post and name in q:
-            post[name], quant[name] = q[name], snr_db(v, q[name])
-    return CpuSide(f, post, quant, weight_snr(reference, qdq))
+    return CpuSide(f, post, quant, weight_snr(reference, qdq), computed_by, bits)
 
 
 def weight_snr(reference: Path, qdq: Path) -> dict[str, float]:
@@ -185,19 +251,39 @@ def _added_db(out_snr: float, in_snr: float) -> float | None:
     return round(10 * np.log10(added), 2) if added > 1e-12 else None
 
 
-def node_losses(g: Graph, snr: dict[str, float]) -> dict[str, dict[str, Any]]:
-    """Per node with a measured output: SNR in (worst input) and out, and the noise it adds."""
+def fused_group(g: Graph, node: Any, head: str | None) -> list[Any]:
+    """The float nodes the quantizer fused into `head` (the QDQ node computing `node`'s output): the chain
+    from `head` down to `node` along first inputs (Conv -> Relu), or `node` alone."""
+    by_name = {n.name: n for n in g.nodes}
+    if head is None or head == node.name or head not in by_name:
+        return [node]
+    chain = [node]
+    while chain[-1].name != head:
+        up = g.producer.get(chain[-1].input[0]) if chain[-1].input else None
+        if up is None or len(chain) > 8:
+            return [node]
+        chain.append(up)
+    return chain[::-1]
+
+
+def node_losses(g: Graph, snr: dict[str, float], computed_by: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Per node with a measured output: SNR in (worst input) and out, and the noise it adds. A node the
+    quantizer fused with the ones after it (Conv+Relu) is one row, named after the first (`fused`: the rest)."""
     memo: dict[str, float] = {}
     rows = {}
     for n in g.nodes:
         outs = [o for o in n.output if o in snr]
         if not outs:
             continue
+        group = fused_group(g, n, (computed_by or {}).get(outs[0]))
+        head = group[0]
         out_snr = min(snr[o] for o in outs)
-        in_snr = min((g.upstream(i, snr, memo) for i in n.input if i and i not in g.sources), default=_CAP)
-        rows[n.name or outs[0]] = {"node": n.name or outs[0], "op_type": n.op_type, "tensor": outs[0],
-                                   "snr_in_db": round(in_snr, 2), "snr_db": round(out_snr, 2),
-                                   "added_db": _added_db(out_snr, in_snr)}
+        in_snr = min((g.upstream(i, snr, memo) for i in head.input if i and i not in g.sources), default=_CAP)
+        name = head.name or outs[0]
+        rows[name] = {"node": name, "op_type": "+".join(x.op_type for x in group), "tensor": outs[0],
+                      "fused": [x.name for x in group[1:]],
+                      "snr_in_db": round(in_snr, 2), "snr_db": round(out_snr, 2),
+                      "added_db": _added_db(out_snr, in_snr)}
     return rows
 
 
@@ -321,13 +407,13 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
 
     htp = {t: snr_db(cpu.qdq_acts[t], v) for t, v in probed.items()}
     total = {t: snr_db(cpu.float_acts[t], v) for t, v in probed.items()}
-    q_rows = node_losses(g, cpu.quant_snr)
-    h_rows = node_losses(g, htp)
+    q_rows = node_losses(g, cpu.quant_snr, cpu.producer)
+    h_rows = node_losses(g, htp, cpu.producer)
     weights_of = _weights_per_node(float_model, cpu.weight_snr)
     nodes = []
     for name, qr in q_rows.items():
         hr = h_rows.get(name)
-        nodes.append({"node": name, "op_type": qr["op_type"], "tensor": qr["tensor"],
+        nodes.append({"node": name, "op_type": qr["op_type"], "tensor": qr["tensor"], "fused": qr["fused"],
                       "weight_snr_db": weights_of.get(name),
                       "quant_snr_db": qr["snr_db"], "quant_added_db": qr["added_db"],
                       "htp_snr_db": hr["snr_db"] if hr else None, "htp_added_db": hr["added_db"] if hr else None,
@@ -355,7 +441,7 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
             "worst_quantization": worst_q, "worst_htp": worst_h, "nodes": len(nodes), "probe_runs": runs,
             "hint": _weak_slice_fix(outputs, thresholds)
             or likely_fix(where, worst_q if where == "quantization" else worst_h, weights_of,
-                          _weights_per_node(float_model, cpu.weight_snr, role=2))}
+                          _weights_per_node(float_model, cpu.weight_snr, role=2), cpu.activation_bits)}
 
 
 def _cat(x: list[np.ndarray], shape: list[int | None] | None) -> np.ndarray:
@@ -393,8 +479,9 @@ def _weak_slice_fix(outputs: dict[str, Any], t: dict[str, float]) -> str | None:
 
 
 def likely_fix(where: str, worst: list[dict[str, Any]], weights: dict[str, float] | None = None,
-               biases: dict[str, float] | None = None) -> str:
-    """The fix the numbers point at. `weights`, `biases`: node -> SNR of its quantized weight / bias."""
+               biases: dict[str, float] | None = None, activation_bits: int = 8) -> str:
+    """The fix the numbers point at. `weights`, `biases`: node -> SNR of its quantized weight / bias;
+    `activation_bits`: what the QDQ model quantizes activations to (16: do not advise 16-bit activations)."""
     names = [n["node"] for n in worst[:3]]
     listed = ", ".join(f"{n['node']} ({n['op_type']})" for n in worst[:3]) or "none measured"
     if where == "htp":
@@ -413,6 +500,9 @@ def likely_fix(where: str, worst: list[dict[str, Any]], weights: dict[str, float
         return (f"quantization loses it: {len(coarse)} weight tensor(s) keep less than {WEAK_WEIGHT_DB:.0f} dB "
                 f"(worst: {shown}): use per-channel weights or 16-bit weights; the noise grows most at {listed} "
                 f"(candidates for 16-bit overrides)")
+    if activation_bits >= 16:  # the activations have their range already: the weights are what is left
+        return (f"quantization loses it, most at {listed}, with 16-bit activations already: per-channel weights "
+                f"(quantization.per_channel) or 16-bit weights for nodes {', '.join(names)}, or move them off the NPU")
     return (f"quantization loses it, most at {listed}: their activations need more range: 16-bit activations, "
             f"or overrides for nodes {', '.join(names)}, or move them off the NPU")
 
@@ -443,9 +533,9 @@ def failure_hint(reference: Path, compiled: Path, samples: list[dict[str, np.nda
         from ctxbuild.graph.modelio import load
 
         model = load(reference, external_data=False)
-        rows = list(node_losses(Graph(model), cpu.quant_snr).values())
+        rows = list(node_losses(Graph(model), cpu.quant_snr, cpu.producer).values())
         return likely_fix("quantization", _worst(rows, "added_db", 3), _weights_per_node(model, cpu.weight_snr),
-                          _weights_per_node(model, cpu.weight_snr, role=2)) + f"; {more}"
+                          _weights_per_node(model, cpu.weight_snr, role=2), cpu.activation_bits) + f"; {more}"
     except Exception as e:  # noqa: BLE001 - a hint must never hide the verification failure itself
         return f"{more} (no quick diagnosis: {type(e).__name__})"
 

@@ -1,0 +1,51 @@
+"""A model's graph inputs (names and shapes) for plan-time checks: read without external data, memoized in
+the user cache by the file's stat (a re-plan does not parse the same model twice)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from ctxbuild.atomic import write_bytes
+from ctxbuild.layout import cache_dir
+
+Dim = int | str | None  # a fixed size, a named dynamic dim, or an unnamed one
+MEMO = "memo/graph-inputs"
+
+
+def graph_input_shapes(model: Path) -> dict[str, list[Dim]] | None:
+    """name -> shape for each real graph input (initializers excluded); None if the file does not parse as
+    ONNX (the prepare action reports that, with its own message)."""
+    st = model.stat()
+    stamp = [str(model.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+    memo = cache_dir() / MEMO / f"{hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32]}.json"
+    try:
+        return json.loads(memo.read_text())
+    except (OSError, ValueError):
+        pass
+    shapes = _read(model)
+    if shapes is not None:
+        try:
+            write_bytes(memo, json.dumps(shapes).encode(), durable=False)
+        except OSError:  # a read-only cache: no memo, same answer
+            pass
+    return shapes
+
+
+def _read(model: Path) -> dict[str, list[Dim]] | None:
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    from ctxbuild.graph.modelio import graph_inputs
+
+    try:
+        m = onnx.load(os.fspath(model), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError, OSError):
+        return None
+    shapes: dict[str, list[Dim]] = {}
+    for i in graph_inputs(m):
+        dims = i.type.tensor_type.shape.dim
+        shapes[i.name] = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
+                          else (d.dim_param or None) for d in dims]
+    return shapes

@@ -1,0 +1,81 @@
+"""The end of a build, from report.json: actions built/restored/failed, accuracy per graph per target, where
+the report is; as text lines or as the one JSON document of `ctxbuild build --json`."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def document(out: Path, returncode: int, *, noop: bool = False) -> dict[str, Any]:
+    """The build's results. `noop`: nothing ran (the accuracy is the last build's, still current)."""
+    try:
+        report = json.loads((out / "report.json").read_text())
+    except (OSError, ValueError):
+        report = {}
+    b = report.get("build") or {}
+    actions = ({"built": 0, "restored": 0, "failed": 0} if noop else
+               {"built": b.get("built", 0), "restored": b.get("from_cache", 0), "failed": b.get("failed", 0)})
+    try:
+        artifacts = json.loads((out / "manifest.json").read_text()).get("artifacts", [])
+    except (OSError, ValueError):
+        artifacts = []
+    return {"ok": returncode == 0, "exit_code": returncode, "out": str(out), "up_to_date": noop,
+            "actions": actions, "wall_seconds": None if noop else b.get("wall_seconds"),
+            "accuracy": accuracy(report.get("rows") or []),
+            "failures": [{k: f.get(k) for k in ("id", "cause", "log")} for f in report.get("failures") or []
+                         if f.get("this_build") and not noop],
+            "artifacts": [{k: a.get(k) for k in ("recipe", "graph", "kind", "path", "size", "sha256")}
+                          | {"target": (a.get("target") or {}).get("name")} for a in artifacts],
+            "report": str(out / "report.html"), "manifest": str(out / "manifest.json")}
+
+
+def accuracy(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per verified graph per target (and adapter): the worst output's cosine and SNR."""
+    result = []
+    for row in rows:
+        for v in row.get("verify") or []:
+            outs = v.get("outputs") or []
+            result.append({"recipe": row.get("recipe"), "graph": v.get("graph"), "adapter": v.get("adapter"),
+                           "target": (row.get("target") or {}).get("name"), "status": v.get("status"),
+                           "passed": v.get("passed"),
+                           "cosine": min((o["cosine"] for o in outs), default=None),
+                           "snr_db": min((o["snr_db"] for o in outs), default=None),
+                           "thresholds": v.get("thresholds")})
+    return result
+
+
+def text(doc: dict[str, Any]) -> list[str]:
+    a = doc["actions"]
+    if doc["up_to_date"]:
+        head = "ctxbuild: up to date"
+    else:
+        secs = f" in {doc['wall_seconds']:.1f} s" if doc.get("wall_seconds") is not None else ""
+        head = f"ctxbuild: {a['built']} built, {a['restored']} restored, {a['failed']} failed{secs}"
+    lines = [head]
+    acc = doc["accuracy"]
+    if acc:
+        width = max(len("graph"), *(len(_graph(r)) for r in acc))
+        tw = max(len("target"), *(len(r["target"] or "-") for r in acc))
+        lines.append(f"  {'graph':<{width}}  {'target':<{tw}} {'cosine':>8} {'SNR dB':>7}  verdict")
+        for r in acc:
+            cos = "-" if r["cosine"] is None else f"{r['cosine']:.4f}"
+            snr = "-" if r["snr_db"] is None else f"{r['snr_db']:.1f}"
+            lines.append(f"  {_graph(r):<{width}}  {r['target'] or '-':<{tw}} {cos:>8} {snr:>7}  {_verdict(r)}")
+    elif doc["artifacts"]:
+        lines.append("  (no graph verified: --no-verify or `verify: false`)")
+    lines.append(f"ctxbuild: report: {doc['report']}")
+    return lines
+
+
+def _graph(r: dict[str, Any]) -> str:
+    return r["graph"] + (f"+{r['adapter']}" if r.get("adapter") else "")
+
+
+def _verdict(r: dict[str, Any]) -> str:
+    if r["passed"]:
+        return "ok"
+    t = r.get("thresholds") or {}
+    if r["cosine"] is None:
+        return "FAILED (see above)"
+    return f"FAILED (min cosine {t.get('min_cosine')}, min SNR {t.get('min_snr_db')} dB)"

@@ -1,0 +1,60 @@
+"""A recipe's `inputs:` checked against the model's graph inputs when planning: a wrong name, rank or fixed
+dim, or a dynamic dim left open, is a recipe error with file:line (not a failed prepare action)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ctxbuild.errors import RecipeError
+from ctxbuild.graph.signature import Dim, graph_input_shapes
+
+LAYOUTS = {(0, 3, 1, 2): "NHWC", (0, 2, 3, 1): "NCHW"}  # the recipe's dims taken in this order fit the model: its layout
+
+
+def check(model: Path, given: dict[str, tuple[int, ...]], where: dict[str, str], default_where: str) -> None:
+    """`where`: input name -> `file:line` of its entry in the recipe; `default_where`: the recipe's `model:`."""
+    shapes = graph_input_shapes(model)
+    if shapes is None:
+        return
+    for name, want in given.items():
+        if name not in shapes:
+            from ctxbuild.recipes.suggest import did_you_mean
+
+            have = ", ".join(f"{n} {_fmt(s)}" for n, s in shapes.items())
+            raise RecipeError(f"{where.get(name, default_where)}: inputs: '{name}' is not an input of {model.name}",
+                              did_you_mean(name, list(shapes), otherwise=None) or f"its inputs are: {have}")
+        _fits(model, name, list(want), shapes[name], where.get(name, default_where))
+    for name, shape in shapes.items():
+        if name not in given and not all(isinstance(d, int) and d > 0 for d in shape):
+            fill = ", ".join(str(d) if isinstance(d, int) and d > 0 else "1" for d in shape)
+            raise RecipeError(f"{default_where}: input '{name}' of {model.name} has dynamic dims {_fmt(shape)}; "
+                              "QNN needs fixed shapes",
+                              f"add inputs: {{{name}: [{fill}]}} (1 where the model leaves a dim open: use your real size)")
+
+
+def _fits(model: Path, name: str, want: list[int], shape: list[Dim], where: str) -> None:
+    bad = len(want) != len(shape) or any(isinstance(d, int) and d > 0 and d != w for d, w in zip(shape, want))
+    if not bad:
+        return
+    differ = [str(i) for i, (d, w) in enumerate(zip(shape, want)) if isinstance(d, int) and d > 0 and d != w]
+    what = (f"rank {len(want)}, the model's is {len(shape)}" if len(want) != len(shape) else
+            f"dim {differ[0]} differs" if len(differ) == 1 else f"dims {', '.join(differ)} differ")
+    raise RecipeError(f"{where}: inputs: '{name}' is {_fmt(want)} in the recipe and {_fmt(shape)} in {model.name} "
+                      f"({what})", _transpose_hint(want, shape) or f"give {name} the model's shape, its open dims fixed")
+
+
+def _transpose_hint(want: list[int], shape: list[Dim]) -> str | None:
+    """The recipe's dims are the model's in NHWC/NCHW order swapped: say so and give the model's order."""
+    if len(want) != len(shape) or len(want) != 4:
+        return None
+    for perm, layout in LAYOUTS.items():
+        moved = [want[p] for p in perm]
+        if all(not (isinstance(d, int) and d > 0) or d == m for d, m in zip(shape, moved)):
+            other = "NCHW" if layout == "NHWC" else "NHWC"
+            return f"the recipe's shape is {layout}, the model's input is {other}: write [{', '.join(map(str, moved))}]"
+    return None
+
+
+def _fmt(shape: list[Dim] | list[int]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+

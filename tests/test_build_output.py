@@ -1,0 +1,70 @@
+"""What a build prints: the closing summary (counts, accuracy per graph per target, report path), --json,
+-q, -C, each failure once without internal command lines, no escape codes under NO_COLOR."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from tests.conftest import keep_only
+
+
+def _one_recipe(tree: Path, verify: str = "") -> None:
+    keep_only(tree, "tiny_cnn_int8.yaml")
+    if verify:
+        p = tree / "tiny_cnn_int8.yaml"
+        p.write_text(p.read_text() + verify)
+
+
+def test_summary_ends_with_accuracy_and_report(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _one_recipe(tree)
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    lines = r.out.splitlines()
+    assert lines[-1] == f"ctxbuild: report: {out / 'report.html'}"
+    assert re.fullmatch(r"ctxbuild: 4 built, 0 restored, 0 failed in [\d.]+ s", lines[-4]), lines
+    verify = json.loads((out / "SM8650" / "tiny_cnn_int8" / "tiny_cnn_int8_verify.json").read_text())
+    worst = min(o["snr_db"] for o in verify["outputs"].values())
+    assert re.fullmatch(rf"  tiny_cnn_int8  SM8650\s+0\.\d{{4}}\s+{worst:.1f}  ok", lines[-2]), lines
+
+    r = ctxbuild("build", str(tree), "-o", str(out))  # a no-op still answers
+    assert r.code == 0 and "ctxbuild: up to date" in r.out and r.out.splitlines()[-1].endswith("report.html")
+    r = ctxbuild("build", "-q", str(tree), "-o", str(out))
+    assert r.code == 0 and r.out == "" and r.err == ""
+
+
+def test_json_document_and_dash_C(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _one_recipe(tree)
+    (tmp_path / "elsewhere").mkdir()
+    # -C: paths on the command line are relative to DIR, as with make -C
+    r = ctxbuild("-C", str(tmp_path), "build", "--json", "recipes", "-o", "out", cwd=tmp_path / "elsewhere")
+    assert r.code == 0, r.text
+    doc = json.loads(r.out)  # stdout is exactly one JSON document; progress went to stderr
+    assert doc["ok"] and doc["actions"] == {"built": 4, "restored": 0, "failed": 0}
+    assert doc["report"] == str(tmp_path / "out" / "report.html") and (tmp_path / "out" / "report.html").is_file()
+    [acc] = doc["accuracy"]
+    assert acc["graph"] == "tiny_cnn_int8" and acc["target"] == "SM8650" and acc["passed"]
+    assert 0.99 < acc["cosine"] <= 1 and acc["snr_db"] > 20
+    assert {a["path"] for a in doc["artifacts"]} >= {"SM8650/tiny_cnn_int8/tiny_cnn_int8_ctx.onnx"}
+    assert "[1/" in r.err and not (tmp_path / "elsewhere" / "out").exists()
+
+
+def test_failure_once_without_internal_commands_or_colour(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _one_recipe(tree, "verify: {min_snr_db: 100}\n")
+    out = tmp_path / "out"
+    env = {"NO_COLOR": "1", "CLICOLOR_FORCE": "1"}  # ninja 1.13 colours FAILED: with CLICOLOR_FORCE
+    r = ctxbuild("build", "--json", str(tree), "-o", str(out), env=env)
+    assert r.code == 1
+    assert "\x1b" not in r.text and "client.py" not in r.text and "FAILED:" not in r.text
+    assert r.err.count("SNR 3") == 1 and r.err.count("ctxbuild: FAILED verify/tiny_cnn_int8@SM8650") == 1
+    doc = json.loads(r.out)
+    assert not doc["ok"] and doc["exit_code"] == 1 and doc["actions"]["failed"] == 1
+    assert [f["id"] for f in doc["failures"]] == ["verify/tiny_cnn_int8@SM8650"]
+    assert doc["accuracy"][0]["passed"] is False
+
+    r = ctxbuild("build", str(tree), "-o", str(out), env=env)  # the summary says which graph failed and why
+    assert r.code == 1 and "FAILED (min cosine 0.95, min SNR 100 dB)" in r.out and "\x1b" not in r.text
+    r = ctxbuild("verify", "--layers", "tiny_cnn_int8", str(tree), "-o", str(out), env=env)
+    assert r.code == 1 and r.err.count("FAILED verify/tiny_cnn_int8@SM8650") == 1, r.text
+    assert "worst in quantization" in r.out and "report:" not in r.out  # the diagnosis, not the summary

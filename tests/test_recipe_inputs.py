@@ -1,0 +1,78 @@
+"""Recipe `inputs:` against the model's graph inputs, checked when planning (no action runs)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from ctxbuild.errors import RecipeError
+from ctxbuild.graph import signature
+from ctxbuild.recipes import recipe
+
+
+def _tree(tmp_path: Path, inputs: str, dims: list[int | str] = ["N", 3, 32, 48]) -> Path:
+    x = helper.make_tensor_value_info("image", TensorProto.FLOAT, dims)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)
+    m = helper.make_model(helper.make_graph([helper.make_node("Relu", ["image"], ["y"])], "g", [x], [y]),
+                          opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "r.yaml").write_text(f"model: m.onnx\nprecision: fp16\ntargets: [SM8650]\n{inputs}")
+    return tmp_path / "r.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CTXBUILD_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _error(path: Path) -> str:
+    with pytest.raises(RecipeError) as e:
+        recipe.load([path])
+    assert e.value.exit_code == 2
+    return str(e.value)
+
+
+def test_transposed_shape_names_the_layouts(tmp_path: Path) -> None:
+    f = _tree(tmp_path, "inputs:\n  image: [1, 32, 48, 3]\n")
+    assert _error(f) == (f"{f}:5: inputs: 'image' is [1, 32, 48, 3] in the recipe and [N, 3, 32, 48] in m.onnx "
+                         "(dims 1, 2, 3 differ) (the recipe's shape is NHWC, the model's input is NCHW: "
+                         "write [1, 3, 32, 48])")
+    f = _tree(tmp_path, "inputs:\n  image: [1, 3, 32, 48]\n", ["N", 32, 48, 3])
+    assert "the recipe's shape is NCHW, the model's input is NHWC: write [1, 32, 48, 3]" in _error(f)
+
+
+def test_unknown_name_and_open_dims(tmp_path: Path) -> None:
+    f = _tree(tmp_path, "inputs:\n  imgae: [1, 3, 32, 48]\n")
+    assert _error(f) == f"{f}:5: inputs: 'imgae' is not an input of m.onnx (did you mean 'image'?)"
+    f = _tree(tmp_path, "")
+    assert _error(f) == (f"{f}:1: input 'image' of m.onnx has dynamic dims [N, 3, 32, 48]; QNN needs fixed shapes "
+                         "(add inputs: {image: [1, 3, 32, 48]} (1 where the model leaves a dim open: use your real size))")
+    f = _tree(tmp_path, "inputs:\n  image: [4, 3, 32, 48]\n")
+    assert recipe.load([f]).recipes[0].graphs[0].inputs == {"image": (4, 3, 32, 48)}
+
+
+def test_graph_inputs_are_memoized_by_stat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = _tree(tmp_path, "inputs:\n  image: [1, 3, 32, 48]\n")
+    recipe.load([f])
+    reads: list[Path] = []
+    real = signature._read
+    monkeypatch.setattr(signature, "_read", lambda p: reads.append(p) or real(p))
+    recipe.load([f])
+    assert reads == []  # a re-plan does not parse the model again
+    _tree(tmp_path, "inputs:\n  image: [1, 3, 32, 48]\n", ["N", 3, 32, 64])  # the model changed
+    assert "dim 3 differs" in _error(f) and reads == [tmp_path / "m.onnx"]
+
+
+def test_device_names_are_target_aliases(tmp_path: Path) -> None:
+    """AI Hub's device names (and marketing names) select the SoC; outputs go under the SoC's name."""
+    f = _tree(tmp_path, "inputs:\n  image: [1, 3, 32, 48]\n")
+    f.write_text(f.read_text().replace("targets: [SM8650]", "targets: [Samsung Galaxy S24, snapdragon 8 elite  QRD, "
+                                                            "Snapdragon X Elite CRD, Snapdragon 8 Gen 2]"))
+    [r] = recipe.load([f]).recipes
+    assert [(t.name, t.soc_model, t.htp_arch) for t in r.targets] == [
+        ("SM8650", "57", "75"), ("SM8750", "69", "79"), ("SC8380XP", "60", "73"), ("SM8550", "43", "73")]
+    f.write_text(f.read_text().replace("Samsung Galaxy S24,", "Samsung Galaxy S42,"))
+    assert "unknown SoC or target group 'Samsung Galaxy S42'" in _error(f)
+    assert "did you mean 'Samsung Galaxy S2" in _error(f)
