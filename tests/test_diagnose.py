@@ -85,7 +85,7 @@ def test_weak_slice_diagnosis_points_at_split(tmp_path: Path, ctxbuild) -> None:
 
 def test_layers_needs_a_known_recipe(tree: Path, tmp_path: Path, ctxbuild) -> None:
     r = ctxbuild("verify", "--layers", "nope", str(tree), "-o", str(tmp_path / "out"))
-    assert r.code == 2 and "--only nope: no such recipe" in r.err
+    assert r.code == 2 and "--layers nope: no such recipe" in r.err
 
 
 def _chain_cnn(culprit: str | None) -> onnx.ModelProto:

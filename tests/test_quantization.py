@@ -168,7 +168,7 @@ def test_options_enter_the_action_key(built: Path) -> None:
     ("precision: int16\nquantization: {percentile: 99.9}\ntargets: [SM8650]\n",
      [":5:", "needs calibration_method: percentile"]),
     ("precision: int16\nquantization:\n  per_chanel: true\ntargets: [SM8650]\n",
-     [":5:", "unknown key 'per_chanel'", "did you mean 'per_channel'"]),
+     [":6:", "unknown key 'per_chanel'", "did you mean 'per_channel'"]),
     ("precision: int16\nquantization: {weights: int4}\ntargets: [SM8650]\n",
      [":5:", "quantization.weights", "'int4' is not one of"]),
     ("precision: int16\nquantization: {calibration_method: entropy}\ntargets: [SM8650]\n",

@@ -99,11 +99,13 @@ def test_report_json_describes_the_build(built: dict[str, Any]) -> None:
     assert nz["log"] == recs["compile/broken_nz@SM8650"]["log"]
     # the accuracy failure: the binary is built, its verify failed on SNR, not on cosine
     strict = _row(rep, "strict_int8", "SM8650")
-    assert strict["status"] == "failed" and strict["accuracy"] is False and strict["ctx_size"]
+    assert strict["status"] == "failed" and strict["accuracy"] is False
+    # built, but set aside: a failed verification leaves nothing in the deliverable tree OUT/<target>/
+    assert (out / ".ctxbuild" / "failed" / "SM8650" / "strict_int8" / "strict_int8_ctx.onnx").is_file()
+    assert not (out / "SM8650" / "strict_int8" / "strict_int8_ctx.onnx").exists()
     assert strict["failed_action"] == "verify/strict_int8@SM8650" and "SNR" in strict["cause"]
     [o] = strict["verify"][0]["outputs"]
     assert o["snr_ok"] is False and o["cosine_ok"] is True
-    assert (out / unquote(strict["href"])).is_file()
     # an upstream failure: the compile never ran, the row names the prepare that failed and links its log
     bad = _row(rep, "corrupt", "SM8750")
     assert bad["status"] == "failed" and bad["failed_action"].startswith("prepare/corrupt-")

@@ -18,7 +18,6 @@ from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import add_wrapper_defaults
 from ctxbuild.errors import ActionError
 from ctxbuild.actions.compile import compile_error, summarize  # noqa: F401 - the same summary hook as compile
-from ctxbuild.qnn.lower import lower_file
 from ctxbuild.qnn.staging import fixed_dir, link_data, stage_name
 from ctxbuild.graph.modelio import initializer_digests, load
 from ctxbuild.qnn.soccheck import check_outputs  # noqa: F401 - the hook: the binary's SoC is the target's
@@ -47,6 +46,8 @@ def run(ctx: Any) -> None:
         if a.params.get("adapters"):  # LoRA: the wrapper carries the slots' defaults (inputs become optional)
             add_wrapper_defaults(p, Path(a.inputs[f"reference:{g}"]))
     _rename_bin(ctx_paths, ctx.tmp_output("bin"))
+    from ctxbuild.qnn.lower import lower_file  # onnx: not on the restore path
+
     for p in ctx_paths:
         lower_file(p)  # last: older onnxruntime versions must open what the steps above wrote
 

@@ -17,7 +17,6 @@ from ctxbuild.toolchain import installed as toolchain
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import add_wrapper_defaults
 from ctxbuild.errors import ActionError
-from ctxbuild.qnn.lower import lower_file
 from ctxbuild.qnn.staging import fixed_dir, link_model, stage_name
 from ctxbuild.qnn import soccheck
 
@@ -78,6 +77,8 @@ def run(ctx: Any) -> None:
         _normalize_build_time(ctx.tmp_output("bin"))
     if "reference" in a.inputs:  # LoRA: the wrapper carries the slots' defaults, so adapters are optional
         add_wrapper_defaults(dst, Path(a.inputs["reference"]))
+    from ctxbuild.qnn.lower import lower_file  # onnx: not on the restore path
+
     lower_file(dst)  # last: older onnxruntime versions must open what the steps above wrote
 
 

@@ -117,8 +117,11 @@ def _probe_sdk_build_id() -> str:
         raise ActionError(f"the QNN SDK version probe did not run: {e}") from None
     lines = p.stdout.split()
     if p.returncode != 0 or not lines:  # never memoized: the next build probes again
+        from ctxbuild.errors import machine_limit
+
         tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ActionError(f"the QNN SDK version probe failed (exit {p.returncode}): {tail[:300]}")
+        limited = machine_limit(RuntimeError(tail))  # a file-size limit the child met: say so, one line
+        raise ActionError(f"the QNN SDK version probe failed (exit {p.returncode}): {limited or tail[:300]}")
     return lines[-1]
 
 
