@@ -5,7 +5,7 @@ import copy
 import json
 import os
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from ctxbuild.layout import STATE
 from ctxbuild.recipes.suggest import did_you_mean
 from ctxbuild.lora.recipe import Adapters, Sections, parse_adapters, parse_sections
 from ctxbuild.recipes.targets import Target
-from ctxbuild.toolchain.installed import version
+from ctxbuild.recipes import toolchains
 from ctxbuild.recipes.yamlsrc import LineDict, line_of, load_mapping
 from ctxbuild.layout import OUT_FILES
 from ctxbuild.recipes.paths import named_path
@@ -79,6 +79,12 @@ class Recipe:
     quantization: list[dict[str, Any]] = field(default_factory=list)
     adapters: Adapters | None = None
     runtimes: list[dict[str, str]] = field(default_factory=list)  # the fleet's runtimes: the deploy gate's
+    # The toolchains that build it (names; None: the installed one). load() makes one Recipe per toolchain.
+    toolchains: list[str | None] = field(default_factory=lambda: [None])
+
+    @property
+    def toolchain(self) -> str | None:
+        return self.toolchains[0]
 
 
 @dataclass
@@ -125,12 +131,17 @@ def load(paths: list[Path]) -> RecipeSet:
         defaults, groups, cache = _defaults_for(f.parent, root, defaults_cache, files)
         cache_settings.update(cache)
         files.append(f)
-        recipe = _load_recipe(f, defaults, groups)
-        if recipe.name in seen:
-            raise RecipeError(f"{f}:1: recipe name '{recipe.name}' is already used by {seen[recipe.name]}",
-                              "recipe names must be unique across the tree; set `name:` in one of them")
-        seen[recipe.name] = f
-        recipes.append(recipe)
+        loaded = _load_recipe(f, defaults, groups)
+        for i, tc in enumerate(loaded.toolchains):
+            name = toolchains.variant_name(loaded.name, tc, i == 0)
+            # A single-graph recipe's graph is named for the recipe: the variant's too (labels, summaries).
+            graphs = [replace(g, name=name) if g.name == loaded.name and not loaded.is_bundle else g for g in loaded.graphs]
+            recipe = replace(loaded, name=name, graphs=graphs, toolchains=[tc])
+            if recipe.name in seen:
+                raise RecipeError(f"{f}:1: recipe name '{recipe.name}' is already used by {seen[recipe.name]}",
+                                  "recipe names must be unique across the tree; set `name:` in one of them")
+            seen[recipe.name] = f
+            recipes.append(recipe)
     return RecipeSet(recipes, sorted(set(files)), dirs, cache_settings)
 
 
@@ -340,7 +351,9 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
                           "verifies without adapters)", "choose a precision or a quantization block")
     return Recipe(name=name, file=f, precision=precision, graphs=graphs, targets=recipe_targets,
                   compile=compile_opts, is_bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False),
-                  verify=verify, quantization=quantization, adapters=adapters, runtimes=_runtimes(f, data, merged))
+                  verify=verify, quantization=quantization, adapters=adapters, runtimes=_runtimes(f, data, merged),
+                  toolchains=toolchains.parse(f, data, merged, {"bundle": "bundle" in merged,
+                                                                "multi_soc": merged.get("multi_soc", False)}))
 
 
 def _runtimes(f: Path, data: LineDict, merged: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[dict[str, str]]:
@@ -386,9 +399,6 @@ def _check_provider_options(f: Path, data: LineDict, copts: CompileOptions, targ
 
 
 # The oldest onnxruntime-qnn these were measured on; older EPs lack ep.share_ep_contexts or multi-SoC contexts.
-MIN_QNN_EP = {"bundle": (2, 7), "multi_soc": (2, 7)}
-
-
 def _check_quantized_io(f: Path, data: LineDict, bundle: bool, precision: str, copts: CompileOptions) -> None:
     where = f"{f}:{line_of(data, ['compile', 'quantized_io'])}"
     if precision == "fp16":
@@ -422,20 +432,6 @@ def _check_layout(f: Path, data: LineDict, bundle: bool, multi_soc: bool, copts:
                           "remove `embed: true`")
     if multi_soc and len(targets) < 2:
         raise RecipeError(f"{at('multi_soc')}: multi_soc needs two or more targets", "list them in `targets`")
-    for feature, wanted in (("bundle", bundle), ("multi_soc", multi_soc)):
-        have = _version_tuple(version("onnxruntime-qnn"))
-        if wanted and have < MIN_QNN_EP[feature]:
-            need = ".".join(map(str, MIN_QNN_EP[feature]))
-            raise RecipeError(f"{at(feature)}: {feature} needs onnxruntime-qnn >= {need}; this toolchain has "
-                              f"{version('onnxruntime-qnn')}", f"pip install 'onnxruntime-qnn>={need}'")
-
-
-def _version_tuple(v: str) -> tuple[int, ...]:
-    parts = []
-    for p in v.split(".")[:3]:
-        digits = "".join(ch for ch in p if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
 
 
 def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], groups: dict[str, list]) -> Recipe:
@@ -455,7 +451,7 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
         raise RecipeError(f"{f}:{line_of(data, ['prebuilt'])}: a prebuilt binary is not compiled; "
                           f"{', '.join(unused)} has no effect", "remove it (only compile.embed applies)")
     return Recipe(name=name, file=f, precision="prebuilt", graphs=[], targets=_targets(f, data, merged["targets"], groups),
-                  runtimes=_runtimes(f, data, merged),
+                  runtimes=_runtimes(f, data, merged), toolchains=toolchains.parse(f, data, merged, {}),
                   compile=CompileOptions(embed=copts.get("embed", False)), verify={"enabled": False},
                   prebuilt=Prebuilt(binary, graphs, spec.get("quantized_io", False),
                                     parse_sections(f, data, spec) if "adapters" in spec else None))
