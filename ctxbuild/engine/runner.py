@@ -289,7 +289,8 @@ def _enter_toolchain(name: str, spec_arg: str) -> None:
     from ctxbuild.toolchain import choose, provision
 
     tc = choose.by_name(name)
-    if provision.active(tc):
+    if provision.active(tc):  # a worker's child: its environment is the client's; its own children need the site
+        os.environ.update(provision.env_for(tc, {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}))
         return
     provision.ensure(tc, say=lambda line: print(line, file=sys.stderr))
     sys.stdout.flush()

@@ -38,8 +38,8 @@ print(json.dumps({"onnxruntime": onnxruntime.__version__, "onnxruntime-qnn": inf
 def root() -> Path:
     """$CTXBUILD_TOOLCHAINS_DIR, else `toolchains` in the user cache. Not under $CTXBUILD_CACHE_DIR: the
     artifact cache is cleared and moved more freely than ~0.5 GB of environments."""
-    if explicit := os.environ.get("CTXBUILD_TOOLCHAINS_DIR"):
-        return Path(explicit).expanduser()
+    if explicit := os.environ.get("CTXBUILD_TOOLCHAINS_DIR"):  # absolute: it goes on PYTHONPATH, actions chdir
+        return Path(explicit).expanduser().absolute()
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
     return base / "ctxbuild" / "toolchains"
@@ -62,7 +62,8 @@ def env_for(tc: Toolchain | None, base: dict[str, str] | None = None) -> dict[st
     """An environment that runs Python in `tc` (None: the installed toolchain, unchanged)."""
     env = dict(os.environ if base is None else base)
     if tc is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(site(tc)), *filter(None, [env.get("PYTHONPATH")])])
+        rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(site(tc))]
+        env["PYTHONPATH"] = os.pathsep.join([str(site(tc)), *rest])
     return env
 
 
