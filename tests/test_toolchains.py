@@ -130,3 +130,37 @@ def test_rebuilds_are_no_ops_and_a_fresh_out_restores_both(two_toolchains: Path,
     assert r.code == 0 and "0 built" in r.out, r.text
     for rel in (OLD, NEW):
         assert (fresh / rel).read_bytes() == (two_toolchains / "out" / rel).read_bytes()
+
+
+def _planned(ctxbuild, tree: Path, out: Path) -> dict[str, str | None]:
+    r = ctxbuild("plan", str(tree), "-o", str(out), "--format", "json")
+    assert r.code == 0, r.text
+    return {a["id"]: a["toolchain"] for a in json.loads(r.out)["actions"]}
+
+
+def test_a_target_group_names_the_toolchain_its_fleet_needs(tree: Path, ctxbuild, tmp_path: Path) -> None:
+    keep_only(tree)
+    (tree / "_defaults.yaml").write_text('target_groups:\n  old_fleet: {targets: [SM8550], toolchain: {qairt: "2.47"}}\n'
+                                         "  new_fleet: [SM8750]\n")
+    (tree / "tiny.yaml").write_text(RECIPE.replace("[SM8650]", "[SM8650, old_fleet, new_fleet]"))
+    planned = _planned(ctxbuild, tree, tmp_path / "out")
+    compiles = {i: tc for i, tc in planned.items() if i.startswith("compile/")}
+    assert compiles == {"compile/tiny@SM8650": None, "compile/tiny@SM8750": None,
+                        "compile/tiny-qairt-2.47.0@SM8550": "onnxruntime-qnn-2.3.0"}
+    # Every action of the fleet's variant runs in its toolchain, none shared with the installed one's.
+    assert sorted(str(tc) for i, tc in planned.items() if i.startswith(("prepare/", "quantize/"))) == [
+        "None", "None", "onnxruntime-qnn-2.3.0", "onnxruntime-qnn-2.3.0"]
+
+    (tree / "_defaults.yaml").write_text('target_groups:\n  old_fleet: {targets: [SM8550], toolchain: {qairt: "2.4"}}\n')
+    (tree / "tiny.yaml").write_text(RECIPE.replace("[SM8650]", "[old_fleet]"))
+    r = ctxbuild("plan", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 2 and "_defaults.yaml:2: target_groups.old_fleet.toolchain: QAIRT 2.4 is older" in r.err, r.text
+
+
+def test_one_toolchain_keeps_the_paths_and_several_make_variants(tree: Path, ctxbuild, tmp_path: Path) -> None:
+    keep_only(tree)
+    (tree / "tiny.yaml").write_text(RECIPE + 'toolchain: {qairt: "2.47"}\n')
+    assert _planned(ctxbuild, tree, tmp_path / "a")["compile/tiny@SM8650"] == "onnxruntime-qnn-2.3.0"
+    (tree / "tiny.yaml").write_text(RECIPE + 'toolchain: [{qairt: "2.49"}, installed, "2.5.0"]\n')  # 2.5.0 twice
+    compiles = {i: tc for i, tc in _planned(ctxbuild, tree, tmp_path / "b").items() if i.startswith("compile/")}
+    assert compiles == {"compile/tiny@SM8650": "onnxruntime-qnn-2.5.0", "compile/tiny-qairt-2.51.0@SM8650": None}

@@ -81,6 +81,7 @@ class Recipe:
     runtimes: list[dict[str, str]] = field(default_factory=list)  # the fleet's runtimes: the deploy gate's
     # The toolchains that build it (names; None: the installed one). load() makes one Recipe per toolchain.
     toolchains: list[str | None] = field(default_factory=lambda: [None])
+    target_toolchains: dict[str, str | None] = field(default_factory=dict)  # targets whose group names one
 
     @property
     def toolchain(self) -> str | None:
@@ -132,11 +133,14 @@ def load(paths: list[Path]) -> RecipeSet:
         cache_settings.update(cache)
         files.append(f)
         loaded = _load_recipe(f, defaults, groups)
-        for i, tc in enumerate(loaded.toolchains):
+        for i, (tc, targets) in enumerate(toolchains.variants(loaded.toolchains, loaded.targets, loaded.target_toolchains)):
             name = toolchains.variant_name(loaded.name, tc, i == 0)
             # A single-graph recipe's graph is named for the recipe: the variant's too (labels, summaries).
             graphs = [replace(g, name=name) if g.name == loaded.name and not loaded.is_bundle else g for g in loaded.graphs]
-            recipe = replace(loaded, name=name, graphs=graphs, toolchains=[tc])
+            recipe = replace(loaded, name=name, graphs=graphs, targets=targets, toolchains=[tc], target_toolchains={})
+            if recipe.multi_soc and len(targets) != len(loaded.targets):
+                raise RecipeError(f"{f}:1: multi_soc: the recipe's targets are built with different toolchains "
+                                  "(a target group names its own)", "build one flexible binary per toolchain: one recipe each")
             if recipe.name in seen:
                 raise RecipeError(f"{f}:1: recipe name '{recipe.name}' is already used by {seen[recipe.name]}",
                                   "recipe names must be unique across the tree; set `name:` in one of them")
@@ -178,8 +182,11 @@ def _defaults_for(directory: Path, root: Path, memo: dict, files: list[Path]
                 if key in data["defaults"]:
                     raise RecipeError(f"{f}:{line_of(data, ['defaults', key])}: `{key}` cannot be a default",
                                       "set it in each recipe")
-        for g, members in data.get("target_groups", {}).items():
-            groups[g] = [(m, f, line_of(data, ["target_groups", g, i])) for i, m in enumerate(members)]
+        for g, spec in data.get("target_groups", {}).items():
+            members, at = (spec["targets"], ["target_groups", g, "targets"]) if isinstance(spec, dict) else (spec, ["target_groups", g])
+            tc = ((spec["toolchain"], f"{f}:{line_of(data, ['target_groups', g, 'toolchain'])}: target_groups.{g}.toolchain")
+                  if isinstance(spec, dict) and "toolchain" in spec else None)
+            groups[g] = [(m, f, line_of(data, [*at, i]), tc) for i, m in enumerate(members)]
         cache.update(data.get("cache", {}))
         if "@" in str(data.get("cache", {}).get("remote", "")).partition("://")[2].partition("/")[0]:
             # Never shown: the message names the field, not the URL.
@@ -324,7 +331,8 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
         split_outputs=_split_outputs(copts.get("split_outputs", False)),
         quantized_io=copts.get("quantized_io", False),
     )
-    recipe_targets = _targets(f, data, merged["targets"], groups)
+    group_toolchains: dict[str, tuple[Any, str]] = {}
+    recipe_targets = _targets(f, data, merged["targets"], groups, group_toolchains)
     for t in recipe_targets:
         _check_vtcm(at("compile", "vtcm_mb"), "compile.vtcm_mb", compile_opts.vtcm_mb, t)
     _check_provider_options(f, data, compile_opts, recipe_targets)
@@ -352,8 +360,8 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
     return Recipe(name=name, file=f, precision=precision, graphs=graphs, targets=recipe_targets,
                   compile=compile_opts, is_bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False),
                   verify=verify, quantization=quantization, adapters=adapters, runtimes=_runtimes(f, data, merged),
-                  toolchains=toolchains.parse(f, data, merged, {"bundle": "bundle" in merged,
-                                                                "multi_soc": merged.get("multi_soc", False)}))
+                  **toolchains.parse(f, data, merged, group_toolchains, {"bundle": "bundle" in merged,
+                                                                         "multi_soc": merged.get("multi_soc", False)}))
 
 
 def _runtimes(f: Path, data: LineDict, merged: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[dict[str, str]]:
@@ -450,8 +458,10 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
     if unused:
         raise RecipeError(f"{f}:{line_of(data, ['prebuilt'])}: a prebuilt binary is not compiled; "
                           f"{', '.join(unused)} has no effect", "remove it (only compile.embed applies)")
-    return Recipe(name=name, file=f, precision="prebuilt", graphs=[], targets=_targets(f, data, merged["targets"], groups),
-                  runtimes=_runtimes(f, data, merged), toolchains=toolchains.parse(f, data, merged, {}),
+    group_toolchains: dict[str, tuple[Any, str]] = {}
+    targets = _targets(f, data, merged["targets"], groups, group_toolchains)
+    return Recipe(name=name, file=f, precision="prebuilt", graphs=[], targets=targets,
+                  runtimes=_runtimes(f, data, merged), **toolchains.parse(f, data, merged, group_toolchains, {}),
                   compile=CompileOptions(embed=copts.get("embed", False)), verify={"enabled": False},
                   prebuilt=Prebuilt(binary, graphs, spec.get("quantized_io", False),
                                     parse_sections(f, data, spec) if "adapters" in spec else None))
@@ -541,10 +551,13 @@ def _check_vtcm(where: str, field: str, vtcm_mb: int | None, target: Target) -> 
                           f"use at most {soc.vtcm_mb}, or leave it out (the SoC's default)")
 
 
-def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list]) -> list[Target]:
+def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list],
+             chosen: dict[str, tuple[Any, str]] | None = None) -> list[Target]:
+    """The recipe's targets, groups expanded. `chosen` receives, per target name, the toolchain its target group
+    names ((spec, where); the innermost group's wins)."""
     out: dict[str, Target] = {}
 
-    def add(spec: Any, where: str, stack: tuple[str, ...]) -> None:
+    def add(spec: Any, where: str, stack: tuple[str, ...], tc: tuple[Any, str] | None = None) -> None:
         if isinstance(spec, dict):
             builtin = soc_table.lookup(spec["name"])
             # The same SoC with other options (e.g. vtcm_mb) may keep its name; another SoC may not.
@@ -563,8 +576,8 @@ def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list])
         elif spec in groups:
             if spec in stack:
                 raise RecipeError(f"{where}: target group '{spec}' includes itself")
-            for member, gf, gline in groups[spec]:
-                add(member, f"{gf}:{gline}", stack + (spec,))
+            for member, gf, gline, group_tc in groups[spec]:
+                add(member, f"{gf}:{gline}", stack + (spec,), group_tc or tc)
             return
         else:
             soc = soc_table.lookup(spec)
@@ -575,6 +588,8 @@ def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list])
         if t.name in out and out[t.name] != t:
             raise RecipeError(f"{where}: target name '{t.name}' is defined twice with different settings")
         out[t.name] = t
+        if tc is not None and chosen is not None:
+            chosen[t.name] = tc
 
     for i, spec in enumerate(specs):
         add(spec, f"{f}:{line_of(data, ['targets', i])}", ())
