@@ -151,7 +151,7 @@ def test_bundle_on_a_toolchain_without_support(tree: Path, tmp_path: Path, ctxbu
     keep_only(tree, "lm_bundle.yaml")
     r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"), env={"PYTHONPATH": str(fake)})
     assert r.code == 2, r.text
-    assert "bundle needs onnxruntime-qnn >= 2.7; this toolchain has 2.0.0" in r.err
+    assert "lm_bundle.yaml:4: bundle needs onnxruntime-qnn 2.7 or newer; this toolchain has 2.0.0" in r.err, r.err
 
 
 def test_differently_quantized_shared_weight_is_caught(tree: Path, tmp_path: Path, ctxbuild) -> None:

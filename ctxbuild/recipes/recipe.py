@@ -360,8 +360,9 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
     return Recipe(name=name, file=f, precision=precision, graphs=graphs, targets=recipe_targets,
                   compile=compile_opts, is_bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False),
                   verify=verify, quantization=quantization, adapters=adapters, runtimes=_runtimes(f, data, merged),
-                  **toolchains.parse(f, data, merged, group_toolchains, {"bundle": "bundle" in merged,
-                                                                         "multi_soc": merged.get("multi_soc", False)}))
+                  **toolchains.parse(f, data, merged, group_toolchains, {
+                      "bundle": at("bundle") if "bundle" in merged else None,
+                      "multi_soc": at("multi_soc") if merged.get("multi_soc") else None}))
 
 
 def _runtimes(f: Path, data: LineDict, merged: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[dict[str, str]]:

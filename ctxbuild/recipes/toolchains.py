@@ -17,36 +17,39 @@ MIN_QNN_EP = {"bundle": (2, 7), "multi_soc": (2, 7)}  # onnxruntime-qnn releases
 
 
 def parse(f: Any, data: LineDict, merged: dict[str, Any], by_group: dict[str, tuple[Any, str]],
-          features: dict[str, bool]) -> dict[str, Any]:
+          features: dict[str, str | None]) -> dict[str, Any]:
     """Recipe fields: `toolchains`, the toolchains (names; None: the installed one) the recipe names, in its
     order, without repeats; `target_toolchains`, per target whose target group names a toolchain (`by_group`:
-    target -> (spec, where)), that one. `features`: what the recipe uses that needs a minimum release."""
+    target -> (spec, where)), that one. `features`: what the recipe uses that needs a minimum release, with
+    where it says so (None: not used)."""
     specs = merged.get("toolchain", INSTALLED)
     own = "toolchain" in data  # a line in the recipe, else the defaults file's value (line 1 of the recipe)
     listed = own and isinstance(data["toolchain"], list)
     chosen: list[str | None] = []
     for i, spec in enumerate(specs if isinstance(specs, list) else [specs]):
         where = f"{f}:{line_of(data, ['toolchain', i] if listed else ['toolchain'] if own else [])}: toolchain"
-        name = _resolve(spec, where, features)
+        name = _resolve(spec, where, features, named=own)
         if name not in chosen:
             chosen.append(name)
     return {"toolchains": chosen,
-            "target_toolchains": {t: _resolve(spec, where, features) for t, (spec, where) in by_group.items()}}
+            "target_toolchains": {t: _resolve(spec, where, features, named=True) for t, (spec, where) in by_group.items()}}
 
 
-def _resolve(spec: Any, where: str, features: dict[str, bool]) -> str | None:
+def _resolve(spec: Any, where: str, features: dict[str, str | None], named: bool) -> str | None:
+    """A toolchain's name (None: installed). A feature it cannot build is reported at the toolchain's line if the
+    recipe or a target group `named` it, else at the feature's own line."""
     installed = version("onnxruntime-qnn")
     try:
         tc = choose(spec, where, installed)
     except UsageError as e:
         raise RecipeError(e.message, e.hint) from None
     plugin = tc.plugin if tc is not None else installed
-    for feature, wanted in features.items():
+    for feature, used_at in features.items():
         need = MIN_QNN_EP[feature]
-        if wanted and _version_tuple(plugin) < need:
-            raise RecipeError(f"{where}: {feature} needs onnxruntime-qnn >= {'.'.join(map(str, need))}; "
-                              f"toolchain {spec!r} is onnxruntime-qnn {plugin}",
-                              "choose a newer toolchain for this recipe, or build its graphs one by one")
+        if used_at is not None and _version_tuple(plugin) < need:
+            raise RecipeError(f"{where if named else used_at}: {feature} needs onnxruntime-qnn "
+                              f"{'.'.join(map(str, need))} or newer; this toolchain has {plugin}",
+                              "choose a newer toolchain (`toolchain:`), or build the graphs one by one")
     return tc.name if tc is not None else None
 
 
