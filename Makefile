@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-MODELS := recipes/models/tiny_cnn.onnx
+MODELS := recipes/models/tiny_cnn.onnx recipes/models/llama_tiny.onnx
 
 .PHONY: setup models build test unit wheel-check bench clean
 
@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml constraints.txt
 
 models: $(MODELS)
 
-$(MODELS): recipes/models/make_models.py $(STAMP)
+recipes/models/tiny_cnn.onnx: recipes/models/make_models.py $(STAMP)
 	$(BIN)/python recipes/models/make_models.py
+
+recipes/models/llama_tiny.onnx: recipes/models/llm_decoder.py $(STAMP)
+	$(BIN)/python recipes/models/llm_decoder.py
 
 # `+` hands make's jobserver to ctxbuild, so under `make -jN` ninja takes its slots from make; under `make -n`
 # ctxbuild then only lists what it would do.

@@ -108,6 +108,10 @@ def _recipe_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
     if recipe.prebuilt is not None:
         return [prebuilt_action(recipe, t, out) for t in recipe.targets] + [
             s for t in recipe.targets for s in section_actions(recipe, t, out)]
+    if recipe.llm is not None:
+        from ctxbuild.llm.plan import llm_actions
+
+        return llm_actions(recipe, out, verify)
     if recipe.precision == "auto":
         from ctxbuild.plan.search import search_actions
 
