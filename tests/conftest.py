@@ -54,6 +54,7 @@ def example_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example models and calibration samples, generated once per session by the project's script."""
     d = tmp_path_factory.mktemp("models")
     subprocess.run([sys.executable, str(RECIPES / "models" / "make_models.py"), str(d)], check=True)
+    subprocess.run([sys.executable, str(RECIPES / "models" / "llm_decoder.py"), str(d)], check=True)
     return d
 
 

@@ -7,9 +7,13 @@ model-builder convention (com.microsoft GroupQueryAttention, SimplifiedLayerNorm
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from ctxbuild.graph.signature import memoized_by_stat
 
 GENAI_OPS = {"GroupQueryAttention", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
              "RotaryEmbedding", "MultiHeadAttention"}
@@ -62,3 +66,26 @@ def check_decoder(model: Any) -> DecoderShape:
     if embed is None or len(embed.dims) != 2:
         raise NotADecoder("no embedding: expected a Gather of a [vocab, hidden] weight by input_ids")
     return DecoderShape(len(layers), dims[1].dim_value, dims[3].dim_value, logits[-1].dim_value, embed.dims[1])
+
+
+MEMO = "memo/llm-decoder"
+
+
+def decoder_facts(model: Path) -> dict[str, Any] | None:
+    """check_decoder at plan time, memoized in the user cache by the file's stat (a re-plan does not parse the
+    model again): {"layers": N} or {"error": why}; None if the file does not parse as ONNX (llm_split reports it)."""
+    return memoized_by_stat(model, MEMO, lambda: _facts(model))
+
+
+def _facts(model: Path) -> dict[str, Any] | None:
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        m = onnx.load(os.fspath(model), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError, OSError):
+        return None
+    try:
+        return {"layers": check_decoder(m).layers}
+    except NotADecoder as e:
+        return {"error": str(e)}

@@ -14,6 +14,9 @@ def prompt_files(directory: Path, n: int) -> dict[str, Path]:
 
 
 def load_prompts(files: dict[str, Path]) -> list[np.ndarray]:
+    if not files:
+        raise ActionError("llm.prompts.dir holds no .npy prompt files",
+                          "save 1-D integer arrays of token ids (np.save), one prompt a file")
     out = []
     for p in files.values():
         a = np.load(p)

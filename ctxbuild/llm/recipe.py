@@ -28,12 +28,10 @@ class LlmSpec:
     generate: int
     min_token_agreement: float
     min_cosine: float
-    layers: int  # read from the model at load time
 
 
 def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Target]) -> LlmSpec:
-    from ctxbuild.graph.modelio import load
-    from ctxbuild.llm.convention import NotADecoder, check_decoder
+    from ctxbuild.llm.convention import decoder_facts
 
     def at(*path: str | int) -> str:
         return f"{f}:{line_of(data, ['llm', *path])}"
@@ -42,10 +40,10 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
     if not model.is_file():
         raise RecipeError(f"{at('model')}: llm.model '{spec['model']}' not found (looked in {model})",
                           "the decoder's ONNX file, relative to the recipe")
-    try:
-        shape = check_decoder(load(model, external_data=False))
-    except NotADecoder as e:
-        raise RecipeError(f"{at('model')}: {model.name}: {e}") from None
+    facts = decoder_facts(model) or {}  # a file that is not ONNX at all: llm_split says so
+    if "error" in facts:
+        raise RecipeError(f"{at('model')}: {model.name}: {facts['error']}")
+    layers = facts.get("layers")
     ars = tuple(spec.get("sequence_lengths", [128, 1]))
     cls = tuple(spec["context_lengths"])
     for cl in cls:
@@ -53,9 +51,9 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
             raise RecipeError(f"{at('context_lengths')}: context length {cl} is not larger than sequence length "
                               f"{max(ars)}", "every CL must exceed every AR (the cache holds CL - AR past positions)")
     parts = spec.get("parts", 1)
-    if parts > shape.layers:
-        raise RecipeError(f"{at('parts')}: {parts} parts for a model of {shape.layers} layers",
-                          f"use at most {shape.layers} (one layer per part)")
+    if layers is not None and parts > layers:
+        raise RecipeError(f"{at('parts')}: {parts} parts for a model of {layers} layers",
+                          f"use at most {layers} (one layer per part)")
     precision = spec.get("precision", "w4a16")
     if precision == "w4a16":
         old = [t.name for t in targets if all(int(a) < INT4_MIN_ARCH for a in t.htp_arch.split(","))]
@@ -66,11 +64,11 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
         raise RecipeError(f"{at('kv_cache')}: kv_cache sets a quantized type; precision fp16 keeps the cache in fp16",
                           "remove kv_cache, or use w4a16/w8a16")
     prompts = named_path(f.parent, spec["prompts"]["dir"])
-    if not prompts.is_dir() or not sorted(prompts.glob("*.npy")):
-        raise RecipeError(f"{at('prompts', 'dir')}: llm.prompts.dir '{spec['prompts']['dir']}' has no .npy token-id "
-                          f"files (looked in {prompts})", "save 1-D integer arrays of token ids, one prompt a file")
+    if not prompts.is_dir():  # its files are found at run time, like calibration samples
+        raise RecipeError(f"{at('prompts', 'dir')}: llm.prompts.dir '{spec['prompts']['dir']}' is not a directory "
+                          f"(looked in {prompts})", "a directory of token-id .npy files, relative to the recipe")
     return LlmSpec(model=model, sequence_lengths=ars, context_lengths=cls, parts=parts, precision=precision,
                    kv_cache=spec.get("kv_cache", "uint16"), prompts=prompts,
                    calibration_prompts=spec["prompts"].get("samples", 4), verify_prompts=spec["prompts"].get("verify", 2),
                    generate=spec.get("generate", 8), min_token_agreement=spec.get("min_token_agreement", 0.75),
-                   min_cosine=spec.get("min_cosine", 0.95), layers=shape.layers)
+                   min_cosine=spec.get("min_cosine", 0.95))
