@@ -18,11 +18,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 models: $(MODELS)
 
-recipes/models/tiny_cnn.onnx: recipes/models/make_models.py $(STAMP)
+$(MODELS) &: recipes/models/make_models.py recipes/models/llm_decoder.py $(STAMP)
 	$(BIN)/python recipes/models/make_models.py
-
-recipes/models/llama_tiny.onnx: recipes/models/llm_decoder.py $(STAMP)
-	$(BIN)/python recipes/models/llm_decoder.py
 
 # `+` hands make's jobserver to ctxbuild, so under `make -jN` ninja takes its slots from make; under `make -n`
 # ctxbuild then only lists what it would do.

@@ -4,6 +4,7 @@ a genai_config.json naming what was compiled; w4a16 puts int4 weights in; bad in
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tests.conftest import RECIPES, records
+from tests.conftest import RECIPES, keep_only, records
 
 sys.path.insert(0, str(RECIPES / "models"))
 import llm_decoder  # noqa: E402 - the example generator, a script beside the recipes
@@ -66,34 +67,45 @@ def _recipe(d: Path, decoder: Path, **llm: object) -> Path:
     return f
 
 
-def test_llm_recipe_builds_bundles_per_part_verified_with_a_genai_config(decoder: Path, tmp_path: Path, ctxbuild) -> None:
+def test_example_builds_bundles_per_part_verified_with_a_genai_config(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """recipes/llm_tiny.yaml as `make build` builds it: 2 SoCs, 2 parts x AR {16, 1} x CL {64, 128}."""
     from ctxbuild.qnn.contextbin import describe
 
+    shutil.copy(RECIPES / "llm_tiny.yaml", tree)  # the tree fixture leaves the LLM example out
+    keep_only(tree, "llm_tiny.yaml")
     out = tmp_path / "out"
-    r = ctxbuild("build", str(_recipe(tmp_path / "r", decoder)), "-o", str(out))
+    r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 0, r.text
-    d = out / "SM8650" / "llama"
-    assert sorted(p.name for p in d.glob("*.bin")) == ["llama_1_of_2_qnn.bin", "llama_2_of_2_qnn.bin"]
-    for part in (1, 2):
-        names = [f"{k}_cl{cl}_{part}_of_2" for cl in (24, 32) for k in ("prompt_ar8", "token_ar1")]
-        for n in names:  # one wrapper per graph, all naming the part's one binary
-            assert (d / f"{n}_ctx.onnx").is_file()
-        info = describe(d / f"{names[0]}_ctx.onnx")
-        assert len([g for b in info["binaries"] for g in b["graphs"]]) == 4
-        rec = records(out)[f"bundle/llama.part{part}@SM8650"]
-        assert sorted(rec["graph_names"]) == sorted(names)  # graph -> its name inside the .bin
-    result = json.loads((d / "llm_verify.json").read_text())
-    assert result["passed"] and set(result["by_cl"]) == {"24", "32"}
-    for row in result["by_cl"].values():
-        for backend in ("qdq_cpu", "simulator"):
-            assert row[backend]["steps"] == 12 and row[backend]["cosine_mean"] >= 0.95
-    config = json.loads((d / "genai_config.json").read_text())
-    stages = [s for stage in config["model"]["decoder"]["pipeline"] for s in stage.values()]
-    assert [s["filename"] for s in stages] == [f"{k}_cl32_{p}_of_2_ctx.onnx" for p in (1, 2) for k in ("prompt_ar8", "token_ar1")]
-    assert all((d / s["filename"]).is_file() for s in stages)
-    assert config["model"]["context_length"] == 32 and config["model"]["decoder"]["num_hidden_layers"] == SMALL.layers
+    manifest = json.loads((out / "manifest.json").read_text())
+    for target in ("SM8650", "SM8750"):
+        d = out / target / "llm_tiny"
+        assert sorted(p.name for p in d.glob("*.bin")) == ["llm_tiny_1_of_2_qnn.bin", "llm_tiny_2_of_2_qnn.bin"]
+        for part in (1, 2):
+            names = [f"{k}_cl{cl}_{part}_of_2" for cl in (64, 128) for k in ("prompt_ar16", "token_ar1")]
+            for n in names:  # one wrapper per graph, all naming the part's one binary
+                assert (d / f"{n}_ctx.onnx").is_file()
+            info = describe(d / f"{names[0]}_ctx.onnx")
+            assert len([g for b in info["binaries"] for g in b["graphs"]]) == 4
+            rec = records(out)[f"bundle/llm_tiny.part{part}@{target}"]
+            assert sorted(rec["graph_names"]) == sorted(names)  # graph -> its name inside the .bin
+            row = next(a for a in manifest["artifacts"] if a["path"] == f"{target}/llm_tiny/llm_tiny_{part}_of_2_qnn.bin")
+            assert row["weight_sharing"]["bundle_bin_size"] < row["weight_sharing"]["separate_bin_size"]
+        result = json.loads((d / "llm_verify.json").read_text())
+        assert result["passed"] and set(result["by_cl"]) == {"64", "128"}
+        for by_cl in result["by_cl"].values():
+            for backend in ("qdq_cpu", "simulator"):
+                assert by_cl[backend]["steps"] == 16 and by_cl[backend]["cosine_mean"] >= 0.95
+        wrapper = next(a for a in manifest["artifacts"] if a["path"] == f"{target}/llm_tiny/token_ar1_cl64_1_of_2_ctx.onnx")
+        assert wrapper["verification"]["tokens_by_cl"] == result["by_cl"]  # per-step figures in the manifest
+        config = json.loads((d / "genai_config.json").read_text())
+        stages = [s for stage in config["model"]["decoder"]["pipeline"] for s in stage.values()]
+        assert [s["filename"] for s in stages] == [f"{k}_cl128_{p}_of_2_ctx.onnx" for p in (1, 2)
+                                                    for k in ("prompt_ar16", "token_ar1")]
+        assert config["model"]["context_length"] == 128 and config["model"]["decoder"]["num_hidden_layers"] == 4
+    report = json.loads((out / "report.json").read_text())
+    assert any(o["name"] == "logits@cl128" for row in report["rows"] for v in row["verify"] for o in v["outputs"])
     # a no-op rebuild runs nothing
-    again = ctxbuild("build", str(tmp_path / "r"), "-o", str(out))
+    again = ctxbuild("build", str(tree), "-o", str(out))
     assert again.code == 0 and "ctxbuild: up to date" in again.out, again.text
 
 

@@ -36,8 +36,9 @@ def run(ctx: Any) -> None:
     layout = Layout.read(Path(a.inputs["layout"]))
     prompts = load_prompts(discover_inputs(a))
     float_run = pipeline.cpu_runner(layout.models("reference", a.inputs))
-    result: dict[str, Any] = {"method": METHOD, "precision": p["precision"], "prompts": len(prompts),
-                              "tokens_per_prompt": p["generate"], "thresholds": p["thresholds"], "by_cl": {}}
+    result: dict[str, Any] = {"graph": "tokens", "method": METHOD, "precision": p["precision"], "prompts": len(prompts),
+                              "tokens_per_prompt": p["generate"], "thresholds": p["thresholds"], "by_cl": {},
+                              "outputs": {}}
     failures = []
     for cl in sorted({g.cl for g in layout.graphs}):
         ref = tokens.float_runs(layout, float_run, prompts, p["generate"], cl)
@@ -48,6 +49,9 @@ def run(ctx: Any) -> None:
         row["simulator"] = tokens.compare(ref, _simulate(layout, a.inputs, prompts, ref, cl, p["timeout_s"]))
         result["by_cl"][str(cl)] = row
         sim, t = row["simulator"], p["thresholds"]
+        # the report's and the build summary's per-output view: the simulator's logits at this CL
+        result["outputs"][f"logits@cl{cl}"] = {"cosine": sim["cosine_mean"], "snr_db": sim["sqnr_db"],
+                                                "argmax_agreement": sim["token_agreement"]}
         if not (sim["token_agreement"] >= t["min_token_agreement"] and sim["cosine_mean"] >= t["min_cosine"]):
             failures.append(f"CL {cl}: top-1 agreement {sim['token_agreement']:.2f} (min {t['min_token_agreement']}), "
                             f"logits cosine {sim['cosine_mean']:.4f} (min {t['min_cosine']})")

@@ -49,9 +49,10 @@ def _split(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], work: Path) -
     outputs = {"layout": str(d / "layout.json")}
     for g in graphs:
         outputs.update(model_files(f"model:{g.name}", str(d / f"{g.name}.onnx")))
+    # sorted: the depfile names the outputs in the order the spec file (sorted JSON) gives them, which must be ninja's
     return Action(id=f"llm_split/{recipe.name}-{h}", kind="llm_split",
                   description=f"static graphs of {spec.model.name} ({len(graphs)})", inputs={"model": str(spec.model)},
-                  outputs=outputs, params=params, watch=[str(spec.prompts)], **common_params(recipe))
+                  outputs=dict(sorted(outputs.items())), params=params, watch=[str(spec.prompts)], **common_params(recipe))
 
 
 def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int, split: Action, work: Path) -> Action:
@@ -63,7 +64,7 @@ def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int,
     outputs = {k: v for g in mine for k, v in model_files(f"model:{g}", str(d / f"{g}.onnx")).items()}
     return Action(id=f"llm_quantize/{recipe.name}.part{part + 1}-{h}", kind="llm_quantize",
                   description=f"quantize {recipe.name} part {part + 1} ({spec.precision})",
-                  inputs=dict(split.outputs), outputs=outputs, params=params, watch=[str(spec.prompts)],
+                  inputs=dict(split.outputs), outputs=dict(sorted(outputs.items())), params=params, watch=[str(spec.prompts)],
                   **common_params(recipe))
 
 
