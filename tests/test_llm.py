@@ -26,18 +26,20 @@ SMALL = llm_decoder.Config(layers=3, max_positions=128)
 def decoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("llm")
     onnx.save(llm_decoder.decoder(SMALL), d / "llama.onnx")
+    onnx.save(llm_decoder.genai_decoder(SMALL), d / "llama_genai.onnx")  # the same weights, model-builder style
     (d / "prompts").mkdir()
     for i, p in enumerate(llm_decoder.prompts(SMALL, 2, 11)):
         np.save(d / "prompts" / f"prompt_{i}.npy", p)
     return d
 
 
-def test_static_graphs_reproduce_the_original_greedy_tokens(decoder: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("model", ["llama.onnx", "llama_genai.onnx"])
+def test_static_graphs_reproduce_the_original_greedy_tokens(decoder: Path, tmp_path: Path, model: str) -> None:
     from ctxbuild.llm import pipeline, static
 
     graphs = static.specs(2, [8, 1], [24, 32])
     dst = {g.name: tmp_path / f"{g.name}.onnx" for g in graphs}
-    shape = static.write_static_graphs(decoder / "llama.onnx", 2, [8, 1], [24, 32], dst)
+    shape = static.write_static_graphs(decoder / model, 2, [8, 1], [24, 32], dst)
     assert static.part_ranges(shape.layers, 2) == [(0, 2), (2, 3)]
     # static: batch 1, AR new tokens, CL - AR past positions, only the new positions out, a 4-D additive mask in
     token = onnx.load(dst["token_ar1_cl32_1_of_2"])
@@ -45,10 +47,11 @@ def test_static_graphs_reproduce_the_original_greedy_tokens(decoder: Path, tmp_p
     assert dims["past_key_values.0.key"] == [1, SMALL.kv_heads, 31, SMALL.head_dim]
     assert dims["present.1.value"] == [1, SMALL.kv_heads, 1, SMALL.head_dim]
     assert dims["attention_mask"] == [1, 1, 1, 32] and dims["hidden_states.2"] == [1, 1, SMALL.hidden]
-    assert not {n.op_type for n in token.graph.node} & {"Range", "Shape", "Where"}
+    ops = {n.op_type for n in token.graph.node}
+    assert not ops & {"Range", "Shape", "Where", "GroupQueryAttention", "SkipSimplifiedLayerNormalization"}, ops
     models = {(g.part, g.ar, g.cl): dst[g.name] for g in graphs}
     for prompt in (np.load(p) for p in sorted((decoder / "prompts").glob("*.npy"))):
-        want = pipeline.reference_generate(decoder / "llama.onnx", prompt, 10)
+        want = pipeline.reference_generate(decoder / model, prompt, 10)
         for cl in (24, 32):
             got = pipeline.generate(pipeline.cpu_runner(models), static.part_ranges(shape.layers, 2),
                                     (shape.kv_heads, shape.head_dim), prompt, 10, cl, 8)
@@ -125,11 +128,23 @@ def test_w4a16_puts_int4_weights_in_the_part_models(decoder: Path, tmp_path: Pat
     assert (out / "SM8650" / "llama" / "llama_1_of_2_qnn.bin").stat().st_size > 0
 
 
-def _genai_style(path: Path) -> None:
-    """A model in onnxruntime-genai's model-builder convention (GroupQueryAttention), as far as the check reads."""
+def test_genai_convention_model_builds_and_verifies(decoder: Path, tmp_path: Path, ctxbuild) -> None:
+    """onnxruntime-genai's model-builder convention (GroupQueryAttention, SkipSimplifiedLayerNormalization):
+    rewritten into HTP ops, compiled, and verified token by token like the optimum export of the same weights."""
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(_recipe(tmp_path / "r", decoder, model=str(decoder / "llama_genai.onnx"),
+                                      context_lengths=[24])), "-o", str(out))
+    assert r.code == 0, r.text
+    result = json.loads((out / "SM8650" / "llama" / "llm_verify.json").read_text())
+    assert result["passed"] and result["by_cl"]["24"]["simulator"]["cosine_mean"] >= 0.95
+    assert len(list((out / "SM8650" / "llama").glob("*_ctx.onnx"))) == 4
+
+
+def _rotary_style(path: Path) -> None:
+    """A decoder whose attention is com.microsoft MultiHeadAttention + RotaryEmbedding (not rewritten)."""
     f = TensorProto.FLOAT
-    node = helper.make_node("GroupQueryAttention", ["q", "past_key_values.0.key", "past_key_values.0.value"],
-                            ["o", "present.0.key", "present.0.value"], domain="com.microsoft", num_heads=4, kv_num_heads=2)
+    node = helper.make_node("RotaryEmbedding", ["q", "past_key_values.0.key", "past_key_values.0.value"],
+                            ["o", "present.0.key", "present.0.value"], domain="com.microsoft")
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info("q", f, [1, 1, 64]),
                                         helper.make_tensor_value_info("past_key_values.0.key", f, [1, 2, "p", 16]),
                                         helper.make_tensor_value_info("past_key_values.0.value", f, [1, 2, "p", 16])],
@@ -140,17 +155,17 @@ def _genai_style(path: Path) -> None:
 @pytest.mark.parametrize("case,llm,expect", [
     ("cl_not_above_ar", {"context_lengths": [8]}, "context length 8 is not larger than sequence length 8"),
     ("too_many_parts", {"parts": 4}, "4 parts for a model of 3 layers"),
-    ("genai_convention", {"model": "GENAI"}, "GroupQueryAttention (onnxruntime-genai model-builder convention)"),
-    ("not_a_decoder", {"model": "CNN"}, "not a decoder in the optimum convention"),
+    ("contrib_attention", {"model": "ROTARY"}, "the model uses RotaryEmbedding, which ctxbuild cannot rewrite"),
+    ("not_a_decoder", {"model": "CNN"}, "not a decoder in the optimum or onnxruntime-genai convention"),
     ("int4_on_v68", {"precision": "w4a16", "TARGET": "SM8350"}, "int4 weights are measured only on v73 and newer"),
     ("kv_with_fp16", {"precision": "fp16", "kv_cache": "uint8"}, "kv_cache sets a quantized type"),
 ])
 def test_bad_llm_recipes_exit_2_with_one_line(decoder: Path, tmp_path: Path, ctxbuild, case: str,
                                              llm: dict[str, object], expect: str) -> None:
     llm = dict(llm)
-    if llm.get("model") == "GENAI":
-        _genai_style(tmp_path / "genai.onnx")
-        llm["model"] = str(tmp_path / "genai.onnx")
+    if llm.get("model") == "ROTARY":
+        _rotary_style(tmp_path / "rotary.onnx")
+        llm["model"] = str(tmp_path / "rotary.onnx")
     elif llm.get("model") == "CNN":
         subprocess.run([sys.executable, str(RECIPES / "models" / "make_models.py"), str(tmp_path / "m")], check=True)
         llm["model"] = str(tmp_path / "m" / "tiny_cnn.onnx")

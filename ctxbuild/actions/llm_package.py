@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.llm.layout import Layout
-from ctxbuild.llm.static import MASK_NEG
+from ctxbuild.llm.convention import MASK_NEG
 
 
 def run(ctx: Any) -> None:

@@ -1,9 +1,9 @@
 """Which decoder convention an ONNX model follows, read from its graph alone (no weights), with clear refusals.
 
 Supported: the optimum / torch-export convention (plain ONNX ops, `input_ids`, `attention_mask`,
-`position_ids`, `past_key_values.N.key/value` in, `logits`, `present.N.key/value` out). The onnxruntime-genai
-model-builder convention (com.microsoft GroupQueryAttention, SimplifiedLayerNormalization family, no
-`position_ids`) is recognised and refused: its contrib ops are not rewritten into HTP ops yet.
+`position_ids`, `past_key_values.N.key/value` in, `logits`, `present.N.key/value` out), and onnxruntime-genai's
+model-builder convention (com.microsoft GroupQueryAttention, the SimplifiedLayerNormalization family, no
+`position_ids`), which genai.py rewrites into the first. Other contrib attention ops are refused.
 """
 from __future__ import annotations
 
@@ -15,9 +15,16 @@ from typing import Any
 
 from ctxbuild.graph.signature import memoized_by_stat
 
-GENAI_OPS = {"GroupQueryAttention", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
-             "RotaryEmbedding", "MultiHeadAttention"}
+GENAI_OPS = {"GroupQueryAttention", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"}  # genai.py
+REFUSED_OPS = {"RotaryEmbedding", "MultiHeadAttention", "Attention", "PackedAttention", "SparseAttention",
+               "PagedAttention", "MatMulNBits", "SkipLayerNormalization"}
+MASK_NEG = -100.0  # what the runtime writes into masked slots: small enough for 16-bit activations' resolution
 PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+
+
+def is_genai(model: Any) -> bool:
+    """onnxruntime-genai's model-builder convention: its attention is GroupQueryAttention."""
+    return any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
 
 
 class NotADecoder(ValueError):
@@ -35,17 +42,17 @@ class DecoderShape:
 
 def check_decoder(model: Any) -> DecoderShape:
     """The decoder's shape from its graph I/O; raises NotADecoder naming what is wrong."""
-    ops = sorted({n.op_type for n in model.graph.node if n.op_type in GENAI_OPS})
+    ops = sorted({n.op_type for n in model.graph.node if n.op_type in REFUSED_OPS})
     if ops:
-        raise NotADecoder(f"the model uses {', '.join(ops)} (onnxruntime-genai model-builder convention), which "
-                          "ctxbuild cannot rewrite for the HTP yet; export it with optimum (plain ONNX ops, "
-                          "position_ids input) instead")
+        raise NotADecoder(f"the model uses {', '.join(ops)}, which ctxbuild cannot rewrite for the HTP; export it "
+                          "with optimum (plain ONNX ops) or onnxruntime-genai's builder (GroupQueryAttention) in fp32")
     inputs = {i.name: i for i in model.graph.input}
     outputs = {o.name: o for o in model.graph.output}
-    missing = [n for n in ("input_ids", "attention_mask", "position_ids") if n not in inputs]
+    needed = ("input_ids", "attention_mask") if is_genai(model) else ("input_ids", "attention_mask", "position_ids")
+    missing = [n for n in needed if n not in inputs]
     missing += [n for n in ("logits",) if n not in outputs]
     if missing:
-        raise NotADecoder(f"not a decoder in the optimum convention: no {', '.join(missing)} "
+        raise NotADecoder(f"not a decoder in the optimum or onnxruntime-genai convention: no {', '.join(missing)} "
                           f"(inputs: {', '.join(list(inputs)[:6])}...)")
     layers = sorted({int(m.group(1)) for n in inputs if (m := PAST.match(n))})
     if not layers or layers != list(range(len(layers))):

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ctxbuild.llm.static import MASK_NEG
+from ctxbuild.llm.convention import MASK_NEG
 
 Runner = Callable[[int, int, int, dict[str, np.ndarray]], dict[str, np.ndarray]]
 
@@ -116,8 +116,10 @@ def reference_generate(model: Path, prompt: np.ndarray, new_tokens: int) -> Deco
     ids, n, out = prompt[None].astype(np.int64), 0, Decoded([])
     for s_ in range(new_tokens):
         total = n + ids.shape[1]
-        got = dict(zip(names, s.run(None, {"input_ids": ids, "attention_mask": np.ones((1, total), np.int64),
-                                         "position_ids": np.arange(n, total, dtype=np.int64)[None], **feeds})))
+        all_feeds = {"input_ids": ids, "attention_mask": np.ones((1, total), np.int64),
+                     "position_ids": np.arange(n, total, dtype=np.int64)[None], **feeds}
+        # onnxruntime-genai's convention has no position_ids (the attention op derives them)
+        got = dict(zip(names, s.run(None, {i.name: all_feeds[i.name] for i in s.get_inputs()})))
         logits = got["logits"][0, -1]
         out.logits.append(logits)
         out.tokens.append(int(logits.argmax()))

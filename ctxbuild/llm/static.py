@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ctxbuild.llm.convention import DecoderShape, NotADecoder, check_decoder
+from ctxbuild.llm.convention import DecoderShape, NotADecoder, check_decoder, is_genai
 
-MASK_NEG = -100.0  # what the runtime writes into masked slots (the generator's models use the same)
 _LAYER = re.compile(r"/model/layers\.(\d+)/")
 
 
@@ -175,6 +174,10 @@ def write_static_graphs(src: Path, parts: int, ars: list[int], cls: list[int], d
 
     model = onnx.load(str(src))
     shape = check_decoder(model)
+    if is_genai(model):
+        from ctxbuild.llm.genai import lower
+
+        model = lower(model)
     if parts > shape.layers:
         raise NotADecoder(f"{parts} parts for a model of {shape.layers} layers: at most one part per layer")
     ranges = part_ranges(shape.layers, parts)

@@ -157,6 +157,70 @@ def decoder(cfg: Config, seed: int = 23) -> onnx.ModelProto:
     return model
 
 
+def genai_decoder(cfg: Config, seed: int = 23) -> onnx.ModelProto:
+    """The same decoder in onnxruntime-genai's model-builder convention (what `python -m
+    onnxruntime_genai.models.builder` writes for Llama): no position_ids; Q/K/V one fused MatMul; com.microsoft
+    GroupQueryAttention with its rotary (cos/sin caches of head_dim / 2) and seqlens_k / total_sequence_length
+    computed from attention_mask; SimplifiedLayerNormalization, then SkipSimplifiedLayerNormalization carrying the
+    residual stream (its output 3); the LM head tied to the embedding. Same weights as decoder(cfg, seed)."""
+    ref = decoder(cfg, seed)
+    w = {t.name: numpy_helper.to_array(t) for t in ref.graph.initializer}
+    b = _Builder(np.random.default_rng(seed))
+    hd, h, kvh = cfg.head_dim, cfg.hidden, cfg.kv_heads
+    ms = "com.microsoft"
+    for name in ("model.embed_tokens.weight", "cos_cached", "sin_cached"):
+        b.init(name, w[name] if name == "model.embed_tokens.weight" else w[name][:, : hd // 2])
+    x = b.op("Gather", ["model.embed_tokens.weight", "input_ids"], "/model/embed_tokens")
+    s = "/model/attn_mask"
+    total = b.op("Cast", [b.op("Gather", [b.op("Shape", ["attention_mask"], s), b.init("one_i64", np.int64(1))], s, axis=0)], s, to=TensorProto.INT32)
+    seqlens = b.op("Cast", [b.op("Sub", [b.op("ReduceSum", ["attention_mask", b.init("axes_1", np.array([1], np.int64))], s, keepdims=0),
+                                         "one_i64"], s)], s, to=TensorProto.INT32)
+    residual = None
+    for i in range(cfg.layers):
+        p, wn = f"/model/layers.{i}", f"model.layers.{i}"
+        gain = b.init(f"{wn}.input_layernorm.weight", w[f"/model/layers.{i}/input_layernorm.weight"])
+        if residual is None:
+            n = b.op("SimplifiedLayerNormalization", [x, gain], f"{p}/input_layernorm", axis=-1, epsilon=cfg.eps)
+        else:
+            name = f"{p}/input_layernorm/SkipLayerNorm"
+            n, residual = name + "/output_0", name + "/output_3"
+            b.nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [residual_in, x, gain], [n, "", "", residual],
+                                            name=name, domain=ms, epsilon=cfg.eps))
+            x = residual
+        residual = x
+        qkv = np.concatenate([w[f"{wn}.self_attn.{k}_proj.weight"] for k in "qkv"], axis=1)
+        a = f"{p}/attn"
+        packed = b.op("MatMul", [n, b.init(f"{wn}.attn.qkv_proj.weight", qkv)], a)
+        name = f"{a}/GroupQueryAttention"
+        out = name + "/output_0"
+        b.nodes.append(helper.make_node(
+            "GroupQueryAttention", [packed, "", "", f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens,
+                                    total, "cos_cached", "sin_cached"], [out, f"present.{i}.key", f"present.{i}.value"],
+            name=name, domain=ms, num_heads=cfg.heads, kv_num_heads=kvh, do_rotary=1, scale=float(1 / np.sqrt(hd))))
+        o = b.op("MatMul", [out, b.init(f"{wn}.attn.o_proj.weight", w[f"{wn}.self_attn.o_proj.weight"])], a)
+        name = f"{p}/post_attention_layernorm/SkipLayerNorm"
+        n, x = name + "/output_0", name + "/output_3"
+        b.nodes.append(helper.make_node("SkipSimplifiedLayerNormalization",
+                                        [residual, o, b.init(f"{wn}.post_attention_layernorm.weight",
+                                                             w[f"/model/layers.{i}/post_attention_layernorm.weight"])],
+                                        [n, "", "", x], name=name, domain=ms, epsilon=cfg.eps))
+        m = f"{p}/mlp"
+        gate = b.op("MatMul", [n, b.init(f"{wn}.mlp.gate_proj.weight", w[f"{wn}.mlp.gate_proj.weight"])], m)
+        up = b.op("MatMul", [n, b.init(f"{wn}.mlp.up_proj.weight", w[f"{wn}.mlp.up_proj.weight"])], m)
+        act = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate], m)], m), up], m)
+        residual_in = x
+        x = b.op("MatMul", [act, b.init(f"{wn}.mlp.down_proj.weight", w[f"{wn}.mlp.down_proj.weight"])], m)
+    name = "/model/norm/SkipLayerNorm"
+    b.nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [residual_in, x, b.init("model.norm.weight", w["/model/norm.weight"])],
+                                    [name + "/output_0"], name=name, domain=ms, epsilon=cfg.eps))
+    head = b.op("Transpose", ["model.embed_tokens.weight"], "/lm_head", perm=[1, 0])
+    b.nodes.append(helper.make_node("MatMul", [name + "/output_0", head], ["logits"], name="/lm_head/MatMul"))
+    inputs = [i for i in ref.graph.input if i.name != "position_ids"]
+    graph = helper.make_graph(b.nodes, "llama_tiny_genai", inputs, list(ref.graph.output), list(b.inits.values()))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(ms, 1)],
+                             ir_version=IR_VERSION, producer_name="ctxbuild-llm-decoder")
+
+
 def prompts(cfg: Config, n: int, length: int, seed: int = 5) -> list[np.ndarray]:
     """Token-id prompts (int64, one per file): random ids stand in for a tokenizer's output."""
     rng = np.random.default_rng(seed)
