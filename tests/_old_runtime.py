@@ -14,9 +14,11 @@ import pytest
 PINS = ["onnxruntime==1.24.4", "onnxruntime-qnn==2.3.0", "numpy==2.4.6", "onnx==1.23.2", "protobuf==7.36.2"]
 QAIRT = "2.47"
 
-# Opens `argv[1]` on the QNN EP (no CPU fallback) and prints one JSON line: {"ok": bool, "error": str}.
+# Opens `argv[1]` on the QNN EP (no CPU fallback), runs it once on ones (the simulator), and prints one JSON
+# line: {"ok": bool, "error": str, "outputs": [sum of each output]}.
 _LOAD = """
 import json, sys
+import numpy as np
 import onnxruntime as ort, onnxruntime_qnn
 ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
 devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
@@ -25,8 +27,10 @@ so.log_severity_level = 4
 so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
 so.add_provider_for_devices(devices, {"backend_type": "htp"})
 try:
-    ort.InferenceSession(sys.argv[1], so)
-    print(json.dumps({"ok": True, "error": ""}))
+    sess = ort.InferenceSession(sys.argv[1], so)
+    feeds = {i.name: np.ones(i.shape, np.float32) for i in sess.get_inputs()}
+    outputs = [float(np.asarray(o, np.float64).sum()) for o in sess.run(None, feeds)]
+    print(json.dumps({"ok": True, "error": "", "outputs": outputs}))
 except Exception as e:
     print(json.dumps({"ok": False, "error": str(e)}))
 """
@@ -49,7 +53,7 @@ def old_runtime_python() -> Path:
 
 
 def load(python: Path, wrapper: Path) -> dict[str, object]:
-    """Create an InferenceSession for `wrapper` in that runtime: {"ok", "error"}."""
+    """Create an InferenceSession for `wrapper` in that runtime and run it once: {"ok", "error", "outputs"}."""
     r = subprocess.run([str(python), "-c", _LOAD, str(wrapper)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])

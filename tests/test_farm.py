@@ -349,3 +349,36 @@ def test_lora_repeated_on_one_worker_identical_to_local(tmp_path: Path, example_
                     stop()
     finally:
         c.stop()
+
+
+def test_a_provisioned_toolchain_runs_only_where_a_worker_has_it(tmp_path: Path, example_models: Path,
+                                                                 remote: str) -> None:
+    """Worker `bare` has no toolchains (its own empty toolchains dir); `tc` has onnxruntime-qnn 2.3.0. A recipe
+    built with 2.3.0 runs every action on `tc`, in that toolchain, with the local build's bytes."""
+    from ctxbuild.errors import UsageError
+    from ctxbuild.toolchain import choose, provision
+
+    try:
+        provision.ensure(choose.Toolchain("2.3.0"), say=print)
+    except UsageError as e:
+        pytest.skip(f"onnxruntime-qnn 2.3.0 cannot be provisioned here (offline?): {e}")
+    bare = {"CTXBUILD_TOOLCHAINS_DIR": str(tmp_path / "no-toolchains")}
+    cluster = _cluster(tmp_path / "dask", {"bare": (GOOD, bare), "tc": (GOOD, None)})
+    try:
+        tree = _copy_tree(tmp_path, example_models)
+        for p in tree.glob("*.yaml"):
+            if p.name not in ("tiny_cnn_int8.yaml", "_defaults.yaml"):
+                p.unlink()
+        (tree / "tiny_cnn_int8.yaml").write_text((tree / "tiny_cnn_int8.yaml").read_text() + 'toolchain: "2.3.0"\n')
+        r = _run(_farm_args(tree, tmp_path / "out", cluster, remote), tmp_path / "cache")
+        assert r.returncode == 0, r.stderr
+        recs = records(tmp_path / "out")
+        assert recs and {rec["farm"]["worker"] for rec in recs.values()} == {cluster.workers["tc"].address}
+        compile_key = next(rec for rec in recs.values() if rec["kind"] == "compile")["key_detail"]["toolchain"]
+        assert compile_key["onnxruntime-qnn"] == "2.3.0" and compile_key["qnn_sdk"].startswith("v2.47.0.")
+        local = tmp_path / "local"
+        r = _run(["build", str(tree), "-o", str(local), "--no-cache"], tmp_path / "cache2")
+        assert r.returncode == 0, r.stderr
+        assert _outputs(tmp_path / "out") == _outputs(local)
+    finally:
+        cluster.stop()

@@ -15,7 +15,7 @@ from ctxbuild.digests import DigestMemo
 
 @pytest.fixture(autouse=True)
 def fixed_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(toolchain, "sdk_build_id", lambda out_state: "v2.51.0.test")
+    monkeypatch.setattr(toolchain, "sdk_build_id", lambda out_state, toolchain=None: "v2.51.0.test")
     monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
 
 
@@ -66,7 +66,7 @@ def test_qnn_version_keys_qnn_kinds_only(tmp_path: Path, monkeypatch: pytest.Mon
     compile = compile_action(tmp_path)
     before = key(prepare, tmp_path)[0], key(compile, tmp_path)[0]
     real = toolchain.version
-    monkeypatch.setattr(toolchain, "version", lambda d: "9.9.9" if d == "onnxruntime-qnn" else real(d))
+    monkeypatch.setattr(toolchain, "version", lambda d, site=None: "9.9.9" if d == "onnxruntime-qnn" else real(d, site))
     after = key(prepare, tmp_path)[0], key(compile, tmp_path)[0]
     assert after[0] == before[0] and after[1] != before[1]
     assert "onnxruntime-qnn" not in key(prepare, tmp_path)[1]["toolchain"]

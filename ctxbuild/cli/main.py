@@ -163,6 +163,13 @@ def _parser() -> argparse.ArgumentParser:
     ck.add_argument("--soc", metavar="NAME", help="the devices' SoC (default: the SoCs each artifact was built for)")
     ck.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
+    tl = command("toolchain", "toolchains: list those provisioned, provision one ahead (offline use)")
+    tsub = tl.add_subparsers(dest="toolchain_cmd", required=True, parser_class=_Parser)
+    tls = tsub.add_parser("list", help="the provisioned toolchains and the published releases")
+    tls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    tp = tsub.add_parser("provision", help="provision a toolchain now (pip; $CTXBUILD_WHEELHOUSE for offline)")
+    tp.add_argument("spec", help="an onnxruntime-qnn release (2.3.0) or qairt=2.47")
+
     pl = command("plan", "print the action graph")
     _paths_out(pl)
     pl.add_argument("--format", choices=["text", "json", "dot"], default="text",
@@ -390,6 +397,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         rows = check(args.path, [parse_cli(r) for r in args.runtime], args.soc)
         print(json.dumps(rows, indent=2) if args.json else table(rows))
         return 1 if any(r["verdict"] == WILL_NOT_LOAD for r in rows) else 0
+    if args.cmd == "toolchain":
+        from ctxbuild.cli.toolchains import main as toolchain_main
+
+        return toolchain_main(args)
     if args.cmd == "regenerate":
         from ctxbuild.engine.build import regenerate
 

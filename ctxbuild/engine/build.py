@@ -201,6 +201,7 @@ def _build(opts: BuildOptions) -> int:
         if address is not None:  # before ninja's dry run (it makes output directories): a dead farm leaves none
             state, jobs_default = _start_farm(opts, address, stack, env, build_id, state)
             opts.jobs = opts.jobs or jobs_default
+        _provision_toolchains(state, opts.console.info)
         _note_toolchain(opts.out, state)
         links.invalidate_retargeted(opts.out, state)  # before ninja: it follows links and sees old mtimes
         edited.remove_edited_outputs(opts.out, state)  # ninja sees an edited output as up to date
@@ -215,6 +216,10 @@ def _build(opts: BuildOptions) -> int:
         from ctxbuild.engine import worker
 
         w = stack.enter_context(worker.running(opts.out / STATE / "worker.log"))
+        # One more per provisioned toolchain the plan uses; each starts only when an edge of it connects.
+        w_env = dict(w.env)
+        for tc in _toolchains(state):
+            w_env.update(stack.enter_context(worker.running(opts.out / STATE / f"worker-{tc}.log", tc)).env)
         os.environ.update(env)  # the cache settings, for the actions restored in this process
         if pending is None:
             w.start()
@@ -225,7 +230,7 @@ def _build(opts: BuildOptions) -> int:
                 return _finish(opts, state, build_id, 0, started)  # all restored: ninja has nothing to do
         # Without -j, ninja 1.13.2 (PyPI) takes its slots from make's jobserver itself, fifo or pipe (make 4.3)
         rc = ninja.run(opts.out, targets, jobs=opts.jobs, keep_going=opts.keep_going, dry_run=False,
-                       env={**env, **w.env}, console=opts.console)
+                       env={**env, **w_env}, console=opts.console)
     return _finish(opts, state, build_id, rc, started)
 
 
@@ -433,21 +438,38 @@ def _explain(r: dict[str, Any]) -> str:
     return f"{src}; {r.get('why', '')}"
 
 
+def _toolchains(state: dict[str, Any]) -> list[str]:
+    """The provisioned toolchains the plan's actions run in (not the installed one)."""
+    return sorted({a["toolchain"] for a in state["actions"] if a.get("toolchain")})
+
+
+def _provision_toolchains(state: dict[str, Any], say: Any) -> None:
+    """Every toolchain the plan uses, provisioned before anything is keyed (a no-op reads one JSON each)."""
+    from ctxbuild.toolchain import choose, provision
+
+    for name in _toolchains(state):
+        provision.ensure(choose.by_name(name), say)
+
+
 def _note_toolchain(out: Path, state: dict[str, Any]) -> None:
     """ninja cannot see a toolchain upgrade (same command, same input files), so when an action kind's
     toolchain fingerprint differs from the last build's in this OUT, touch those actions' spec files (an
-    input of every edge): ninja re-runs them and each re-keys (a cache hit if that toolchain built it before)."""
-    kinds = sorted({a["kind"] for a in state["actions"]})
-    stamp = toolchain.quick_stamp()  # a no-op build stops here: fingerprints need importlib.metadata
+    input of every edge): ninja re-runs them and each re-keys (a cache hit if that toolchain built it before).
+    Kinds are told apart per toolchain (`compile@onnxruntime-qnn-2.3.0`)."""
+    def slot(a: dict[str, Any]) -> str:
+        return a["kind"] + (f"@{a['toolchain']}" if a.get("toolchain") else "")
+
+    kinds = sorted({slot(a) for a in state["actions"]})
+    stamp = toolchain.quick_stamp(tuple(_toolchains(state)))  # a no-op build stops here: fingerprints need importlib.metadata
     seen = ninja.read_state(out, "toolchain_seen.json") or {}
     before = seen.get("kinds")
     if seen.get("stamp") == stamp and before is not None and set(kinds) <= set(before):
         return
-    now = {k: toolchain.fingerprint(k, out / STATE) for k in kinds}
+    now = {k: toolchain.fingerprint(k.partition("@")[0], out / STATE, k.partition("@")[2] or None) for k in kinds}
     if before is not None:
         changed = {k for k in kinds if k in before and before[k] != now[k]}
         for a in state["actions"]:
-            if a["kind"] in changed:
+            if slot(a) in changed:
                 try:
                     os.utime(out / STATE / "actions" / spec_name(a["id"]))
                 except OSError:

@@ -13,7 +13,14 @@ import os
 import sys
 from array import array
 
-ENV = "CTXBUILD_WORKER"  # the path of the driver's listening socket
+ENV = "CTXBUILD_WORKER"  # the path of the driver's listening socket (of the worker of the installed toolchain)
+
+
+def worker_env(toolchain: str | None) -> str:
+    """The variable naming the socket of a toolchain's worker: CTXBUILD_WORKER_onnxruntime_qnn_2_3_0."""
+    if toolchain is None:
+        return ENV
+    return ENV + "_" + "".join(c if c.isalnum() else "_" for c in toolchain)
 
 
 def encode_request(spec: str, env: dict | None = None) -> bytes:
@@ -23,11 +30,12 @@ def encode_request(spec: str, env: dict | None = None) -> bytes:
     return _struct.pack("!I", len(body)) + body
 
 
-def run_via_worker(spec: str, target: str | None = None, fds: tuple = (1, 2), env: dict | None = None) -> int | None:
-    """Run the action in a child of the worker; None if there is no usable worker (then run it here). The
-    farm's Dask task (farm/task.py) names its worker's socket, console file and environment; ninja's edges
-    use the defaults."""
-    path = target or os.environ.get(ENV)
+def run_via_worker(spec: str, target: str | None = None, fds: tuple = (1, 2), env: dict | None = None,
+                   toolchain: str | None = None) -> int | None:
+    """Run the action in a child of the worker (of the action's toolchain); None if there is no usable worker
+    (then run it here). The farm's Dask task (farm/task.py) names its worker's socket, console file and
+    environment; ninja's edges use the defaults."""
+    path = target or os.environ.get(worker_env(toolchain))
     if not path:
         return None
     conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
@@ -59,12 +67,16 @@ def run_via_worker(spec: str, target: str | None = None, fds: tuple = (1, 2), en
 
 
 def main(argv: list[str]) -> int:
+    toolchain = None
+    if argv and argv[0].startswith("--toolchain="):
+        toolchain = argv.pop(0).partition("=")[2]
     if len(argv) != 1:
-        print("usage: client.py SPEC", file=sys.stderr)
+        print("usage: client.py [--toolchain=NAME] SPEC", file=sys.stderr)
         return 2
-    code = run_via_worker(argv[0])
+    code = run_via_worker(argv[0], toolchain=toolchain)
     if code is not None:
         return code
+    # Without a worker the action runs here, and the runner moves into the spec's toolchain itself.
     if __package__:  # imported (`ctxbuild action`): site-packages are there, run the action here
         from ctxbuild.engine.runner import main as run_action
 

@@ -70,7 +70,9 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
         ins = [_rel(p, out) for p in a.inputs.values()] + [_rel(str(w), out) for w in a.watch]
         ins.append(_rel(str(spec_path), out))
         needs_depfile = kinds.get(a.kind).discovers_inputs  # external data / samples found at run time
-        edges.append(Edge(outs, ins, ninja_command([rel(str(spec_path), out)]), ninja_value(a.description),
+        # The spec stays last: prerestore finds the action by it in ninja's evaluated commands.
+        args = [f"--toolchain={a.toolchain}"] if a.toolchain else []
+        edges.append(Edge(outs, ins, ninja_command([*args, rel(str(spec_path), out)]), ninja_value(a.description),
                           "action_dep" if needs_depfile else "action",
                           ninja_value(rel(str(depfile_path(out, a.id)), out)) if needs_depfile else None, a.pool))
         for r in a.recipes:
@@ -105,7 +107,7 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
     write_if_changed(state / "plan.json", canonical_json({
         "artifacts": plan.artifacts(),
         "adapters": plan_adapters.adapter_rows(plan.actions, plan.graph.successors),
-        "actions": [{"id": a.id, "kind": a.kind, "recipes": a.recipes, "target": a.target,
+        "actions": [{"id": a.id, "kind": a.kind, "recipes": a.recipes, "target": a.target, "toolchain": a.toolchain,
                      "description": a.description, "outputs": list(a.outputs.values()),
                      "deps": sorted(plan.graph.predecessors(a.id)),
                      **({"candidates": candidate_actions(a, by_id, producer)} if a.kind == "select" else {})}

@@ -49,6 +49,8 @@ def main(spec_arg: str) -> int:
     spec_path = Path(spec_arg)
     out = out_dir_of(spec_path)
     action = load_spec(spec_path)
+    if action.toolchain is not None:
+        _enter_toolchain(action.toolchain, spec_arg)
     kind = kinds.get(action.kind)
     log = log_path(out, action.id)
     record_file = record_path(out, action.id)
@@ -280,6 +282,22 @@ def _run_on_farm(action: Action, key: str, components: dict[str, Any], discovere
     return run_on_farm(action, key, components, discovered, cache, out)
 
 
+def _enter_toolchain(name: str, spec_arg: str) -> None:
+    """Run in the action's toolchain: return if this process is in it (its worker's children are), else
+    re-execute `ctxbuild action SPEC` in it, same pid (plain `ninja` in OUT, a farm worker), provisioning it
+    first if this machine has not yet."""
+    from ctxbuild.toolchain import choose, provision
+
+    tc = choose.by_name(name)
+    if provision.active(tc):  # a worker's child: its environment is the client's; its own children need the site
+        os.environ.update(provision.env_for(tc, {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}))
+        return
+    provision.ensure(tc, say=lambda line: print(line, file=sys.stderr))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "ctxbuild", "action", spec_arg], provision.env_for(tc))
+
+
 def _key_components(action: Action, discovered: dict[str, Path], memo: DigestMemo, state: Path) -> dict[str, Any]:
     """Everything that decides the outputs, and nothing else (no temp paths, no times, no OUT path)."""
     return {
@@ -288,7 +306,7 @@ def _key_components(action: Action, discovered: dict[str, Path], memo: DigestMem
         "inputs": {role: memo.digest(Path(p)) for role, p in sorted(action.inputs.items())},
         "discovered_inputs": {name: memo.digest(p) for name, p in sorted(discovered.items())},
         "outputs": sorted(Path(p).name for p in action.outputs.values()),
-        "toolchain": toolchain.fingerprint(action.kind, state),
+        "toolchain": toolchain.fingerprint(action.kind, state, action.toolchain),
         **({"extras": extras} if (extras := kinds.get(action.kind).hook("key_extras")(action)) else {}),
     }
 

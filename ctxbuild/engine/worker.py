@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ctxbuild.plan import memory
-from ctxbuild.engine.client import ENV
+from ctxbuild.engine.client import worker_env
 from ctxbuild.farm.wire import recv_exactly
 from ctxbuild.engine.procs import die_with_parent
 
@@ -40,7 +40,8 @@ class Worker:
     on demand: by the first client that connects, or by the driver once it knows actions will run. A build
     that runs no action (a no-op, everything restored up front) never pays the worker's ~0.5 s of imports."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, toolchain: str | None = None) -> None:
+        self.toolchain = toolchain  # a provisioned toolchain (its worker imports that onnxruntime and QNN)
         self._dir = tempfile.mkdtemp(prefix="ctxbuild-w-")  # short path (AF_UNIX limit 108), private (0700)
         self.path = os.path.join(self._dir, "s")
         self._log = log
@@ -56,7 +57,7 @@ class Worker:
 
     @property
     def env(self) -> dict[str, str]:
-        return {ENV: self.path}
+        return {worker_env(self.toolchain): self.path}
 
     @property
     def started(self) -> bool:
@@ -78,9 +79,14 @@ class Worker:
                 return
             self._log.parent.mkdir(parents=True, exist_ok=True)
             fd = self._srv.fileno()
+            env = None
+            if self.toolchain is not None:
+                from ctxbuild.toolchain import choose, provision
+
+                env = provision.env_for(choose.by_name(self.toolchain))
             with open(self._log, "wb") as logf:
                 self._proc = subprocess.Popen([sys.executable, "-m", "ctxbuild", "worker", str(fd)], stdout=logf,
-                                              stderr=logf, stdin=subprocess.DEVNULL, pass_fds=(fd,))
+                                              stderr=logf, stdin=subprocess.DEVNULL, pass_fds=(fd,), env=env)
 
     def _watch(self) -> None:
         """Start the worker when asked to or when a client connects. If it dies while the build goes on,
@@ -127,9 +133,9 @@ class Worker:
 
 
 @contextmanager
-def running(log: Path) -> Iterator[Worker]:
+def running(log: Path, toolchain: str | None = None) -> Iterator[Worker]:
     """A worker (started on demand) for the duration of a ninja run; `.env` points clients at it."""
-    w = Worker(log)
+    w = Worker(log, toolchain)
     try:
         yield w
     finally:

@@ -3,8 +3,8 @@ scratch dir, run the very same runner there (in a fresh process forked from a pr
 worker, as locally: the QNN EP's output depends on a fresh process), and publish outputs + record to the
 remote cache. The reply is a small dict; every byte of data travels through the cache, none through Dask.
 
-The FarmPlugin (registered by the driver's gateway) advertises the worker's toolchain fingerprints as
-Dask resources, so the scheduler only places an action where the fingerprint in its key is the worker's
+The FarmPlugin (registered by the driver's gateway) advertises the worker's toolchain fingerprints (the
+installed toolchain's and each provisioned one's) as Dask resources, so the scheduler only places an action where the fingerprint in its key is the worker's
 own; run_action checks it again and fails with both fingerprints named.
 """
 from __future__ import annotations
@@ -42,7 +42,8 @@ _RECORD_FIELDS = frozenset({"id", "kind", "recipes", "target", "build_id", "star
 _DROP_ENV = (FARM_ENV, FALLBACK_ENV, "CTXBUILD_NO_CACHE", "CTXBUILD_REMOTE_READ_ONLY", WORKER_ENV)
 
 _lock = threading.Lock()
-_server: dict[str, Any] = {}  # this worker process's fork server: {"worker": worker.Worker, "stack": ExitStack}
+_servers: dict[str | None, dict[str, Any]] = {}  # this worker process's fork servers, one per toolchain in use:
+# {toolchain: {"worker": worker.Worker, "stack": ExitStack}}
 
 
 def scratch_root(worker: Any) -> Path:
@@ -50,8 +51,13 @@ def scratch_root(worker: Any) -> Path:
 
 
 def fingerprints(state: Path) -> dict[str, dict[str, Any]]:
-    """The two toolchain fingerprints action keys carry: without (prepare, quantize) and with QNN."""
-    return {kind: toolchain.fingerprint(kind, state) for kind in ("prepare", "compile")}
+    """The toolchain fingerprints action keys carry, without (prepare, quantize) and with QNN: the installed
+    toolchain's, and each toolchain provisioned on this host (`ctxbuild toolchain provision` on the worker)."""
+    from ctxbuild.toolchain import provision
+
+    names = [None, *(r["name"] for r in provision.listing() if not r.get("unfinished"))]
+    return {f"{kind}@{name}" if name else kind: toolchain.fingerprint(kind, state, name)
+            for name in names for kind in ("prepare", "compile")}
 
 
 def worker_fingerprints(dask_worker: Any) -> dict[str, dict[str, Any]]:
@@ -71,20 +77,22 @@ class FarmPlugin(WorkerPlugin):
     # use the fork server. It ends with the worker process (it follows its parent).
 
 
-def _fork_server(root: Path) -> str:
-    """The socket of this Dask worker's fork server, started now if there is none or it died."""
+def _fork_server(root: Path, toolchain_name: str | None = None) -> str:
+    """The socket of this Dask worker's fork server for a toolchain, started now if there is none or it died."""
     from ctxbuild.engine import worker as forkserver
 
     with _lock:
-        w = _server.get("worker")
+        server = _servers.setdefault(toolchain_name, {})
+        w = server.get("worker")
         if w is not None and not w.dead:
             return w.path
         if w is not None:  # its socket is closed already (worker.Worker): clean up, start another
-            _server["stack"].close()
+            server["stack"].close()
         stack = ExitStack()
-        w = stack.enter_context(forkserver.running(root / "forkserver.log"))
+        log = root / (f"forkserver-{toolchain_name}.log" if toolchain_name else "forkserver.log")
+        w = stack.enter_context(forkserver.running(log, toolchain_name))
         w.start()  # import now, while the plugin sets up, not on the first action
-        _server.update(worker=w, stack=stack)
+        server.update(worker=w, stack=stack)
         return w.path
 
 
@@ -95,7 +103,7 @@ def run_action(req: dict[str, Any]) -> dict[str, Any]:
     root = scratch_root(worker)
     started = time.monotonic()
     info = {"worker": worker.address, "host": socket.gethostname()}
-    here = toolchain.fingerprint(req["action"]["kind"], root)
+    here = toolchain.fingerprint(req["action"]["kind"], root, req["action"].get("toolchain"))
     if here != req["fingerprint"]:
         return {**info, "status": "failed",
                 "cause": f"toolchain mismatch: worker {worker.address} has {json.dumps(here, sort_keys=True)}, "
@@ -138,8 +146,8 @@ def _run_in(task_dir: Path, req: dict[str, Any], root: Path) -> dict[str, Any]:
     env.update(CTXBUILD_REMOTE_CACHE=store["url"], CTXBUILD_REMOTE_TOKEN_ENV=store["token_env"],
                CTXBUILD_REMOTE_TIMEOUT=str(store["timeout"]), CTXBUILD_BUILD_ID=req.get("build_id") or "")
     with open(task_dir / "console.txt", "wb") as console:
-        code = run_via_worker(str(spec), _fork_server(root), fds=(console.fileno(), console.fileno()),
-                              env=env)
+        code = run_via_worker(str(spec), _fork_server(root, action.get("toolchain")),
+                              fds=(console.fileno(), console.fileno()), env=env)
     record = _read_json(record_path(out, action["id"]))
 
     def as_submitted(text: str) -> str:  # messages name the submitter's paths, not this scratch dir's

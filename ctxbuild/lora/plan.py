@@ -50,7 +50,7 @@ def adapter_actions(recipe: Recipe, graph: str, t: Target, deliverable: Action, 
                          description=f"adapter {a.name} for {label}@{t.name}", inputs=inputs,
                          outputs={"binding": str(d / f"{stem(a.name)}.onnx_adapter")},
                          params={"name": a.name, "graph": graph, **adapter_param(adapters, a)},
-                         target=t.as_dict(), recipes=[recipe.name], recipe_files=[str(recipe.file)])
+                         target=t.as_dict(), recipes=[recipe.name], recipe_files=[str(recipe.file)], toolchain=recipe.toolchain)
         acts.append(binding)
         if base_verify is not None:
             v = _verify_adapter(base_verify, binding, a.name, a.name in adapters.calibrate,
@@ -91,7 +91,7 @@ def section_actions(recipe: Recipe, t: Target, out: Path) -> list[Action]:
                    inputs={"bin": str(pb.bin), **{f"section:{n}": str(f) for n, f in pb.sections.files}},
                    outputs=outputs, params={"names": names, "sdk_mismatch": pb.sections.sdk_mismatch,
                                             "soc_model": t.soc_model, "htp_arch": t.htp_arch},
-                   target=t.as_dict(), recipes=[recipe.name], recipe_files=[str(recipe.file)])]
+                   target=t.as_dict(), recipes=[recipe.name], recipe_files=[str(recipe.file)], toolchain=recipe.toolchain)]
 
 
 def adapter_rows(actions: list[Action], successors: Any) -> list[dict[str, Any]]:

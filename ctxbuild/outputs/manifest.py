@@ -33,6 +33,7 @@ def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, s
             "recipe": art["recipe"], "target": art["target"], "kind": KINDS.get(role.split(":")[0], role),
             "path": art["path"], "sha256": memo.digest(path), "size": path.stat().st_size,
             "serves": _serves(art["target"]), "verification": _verification(out, art["verified_by"]),
+            "toolchain": art.get("toolchain") or "installed",  # which one made it (`toolchains` below)
         }
         if search := search_of(record):  # precision: auto: which candidate won, every candidate's figures
             entry["precision_search"] = with_costs(search, searches.get(art["action"], {}),
@@ -53,6 +54,10 @@ def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, s
     memo.close()
     manifest = {"version": MANIFEST_VERSION, "toolchain": toolchain_versions, "artifacts": artifacts,
                 "adapters": adapters}
+    if used := sorted({a["toolchain"] for a in artifacts} - {"installed"}):  # `toolchain` above is the installed one
+        from ctxbuild.toolchain import choose, provision
+
+        manifest["toolchains"] = {n: provision.provisioned(choose.by_name(n)) for n in used}
     write_if_changed(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n")
     return manifest
 

@@ -31,6 +31,7 @@ class Action:
     target: dict[str, Any] | None = None
     watch: list[str] = field(default_factory=list)  # directories ninja should watch (calibration dirs)
     pool: str | None = None
+    toolchain: str | None = None  # a provisioned toolchain's name (toolchain/choose.py); None: the installed one
 
     @property
     def spec_name(self) -> str:
@@ -38,7 +39,7 @@ class Action:
 
     def identity(self) -> Any:
         """What makes two actions the same work (for dedupe across recipes)."""
-        return [self.kind, self.params, sorted(self.inputs.items()), sorted(self.outputs.items())]
+        return [self.kind, self.params, sorted(self.inputs.items()), sorted(self.outputs.items()), self.toolchain]
 
     def to_spec(self) -> dict[str, Any]:
         return asdict(self)

@@ -49,6 +49,7 @@ class Plan:
                              "path": str(Path(path).relative_to(self.out)), "graphs": a.params.get("graphs"),
                              "verified_by": sorted(verifiers), "twins": twins if a.kind == "bundle" else [],
                              **({"verify_note": note} if note else {}),
+                             **({"toolchain": a.toolchain} if a.toolchain else {}),
                              **({"runtimes": runtimes} if (runtimes := self._runtimes(a.recipes)) else {})})
         return rows
 

@@ -56,12 +56,14 @@ def multi_soc_target(targets: list[Target]) -> Target:
                   ",".join(t.htp_arch for t in targets), min(vtcm) if vtcm else None)
 
 def common_params(recipe: Recipe) -> dict[str, Any]:
-    return {"recipes": [recipe.name], "recipe_files": [str(recipe.file)]}
+    return {"recipes": [recipe.name], "recipe_files": [str(recipe.file)], "toolchain": recipe.toolchain}
 
 def prepare_action(recipe: Recipe, g: Graph, work: Path) -> tuple[str, Action]:
     params = {"inputs": {k: list(v) for k, v in sorted(g.inputs.items())},
               # QDQ models skip the optimizer: constant folding would fold weight DequantizeLinear away.
               "optimize": recipe.precision != "qdq"}
+    if recipe.toolchain:  # another onnxruntime: another node, not shared with the installed toolchain's
+        params["toolchain"] = recipe.toolchain
     if recipe.adapters:  # LoRA: slots become optional inputs; "reference" keeps their defaults
         params["adapter_slots"] = {"patterns": list(recipe.adapters.slots), "scaling": recipe.adapters.scaling}
     # Named by model and content, not recipe: recipes preparing one model the same way share the node.

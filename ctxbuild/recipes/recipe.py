@@ -5,7 +5,7 @@ import copy
 import json
 import os
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from ctxbuild.recipes.suggest import did_you_mean
 from ctxbuild.lora.recipe import Adapters, Sections, parse_adapters, parse_sections
 from ctxbuild.llm.recipe import LlmSpec, parse_llm
 from ctxbuild.recipes.targets import Target
-from ctxbuild.toolchain.installed import version
+from ctxbuild.recipes import toolchains
 from ctxbuild.recipes.yamlsrc import LineDict, line_of, load_mapping
 from ctxbuild.layout import OUT_FILES
 from ctxbuild.recipes.paths import named_path
@@ -81,6 +81,13 @@ class Recipe:
     adapters: Adapters | None = None
     runtimes: list[dict[str, str]] = field(default_factory=list)  # the fleet's runtimes: the deploy gate's
     llm: LlmSpec | None = None  # an `llm:` recipe (ctxbuild/llm/): its graphs are made by its own actions
+    # The toolchains that build it (names; None: the installed one). load() makes one Recipe per toolchain.
+    toolchains: list[str | None] = field(default_factory=lambda: [None])
+    target_toolchains: dict[str, str | None] = field(default_factory=dict)  # targets whose group names one
+
+    @property
+    def toolchain(self) -> str | None:
+        return self.toolchains[0]
 
 
 @dataclass
@@ -127,12 +134,20 @@ def load(paths: list[Path]) -> RecipeSet:
         defaults, groups, cache = _defaults_for(f.parent, root, defaults_cache, files)
         cache_settings.update(cache)
         files.append(f)
-        recipe = _load_recipe(f, defaults, groups)
-        if recipe.name in seen:
-            raise RecipeError(f"{f}:1: recipe name '{recipe.name}' is already used by {seen[recipe.name]}",
-                              "recipe names must be unique across the tree; set `name:` in one of them")
-        seen[recipe.name] = f
-        recipes.append(recipe)
+        loaded = _load_recipe(f, defaults, groups)
+        for i, (tc, targets) in enumerate(toolchains.variants(loaded.toolchains, loaded.targets, loaded.target_toolchains)):
+            name = toolchains.variant_name(loaded.name, tc, i == 0)
+            # A single-graph recipe's graph is named for the recipe: the variant's too (labels, summaries).
+            graphs = [replace(g, name=name) if g.name == loaded.name and not loaded.is_bundle else g for g in loaded.graphs]
+            recipe = replace(loaded, name=name, graphs=graphs, targets=targets, toolchains=[tc], target_toolchains={})
+            if recipe.multi_soc and len(targets) != len(loaded.targets):
+                raise RecipeError(f"{f}:1: multi_soc: the recipe's targets are built with different toolchains "
+                                  "(a target group names its own)", "build one flexible binary per toolchain: one recipe each")
+            if recipe.name in seen:
+                raise RecipeError(f"{f}:1: recipe name '{recipe.name}' is already used by {seen[recipe.name]}",
+                                  "recipe names must be unique across the tree; set `name:` in one of them")
+            seen[recipe.name] = f
+            recipes.append(recipe)
     return RecipeSet(recipes, sorted(set(files)), dirs, cache_settings)
 
 
@@ -169,8 +184,11 @@ def _defaults_for(directory: Path, root: Path, memo: dict, files: list[Path]
                 if key in data["defaults"]:
                     raise RecipeError(f"{f}:{line_of(data, ['defaults', key])}: `{key}` cannot be a default",
                                       "set it in each recipe")
-        for g, members in data.get("target_groups", {}).items():
-            groups[g] = [(m, f, line_of(data, ["target_groups", g, i])) for i, m in enumerate(members)]
+        for g, spec in data.get("target_groups", {}).items():
+            members, at = (spec["targets"], ["target_groups", g, "targets"]) if isinstance(spec, dict) else (spec, ["target_groups", g])
+            tc = ((spec["toolchain"], f"{f}:{line_of(data, ['target_groups', g, 'toolchain'])}: target_groups.{g}.toolchain")
+                  if isinstance(spec, dict) and "toolchain" in spec else None)
+            groups[g] = [(m, f, line_of(data, [*at, i]), tc) for i, m in enumerate(members)]
         cache.update(data.get("cache", {}))
         if "@" in str(data.get("cache", {}).get("remote", "")).partition("://")[2].partition("/")[0]:
             # Never shown: the message names the field, not the URL.
@@ -317,7 +335,8 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
         split_outputs=_split_outputs(copts.get("split_outputs", False)),
         quantized_io=copts.get("quantized_io", False),
     )
-    recipe_targets = _targets(f, data, merged["targets"], groups)
+    group_toolchains: dict[str, tuple[Any, str]] = {}
+    recipe_targets = _targets(f, data, merged["targets"], groups, group_toolchains)
     for t in recipe_targets:
         _check_vtcm(at("compile", "vtcm_mb"), "compile.vtcm_mb", compile_opts.vtcm_mb, t)
     _check_provider_options(f, data, compile_opts, recipe_targets)
@@ -344,7 +363,9 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
                           "verifies without adapters)", "choose a precision or a quantization block")
     return Recipe(name=name, file=f, precision=precision, graphs=graphs, targets=recipe_targets,
                   compile=compile_opts, is_bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False),
-                  verify=verify, quantization=quantization, adapters=adapters, runtimes=_runtimes(f, data, merged))
+                  verify=verify, quantization=quantization, adapters=adapters, runtimes=_runtimes(f, data, merged),
+                  **toolchains.parse(f, data, merged, group_toolchains, {"bundle": "bundle" in merged,
+                                                                         "multi_soc": merged.get("multi_soc", False)}))
 
 
 def _runtimes(f: Path, data: LineDict, merged: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[dict[str, str]]:
@@ -390,9 +411,6 @@ def _check_provider_options(f: Path, data: LineDict, copts: CompileOptions, targ
 
 
 # The oldest onnxruntime-qnn these were measured on; older EPs lack ep.share_ep_contexts or multi-SoC contexts.
-MIN_QNN_EP = {"bundle": (2, 7), "multi_soc": (2, 7)}
-
-
 def _check_quantized_io(f: Path, data: LineDict, bundle: bool, precision: str, copts: CompileOptions) -> None:
     where = f"{f}:{line_of(data, ['compile', 'quantized_io'])}"
     if precision == "fp16":
@@ -426,20 +444,6 @@ def _check_layout(f: Path, data: LineDict, bundle: bool, multi_soc: bool, copts:
                           "remove `embed: true`")
     if multi_soc and len(targets) < 2:
         raise RecipeError(f"{at('multi_soc')}: multi_soc needs two or more targets", "list them in `targets`")
-    for feature, wanted in (("bundle", bundle), ("multi_soc", multi_soc)):
-        have = _version_tuple(version("onnxruntime-qnn"))
-        if wanted and have < MIN_QNN_EP[feature]:
-            need = ".".join(map(str, MIN_QNN_EP[feature]))
-            raise RecipeError(f"{at(feature)}: {feature} needs onnxruntime-qnn >= {need}; this toolchain has "
-                              f"{version('onnxruntime-qnn')}", f"pip install 'onnxruntime-qnn>={need}'")
-
-
-def _version_tuple(v: str) -> tuple[int, ...]:
-    parts = []
-    for p in v.split(".")[:3]:
-        digits = "".join(ch for ch in p if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
 
 
 def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], groups: dict[str, list]) -> Recipe:
@@ -458,8 +462,10 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
     if unused:
         raise RecipeError(f"{f}:{line_of(data, ['prebuilt'])}: a prebuilt binary is not compiled; "
                           f"{', '.join(unused)} has no effect", "remove it (only compile.embed applies)")
-    return Recipe(name=name, file=f, precision="prebuilt", graphs=[], targets=_targets(f, data, merged["targets"], groups),
-                  runtimes=_runtimes(f, data, merged),
+    group_toolchains: dict[str, tuple[Any, str]] = {}
+    targets = _targets(f, data, merged["targets"], groups, group_toolchains)
+    return Recipe(name=name, file=f, precision="prebuilt", graphs=[], targets=targets,
+                  runtimes=_runtimes(f, data, merged), **toolchains.parse(f, data, merged, group_toolchains, {}),
                   compile=CompileOptions(embed=copts.get("embed", False)), verify={"enabled": False},
                   prebuilt=Prebuilt(binary, graphs, spec.get("quantized_io", False),
                                     parse_sections(f, data, spec) if "adapters" in spec else None))
@@ -470,7 +476,12 @@ def _llm_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], grou
     if other:
         raise RecipeError(f"{f}:{line_of(data, [other[0]])}: `{other[0]}` does not apply to an `llm:` recipe",
                           "set precision and prompts inside the llm: block (docs/llm.md)")
-    targets = _targets(f, data, merged["targets"], groups)
+    group_toolchains: dict[str, tuple[Any, str]] = {}
+    targets = _targets(f, data, merged["targets"], groups, group_toolchains)
+    chosen = toolchains.parse(f, data, merged, group_toolchains, {})
+    if chosen["toolchains"] != [None] or any(chosen["target_toolchains"].values()):
+        raise RecipeError(f"{f}:{line_of(data, ['toolchain'] if 'toolchain' in data else [])}: an `llm:` recipe is "
+                          "built with the installed toolchain only", "remove `toolchain:` (docs/llm.md)")
     spec = parse_llm(f, data, merged["llm"], targets)
     copts = merged.get("compile", {})
     compile_opts = CompileOptions(optimization_mode=copts.get("optimization_mode"), vtcm_mb=copts.get("vtcm_mb"),
@@ -566,10 +577,13 @@ def _check_vtcm(where: str, field: str, vtcm_mb: int | None, target: Target) -> 
                           f"use at most {soc.vtcm_mb}, or leave it out (the SoC's default)")
 
 
-def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list]) -> list[Target]:
+def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list],
+             chosen: dict[str, tuple[Any, str]] | None = None) -> list[Target]:
+    """The recipe's targets, groups expanded. `chosen` receives, per target name, the toolchain its target group
+    names ((spec, where); the innermost group's wins)."""
     out: dict[str, Target] = {}
 
-    def add(spec: Any, where: str, stack: tuple[str, ...]) -> None:
+    def add(spec: Any, where: str, stack: tuple[str, ...], tc: tuple[Any, str] | None = None) -> None:
         if isinstance(spec, dict):
             builtin = soc_table.lookup(spec["name"])
             # The same SoC with other options (e.g. vtcm_mb) may keep its name; another SoC may not.
@@ -588,8 +602,8 @@ def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list])
         elif spec in groups:
             if spec in stack:
                 raise RecipeError(f"{where}: target group '{spec}' includes itself")
-            for member, gf, gline in groups[spec]:
-                add(member, f"{gf}:{gline}", stack + (spec,))
+            for member, gf, gline, group_tc in groups[spec]:
+                add(member, f"{gf}:{gline}", stack + (spec,), group_tc or tc)
             return
         else:
             soc = soc_table.lookup(spec)
@@ -600,6 +614,8 @@ def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list])
         if t.name in out and out[t.name] != t:
             raise RecipeError(f"{where}: target name '{t.name}' is defined twice with different settings")
         out[t.name] = t
+        if tc is not None and chosen is not None:
+            chosen[t.name] = tc
 
     for i, spec in enumerate(specs):
         add(spec, f"{f}:{line_of(data, ['targets', i])}", ())

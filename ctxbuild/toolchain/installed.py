@@ -1,4 +1,8 @@
-"""Toolchain versions and the QNN EP: what goes into every action key, and how actions reach the EP."""
+"""Toolchain versions and the QNN EP: what goes into every action key, and how actions reach the EP.
+
+`site` arguments name a provisioned toolchain's site directory (toolchain/provision.py), searched before
+sys.path: the driver keys a toolchain's actions without running in it. None: the path as it is (inside a
+toolchain's worker, its site is already first)."""
 from __future__ import annotations
 
 import json
@@ -22,8 +26,8 @@ LIBRARIES = ("libQnnHtp.so", "libHtpPrepare.so", "libonnxruntime_providers_qnn.s
 
 
 @lru_cache(maxsize=None)
-def version(dist: str) -> str:
-    found = _dist_info(dist)
+def version(dist: str, site: str | None = None) -> str:
+    found = _dist_info(dist, site)
     if found is not None:
         return found[1]
     from importlib import metadata
@@ -34,10 +38,10 @@ def version(dist: str) -> str:
         return "missing"
 
 
-@lru_cache(maxsize=1)
-def qnn_library_dir() -> Path:
+@lru_cache(maxsize=None)
+def qnn_library_dir(site: str | None = None) -> Path:
     """Directory of the onnxruntime-qnn wheel's shared libraries (found without importing onnxruntime)."""
-    found = _dist_info("onnxruntime-qnn")
+    found = _dist_info("onnxruntime-qnn", site)
     if found is not None:
         return Path(found[0]) / "onnxruntime_qnn"
     from importlib import metadata
@@ -46,12 +50,12 @@ def qnn_library_dir() -> Path:
 
 
 @lru_cache(maxsize=None)
-def _dist_info(dist: str) -> tuple[str, str] | None:
+def _dist_info(dist: str, site: str | None = None) -> tuple[str, str] | None:
     """(directory, version) of the first `<name>-<version>.dist-info` on sys.path, as importlib.metadata
     finds an installed wheel, without importing it (~14 ms of a 0.3 s restore). Names compare normalized
     (the packaging spec: lower case, runs of - _ . as one _). None: let importlib.metadata look."""
     want = re.sub(r"[-_.]+", "_", dist).lower()
-    for d, names in _site_listings():
+    for d, names in _site_listings([site] if site else []):
         for n in names:
             name, _, ver = n.removesuffix(".dist-info").partition("-")
             if n.endswith(".dist-info") and ver and re.sub(r"[-_.]+", "_", name).lower() == want:
@@ -59,31 +63,41 @@ def _dist_info(dist: str) -> tuple[str, str] | None:
     return None
 
 
-def library_files() -> list[Path]:
+def library_files(site: str | None = None) -> list[Path]:
     """Files whose change means a different compiler: generator-edge inputs, and the SDK id memo's stamp."""
-    return [qnn_library_dir() / name for name in LIBRARIES]
+    return [qnn_library_dir(site) / name for name in LIBRARIES]
 
 
-@lru_cache(maxsize=1)  # per process: a build keys 50-150 actions; a toolchain swapped mid-build is not supported
-def _stamp() -> list[Any]:
-    return [version("onnxruntime"), version("onnxruntime-qnn")] + [
-        [f.name, s.st_size, s.st_mtime_ns] for f in library_files() for s in [f.stat()]
+@lru_cache(maxsize=None)  # per process: a build keys 50-150 actions; a toolchain swapped mid-build is not supported
+def _stamp(site: str | None) -> list[Any]:
+    return [version("onnxruntime", site), version("onnxruntime-qnn", site)] + [
+        [f.name, s.st_size, s.st_mtime_ns] for f in library_files(site) for s in [f.stat()]
     ]
 
 
-def sdk_build_id(out_state: Path | None) -> str:
+def site_of(toolchain: str | None) -> str | None:
+    """The site directory of the toolchain an action spec names (None: the installed one)."""
+    if toolchain is None:
+        return None
+    from ctxbuild.toolchain import choose, provision
+
+    return str(provision.site(choose.by_name(toolchain)))
+
+
+def sdk_build_id(out_state: Path | None, toolchain: str | None = None) -> str:
     """The QNN SDK build id (`ep_sdk_version`) the EP stamps into context binaries, memoized per toolchain.
 
     The memo lives in the user cache dir (a fresh OUT must not pay the ~0.3 s probe), else in OUT
     (`out_state`; None outside a build, e.g. `ctxbuild --version`).
     """
-    return _sdk_build_id(cache_dir(), out_state)
+    return _sdk_build_id(cache_dir(), out_state, site_of(toolchain))
 
 
 @lru_cache(maxsize=None)  # per process, as the stamp: keying 50 restored actions read the memo file 50 times
-def _sdk_build_id(cache: Path, out_state: Path | None) -> str:
-    stamp = _stamp()
-    memos = [cache / "toolchain.json"] + ([out_state / "toolchain.json"] if out_state is not None else [])
+def _sdk_build_id(cache: Path, out_state: Path | None, site: str | None) -> str:
+    stamp = _stamp(site)
+    memo_name = "toolchain.json" if site is None else f"toolchain-{Path(site).parent.name}.json"
+    memos = [cache / memo_name] + ([out_state / memo_name] if out_state is not None else [])
     for memo in memos:
         try:
             data = json.loads(memo.read_text())
@@ -91,7 +105,7 @@ def _sdk_build_id(cache: Path, out_state: Path | None) -> str:
                 return data["sdk_build_id"]
         except (OSError, ValueError, KeyError):
             continue
-    build_id = _probe_sdk_build_id()
+    build_id = _probe_sdk_build_id(site)
     for memo in memos:  # both: a later build may have an empty cache dir, or a fresh OUT
         try:
             write_bytes(memo, json.dumps({"stamp": stamp, "sdk_build_id": build_id}).encode())
@@ -100,7 +114,7 @@ def _sdk_build_id(cache: Path, out_state: Path | None) -> str:
     return build_id
 
 
-def _probe_sdk_build_id() -> str:
+def _probe_sdk_build_id(site: str | None) -> str:
     """probe_sdk_build_id in a child process. Compiling here would advance QNN's process-wide tensor id
     counter (the probe's three tensors), and every later compile in this process, or in a process forked from
     it, would number its tensors from there: another binary for the same key (measured: a LoRA compile on a
@@ -112,7 +126,8 @@ def _probe_sdk_build_id() -> str:
 
     code = "from ctxbuild.toolchain.installed import probe_sdk_build_id; print(probe_sdk_build_id())"
     try:
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [site, os.environ.get("PYTHONPATH")]))}
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
     except (OSError, subprocess.SubprocessError) as e:
         raise ActionError(f"the QNN SDK version probe did not run: {e}") from None
     lines = p.stdout.split()
@@ -153,25 +168,32 @@ def probe_sdk_build_id() -> str:
     return "unknown"
 
 
-def fingerprint(kind: str, out_state: Path) -> dict[str, Any]:
-    """The toolchain part of an action key. Kinds that use QNN also depend on the QNN compiler."""
+def fingerprint(kind: str, out_state: Path, toolchain: str | None = None) -> dict[str, Any]:
+    """The toolchain part of an action key. Kinds that use QNN also depend on the QNN compiler. `toolchain`:
+    the provisioned toolchain the action runs in (its spec's), None for the installed one."""
     from ctxbuild.plan import kinds
 
+    site = site_of(toolchain)
     fp: dict[str, Any] = {"ctxbuild_action_schema": ACTION_SCHEMA_VERSION, "onnx": version("onnx"),
-                          "onnxruntime": version("onnxruntime")}
+                          "onnxruntime": version("onnxruntime", site)}
     if kinds.get(kind).uses_qnn:
-        fp["onnxruntime-qnn"] = version("onnxruntime-qnn")
-        fp["qnn_sdk"] = sdk_build_id(out_state)
+        fp["onnxruntime-qnn"] = version("onnxruntime-qnn", site)
+        fp["qnn_sdk"] = sdk_build_id(out_state, toolchain)
     if override := os.environ.get("CTXBUILD_TOOLCHAIN_OVERRIDE"):  # for tests only: pose as another toolchain
         fp.update(json.loads(override))
     return fp
 
 
-def quick_stamp() -> list[Any]:
+def quick_stamp(toolchains: tuple[str, ...] = ()) -> list[Any]:
     """Everything `fingerprint` depends on, read with directory listings and a few stats instead of
     importlib.metadata (~30 ms to import): the toolchain packages' dist-info names (they carry the versions)
-    and the QNN libraries' stats. Unchanged stamp, unchanged fingerprints; the no-op build checks only this."""
+    and the QNN libraries' stats, on the path and in each provisioned toolchain named. Unchanged stamp,
+    unchanged fingerprints; the no-op build checks only this."""
     found: list[Any] = []
+    for d, names in _site_listings([s for t in toolchains if (s := site_of(t))], path=False) if toolchains else ():
+        found += [[d, n] for n in names if n.endswith(".dist-info")]
+        found += [[f, st.st_size, st.st_mtime_ns] for f in (os.path.join(d, "onnxruntime_qnn", name) for name in LIBRARIES)
+                  for st in _stats(f)]
     for d, names in _site_listings():
         found += [[d, n] for n in names if n.endswith(".dist-info")
                   and n.startswith(("onnx-", "onnxruntime-", "onnxruntime_qnn-"))]
@@ -181,9 +203,9 @@ def quick_stamp() -> list[Any]:
     return [ACTION_SCHEMA_VERSION, found]
 
 
-def _site_listings() -> Iterator[tuple[str, list[str]]]:
-    """Each readable sys.path entry with its sorted listing, in import order."""
-    for d in sys.path:
+def _site_listings(first: tuple[str, ...] | list[str] = (), path: bool = True) -> Iterator[tuple[str, list[str]]]:
+    """Each readable directory of `first`, then (`path`) of sys.path, with its sorted listing, in import order."""
+    for d in [*first, *(sys.path if path else [])]:
         try:
             yield d, sorted(os.listdir(d or "."))
         except OSError:
@@ -198,6 +220,7 @@ def _stats(f: str) -> list[os.stat_result]:
 
 
 def summary(out_state: Path | None) -> dict[str, str]:
+    """The installed toolchain, for the manifest (artifacts a provisioned one made name it themselves)."""
     return {"onnx": version("onnx"), "onnxruntime": version("onnxruntime"),
             "onnxruntime-qnn": version("onnxruntime-qnn"), "qnn_sdk_build_id": sdk_build_id(out_state)}
 

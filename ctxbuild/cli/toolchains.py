@@ -1,0 +1,41 @@
+"""`ctxbuild toolchain list|provision`: what is provisioned, and provisioning ahead of a build (offline use)."""
+from __future__ import annotations
+
+import json
+import sys
+from argparse import Namespace
+
+from ctxbuild.toolchain import choose, provision
+from ctxbuild.toolchain.installed import version
+from ctxbuild.toolchain.runtimes import PUBLISHED
+
+
+def main(args: Namespace) -> int:
+    if args.toolchain_cmd == "provision":
+        spec: str | dict[str, str] = args.spec  # 2.3.0, or KEY=VERSION[,...] as `check --runtime` takes
+        if "=" in args.spec:
+            spec = {k.strip(): v.strip() for k, _, v in (p.partition("=") for p in args.spec.split(",") if p.strip())}
+        tc = choose.choose(spec, f"toolchain provision {args.spec}", version("onnxruntime-qnn"))
+        if tc is None:
+            print(f"the installed toolchain (onnxruntime-qnn {version('onnxruntime-qnn')}) serves {args.spec}: "
+                  "nothing to provision")
+            return 0
+        info = provision.ensure(tc, say=lambda line: print(line, file=sys.stderr))
+        print(f"{tc.name}: onnxruntime-qnn {info['onnxruntime-qnn']} (QAIRT {info['qairt']}), onnxruntime "
+              f"{info['onnxruntime']} in {provision.root() / tc.name}")
+        return 0
+    rows = provision.listing()
+    if args.json:
+        print(json.dumps({"installed": {"onnxruntime-qnn": version("onnxruntime-qnn"),
+                                        "onnxruntime": version("onnxruntime")},
+                          "provisioned": rows, "published": PUBLISHED}, indent=2))
+        return 0
+    have = {r["name"]: r for r in rows}
+    print(f"{'onnxruntime-qnn':<16} {'QAIRT':<9} state")
+    for plugin, qairt in PUBLISHED.items():
+        row = have.get(choose.Toolchain(plugin).name)
+        state = ("installed (ctxbuild's own environment)" if plugin == version("onnxruntime-qnn") else
+                 "not provisioned" if row is None else "unfinished (made again on next use)" if row.get("unfinished")
+                 else f"provisioned, {row['bytes'] / 2**20:.0f} MiB, {row['path']}")
+        print(f"{plugin:<16} {qairt:<9} {state}")
+    return 0
