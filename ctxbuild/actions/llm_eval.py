@@ -9,7 +9,6 @@ runs in a child process: a crash there is an error here, not a dead build.
 from __future__ import annotations
 
 import json
-import multiprocessing
 from pathlib import Path
 from typing import Any
 
@@ -64,18 +63,12 @@ def run(ctx: Any) -> None:
 
 def _simulate(layout: Layout, inputs: dict[str, str], prompts: list[Any], ref: list[Any], cl: int,
               timeout: float) -> list[Any]:
-    mp = multiprocessing.get_context("fork")
-    recv, send = mp.Pipe(duplex=False)
-    child = mp.Process(target=_child, args=(layout, layout.models("twin", inputs), prompts, ref, cl, send), daemon=True)
-    child.start()
-    send.close()
-    got = recv.recv() if recv.poll(timeout) else None
-    child.join(5)
-    if child.is_alive():
-        child.kill()
-        child.join()
+    from ctxbuild.verify.measure import in_child
+
+    got, exitcode, hung = in_child(_child, (layout, layout.models("twin", inputs), prompts, ref, cl), timeout)
     if got is None:
-        raise ActionError(f"the HTP simulator did not finish (exit {child.exitcode}, timeout {timeout:g} s) at CL {cl}",
+        why = f"did not finish within {timeout:g} s" if hung else f"crashed (exit {exitcode})"
+        raise ActionError(f"the HTP simulator {why} at CL {cl}",
                           "raise verify.timeout_s, or verify fewer prompts (llm.prompts.verify)")
     if isinstance(got, str):
         raise ActionError(f"the HTP simulator failed at CL {cl}: {got}")
