@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ctxbuild.errors import ActionError
 from ctxbuild.graph.modelio import data_path
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.prompts import load_prompts, prompt_files
@@ -53,7 +54,11 @@ def run(ctx: Any) -> None:
     layout = Layout.read(Path(a.inputs["layout"]))
     floats = layout.models("model", a.inputs)
     prompts = load_prompts(discover_inputs(a))
-    feeds = calibration_feeds(layout, floats, prompts, len(layout.reference_tokens[0]) if layout.reference_tokens else 4)
+    try:
+        feeds = calibration_feeds(layout, floats, prompts, p["tokens"])
+    except ValueError as e:  # a prompt too long for a CL
+        raise ActionError(f"{a.recipe_files[0]}: calibration: {e}",
+                          "use shorter prompts, fewer llm.generate tokens or larger context_lengths") from None
     kv = getattr(QuantType, {"uint16": "QUInt16", "uint8": "QUInt8"}[p["kv_cache"]])
     for g in layout.graphs:
         if g.name not in p["graphs"]:

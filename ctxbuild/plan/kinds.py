@@ -311,6 +311,7 @@ class LlmQuantizeParams(TypedDict):
     precision: str
     kv_cache: str
     samples: int  # calibration prompts
+    tokens: int  # greedy tokens decoded per prompt while recording calibration inputs
 
 
 class LlmQuantize(Kind):
