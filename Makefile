@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-MODELS := recipes/models/tiny_cnn.onnx
+MODELS := recipes/models/tiny_cnn.onnx recipes/models/llama_tiny.onnx
 
 .PHONY: setup models build test unit wheel-check bench clean
 
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 models: $(MODELS)
 
-$(MODELS): recipes/models/make_models.py $(STAMP)
+$(MODELS) &: recipes/models/make_models.py recipes/models/llm_decoder.py $(STAMP)
 	$(BIN)/python recipes/models/make_models.py
 
 # `+` hands make's jobserver to ctxbuild, so under `make -jN` ninja takes its slots from make; under `make -n`

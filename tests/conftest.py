@@ -19,6 +19,10 @@ RECIPES = ROOT / "recipes"
 
 pytest_plugins = ["tests.nginx_fixture"]
 
+# Copies of the example tree leave the LLM example out: tests/test_llm.py builds it; in every whole-tree
+# build its 27 actions would double the time and change the counts those tests check.
+EXAMPLES_IGNORE = shutil.ignore_patterns("models", "llm_*.yaml")
+
 
 # Tests that run the real CLI or build the examples are end to end (marker `e2e`, run by `make test`;
 # `pytest -m "not e2e"` leaves the fast unit tests). Files testing QNN in-process mark themselves.
@@ -61,7 +65,7 @@ def example_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tree(tmp_path: Path, example_models: Path) -> Path:
     """A writable copy of recipes/ (YAML files + generated models) under tmp_path/recipes."""
     dst = tmp_path / "recipes"
-    shutil.copytree(RECIPES, dst, ignore=shutil.ignore_patterns("models"))
+    shutil.copytree(RECIPES, dst, ignore=EXAMPLES_IGNORE)
     shutil.copytree(example_models, dst / "models")
     return dst
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RECIPES, records
+from tests.conftest import EXAMPLES_IGNORE, RECIPES, records
 from tests._procs import in_group, live_processes, wait_for
 from tests.dask_fixture import Cluster, ClusterUnavailable, free_port, start_cluster
 from tests.nginx_fixture import find_nginx, start_nginx
@@ -77,7 +77,7 @@ def local_reference(tmp_path_factory: pytest.TempPathFactory, example_models: Pa
 
 def _copy_tree(dst: Path, models: Path) -> Path:
     tree = dst / "recipes"
-    shutil.copytree(RECIPES, tree, ignore=shutil.ignore_patterns("models"))
+    shutil.copytree(RECIPES, tree, ignore=EXAMPLES_IGNORE)
     shutil.copytree(models, tree / "models")
     return tree
 

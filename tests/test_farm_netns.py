@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bench.nginx import CONFIG, find_nginx
-from tests.conftest import RECIPES, records
+from tests.conftest import EXAMPLES_IGNORE, RECIPES, records
 from tests.dask_fixture import DASK
 
 SUBNET = "10.77.19"
@@ -179,7 +179,7 @@ def _start_worker(net: Netns, dirs: dict[str, Path], role: str, generation: int)
 
 def _copy_tree(dst: Path, models: Path) -> Path:
     tree = dst / "recipes"
-    shutil.copytree(RECIPES, tree, ignore=shutil.ignore_patterns("models"))
+    shutil.copytree(RECIPES, tree, ignore=EXAMPLES_IGNORE)
     shutil.copytree(models, tree / "models")
     return tree
 

@@ -23,7 +23,7 @@ import onnx
 import pytest
 
 from tests._qnn_models import nonzero_model
-from tests.conftest import RECIPES
+from tests.conftest import EXAMPLES_IGNORE, RECIPES
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -42,7 +42,7 @@ def _cli(*args: str, cache: Path, cwd: Path) -> subprocess.CompletedProcess[str]
 def built(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("report")
     tree = root / "recipes"
-    shutil.copytree(RECIPES, tree, ignore=shutil.ignore_patterns("models"))
+    shutil.copytree(RECIPES, tree, ignore=EXAMPLES_IGNORE)
     shutil.copytree(example_models, tree / "models")
     onnx.save(nonzero_model(), tree / "models" / "nz.onnx")
     (tree / "broken_nz.yaml").write_text("model: models/nz.onnx\nprecision: fp16\ntargets: [SM8650]\n")

@@ -163,7 +163,8 @@ def _planner_files() -> list[Path]:
     pkg = Path(__file__).resolve().parents[1]
     return [pkg / "plan" / "planner.py", pkg / "recipes" / "recipe.py", pkg / "engine" / "ninja.py",
             pkg / "recipes" / "recipe.schema.json", pkg / "plan" / "search.py", pkg / "recipes" / "quantization.py",
-            pkg / "lora" / "plan.py", pkg / "lora" / "recipe.py", template_file("build.ninja.j2")]
+            pkg / "lora" / "plan.py", pkg / "lora" / "recipe.py", pkg / "llm" / "plan.py", pkg / "llm" / "recipe.py",
+            template_file("build.ninja.j2")]
 
 
 def _toolchain_files() -> list[Path]:

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any, Callable
 
 from ctxbuild.atomic import write_bytes
 from ctxbuild.layout import cache_dir
@@ -17,20 +18,25 @@ MEMO = "memo/graph-inputs"
 def graph_input_shapes(model: Path) -> dict[str, list[Dim]] | None:
     """name -> shape for each real graph input (initializers excluded); None if the file does not parse as
     ONNX (the prepare action reports that, with its own message)."""
+    return memoized_by_stat(model, MEMO, lambda: _read(model))
+
+
+def memoized_by_stat(model: Path, memo_name: str, compute: Callable[[], Any]) -> Any:
+    """compute() (JSON-able), memoized in the user cache under `memo_name` by the file's stat; None is not kept."""
     st = model.stat()
     stamp = [str(model.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
-    memo = cache_dir() / MEMO / f"{hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32]}.json"
+    memo = cache_dir() / memo_name / f"{hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32]}.json"
     try:
         return json.loads(memo.read_text())
     except (OSError, ValueError):
         pass
-    shapes = _read(model)
-    if shapes is not None:
+    value = compute()
+    if value is not None:
         try:
-            write_bytes(memo, json.dumps(shapes).encode(), durable=False)
+            write_bytes(memo, json.dumps(value).encode(), durable=False)
         except OSError:  # a read-only cache: no memo, same answer
             pass
-    return shapes
+    return value
 
 
 def _read(model: Path) -> dict[str, list[Dim]] | None:

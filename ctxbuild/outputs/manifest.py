@@ -83,7 +83,9 @@ def _verification(out: Path, verifiers: list[str]) -> dict[str, Any] | None:
         return {"status": "not run"}
     passed = all(r.get("status") == "ok" for r in results)  # type: ignore[union-attr]
     methods = sorted({r.get("result", {}).get("method", "?") for r in results})  # type: ignore[union-attr]
-    return {"status": "passed" if passed else "failed", "method": ", ".join(methods)}
+    tokens = [r["result"]["by_cl"] for r in results if "by_cl" in (r.get("result") or {})]  # type: ignore[union-attr]
+    return {"status": "passed" if passed else "failed", "method": ", ".join(methods),
+            **({"tokens_by_cl": tokens[0]} if tokens else {})}  # llm_eval: per CL and backend (docs/llm.md)
 
 
 def _sharing(out: Path, twins: list[str], bundle_size: int) -> dict[str, Any] | None:

@@ -283,3 +283,79 @@ class LoraSections(Kind):
     implementation = "ctxbuild.actions.lora_sections"
     params = LoraSectionsParams
     uses_qnn = True  # the base binary's SDK build is compared with the installed EP's
+
+
+# --- LLMs (ctxbuild/llm/): the decoder's static graphs, quantized per part; bundle and compile do the rest ---
+
+class LlmSplitParams(TypedDict):
+    parts: int
+    sequence_lengths: list[int]
+    context_lengths: list[int]
+    graphs: list[str]
+    check: dict[str, int]  # prompts and tokens the greedy check of the static graphs decodes
+
+
+class LlmSplit(Kind):
+    """A dynamic decoder -> static graphs per (part, AR, CL), checked: chained on the CPU they decode the
+    original model's greedy tokens."""
+    name = "llm_split"
+    implementation = "ctxbuild.actions.llm_split"
+    params = LlmSplitParams
+    discovers_inputs = True  # the model's external data and the prompt files
+    memory = MemoryModel(3.0, ("model",))  # the model once, each graph's copy while it is written
+
+
+class LlmQuantizeParams(TypedDict):
+    part: int
+    graphs: list[str]
+    precision: str
+    kv_cache: str
+    samples: int  # calibration prompts
+    tokens: int  # greedy tokens decoded per prompt while recording calibration inputs
+
+
+class LlmQuantize(Kind):
+    """One part's graphs to QDQ (int4/int8 per-channel weights, uint16 activations), calibrated on the
+    hidden states and KV caches the float pipeline produces for the recipe's prompts."""
+    name = "llm_quantize"
+    implementation = "ctxbuild.actions.llm_quantize"
+    params = LlmQuantizeParams
+    discovers_inputs = True  # the prompt files
+    memory = MemoryModel(3.5, ("model:",))
+
+
+class LlmEvalParams(TypedDict):
+    graphs: list[str]
+    precision: str
+    prompts: int
+    generate: int
+    thresholds: dict[str, float]
+    timeout_s: float
+
+
+class LlmEval(Kind):
+    """Token-level verification: greedy decode through the float parts vs the QDQ parts (CPU EP) and the
+    compiled single-graph twins (HTP simulator): top-1 agreement, logits cosine and SQNR, first divergence."""
+    name = "llm_eval"
+    implementation = "ctxbuild.actions.llm_eval"
+    params = LlmEvalParams
+    discovers_inputs = True  # the prompt files
+    uses_qnn = True
+    verification = True
+    memory = MemoryModel(3.0, ("reference:",))
+
+
+class LlmPackageParams(TypedDict):
+    recipe: str
+    parts: int
+    sequence_lengths: list[int]
+    context_lengths: list[int]
+    precision: str
+
+
+class LlmPackage(Kind):
+    """genai_config.json for onnxruntime-genai's decoder pipeline, naming the part wrappers compiled."""
+    name = "llm_package"
+    implementation = "ctxbuild.actions.llm_package"
+    params = LlmPackageParams
+    deliverable = True

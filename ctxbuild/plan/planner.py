@@ -37,9 +37,10 @@ class Plan:
                 continue
             # a precision search's select verified its winner itself
             verifiers = [a.id] if a.kind == "select" else [
-                v for v in self.graph.successors(a.id) if self.graph.nodes[v]["action"].kind == "verify"]
+                v for v in self.graph.successors(a.id) if self.graph.nodes[v]["action"].kind in ("verify", "llm_eval")]
             twins = sorted({u for v in verifiers for u in self.graph.predecessors(v)
-                            if self.graph.nodes[u]["action"].kind == "compile" and u != a.id})
+                            if (t := self.graph.nodes[u]["action"]).kind == "compile" and u != a.id
+                            and set(t.params["graphs"]) <= set(a.params.get("graphs") or [])})  # llm: this part's
             note = None if verifiers or a.kind == "prebuilt" else verification_note(self._recipe(a.recipes[0]))
             for role, path in a.outputs.items():
                 if role in ("result", "search"):  # select's verification records, not artifacts
@@ -109,6 +110,10 @@ def _recipe_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
     if recipe.prebuilt is not None:
         return [prebuilt_action(recipe, t, out) for t in recipe.targets] + [
             s for t in recipe.targets for s in section_actions(recipe, t, out)]
+    if recipe.llm is not None:
+        from ctxbuild.llm.plan import llm_actions
+
+        return llm_actions(recipe, out, verify)
     if recipe.precision == "auto":
         from ctxbuild.plan.search import search_actions
 

@@ -16,6 +16,7 @@ from ctxbuild.errors import RecipeError, UsageError
 from ctxbuild.layout import STATE
 from ctxbuild.recipes.suggest import did_you_mean
 from ctxbuild.lora.recipe import Adapters, Sections, parse_adapters, parse_sections
+from ctxbuild.llm.recipe import LlmSpec, parse_llm
 from ctxbuild.recipes.targets import Target
 from ctxbuild.recipes import toolchains
 from ctxbuild.recipes.yamlsrc import LineDict, line_of, load_mapping
@@ -79,6 +80,7 @@ class Recipe:
     quantization: list[dict[str, Any]] = field(default_factory=list)
     adapters: Adapters | None = None
     runtimes: list[dict[str, str]] = field(default_factory=list)  # the fleet's runtimes: the deploy gate's
+    llm: LlmSpec | None = None  # an `llm:` recipe (ctxbuild/llm/): its graphs are made by its own actions
     # The toolchains that build it (names; None: the installed one). load() makes one Recipe per toolchain.
     toolchains: list[str | None] = field(default_factory=lambda: [None])
     target_toolchains: dict[str, str | None] = field(default_factory=dict)  # targets whose group names one
@@ -295,9 +297,9 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
     if not soc_table.is_safe_name(name):
         raise RecipeError(f"{at('name')}: recipe name '{name}' cannot be used as a directory name under OUT",
                           "use letters, digits, . _ + - (no '/', no '..')")
-    sources = [k for k in ("model", "bundle", "prebuilt") if k in merged]
+    sources = [k for k in ("model", "bundle", "prebuilt", "llm") if k in merged]
     if len(sources) > 1:
-        raise RecipeError(f"{at(sources[1])}: a recipe has one of `model`, `bundle` or `prebuilt`, not "
+        raise RecipeError(f"{at(sources[1])}: a recipe has one of `model`, `bundle`, `prebuilt` or `llm`, not "
                           f"{' and '.join(sources)}")
     if not sources:
         raise RecipeError(f"{at()}: `model` is required", "the ONNX file, relative to this recipe "
@@ -306,6 +308,8 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
         raise RecipeError(f"{at()}: `targets` is required", "e.g. targets: [SM8650, SM8750]")
     if "prebuilt" in merged:
         return _prebuilt_recipe(f, data, name, merged, groups)
+    if "llm" in merged:
+        return _llm_recipe(f, data, name, merged, groups)
     precision = merged.get("precision")
     if precision is None:
         raise RecipeError(f"{at()}: `precision` is required", f"one of {', '.join(PRECISIONS)}")
@@ -466,6 +470,28 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
                   compile=CompileOptions(embed=copts.get("embed", False)), verify={"enabled": False},
                   prebuilt=Prebuilt(binary, graphs, spec.get("quantized_io", False),
                                     parse_sections(f, data, spec) if "adapters" in spec else None))
+
+
+def _llm_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], groups: dict[str, list]) -> Recipe:
+    other = [k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "adapters") if k in data]
+    if other:
+        raise RecipeError(f"{f}:{line_of(data, [other[0]])}: `{other[0]}` does not apply to an `llm:` recipe",
+                          "set precision and prompts inside the llm: block (docs/llm.md)")
+    group_toolchains: dict[str, tuple[Any, str]] = {}
+    targets = _targets(f, data, merged["targets"], groups, group_toolchains)
+    chosen = toolchains.parse(f, data, merged, group_toolchains, {})
+    if chosen["toolchains"] != [None] or any(chosen["target_toolchains"].values()):
+        raise RecipeError(f"{f}:{line_of(data, ['toolchain'] if 'toolchain' in data else [])}: an `llm:` recipe is "
+                          "built with the installed toolchain only", "remove `toolchain:` (docs/llm.md)")
+    spec = parse_llm(f, data, merged["llm"], targets)
+    copts = merged.get("compile", {})
+    compile_opts = CompileOptions(optimization_mode=copts.get("optimization_mode"), vtcm_mb=copts.get("vtcm_mb"),
+                                  provider_options=tuple(sorted((str(k), _opt_str(v))
+                                                                for k, v in copts.get("provider_options", {}).items())))
+    verify = merged.get("verify", {})
+    verify = {"enabled": verify} if isinstance(verify, bool) else dict(verify)
+    return Recipe(name=name, file=f, precision=spec.precision, graphs=[], targets=targets, compile=compile_opts,
+                  verify=verify, llm=spec, runtimes=_runtimes(f, data, merged))
 
 
 def _split_outputs(v: bool | list[str]) -> bool | tuple[str, ...]:

@@ -83,11 +83,29 @@ def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallb
     """Run on the simulator in a child process (one session for all samples); its crash or hang becomes an
     ActionError here. `timing` receives the child's session load and run seconds. `adapter`: an
     `.onnx_adapter` bound to every run (RunOptions.add_active_adapter)."""
+    result, exitcode, hung = in_child(_simulate_child, (ctx_model, samples, cpu_fallback), timeout, adapter)
+    if hung:
+        raise ActionError(f"{ctx_model.name}: the HTP simulator did not finish within {timeout:g} s",
+                          "raise verify.timeout_s, or verify fewer samples")
+    if result is None:
+        raise ActionError(f"{ctx_model.name}: the HTP simulator crashed (exit {exitcode}) running the "
+                          "context binary", "the binary may be corrupt; rebuild it (see the log)")
+    if isinstance(result, str):
+        raise ActionError(f"{ctx_model.name}: the HTP simulator failed: {result}")
+    outputs, times = result
+    if timing is not None:
+        timing.update(times)
+    return outputs
+
+def in_child(target: Any, args: tuple[Any, ...], timeout: float, *more: Any) -> tuple[Any, int | None, bool]:
+    """target(*args, send, *more) in a forked child (the parent already imported onnxruntime: fork is cheap) that
+    sends one result through `send`: (the result or None if it died, its exit code, whether it hung past
+    `timeout` and was killed). Simulator runs go through it: a crash or hang there must not take the action."""
     import multiprocessing
 
-    mp = multiprocessing.get_context("fork")  # the parent already imported onnxruntime: fork is cheap
+    mp = multiprocessing.get_context("fork")
     recv, send = mp.Pipe(duplex=False)
-    child = mp.Process(target=_simulate_child, args=(ctx_model, samples, cpu_fallback, send, adapter), daemon=True)
+    child = mp.Process(target=target, args=(*args, send, *more), daemon=True)
     child.start()
     send.close()
     result = None
@@ -97,21 +115,12 @@ def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallb
         except EOFError:
             result = None
     child.join(5 if result is not None else 0)
-    if child.is_alive():
+    hung = child.is_alive()
+    if hung:
         child.kill()
         child.join()
-        if result is None:
-            raise ActionError(f"{ctx_model.name}: the HTP simulator did not finish within {timeout:g} s",
-                              "raise verify.timeout_s, or verify fewer samples")
-    if result is None:
-        raise ActionError(f"{ctx_model.name}: the HTP simulator crashed (exit {child.exitcode}) running the "
-                          "context binary", "the binary may be corrupt; rebuild it (see the log)")
-    if isinstance(result, str):
-        raise ActionError(f"{ctx_model.name}: the HTP simulator failed: {result}")
-    outputs, times = result
-    if timing is not None:
-        timing.update(times)
-    return outputs
+    return result, child.exitcode, hung and result is None
+
 
 def _simulate_child(ctx_model: Path, samples: list[dict[str, np.ndarray]], cpu_fallback: bool, send: Any,
                     adapter: Path | None = None) -> None:

@@ -12,6 +12,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import llm_decoder  # noqa: E402 - the LLM example's generator, beside this script
+
 OPSET = 17
 IR_VERSION = 10
 
@@ -167,6 +170,7 @@ def main(dest: Path) -> None:
     for name, tokens in (("lm_prefill", 32), ("lm_decode", 1)):
         _samples(dest / "calib" / name,
                  [{"hidden": rng.standard_normal((1, tokens, 256)).astype(np.float32)} for _ in range(4)])
+    llm_decoder.main(dest)  # the LLM example: a decoder and token-id prompts
 
 
 def _samples(d: Path, samples: list[dict[str, np.ndarray]]) -> None:

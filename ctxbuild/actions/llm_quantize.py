@@ -1,0 +1,107 @@
+"""llm_quantize: one part's static graphs to QDQ with onnxruntime's QNN quantization config.
+
+Calibration data is what the part really sees: the float static graphs are chained over the recipe's prompts
+(prompt chunks, then greedy token steps, at every CL) and each call's inputs to this part's graphs are recorded.
+Weights are per-channel symmetric (int4 for w4a16, int8 for w8a16), so every AR x CL graph of the part gets the
+same quantized weights and encodings: the bundle stores them once. The KV-cache I/O takes the recipe's type.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ctxbuild.errors import ActionError
+from ctxbuild.graph.modelio import data_path
+from ctxbuild.llm.layout import Layout
+from ctxbuild.llm.prompts import load_prompts, prompt_files
+from ctxbuild.plan.action import Action
+
+WEIGHTS = {"w4a16": "QInt4", "w8a16": "QInt8"}
+MAX_SAMPLES = 16  # calibration samples per graph (prompt chunks and token steps)
+
+
+def discover_inputs(action: Action) -> dict[str, Path]:
+    return prompt_files(Path(action.watch[0]), action.params["samples"])
+
+
+def calibration_feeds(layout: Layout, models: dict[tuple[int, int, int], Path], prompts: list[np.ndarray],
+                      tokens: int) -> dict[tuple[int, int, int], list[dict[str, np.ndarray]]]:
+    """Every graph call's inputs while the float pipeline decodes `prompts` at each CL."""
+    from ctxbuild.llm import pipeline
+
+    run_cpu = pipeline.cpu_runner(models)
+    feeds: dict[tuple[int, int, int], list[dict[str, np.ndarray]]] = {}
+
+    def record(part: int, ar: int, cl: int, f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feeds.setdefault((part, ar, cl), []).append(f)
+        return run_cpu(part, ar, cl, f)
+
+    ars = sorted({g.ar for g in layout.graphs})
+    for cl in sorted({g.cl for g in layout.graphs}):
+        for prompt in prompts:
+            pipeline.generate(record, layout.parts, (layout.kv_heads, layout.head_dim), prompt, tokens, cl, ars[-1])
+    return feeds
+
+
+def run(ctx: Any) -> None:
+    from onnxruntime.quantization import QuantType, quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    a, p = ctx.action, ctx.action.params
+    layout = Layout.read(Path(a.inputs["layout"]))
+    floats = layout.models("model", a.inputs)
+    prompts = load_prompts(discover_inputs(a))
+    try:
+        feeds = calibration_feeds(layout, floats, prompts, p["tokens"])
+    except ValueError as e:  # a prompt too long for a CL
+        raise ActionError(f"{a.recipe_files[0]}: calibration: {e}",
+                          "use shorter prompts, fewer llm.generate tokens or larger context_lengths") from None
+    kv = getattr(QuantType, {"uint16": "QUInt16", "uint8": "QUInt8"}[p["kv_cache"]])
+    for g in layout.graphs:
+        if g.name not in p["graphs"]:
+            continue
+        model = floats[(g.part, g.ar, g.cl)]
+        samples = feeds.get((g.part, g.ar, g.cl), [])[:MAX_SAMPLES]
+        # a private link beside the model: onnxruntime writes scratch files beside its input
+        src = model.with_name(f".llm-quantize-{os.getpid()}-{model.name}")
+        os.link(model, src)
+        try:
+            names, sensitive = _io_and_sensitive(src)
+            overrides = {n: [{"quant_type": kv}] for n in names if n.startswith(("past_key_values.", "present."))}
+            if p["precision"] == "w4a16":  # embedding and LM head stay 8-bit: 4-bit logits weights cost most
+                overrides.update({n: [{"quant_type": QuantType.QInt8, "symmetric": True}] for n in sensitive})
+            config = get_qnn_qdq_config(str(src), _Reader(samples), activation_type=QuantType.QUInt16,
+                                        weight_type=getattr(QuantType, WEIGHTS[p["precision"]]), per_channel=True,
+                                        init_overrides=overrides or None)
+            config.use_external_data_format = True
+            dst = ctx.tmp_output(f"model:{g.name}")
+            quantize(str(src), str(dst), config)
+            data_path(dst).touch()
+        finally:
+            src.unlink()
+        print(f"{g.name}: calibrated on {len(samples)} calls")
+
+
+def _io_and_sensitive(path: Path) -> tuple[list[str], list[str]]:
+    """Graph I/O names, and the weights of the embedding (Gather by input_ids) and of the LM head (the MatMul
+    writing logits)."""
+    from ctxbuild.graph.modelio import load
+
+    m = load(path, external_data=False)
+    inits = {t.name for t in m.graph.initializer}
+    sensitive = [i for n in m.graph.node for i in n.input if i in inits and (
+        (n.op_type == "Gather" and "input_ids" in n.input) or (n.op_type == "MatMul" and "logits" in n.output))]
+    return [v.name for v in (*m.graph.input, *m.graph.output)], sensitive
+
+
+class _Reader:
+    """onnxruntime's CalibrationDataReader protocol over recorded feeds."""
+
+    def __init__(self, samples: list[dict[str, np.ndarray]]) -> None:
+        self._it = iter(samples)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._it, None)

@@ -1,0 +1,60 @@
+"""llm_split: a dynamic decoder -> its static graphs per (part, AR, CL) (ctxbuild/llm/static.py), then the check
+that makes the rewrite trustworthy: chained on the CPU, the static graphs decode the same greedy tokens as the
+original model on the recipe's prompts, at every context length."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ctxbuild.errors import ActionError
+from ctxbuild.graph.modelio import external_data_files, load
+from ctxbuild.llm.layout import Layout
+from ctxbuild.llm.prompts import load_prompts, prompt_files
+from ctxbuild.plan.action import Action
+
+
+def discover_inputs(action: Action) -> dict[str, Path]:
+    path = Path(action.inputs["model"])
+    return {**external_data_files(load(path, external_data=False), path),
+            **prompt_files(Path(action.watch[0]), action.params["check"]["prompts"])}
+
+
+def run(ctx: Any) -> None:
+    from ctxbuild.llm import pipeline, static
+    from ctxbuild.llm.convention import NotADecoder
+
+    a, p = ctx.action, ctx.action.params
+    src = Path(a.inputs["model"])
+    ars, cls = p["sequence_lengths"], p["context_lengths"]
+    graphs = static.specs(p["parts"], ars, cls)
+    dst = {g.name: ctx.tmp_output(f"model:{g.name}") for g in graphs}
+    try:
+        shape = static.write_static_graphs(src, p["parts"], ars, cls, dst)
+    except NotADecoder as e:
+        raise ActionError(f"{src}: {e}") from None
+    ranges = static.part_ranges(shape.layers, p["parts"])
+    models = {(g.part, g.ar, g.cl): dst[g.name] for g in graphs}
+    run_cpu = pipeline.cpu_runner(models)
+    tokens = p["check"]["tokens"]
+    reference = []
+    for i, prompt in enumerate(load_prompts(prompt_files(Path(a.watch[0]), p["check"]["prompts"]))):
+        want = pipeline.reference_generate(src, prompt, tokens).tokens
+        reference.append(want)
+        for cl in cls:
+            try:
+                got = pipeline.generate(run_cpu, ranges, (shape.kv_heads, shape.head_dim), prompt, tokens, cl, max(ars)).tokens
+            except ValueError as e:
+                raise ActionError(f"{a.recipe_files[0]}: prompt {i}: {e}",
+                                  "use shorter prompts, fewer llm.generate tokens or larger context_lengths") from None
+            if got != want:
+                first = next(k for k, (x, y) in enumerate(zip(got, want)) if x != y)
+                raise ActionError(f"{src}: the static graphs at CL {cl} decode prompt {i} differently from the "
+                                  f"original model from token {first} on ({got[first]} vs {want[first]})",
+                                  "the model is not in the convention ctxbuild rewrites (docs/llm.md); report it")
+        print(f"prompt {i}: static graphs reproduce the original's {tokens} greedy tokens at CL {', '.join(map(str, cls))}")
+    Layout(shape.layers, shape.kv_heads, shape.head_dim, shape.vocab, shape.hidden, ranges, graphs, reference).write(
+        ctx.tmp_output("layout"))
+
+
+def summarize(action: Action) -> dict[str, Any]:
+    return {"graphs": action.params["graphs"]}

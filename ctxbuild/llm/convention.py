@@ -1,0 +1,98 @@
+"""Which decoder convention an ONNX model follows, read from its graph alone (no weights), with clear refusals.
+
+Supported: the optimum / torch-export convention (plain ONNX ops, `input_ids`, `attention_mask`,
+`position_ids`, `past_key_values.N.key/value` in, `logits`, `present.N.key/value` out), and onnxruntime-genai's
+model-builder convention (com.microsoft GroupQueryAttention, the SimplifiedLayerNormalization family, no
+`position_ids`), which genai.py rewrites into the first. Other contrib attention ops are refused.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ctxbuild.graph.signature import memoized_by_stat
+
+GENAI_OPS = {"GroupQueryAttention", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"}  # genai.py
+REFUSED_OPS = {"RotaryEmbedding", "MultiHeadAttention", "Attention", "PackedAttention", "SparseAttention",
+               "PagedAttention", "MatMulNBits", "SkipLayerNormalization"}
+MASK_NEG = -100.0  # what the runtime writes into masked slots: small enough for 16-bit activations' resolution
+PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+
+
+def is_genai(model: Any) -> bool:
+    """onnxruntime-genai's model-builder convention: its attention is GroupQueryAttention."""
+    return any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
+
+
+class NotADecoder(ValueError):
+    """The model is not a decoder ctxbuild can make static graphs of: the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    layers: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    hidden: int  # the embedding table's width
+
+
+def check_decoder(model: Any) -> DecoderShape:
+    """The decoder's shape from its graph I/O; raises NotADecoder naming what is wrong."""
+    ops = sorted({n.op_type for n in model.graph.node if n.op_type in REFUSED_OPS})
+    if ops:
+        raise NotADecoder(f"the model uses {', '.join(ops)}, which ctxbuild cannot rewrite for the HTP; export it "
+                          "with optimum (plain ONNX ops) or onnxruntime-genai's builder (GroupQueryAttention) in fp32")
+    inputs = {i.name: i for i in model.graph.input}
+    outputs = {o.name: o for o in model.graph.output}
+    needed = ("input_ids", "attention_mask") if is_genai(model) else ("input_ids", "attention_mask", "position_ids")
+    missing = [n for n in needed if n not in inputs]
+    missing += [n for n in ("logits",) if n not in outputs]
+    if missing:
+        raise NotADecoder(f"not a decoder in the optimum or onnxruntime-genai convention: no {', '.join(missing)} "
+                          f"(inputs: {', '.join(list(inputs)[:6])}...)")
+    layers = sorted({int(m.group(1)) for n in inputs if (m := PAST.match(n))})
+    if not layers or layers != list(range(len(layers))):
+        raise NotADecoder("not a decoder with an explicit KV cache: expected inputs past_key_values.N.key/value "
+                          "for N = 0, 1, ... (export with use_cache / with-past)")
+    for i in layers:
+        for kv in ("key", "value"):
+            if f"past_key_values.{i}.{kv}" not in inputs or f"present.{i}.{kv}" not in outputs:
+                raise NotADecoder(f"layer {i}: past_key_values.{i}.{kv} or present.{i}.{kv} is missing")
+    dims = [d for d in inputs["past_key_values.0.key"].type.tensor_type.shape.dim]
+    logits = [d for d in outputs["logits"].type.tensor_type.shape.dim]
+    if len(dims) != 4 or not dims[1].dim_value or not dims[3].dim_value or not logits or not logits[-1].dim_value:
+        raise NotADecoder("past_key_values.0.key must be [batch, kv_heads, past, head_dim] with kv_heads and "
+                          "head_dim fixed, and logits' last dim (vocabulary) fixed")
+    inits = {t.name: t for t in model.graph.initializer}
+    embed = next((inits[n.input[0]] for n in model.graph.node
+                  if n.op_type == "Gather" and n.input[1] == "input_ids" and n.input[0] in inits), None)
+    if embed is None or len(embed.dims) != 2:
+        raise NotADecoder("no embedding: expected a Gather of a [vocab, hidden] weight by input_ids")
+    return DecoderShape(len(layers), dims[1].dim_value, dims[3].dim_value, logits[-1].dim_value, embed.dims[1])
+
+
+MEMO = "memo/llm-decoder-1"  # bump when what check_decoder accepts changes: old verdicts are then not read
+
+
+def decoder_facts(model: Path) -> dict[str, Any] | None:
+    """check_decoder at plan time, memoized in the user cache by the file's stat (a re-plan does not parse the
+    model again): {"layers": N} or {"error": why}; None if the file does not parse as ONNX (llm_split reports it)."""
+    return memoized_by_stat(model, MEMO, lambda: _facts(model))
+
+
+def _facts(model: Path) -> dict[str, Any] | None:
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        m = onnx.load(os.fspath(model), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError, OSError):
+        return None
+    try:
+        return {"layers": check_decoder(m).layers}
+    except NotADecoder as e:
+        return {"error": str(e)}

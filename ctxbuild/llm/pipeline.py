@@ -1,0 +1,128 @@
+"""Greedy decoding through the static part graphs, as a device runtime does it: the prompt in chunks of the
+largest AR, then one token at a time through the AR-1 graphs, the KV cache kept outside the graphs.
+
+Cache layout per call (what the graphs' `attention_mask` input says): past slots [0, n) hold the n valid
+positions, slots [n, CL - AR) are empty (masked), slots [CL - AR, CL) are the AR new positions, causal among
+themselves. A chunk shorter than AR is padded at the end; padded positions are never written to the cache.
+
+`Runner(part, ar, cl, feeds) -> outputs by name` hides where a graph runs (CPU EP on float or QDQ models,
+the HTP simulator on compiled single-graph binaries), so every comparison goes through the same code.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ctxbuild.llm.convention import MASK_NEG
+
+Runner = Callable[[int, int, int, dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+@dataclass
+class Decoded:
+    tokens: list[int]  # the greedy continuation (forced tokens when teacher-forced)
+    logits: list[np.ndarray] = field(default_factory=list)  # [vocab] per generated step
+
+
+def mask(n: int, valid_new: int, ar: int, cl: int) -> np.ndarray:
+    past = cl - ar
+    m = np.full((ar, cl), MASK_NEG, np.float32)
+    m[:, :n] = 0.0
+    causal = np.tril(np.ones((ar, ar), bool))
+    causal[:, valid_new:] = False  # padded positions are keys for no one
+    m[:, past:][causal] = 0.0
+    return m[None, None]
+
+
+def generate(run: Runner, parts: list[tuple[int, int]], kv_shape: tuple[int, int], prompt: np.ndarray,
+             new_tokens: int, cl: int, ar: int, forced: list[int] | None = None) -> Decoded:
+    """Greedy decode of `new_tokens` after `prompt` at context length `cl`, prompt chunks of `ar`. With
+    `forced`, those tokens are fed instead of the argmax (teacher forcing: logits of two pipelines compare
+    step by step on the same history)."""
+    kv_heads, head_dim = kv_shape
+    layers = parts[-1][1]
+    cache = {(i, kv): np.zeros((kv_heads, 0, head_dim), np.float32) for i in range(layers) for kv in ("key", "value")}
+    out = Decoded([])
+
+    def step(tokens: np.ndarray, width: int) -> np.ndarray:
+        n = cache[(0, "key")].shape[1]
+        if n + len(tokens) > cl or n > cl - width:
+            raise ValueError(f"prompt and continuation ({n + len(tokens)} tokens) exceed context length {cl}")
+        ids = np.zeros((1, width), np.int64)
+        ids[0, :len(tokens)] = tokens
+        feeds = {"attention_mask": mask(n, len(tokens), width, cl),
+                 "position_ids": (n + np.arange(width, dtype=np.int64))[None]}
+        hidden: dict[str, np.ndarray] = {"input_ids": ids}
+        for p, (start, stop) in enumerate(parts):
+            f = dict(feeds, **hidden)
+            for i in range(start, stop):
+                for kv in ("key", "value"):
+                    past = np.zeros((1, kv_heads, cl - width, head_dim), np.float32)
+                    past[0, :, :n] = cache[(i, kv)]
+                    f[f"past_key_values.{i}.{kv}"] = past
+            got = run(p, width, cl, f)
+            for i in range(start, stop):
+                for kv in ("key", "value"):
+                    new = got[f"present.{i}.{kv}"][0, :, :len(tokens)]
+                    cache[(i, kv)] = np.concatenate([cache[(i, kv)], new], axis=1)
+            hidden = {f"hidden_states.{stop}": got[f"hidden_states.{stop}"]} if p < len(parts) - 1 else {}
+        return got["logits"][0, len(tokens) - 1]
+
+    logits = None
+    for c in range(0, len(prompt), ar):
+        logits = step(prompt[c:c + ar], ar)
+    assert logits is not None
+    for s in range(new_tokens):
+        out.logits.append(logits)
+        token = forced[s] if forced is not None else int(logits.argmax())
+        out.tokens.append(token)
+        if s < new_tokens - 1:
+            logits = step(np.array([token]), 1)
+    return out
+
+
+def cpu_runner(models: dict[tuple[int, int, int], Path]) -> Runner:
+    """Sessions on the CPU EP, opened on first use: models[(part, ar, cl)]."""
+    import onnxruntime as ort
+
+    sessions: dict[tuple[int, int, int], Any] = {}
+
+    def run(part: int, ar: int, cl: int, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        key = (part, ar, cl)
+        if key not in sessions:
+            so = ort.SessionOptions()
+            so.log_severity_level = 3
+            sessions[key] = ort.InferenceSession(str(models[key]), so, providers=["CPUExecutionProvider"])
+        s = sessions[key]
+        names = [o.name for o in s.get_outputs()]
+        return dict(zip(names, s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()})))
+
+    return run
+
+
+def reference_generate(model: Path, prompt: np.ndarray, new_tokens: int) -> Decoded:
+    """Greedy decode with the original dynamic model (growing KV cache, 2-D attention_mask)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    s = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in s.get_outputs()]
+    past_inputs = [i for i in s.get_inputs() if i.name.startswith("past_key_values.")]
+    feeds = {i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32) for i in past_inputs}
+    ids, n, out = prompt[None].astype(np.int64), 0, Decoded([])
+    for s_ in range(new_tokens):
+        total = n + ids.shape[1]
+        all_feeds = {"input_ids": ids, "attention_mask": np.ones((1, total), np.int64),
+                     "position_ids": np.arange(n, total, dtype=np.int64)[None], **feeds}
+        # onnxruntime-genai's convention has no position_ids (the attention op derives them)
+        got = dict(zip(names, s.run(None, {i.name: all_feeds[i.name] for i in s.get_inputs()})))
+        logits = got["logits"][0, -1]
+        out.logits.append(logits)
+        out.tokens.append(int(logits.argmax()))
+        feeds = {k: got[k.replace("past_key_values", "present")] for k in feeds}
+        ids, n = np.array([[out.tokens[-1]]], np.int64), total
+    return out

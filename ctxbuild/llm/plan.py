@@ -1,0 +1,136 @@
+"""An `llm:` recipe's actions: split once, quantize once per part (over all its AR x CL graphs), then per target
+one weight-shared `bundle` per part, single-graph twins for the simulator, `llm_eval` and `llm_package`.
+
+A CL added re-runs the split (it writes every graph) and the quantizes, but the other graphs' bytes stay the same,
+so their twins restore from the cache; the bundles re-run (their graph lists change). Measured in
+docs/measured.md (LLMs)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ctxbuild.llm.recipe import LlmSpec
+from ctxbuild.llm.static import GraphSpec, specs
+from ctxbuild.plan.action import Action, short_hash
+from ctxbuild.plan.steps import common_params, model_files, provider_options
+from ctxbuild.recipes.recipe import Recipe
+from ctxbuild.recipes.targets import Target
+
+
+def llm_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
+    spec = recipe.llm
+    assert spec is not None
+    graphs = specs(spec.parts, list(spec.sequence_lengths), list(spec.context_lengths))
+    work = out / ".ctxbuild" / "work" / "llm"
+    split = _split(recipe, spec, graphs, work)
+    acts = [split]
+    compiled = dict(split.outputs)  # graph -> what the compiler reads (float for fp16)
+    for p in range(spec.parts):
+        if spec.precision != "fp16":
+            q = _quantize(recipe, spec, graphs, p, split, work)
+            acts.append(q)
+            compiled.update(q.outputs)
+    verify = verify and recipe.verify.get("enabled", True)
+    for t in recipe.targets:
+        bundles = [_bundle(recipe, [g for g in graphs if g.part == p], compiled, split, t, out) for p in range(spec.parts)]
+        acts += bundles
+        if verify:  # the simulator cannot load a multi-graph binary: each graph compiled alone (QNN-NOTES)
+            twins = [_twin(recipe, g, compiled, t, work / "twins" / t.name / recipe.name) for g in graphs]
+            acts += twins + [_eval(recipe, spec, graphs, split, compiled, twins, bundles, t, out)]
+        acts.append(_package(recipe, spec, bundles, split, t, out))
+    return acts
+
+
+def _split(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], work: Path) -> Action:
+    params = {"parts": spec.parts, "sequence_lengths": list(spec.sequence_lengths),
+              "context_lengths": list(spec.context_lengths), "graphs": [g.name for g in graphs],
+              "check": {"prompts": spec.verify_prompts, "tokens": spec.generate}}
+    h = short_hash(["llm_split", params, str(spec.model)])
+    d = work / f"{recipe.name}-{h}"
+    outputs = {"layout": str(d / "layout.json")}
+    for g in graphs:
+        outputs.update(model_files(f"model:{g.name}", str(d / f"{g.name}.onnx")))
+    # sorted: the depfile names the outputs in the order the spec file (sorted JSON) gives them, which must be ninja's
+    return Action(id=f"llm_split/{recipe.name}-{h}", kind="llm_split",
+                  description=f"static graphs of {spec.model.name} ({len(graphs)})", inputs={"model": str(spec.model)},
+                  outputs=dict(sorted(outputs.items())), params=params, watch=[str(spec.prompts)], **common_params(recipe))
+
+
+def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int, split: Action, work: Path) -> Action:
+    mine = [g.name for g in graphs if g.part == part]
+    params = {"part": part, "graphs": mine, "precision": spec.precision, "kv_cache": spec.kv_cache,
+              "samples": spec.calibration_prompts, "tokens": spec.generate}
+    h = short_hash(["llm_quantize", params, split.id])
+    d = work / f"{recipe.name}-q{part + 1}-{h}"
+    outputs = {k: v for g in mine for k, v in model_files(f"model:{g}", str(d / f"{g}.onnx")).items()}
+    return Action(id=f"llm_quantize/{recipe.name}.part{part + 1}-{h}", kind="llm_quantize",
+                  description=f"quantize {recipe.name} part {part + 1} ({spec.precision})",
+                  inputs=dict(split.outputs), outputs=dict(sorted(outputs.items())), params=params, watch=[str(spec.prompts)],
+                  **common_params(recipe))
+
+
+def _options(recipe: Recipe, t: Target) -> dict[str, str]:
+    opts = provider_options(recipe, t)
+    if recipe.precision == "fp16":
+        opts["enable_htp_fp16_precision"] = "1"
+    return dict(sorted(opts.items()))
+
+
+def _bundle(recipe: Recipe, graphs: list[GraphSpec], compiled: dict[str, str], split: Action, t: Target,
+            out: Path) -> Action:
+    d = out / t.name / recipe.name
+    part, parts = graphs[0].part + 1, graphs[0].name.rsplit("_", 1)[-1]
+    inputs = {}
+    for g in graphs:
+        inputs.update({f"model:{g.name}": compiled[f"model:{g.name}"], f"model:{g.name}.data": compiled[f"model:{g.name}.data"],
+                       f"reference:{g.name}": split.outputs[f"model:{g.name}"],
+                       f"reference:{g.name}.data": split.outputs[f"model:{g.name}.data"]})
+    outputs = {f"ctx:{g.name}": str(d / f"{g.name}_ctx.onnx") for g in graphs}
+    outputs["bin"] = str(d / f"{recipe.name}_{part}_of_{parts}_qnn.bin")
+    params = {"provider_options": _options(recipe, t), "cpu_fallback": False, "precision": recipe.precision,
+              "graphs": [g.name for g in graphs]}
+    return Action(id=f"bundle/{recipe.name}.part{part}@{t.name}", kind="bundle",
+                  description=f"bundle {recipe.name} part {part} of {parts}@{t.name} ({len(graphs)} graphs)",
+                  inputs=inputs, outputs=outputs, params=params, target=t.as_dict(), pool="compile",
+                  **common_params(recipe))
+
+
+def _twin(recipe: Recipe, g: GraphSpec, compiled: dict[str, str], t: Target, d: Path) -> Action:
+    params = {"provider_options": _options(recipe, t), "embed": False, "cpu_fallback": False,
+              "precision": recipe.precision, "graphs": [g.name]}
+    return Action(id=f"compile/{recipe.name}.{g.name}@{t.name}", kind="compile",
+                  description=f"compile {recipe.name}.{g.name}@{t.name} (verification twin)",
+                  inputs=model_files("model", compiled[f"model:{g.name}"]),
+                  outputs={"ctx": str(d / f"{g.name}_ctx.onnx"), "bin": str(d / f"{g.name}_ctx_qnn.bin")},
+                  params=params, target=t.as_dict(), pool="compile", **common_params(recipe))
+
+
+def _eval(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], split: Action, compiled: dict[str, str],
+          twins: list[Action], bundles: list[Action], t: Target, out: Path) -> Action:
+    inputs = {"layout": split.outputs["layout"]}
+    for g, twin in zip(graphs, twins):
+        inputs.update({f"reference:{g.name}": split.outputs[f"model:{g.name}"],
+                       f"reference:{g.name}.data": split.outputs[f"model:{g.name}.data"],
+                       f"twin:{g.name}": twin.outputs["ctx"], f"twin:{g.name}.bin": twin.outputs["bin"]})
+        if spec.precision != "fp16":
+            inputs.update({f"qdq:{g.name}": compiled[f"model:{g.name}"],
+                           f"qdq:{g.name}.data": compiled[f"model:{g.name}.data"]})
+    for p, b in enumerate(bundles):  # re-verified whenever a deliverable changes
+        inputs.update({f"bundle{p + 1}.{k}": v for k, v in b.outputs.items()})
+    params = {"graphs": [g.name for g in graphs], "precision": spec.precision, "prompts": spec.verify_prompts,
+              "generate": spec.generate, "timeout_s": recipe.verify.get("timeout_s", 600),
+              "thresholds": {"min_token_agreement": spec.min_token_agreement, "min_cosine": spec.min_cosine}}
+    return Action(id=f"llm_eval/{recipe.name}@{t.name}", kind="llm_eval", description=f"verify {recipe.name}@{t.name} (tokens)",
+                  inputs=inputs, outputs={"result": str(out / t.name / recipe.name / "llm_verify.json")},
+                  params=params, target=t.as_dict(), watch=[str(spec.prompts)], pool="compile", **common_params(recipe))
+
+
+def _package(recipe: Recipe, spec: LlmSpec, bundles: list[Action], split: Action, t: Target, out: Path) -> Action:
+    inputs = {"layout": split.outputs["layout"]}
+    for b in bundles:
+        inputs.update({k: v for k, v in b.outputs.items() if k.startswith("ctx:")})
+    params = {"recipe": recipe.name, "parts": spec.parts, "sequence_lengths": list(spec.sequence_lengths),
+              "context_lengths": list(spec.context_lengths), "precision": spec.precision}
+    return Action(id=f"llm_package/{recipe.name}@{t.name}", kind="llm_package",
+                  description=f"genai_config.json {recipe.name}@{t.name}", inputs=inputs,
+                  outputs={"config": str(out / t.name / recipe.name / "genai_config.json")}, params=params,
+                  target=t.as_dict(), **common_params(recipe))

@@ -1,0 +1,74 @@
+"""The `llm:` block of a recipe: which decoder, which static graphs, how many parts, which precision, which
+prompts; checked at load time with file:line errors (exit 2)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ctxbuild.errors import RecipeError
+from ctxbuild.recipes.paths import named_path
+from ctxbuild.recipes.targets import Target
+from ctxbuild.recipes.yamlsrc import LineDict, line_of
+
+INT4_MIN_ARCH = 73  # int4 weights compiled and ran on the simulator for v73, v75, v79 (QNN-NOTES); older not measured
+
+
+@dataclass(frozen=True)
+class LlmSpec:
+    model: Path
+    sequence_lengths: tuple[int, ...]  # AR
+    context_lengths: tuple[int, ...]  # CL
+    parts: int
+    precision: str  # w4a16 | w8a16 | fp16
+    kv_cache: str  # uint16 | uint8
+    prompts: Path
+    calibration_prompts: int
+    verify_prompts: int
+    generate: int
+    min_token_agreement: float
+    min_cosine: float
+
+
+def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Target]) -> LlmSpec:
+    from ctxbuild.llm.convention import decoder_facts
+
+    def at(*path: str | int) -> str:
+        return f"{f}:{line_of(data, ['llm', *path])}"
+
+    model = named_path(f.parent, spec["model"])
+    if not model.is_file():
+        raise RecipeError(f"{at('model')}: llm.model '{spec['model']}' not found (looked in {model})",
+                          "the decoder's ONNX file, relative to the recipe")
+    facts = decoder_facts(model) or {}  # a file that is not ONNX at all: llm_split says so
+    if "error" in facts:
+        raise RecipeError(f"{at('model')}: {model.name}: {facts['error']}")
+    layers = facts.get("layers")
+    ars = tuple(spec.get("sequence_lengths", [128, 1]))
+    cls = tuple(spec["context_lengths"])
+    for cl in cls:
+        if cl <= max(ars):
+            raise RecipeError(f"{at('context_lengths')}: context length {cl} is not larger than sequence length "
+                              f"{max(ars)}", "every CL must exceed every AR (the cache holds CL - AR past positions)")
+    parts = spec.get("parts", 1)
+    if layers is not None and parts > layers:
+        raise RecipeError(f"{at('parts')}: {parts} parts for a model of {layers} layers",
+                          f"use at most {layers} (one layer per part)")
+    precision = spec.get("precision", "w4a16")
+    if precision == "w4a16":
+        old = [t.name for t in targets if all(int(a) < INT4_MIN_ARCH for a in t.htp_arch.split(","))]
+        if old:
+            raise RecipeError(f"{at('precision')}: w4a16 on {', '.join(old)} (htp_arch below v{INT4_MIN_ARCH}): int4 "
+                              "weights are measured only on v73 and newer", "use precision: w8a16 for these targets")
+    if "kv_cache" in spec and precision == "fp16":
+        raise RecipeError(f"{at('kv_cache')}: kv_cache sets a quantized type; precision fp16 keeps the cache in fp16",
+                          "remove kv_cache, or use w4a16/w8a16")
+    prompts = named_path(f.parent, spec["prompts"]["dir"])
+    if not prompts.is_dir():  # its files are found at run time, like calibration samples
+        raise RecipeError(f"{at('prompts', 'dir')}: llm.prompts.dir '{spec['prompts']['dir']}' is not a directory "
+                          f"(looked in {prompts})", "a directory of token-id .npy files, relative to the recipe")
+    return LlmSpec(model=model, sequence_lengths=ars, context_lengths=cls, parts=parts, precision=precision,
+                   kv_cache=spec.get("kv_cache", "uint16"), prompts=prompts,
+                   calibration_prompts=spec["prompts"].get("samples", 4), verify_prompts=spec["prompts"].get("verify", 2),
+                   generate=spec.get("generate", 8), min_token_agreement=spec.get("min_token_agreement", 0.75),
+                   min_cosine=spec.get("min_cosine", 0.95))

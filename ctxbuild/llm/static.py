@@ -1,0 +1,190 @@
+"""Static graphs of a dynamic decoder: one ONNX graph per (part, AR, CL) with explicit KV-cache I/O.
+
+What changes (onnx's own graph API and Extractor, no string surgery on protobuf text):
+- shapes are fixed: batch 1, AR new tokens, CL - AR past positions;
+- the mask the model computes from its 2-D `attention_mask` (the tensor every attention's Softmax input
+  adds) becomes the input `attention_mask` [1, 1, AR, CL] (additive, MASK_NEG where masked), so the
+  runtime decides which cache slots are valid; the Range/Shape ops that built it are gone;
+- each `present.N.key/value` is the AR new positions only (the second operand of the model's
+  Concat(past, new)), not past + new: the runtime writes them into its cache;
+- the model is cut into parts by layer ranges (exporter scopes `/model/layers.N/`); part p > 0 reads the
+  residual stream `hidden_states.K` part p - 1 writes (K = its first layer);
+- a Transpose of a weight (a tied LM head) is folded into the weight.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ctxbuild.llm.convention import DecoderShape, NotADecoder, check_decoder, is_genai
+
+_LAYER = re.compile(r"/model/layers\.(\d+)/")
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    name: str  # AI Hub's convention: prompt_ar128_cl4096_1_of_3, token_ar1_cl4096_1_of_3
+    part: int  # 0-based
+    ar: int
+    cl: int
+
+
+def graph_name(part: int, parts: int, ar: int, cl: int) -> str:
+    return f"{'token' if ar == 1 else 'prompt'}_ar{ar}_cl{cl}_{part + 1}_of_{parts}"
+
+
+def part_ranges(layers: int, parts: int) -> list[tuple[int, int]]:
+    """Layer ranges [start, stop) of nearly equal size, earlier parts one layer larger."""
+    base, extra = divmod(layers, parts)
+    out, start = [], 0
+    for p in range(parts):
+        stop = start + base + (1 if p < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+def specs(parts: int, ars: list[int], cls: list[int]) -> list[GraphSpec]:
+    return [GraphSpec(graph_name(p, parts, ar, cl), p, ar, cl) for p in range(parts) for cl in cls for ar in ars]
+
+
+def static_graph(model: Any, shape: DecoderShape, ranges: list[tuple[int, int]], part: int, ar: int, cl: int) -> Any:
+    """The static graph of one part at (AR, CL); `model` is left unchanged."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    _fold_weight_transposes(g)
+    mask = _mask_tensor(g)
+    producers = {o: n for n in g.node for o in n.output}
+    g.node.remove(producers[mask])
+    _rename(g, mask, "attention_mask")
+    for i in range(shape.layers):
+        for kv in ("key", "value"):
+            _new_positions_only(g, i, kv, producers)
+    start, stop = ranges[part]
+    boundaries = {k: _boundary(g, k) for r in ranges for k in (r[0],) if k > 0}
+    for k, t in boundaries.items():
+        _rename(g, t, f"hidden_states.{k}")
+
+    past = cl - ar
+    fixed = {"input_ids": [1, ar], "position_ids": [1, ar]}
+    for i in range(shape.layers):
+        for kv in ("key", "value"):
+            fixed[f"past_key_values.{i}.{kv}"] = [1, shape.kv_heads, past, shape.head_dim]
+    new_inputs = []
+    for v in g.input:
+        if v.name == "attention_mask":
+            continue
+        for d, n in zip(v.type.tensor_type.shape.dim, fixed.get(v.name, [])):
+            d.Clear()
+            d.dim_value = n
+        new_inputs.append(v)
+    new_inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.FLOAT, [1, 1, ar, cl]))
+    del g.input[:]
+    g.input.extend(new_inputs)
+    del g.output[:]
+    g.output.extend([helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, ar, shape.vocab])] + [
+        helper.make_tensor_value_info(f"present.{i}.{kv}", TensorProto.FLOAT, [1, shape.kv_heads, ar, shape.head_dim])
+        for i in range(shape.layers) for kv in ("key", "value")])
+    del g.value_info[:]
+    m = onnx.shape_inference.infer_shapes(m, data_prop=True)
+
+    ins = (["input_ids"] if part == 0 else [f"hidden_states.{start}"]) + ["attention_mask", "position_ids"]
+    ins += [f"past_key_values.{i}.{kv}" for i in range(start, stop) for kv in ("key", "value")]
+    outs = ["logits"] if part == len(ranges) - 1 else [f"hidden_states.{stop}"]
+    outs += [f"present.{i}.{kv}" for i in range(start, stop) for kv in ("key", "value")]
+    used = {i for n in m.graph.node for i in n.input}
+    ins = [i for i in ins if i in used or i.startswith("hidden_states.")]  # a part may not need position_ids
+    sub = onnx.utils.Extractor(m).extract_model(ins, outs)
+    sub.graph.name = graph_name(part, len(ranges), ar, cl)
+    sub.ir_version = model.ir_version
+    del sub.opset_import[:]
+    sub.opset_import.extend(model.opset_import)
+    return sub
+
+
+def _fold_weight_transposes(g: Any) -> None:
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in g.initializer}
+    for n in list(g.node):
+        if n.op_type == "Transpose" and n.input[0] in inits:
+            perm = next((list(a.ints) for a in n.attribute if a.name == "perm"), None)
+            arr = numpy_helper.to_array(inits[n.input[0]]).transpose(perm)
+            g.initializer.append(numpy_helper.from_array(arr.copy(), n.output[0]))
+            g.node.remove(n)
+
+
+def _mask_tensor(g: Any) -> str:
+    """The additive mask: the operand every Softmax's input Add shares."""
+    producers = {o: n for n in g.node for o in n.output}
+    operands = []
+    for n in g.node:
+        if n.op_type == "Softmax":
+            add = producers.get(n.input[0])
+            if add is None or add.op_type != "Add":
+                raise NotADecoder(f"attention Softmax '{n.name}' does not read an Add of scores and mask")
+            operands.append(set(add.input))
+    common = set.intersection(*operands) if operands else set()
+    if len(common) != 1:
+        raise NotADecoder("cannot find the attention mask: no single tensor is added before every Softmax")
+    return common.pop()
+
+
+def _new_positions_only(g: Any, layer: int, kv: str, producers: dict[str, Any]) -> None:
+    """present.N = Concat(past.N, new): the graph outputs `new` under the present name instead."""
+    name = f"present.{layer}.{kv}"
+    concat = producers.get(name)
+    past = f"past_key_values.{layer}.{kv}"
+    if concat is None or concat.op_type != "Concat" or list(concat.input)[:1] != [past] or len(concat.input) != 2:
+        raise NotADecoder(f"{name} is not Concat({past}, new positions)")
+    new = concat.input[1]
+    _rename(g, name, f"{name}/full")
+    _rename(g, new, name)
+
+
+def _boundary(g: Any, k: int) -> str:
+    """The residual stream entering layer k: what layer k's nodes read from layer k - 1's."""
+    scope = {o: int(m.group(1)) for n in g.node if (m := _LAYER.search(n.name)) for o in n.output}
+    found = {i for n in g.node if (m := _LAYER.search(n.name)) and int(m.group(1)) == k
+             for i in n.input if scope.get(i) == k - 1}
+    if len(found) != 1:
+        raise NotADecoder(f"cannot cut before layer {k}: its nodes read {len(found)} tensors of layer {k - 1} "
+                          "(expected the residual stream alone; node names need /model/layers.N/ scopes)")
+    return found.pop()
+
+
+def _rename(g: Any, old: str, new: str) -> None:
+    for n in g.node:
+        n.input[:] = [new if i == old else i for i in n.input]
+        n.output[:] = [new if o == old else o for o in n.output]
+    for v in (*g.input, *g.output, *g.value_info):
+        if v.name == old:
+            v.name = new
+
+
+def write_static_graphs(src: Path, parts: int, ars: list[int], cls: list[int], dst: dict[str, Path]) -> DecoderShape:
+    """Every (part, AR, CL) graph of `src` to `dst[graph name]` (+ `<path>.data`)."""
+    import onnx
+
+    model = onnx.load(str(src))
+    shape = check_decoder(model)
+    if is_genai(model):
+        from ctxbuild.llm.genai import lower
+
+        model = lower(model)
+    if parts > shape.layers:
+        raise NotADecoder(f"{parts} parts for a model of {shape.layers} layers: at most one part per layer")
+    ranges = part_ranges(shape.layers, parts)
+    for s in specs(parts, ars, cls):
+        sub = static_graph(model, shape, ranges, s.part, s.ar, s.cl)
+        path = dst[s.name]
+        # small tensors (shape constants) stay inline: shape inference needs their values
+        onnx.save(sub, str(path), save_as_external_data=True, location=path.name + ".data")
+        path.with_name(path.name + ".data").touch()  # the plan declares one even when every tensor is small
+    return shape

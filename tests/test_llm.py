@@ -1,0 +1,179 @@
+"""LLMs (`llm:` recipes): the static rewrite reproduces the original decoder's greedy tokens, the build makes one
+weight-shared binary per part and target holding its AR x CL graphs, verified token by token on the simulator,
+a genai_config.json naming what was compiled; w4a16 puts int4 weights in; bad inputs exit 2 with one line."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tests.conftest import RECIPES, keep_only, records
+
+sys.path.insert(0, str(RECIPES / "models"))
+import llm_decoder  # noqa: E402 - the example generator, a script beside the recipes
+
+SMALL = llm_decoder.Config(layers=3, max_positions=128)
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("llm")
+    onnx.save(llm_decoder.decoder(SMALL), d / "llama.onnx")
+    onnx.save(llm_decoder.genai_decoder(SMALL), d / "llama_genai.onnx")  # the same weights, model-builder style
+    (d / "prompts").mkdir()
+    for i, p in enumerate(llm_decoder.prompts(SMALL, 2, 11)):
+        np.save(d / "prompts" / f"prompt_{i}.npy", p)
+    return d
+
+
+@pytest.mark.parametrize("model", ["llama.onnx", "llama_genai.onnx"])
+def test_static_graphs_reproduce_the_original_greedy_tokens(decoder: Path, tmp_path: Path, model: str) -> None:
+    from ctxbuild.llm import pipeline, static
+
+    graphs = static.specs(2, [8, 1], [24, 32])
+    dst = {g.name: tmp_path / f"{g.name}.onnx" for g in graphs}
+    shape = static.write_static_graphs(decoder / model, 2, [8, 1], [24, 32], dst)
+    assert static.part_ranges(shape.layers, 2) == [(0, 2), (2, 3)]
+    # static: batch 1, AR new tokens, CL - AR past positions, only the new positions out, a 4-D additive mask in
+    token = onnx.load(dst["token_ar1_cl32_1_of_2"])
+    dims = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in (*token.graph.input, *token.graph.output)}
+    assert dims["past_key_values.0.key"] == [1, SMALL.kv_heads, 31, SMALL.head_dim]
+    assert dims["present.1.value"] == [1, SMALL.kv_heads, 1, SMALL.head_dim]
+    assert dims["attention_mask"] == [1, 1, 1, 32] and dims["hidden_states.2"] == [1, 1, SMALL.hidden]
+    ops = {n.op_type for n in token.graph.node}
+    assert not ops & {"Range", "Shape", "Where", "GroupQueryAttention", "SkipSimplifiedLayerNormalization"}, ops
+    models = {(g.part, g.ar, g.cl): dst[g.name] for g in graphs}
+    for prompt in (np.load(p) for p in sorted((decoder / "prompts").glob("*.npy"))):
+        want = pipeline.reference_generate(decoder / model, prompt, 10)
+        for cl in (24, 32):
+            got = pipeline.generate(pipeline.cpu_runner(models), static.part_ranges(shape.layers, 2),
+                                    (shape.kv_heads, shape.head_dim), prompt, 10, cl, 8)
+            assert got.tokens == want.tokens
+            assert max(float(np.abs(a - b).max()) for a, b in zip(got.logits, want.logits)) < 1e-3
+        assert len(set(want.tokens)) > 3  # the generator's weights give a varied continuation, not one token
+
+
+def _recipe(d: Path, decoder: Path, **llm: object) -> Path:
+    spec = {"model": str(decoder / "llama.onnx"), "sequence_lengths": [8, 1], "context_lengths": [24, 32],
+            "parts": 2, "precision": "w8a16", "prompts": {"dir": str(decoder / "prompts"), "samples": 2, "verify": 2},
+            "generate": 6, **llm}
+    d.mkdir(exist_ok=True)
+    f = d / "llama.yaml"
+    f.write_text(json.dumps({"name": "llama", "llm": spec, "targets": ["SM8650"]}))
+    return f
+
+
+def test_example_builds_bundles_per_part_verified_with_a_genai_config(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """recipes/llm_tiny.yaml as `make build` builds it: 2 SoCs, 2 parts x AR {16, 1} x CL {64, 128}."""
+    from ctxbuild.qnn.contextbin import describe
+
+    shutil.copy(RECIPES / "llm_tiny.yaml", tree)  # the tree fixture leaves the LLM example out
+    keep_only(tree, "llm_tiny.yaml")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    manifest = json.loads((out / "manifest.json").read_text())
+    for target in ("SM8650", "SM8750"):
+        d = out / target / "llm_tiny"
+        assert sorted(p.name for p in d.glob("*.bin")) == ["llm_tiny_1_of_2_qnn.bin", "llm_tiny_2_of_2_qnn.bin"]
+        for part in (1, 2):
+            names = [f"{k}_cl{cl}_{part}_of_2" for cl in (64, 128) for k in ("prompt_ar16", "token_ar1")]
+            for n in names:  # one wrapper per graph, all naming the part's one binary
+                assert (d / f"{n}_ctx.onnx").is_file()
+            info = describe(d / f"{names[0]}_ctx.onnx")
+            assert len([g for b in info["binaries"] for g in b["graphs"]]) == 4
+            rec = records(out)[f"bundle/llm_tiny.part{part}@{target}"]
+            assert sorted(rec["graph_names"]) == sorted(names)  # graph -> its name inside the .bin
+            row = next(a for a in manifest["artifacts"] if a["path"] == f"{target}/llm_tiny/llm_tiny_{part}_of_2_qnn.bin")
+            assert row["weight_sharing"]["bundle_bin_size"] < row["weight_sharing"]["separate_bin_size"]
+        result = json.loads((d / "llm_verify.json").read_text())
+        assert result["passed"] and set(result["by_cl"]) == {"64", "128"}
+        for by_cl in result["by_cl"].values():
+            for backend in ("qdq_cpu", "simulator"):
+                assert by_cl[backend]["steps"] == 16 and by_cl[backend]["cosine_mean"] >= 0.95
+        wrapper = next(a for a in manifest["artifacts"] if a["path"] == f"{target}/llm_tiny/token_ar1_cl64_1_of_2_ctx.onnx")
+        assert wrapper["verification"]["tokens_by_cl"] == result["by_cl"]  # per-step figures in the manifest
+        config = json.loads((d / "genai_config.json").read_text())
+        stages = [s for stage in config["model"]["decoder"]["pipeline"] for s in stage.values()]
+        assert [s["filename"] for s in stages] == [f"{k}_cl128_{p}_of_2_ctx.onnx" for p in (1, 2)
+                                                    for k in ("prompt_ar16", "token_ar1")]
+        assert config["model"]["context_length"] == 128 and config["model"]["decoder"]["num_hidden_layers"] == 4
+    report = json.loads((out / "report.json").read_text())
+    assert any(o["name"] == "logits@cl128" for row in report["rows"] for v in row["verify"] for o in v["outputs"])
+    # a no-op rebuild runs nothing
+    again = ctxbuild("build", str(tree), "-o", str(out))
+    assert again.code == 0 and "ctxbuild: up to date" in again.out, again.text
+
+
+def test_w4a16_puts_int4_weights_in_the_part_models(decoder: Path, tmp_path: Path, ctxbuild) -> None:
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(_recipe(tmp_path / "r", decoder, precision="w4a16", context_lengths=[24])), "-o", str(out),
+                 "--no-verify")
+    assert r.code == 0, r.text
+    quantized = sorted((out / ".ctxbuild" / "work" / "llm").glob("llama-q*/*.onnx"))
+    assert len(quantized) == 4
+    for q in quantized:
+        types = {t.name: t.data_type for t in onnx.load(q).graph.initializer}
+        int4 = [n for n, t in types.items() if t == TensorProto.INT4]
+        assert any("q_proj" in n for n in int4) and any("down_proj" in n for n in int4)
+        # the embedding / LM head stay 8-bit (the most sensitive weights)
+        assert not any("embed_tokens" in n for n in int4)
+    assert (out / "SM8650" / "llama" / "llama_1_of_2_qnn.bin").stat().st_size > 0
+
+
+def test_genai_convention_model_builds_and_verifies(decoder: Path, tmp_path: Path, ctxbuild) -> None:
+    """onnxruntime-genai's model-builder convention (GroupQueryAttention, SkipSimplifiedLayerNormalization):
+    rewritten into HTP ops, compiled, and verified token by token like the optimum export of the same weights."""
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(_recipe(tmp_path / "r", decoder, model=str(decoder / "llama_genai.onnx"),
+                                      context_lengths=[24])), "-o", str(out))
+    assert r.code == 0, r.text
+    result = json.loads((out / "SM8650" / "llama" / "llm_verify.json").read_text())
+    assert result["passed"] and result["by_cl"]["24"]["simulator"]["cosine_mean"] >= 0.95
+    assert len(list((out / "SM8650" / "llama").glob("*_ctx.onnx"))) == 4
+
+
+def _rotary_style(path: Path) -> None:
+    """A decoder whose attention is com.microsoft MultiHeadAttention + RotaryEmbedding (not rewritten)."""
+    f = TensorProto.FLOAT
+    node = helper.make_node("RotaryEmbedding", ["q", "past_key_values.0.key", "past_key_values.0.value"],
+                            ["o", "present.0.key", "present.0.value"], domain="com.microsoft")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("q", f, [1, 1, 64]),
+                                        helper.make_tensor_value_info("past_key_values.0.key", f, [1, 2, "p", 16]),
+                                        helper.make_tensor_value_info("past_key_values.0.value", f, [1, 2, "p", 16])],
+                          [helper.make_tensor_value_info("o", f, [1, 1, 64])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]), path)
+
+
+@pytest.mark.parametrize("case,llm,expect", [
+    ("cl_not_above_ar", {"context_lengths": [8]}, "context length 8 is not larger than sequence length 8"),
+    ("too_many_parts", {"parts": 4}, "4 parts for a model of 3 layers"),
+    ("contrib_attention", {"model": "ROTARY"}, "the model uses RotaryEmbedding, which ctxbuild cannot rewrite"),
+    ("not_a_decoder", {"model": "CNN"}, "not a decoder in the optimum or onnxruntime-genai convention"),
+    ("int4_on_v68", {"precision": "w4a16", "TARGET": "SM8350"}, "int4 weights are measured only on v73 and newer"),
+    ("kv_with_fp16", {"precision": "fp16", "kv_cache": "uint8"}, "kv_cache sets a quantized type"),
+])
+def test_bad_llm_recipes_exit_2_with_one_line(decoder: Path, tmp_path: Path, ctxbuild, case: str,
+                                             llm: dict[str, object], expect: str) -> None:
+    llm = dict(llm)
+    if llm.get("model") == "ROTARY":
+        _rotary_style(tmp_path / "rotary.onnx")
+        llm["model"] = str(tmp_path / "rotary.onnx")
+    elif llm.get("model") == "CNN":
+        subprocess.run([sys.executable, str(RECIPES / "models" / "make_models.py"), str(tmp_path / "m")], check=True)
+        llm["model"] = str(tmp_path / "m" / "tiny_cnn.onnx")
+    target = llm.pop("TARGET", None)
+    f = _recipe(tmp_path / "r", decoder, **llm)
+    if target:
+        f.write_text(f.read_text().replace('"SM8650"', f'"{target}"'))
+    r = ctxbuild("build", str(f), "-o", str(tmp_path / "out"))
+    assert r.code == 2, r.text
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    assert len(lines) == 1 and expect in lines[0] and "llama.yaml:" in lines[0], r.err
