@@ -1,0 +1,56 @@
+"""Legalization: rewrite ops the HTP does not run into equivalent ops it does, one small rule per pattern.
+
+Each rule module has NAME, OPS (the op types that make it look), WHAT (one line for docs and summaries) and
+`apply(view, shapes) -> count`. prepare runs them after fixing shapes and folding constants (indices that
+were Shape chains are constants by then); `tests/test_legalize.py` proves each on onnxruntime's CPU EP."""
+from __future__ import annotations
+
+from typing import Any
+
+from ctxbuild.graph.legalize import clip, dynamic_int8, einsum, gathernd
+from ctxbuild.graph.legalize.graphview import GraphView
+
+RULES = (dynamic_int8, einsum, gathernd, clip)
+METADATA_KEY = "ctxbuild.rewrites"
+
+
+def wanted(model: Any) -> bool:
+    """Whether any rule could apply (a cheap scan: the model may be loaded without its weights)."""
+    ops = {o for r in RULES for o in r.OPS}
+    return any(n.op_type in ops for n in model.graph.node)
+
+
+def legalize(model: Any) -> dict[str, int]:
+    """Rewrite `model` (weights loaded) in place; returns {rule name: rewrites} for the rules that applied."""
+    shapes = _shapes(model)
+    view = GraphView(model)
+    counts = {}
+    for rule in RULES:
+        n = rule.apply(view, shapes)
+        if n:
+            counts[rule.NAME] = n
+            view.prune()
+    if counts:
+        del model.graph.value_info[:]  # rewired tensors may change type (int8 -> float): onnxruntime re-infers
+    return counts
+
+
+def describe(counts: dict[str, int]) -> str:
+    """'3 einsum, 1 gathernd' for summaries and the model's metadata."""
+    return ", ".join(f"{n} {name}" for name, n in counts.items())
+
+
+def _shapes(model: Any) -> dict[str, list[int]]:
+    """Static tensor shapes from onnx's shape inference (with data propagation for Shape chains)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # noqa: BLE001 - inference is a help here, not a requirement: rules needing a shape skip
+        return {}
+    shapes = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        t = vi.type.tensor_type
+        if t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
+            shapes[vi.name] = [d.dim_value for d in t.shape.dim]
+    return shapes

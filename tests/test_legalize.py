@@ -1,0 +1,151 @@
+"""Each legalization rule (ctxbuild/graph/legalize/) on a hand-made graph: the rewritten model matches the
+original on onnxruntime's CPU EP (max abs error bound), has none of the op the HTP refuses, and compiles whole
+on the NPU with the real QNN EP (fp16, SM8650) where the original does not."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization import QuantType, quantize_dynamic
+
+from ctxbuild.graph.legalize import legalize
+from ctxbuild.toolchain import installed as toolchain
+from tests._qnn_models import IR_VERSION, TARGET
+
+FP16 = {**TARGET, "enable_htp_fp16_precision": "1"}
+
+
+def rng() -> np.random.Generator:
+    """A fresh seeded generator per use: each test's data is the same whichever tests run before it."""
+    return np.random.default_rng(18)
+
+
+def _model(nodes: list, inputs: dict[str, list[int]], outputs: dict[str, list[int]], inits: dict[str, np.ndarray],
+           opset: int = 17, itype: int = TensorProto.FLOAT) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(k, itype, v) for k, v in inputs.items()],
+                              [helper.make_tensor_value_info(k, TensorProto.FLOAT, v) for k, v in outputs.items()],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
+
+
+def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _compiles(model: onnx.ModelProto, tmp: Path, name: str) -> bool:
+    src = tmp / f"{name}.onnx"
+    onnx.save(model, str(src))
+    try:
+        toolchain.compile_model(src, tmp / f"{name}_ctx.onnx", FP16, embed=False, cpu_fallback=False)
+    except Exception as e:  # noqa: BLE001 - ORT raises untyped errors; the test reads the message
+        assert "Failed to" in str(e) or "CPU EP" in str(e) or "fallback" in str(e), e
+        return False
+    return True
+
+
+def _check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rule: str, op: str, tmp: Path,
+           bound: float = 1e-5, refused: bool = True) -> onnx.ModelProto:
+    """Legalize a copy; the same outputs on the CPU EP, no `op` left, the original refused (where `refused`)
+    and the copy compiled."""
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    counts = legalize(rewritten)
+    assert rule in counts, counts
+    onnx.checker.check_model(rewritten, full_check=True)
+    assert op not in {n.op_type for n in rewritten.graph.node}
+    for a, b in zip(_run(model, feeds), _run(rewritten, feeds)):
+        assert a.shape == b.shape and np.abs(a - b).max() <= bound * max(1.0, np.abs(a).max())
+    assert _compiles(model, tmp, "original") is not refused
+    assert _compiles(rewritten, tmp, "rewritten")
+    return rewritten
+
+
+@pytest.mark.parametrize("eq, a, b, refused", [
+    ("btgi,gih->btgh", [1, 10, 4, 8], [4, 8, 6], True),  # DeepFilterNet's grouped linear (weight constant)
+    # attention scores, both operands at run time: one of the few equations the EP maps itself (rewritten alike)
+    ("bhqd,bhkd->bhqk", [1, 2, 5, 8], [1, 2, 7, 8], False),
+    ("ij,bjk->bik", [3, 4], [2, 4, 5], True),  # the one-free-index side first: operands swapped
+])
+def test_einsum(tmp_path: Path, eq: str, a: list[int], b: list[int], refused: bool) -> None:
+    out = list(np.einsum(eq, np.zeros(a), np.zeros(b)).shape)
+    w = rng().standard_normal(b).astype(np.float32)
+    const_b = eq.startswith("btgi")
+    m = _model([helper.make_node("Einsum", ["a", "b"], ["y"], equation=eq)],
+               {"a": a, **({} if const_b else {"b": b})}, {"y": out}, {"b": w} if const_b else {}, opset=12)
+    feeds = {"a": rng().standard_normal(a).astype(np.float32), **({} if const_b else {"b": w})}
+    _check(m, feeds, "einsum", "Einsum", tmp_path, refused=refused)
+
+
+def test_einsum_left_alone_when_not_a_matmul() -> None:
+    m = _model([helper.make_node("Einsum", ["a"], ["y"], equation="ii->i")], {"a": [3, 3]}, {"y": [3]}, {})
+    assert legalize(m) == {} and m.graph.node[0].op_type == "Einsum"
+
+
+def test_gathernd_constant_indices(tmp_path: Path) -> None:
+    """Index tuples into the two leading axes of a [2, 5, 3] boolean mask (as the mask expansion of a
+    BERT-style export: the EP refuses GatherND on booleans), with a negative index."""
+    idx = np.array([[[0, 4], [1, -1]], [[1, 2], [0, 0]]], np.int64)
+    nodes = [helper.make_node("Greater", ["x", "zero"], ["mask"]), helper.make_node("GatherND", ["mask", "idx"], ["g"]),
+             helper.make_node("Cast", ["g"], ["y"], to=TensorProto.FLOAT)]
+    m = _model(nodes, {"x": [2, 5, 3]}, {"y": [2, 2, 3]}, {"idx": idx, "zero": np.array(0.0, np.float32)})
+    _check(m, {"x": rng().standard_normal((2, 5, 3)).astype(np.float32)}, "gathernd", "GatherND", tmp_path, 0.0)
+
+
+def test_clip_with_a_runtime_min(tmp_path: Path) -> None:
+    """A clamp whose floor is computed (a mel front end's max(x, max(x) - 80 dB))."""
+    nodes = [helper.make_node("ReduceMax", ["x"], ["top"], keepdims=0),
+             helper.make_node("Sub", ["top", "range"], ["floor"]),
+             helper.make_node("Clip", ["x", "floor", "ceil"], ["y"])]
+    m = _model(nodes, {"x": [1, 16, 20]}, {"y": [1, 16, 20]},
+               {"range": np.array(8.0, np.float32), "ceil": np.array(30.0, np.float32)})
+    _check(m, {"x": (rng().standard_normal((1, 16, 20)) * 10).astype(np.float32)}, "clip", "Clip", tmp_path, 0.0)
+
+
+def _float_mlp() -> onnx.ModelProto:
+    r = rng()
+    w1 = (r.standard_normal((64, 128)) / 8).astype(np.float32)
+    w2 = (r.standard_normal((128, 32)) / 11).astype(np.float32)
+    table = r.standard_normal((100, 64)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"]),
+             helper.make_node("MatMul", ["emb", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12, 32])],
+                              [numpy_helper.from_array(v, k) for k, v in (("table", table), ("w1", w1), ("w2", w2))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+
+
+def test_dynamic_int8(tmp_path: Path) -> None:
+    """onnxruntime's quantize_dynamic output (DynamicQuantizeLinear + MatMulInteger, an int8 Gather table)
+    becomes a float model: closer to the float model it was made from than the int8 export itself is (it
+    drops the per-run activation quantization, keeps the int8 weights' values)."""
+    float_model = _float_mlp()
+    onnx.save(float_model, str(tmp_path / "float.onnx"))
+    quantize_dynamic(tmp_path / "float.onnx", tmp_path / "int8.onnx", weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["MatMul", "Gather"])
+    int8 = onnx.load(str(tmp_path / "int8.onnx"))
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= {n.op_type for n in int8.graph.node}
+    feeds = {"ids": rng().integers(0, 100, (1, 12)).astype(np.int64)}
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(int8)
+    assert legalize(rewritten) == {"dynamic_int8": 2}  # two MatMuls, the first reading the int8 table
+    ops = {n.op_type for n in rewritten.graph.node}
+    assert not ops & {"DynamicQuantizeLinear", "MatMulInteger", "DequantizeLinear"}, ops
+    (ref,), (q,), (f,) = _run(float_model, feeds), _run(int8, feeds), _run(rewritten, feeds)
+    # exact: the float model with each weight replaced by its int8 value dequantized (the export's own scales)
+    weights = {t.name: numpy_helper.to_array(t) for t in int8.graph.initializer}
+    same = _float_mlp()
+    for t in same.graph.initializer:
+        q8 = weights[f"{t.name}_quantized"].astype(np.float32) - weights[f"{t.name}_zero_point"].astype(np.float32)
+        t.CopyFrom(numpy_helper.from_array(q8 * weights[f"{t.name}_scale"], t.name))
+    assert np.abs(f - _run(same, feeds)[0]).max() < 1e-5
+    # and closer to the float model than the export: the per-run activation quantization is gone
+    rms = lambda e: float(np.sqrt(np.mean(e ** 2)))  # noqa: E731
+    assert rms(f - ref) < rms(q - ref)
+    assert np.abs(f - q).max() < 0.05 * np.abs(ref).max()
+    assert not _compiles(int8, tmp_path, "int8")
+    assert _compiles(rewritten, tmp_path, "rewritten")
