@@ -173,3 +173,25 @@ def test_rmsnorm_in_fp16(tmp_path: Path) -> None:
     (ref,) = _run(m, feeds)
     (htp,) = qnn_session(tmp_path / "rewritten_ctx.onnx", **FP16).run(None, feeds)
     assert cosine(htp, ref) > 0.999
+
+
+def test_static_qdq_export_needs_precision_qdq(tmp_path: Path, ctxbuild) -> None:
+    """An already-quantized (static QDQ) export at another precision: one line naming the file and the choice,
+    exit 2, at plan time (it used to be quantized again into a model with duplicate node names, or silently
+    kept at its own 8 bits); with precision: qdq it builds as it is."""
+    from tests._qnn_models import conv_model, quantize_model
+
+    quantize_model(conv_model(), tmp_path / "conv_qdq.onnx")
+    (tmp_path / "cal").mkdir()
+    np.save(tmp_path / "cal" / "a.npy", rng().standard_normal((1, 3, 16, 16)).astype(np.float32))
+    recipe = tmp_path / "conv_qdq.yaml"
+    for precision in ("int16", "fp16"):
+        recipe.write_text(f"model: conv_qdq.onnx\nprecision: {precision}\ncalibration: {{dir: cal}}\ntargets: [SM8650]\n")
+        r = ctxbuild("build", str(recipe), "-o", str(tmp_path / "out"))
+        assert r.code == 2, r.text
+        (line,) = [ln for ln in r.err.splitlines() if "already quantized" in ln]
+        assert f"{recipe}:1: conv_qdq.onnx is already quantized (static QDQ: 2 QuantizeLinear" in line
+        assert "use precision: qdq" in line
+    recipe.write_text("model: conv_qdq.onnx\nprecision: qdq\ntargets: [SM8650]\nverify: false\n")
+    r = ctxbuild("build", str(recipe), "-o", str(tmp_path / "out"))
+    assert r.code == 0, r.text

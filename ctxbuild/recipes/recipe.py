@@ -21,6 +21,7 @@ from ctxbuild.toolchain.installed import version
 from ctxbuild.recipes.yamlsrc import LineDict, line_of, load_mapping
 from ctxbuild.layout import OUT_FILES
 from ctxbuild.recipes.paths import named_path
+from ctxbuild.graph.signature import quantize_nodes
 
 DEFAULTS_FILE = "_defaults.yaml"
 SCHEMA_PATH = Path(__file__).with_name("recipe.schema.json")
@@ -512,6 +513,10 @@ def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any],
     where = f"{f}:{line_of(data, path + ['model'])}"
     model = named_path(f.parent, spec["model"])
     _check_file(where, f"model '{spec['model']}'", model, "an ONNX file; model paths are relative to the recipe file")
+    if precision != "qdq" and (quantized := quantize_nodes(model)):
+        raise RecipeError(f"{where}: {model.name} is already quantized (static QDQ: {len(quantized)} QuantizeLinear, "
+                          f"e.g. '{quantized[0]}'); precision {precision} would quantize it again",
+                          "use precision: qdq to build it as quantized, or give the float export for this precision")
     cal = spec.get("calibration")
     calibration = None
     if precision in ("int16", "int8", "auto"):
