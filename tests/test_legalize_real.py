@@ -59,9 +59,10 @@ def _min_cosine(verify: dict) -> float:
 
 
 def test_minilm_gathernd(tmp_path: Path, ctxbuild) -> None:
-    """all-MiniLM-L6-v2: the attention-mask GatherND (boolean, indices from Shape chains) becomes Gather."""
+    """all-MiniLM-L6-v2: the attention-mask GatherND (boolean, indices from Shape chains) becomes Gather, its 6
+    exact GELUs (Erf) Gelu."""
     model, prepared, got = _build(tmp_path, ctxbuild, "minilm")
-    assert got["rewrites"] == {"gathernd": 1}
+    assert got["rewrites"] == {"gathernd": 1, "gelu": 6}
     assert all(err < 1e-5 for err, _ in _against_export(model, prepared, got["samples"]))
     assert _min_cosine(got["verify"]) > 0.999
 
@@ -84,3 +85,35 @@ def test_t5_dynamic_int8(tmp_path: Path, ctxbuild) -> None:
     assert got["rewrites"] == {"dynamic_int8": 57, "rmsnorm": 17}
     assert all(cos > 0.5 for _, cos in _against_export(model, prepared, got["samples"]))
     assert _min_cosine(got["verify"]) > 0.999
+
+
+def test_a_qnn_compiler_crash_fails_only_its_action(tmp_path: Path, ctxbuild) -> None:
+    """MiniLM at precision: qdq (no folding, so no legalization) segfaults QNN's compiler (onnxruntime-qnn 2.7.0).
+    The compile runs in a child: the action fails like any other, with the signal, a record, the final FAILED
+    line and the report's count, and the build goes on with the other recipes."""
+    root = tmp_path / "recipes"
+    root.mkdir()
+    try:
+        model = locate("minilm", tmp_path)
+    except Missing as e:
+        pytest.skip(str(e))
+    shapes = ", ".join(f"{k}: {list(v)}" for k, v in MODELS["minilm"].inputs.items())
+    (root / "minilm.yaml").write_text(f"model: {model}\ninputs: {{{shapes}}}\nprecision: qdq\ntargets: [SM8650]\n"
+                                      "verify: false\n")
+    from tests._qnn_models import conv_model
+    import onnx
+
+    onnx.save(conv_model(), root / "conv.onnx")
+    (root / "conv.yaml").write_text("model: conv.onnx\nprecision: fp16\ntargets: [SM8650]\nverify: false\n")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(root), "-o", str(out), "-k", "0", timeout=600)
+    assert r.code == 1, r.text
+    (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED compile/minilm@SM8650")]
+    assert "the QNN compiler crashed (signal 11, SIGSEGV)" in line, line
+    assert "ninja failed before running an action" not in r.text
+    assert (out / "SM8650" / "conv" / "conv_ctx.onnx").is_file()  # the other recipe was built
+    record = json.loads((out / ".ctxbuild" / "records" / "compile.minilm@SM8650.json").read_text())
+    assert record["status"] == "failed"
+    build = json.loads((out / "report.json").read_text())["build"]
+    assert build["failed"] == 1 and build["outcome"] == "failed"
+    assert not list((out / ".ctxbuild" / "tmp").glob("compile.minilm*"))

@@ -18,6 +18,11 @@ class GraphView:
         self._names |= {i.name for i in self.graph.initializer} | {i.name for i in self.graph.input}
         self.reindex()
 
+    def replace(self, model: Any) -> None:
+        """The model becomes `model` (a converted copy), in place: the caller's ModelProto is the one edited."""
+        self.model.CopyFrom(model)
+        self.__init__(self.model)  # type: ignore[misc]
+
     def reindex(self) -> None:
         self.inits = {i.name: i for i in self.graph.initializer}
         self.producer = {o: n for n in self.graph.node for o in n.output}
