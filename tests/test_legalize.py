@@ -197,13 +197,33 @@ def test_static_qdq_export_needs_precision_qdq(tmp_path: Path, ctxbuild) -> None
     assert r.code == 0, r.text
 
 
+def _int16(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], tmp: Path, name: str) -> Path | None:
+    """Quantize as ctxbuild's int16 does (uint16 activations, uint8 weights) and compile: the wrapper, or None
+    when the EP refuses the graph."""
+    from onnxruntime.quantization import CalibrationDataReader, quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = iter(samples)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.left, None)
+
+    src, ctx = tmp / f"{name}_int16.onnx", tmp / f"{name}_ctx.onnx"
+    quantize(model, src, get_qnn_qdq_config(model, Reader(), activation_type=QuantType.QUInt16,
+                                            weight_type=QuantType.QUInt8))
+    try:
+        toolchain.compile_model(src, ctx, TARGET, embed=False, cpu_fallback=False)
+    except Exception:  # noqa: BLE001 - ORT's untyped EP failure: the caller expects it or not
+        return None
+    return ctx
+
+
 def test_erf_gelu_once_quantized(tmp_path: Path) -> None:
     """PyTorch's exact GELU (Erf) after a MatMul: at int16 (uint16 activations, uint8 weights) the EP refuses
     the Erf; fused into Gelu (onnxruntime's FusionGelu) the quantized graph compiles. The rewrite is exact on
     the CPU EP; on the simulator the fused graph's output matches the float model."""
-    from onnxruntime.quantization import CalibrationDataReader, quantize
-    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
-
     r = rng()
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Div", ["h", "sqrt2"], ["d"]),
              helper.make_node("Erf", ["d"], ["e"]), helper.make_node("Add", ["e", "one"], ["e1"]),
@@ -219,23 +239,36 @@ def test_erf_gelu_once_quantized(tmp_path: Path) -> None:
     for s in samples:
         assert np.abs(_run(m, s)[0] - _run(rewritten, s)[0]).max() < 1e-5
 
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.left = iter(samples)
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.left, None)
-
-    compiled = {}
-    for name, model in (("original", m), ("rewritten", rewritten)):
-        quantize(model, tmp_path / f"{name}_int16.onnx", get_qnn_qdq_config(
-            model, Reader(), activation_type=QuantType.QUInt16, weight_type=QuantType.QUInt8))
-        src = tmp_path / f"{name}_int16.onnx"
-        try:
-            toolchain.compile_model(src, tmp_path / f"{name}_ctx.onnx", TARGET, embed=False, cpu_fallback=False)
-            compiled[name] = True
-        except Exception:  # noqa: BLE001 - ORT's untyped EP failure: the original is expected to fail here
-            compiled[name] = False
-    assert compiled == {"original": False, "rewritten": True}
-    (htp,) = qnn_session(tmp_path / "rewritten_ctx.onnx", cpu_fallback=True, **TARGET).run(None, samples[0])
+    compiled = {name: _int16(model, samples, tmp_path, name) for name, model in (("original", m), ("rewritten", rewritten))}
+    assert {k: v is not None for k, v in compiled.items()} == {"original": False, "rewritten": True}
+    (htp,) = qnn_session(compiled["rewritten"], cpu_fallback=True, **TARGET).run(None, samples[0])
     assert cosine(htp, _run(m, samples[0])[0]) > 0.99
+
+
+def test_mask_fill_once_quantized(tmp_path: Path) -> None:
+    """Attention logits plus Where(mask, 0, float32 min) into Softmax, as torch's SDPA export writes it. At int16
+    the fill value takes the logits' whole quantization range; at -100 the float model is unchanged (CPU EP)
+    and the simulator's output follows it."""
+    r = rng()
+    mask = np.ones((1, 1, 1, 16), bool)
+    mask[..., 11:] = False  # padding keys
+    nodes = [helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"]),
+             helper.make_node("Where", ["mask", "zero", "fill"], ["bias"]), helper.make_node("Add", ["ss", "bias"], ["l"]),
+             helper.make_node("Softmax", ["l"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    m = _model(nodes, {"q": [1, 2, 16, 32]}, {"y": [1, 2, 16, 32]},
+               {"kt": r.standard_normal((1, 2, 32, 16)).astype(np.float32), "scale": np.array(32 ** -0.5, np.float32),
+                "mask": mask, "zero": np.array(0.0, np.float32), "fill": np.array(np.finfo(np.float32).min, np.float32),
+                "v": r.standard_normal((1, 2, 16, 32)).astype(np.float32)})
+    samples = [{"q": (r.standard_normal((1, 2, 16, 32)) * 2).astype(np.float32)} for _ in range(4)]
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(m)
+    assert legalize(rewritten) == {"mask_fill": 1}
+    for s in samples:
+        assert np.abs(_run(m, s)[0] - _run(rewritten, s)[0]).max() < 1e-6
+    ref = _run(m, samples[0])[0]
+    found = {}
+    for name, model in (("original", m), ("rewritten", rewritten)):
+        ctx = _int16(model, samples, tmp_path, name)
+        assert ctx is not None
+        found[name] = cosine(qnn_session(ctx, cpu_fallback=True, **TARGET).run(None, samples[0])[0], ref)
+    assert found["original"] < 0.9 and found["rewritten"] > 0.999, found

@@ -60,9 +60,9 @@ def _min_cosine(verify: dict) -> float:
 
 def test_minilm_gathernd(tmp_path: Path, ctxbuild) -> None:
     """all-MiniLM-L6-v2: the attention-mask GatherND (boolean, indices from Shape chains) becomes Gather, its 6
-    exact GELUs (Erf) Gelu."""
+    exact GELUs (Erf) Gelu, its mask fill (float32 min) -100."""
     model, prepared, got = _build(tmp_path, ctxbuild, "minilm")
-    assert got["rewrites"] == {"gathernd": 1, "gelu": 6}
+    assert got["rewrites"] == {"gathernd": 1, "gelu": 6, "mask_fill": 1}
     assert all(err < 1e-5 for err, _ in _against_export(model, prepared, got["samples"]))
     assert _min_cosine(got["verify"]) > 0.999
 

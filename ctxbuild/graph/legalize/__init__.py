@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ctxbuild.graph.legalize import clip, dynamic_int8, einsum, gathernd, gelu, rmsnorm
+from ctxbuild.graph.legalize import clip, dynamic_int8, einsum, gathernd, gelu, mask_fill, rmsnorm
 from ctxbuild.graph.legalize.graphview import GraphView
 
-RULES = (dynamic_int8, einsum, gathernd, clip, rmsnorm, gelu)
+RULES = (dynamic_int8, einsum, gathernd, clip, rmsnorm, gelu, mask_fill)
 METADATA_KEY = "ctxbuild.rewrites"
 
 
