@@ -20,7 +20,7 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def _build(tmp_path: Path, ctxbuild, name: str) -> tuple[Path, Path, dict]:
+def _build(tmp_path: Path, ctxbuild, name: str, precision: str = "fp16", extra: str = "") -> tuple[Path, Path, dict]:
     root = tmp_path / "recipes"
     root.mkdir()
     try:
@@ -28,9 +28,10 @@ def _build(tmp_path: Path, ctxbuild, name: str) -> tuple[Path, Path, dict]:
     except Missing as e:
         pytest.skip(str(e))
     write_samples(name, model, root / "verify", 2, 100)
+    write_samples(name, model, root / "cal", 4, 0)
     shapes = ", ".join(f"{k}: {list(v)}" for k, v in MODELS[name].inputs.items())
-    (root / f"{name}.yaml").write_text(f"model: {model}\ninputs: {{{shapes}}}\nprecision: fp16\ntargets: [SM8650]\n"
-                                       "verify: {dir: verify, timeout_s: 600}\n")
+    (root / f"{name}.yaml").write_text(f"model: {model}\ninputs: {{{shapes}}}\nprecision: {precision}\ntargets: [SM8650]\n"
+                                       "calibration: {dir: cal}\nverify: {dir: verify, timeout_s: 600}\n" + extra)
     out = tmp_path / "out"
     r = ctxbuild("build", str(root), "-o", str(out), timeout=600)
     assert r.code == 0, r.text
@@ -64,6 +65,15 @@ def test_minilm_gathernd(tmp_path: Path, ctxbuild) -> None:
     model, prepared, got = _build(tmp_path, ctxbuild, "minilm")
     assert got["rewrites"] == {"gathernd": 1, "gelu": 6, "mask_fill": 1}
     assert all(err < 1e-5 for err, _ in _against_export(model, prepared, got["samples"]))
+    assert _min_cosine(got["verify"]) > 0.999
+
+
+def test_minilm_quantized(tmp_path: Path, ctxbuild) -> None:
+    """The same embedder at int16 with 16-bit weights: GELU (as Gelu), LayerNorm and attention (mask at -100)
+    survive quantization and the graph compiles whole. Before: Erf refused, then the quantizer stopped, then
+    the mask fill took the logits' range (cosine 0.28)."""
+    _, _, got = _build(tmp_path, ctxbuild, "minilm", "int16", "quantization: {weights: int16}\n")
+    assert got["rewrites"] == {"gathernd": 1, "gelu": 6, "mask_fill": 1}
     assert _min_cosine(got["verify"]) > 0.999
 
 

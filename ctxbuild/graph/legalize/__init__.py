@@ -1,4 +1,5 @@
-"""Legalization: rewrite ops the HTP does not run into equivalent ops it does, one small rule per pattern.
+"""Legalization: rewrite ops the HTP does not run (or runs wrongly in fp16 or once quantized) into equivalent ops
+it does, one small rule per pattern (docs/legalization.md lists them).
 
 Each rule module has NAME, OPS (the op types that make it look), WHAT (one line for docs and summaries) and
 `apply(view, shapes) -> count`. prepare runs them after fixing shapes and folding constants (indices that
