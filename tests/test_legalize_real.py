@@ -127,3 +127,19 @@ def test_a_qnn_compiler_crash_fails_only_its_action(tmp_path: Path, ctxbuild) ->
     build = json.loads((out / "report.json").read_text())["build"]
     assert build["failed"] == 1 and build["outcome"] == "failed"
     assert not list((out / ".ctxbuild" / "tmp").glob("compile.minilm*"))
+
+
+def test_t5_decoder_dynamic_int8(tmp_path: Path, ctxbuild) -> None:
+    """The T5 decoder of the same export (self- and cross-attention, LM head over 32128 tokens), on encoder
+    states computed on the CPU: 90 dynamic-int8 rewrites, 25 RMSNorms."""
+    _, _, got = _build(tmp_path, ctxbuild, "t5_decoder")
+    assert got["rewrites"] == {"dynamic_int8": 90, "rmsnorm": 25}
+    assert _min_cosine(got["verify"]) > 0.999
+
+
+def test_deepfilternet_df_decoder(tmp_path: Path, ctxbuild) -> None:
+    """DeepFilterNet3's deep-filter decoder (3 Einsum, 2 GRU) on the encoder's outputs."""
+    model, prepared, got = _build(tmp_path, ctxbuild, "dfn_df_dec")
+    assert got["rewrites"] == {"einsum": 3}
+    assert all(err < 1e-5 for err, _ in _against_export(model, prepared, got["samples"]))
+    assert _min_cosine(got["verify"]) > 0.999
