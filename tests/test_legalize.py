@@ -3,6 +3,7 @@ original on onnxruntime's CPU EP (max abs error bound), has none of the op the H
 on the NPU with the real QNN EP (fp16, SM8650) where the original does not."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -272,3 +273,52 @@ def test_mask_fill_once_quantized(tmp_path: Path) -> None:
         assert ctx is not None
         found[name] = cosine(qnn_session(ctx, cpu_fallback=True, **TARGET).run(None, samples[0])[0], ref)
     assert found["original"] < 0.9 and found["rewritten"] > 0.999, found
+
+
+def test_prepare_legalizes_and_reports_it(tmp_path: Path, ctxbuild) -> None:
+    """Through a build: prepare rewrites the grouped-linear Einsum (indices and weights as DeepFilterNet has
+    them), the graph compiles whole at fp16 and verifies, and the rewrite is in prepare's record, the prepared
+    model's metadata and the report's row."""
+    w = rng().standard_normal((4, 8, 6)).astype(np.float32)
+    m = _model([helper.make_node("Einsum", ["a", "w"], ["y"], equation="btgi,gih->btgh")],
+               {"a": [1, 10, 4, 8]}, {"y": [1, 10, 4, 6]}, {"w": w}, opset=12)
+    onnx.save(m, tmp_path / "grouped.onnx")
+    (tmp_path / "s").mkdir()
+    np.save(tmp_path / "s" / "a.npy", rng().standard_normal((1, 10, 4, 8)).astype(np.float32))
+    (tmp_path / "grouped.yaml").write_text("model: grouped.onnx\nprecision: fp16\ntargets: [SM8650]\nverify: {dir: s}\n")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tmp_path / "grouped.yaml"), "-o", str(out))
+    assert r.code == 0, r.text
+    records = out / ".ctxbuild" / "records"
+    (prepare,) = [json.loads(p.read_text()) for p in records.glob("prepare.*.json")]
+    assert prepare["rewrites"] == {"einsum": 1}
+    (prepared,) = (out / ".ctxbuild" / "work").glob("*/prepared.onnx")
+    meta = {p.key: p.value for p in onnx.load(str(prepared), load_external_data=False).metadata_props}
+    assert json.loads(meta["ctxbuild.rewrites"]) == {"einsum": 1}
+    (row,) = json.loads((out / "report.json").read_text())["rows"]
+    assert row["rewrites"] == {"einsum": 1} and row["accuracy"] is True
+    assert "rewritten for the HTP: 1 einsum" in (out / "report.html").read_text()
+
+
+def test_fused_rmsnorm_at_int16_says_why(tmp_path: Path, ctxbuild) -> None:
+    """The quantizer moves 16-bit models to opset 21 and onnx's converter knows no SimplifiedLayerNormalization:
+    one line naming the op and pointing at fp16, not onnx's assertion text."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Pow", ["h", "two"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1),
+             helper.make_node("Add", ["ms", "eps"], ["mse"]), helper.make_node("Sqrt", ["mse"], ["rms"]),
+             helper.make_node("Div", ["one", "rms"], ["inv"]), helper.make_node("Mul", ["h", "inv"], ["hn"]),
+             helper.make_node("Mul", ["g", "hn"], ["y"])]
+    m = _model(nodes, {"x": [1, 8, 32]}, {"y": [1, 8, 32]},
+               {"w": rng().standard_normal((32, 32)).astype(np.float32), "two": np.array(2.0, np.float32),
+                "axes": np.array([-1], np.int64), "eps": np.array(1e-6, np.float32), "one": np.array(1.0, np.float32),
+                "g": np.ones(32, np.float32)}, opset=18)
+    onnx.save(m, tmp_path / "t5norm.onnx")
+    (tmp_path / "cal").mkdir()
+    np.save(tmp_path / "cal" / "a.npy", rng().standard_normal((1, 8, 32)).astype(np.float32))
+    (tmp_path / "t5norm.yaml").write_text("model: t5norm.onnx\nprecision: int16\ncalibration: {dir: cal}\n"
+                                          "targets: [SM8650]\nverify: false\n")
+    r = ctxbuild("build", str(tmp_path / "t5norm.yaml"), "-o", str(tmp_path / "out"))
+    assert r.code == 1, r.text
+    (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED quantize/")]
+    assert "the quantizer cannot convert the model to opset 21 (16-bit types): SimplifiedLayerNormalization has no " \
+           "ONNX schema" in line and "precision fp16" in line, line
