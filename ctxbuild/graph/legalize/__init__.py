@@ -1,8 +1,9 @@
 """Legalization: rewrite ops the HTP does not run (or runs wrongly in fp16 or once quantized) into equivalent ops
 it does, one small rule per pattern (docs/legalization.md lists them).
 
-Each rule module has NAME, OPS (the op types that make it look), WHAT (one line for docs and summaries) and
-`apply(view, shapes) -> count`. prepare runs them after fixing shapes and folding constants (indices that
+Each rule module has NAME, OPS (the op types that make it look), WHAT (one line for docs and summaries),
+`apply(view, shapes) -> count` and optionally `wanted(view) -> bool`, a finer check on the graph alone (the
+weights are loaded only when some rule wants them: a transformer has ReduceMean and Where everywhere). prepare runs them after fixing shapes and folding constants (indices that
 were Shape chains are constants by then); `tests/test_legalize.py` proves each on onnxruntime's CPU EP."""
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ METADATA_KEY = "ctxbuild.rewrites"
 
 
 def wanted(model: Any) -> bool:
-    """Whether any rule could apply (a cheap scan: the model may be loaded without its weights)."""
-    ops = {o for r in RULES for o in r.OPS}
-    return any(n.op_type in ops for n in model.graph.node)
+    """Whether any rule could apply (a scan of the graph: the model may be loaded without its weights)."""
+    present = {n.op_type for n in model.graph.node}
+    view = GraphView(model)
+    return any(set(r.OPS) & present and getattr(r, "wanted", lambda g: True)(view) for r in RULES)
 
 
 def legalize(model: Any) -> dict[str, int]:

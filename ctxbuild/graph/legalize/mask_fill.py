@@ -17,6 +17,10 @@ FILL = -100.0
 HUGE = -1e4  # fills at or below this are masks, not values
 
 
+def wanted(g: GraphView) -> bool:
+    return any(n.op_type == "Where" and _feeds_softmax(g, n.output[0]) for n in g.graph.node)
+
+
 def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
     done = 0
     for node in [n for n in g.graph.node if n.op_type == "Where"]:

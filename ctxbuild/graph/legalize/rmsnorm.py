@@ -16,6 +16,18 @@ OPS = ("ReduceMean",)
 WHAT = "RMSNorm written out with Pow/ReduceMean/Sqrt -> SimplifiedLayerNormalization (fp16 overflow)"
 
 
+def wanted(g: GraphView) -> bool:
+    """A ReduceMean of a square (Pow, or Mul(x, x)) of an input that is not centred, then Add and Sqrt."""
+    for mean in (n for n in g.graph.node if n.op_type == "ReduceMean"):
+        sq = g.producer.get(mean.input[0])
+        uses = g.consumers.get(mean.output[0], [])
+        if sq is not None and sq.op_type in ("Pow", "Mul") and not _centred(sq.input[0], g.producer) and \
+                any(u.op_type == "Add" and any(v.op_type == "Sqrt" for v in g.consumers.get(u.output[0], []))
+                    for u in uses):
+            return True
+    return False
+
+
 def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
     from onnxruntime.transformers.fusion_simplified_layernorm import FusionSimplifiedLayerNormalization
     from onnxruntime.transformers.onnx_model import OnnxModel
