@@ -322,3 +322,31 @@ def test_fused_rmsnorm_at_int16_says_why(tmp_path: Path, ctxbuild) -> None:
     (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED quantize/")]
     assert "the quantizer cannot convert the model to opset 21 (16-bit types): SimplifiedLayerNormalization has no " \
            "ONNX schema" in line and "precision fp16" in line, line
+
+
+def test_rule_names_in_the_schema() -> None:
+    """prepare.rewrite's list is checked by the JSON Schema: its enum is the rules' names."""
+    from ctxbuild.graph.legalize import RULES
+    from ctxbuild.recipes.recipe import SCHEMA_PATH
+
+    schema = json.loads(SCHEMA_PATH.read_text())
+    (_, listed) = schema["properties"]["prepare"]["properties"]["rewrite"]["oneOf"]
+    assert listed["items"]["enum"] == [r.NAME for r in RULES]
+
+
+def test_rewrite_switch(tmp_path: Path, ctxbuild) -> None:
+    """prepare.rewrite: false leaves the Einsum (the compile names it); [gathernd] leaves it too; a rule name
+    the schema does not know is a recipe error."""
+    m = _model([helper.make_node("Einsum", ["a", "w"], ["y"], equation="btgi,gih->btgh")],
+               {"a": [1, 10, 4, 8]}, {"y": [1, 10, 4, 6]}, {"w": rng().standard_normal((4, 8, 6)).astype(np.float32)},
+               opset=12)
+    onnx.save(m, tmp_path / "grouped.onnx")
+    recipe = tmp_path / "grouped.yaml"
+    for setting in ("false", "[gathernd]"):
+        recipe.write_text(f"model: grouped.onnx\nprecision: fp16\ntargets: [SM8650]\nverify: false\n"
+                          f"prepare: {{rewrite: {setting}}}\n")
+        r = ctxbuild("build", str(recipe), "-o", str(tmp_path / "out"))
+        assert r.code == 1 and "QNN cannot run 1 node(s)" in r.err and "(Einsum)" in r.err, r.text
+    recipe.write_text("model: grouped.onnx\nprecision: fp16\ntargets: [SM8650]\nprepare: {rewrite: [einsums]}\n")
+    r = ctxbuild("build", str(recipe), "-o", str(tmp_path / "out"))
+    assert r.code == 2 and f"{recipe}:4" in r.err, r.text

@@ -49,7 +49,9 @@ def run(ctx: Any) -> None:
         _optimize(model, src, dst, ctx.tmp / "staged")
     else:
         save_external(model, src.parent, dst)
-    _legalize(dst, ctx.tmp, ctx.action.params["optimize"])
+    rules = ctx.action.params.get("rewrite", True)
+    if rules:
+        _legalize(dst, ctx.tmp, ctx.action.params["optimize"], None if rules is True else rules)
     if slots:  # the float reference: the same graph with the defaults as overridable initializers
         reference = onnx.load(str(dst))
         add_defaults(reference, defaults)
@@ -97,17 +99,17 @@ def summarize(action: Action) -> dict[str, Any]:
     return {"rewrites": json.loads(found)} if found else {}
 
 
-def _legalize(dst: Path, tmp: Path, optimize: bool) -> None:
+def _legalize(dst: Path, tmp: Path, optimize: bool, only: list[str] | None) -> None:
     """Rewrite what the HTP cannot run (rules in ctxbuild.graph.legalize); the weights are loaded only when a
     rule's op is present. After a rewrite the optimizer runs again: it folds the Transposes of weights."""
     import onnx
 
     from ctxbuild.graph.legalize import METADATA_KEY, legalize, wanted
 
-    if not wanted(load(dst, external_data=False)):
+    if not wanted(load(dst, external_data=False), only):
         return
     model = load(dst)
-    counts = legalize(model)
+    counts = legalize(model, only)
     if not counts:
         return
     onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props},

@@ -62,6 +62,8 @@ def prepare_action(recipe: Recipe, g: Graph, work: Path) -> tuple[str, Action]:
     params = {"inputs": {k: list(v) for k, v in sorted(g.inputs.items())},
               # QDQ models skip the optimizer: constant folding would fold weight DequantizeLinear away.
               "optimize": recipe.precision != "qdq"}
+    if recipe.rewrite is not True:  # prepare.rewrite: absent by default, so default prepares keep their keys
+        params["rewrite"] = sorted(recipe.rewrite) if recipe.rewrite else False
     if recipe.adapters:  # LoRA: slots become optional inputs; "reference" keeps their defaults
         params["adapter_slots"] = {"patterns": list(recipe.adapters.slots), "scaling": recipe.adapters.scaling}
     # Named by model and content, not recipe: recipes preparing one model the same way share the node.

@@ -80,6 +80,7 @@ class Recipe:
     quantization: list[dict[str, Any]] = field(default_factory=list)
     adapters: Adapters | None = None
     runtimes: list[dict[str, str]] = field(default_factory=list)  # the fleet's runtimes: the deploy gate's
+    rewrite: bool | list[str] = True  # prepare.rewrite: the legalization rules (graph/legalize), all by default
 
 
 @dataclass
@@ -341,7 +342,8 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
                           "verifies without adapters)", "choose a precision or a quantization block")
     return Recipe(name=name, file=f, precision=precision, graphs=graphs, targets=recipe_targets,
                   compile=compile_opts, is_bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False),
-                  verify=verify, quantization=quantization, adapters=adapters, runtimes=_runtimes(f, data, merged))
+                  verify=verify, quantization=quantization, adapters=adapters, runtimes=_runtimes(f, data, merged),
+                  rewrite=(merged.get("prepare") or {}).get("rewrite", True))
 
 
 def _runtimes(f: Path, data: LineDict, merged: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[dict[str, str]]:
@@ -451,7 +453,8 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
     copts = merged.get("compile", {})
     # Only the recipe's own keys: directory defaults written for compiled recipes apply to it harmlessly.
     unused = sorted(set(data.get("compile", {})) - {"embed"}) + [
-        k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "verify", "adapters") if k in data]
+        k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "verify", "adapters", "prepare")
+        if k in data]
     if unused:
         raise RecipeError(f"{f}:{line_of(data, ['prebuilt'])}: a prebuilt binary is not compiled; "
                           f"{', '.join(unused)} has no effect", "remove it (only compile.embed applies)")

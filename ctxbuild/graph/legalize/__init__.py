@@ -7,7 +7,7 @@ weights are loaded only when some rule wants them: a transformer has ReduceMean 
 were Shape chains are constants by then); `tests/test_legalize.py` proves each on onnxruntime's CPU EP."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Collection
 
 from ctxbuild.graph.legalize import clip, dynamic_int8, einsum, gathernd, gelu, mask_fill, rmsnorm
 from ctxbuild.graph.legalize.graphview import GraphView
@@ -16,19 +16,20 @@ RULES = (dynamic_int8, einsum, gathernd, clip, rmsnorm, gelu, mask_fill)
 METADATA_KEY = "ctxbuild.rewrites"
 
 
-def wanted(model: Any) -> bool:
-    """Whether any rule could apply (a scan of the graph: the model may be loaded without its weights)."""
+def wanted(model: Any, only: Collection[str] | None = None) -> bool:
+    """Whether any rule (of `only`, if given) could apply: a scan of the graph, the weights need not be loaded."""
     present = {n.op_type for n in model.graph.node}
     view = GraphView(model)
-    return any(set(r.OPS) & present and getattr(r, "wanted", lambda g: True)(view) for r in RULES)
+    return any(set(r.OPS) & present and getattr(r, "wanted", lambda g: True)(view) for r in _rules(only))
 
 
-def legalize(model: Any) -> dict[str, int]:
-    """Rewrite `model` (weights loaded) in place; returns {rule name: rewrites} for the rules that applied."""
+def legalize(model: Any, only: Collection[str] | None = None) -> dict[str, int]:
+    """Rewrite `model` (weights loaded) in place with every rule, or those named in `only` (prepare.rewrite);
+    returns {rule name: rewrites} for the rules that applied."""
     shapes = _shapes(model)
     view = GraphView(model)
     counts = {}
-    for rule in RULES:
+    for rule in _rules(only):
         n = rule.apply(view, shapes)
         if n:
             counts[rule.NAME] = n
@@ -38,9 +39,8 @@ def legalize(model: Any) -> dict[str, int]:
     return counts
 
 
-def describe(counts: dict[str, int]) -> str:
-    """'3 einsum, 1 gathernd' for summaries and the model's metadata."""
-    return ", ".join(f"{n} {name}" for name, n in counts.items())
+def _rules(only: Collection[str] | None) -> tuple[Any, ...]:
+    return RULES if only is None else tuple(r for r in RULES if r.NAME in only)
 
 
 def _shapes(model: Any) -> dict[str, list[int]]:
