@@ -18,7 +18,7 @@ from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import add_wrapper_defaults
 from ctxbuild.errors import ActionError
 from ctxbuild.qnn.staging import fixed_dir, link_model, stage_name
-from ctxbuild.qnn import soccheck
+from ctxbuild.qnn import isolated, soccheck
 
 _UNSUPPORTED = re.compile(r"\{ name: ([^,]*), type: ([^ }]*) \}")
 
@@ -42,6 +42,10 @@ def compile_refusal(outputs: dict[str, Any]) -> dict[str, Any] | None:
         return None
     status = json.loads(Path(outputs["status"]).read_text())
     return None if status["compiled"] else status
+
+
+CRASH_HINT = ("a fault in the QNN library on this graph, not in the model: the log's last lines show where; try "
+              "another precision or compile.cpu_fallback: true, and report it with the model")
 
 
 class QnnCompileFailed(Exception):
@@ -87,9 +91,11 @@ def compile_graph(model: Path, dst: Path, params: dict[str, Any], tmp: Path) -> 
     re-joined in the wrapper after (split_outputs.py); with `quantized_io` its boundary Q/DQ are removed and
     their encodings recorded in the wrapper (quantized_io.py). Also builds diagnose.py's debug variants."""
     def compile_(src: Path) -> None:
+        toolchain.qnn_devices()  # registered here, before the fork: each child inherits it
         try:
-            toolchain.compile_model(src, dst, params["provider_options"], embed=params["embed"],
-                                    cpu_fallback=params["cpu_fallback"])
+            isolated.call(toolchain.compile_model, src, dst, params["provider_options"], embed=params["embed"],
+                          cpu_fallback=params["cpu_fallback"], what="the QNN compiler",
+                          hint=CRASH_HINT)
         except (ActionError, MemoryError, OSError):
             raise
         except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped

@@ -1,9 +1,11 @@
-"""prepare: fix input shapes, stamp an IR version onnxruntime reads, reject control flow, fold with ORT's basic optimizer.
+"""prepare: fix input shapes, stamp an IR version onnxruntime reads, reject control flow, fold with ORT's basic optimizer,
+legalize ops the HTP does not run (ctxbuild.graph.legalize: Einsum, GatherND, dynamic int8, runtime Clip bounds).
 
 The output's weights always go to external data (`prepared.onnx.data`): models over the 2 GB protobuf
 limit then flow like any other, and the weights are never loaded into Python memory here."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -44,9 +46,12 @@ def run(ctx: Any) -> None:
         defaults = make_slots(model, slots["patterns"], slots["scaling"])
     dst = ctx.tmp_output("model")
     if ctx.action.params["optimize"]:
-        _optimize(model, src, dst, ctx.tmp)
+        _optimize(model, src, dst, ctx.tmp / "staged")
     else:
         save_external(model, src.parent, dst)
+    rules = ctx.action.params.get("rewrite", True)
+    if rules:
+        _legalize(dst, ctx.tmp, ctx.action.params["optimize"], None if rules is True else rules)
     if slots:  # the float reference: the same graph with the defaults as overridable initializers
         reference = onnx.load(str(dst))
         add_defaults(reference, defaults)
@@ -85,7 +90,41 @@ def _fix_shapes(model: Any, src: Path, shapes: dict[str, list[int]], recipe: str
                                   "(1 where the model leaves a dim open: use your real size)")
 
 
-def _optimize(model: Any, src: Path, dst: Path, tmp: Path) -> None:
+def summarize(action: Action) -> dict[str, Any]:
+    """The rewrites legalization made ({} when none), from the prepared model's metadata."""
+    from ctxbuild.graph.legalize import METADATA_KEY
+
+    model = load(Path(action.outputs["model"]), external_data=False)
+    found = next((p.value for p in model.metadata_props if p.key == METADATA_KEY), None)
+    return {"rewrites": json.loads(found)} if found else {}
+
+
+def _legalize(dst: Path, tmp: Path, optimize: bool, only: list[str] | None) -> None:
+    """Rewrite what the HTP cannot run (rules in ctxbuild.graph.legalize); the weights are loaded only when a
+    rule's op is present. After a rewrite the optimizer runs again: it folds the Transposes of weights."""
+    import onnx
+
+    from ctxbuild.graph.legalize import METADATA_KEY, legalize, wanted
+
+    if not wanted(load(dst, external_data=False), only):
+        return
+    model = load(dst)
+    counts = legalize(model, only)
+    if not counts:
+        return
+    onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props},
+                                        METADATA_KEY: json.dumps(counts)})
+    if not optimize:
+        save_with_data(model, dst)
+        return
+    legal = tmp / "legal" / "legal.onnx"
+    legal.parent.mkdir()
+    save_with_data(model, legal)
+    del model
+    _optimize(load(legal, external_data=False), legal, dst, tmp / "restaged")
+
+
+def _optimize(model: Any, src: Path, dst: Path, stage: Path) -> None:
     """ORT_ENABLE_BASIC folds BatchNorm into Conv and constants: float BatchNorm does not run on HTP.
     ORT reads the weights from the source's external data (linked beside the staged proto) and writes
     every initializer of EXTERNAL_MIN_BYTES or more to `prepared.onnx.data`."""
@@ -94,7 +133,7 @@ def _optimize(model: Any, src: Path, dst: Path, tmp: Path) -> None:
 
     from ctxbuild.qnn.staging import link_data
 
-    staged = tmp / "staged" / "staged.onnx"
+    staged = stage / "staged.onnx"
     staged.parent.mkdir()
     link_data(src, staged.parent)
     onnx.save(model, str(staged))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +72,13 @@ def _quantize(ctx: Any, src: Path) -> None:
     except ValueError as e:  # onnxruntime's checks of the overrides (unknown tensor, bad axis...)
         raise ActionError(f"{a.recipe_files[0]}: quantization: {str(e).strip().splitlines()[0][:300]}",
                           "fix the recipe's quantization overrides") from None
+    except RuntimeError as e:
+        if (op := re.search(r"no registered schema.*?([A-Z][A-Za-z]+)\d*$", str(e).strip())) is None:
+            raise
+        # 16-bit QDQ makes the quantizer convert the model to opset 21; onnx converts only ops it has a schema for
+        raise ActionError(f"the quantizer cannot convert the model to opset 21 (16-bit types): {op.group(1)} has no "
+                          "ONNX schema", "SimplifiedLayerNormalization comes from prepare's rmsnorm rule (T5-style "
+                          "RMSNorm, see docs/legalization.md): build it at precision fp16") from None
     data_path(dst).touch()  # the quantizer writes none when every tensor is small; the plan declares one
 
 

@@ -16,7 +16,7 @@ from ctxbuild.actions.compile import compile_refusal
 from ctxbuild.graph.modelio import load
 from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
 from ctxbuild.verify.memo import OutputsMemo, wrapper_identity
-from ctxbuild.verify.measure import cpu_outputs, failures, metrics, simulate
+from ctxbuild.verify.measure import compare, cpu_outputs, failures, metrics, simulate
 
 if TYPE_CHECKING:  # imported where used: the cache-hit path (listing samples, warnings) needs no numpy
     import numpy as np
@@ -77,7 +77,7 @@ def run(ctx: Any) -> None:
     ctx.facts.update(memo_hits=memo.hits, memo_keys=memo.keys)
     result: dict[str, Any] = {
         "graph": p["graph"], "method": p["method"], "samples": len(samples), "sample_source": p["sample_source"],
-        "outputs": {name: metrics(reference[name], got[name]) for name in reference},
+        "outputs": compare(reference, got),
         "coverage": coverage(Path(a.inputs["ctx.ctx"]), Path(a.inputs["compiled"])),
     }
     for name, s in output_slices.find(ref_proto, p.get("slices")).items():

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ctxbuild.lora.adapters import bind_param, read_onnx_adapter, wrapper_slot_spec
 from ctxbuild.errors import ActionError
 from ctxbuild.actions import verify
-from ctxbuild.verify.measure import cpu_outputs, failures, metrics, simulate
+from ctxbuild.verify.measure import compare, cpu_outputs, failures, simulate
 from ctxbuild.graph.modelio import load
 from ctxbuild.graph.samples import from_files, input_spec, random_samples
 
@@ -53,7 +53,7 @@ def run(ctx: Any) -> None:
     result: dict[str, Any] = {
         "graph": p["graph"], "adapter": p["adapter"], "calibrated": p["calibrated"], "method": p["method"],
         "samples": len(samples), "sample_source": p["sample_source"], "thresholds": p["thresholds"],
-        "outputs": {name: metrics(reference[name], got[name]) for name in reference},
+        "outputs": compare(reference, got),
         "coverage": verify.coverage(Path(a.inputs["ctx.ctx"]), Path(a.inputs["compiled"])),
         "clipping": clipping,
     }

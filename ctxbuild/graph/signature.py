@@ -1,5 +1,6 @@
-"""A model's graph inputs (names and shapes) for plan-time checks: read without external data, memoized in
-the user cache by the file's stat (a re-plan does not parse the same model twice)."""
+"""A model's graph inputs (names and shapes) and whether it is already statically quantized, for plan-time
+checks: read without external data, memoized in the user cache by the file's stat (a re-plan does not parse
+the same model twice)."""
 from __future__ import annotations
 
 import hashlib
@@ -12,12 +13,24 @@ from ctxbuild.atomic import write_bytes
 from ctxbuild.layout import cache_dir
 
 Dim = int | str | None  # a fixed size, a named dynamic dim, or an unnamed one
-MEMO = "memo/graph-inputs"
+MEMO = "memo/graph-signature"  # {"inputs": name -> shape, "quantize_linear": [node names]}
 
 
 def graph_input_shapes(model: Path) -> dict[str, list[Dim]] | None:
     """name -> shape for each real graph input (initializers excluded); None if the file does not parse as
     ONNX (the prepare action reports that, with its own message)."""
+    found = _signature(model)
+    return None if found is None else found["inputs"]
+
+
+def quantize_nodes(model: Path) -> list[str]:
+    """Names of the model's QuantizeLinear nodes: activations quantized statically (a QDQ export); [] for a
+    float model, a weight-only int8 one or a dynamic-int8 one (prepare turns those into float)."""
+    found = _signature(model)
+    return [] if found is None else found["quantize_linear"]
+
+
+def _signature(model: Path) -> dict | None:
     return memoized_by_stat(model, MEMO, lambda: _read(model))
 
 
@@ -39,7 +52,7 @@ def memoized_by_stat(model: Path, memo_name: str, compute: Callable[[], Any]) ->
     return value
 
 
-def _read(model: Path) -> dict[str, list[Dim]] | None:
+def _read(model: Path) -> dict | None:
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -54,4 +67,5 @@ def _read(model: Path) -> dict[str, list[Dim]] | None:
         dims = i.type.tensor_type.shape.dim
         shapes[i.name] = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
                           else (d.dim_param or None) for d in dims]
-    return shapes
+    quantize = [n.name or f"#{k}" for k, n in enumerate(m.graph.node) if n.op_type == "QuantizeLinear"]
+    return {"inputs": shapes, "quantize_linear": quantize}

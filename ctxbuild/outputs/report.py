@@ -214,6 +214,7 @@ def _row(a: dict[str, Any], recipe: str, spec: dict[str, Any], records: dict[str
         "coverage": _coverage([v for v in verify if not v["adapter"]]),  # adapters run the same graph
         "cause": None, "log": None, "href": None, "failed_action": None,
         "warnings": list(rec.get("warnings") or []),
+        "rewrites": {},  # prepare's legalization (graph/legalize): rule -> count
     }
     if search := search_of(rec):
         row["search"] = with_costs(search, a.get("candidates", {}), records.get)
@@ -229,6 +230,7 @@ def _row(a: dict[str, Any], recipe: str, spec: dict[str, Any], records: dict[str
                           "saved_fraction": round(saved / sep, 4) if saved is not None and sep else None}
     for dep in _ancestors(a["id"], by_id):  # e.g. "calibrating on random data" from quantize
         row["warnings"] += [w for w in (records[dep] or {}).get("warnings") or [] if w not in row["warnings"]]
+        row["rewrites"].update((records[dep] or {}).get("rewrites") or {})
     culprit = None
     if st == "failed":
         culprit = a["id"]

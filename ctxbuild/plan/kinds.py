@@ -99,6 +99,7 @@ class _PrepareRequired(TypedDict):
 
 class PrepareParams(_PrepareRequired, total=False):
     adapter_slots: dict[str, Any]  # LoRA: slot patterns and scaling input; slots become optional inputs
+    rewrite: bool | list[str]  # prepare.rewrite: False or the legalization rules to apply (absent: all)
 
 
 class Prepare(Kind):

@@ -64,6 +64,8 @@ def prepare_action(recipe: Recipe, g: Graph, work: Path) -> tuple[str, Action]:
               "optimize": recipe.precision != "qdq"}
     if recipe.toolchain:  # another onnxruntime: another node, not shared with the installed toolchain's
         params["toolchain"] = recipe.toolchain
+    if recipe.rewrite is not True:  # prepare.rewrite: absent by default, so default prepares keep their keys
+        params["rewrite"] = sorted(recipe.rewrite) if recipe.rewrite else False
     if recipe.adapters:  # LoRA: slots become optional inputs; "reference" keeps their defaults
         params["adapter_slots"] = {"patterns": list(recipe.adapters.slots), "scaling": recipe.adapters.scaling}
     # Named by model and content, not recipe: recipes preparing one model the same way share the node.

@@ -22,6 +22,7 @@ from ctxbuild.recipes import toolchains
 from ctxbuild.recipes.yamlsrc import LineDict, line_of, load_mapping
 from ctxbuild.layout import OUT_FILES
 from ctxbuild.recipes.paths import named_path
+from ctxbuild.graph.signature import quantize_nodes
 
 DEFAULTS_FILE = "_defaults.yaml"
 SCHEMA_PATH = Path(__file__).with_name("recipe.schema.json")
@@ -88,6 +89,7 @@ class Recipe:
     @property
     def toolchain(self) -> str | None:
         return self.toolchains[0]
+    rewrite: bool | list[str] = True  # prepare.rewrite: the legalization rules (graph/legalize), all by default
 
 
 @dataclass
@@ -366,7 +368,8 @@ def _load_recipe(f: Path, defaults: dict[str, Any], groups: dict[str, list]) -> 
                   verify=verify, quantization=quantization, adapters=adapters, runtimes=_runtimes(f, data, merged),
                   **toolchains.parse(f, data, merged, group_toolchains, {
                       "bundle": at("bundle") if "bundle" in merged else None,
-                      "multi_soc": at("multi_soc") if merged.get("multi_soc") else None}))
+                      "multi_soc": at("multi_soc") if merged.get("multi_soc") else None}),
+                  rewrite=(merged.get("prepare") or {}).get("rewrite", True))
 
 
 def _runtimes(f: Path, data: LineDict, merged: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[dict[str, str]]:
@@ -459,7 +462,8 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
     copts = merged.get("compile", {})
     # Only the recipe's own keys: directory defaults written for compiled recipes apply to it harmlessly.
     unused = sorted(set(data.get("compile", {})) - {"embed"}) + [
-        k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "verify", "adapters") if k in data]
+        k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "verify", "adapters", "prepare")
+        if k in data]
     if unused:
         raise RecipeError(f"{f}:{line_of(data, ['prebuilt'])}: a prebuilt binary is not compiled; "
                           f"{', '.join(unused)} has no effect", "remove it (only compile.embed applies)")
@@ -545,6 +549,10 @@ def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any],
     where = f"{f}:{line_of(data, path + ['model'])}"
     model = named_path(f.parent, spec["model"])
     _check_file(where, f"model '{spec['model']}'", model, "an ONNX file; model paths are relative to the recipe file")
+    if precision != "qdq" and (quantized := quantize_nodes(model)):
+        raise RecipeError(f"{where}: {model.name} is already quantized (static QDQ: {len(quantized)} QuantizeLinear, "
+                          f"e.g. '{quantized[0]}'); precision {precision} would quantize it again",
+                          "use precision: qdq to build it as quantized, or give the float export for this precision")
     cal = spec.get("calibration")
     calibration = None
     if precision in ("int16", "int8", "auto"):

@@ -51,6 +51,19 @@ def metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, float | None]:
     return {"cosine": round(cosine, 6), "snr_db": round(snr, 3), "max_abs": float(diff.max()),
             "mean_abs": float(diff.mean()), "argmax_agreement": argmax}
 
+SPLIT_HINT = ("its size depends on the input data, which QNN's fixed shapes cannot follow: split the model (build "
+              "the static part as its own graph, run the data-dependent rest on the CPU)")
+
+
+def compare(reference: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> dict[str, dict[str, float | None]]:
+    """metrics() per output, after checking the compiled model's output has the float model's size."""
+    for name, ref in reference.items():
+        if got[name].size != ref.size:
+            raise ActionError(f"output '{name}': the output shape {list(got[name].shape)} differs from the float "
+                              f"model's {list(ref.shape)}", SPLIT_HINT)
+    return {name: metrics(reference[name], got[name]) for name in reference}
+
+
 def failures(result: dict[str, Any]) -> list[str]:
     t = result["thresholds"]
     out = []
@@ -75,6 +88,11 @@ def cpu_outputs(model: Path, samples: list[dict[str, np.ndarray]]) -> dict[str, 
     sess = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     runs = [sess.run(None, s) for s in samples]
+    for i, n in enumerate(names):
+        shapes = sorted({r[i].shape for r in runs})
+        if len(shapes) > 1:
+            raise ActionError(f"output '{n}' of the float model changes shape with the input ("
+                              f"{', '.join(str(list(s)) for s in shapes[:3])} over {len(runs)} samples)", SPLIT_HINT)
     return {n: np.concatenate([r[i] for r in runs]) for i, n in enumerate(names)}
 
 def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallback: bool,

@@ -1,0 +1,59 @@
+"""Legalization: rewrite ops the HTP does not run (or runs wrongly in fp16 or once quantized) into equivalent ops
+it does, one small rule per pattern (docs/legalization.md lists them).
+
+Each rule module has NAME, OPS (the op types that make it look), WHAT (one line for docs and summaries),
+`apply(view, shapes) -> count` and optionally `wanted(view) -> bool`, a finer check on the graph alone (the
+weights are loaded only when some rule wants them: a transformer has ReduceMean and Where everywhere). prepare runs them after fixing shapes and folding constants (indices that
+were Shape chains are constants by then); `tests/test_legalize.py` proves each on onnxruntime's CPU EP."""
+from __future__ import annotations
+
+from typing import Any, Collection
+
+from ctxbuild.graph.legalize import clip, dynamic_int8, einsum, gathernd, gelu, mask_fill, rmsnorm
+from ctxbuild.graph.legalize.graphview import GraphView
+
+RULES = (dynamic_int8, einsum, gathernd, clip, rmsnorm, gelu, mask_fill)
+METADATA_KEY = "ctxbuild.rewrites"
+
+
+def wanted(model: Any, only: Collection[str] | None = None) -> bool:
+    """Whether any rule (of `only`, if given) could apply: a scan of the graph, the weights need not be loaded."""
+    present = {n.op_type for n in model.graph.node}
+    view = GraphView(model)
+    return any(set(r.OPS) & present and getattr(r, "wanted", lambda g: True)(view) for r in _rules(only))
+
+
+def legalize(model: Any, only: Collection[str] | None = None) -> dict[str, int]:
+    """Rewrite `model` (weights loaded) in place with every rule, or those named in `only` (prepare.rewrite);
+    returns {rule name: rewrites} for the rules that applied."""
+    shapes = _shapes(model)
+    view = GraphView(model)
+    counts = {}
+    for rule in _rules(only):
+        n = rule.apply(view, shapes)
+        if n:
+            counts[rule.NAME] = n
+            view.prune()
+    if counts:
+        del model.graph.value_info[:]  # rewired tensors may change type (int8 -> float): onnxruntime re-infers
+    return counts
+
+
+def _rules(only: Collection[str] | None) -> tuple[Any, ...]:
+    return RULES if only is None else tuple(r for r in RULES if r.NAME in only)
+
+
+def _shapes(model: Any) -> dict[str, list[int]]:
+    """Static tensor shapes from onnx's shape inference (with data propagation for Shape chains)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # noqa: BLE001 - inference is a help here, not a requirement: rules needing a shape skip
+        return {}
+    shapes = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        t = vi.type.tensor_type
+        if t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
+            shapes[vi.name] = [d.dim_value for d in t.shape.dim]
+    return shapes

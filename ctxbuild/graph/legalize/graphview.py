@@ -1,0 +1,138 @@
+"""An editable view of an ONNX graph for the legalization rules: producers, consumers, constants, fresh names.
+
+The rules only ever add nodes and rewire consumers; `prune` then drops what no output needs, so a rule never
+has to prove a node dead itself."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class GraphView:
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.graph = model.graph
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        self._names = {n.name for n in self.graph.node} | {t for n in self.graph.node for t in n.output}
+        self._names |= {i.name for i in self.graph.initializer} | {i.name for i in self.graph.input}
+        self.reindex()
+
+    def replace(self, model: Any) -> None:
+        """The model becomes `model` (a converted copy), in place: the caller's ModelProto is the one edited."""
+        self.model.CopyFrom(model)
+        self.__init__(self.model)  # type: ignore[misc]
+
+    def reindex(self) -> None:
+        self.inits = {i.name: i for i in self.graph.initializer}
+        self.producer = {o: n for n in self.graph.node for o in n.output}
+        self.consumers: dict[str, list[Any]] = {}
+        for n in self.graph.node:
+            for i in n.input:
+                self.consumers.setdefault(i, []).append(n)
+        self.outputs = {o.name for o in self.graph.output}
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 0
+        while name in self._names:
+            k += 1
+            name = f"{base}_{k}"
+        self._names.add(name)
+        return name
+
+    def const(self, name: str) -> np.ndarray | None:
+        """The value of an initializer (or a Constant node's tensor), else None: a runtime tensor."""
+        from onnx import numpy_helper
+
+        if name in self.inits:
+            return numpy_helper.to_array(self.inits[name])
+        node = self.producer.get(name)
+        if node is not None and node.op_type == "Constant":
+            attr = next((a for a in node.attribute if a.name == "value"), None)
+            return numpy_helper.to_array(attr.t) if attr is not None else None
+        return None
+
+    def add_const(self, base: str, value: np.ndarray) -> str:
+        from onnx import numpy_helper
+
+        name = self.fresh(base)
+        self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], base: str, *, outputs: list[str] | None = None, **attrs: Any) -> Any:
+        """Append a node; returns it. `outputs` default to one fresh name derived from `base`."""
+        from onnx import helper
+
+        outs = outputs if outputs is not None else [self.fresh(f"{base}_out")]
+        n = helper.make_node(op, inputs, outs, name=self.fresh(base), **attrs)
+        self.graph.node.append(n)
+        return n
+
+    def unsqueeze(self, x: str, axes: list[int], base: str) -> str:
+        if self.opset >= 13:
+            return self.node("Unsqueeze", [x, self.add_const(f"{base}_axes", np.array(axes, np.int64))], base).output[0]
+        return self.node("Unsqueeze", [x], base, axes=axes).output[0]
+
+    def replace_uses(self, old: str, new: str) -> None:
+        """Every consumer of `old` (and the graph output of that name) reads `new` instead."""
+        for n in self.graph.node:
+            for k, i in enumerate(n.input):
+                if i == old:
+                    n.input[k] = new
+        if old in self.outputs:  # keep the graph's output name: the old producer's output goes dead
+            producer = self.producer[old]
+            producer.output[list(producer.output).index(old)] = self.fresh(f"{old}_replaced")
+            self.node("Identity", [new], f"{old}_keep", outputs=[old])
+
+    def prune(self) -> None:
+        """Drop nodes no graph output depends on, then initializers nothing reads; keep the order topological."""
+        nodes = self._toposort(list(self.graph.node))  # appended nodes first move after what they read
+        needed = set(self.outputs)
+        keep = []
+        for n in reversed(nodes):
+            if any(o in needed for o in n.output if o):
+                keep.append(n)
+                needed.update(i for i in n.input if i)
+                needed.update(_subgraph_inputs(n))
+        _set_nodes(self.graph, list(reversed(keep)))
+        used = needed | {i.name for i in self.graph.input}
+        kept = [t for t in self.graph.initializer if t.name in used]
+        del self.graph.initializer[:]
+        self.graph.initializer.extend(kept)
+        self.reindex()
+
+    def _toposort(self, nodes: list[Any]) -> list[Any]:
+        """Added nodes were appended at the end; order them after what they read (Kahn's, stable)."""
+        have = {i.name for i in self.graph.input} | {t.name for t in self.graph.initializer} | {""}
+        done: list[Any] = []
+        pending = nodes
+        while pending:
+            rest = []
+            for n in pending:
+                if all(i in have for i in n.input):
+                    done.append(n)
+                    have.update(n.output)
+                else:
+                    rest.append(n)
+            if len(rest) == len(pending):  # outer-scope names used by subgraphs: keep their order as is
+                done.extend(rest)
+                break
+            pending = rest
+        return done
+
+
+def _subgraph_inputs(node: Any) -> set[str]:
+    names: set[str] = set()
+    for a in node.attribute:
+        for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            for n in g.node:
+                names.update(n.input)
+    return names
+
+
+def _set_nodes(graph: Any, nodes: list[Any]) -> None:
+    copies = [type(n)() for n in nodes]
+    for c, n in zip(copies, nodes):
+        c.CopyFrom(n)
+    del graph.node[:]
+    graph.node.extend(copies)
