@@ -232,3 +232,36 @@ def test_candidate_rejected_on_cpu_never_compiles(tree: Path, tmp_path: Path, ct
     assert recs["compile/auto.a16w8@SM8650"]["skipped"] and recs["verify/auto.a16w8@SM8650"]["result"] == {"skipped": True}
     assert _compiled(out) == {"compile/auto.a16w8-pc@SM8650", "compile/auto.a16w16@SM8650"}
     assert "rejected on CPU" in (out / "report.html").read_text()
+
+
+def _nonzero_model(path: Path) -> None:
+    """A MatMul whose output also feeds NonZero (a data-dependent shape, refused by QNN at every precision)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"), helper.make_node("NonZero", ["h"], ["nz"], name="nz"),
+             helper.make_node("Shape", ["nz"], ["s"], name="shape"),
+             helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT, name="cast"),
+             helper.make_node("ReduceSum", ["sf"], ["c"], keepdims=1, name="sum"),
+             helper.make_node("Add", ["h", "c"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "nz", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
+
+
+def test_hopeless_search_stops_at_the_first_refusal(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _nonzero_model(tree / "models" / "nz.onnx")
+    _only(tree, {"nz": "model: models/nz.onnx\ncalibration: {random: true}\nprecision: auto\ntargets: [SM8650]\n"})
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 1, r.text
+    search = records(out)["select/nz@SM8650"]["result"]["search"]
+    assert [c["state"] for c in search["candidates"]] == ["refused", "not_run", "not_run"]
+    assert search["candidates"][1]["note"] == "not run: the search stopped at a16w8: QNN cannot run NonZero at any precision"
+    recs = records(out)
+    assert all(recs[f"compile/nz.{c}@SM8650"]["skipped"] for c in ("a16w8-pc", "a16w16"))
+    assert _compiled(out) == {"compile/nz.a16w8@SM8650"}
+    line = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED select/nz@SM8650"))
+    assert "compile.cpu_fallback: true" in line, line

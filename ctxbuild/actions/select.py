@@ -78,7 +78,10 @@ def no_winner(target: str, search: dict[str, Any]) -> ActionError:
     sliced = any("slice" in r.get("worst", {}).get("where", "") and not r["passed"] for r in rows)
     hint = ("add a stronger candidate (weights: int16, per-node overrides) to the ladder, "
             "or lower verify.min_cosine/min_snr_db if the model tolerates it")
-    if sliced:
+    if stopped := next((r["note"] for r in rows if r.get("state") == "not_run" and "stopped" in r["note"]), None):
+        hint = (f"{stopped.removeprefix('not run: the search stopped at ')}: rewrite those nodes in the model, or "
+                "set compile.cpu_fallback: true to run them on the CPU")
+    elif sliced:
         hint = ("a slice of a concatenated output fails: compile.split_outputs: true gives each part its own scale "
                 "(as a search dimension: put it in the recipe and every candidate compiles split); or " + hint)
     return ActionError(f"{target}: no quantization candidate meets min cosine {thr['min_cosine']} / min SNR "

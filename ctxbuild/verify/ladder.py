@@ -39,10 +39,11 @@ def cpu_rejection(screen: dict[str, Any], thr: dict[str, float], margin_db: floa
 
 
 def hopeless(refused: dict[str, Any]) -> str | None:
-    """A refusal no later rung can change: every node QNN refused is control flow or data-dependent."""
-    ops = {op for _, op in refused.get("nodes") or []}
-    if ops and ops <= STRUCTURAL_OPS:
-        return f"QNN cannot run {', '.join(sorted(ops))} at any precision"
+    """A refusal no later rung can change: QNN refused a control-flow or data-dependent node (the nodes fed by
+    its dynamic shape are refused with it), and with the whole graph on the NPU every rung fails on it."""
+    stuck = {op for _, op in refused.get("nodes") or []} & STRUCTURAL_OPS
+    if stuck:
+        return f"QNN cannot run {', '.join(sorted(stuck))} at any precision"
     return None
 
 
