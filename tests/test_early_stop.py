@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ctxbuild.verify.early_stop import EarlyStop
-from ctxbuild.verify.ladder import CPU_MARGIN_DB, cpu_rejection, hopeless, state_of, walk
+from ctxbuild.plan.search import CPU_MARGIN_DB
+from ctxbuild.verify.ladder import cpu_rejection, hopeless, state_of, walk
 from ctxbuild.verify.measure import failures, metrics
 
 THR = {"min_cosine": 0.99, "min_snr_db": 20.0}
@@ -49,13 +50,13 @@ def test_walk_stops_at_the_first_pass_and_rejects_on_cpu() -> None:
     good = {"outputs": {"y": {"cosine": 0.9999, "snr_db": 40.0}}}
     bad = {"outputs": {"y": {"cosine": 0.98, "snr_db": 15.0}}}
     far = {"outputs": {"y": {"cosine": 0.9, "snr_db": 20.0 - CPU_MARGIN_DB - 1}}}
-    rows = walk(["a", "b", "c", "d"], {"a": far, "b": good, "c": good, "d": good}, {"b": bad, "c": good}, THR)
+    rows = walk(["a", "b", "c", "d"], {"a": far, "b": good, "c": good, "d": good}, {"b": bad, "c": good}, THR, CPU_MARGIN_DB)
     assert [r["state"] for r in rows] == ["rejected_cpu", "failed", "passed", "not_run"]
     assert rows[3]["why"] == "not run: c passed" and rows[0]["why"].startswith("rejected on CPU (13.0 dB")
     # the gates' questions: what is not known yet is pending, and the walk goes no further
-    assert state_of(walk(["a", "b"], {"a": good}, {}, THR), "a") == "pending"
-    assert state_of(walk(["a", "b"], {"a": good}, {}, THR), "b") == "unknown"
-    assert cpu_rejection(bad, THR) is None  # 5 dB short on the CPU: within the margin, the simulator decides
+    assert state_of(walk(["a", "b"], {"a": good}, {}, THR, CPU_MARGIN_DB), "a") == "pending"
+    assert state_of(walk(["a", "b"], {"a": good}, {}, THR, CPU_MARGIN_DB), "b") == "unknown"
+    assert cpu_rejection(bad, THR, CPU_MARGIN_DB) is None  # 5 dB short on the CPU: within the margin, the simulator decides
 
 
 def test_a_refusal_no_rung_changes_stops_the_search() -> None:
@@ -65,7 +66,7 @@ def test_a_refusal_no_rung_changes_stops_the_search() -> None:
              "outputs": {}}
     good = {"outputs": {"y": {"cosine": 1.0, "snr_db": 60.0}}}
     assert hopeless(stuck["compile_refused"]) and not hopeless(other["compile_refused"])
-    rows = walk(["a", "b"], {"a": good, "b": good}, {"a": stuck}, THR)
+    rows = walk(["a", "b"], {"a": good, "b": good}, {"a": stuck}, THR, CPU_MARGIN_DB)
     assert [r["state"] for r in rows] == ["refused", "not_run"] and "NonZero at any precision" in rows[1]["why"]
-    rows = walk(["a", "b"], {"a": good, "b": good}, {"a": other, "b": good}, THR)
+    rows = walk(["a", "b"], {"a": good, "b": good}, {"a": other, "b": good}, THR, CPU_MARGIN_DB)
     assert [r["state"] for r in rows] == ["refused", "passed"]

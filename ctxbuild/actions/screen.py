@@ -1,6 +1,6 @@
 """screen: a precision-search candidate's QDQ model on the CPU EP against the float model, on the
 verification samples (milliseconds a sample, against seconds on the HTP simulator). `search_step` rejects a
-candidate that already misses the thresholds by verify/ladder.CPU_MARGIN_DB here, before it is compiled.
+candidate that already misses the thresholds by plan/search.CPU_MARGIN_DB here, before it is compiled.
 Like a candidate verify it only measures; the thresholds are not in its key."""
 from __future__ import annotations
 

@@ -22,7 +22,11 @@ from ctxbuild.plan.steps import (Built, common_params, compile_action, model_fil
 from ctxbuild.recipes.quantization import problem
 from ctxbuild.recipes.recipe import Recipe
 from ctxbuild.recipes.targets import Target
-from ctxbuild.verify.ladder import CPU_MARGIN_DB
+
+# How far below the thresholds the CPU EP's QDQ run may be and the candidate still gets a simulator run.
+# The HTP runs the QDQ model's math with its own rounding: on the models of docs/verification.md ("The CPU
+# screen") its SNR was mostly below the CPU EP's, sometimes slightly above; the margin covers "above".
+CPU_MARGIN_DB = 6.0
 
 
 def search_actions(recipe: Recipe, out: Path) -> list[Action]:

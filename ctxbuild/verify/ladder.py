@@ -3,7 +3,7 @@ screen rejected, and where the search stopped. The `search_step` gates and the `
 this one function over the results known so far, so they cannot disagree.
 
 Row states: `passed`, `failed` (measured on the simulator), `rejected_cpu` (the QDQ model on the CPU EP
-already missed the thresholds by more than CPU_MARGIN_DB: never compiled), `refused` (QNN would not compile
+already missed the thresholds by more than plan/search.CPU_MARGIN_DB: never compiled), `refused` (QNN would not compile
 it), `not_run` (an earlier candidate passed, or the search stopped as hopeless), `pending` (the walk has
 reached a candidate whose results are not known yet: the gates' question).
 """
@@ -14,17 +14,13 @@ from typing import Any
 from ctxbuild.verify.gates import is_skipped
 from ctxbuild.verify.measure import failures
 
-# How far below the thresholds the CPU EP's QDQ run may be and the candidate still gets a simulator run.
-# The HTP runs the QDQ model's math with its own rounding: on the models of docs/verification.md ("The CPU
-# screen") its SNR was mostly below the CPU EP's, sometimes slightly above; the margin covers "above".
-CPU_MARGIN_DB = 6.0
 
 # Ops whose refusal no quantization rung changes: control flow and data-dependent shapes (QNN has neither).
 STRUCTURAL_OPS = frozenset({"If", "Loop", "Scan", "NonZero", "Unique", "RandomNormal", "RandomNormalLike",
                             "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"})
 
 
-def cpu_rejection(screen: dict[str, Any], thr: dict[str, float], margin_db: float = CPU_MARGIN_DB) -> str | None:
+def cpu_rejection(screen: dict[str, Any], thr: dict[str, float], margin_db: float) -> str | None:
     """Why the CPU screen rejects a candidate, or None. The cosine bar moves with the same margin: for small
     errors 1 - cosine scales as the error power, i.e. as 10^(-SNR/10)."""
     worst = None
@@ -48,7 +44,7 @@ def hopeless(refused: dict[str, Any]) -> str | None:
 
 
 def walk(names: list[str], screens: dict[str, Any], verifies: dict[str, Any], thr: dict[str, float],
-         margin_db: float = CPU_MARGIN_DB) -> list[dict[str, Any]]:
+         margin_db: float) -> list[dict[str, Any]]:
     """One row per candidate in ladder order. `screens`/`verifies`: name -> result, for the candidates whose
     results are known; the walk ends `pending` at the first one it needs and does not have."""
     rows: list[dict[str, Any]] = []
