@@ -7,7 +7,7 @@ kind (from the action records), how many actions ran and how many simulator runs
 be the same (asserted). For the CPU screen's margin it also measures, on the base run's candidates, the QDQ
 model on the CPU EP against the float model, next to the simulator's figures for the same candidate.
 
-Usage: python bench/search_bench.py [--models ppocr_cls,ppocr_rec,ppocr_det,fall_yolov8] [--base main]
+Usage: python bench/search_bench.py [--models ppocr_cls,ppocr_rec,ppocr_det] [--base 97436d3]
 Writes bench/results/search_bench.json. Needs the real-model packages (bench/real_models/models.py).
 """
 from __future__ import annotations
@@ -27,7 +27,9 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.real_models.inputs import write_samples  # noqa: E402
-from bench.real_models.models import MODELS, locate  # noqa: E402
+from bench.real_models.models import MODELS, MissingModel, locate  # noqa: E402
+
+BENCHMARK = "cold precision search, every candidate (old code) vs staged (this tree), real models x 2 SoCs"
 
 TARGETS = ["SM8650", "SM8750"]
 CALIBRATION, VERIFY = 8, 4
@@ -103,10 +105,17 @@ def cpu_vs_htp(out: Path) -> list[dict[str, Any]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="ppocr_cls,ppocr_rec,ppocr_det,fall_yolov8")
-    ap.add_argument("--base", default="main", help="the commit the new code is compared with")
+    ap.add_argument("--models", default="ppocr_cls,ppocr_rec,ppocr_det")
+    ap.add_argument("--base", default="97436d3", help="the code compared with (default: the last commit before "
+                    "the staged search)")
     args = ap.parse_args()
     names = args.models.split(",")
+    try:
+        for n in names:
+            locate(n)
+    except MissingModel as e:
+        print(f"search_bench: skipped: {e}")
+        return 0
     with tempfile.TemporaryDirectory(prefix="search_bench-") as tmp:
         root = Path(tmp)
         base = root / "base"
