@@ -32,6 +32,9 @@ def test_auto_finds_a_passing_candidate_for_the_text_recognizer(tmp_path: Path, 
     r = ctxbuild("build", str(tree), "-o", str(out), timeout=3600)
     search = json.loads((out / "SM8650" / "rec" / "rec_search.json").read_text())
     for c in search["candidates"]:  # the figures, for the run's log (pytest -s)
+        if "softmax_11.tmp_0" not in c["outputs"]:  # rejected on the CPU, or not run: the note says which
+            print(f"{c['name']:10s} {c['note']}")
+            continue
         m = c["outputs"]["softmax_11.tmp_0"]
         print(f"{c['name']:10s} cosine {m['cosine']:.4f} SNR {m['snr_db']:.1f} dB bin {c['bin_size']} passed {c['passed']}")
     assert r.code == 0, r.text

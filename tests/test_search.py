@@ -24,6 +24,13 @@ def _search(out: Path) -> dict:
     return json.loads((out / "SM8650" / "auto" / "auto_search.json").read_text())
 
 
+def _compiled(out: Path) -> set[str]:
+    """The compile actions of the last build that compiled (not restored, not a closed gate's placeholders)."""
+    recs = records(out)
+    return {i for i, how in last_build(out).items() if i.startswith("compile/") and how == "run"
+            and not recs[i].get("skipped")}
+
+
 def test_auto_picks_first_passing_candidate_and_redecides_without_recompiling(tree: Path, tmp_path: Path,
                                                                            ctxbuild) -> None:
     _only(tree, {"auto": AUTO % 36})
@@ -32,18 +39,23 @@ def test_auto_picks_first_passing_candidate_and_redecides_without_recompiling(tr
     assert r.code == 0, r.text
     s = _search(out)
     assert [c["name"] for c in s["candidates"]] == ["a16w8", "a16w8-pc", "a16w16"]
-    assert [c["passed"] for c in s["candidates"]] == [False, True, True]
+    assert [c["state"] for c in s["candidates"]] == ["failed", "passed", "not_run"]
     assert s["winner"] == "a16w8-pc"
     d = out / "SM8650" / "auto"
-    winner = out / ".ctxbuild" / "work" / "search" / "SM8650" / "auto" / "a16w8-pc"
-    assert (d / "auto_ctx_qnn.bin").read_bytes() == (winner / "auto_ctx_qnn.bin").read_bytes()
-    assert (d / "auto_ctx.onnx").read_bytes() == (winner / "auto_ctx.onnx").read_bytes()
+    work = out / ".ctxbuild" / "work" / "search" / "SM8650" / "auto"
+    assert (d / "auto_ctx_qnn.bin").read_bytes() == (work / "a16w8-pc" / "auto_ctx_qnn.bin").read_bytes()
+    assert (d / "auto_ctx.onnx").read_bytes() == (work / "a16w8-pc" / "auto_ctx.onnx").read_bytes()
     verdict = json.loads((d / "auto_verify.json").read_text())
     assert verdict["passed"] and verdict["candidate"] == "a16w8-pc" and verdict["outputs"]["logits"]["snr_db"] >= 36
 
-    # the candidates' verifies measured without failing the build; each ran once, as ordinary actions
-    ran = last_build(out)
-    assert all(ran[f"verify/auto.{c}@SM8650"] == "run" for c in ("a16w8", "a16w8-pc", "a16w16"))
+    # the candidate after the passing one never ran: no quantization, no binary, no simulator run
+    recs = records(out)
+    assert s["candidates"][2]["note"] == "not run: a16w8-pc passed"
+    assert recs["compile/auto.a16w16@SM8650"]["skipped"] and (work / "a16w16" / "auto_ctx_qnn.bin").stat().st_size == 0
+    assert recs["verify/auto.a16w16@SM8650"]["result"] == {"skipped": True}
+    assert recs["screen/auto.a16w16"]["result"] == {"skipped": True}
+    # the failing candidate's verification stopped once its first samples proved it below 36 dB
+    assert "early_stop" in s["candidates"][0] and s["candidates"][0]["worst"]["snr_db"] < 36
 
     manifest = json.loads((out / "manifest.json").read_text())
     arts = [a for a in manifest["artifacts"] if a["recipe"] == "auto"]
@@ -51,32 +63,57 @@ def test_auto_picks_first_passing_candidate_and_redecides_without_recompiling(tr
     for a in arts:
         ps = a["precision_search"]
         assert a["verification"]["status"] == "passed" and ps["winner"] == "a16w8-pc"
-        for c in ps["candidates"]:
+        for c in ps["candidates"][:2]:
             assert c["bin_size"] > 0 and c["total_seconds"] > 0
             assert all(c["seconds"][k] > 0 for k in ("quantize", "compile", "verify"))
     row = next(x for x in json.loads((out / "report.json").read_text())["rows"] if x["recipe"] == "auto")
     assert row["precision"] == "auto: a16w8-pc" and len(row["search"]["candidates"]) == 3
-    assert "precision search" in (out / "report.html").read_text()
+    html = (out / "report.html").read_text()
+    assert "precision search" in html and "not run: a16w8-pc passed" in html
 
     r = ctxbuild("build", str(tree), "-o", str(out))  # a rebuild is a no-op
     assert r.code == 0 and last_build(out) == {}, r.text
 
-    (tree / "auto.yaml").write_text(AUTO % 50)  # a stricter threshold: only select runs
+    (tree / "auto.yaml").write_text(AUTO % 37)  # same decisions: no quantize, no compile runs
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 0, r.text
-    assert last_build(out) == {"select/auto@SM8650": "run"}
-    assert _search(out)["winner"] == "a16w16"
+    assert not {i for i in last_build(out) if i.startswith(("compile/", "quantize/"))}, last_build(out)
+    assert _search(out)["winner"] == "a16w8-pc"
+
+    (tree / "auto.yaml").write_text(AUTO % 50)  # a stricter threshold: only the newly needed candidate compiles
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    assert _compiled(out) == {"compile/auto.a16w16@SM8650"}
+    s = _search(out)
+    assert s["winner"] == "a16w16" and s["candidates"][0]["state"] == "rejected_cpu"
+    assert s["candidates"][0]["note"].startswith("rejected on CPU (")
+
+    (tree / "auto.yaml").write_text(AUTO % 36)  # back: every compile restores, none runs
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0 and _compiled(out) == set() and _search(out)["winner"] == "a16w8-pc", r.text
 
     (tree / "auto.yaml").write_text(AUTO % 80)  # nothing passes: the build fails with the table
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 1, r.text
-    assert last_build(out) == {"select/auto@SM8650": "failed"}
+    assert _compiled(out) == set()
     line = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED select/auto@SM8650"))
-    assert "no quantization candidate meets" in line and "a16w16 cosine" in line
-    for name in ("a16w8", "a16w8-pc", "a16w16"):
-        assert any(ln.startswith(name + " ") and "below threshold" in ln for ln in r.text.splitlines()), r.text
+    assert "no quantization candidate meets" in line and "a16w8 rejected on CPU" in line
+    for name, verdict in (("a16w8", "rejected on CPU"), ("a16w8-pc", "rejected on CPU"), ("a16w16", "below threshold")):
+        assert any(ln.startswith(name + " ") and verdict in ln for ln in r.text.splitlines()), r.text
     assert not (out / "SM8650" / "auto" / "auto_ctx_qnn.bin").exists()
     assert records(out)["select/auto@SM8650"]["result"]["search"]["winner"] is None
+
+
+def test_fresh_out_restores_the_search_from_the_cache(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _only(tree, {"auto": AUTO % 36})
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "a"))
+    assert r.code == 0, r.text
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "b"))
+    assert r.code == 0, r.text
+    ran = last_build(tmp_path / "b")
+    assert ran and set(ran.values()) == {"cache"}, ran
+    assert any(i.startswith("search_step/") for i in ran) and any(i.startswith("screen/") for i in ran)
+    assert _search(tmp_path / "b") == _search(tmp_path / "a")
 
 
 def test_ladder_in_the_recipe_and_candidates_an_arch_cannot_run(tree: Path, ctxbuild) -> None:
@@ -179,3 +216,52 @@ def test_no_winner_names_the_failing_slice_not_the_whole_output() -> None:
     assert "SNR 1.5 dB (output 'output0' slice 4:84 (scores))" in err.message, err.message
     assert "21.5" not in err.message and "split_outputs" in err.hint
     assert "1.5" in table(search) and "slice 4:84" in table(search)
+
+
+def test_candidate_rejected_on_cpu_never_compiles(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """At 42 dB a16w8's QDQ model reads 34.4 dB on the CPU EP: more than the 6 dB margin short, rejected
+    before compiling; a16w8-pc (36.3 dB on the CPU) is within the margin and gets its simulator run."""
+    _only(tree, {"auto": AUTO % 42})
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    s = _search(out)
+    assert [c["state"] for c in s["candidates"]] == ["rejected_cpu", "failed", "passed"]
+    assert s["candidates"][0]["note"].startswith("rejected on CPU (34.") and s["candidates"][0]["bin_size"] is None
+    recs = records(out)
+    assert recs["compile/auto.a16w8@SM8650"]["skipped"] and recs["verify/auto.a16w8@SM8650"]["result"] == {"skipped": True}
+    assert _compiled(out) == {"compile/auto.a16w8-pc@SM8650", "compile/auto.a16w16@SM8650"}
+    assert "rejected on CPU" in (out / "report.html").read_text()
+
+
+def _nonzero_model(path: Path) -> None:
+    """A MatMul whose output also feeds NonZero (a data-dependent shape, refused by QNN at every precision)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"), helper.make_node("NonZero", ["h"], ["nz"], name="nz"),
+             helper.make_node("Shape", ["nz"], ["s"], name="shape"),
+             helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT, name="cast"),
+             helper.make_node("ReduceSum", ["sf"], ["c"], keepdims=1, name="sum"),
+             helper.make_node("Add", ["h", "c"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "nz", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
+
+
+def test_hopeless_search_stops_at_the_first_refusal(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    _nonzero_model(tree / "models" / "nz.onnx")
+    _only(tree, {"nz": "model: models/nz.onnx\ncalibration: {random: true}\nprecision: auto\ntargets: [SM8650]\n"})
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 1, r.text
+    search = records(out)["select/nz@SM8650"]["result"]["search"]
+    assert [c["state"] for c in search["candidates"]] == ["refused", "not_run", "not_run"]
+    assert search["candidates"][1]["note"] == "not run: the search stopped at a16w8: QNN cannot run NonZero at any precision"
+    recs = records(out)
+    assert all(recs[f"compile/nz.{c}@SM8650"]["skipped"] for c in ("a16w8-pc", "a16w16"))
+    assert _compiled(out) == {"compile/nz.a16w8@SM8650"}
+    line = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED select/nz@SM8650"))
+    assert "compile.cpu_fallback: true" in line, line

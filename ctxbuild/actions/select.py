@@ -1,5 +1,5 @@
-"""select: the precision search's decision for one target. Reads every candidate's measured verification,
-picks the first (in ladder order) that meets the thresholds, and places its `_ctx.onnx`/`.bin` at the normal
+"""select: the precision search's decision for one target. Walks the ladder over every candidate's CPU screen
+and verification (verify/ladder.py, the walk the search's gates made), picks the first that meets the thresholds, and places its `_ctx.onnx`/`.bin` at the normal
 output paths, with `<recipe>_verify.json` (the winner's metrics) and `<recipe>_search.json` (every candidate).
 Its only parameters besides the ladder are the thresholds: changing them re-decides without recompiling."""
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 from ctxbuild.plan.action import Action
 from ctxbuild.errors import ActionError
 from ctxbuild.actions.compile import partition_names
+from ctxbuild.verify.ladder import walk
 from ctxbuild.verify.measure import failures
 
 
@@ -24,28 +25,35 @@ def summarize(action: Action) -> dict[str, Any]:
 def run(ctx: Any) -> None:
     a = ctx.action
     thr = a.params["thresholds"]
-    rows, results = [], {}
+    names = [c["name"] for c in a.params["candidates"]]
+    read = {n: json.loads(Path(a.inputs[f"{n}.result"]).read_text()) for n in names}
+    screens = {n: json.loads(Path(a.inputs[f"{n}.screen"]).read_text()) for n in names}
+    walked = {r["name"]: r for r in walk(names, screens, read, thr, a.params["cpu_margin_db"])}
+    rows = []
     for c in a.params["candidates"]:
-        name = c["name"]
-        res = json.loads(Path(a.inputs[f"{name}.result"]).read_text())
-        results[name] = res
-        row = {"name": name, "quantization": c["quantization"]}
+        name, res, step = c["name"], read[c["name"]], walked[c["name"]]
+        row = {"name": name, "quantization": c["quantization"], "state": step["state"]}
+        if step["state"] in ("rejected_cpu", "not_run"):  # never compiled: the walk says why
+            rows.append({**row, "passed": False, "failures": [step["why"]], "note": step["why"], "bin_size": None,
+                         "outputs": {}, **({"cpu_screen": screens[name]["outputs"]} if step["state"] == "rejected_cpu" else {})})
+            continue
         if refused := res.get("compile_refused"):  # dropped out: QNN would not compile this candidate
             rows.append({**row, "passed": False, "failures": [f"QNN would not compile it: {refused['error']}"],
                          "compile_refused": refused, "bin_size": None, "outputs": {}})
             continue
         binary = Path(a.inputs.get(f"{name}.bin") or a.inputs[f"{name}.ctx"])
-        rows.append({**row, **measured_row(res, thr), "bin_size": binary.stat().st_size})
+        rows.append({**row, **measured_row(res, thr), "bin_size": binary.stat().st_size,
+                     **({"early_stop": res["early_stop"]} if "early_stop" in res else {})})
     winner = next((r["name"] for r in rows if r["passed"]), None)
     search = {"thresholds": thr, "winner": winner, "candidates": rows, "skipped": a.params["skipped"]}
     ctx.tmp_output("search").write_text(json.dumps(search, indent=2, sort_keys=True))
+    print(table(search))
     if winner is None:
-        print(table(search))
         raise no_winner(a.target["name"], search)
     shutil.copyfile(a.inputs[f"{winner}.ctx"], ctx.tmp_output("ctx"))
     if "bin" in a.outputs:
         shutil.copyfile(a.inputs[f"{winner}.bin"], ctx.tmp_output("bin"))
-    result = {**results[winner], "thresholds": thr, "passed": True, "candidate": winner,
+    result = {**read[winner], "thresholds": thr, "passed": True, "candidate": winner,
               "method": f"direct (precision search: {winner})"}
     ctx.tmp_output("result").write_text(json.dumps(result, indent=2, sort_keys=True))
 
@@ -70,7 +78,10 @@ def no_winner(target: str, search: dict[str, Any]) -> ActionError:
     sliced = any("slice" in r.get("worst", {}).get("where", "") and not r["passed"] for r in rows)
     hint = ("add a stronger candidate (weights: int16, per-node overrides) to the ladder, "
             "or lower verify.min_cosine/min_snr_db if the model tolerates it")
-    if sliced:
+    if stopped := next((r["note"] for r in rows if r.get("state") == "not_run" and "stopped" in r["note"]), None):
+        hint = (f"{stopped.removeprefix('not run: the search stopped at ')}: rewrite those nodes in the model, or "
+                "set compile.cpu_fallback: true to run them on the CPU")
+    elif sliced:
         hint = ("a slice of a concatenated output fails: compile.split_outputs: true gives each part its own scale "
                 "(as a search dimension: put it in the recipe and every candidate compiles split); or " + hint)
     return ActionError(f"{target}: no quantization candidate meets min cosine {thr['min_cosine']} / min SNR "
@@ -82,6 +93,8 @@ def _worst(row: dict[str, Any]) -> str:
     """The worst figures, slices included: `cosine 0.8432, SNR 1.5 dB (output 'y' slice 4:10 (scores))`."""
     if refused := row.get("compile_refused"):
         return f"did not compile ({refused['error']})"
+    if note := row.get("note"):
+        return note
     w = row["worst"]
     return f"cosine {w['cosine']:.6f}, SNR {w['snr_db']:.1f} dB ({w['where']})"
 
@@ -93,9 +106,14 @@ def table(search: dict[str, Any]) -> str:
         if refused := r.get("compile_refused"):
             lines.append(f"{r['name']:<20} {'':>9} {'':>8} {'':>11}  did not compile: {refused['error']}")
             continue
+        if note := r.get("note"):
+            lines.append(f"{r['name']:<20} {'':>9} {'':>8} {'':>11}  {note}")
+            continue
         w = r["worst"]
         verdict = "WINNER" if r["name"] == search["winner"] else (
-            "pass" if r["passed"] else f"below threshold: {w['where']}")
+            "pass" if r["passed"] else f"below threshold: {w['where']}"
+            + (f" (stopped after {r['early_stop']['proof'].split(' sample')[0].removeprefix('after ')} of "
+               f"{r['early_stop']['of']} samples)" if r.get("early_stop") else ""))
         lines.append(f"{r['name']:<20} {w['cosine']:>9.6f} {w['snr_db']:>8.1f} {r['bin_size']:>11}  {verdict}")
     lines += [f"{s['name']:<20} {'':>9} {'':>8} {'':>11}  skipped: {s['reason']}" for s in search["skipped"]]
     return "\n".join(lines)

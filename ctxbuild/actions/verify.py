@@ -15,8 +15,10 @@ from ctxbuild.errors import ActionError
 from ctxbuild.actions.compile import compile_refusal
 from ctxbuild.graph.modelio import load
 from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
-from ctxbuild.verify.memo import OutputsMemo, wrapper_identity
-from ctxbuild.verify.measure import compare, cpu_outputs, failures, metrics, simulate
+from ctxbuild.verify.memo import OutputsMemo, float_reference, wrapper_identity
+from ctxbuild.verify import gates
+from ctxbuild.verify.early_stop import EarlyStop
+from ctxbuild.verify.measure import compare, failures, metrics, simulate
 
 if TYPE_CHECKING:  # imported where used: the cache-hit path (listing samples, warnings) needs no numpy
     import numpy as np
@@ -42,6 +44,9 @@ def summarize(action: Action) -> dict[str, Any]:
 def run(ctx: Any) -> None:
     a = ctx.action
     p = a.params
+    if gates.closed(a.inputs):
+        gates.write_skipped(ctx)
+        return
     if refused := compile_refusal({k.removeprefix("ctx."): v for k, v in a.inputs.items() if k.startswith("ctx.")}):
         result = {"graph": p["graph"], "method": p["method"], "outputs": {}, "compile_refused": refused}
         Path(ctx.tmp_output("result")).write_text(json.dumps(result, indent=2, sort_keys=True))
@@ -54,29 +59,31 @@ def run(ctx: Any) -> None:
     # What the memoized outputs depend on: content digests the runner already computed for the action key.
     key = ctx.key_components
     inputs = key["inputs"]
-    sample_id = [p["sample_source"], p["samples"], p["inputs"], key["discovered_inputs"],
-                 inputs["reference"] if p["sample_source"] == "random" else None]
     memo = OutputsMemo(ctx.cache, ctx.tmp)
     start = time.monotonic()
-    reference = memo.get_or_compute("reference", [inputs["reference"], inputs.get("reference.data"), sample_id,
-                                                   key["toolchain"]["onnxruntime"]],
-                                    lambda: cpu_outputs(ref_model, samples))
+    reference, sample_id = float_reference(ctx, samples, memo)
     ctx.facts["reference_seconds"] = round(time.monotonic() - start, 3)
     start = time.monotonic()
     timing: dict[str, float] = {}
+    # A search candidate stops once its samples prove it fails (early_stop.py); the thresholds are in its key.
+    stop = EarlyStop(reference, len(samples), **p["early_stop"]) if p.get("early_stop") else None
     # split_outputs: the wrapper re-joins the parts with a Concat on the CPU.
     cpu_fallback = p["cpu_fallback"] or bool(p.get("split_outputs"))
     got = memo.get_or_compute(
         "simulator", [wrapper_identity(Path(a.inputs["ctx.ctx"])), inputs.get("ctx.bin"), sample_id,
                       cpu_fallback, key["toolchain"]],
         lambda: simulate(Path(a.inputs["ctx.ctx"]), samples, cpu_fallback=cpu_fallback,
-                         timeout=p["timeout_s"], timing=timing))
+                         timeout=p["timeout_s"], timing=timing, stop=stop),
+        complete=lambda: stop is None or stop.proof is None)
     # Timings go to the record, not the result file: the file must be the same bytes on every run.
     ctx.facts["simulator_seconds"] = round(time.monotonic() - start, 3)
     ctx.facts.update({f"simulator_{k}_seconds": round(v, 3) for k, v in timing.items()})
     ctx.facts.update(memo_hits=memo.hits, memo_keys=memo.keys)
+    run = stop.samples_run if stop is not None and stop.proof else len(samples)
+    if run < len(samples):  # stopped early: the figures are over the samples that ran
+        reference = {n: r[:len(got[n])] for n, r in reference.items()}
     result: dict[str, Any] = {
-        "graph": p["graph"], "method": p["method"], "samples": len(samples), "sample_source": p["sample_source"],
+        "graph": p["graph"], "method": p["method"], "samples": run, "sample_source": p["sample_source"],
         "outputs": compare(reference, got),
         "coverage": coverage(Path(a.inputs["ctx.ctx"]), Path(a.inputs["compiled"])),
     }
@@ -84,6 +91,8 @@ def run(ctx: Any) -> None:
         per_slice = output_slices.measure(reference[name], got[name], s, metrics) if name in reference else None
         if per_slice:
             result["outputs"][name]["slices"] = per_slice
+    if stop is not None and stop.proof:
+        result["early_stop"] = {"of": len(samples), "proof": stop.proof}
     if "bundle.ctx" in a.inputs:
         result["bundle_signature_match"] = _same_signature(Path(a.inputs["bundle.ctx"]), Path(a.inputs["ctx.ctx"]))
     if not p.get("gate", True):  # a search candidate: measured here, judged by the select action

@@ -28,7 +28,7 @@ def with_costs(search: dict[str, Any], actions: dict[str, dict[str, str]],
         known = [s for s in seconds.values() if s is not None]
         rows.append({"name": c["name"], "passed": c["passed"], "winner": c["name"] == search.get("winner"),
                      "outputs": c["outputs"], "bin_size": c["bin_size"], "failures": c.get("failures", []),
-                     "compile_refused": c.get("compile_refused"),
+                     "compile_refused": c.get("compile_refused"), "note": c.get("note"), "state": c.get("state"),
                      "seconds": seconds, "total_seconds": round(sum(known), 3) if known else None})
     return {"winner": search.get("winner"), "thresholds": search.get("thresholds"), "candidates": rows,
             "skipped": search.get("skipped", [])}
@@ -43,4 +43,6 @@ def candidate_actions(select: Any, actions: dict[str, Any], producer: dict[str, 
         compiled = producer[select.inputs[f"{n}.ctx"]]
         found[n] = {"quantize": producer[actions[compiled].inputs["model"]], "compile": compiled,
                     "verify": producer[select.inputs[f"{n}.result"]]}
+        if f"{n}.screen" in select.inputs:
+            found[n]["screen"] = producer[select.inputs[f"{n}.screen"]]
     return found

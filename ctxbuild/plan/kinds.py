@@ -207,6 +207,7 @@ class VerifyParams(_VerifyRequired, total=False):
     split_outputs: bool | list[str]  # the wrapper's re-joining Concat runs on the CPU
     slices: dict[str, Any]  # recipe-declared output slices
     gate: bool  # False: a precision-search candidate, measured here and judged by `select`
+    early_stop: dict[str, float]  # a search candidate: stop once its samples prove it misses these
 
 
 class Verify(Kind):
@@ -221,8 +222,39 @@ class Verify(Kind):
     memory = MemoryModel(3.0, ("reference", "ctx.bin"), {"fp16": 1.2, "int8": 1.2, "int16": 1.2})
 
 
+class ScreenParams(TypedDict):
+    samples: int
+    sample_source: str
+    inputs: Shape
+
+
+class Screen(Kind):
+    """precision: auto: a candidate's QDQ model on the CPU EP against the float model (rejects before compiling)."""
+    name = "screen"
+    implementation = "ctxbuild.actions.screen"
+    params = ScreenParams
+    discovers_inputs = True  # verification samples
+    memory = MemoryModel(3.0, ("reference", "model"))
+
+
+class SearchStepParams(TypedDict):
+    mode: str  # "need" (any target, gates quantize and screen) | "admit" (one target, gates compile and verify)
+    candidate: str
+    ladders: dict[str, list[str]]  # target -> its candidates in ladder order
+    thresholds: dict[str, float]
+    cpu_margin_db: float
+
+
+class SearchStep(Kind):
+    """precision: auto: whether a candidate is still needed, from the results of the ones before it."""
+    name = "search_step"
+    implementation = "ctxbuild.actions.search_step"
+    params = SearchStepParams
+
+
 class SelectParams(TypedDict):
     thresholds: dict[str, float]
+    cpu_margin_db: float
     candidates: list[dict[str, Any]]  # ladder order: name, quantization, the candidate's action ids
     skipped: list[dict[str, str]]
     graphs: list[str]

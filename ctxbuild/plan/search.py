@@ -1,11 +1,15 @@
-"""precision: auto planned as a search DAG: per candidate of the ladder a quantize (shared by the targets), and
-per target a compile and a measuring verify; per target one `select` that picks the first candidate meeting the
-thresholds and places its files at the normal output paths.
+"""precision: auto planned as a staged search DAG. Per candidate of the ladder: a quantize and a CPU screen
+(shared by the targets); per target a compile and a measuring verify; per target one `select` that picks the
+first candidate meeting the thresholds and places its files at the normal output paths.
 
-Every candidate runs (ninja schedules them in parallel under the compile pool); none is skipped because an
-earlier one passed. Thresholds are parameters of `select` alone, so a changed threshold re-decides from the
-cached measurements without a single recompile; gating later candidates on earlier results would put the
-thresholds (or a "skipped" marker that must never be cached) into the candidates' keys. See docs/recipes.md.
+Candidates are staged, not all run: ninja cannot skip an edge on another's result, so every candidate's
+heavy actions take a gate file (verify/gates.py) that a `search_step` action writes from the results of the
+candidates before it (verify/ladder.py): `need` (any target still needs this candidate: quantize and
+screen run) and `admit` per target (still needed there and not rejected by the CPU screen: compile and
+verify run). An action whose gate is closed writes placeholders in milliseconds. The edges are static, so
+ninja keeps -j parallelism across models and targets, a rebuild is a no-op and everything restores from
+the cache. Thresholds are parameters of the steps, the candidate verifies (early stop) and select only:
+a threshold change never recompiles what ran; it may open a gate that was closed. See docs/recipes.md.
 """
 from __future__ import annotations
 
@@ -13,10 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.plan.action import Action
-from ctxbuild.plan.steps import Built, common_params, compile_action, prepare_action, quantize_action, thresholds, verify_action
+from ctxbuild.plan.steps import (Built, common_params, compile_action, model_files, prepare_action, quantize_action,
+                                 thresholds, verify_action, verify_samples)
 from ctxbuild.recipes.quantization import problem
 from ctxbuild.recipes.recipe import Recipe
 from ctxbuild.recipes.targets import Target
+
+# How far below the thresholds the CPU EP's QDQ run may be and the candidate still gets a simulator run.
+# The HTP runs the QDQ model's math with its own rounding: on three PP-OCR models its SNR was 0.6 dB above to
+# 22 dB below the CPU EP's (docs/measured.md, "Precision search"); the margin covers "above" tenfold.
+CPU_MARGIN_DB = 6.0
 
 
 def search_actions(recipe: Recipe, out: Path) -> list[Action]:
@@ -24,26 +34,47 @@ def search_actions(recipe: Recipe, out: Path) -> list[Action]:
     work = out / ".ctxbuild" / "work"
     prepared, prep = prepare_action(recipe, g, work)
     acts = [prep]
-    built: dict[str, Built] = {}
-    for s in recipe.quantization:
-        model, q = quantize_action(recipe, g, prepared, work, s)
-        acts.append(q)
-        built[s["name"]] = Built(g, prepared, model)
+    ladders: dict[str, list[str]] = {}
+    skipped: dict[str, list[dict[str, str]]] = {}
     for t in recipe.targets:
-        candidates, skipped = [], []
-        for s in recipe.quantization:
-            why = problem(s, t)
-            if why:  # the arch cannot run it: not a candidate for this target (listed as skipped)
-                skipped.append({"name": s["name"], "reason": why})
-                continue
-            d = work / "search" / t.name / recipe.name / s["name"]
-            c = compile_action(recipe, built[s["name"]], t, d, candidate=s["name"])
-            v = verify_action(recipe, built[s["name"]], t, c, out, method="direct", candidate=s["name"])
-            acts += [c, v]
-            candidates.append((s, c, v))
-        if not candidates:
-            raise_no_candidate(recipe, t, skipped)
-        acts.append(_select(recipe, t, out, candidates, skipped))
+        why = {s["name"]: problem(s, t) for s in recipe.quantization}
+        # the arch cannot run it: not a candidate for this target (listed as skipped)
+        skipped[t.name] = [{"name": n, "reason": r} for n, r in why.items() if r]
+        ladders[t.name] = [n for n, r in why.items() if not r]
+        if not ladders[t.name]:
+            raise_no_candidate(recipe, t, skipped[t.name])
+    min_cos, min_snr = thresholds(recipe)
+    thr = {"min_cosine": min_cos, "min_snr_db": min_snr}
+    screens: dict[str, Action] = {}
+    verifies: dict[tuple[str, str], Action] = {}
+    candidates: dict[str, list[tuple[dict[str, Any], Action, Action]]] = {t.name: [] for t in recipe.targets}
+    for s in recipe.quantization:
+        n = s["name"]
+        users = [t for t in recipe.targets if n in ladders[t.name]]
+        if not users:
+            continue
+        upto = {t.name: ladders[t.name][:ladders[t.name].index(n) + 1] for t in users}
+        need = None
+        if any(len(lad) > 1 for lad in upto.values()):  # first for no target: needed unless an earlier one passes
+            need = _step(recipe, "need", n, upto, screens, verifies, thr, work / "search-cpu" / recipe.name / n)
+            acts.append(need)
+        gate = need.outputs["gate"] if need else None
+        model, q = quantize_action(recipe, g, prepared, work, s, gate=gate)
+        built = Built(g, prepared, model)
+        screens[n] = _screen(recipe, built, work / "search-cpu" / recipe.name / n, gate)
+        acts += [q, screens[n]]
+        for t in users:
+            d = work / "search" / t.name / recipe.name / n
+            admit = _step(recipe, "admit", n, {t.name: upto[t.name]}, screens, verifies, thr, d, t)
+            c = compile_action(recipe, built, t, d, candidate=n)
+            v = verify_action(recipe, built, t, c, out, method="direct", candidate=n)
+            c.inputs["gate"] = v.inputs["gate"] = admit.outputs["gate"]
+            v.params["early_stop"] = thr
+            verifies[(t.name, n)] = v
+            acts += [admit, c, v]
+            candidates[t.name].append((s, c, v))
+    for t in recipe.targets:
+        acts.append(_select(recipe, t, out, candidates[t.name], skipped[t.name], screens, thr))
     return acts
 
 
@@ -55,8 +86,36 @@ def raise_no_candidate(recipe: Recipe, t: Target, skipped: list[dict[str, str]])
                       "add a candidate with weights: uint8 to the quantization ladder")
 
 
+def _step(recipe: Recipe, mode: str, n: str, ladders: dict[str, list[str]], screens: dict[str, Action],
+          verifies: dict[tuple[str, str], Action], thr: dict[str, float], d: Path, t: Target | None = None) -> Action:
+    """A gate for candidate `n`: from the screens (up to `n` itself when admitting) and the verifies before it."""
+    inputs = {}
+    for target, ladder in ladders.items():
+        for j in ladder[:-1]:
+            inputs[f"verify.{target}.{j}"] = verifies[(target, j)].outputs["result"]
+        for j in ladder if mode == "admit" else ladder[:-1]:
+            inputs[f"screen.{j}"] = screens[j].outputs["result"]
+    where = f"@{t.name}" if t else ""
+    params = {"mode": mode, "candidate": n, "ladders": ladders, "thresholds": thr, "cpu_margin_db": CPU_MARGIN_DB}
+    return Action(id=f"search_step/{recipe.name}.{n}{where}", kind="search_step",
+                  description=f"search {recipe.name}{where}: {mode} {n}?", inputs=inputs,
+                  outputs={"gate": str(d / f"{mode}.json")}, params=params,
+                  target=t.as_dict() if t else None, **common_params(recipe))
+
+
+def _screen(recipe: Recipe, b: Built, d: Path, gate: str | None) -> Action:
+    """The candidate's QDQ model on the CPU EP, on the samples its verifies use (same parameters)."""
+    params, watch = verify_samples(recipe, b.graph)
+    inputs = {**model_files("reference", b.reference), **model_files("model", b.model)}
+    if gate:
+        inputs["gate"] = gate
+    return Action(id=f"screen/{recipe.name}.{d.name}", kind="screen",
+                  description=f"screen {recipe.name} candidate {d.name} on the CPU", inputs=inputs,
+                  outputs={"result": str(d / "screen.json")}, params=params, watch=watch, **common_params(recipe))
+
+
 def _select(recipe: Recipe, t: Target, out: Path, candidates: list[tuple[dict[str, Any], Action, Action]],
-            skipped: list[dict[str, str]]) -> Action:
+            skipped: list[dict[str, str]], screens: dict[str, Action], thr: dict[str, float]) -> Action:
     d = out / t.name / recipe.name
     outputs = {"ctx": str(d / f"{recipe.name}_ctx.onnx")}
     if not recipe.compile.embed:
@@ -68,14 +127,12 @@ def _select(recipe: Recipe, t: Target, out: Path, candidates: list[tuple[dict[st
     for s, c, v in candidates:
         n = s["name"]
         inputs[f"{n}.result"] = v.outputs["result"]
+        inputs[f"{n}.screen"] = screens[n].outputs["result"]
         inputs.update({f"{n}.{role}": p for role, p in c.outputs.items()})
         # No action ids here: they hash paths (OUT, the model's), and params are the select's key.
         table.append({"name": n, "quantization": {k: x for k, x in s.items() if k != "name"}})
-    min_cos, min_snr = thresholds(recipe)
-    params = {"thresholds": {"min_cosine": min_cos, "min_snr_db": min_snr}, "candidates": table,
+    params = {"thresholds": thr, "cpu_margin_db": CPU_MARGIN_DB, "candidates": table,
               "skipped": skipped, "graphs": [recipe.graphs[0].name], "precision": "auto"}
     return Action(id=f"select/{recipe.name}@{t.name}", kind="select",
                   description=f"select {recipe.name}@{t.name} ({len(candidates)} candidates)", inputs=inputs,
                   outputs=outputs, params=params, target=t.as_dict(), **common_params(recipe))
-
-

@@ -84,9 +84,10 @@ def model_files(role: str, path: str) -> dict[str, str]:
     return {role: path, f"{role}.data": path + ".data"}
 
 def quantize_action(recipe: Recipe, g: Graph, prepared: str, work: Path, settings: dict[str, Any],
-              reference: str | None = None) -> tuple[str, Action]:
+              reference: str | None = None, gate: str | None = None) -> tuple[str, Action]:
     """`settings`: one of recipe.quantization (quantization.settings()); its name is a label, not a parameter.
-    `reference`: the float model with LoRA slots as inputs (recipes with adapters)."""
+    `reference`: the float model with LoRA slots as inputs (recipes with adapters). `gate`: a precision
+    search's gate file (verify/gates.py): its own node, apart from the ungated one other recipes share."""
     cal = g.calibration
     assert cal is not None  # recipe validation requires calibration for quantized precisions
     quant = {k: v for k, v in settings.items() if k not in ("name", "samples")}
@@ -97,7 +98,9 @@ def quantize_action(recipe: Recipe, g: Graph, prepared: str, work: Path, setting
         params["adapters"], more = calibration_inputs(recipe.adapters)
         inputs.update(more, **model_files("reference", reference))
     watch = [str(cal.dir)] if cal.dir else []  # its *contents* are keyed (discovered inputs), not its path
-    h = short_hash(["quantize", params, prepared, watch])
+    if gate:
+        inputs["gate"] = gate
+    h = short_hash(["quantize", params, prepared, watch] + ([gate] if gate else []))
     stem = g.model.stem
     path = str(work / f"{stem}-{h}" / "quantized.onnx")
     a = Action(id=f"quantize/{stem}-{h}", kind="quantize",
@@ -186,14 +189,12 @@ def verify_action(recipe: Recipe, b: Built, t: Target, compiled: Action, out: Pa
     label = f"{recipe.name}.{graph.name}" if recipe.is_bundle else recipe.name
     min_cos, min_snr = thresholds(recipe)
     v = recipe.verify
-    samples_dir = named_path(recipe.file.parent, v["dir"]) if v.get("dir") else (
-        graph.calibration.dir if graph.calibration and graph.calibration.dir else None)
+    sampling, watch = verify_samples(recipe, graph)
     params = {"graph": graph.name, "method": method, "precision": recipe.precision,
               "thresholds": {"min_cosine": min_cos, "min_snr_db": min_snr},
-              "samples": v.get("samples", 4), "timeout_s": v.get("timeout_s", 300),
-              "sample_source": "verification" if v.get("dir") else ("calibration" if samples_dir else "random"),
-              "cpu_fallback": recipe.compile.cpu_fallback,
-              "inputs": {k: list(x) for k, x in sorted(graph.inputs.items())}}
+              "samples": sampling["samples"], "timeout_s": v.get("timeout_s", 300),
+              "sample_source": sampling["sample_source"], "cpu_fallback": recipe.compile.cpu_fallback,
+              "inputs": sampling["inputs"]}
     if recipe.compile.split_outputs:  # the wrapper's re-joining Concat runs on the CPU
         params["split_outputs"] = split_param(recipe.compile.split_outputs)
     if v.get("slices"):
@@ -211,8 +212,19 @@ def verify_action(recipe: Recipe, b: Built, t: Target, compiled: Action, out: Pa
         label, d = f"{label}.{candidate}", Path(compiled.outputs["ctx"]).parent
     return Action(id=f"verify/{label}@{t.name}", kind="verify", description=f"verify {label}@{t.name}",
                   inputs=inputs, outputs={"result": str(d / f"{graph.name if recipe.is_bundle else recipe.name}_verify.json")},
-                  params=params, target=t.as_dict(), watch=[str(samples_dir)] if samples_dir else [],
+                  params=params, target=t.as_dict(), watch=watch,
                   pool="compile", **common_params(recipe))
+
+def verify_samples(recipe: Recipe, graph: Graph) -> tuple[dict[str, Any], list[str]]:
+    """What a graph is verified on: (samples, sample_source and inputs params, the directory to watch)."""
+    v = recipe.verify
+    samples_dir = named_path(recipe.file.parent, v["dir"]) if v.get("dir") else (
+        graph.calibration.dir if graph.calibration and graph.calibration.dir else None)
+    params = {"samples": v.get("samples", 4),
+              "sample_source": "verification" if v.get("dir") else ("calibration" if samples_dir else "random"),
+              "inputs": {k: list(x) for k, x in sorted(graph.inputs.items())}}
+    return params, [str(samples_dir)] if samples_dir else []
+
 
 def thresholds(recipe: Recipe) -> tuple[float, float]:
     """(min cosine, min SNR dB): the recipe's, else the defaults of its precision."""

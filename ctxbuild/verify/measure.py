@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ctxbuild.errors import ActionError
 from ctxbuild.qnn import quantized_io
@@ -97,11 +97,23 @@ def cpu_outputs(model: Path, samples: list[dict[str, np.ndarray]]) -> dict[str, 
 
 def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallback: bool,
              timeout: float, timing: dict[str, float] | None = None,
-             adapter: Path | None = None) -> dict[str, np.ndarray]:
+             adapter: Path | None = None, stop: Callable[[list[dict[str, np.ndarray]]], bool] | None = None
+             ) -> dict[str, np.ndarray]:
     """Run on the simulator in a child process (one session for all samples); its crash or hang becomes an
     ActionError here. `timing` receives the child's session load and run seconds. `adapter`: an
-    `.onnx_adapter` bound to every run (RunOptions.add_active_adapter)."""
-    result, exitcode, hung = in_child(_simulate_child, (ctx_model, samples, cpu_fallback), timeout, adapter)
+    `.onnx_adapter` bound to every run (RunOptions.add_active_adapter). The child sends each sample's outputs
+    as it finishes; `stop(outputs so far)` returning True ends the run there (early_stop.py): the result then
+    holds the samples run so far."""
+    import numpy as np
+
+    runs: list[dict[str, np.ndarray]] = []
+
+    def on_sample(outputs: dict[str, np.ndarray]) -> bool:
+        runs.append(outputs)
+        return stop is not None and len(runs) < len(samples) and stop(runs)
+
+    result, exitcode, hung = in_child(_simulate_child, (ctx_model, samples, cpu_fallback), timeout, adapter,
+                                      on_sample=on_sample)
     if hung:
         raise ActionError(f"{ctx_model.name}: the HTP simulator did not finish within {timeout:g} s",
                           "raise verify.timeout_s, or verify fewer samples")
@@ -110,15 +122,18 @@ def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallb
                           "context binary", "the binary may be corrupt; rebuild it (see the log)")
     if isinstance(result, str):
         raise ActionError(f"{ctx_model.name}: the HTP simulator failed: {result}")
-    outputs, times = result
     if timing is not None:
-        timing.update(times)
-    return outputs
+        timing.update(result[1])
+    return {n: np.concatenate([r[n] for r in runs]) for n in runs[0]}
 
-def in_child(target: Any, args: tuple[Any, ...], timeout: float, *more: Any) -> tuple[Any, int | None, bool]:
+
+def in_child(target: Any, args: tuple[Any, ...], timeout: float, *more: Any,
+             on_sample: Callable[[Any], bool] | None = None) -> tuple[Any, int | None, bool]:
     """target(*args, send, *more) in a forked child (the parent already imported onnxruntime: fork is cheap) that
-    sends one result through `send`: (the result or None if it died, its exit code, whether it hung past
-    `timeout` and was killed). Simulator runs go through it: a crash or hang there must not take the action."""
+    sends one result through `send`, optionally after ("sample", x) messages, each handed to `on_sample` (True:
+    stop the child there; the result is then ("stopped", {"run": 0.0})). Returns (the result or None if it died,
+    its exit code, whether it hung past `timeout` and was killed). Simulator runs go through it: a crash or hang
+    there must not take the action."""
     import multiprocessing
 
     mp = multiprocessing.get_context("fork")
@@ -126,12 +141,18 @@ def in_child(target: Any, args: tuple[Any, ...], timeout: float, *more: Any) -> 
     child = mp.Process(target=target, args=(*args, send, *more), daemon=True)
     child.start()
     send.close()
-    result = None
-    if recv.poll(timeout):
+    deadline = time.monotonic() + timeout
+    result: Any = None
+    while result is None and recv.poll(max(deadline - time.monotonic(), 0)):
         try:
-            result = recv.recv()
+            msg = recv.recv()
         except EOFError:
-            result = None
+            break
+        if isinstance(msg, tuple) and len(msg) == 2 and msg[0] == "sample" and on_sample is not None:
+            if on_sample(msg[1]):
+                result = ("stopped", {"run": 0.0})
+        else:
+            result = msg
     child.join(5 if result is not None else 0)
     hung = child.is_alive()
     if hung:
@@ -142,7 +163,6 @@ def in_child(target: Any, args: tuple[Any, ...], timeout: float, *more: Any) -> 
 
 def _simulate_child(ctx_model: Path, samples: list[dict[str, np.ndarray]], cpu_fallback: bool, send: Any,
                     adapter: Path | None = None) -> None:
-    import numpy as np
     import onnxruntime as ort
 
     try:
@@ -160,9 +180,9 @@ def _simulate_child(ctx_model: Path, samples: list[dict[str, np.ndarray]], cpu_f
             lora.Load(str(adapter))
             ro = ort.RunOptions()
             ro.add_active_adapter(lora)
-        runs = [sess.run(None, s, ro) for s in samples]
-        times = {"load": loaded - start, "run": time.monotonic() - loaded}
-        got = {n: np.concatenate([r[i] for r in runs]) for i, n in enumerate(names)}
-        send.send(({n: quantized_io.dequantize(v, enc[n]) if n in enc else v for n, v in got.items()}, times))
+        for s in samples:
+            got = dict(zip(names, sess.run(None, s, ro)))
+            send.send(("sample", {n: quantized_io.dequantize(v, enc[n]) if n in enc else v for n, v in got.items()}))
+        send.send(("done", {"load": loaded - start, "run": time.monotonic() - loaded}))
     except Exception as e:  # noqa: BLE001 - report ORT's message to the parent as one line
         send.send(str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__)

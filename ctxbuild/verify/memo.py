@@ -45,8 +45,10 @@ class OutputsMemo:
         self.hits: list[str] = []
         self.keys: dict[str, str] = {}  # what -> cache key (in the record: the entries this action uses)
 
-    def get_or_compute(self, what: str, parts: Any, compute: Callable[[], Outputs]) -> Outputs:
-        """`what` names the computation (and is reported in `hits`); `parts` is everything it depends on."""
+    def get_or_compute(self, what: str, parts: Any, compute: Callable[[], Outputs],
+                       complete: Callable[[], bool] = lambda: True) -> Outputs:
+        """`what` names the computation (and is reported in `hits`); `parts` is everything it depends on.
+        `complete()` False after computing: partial outputs (a stopped run), neither stored nor listed."""
         import numpy as np
 
         if self.cache is None:
@@ -64,6 +66,24 @@ class OutputsMemo:
             except (OSError, ValueError):
                 pass  # unreadable despite its digest (format change): compute and overwrite
         got = compute()
+        if not complete():
+            del self.keys[what]
+            return got
         np.savez(path, names=np.array(list(got)), **{str(i): v for i, v in enumerate(got.values())})
         self.cache.store(key, {"outputs": path}, None, {"id": f"verify-memo/{what}"})
         return got
+
+
+def float_reference(ctx: Any, samples: list[dict[str, np.ndarray]], memo: OutputsMemo) -> tuple[Outputs, list[Any]]:
+    """The float model's outputs on `samples` (memoized: a verify and a screen of the same graph share them) and
+    the samples' identity for other memo keys. The action's params hold `samples`, `sample_source`, `inputs`."""
+    from ctxbuild.verify.measure import cpu_outputs
+
+    a, key = ctx.action, ctx.key_components
+    p, inputs = a.params, key["inputs"]
+    sample_id = [p["sample_source"], p["samples"], p["inputs"], key["discovered_inputs"],
+                 inputs["reference"] if p["sample_source"] == "random" else None]
+    reference = memo.get_or_compute("reference", [inputs["reference"], inputs.get("reference.data"), sample_id,
+                                                   key["toolchain"]["onnxruntime"]],
+                                    lambda: cpu_outputs(Path(a.inputs["reference"]), samples))
+    return reference, sample_id

@@ -1,0 +1,149 @@
+"""Benchmark: a cold `precision: auto` search over real public models x 2 SoCs, the code as it was (a git
+worktree of a base commit, default: main) against this tree, side by side in one run.
+
+Per implementation: a fresh cache and OUT, `ctxbuild build -j2` of one `precision: auto` recipe per model
+(default ladder a16w8 -> a16w8-pc -> a16w16, default thresholds), wall time, the seconds of every action
+kind (from the action records), how many actions ran and how many simulator runs were real. The winners must
+be the same (asserted). For the CPU screen's margin it also measures, on the base run's candidates, the QDQ
+model on the CPU EP against the float model, next to the simulator's figures for the same candidate.
+
+Usage: python bench/search_bench.py [--models ppocr_cls,ppocr_rec,ppocr_det] [--base 97436d3]
+Writes bench/results/search_bench.json. Needs the real-model packages (bench/real_models/models.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.real_models.inputs import write_samples  # noqa: E402
+from bench.real_models.models import MODELS, MissingModel, locate  # noqa: E402
+
+BENCHMARK = "cold precision search, every candidate (old code) vs staged (this tree), real models x 2 SoCs"
+
+TARGETS = ["SM8650", "SM8750"]
+CALIBRATION, VERIFY = 8, 4
+
+
+def write_tree(root: Path, names: list[str]) -> Path:
+    rec = root / "recipes"
+    rec.mkdir(parents=True)
+    for name in names:
+        m = MODELS[name]
+        shape = list(m.shape)
+        write_samples(name, rec / "data" / name / "cal", CALIBRATION)
+        write_samples(name, rec / "data" / name / "verify", VERIFY, first_seed=1000)
+        (rec / f"{name}.yaml").write_text(
+            f"model: {locate(name)}\ninputs: {{{m.input}: {shape}}}\nprecision: auto\n"
+            f"calibration: {{dir: data/{name}/cal}}\ntargets: [{', '.join(TARGETS)}]\n"
+            f"verify: {{dir: data/{name}/verify, samples: {VERIFY}, timeout_s: 1800}}\n")
+    return rec
+
+
+def build(src: Path, recipes: Path, out: Path, cache: Path) -> dict[str, Any]:
+    env = {**os.environ, "CTXBUILD_CACHE_DIR": str(cache), "PYTHONPATH": str(src)}
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "ctxbuild", "build", str(recipes), "-o", str(out), "-j2", "-k", "0"],
+                       capture_output=True, text=True, env=env, cwd=src)
+    wall = time.perf_counter() - t
+    recs = [json.loads(f.read_text()) for f in (out / ".ctxbuild" / "records").glob("*.json")]
+    by_kind: dict[str, float] = {}
+    for r in recs:
+        by_kind[r["kind"]] = round(by_kind.get(r["kind"], 0.0) + (r.get("seconds") or 0.0), 2)
+    winners = {}
+    for r in recs:
+        if r["kind"] == "select":
+            search = r.get("search") or (r.get("result") or {}).get("search") or {}
+            winners[r["id"]] = search.get("winner")
+    simulated = [r for r in recs if r["kind"] == "verify" and r.get("simulator_seconds") is not None]
+    return {"returncode": p.returncode, "wall_s": round(wall, 1), "seconds_by_kind": by_kind,
+            "actions_run": sum(r.get("source") == "run" for r in recs), "actions": len(recs),
+            "simulator_runs": len(simulated), "early_stopped": sum("early_stop" in (r.get("result") or {}) for r in simulated),
+            "compiles_real": sum(r["kind"] == "compile" and not r.get("skipped") and r.get("source") == "run" for r in recs),
+            "winners": winners, "tail": p.stdout.strip().splitlines()[-3:] + p.stderr.strip().splitlines()[-3:]}
+
+
+def cpu_vs_htp(out: Path) -> list[dict[str, Any]]:
+    """Per verified candidate of a base run: worst-output SNR on the simulator and of its QDQ model on the CPU EP."""
+    import numpy as np
+    import onnxruntime as ort
+
+    def run(model: str, feeds: list[dict[str, Any]]) -> dict[str, Any]:
+        s = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+        names = [o.name for o in s.get_outputs()]
+        got = [s.run(None, f) for f in feeds]
+        return {n: np.concatenate([g[i] for g in got]).astype(np.float64).ravel() for i, n in enumerate(names)}
+
+    rows = []
+    specs = {json.loads(f.read_text())["id"]: json.loads(f.read_text()) for f in (out / ".ctxbuild" / "actions").glob("*.json")}
+    recs = {json.loads(f.read_text())["id"]: json.loads(f.read_text()) for f in (out / ".ctxbuild" / "records").glob("*.json")}
+    done: dict[str, dict[str, float]] = {}
+    for vid, spec in specs.items():
+        if spec["kind"] != "verify" or not (recs.get(vid) or {}).get("result", {}).get("outputs"):
+            continue
+        model, ref = spec["inputs"]["compiled"], spec["inputs"]["reference"]
+        if model not in done:
+            verify_dir = Path(spec["watch"][0])
+            feeds = [dict(np.load(p)) for p in sorted(verify_dir.glob("*.npz"))[:VERIFY]]
+            a, b = run(ref, feeds), run(model, feeds)
+            done[model] = {n: float(10 * np.log10((a[n] @ a[n]) / max((a[n] - b[n]) @ (a[n] - b[n]), 1e-30))) for n in a}
+        htp = {o: m["snr_db"] for o, m in recs[vid]["result"]["outputs"].items()}
+        rows.append({"verify": vid, "htp_snr_db": min(htp.values()), "cpu_qdq_snr_db": round(min(done[model].values()), 3),
+                     "htp_minus_cpu_db": round(min(htp.values()) - min(done[model].values()), 3)})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="ppocr_cls,ppocr_rec,ppocr_det")
+    ap.add_argument("--base", default="97436d3", help="the code compared with (default: the last commit before "
+                    "the staged search)")
+    args = ap.parse_args()
+    names = args.models.split(",")
+    try:
+        for n in names:
+            locate(n)
+    except MissingModel as e:
+        print(f"search_bench: skipped: {e}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="search_bench-") as tmp:
+        root = Path(tmp)
+        base = root / "base"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), args.base], check=True,
+                       capture_output=True)
+        try:
+            recipes = write_tree(root, names)
+            commit = subprocess.run(["git", "-C", str(base), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True).stdout.strip()
+            results: dict[str, Any] = {"models": names, "targets": TARGETS, "base": f"{args.base} ({commit})",
+                                       "load_before": os.getloadavg(), "cores": os.cpu_count()}
+            results["old"] = build(base, recipes, root / "out-old", root / "cache-old")
+            print("old:", json.dumps(results["old"], indent=1), flush=True)
+            results["new"] = build(ROOT, recipes, root / "out-new", root / "cache-new")
+            print("new:", json.dumps(results["new"], indent=1), flush=True)
+            results["load_after"] = os.getloadavg()
+            results["cpu_vs_htp"] = cpu_vs_htp(root / "out-old")
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], capture_output=True)
+    old, new = results["old"], results["new"]
+    assert old["winners"] == new["winners"], (old["winners"], new["winners"])
+    results["ratios"] = {"verify": round(new["seconds_by_kind"].get("verify", 0) / old["seconds_by_kind"].get("verify", 1), 3),
+                         "wall": round(new["wall_s"] / old["wall_s"], 3)}
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "search_bench.json").write_text(json.dumps(results, indent=2))
+    print(json.dumps({k: results[k] for k in ("ratios", "cpu_vs_htp")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""screen: a precision-search candidate's QDQ model on the CPU EP against the float model, on the
+verification samples (milliseconds a sample, against seconds on the HTP simulator). `search_step` rejects a
+candidate that already misses the thresholds by plan/search.CPU_MARGIN_DB here, before it is compiled.
+Like a candidate verify it only measures; the thresholds are not in its key."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ctxbuild.graph.modelio import load
+from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
+from ctxbuild.plan.action import Action
+from ctxbuild.verify import gates
+from ctxbuild.verify.measure import cpu_outputs, metrics
+from ctxbuild.verify.memo import OutputsMemo, float_reference
+
+
+def discover_inputs(action: Action) -> dict[str, Path]:
+    if not action.watch:
+        return {}
+    return list_samples(Path(action.watch[0]), action.params["samples"], action.recipe_files[0])
+
+
+def run(ctx: Any) -> None:
+    a = ctx.action
+    p = a.params
+    if gates.closed(a.inputs):
+        gates.write_skipped(ctx)
+        return
+    ref_model = Path(a.inputs["reference"])
+    spec = input_spec(load(ref_model, external_data=False))
+    samples = list(random_samples(spec, p["samples"]) if p["sample_source"] == "random"
+                   else from_files(spec, discover_inputs(a), a.recipe_files[0]))
+    memo = OutputsMemo(ctx.cache, ctx.tmp)
+    reference, _ = float_reference(ctx, samples, memo)  # the candidates' verifies share the memo entry
+    start = time.monotonic()
+    got = cpu_outputs(Path(a.inputs["model"]), samples)
+    ctx.facts.update(qdq_cpu_seconds=round(time.monotonic() - start, 3), memo_hits=memo.hits, memo_keys=memo.keys)
+    result = {"samples": len(samples), "outputs": {n: metrics(reference[n], got[n]) for n in reference}}
+    ctx.tmp_output("result").write_text(json.dumps(result, indent=2, sort_keys=True))
+
+
+def summarize(action: Action) -> dict[str, Any]:
+    return {"result": json.loads(Path(action.outputs["result"]).read_text())}

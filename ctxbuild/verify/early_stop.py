@@ -1,0 +1,59 @@
+"""Stopping a failing verification early, with a proof: after i of n samples, the best the metrics can
+still reach over all n (measure.metrics computes them over the samples concatenated) is bounded by
+assuming the remaining samples come out exact. When that best is under a threshold for any output, the
+verification fails whatever the rest does, and the simulator stops. A passing run is never stopped.
+
+Per output, with r the float reference (all n samples known: the CPU ran them first), g the simulator's
+outputs so far, `done` the first i samples, `rest` the others:
+- SNR = 10 log10(|r|^2 / |r - g|^2) <= 10 log10(|r|^2 / |r_done - g_done|^2): the error so far only grows;
+- cosine = r.g / (|r||g|): maximising over g_rest gives sqrt(max(r_done.g_done, 0)^2 / |g_done|^2 +
+  |r_rest|^2) / |r| (g_rest parallel to r_rest, scaled by |g_done|^2 / r_done.g_done).
+The metrics are rounded (cosine 6 digits, SNR 3 decimals) before the comparison, so the bound must clear
+the threshold by more than the rounding.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+_ZERO_POWER = 1e-20  # as measure.py: below it a reference is treated as zero and no bound is claimed
+_COS_SLACK, _SNR_SLACK = 1e-6, 1e-3
+
+
+class EarlyStop:
+    """`reference`: output -> the float outputs of all `n` samples, concatenated along axis 0."""
+
+    def __init__(self, reference: dict[str, np.ndarray], n: int, min_cosine: float, min_snr_db: float) -> None:
+        import numpy as np
+
+        self.min_cosine, self.min_snr_db = min_cosine, min_snr_db
+        self.parts: dict[str, list[np.ndarray]] = {}
+        for name, ref in reference.items():
+            if ref.shape[0] % n == 0:  # one equal slice per sample, as the simulator returns them
+                self.parts[name] = [p.astype(np.float64).ravel() for p in np.split(ref, n)]
+        self.total = {name: sum(float(p @ p) for p in ps) for name, ps in self.parts.items()}
+        self.proof: str | None = None
+        self.samples_run = n
+
+    def __call__(self, runs: list[dict[str, np.ndarray]]) -> bool:
+        """True once the samples run so far prove a failure (the reason is kept in `proof`)."""
+        for name, ps in self.parts.items():
+            if self.total[name] <= _ZERO_POWER:
+                continue
+            done = ps[:len(runs)]
+            got = [r[name].ravel().astype("float64") for r in runs]
+            err = sum(float((a - b) @ (a - b)) for a, b in zip(done, got))
+            dot = sum(float(a @ b) for a, b in zip(done, got))
+            g2 = sum(float(b @ b) for b in got)
+            rest = self.total[name] - sum(float(a @ a) for a in done)
+            snr_best = 10 * math.log10(self.total[name] / err) if err > _ZERO_POWER else math.inf
+            cos_best = math.sqrt((max(dot, 0.0) ** 2 / g2 if g2 > _ZERO_POWER else 0.0) + max(rest, 0.0)) / math.sqrt(self.total[name])
+            if snr_best < self.min_snr_db - _SNR_SLACK or cos_best < self.min_cosine - _COS_SLACK:
+                self.samples_run = len(runs)
+                self.proof = (f"after {len(runs)} sample(s) output '{name}' can reach at most SNR {snr_best:.2f} dB, "
+                              f"cosine {min(cos_best, 1.0):.6f} over all samples")
+                return True
+        return False
