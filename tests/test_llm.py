@@ -122,9 +122,14 @@ def test_w4a16_puts_int4_weights_in_the_part_models(decoder: Path, tmp_path: Pat
     for q in quantized:
         types = {t.name: t.data_type for t in onnx.load(q).graph.initializer}
         int4 = [n for n, t in types.items() if t == TensorProto.INT4]
-        assert any("q_proj" in n for n in int4) and any("down_proj" in n for n in int4)
-        # the embedding / LM head stay 8-bit (the most sensitive weights)
-        assert not any("embed_tokens" in n for n in int4)
+        int8 = [n for n, t in types.items() if t == TensorProto.INT8]
+        # the embedding / LM head and, by default, the first and last blocks (layers 0 and 2 of 3) stay 8-bit
+        assert not any(n.startswith(("model.embed_tokens", "model.layers.0.", "model.layers.2.")) for n in int4)
+        if "_1_of_2" in q.name:  # layers 0-1: layer 1's projections in int4, layer 0's in int8
+            assert any("layers.1.self_attn.q_proj" in n for n in int4) and any("layers.1.mlp.down_proj" in n for n in int4)
+            assert any("layers.0.mlp.down_proj" in n for n in int8)
+        else:
+            assert any("layers.2.mlp.down_proj" in n for n in int8)
     assert (out / "SM8650" / "llama" / "llama_1_of_2_qnn.bin").stat().st_size > 0
 
 
@@ -159,6 +164,8 @@ def _rotary_style(path: Path) -> None:
     ("not_a_decoder", {"model": "CNN"}, "not a decoder in the optimum or onnxruntime-genai convention"),
     ("int4_on_v68", {"precision": "w4a16", "TARGET": "SM8350"}, "int4 weights are measured only on v73 and newer"),
     ("kv_with_fp16", {"precision": "fp16", "kv_cache": "uint8"}, "kv_cache sets a quantized type"),
+    ("keep_8bit_with_w8a16", {"keep_8bit": ["*.down_proj.*"]}, "keep_8bit keeps weights of a w4a16 model at int8"),
+    ("keep_8bit_matches_nothing", {"precision": "w4a16", "keep_8bit": ["*.nothing.*"]}, "'*.nothing.*' matches no weight"),
 ])
 def test_bad_llm_recipes_exit_2_with_one_line(decoder: Path, tmp_path: Path, ctxbuild, case: str,
                                              llm: dict[str, object], expect: str) -> None:

@@ -7,6 +7,7 @@ same quantized weights and encodings: the bundle stores them once. The KV-cache 
 """
 from __future__ import annotations
 
+import fnmatch
 import os
 from pathlib import Path
 from typing import Any
@@ -69,10 +70,11 @@ def run(ctx: Any) -> None:
         src = model.with_name(f".llm-quantize-{os.getpid()}-{model.name}")
         os.link(model, src)
         try:
-            names, sensitive = _io_and_sensitive(src)
+            names, sensitive, weights = _io_and_sensitive(src)
             overrides = {n: [{"quant_type": kv}] for n in names if n.startswith(("past_key_values.", "present."))}
-            if p["precision"] == "w4a16":  # embedding and LM head stay 8-bit: 4-bit logits weights cost most
-                overrides.update({n: [{"quant_type": QuantType.QInt8, "symmetric": True}] for n in sensitive})
+            if p["precision"] == "w4a16":  # embedding, LM head and the recipe's keep_8bit stay 8-bit
+                kept = sensitive + [n for n in weights if any(fnmatch.fnmatchcase(n, k) for k in p["keep_8bit"])]
+                overrides.update({n: [{"quant_type": QuantType.QInt8, "symmetric": True}] for n in kept})
             config = get_qnn_qdq_config(str(src), _Reader(samples), activation_type=QuantType.QUInt16,
                                         weight_type=getattr(QuantType, WEIGHTS[p["precision"]]), per_channel=True,
                                         init_overrides=overrides or None)
@@ -85,16 +87,16 @@ def run(ctx: Any) -> None:
         print(f"{g.name}: calibrated on {len(samples)} calls")
 
 
-def _io_and_sensitive(path: Path) -> tuple[list[str], list[str]]:
-    """Graph I/O names, and the weights of the embedding (Gather by input_ids) and of the LM head (the MatMul
-    writing logits)."""
+def _io_and_sensitive(path: Path) -> tuple[list[str], list[str], list[str]]:
+    """Graph I/O names, the weights of the embedding (Gather by input_ids) and of the LM head (the MatMul
+    writing logits), and every initializer's name."""
     from ctxbuild.graph.modelio import load
 
     m = load(path, external_data=False)
     inits = {t.name for t in m.graph.initializer}
     sensitive = [i for n in m.graph.node for i in n.input if i in inits and (
         (n.op_type == "Gather" and "input_ids" in n.input) or (n.op_type == "MatMul" and "logits" in n.output))]
-    return [v.name for v in (*m.graph.input, *m.graph.output)], sensitive
+    return [v.name for v in (*m.graph.input, *m.graph.output)], sensitive, sorted(inits)
 
 
 class _Reader:

@@ -75,12 +75,12 @@ def check_decoder(model: Any) -> DecoderShape:
     return DecoderShape(len(layers), dims[1].dim_value, dims[3].dim_value, logits[-1].dim_value, embed.dims[1])
 
 
-MEMO = "memo/llm-decoder-1"  # bump when what check_decoder accepts changes: old verdicts are then not read
+MEMO = "memo/llm-decoder-2"  # bump when what check_decoder accepts changes: old verdicts are then not read
 
 
 def decoder_facts(model: Path) -> dict[str, Any] | None:
     """check_decoder at plan time, memoized in the user cache by the file's stat (a re-plan does not parse the
-    model again): {"layers": N} or {"error": why}; None if the file does not parse as ONNX (llm_split reports it)."""
+    model again): {"layers": N, "weights": initializer names} or {"error": why}; None if the file does not parse as ONNX (llm_split reports it)."""
     return memoized_by_stat(model, MEMO, lambda: _facts(model))
 
 
@@ -93,6 +93,6 @@ def _facts(model: Path) -> dict[str, Any] | None:
     except (DecodeError, ValueError, RuntimeError, OSError):
         return None
     try:
-        return {"layers": check_decoder(m).layers}
+        return {"layers": check_decoder(m).layers, "weights": [t.name for t in m.graph.initializer]}
     except NotADecoder as e:
         return {"error": str(e)}

@@ -58,7 +58,7 @@ def _split(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], work: Path) -
 def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int, split: Action, work: Path) -> Action:
     mine = [g.name for g in graphs if g.part == part]
     params = {"part": part, "graphs": mine, "precision": spec.precision, "kv_cache": spec.kv_cache,
-              "samples": spec.calibration_prompts, "tokens": spec.generate}
+              "keep_8bit": list(spec.keep_8bit), "samples": spec.calibration_prompts, "tokens": spec.generate}
     h = short_hash(["llm_quantize", params, split.id])
     d = work / f"{recipe.name}-q{part + 1}-{h}"
     outputs = {k: v for g in mine for k, v in model_files(f"model:{g}", str(d / f"{g}.onnx")).items()}

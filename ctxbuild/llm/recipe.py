@@ -2,6 +2,7 @@
 prompts; checked at load time with file:line errors (exit 2)."""
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ class LlmSpec:
     parts: int
     precision: str  # w4a16 | w8a16 | fp16
     kv_cache: str  # uint16 | uint8
+    keep_8bit: tuple[str, ...]  # w4a16: weights (fnmatch patterns over initializer names) kept at int8
     prompts: Path
     calibration_prompts: int
     verify_prompts: int
@@ -63,12 +65,24 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
     if "kv_cache" in spec and precision == "fp16":
         raise RecipeError(f"{at('kv_cache')}: kv_cache sets a quantized type; precision fp16 keeps the cache in fp16",
                           "remove kv_cache, or use w4a16/w8a16")
+    names = facts.get("weights", [])
+    # Default (measured on a trained decoder, docs/llm.md): the first and last blocks' weights at int8
+    edges = sorted({"model.layers.0.*", f"model.layers.{(layers or 1) - 1}.*"})
+    keep_8bit = tuple(spec["keep_8bit"]) if "keep_8bit" in spec else tuple(
+        p for p in edges if precision == "w4a16" and fnmatch.filter(names, p))
+    if "keep_8bit" in spec and precision != "w4a16":
+        raise RecipeError(f"{at('keep_8bit')}: keep_8bit keeps weights of a w4a16 model at int8; precision is {precision}",
+                          "remove keep_8bit, or use precision: w4a16")
+    for i, pattern in enumerate(keep_8bit):
+        if names and not fnmatch.filter(names, pattern):
+            raise RecipeError(f"{at('keep_8bit', i)}: '{pattern}' matches no weight of {model.name}",
+                              f"an fnmatch pattern over initializer names, e.g. {names[len(names) // 2]!r}")
     prompts = named_path(f.parent, spec["prompts"]["dir"])
     if not prompts.is_dir():  # its files are found at run time, like calibration samples
         raise RecipeError(f"{at('prompts', 'dir')}: llm.prompts.dir '{spec['prompts']['dir']}' is not a directory "
                           f"(looked in {prompts})", "a directory of token-id .npy files, relative to the recipe")
     return LlmSpec(model=model, sequence_lengths=ars, context_lengths=cls, parts=parts, precision=precision,
-                   kv_cache=spec.get("kv_cache", "uint16"), prompts=prompts,
+                   kv_cache=spec.get("kv_cache", "uint16"), keep_8bit=keep_8bit, prompts=prompts,
                    calibration_prompts=spec["prompts"].get("samples", 4), verify_prompts=spec["prompts"].get("verify", 2),
                    generate=spec.get("generate", 8), min_token_agreement=spec.get("min_token_agreement", 0.75),
                    min_cosine=spec.get("min_cosine", 0.95))

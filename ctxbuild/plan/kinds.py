@@ -343,6 +343,7 @@ class LlmQuantizeParams(TypedDict):
     graphs: list[str]
     precision: str
     kv_cache: str
+    keep_8bit: list[str]  # w4a16: fnmatch patterns of weights kept at int8
     samples: int  # calibration prompts
     tokens: int  # greedy tokens decoded per prompt while recording calibration inputs
 

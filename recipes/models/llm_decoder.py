@@ -44,8 +44,9 @@ class Config:
 
 
 class _Builder:
-    def __init__(self, rng: np.random.Generator) -> None:
+    def __init__(self, rng: np.random.Generator, weights: dict[str, np.ndarray] | None = None) -> None:
         self.rng, self.nodes, self.inits = rng, [], {}
+        self.given = weights  # trained weights by name (recipes/models/glasslm_decoder.py); None: random ones
 
     def init(self, name: str, value: np.ndarray) -> str:
         """A named constant; shape constants are shared by name, so the first definition stands."""
@@ -53,6 +54,10 @@ class _Builder:
         return name
 
     def weight(self, name: str, shape: tuple[int, ...], std: float) -> str:
+        if self.given is not None:
+            value = self.given[name].astype(np.float32)
+            assert value.shape == shape, (name, value.shape, shape)
+            return self.init(name, value)
         return self.init(name, (self.rng.standard_normal(shape) * std).astype(np.float32))
 
     def op(self, op: str, inputs: list[str], scope: str, **attrs: object) -> str:
@@ -61,15 +66,17 @@ class _Builder:
         return name + "_output_0"
 
     def rms_norm(self, x: str, scope: str, dim: int, eps: float) -> str:
-        gain = self.init(f"{scope}.weight", (1.0 + 0.1 * self.rng.standard_normal(dim)).astype(np.float32))
+        gain = self.weight(f"{scope}.weight", (dim,), 0.0) if self.given is not None else \
+            self.init(f"{scope}.weight", (1.0 + 0.1 * self.rng.standard_normal(dim)).astype(np.float32))
         sq = self.op("Mul", [x, x], scope)
         mean = self.op("ReduceMean", [sq], scope, axes=[-1], keepdims=1)
         rms = self.op("Sqrt", [self.op("Add", [mean, self.init(f"{scope}.eps", np.float32(eps))], scope)], scope)
         return self.op("Mul", [self.op("Div", [x, rms], scope), gain], scope)
 
 
-def decoder(cfg: Config, seed: int = 23) -> onnx.ModelProto:
-    b = _Builder(np.random.default_rng(seed))
+def decoder(cfg: Config, seed: int = 23, weights: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
+    """The decoder with random weights (seeded), or with `weights` by initializer name (trained ones)."""
+    b = _Builder(np.random.default_rng(seed), weights)
     hd, h, kvh = cfg.head_dim, cfg.hidden, cfg.kv_heads
     embed = b.weight("model.embed_tokens.weight", (cfg.vocab, h), 0.5)
     x = b.op("Gather", [embed, "input_ids"], "/model/embed_tokens")

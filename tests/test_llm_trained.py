@@ -1,0 +1,56 @@
+"""A trained decoder (glassllm's English model, PyPI `glassllm`) through an `llm:` recipe: the export reproduces the
+package's own forward, and w4a16 with the default int8 first/last blocks passes token verification on the
+simulator with real text prompts. Skips when the package is absent (`pip install .[real-models]`)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import RECIPES
+
+pytestmark = pytest.mark.slow
+
+glassllm = pytest.importorskip("glassllm", reason="needs the real-models extra (glassllm)")
+sys.path.insert(0, str(RECIPES / "models"))
+import glasslm_decoder  # noqa: E402 - the generator, a script beside the recipes
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("glasslm")
+    glasslm_decoder.main(d)
+    return d
+
+
+def test_export_reproduces_the_packages_own_forward(trained: Path) -> None:
+    from glassllm.autograd import no_grad
+
+    from ctxbuild.llm import pipeline
+
+    model, _ = glassllm.load_pretrained("en")
+    for f in sorted((trained / "prompts" / "glasslm").glob("*.npy"))[:2]:
+        prompt = np.load(f)
+        with no_grad():
+            want_logits = model.forward(prompt).data[0, -1]
+        want = [s.token for s in model.generate(prompt, 8, greedy=True)]
+        got = pipeline.reference_generate(trained / "glasslm.onnx", prompt, 8)
+        assert got.tokens == want
+        assert float(np.abs(got.logits[0] - want_logits).max()) < 1e-4
+
+
+def test_w4a16_with_default_int8_edges_verifies(trained: Path, tmp_path: Path, ctxbuild) -> None:
+    spec = {"model": str(trained / "glasslm.onnx"), "sequence_lengths": [16, 1], "context_lengths": [64],
+            "parts": 2, "precision": "w4a16", "prompts": {"dir": str(trained / "prompts" / "glasslm"),
+                                                          "samples": 4, "verify": 6}, "generate": 8}
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "glasslm.yaml").write_text(json.dumps({"name": "glasslm", "llm": spec, "targets": ["SM8650"]}))
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tmp_path / "r"), "-o", str(out))
+    assert r.code == 0, r.text
+    result = json.loads((out / "SM8650" / "glasslm" / "llm_verify.json").read_text())
+    sim = result["by_cl"]["64"]["simulator"]
+    assert result["passed"] and sim["token_agreement"] >= 0.75 and sim["cosine_mean"] >= 0.95, sim
