@@ -483,10 +483,8 @@ def _llm_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], grou
                           "set precision and prompts inside the llm: block (docs/llm.md)")
     group_toolchains: dict[str, tuple[Any, str]] = {}
     targets = _targets(f, data, merged["targets"], groups, group_toolchains)
-    chosen = toolchains.parse(f, data, merged, group_toolchains, {})
-    if chosen["toolchains"] != [None] or any(chosen["target_toolchains"].values()):
-        raise RecipeError(f"{f}:{line_of(data, ['toolchain'] if 'toolchain' in data else [])}: an `llm:` recipe is "
-                          "built with the installed toolchain only", "remove `toolchain:` (docs/llm.md)")
+    # every part is a weight-shared bundle: the toolchains must build bundles (MIN_QNN_EP)
+    chosen = toolchains.parse(f, data, merged, group_toolchains, {"bundle": f"{f}:{line_of(data, ['llm'])}: llm"})
     spec = parse_llm(f, data, merged["llm"], targets)
     copts = merged.get("compile", {})
     compile_opts = CompileOptions(optimization_mode=copts.get("optimization_mode"), vtcm_mb=copts.get("vtcm_mb"),
@@ -495,7 +493,7 @@ def _llm_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], grou
     verify = merged.get("verify", {})
     verify = {"enabled": verify} if isinstance(verify, bool) else dict(verify)
     return Recipe(name=name, file=f, precision=spec.precision, graphs=[], targets=targets, compile=compile_opts,
-                  verify=verify, llm=spec, runtimes=_runtimes(f, data, merged))
+                  verify=verify, llm=spec, runtimes=_runtimes(f, data, merged), **chosen)
 
 
 def _split_outputs(v: bool | list[str]) -> bool | tuple[str, ...]:
