@@ -64,6 +64,7 @@ def _recipe(d: Path, decoder: Path, **llm: object) -> Path:
     spec = {"model": str(decoder / "llama.onnx"), "sequence_lengths": [8, 1], "context_lengths": [24, 32],
             "parts": 2, "precision": "w8a16", "prompts": {"dir": str(decoder / "prompts"), "samples": 2, "verify": 2},
             "generate": 6, **llm}
+    spec = {k: v for k, v in spec.items() if v is not None}  # None: leave the field out
     d.mkdir(exist_ok=True)
     f = d / "llama.yaml"
     f.write_text(json.dumps({"name": "llama", "llm": spec, "targets": ["SM8650"]}))
@@ -164,6 +165,8 @@ def _rotary_style(path: Path) -> None:
     ("not_a_decoder", {"model": "CNN"}, "not a decoder in the optimum or onnxruntime-genai convention"),
     ("int4_on_v68", {"precision": "w4a16", "TARGET": "SM8350"}, "int4 weights are measured only on v73 and newer"),
     ("kv_with_fp16", {"precision": "fp16", "kv_cache": "uint8"}, "kv_cache sets a quantized type"),
+    ("budget_no_split_meets", {"parts": None, "part_max_mb": 0.01}, "part_max_mb 0.01: even one layer per part needs"),
+    ("budget_and_parts", {"part_max_mb": 1}, "give parts or part_max_mb, not both"),
     ("keep_8bit_with_w8a16", {"keep_8bit": ["*.down_proj.*"]}, "keep_8bit keeps weights of a w4a16 model at int8"),
     ("keep_8bit_matches_nothing", {"precision": "w4a16", "keep_8bit": ["*.nothing.*"]}, "'*.nothing.*' matches no weight"),
 ])
@@ -177,6 +180,7 @@ def test_bad_llm_recipes_exit_2_with_one_line(decoder: Path, tmp_path: Path, ctx
         subprocess.run([sys.executable, str(RECIPES / "models" / "make_models.py"), str(tmp_path / "m")], check=True)
         llm["model"] = str(tmp_path / "m" / "tiny_cnn.onnx")
     target = llm.pop("TARGET", None)
+
     f = _recipe(tmp_path / "r", decoder, **llm)
     if target:
         f.write_text(f.read_text().replace('"SM8650"', f'"{target}"'))
@@ -184,3 +188,18 @@ def test_bad_llm_recipes_exit_2_with_one_line(decoder: Path, tmp_path: Path, ctx
     assert r.code == 2, r.text
     lines = [x for x in r.err.splitlines() if x.strip()]
     assert len(lines) == 1 and expect in lines[0] and "llama.yaml:" in lines[0], r.err
+
+
+def test_a_part_budget_chooses_the_fewest_parts_that_fit(decoder: Path, tmp_path: Path) -> None:
+    from ctxbuild.llm.convention import decoder_facts
+    from ctxbuild.llm.recipe import part_weight_bytes
+    from ctxbuild.recipes import recipe
+
+    facts = decoder_facts(decoder / "llama.onnx")
+    assert facts is not None
+    one, two = (part_weight_bytes(facts, n, "w8a16", None) for n in (1, 2))
+    # the whole model's matrices, at one byte each, with the tied embedding in both end parts
+    assert one[0] == sum(e for _, e, _ in facts["weight_sizes"]) and sum(two) == one[0]
+    budget = (max(two) + one[0]) / 2 / 1e6  # fits two parts, not one
+    (r,) = recipe.load([_recipe(tmp_path / "r", decoder, parts=None, part_max_mb=budget)]).recipes
+    assert r.llm is not None and r.llm.parts == 2

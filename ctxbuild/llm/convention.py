@@ -7,6 +7,7 @@ model-builder convention (com.microsoft GroupQueryAttention, the SimplifiedLayer
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ REFUSED_OPS = {"RotaryEmbedding", "MultiHeadAttention", "Attention", "PackedAtte
                "PagedAttention", "MatMulNBits", "SkipLayerNormalization"}
 MASK_NEG = -100.0  # what the runtime writes into masked slots: small enough for 16-bit activations' resolution
 PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+LAYER = re.compile(r"/model/layers\.(\d+)/")  # the exporters' node scopes, which the static pass cuts by
+FIRST, LAST = -1, -2  # weight_sizes: the embedding (first part), what follows the layers (last part)
 
 
 def is_genai(model: Any) -> bool:
@@ -75,12 +78,13 @@ def check_decoder(model: Any) -> DecoderShape:
     return DecoderShape(len(layers), dims[1].dim_value, dims[3].dim_value, logits[-1].dim_value, embed.dims[1])
 
 
-MEMO = "memo/llm-decoder-2"  # bump when what check_decoder accepts changes: old verdicts are then not read
+MEMO = "memo/llm-decoder-3"  # bump when what check_decoder accepts changes: old verdicts are then not read
 
 
 def decoder_facts(model: Path) -> dict[str, Any] | None:
     """check_decoder at plan time, memoized in the user cache by the file's stat (a re-plan does not parse the
-    model again): {"layers": N, "weights": initializer names} or {"error": why}; None if the file does not parse as ONNX (llm_split reports it)."""
+    model again): {"layers": N, "weights": initializer names, "weight_sizes": [[name, elements, where]] (where: the
+    layer, FIRST for the embedding, LAST for what follows the layers)} or {"error": why}; None if the file does not parse as ONNX (llm_split reports it)."""
     return memoized_by_stat(model, MEMO, lambda: _facts(model))
 
 
@@ -93,6 +97,23 @@ def _facts(model: Path) -> dict[str, Any] | None:
     except (DecodeError, ValueError, RuntimeError, OSError):
         return None
     try:
-        return {"layers": check_decoder(m).layers, "weights": [t.name for t in m.graph.initializer]}
+        return {"layers": check_decoder(m).layers, "weights": [t.name for t in m.graph.initializer],
+                "weight_sizes": weight_sizes(m)}
     except NotADecoder as e:
         return {"error": str(e)}
+
+
+def weight_sizes(model: Any) -> list[tuple[str, int, int]]:
+    """(initializer, elements, where) for every float matrix a node reads: where is the node's layer (its
+    `/model/layers.N/` scope), FIRST for the embedding Gather, LAST for other nodes outside the layers (LM head,
+    rotary tables). A tied embedding appears twice: the first and the last part each hold a copy."""
+    from onnx import TensorProto
+
+    inits = {t.name: t for t in model.graph.initializer
+             if len(t.dims) >= 2 and t.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)}
+    out = set()
+    for n in model.graph.node:
+        m = LAYER.search(n.name)
+        where = int(m.group(1)) if m else FIRST if "input_ids" in n.input else LAST
+        out.update((i, math.prod(inits[i].dims), where) for i in n.input if i in inits)
+    return sorted(out)

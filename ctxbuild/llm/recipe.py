@@ -52,11 +52,16 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
         if cl <= max(ars):
             raise RecipeError(f"{at('context_lengths')}: context length {cl} is not larger than sequence length "
                               f"{max(ars)}", "every CL must exceed every AR (the cache holds CL - AR past positions)")
+    precision = spec.get("precision", "w4a16")
     parts = spec.get("parts", 1)
+    if "part_max_mb" in spec and "parts" in spec:
+        raise RecipeError(f"{at('part_max_mb')}: give parts or part_max_mb, not both", "part_max_mb chooses parts")
+    if "part_max_mb" in spec:
+        parts = _parts_for_budget(at("part_max_mb"), model.name, facts, precision, spec["part_max_mb"],
+                                  spec.get("keep_8bit"))
     if layers is not None and parts > layers:
         raise RecipeError(f"{at('parts')}: {parts} parts for a model of {layers} layers",
                           f"use at most {layers} (one layer per part)")
-    precision = spec.get("precision", "w4a16")
     if precision == "w4a16":
         old = [t.name for t in targets if all(int(a) < INT4_MIN_ARCH for a in t.htp_arch.split(","))]
         if old:
@@ -86,3 +91,40 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
                    calibration_prompts=spec["prompts"].get("samples", 4), verify_prompts=spec["prompts"].get("verify", 2),
                    generate=spec.get("generate", 8), min_token_agreement=spec.get("min_token_agreement", 0.75),
                    min_cosine=spec.get("min_cosine", 0.95))
+
+
+WEIGHT_BYTES = {"w4a16": 0.5, "w8a16": 1.0, "fp16": 2.0}  # per weight element in the compiled part
+
+
+def part_weight_bytes(facts: dict[str, Any], parts: int, precision: str, keep_8bit: list[str] | None) -> list[float]:
+    """Estimated weight bytes per part: its layers' matrices at the precision's width (int8 for the embedding, the LM
+    head and keep_8bit at w4a16), the embedding in the first part, what follows the layers in the last."""
+    from ctxbuild.llm.convention import FIRST, LAST
+    from ctxbuild.llm.static import part_ranges
+
+    ranges = part_ranges(facts["layers"], parts)
+    kept = keep_8bit if keep_8bit is not None else \
+        ["model.layers.0.*", f"model.layers.{facts['layers'] - 1}.*"]  # the default (parse_llm)
+    out = [0.0] * parts
+    for name, elements, where in facts["weight_sizes"]:
+        width = WEIGHT_BYTES[precision]
+        if precision == "w4a16" and (where in (FIRST, LAST) or any(fnmatch.fnmatchcase(name, k) for k in kept)):
+            width = 1.0
+        part = 0 if where == FIRST else parts - 1 if where == LAST else \
+            next(p for p, (lo, hi) in enumerate(ranges) if lo <= where < hi)
+        out[part] += elements * width
+    return out
+
+
+def _parts_for_budget(where: str, model: str, facts: dict[str, Any], precision: str, budget_mb: float,
+                      keep_8bit: list[str] | None) -> int:
+    """The fewest parts whose every part's estimated weight bytes fit the budget (MB = 10^6 bytes)."""
+    if "weight_sizes" not in facts:
+        raise RecipeError(f"{where}: part_max_mb: {model} could not be read as an ONNX decoder",
+                          "give parts: N instead, or a model ctxbuild can read")
+    for parts in range(1, facts["layers"] + 1):
+        sizes = part_weight_bytes(facts, parts, precision, keep_8bit)
+        if max(sizes) <= budget_mb * 1e6:
+            return parts
+    raise RecipeError(f"{where}: part_max_mb {budget_mb}: even one layer per part needs {max(sizes) / 1e6:.3f} MB "
+                      f"of {precision} weights in a part", "raise part_max_mb, or use a smaller precision (w4a16)")

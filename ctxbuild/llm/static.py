@@ -13,14 +13,12 @@ What changes (onnx's own graph API and Extractor, no string surgery on protobuf 
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ctxbuild.llm.convention import DecoderShape, NotADecoder, check_decoder, is_genai
+from ctxbuild.llm.convention import LAYER, DecoderShape, NotADecoder, check_decoder, is_genai
 
-_LAYER = re.compile(r"/model/layers\.(\d+)/")
 
 
 @dataclass(frozen=True)
@@ -150,8 +148,8 @@ def _new_positions_only(g: Any, layer: int, kv: str, producers: dict[str, Any]) 
 
 def _boundary(g: Any, k: int) -> str:
     """The residual stream entering layer k: what layer k's nodes read from layer k - 1's."""
-    scope = {o: int(m.group(1)) for n in g.node if (m := _LAYER.search(n.name)) for o in n.output}
-    found = {i for n in g.node if (m := _LAYER.search(n.name)) and int(m.group(1)) == k
+    scope = {o: int(m.group(1)) for n in g.node if (m := LAYER.search(n.name)) for o in n.output}
+    found = {i for n in g.node if (m := LAYER.search(n.name)) and int(m.group(1)) == k
              for i in n.input if scope.get(i) == k - 1}
     if len(found) != 1:
         raise NotADecoder(f"cannot cut before layer {k}: its nodes read {len(found)} tensors of layer {k - 1} "
