@@ -26,11 +26,11 @@ def count(n_samples: int, need: int) -> int:
         if not forced.isdigit() or int(forced) < 1:
             raise ActionError(f"{ENV}={forced!r}: expected a whole number of simulator children, 1 or more")
         return max(1, min(int(forced), n_samples))
+    # Cores no other process is on: this one's included, as it only waits while its children run.
     idle = len(os.sched_getaffinity(0)) - _others_runnable()
     room = min(memory.meminfo()["MemAvailable"] - _HEADROOM, memory.budget() - need)
     by_memory = room // need if need > 0 else n_samples
-    # This process waits while its children run: it hands its own core to the first one.
-    return max(1, min(n_samples, 1 + idle, 1 + by_memory))
+    return max(1, min(n_samples, idle, 1 + by_memory))
 
 
 def _others_runnable() -> int:
