@@ -16,7 +16,8 @@ from ctxbuild.actions.compile import compile_refusal
 from ctxbuild.graph.modelio import load
 from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
 from ctxbuild.verify.memo import OutputsMemo, float_reference, wrapper_identity
-from ctxbuild.verify import gates
+from ctxbuild.verify import gates, sample_workers
+from ctxbuild.plan import memory
 from ctxbuild.verify.early_stop import EarlyStop
 from ctxbuild.verify.measure import compare, failures, metrics, simulate
 
@@ -69,12 +70,18 @@ def run(ctx: Any) -> None:
     stop = EarlyStop(reference, len(samples), **p["early_stop"]) if p.get("early_stop") else None
     # split_outputs: the wrapper re-joins the parts with a Concat on the CPU.
     cpu_fallback = p["cpu_fallback"] or bool(p.get("split_outputs"))
+
+    def run_simulator() -> dict[str, np.ndarray]:
+        # Idle cores run slices of the samples side by side (a search candidate's early stop needs them in order).
+        workers = 1 if stop is not None else sample_workers.count(len(samples), memory.estimate(a))
+        ctx.facts["simulator_workers"] = workers
+        return simulate(Path(a.inputs["ctx.ctx"]), samples, cpu_fallback=cpu_fallback, timeout=p["timeout_s"],
+                        timing=timing, stop=stop, workers=workers)
+
     got = memo.get_or_compute(
         "simulator", [wrapper_identity(Path(a.inputs["ctx.ctx"])), inputs.get("ctx.bin"), sample_id,
                       cpu_fallback, key["toolchain"]],
-        lambda: simulate(Path(a.inputs["ctx.ctx"]), samples, cpu_fallback=cpu_fallback,
-                         timeout=p["timeout_s"], timing=timing, stop=stop),
-        complete=lambda: stop is None or stop.proof is None)
+        run_simulator, complete=lambda: stop is None or stop.proof is None)
     # Timings go to the record, not the result file: the file must be the same bytes on every run.
     ctx.facts["simulator_seconds"] = round(time.monotonic() - start, 3)
     ctx.facts.update({f"simulator_{k}_seconds": round(v, 3) for k, v in timing.items()})

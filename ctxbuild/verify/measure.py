@@ -97,33 +97,39 @@ def cpu_outputs(model: Path, samples: list[dict[str, np.ndarray]]) -> dict[str, 
 
 def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallback: bool,
              timeout: float, timing: dict[str, float] | None = None,
-             adapter: Path | None = None, stop: Callable[[list[dict[str, np.ndarray]]], bool] | None = None
-             ) -> dict[str, np.ndarray]:
+             adapter: Path | None = None, stop: Callable[[list[dict[str, np.ndarray]]], bool] | None = None,
+             workers: int = 1) -> dict[str, np.ndarray]:
     """Run on the simulator in a child process (one session for all samples); its crash or hang becomes an
     ActionError here. `timing` receives the child's session load and run seconds. `adapter`: an
     `.onnx_adapter` bound to every run (RunOptions.add_active_adapter). The child sends each sample's outputs
     as it finishes; `stop(outputs so far)` returning True ends the run there (early_stop.py): the result then
-    holds the samples run so far."""
+    holds the samples run so far. `workers` > 1 (sample_workers.py; not with `stop`, which needs the samples
+    in order): that many children, one session each, over consecutive slices of the samples, joined in
+    sample order. One sample is one simulator run whatever session runs it: the outputs are the same bytes."""
     import numpy as np
 
-    runs: list[dict[str, np.ndarray]] = []
+    k = max(1, min(workers if stop is None else 1, len(samples)))
+    chunks = [samples[i * len(samples) // k:(i + 1) * len(samples) // k] for i in range(k)]
+    parts: list[list[dict[str, np.ndarray]]] = [[] for _ in chunks]
 
-    def on_sample(outputs: dict[str, np.ndarray]) -> bool:
-        runs.append(outputs)
-        return stop is not None and len(runs) < len(samples) and stop(runs)
+    def on_sample(i: int, outputs: dict[str, np.ndarray]) -> bool:
+        parts[i].append(outputs)
+        return stop is not None and len(parts[0]) < len(samples) and stop(parts[0])
 
-    result, exitcode, hung = in_child(_simulate_child, (ctx_model, samples, cpu_fallback), timeout, adapter,
-                                      on_sample=on_sample)
-    if hung:
-        raise ActionError(f"{ctx_model.name}: the HTP simulator did not finish within {timeout:g} s",
-                          "raise verify.timeout_s, or verify fewer samples")
-    if result is None:
-        raise ActionError(f"{ctx_model.name}: the HTP simulator crashed (exit {exitcode}) running the "
-                          "context binary", "the binary may be corrupt; rebuild it (see the log)")
-    if isinstance(result, str):
-        raise ActionError(f"{ctx_model.name}: the HTP simulator failed: {result}")
-    if timing is not None:
-        timing.update(result[1])
+    done = in_children(_simulate_child, [(ctx_model, c, cpu_fallback) for c in chunks], timeout, adapter,
+                       on_sample=on_sample)
+    for result, exitcode, hung in done:
+        if hung:
+            raise ActionError(f"{ctx_model.name}: the HTP simulator did not finish within {timeout:g} s",
+                              "raise verify.timeout_s, or verify fewer samples")
+        if result is None:
+            raise ActionError(f"{ctx_model.name}: the HTP simulator crashed (exit {exitcode}) running the "
+                              "context binary", "the binary may be corrupt; rebuild it (see the log)")
+        if isinstance(result, str):
+            raise ActionError(f"{ctx_model.name}: the HTP simulator failed: {result}")
+    if timing is not None:  # the children ran side by side: the slowest one is the wait
+        timing.update({key: max(r[1].get(key, 0.0) for r, _, _ in done) for key in done[0][0][1]})
+    runs = [r for part in parts for r in part]
     return {n: np.concatenate([r[n] for r in runs]) for n in runs[0]}
 
 
@@ -134,31 +140,54 @@ def in_child(target: Any, args: tuple[Any, ...], timeout: float, *more: Any,
     stop the child there; the result is then ("stopped", {"run": 0.0})). Returns (the result or None if it died,
     its exit code, whether it hung past `timeout` and was killed). Simulator runs go through it: a crash or hang
     there must not take the action."""
+    return in_children(target, [args], timeout, *more,
+                       on_sample=None if on_sample is None else lambda _i, x: on_sample(x))[0]
+
+
+def in_children(target: Any, arglists: list[tuple[Any, ...]], timeout: float, *more: Any,
+                on_sample: Callable[[int, Any], bool] | None = None) -> list[tuple[Any, int | None, bool]]:
+    """in_child() for several children running side by side, one per entry of `arglists`, under one deadline;
+    on_sample(child index, x). Returns in_child's triple per child, in order."""
     import multiprocessing
+    from multiprocessing.connection import wait
 
     mp = multiprocessing.get_context("fork")
-    recv, send = mp.Pipe(duplex=False)
-    child = mp.Process(target=target, args=(*args, send, *more), daemon=True)
-    child.start()
-    send.close()
+    children, results, pending = [], [None] * len(arglists), {}
+    for i, args in enumerate(arglists):
+        recv, send = mp.Pipe(duplex=False)
+        child = mp.Process(target=target, args=(*args, send, *more), daemon=True)
+        child.start()
+        send.close()
+        children.append(child)
+        pending[recv] = i
     deadline = time.monotonic() + timeout
-    result: Any = None
-    while result is None and recv.poll(max(deadline - time.monotonic(), 0)):
-        try:
-            msg = recv.recv()
-        except EOFError:
-            break
-        if isinstance(msg, tuple) and len(msg) == 2 and msg[0] == "sample" and on_sample is not None:
-            if on_sample(msg[1]):
-                result = ("stopped", {"run": 0.0})
-        else:
-            result = msg
-    child.join(5 if result is not None else 0)
-    hung = child.is_alive()
-    if hung:
-        child.kill()
-        child.join()
-    return result, child.exitcode, hung and result is None
+    while pending:
+        ready = wait(list(pending), max(deadline - time.monotonic(), 0))
+        if not ready:
+            break  # past the deadline: what has not answered hung
+        for recv in ready:
+            i = pending[recv]
+            try:
+                msg = recv.recv()
+            except EOFError:
+                del pending[recv]  # died without a result
+                continue
+            if isinstance(msg, tuple) and len(msg) == 2 and msg[0] == "sample" and on_sample is not None:
+                if on_sample(i, msg[1]):
+                    results[i] = ("stopped", {"run": 0.0})
+            else:
+                results[i] = msg
+            if results[i] is not None:
+                del pending[recv]
+    out = []
+    for child, result in zip(children, results):
+        child.join(5 if result is not None else 0)
+        hung = child.is_alive()
+        if hung:
+            child.kill()
+            child.join()
+        out.append((result, child.exitcode, hung and result is None))
+    return out
 
 
 def _simulate_child(ctx_model: Path, samples: list[dict[str, np.ndarray]], cpu_fallback: bool, send: Any,
