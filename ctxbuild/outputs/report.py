@@ -21,6 +21,7 @@ from ctxbuild.atomic import write_if_changed
 from ctxbuild.layout import STATE, layers_path, record_path, spec_name
 from ctxbuild.outputs.search_table import search_of, with_costs
 from ctxbuild.outputs.gate import WILL_NOT_LOAD
+from ctxbuild.outputs.lineage import ancestors
 from ctxbuild.templating import environment
 from ctxbuild.units import fmt_size
 
@@ -228,7 +229,7 @@ def _row(a: dict[str, Any], recipe: str, spec: dict[str, Any], records: dict[str
         row["sharing"] = {"graphs": sharing["graphs"], "bin_size": sharing.get("bundle_bin_size"), "separate_bin_size": sep,
                           "saved_bytes": saved,
                           "saved_fraction": round(saved / sep, 4) if saved is not None and sep else None}
-    for dep in _ancestors(a["id"], by_id):  # e.g. "calibrating on random data" from quantize
+    for dep in ancestors(a["id"], by_id):  # e.g. "calibrating on random data" from quantize
         row["warnings"] += [w for w in (records[dep] or {}).get("warnings") or [] if w not in row["warnings"]]
         row["rewrites"].update((records[dep] or {}).get("rewrites") or {})
     culprit = None
@@ -345,17 +346,6 @@ def _failed_ancestors(actions: list[dict[str, Any]], status: dict[str, str]) -> 
                 culprit[a["id"]] = culprit[d]
                 break
     return culprit
-
-
-def _ancestors(aid: str, by_id: dict[str, Any]) -> list[str]:
-    seen: dict[str, None] = {}  # ordered set
-    todo = list(by_id[aid]["deps"])
-    while todo:
-        d = todo.pop()
-        if d in by_id and d not in seen:
-            seen[d] = None
-            todo.extend(by_id[d]["deps"])
-    return list(seen)
 
 
 def _topo(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
