@@ -211,14 +211,15 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_o
                            "check the target's soc_model and htp_arch (`ctxbuild targets` lists valid pairs)")
     nodes = list(dict.fromkeys(_UNSUPPORTED.findall(log)))
     probed = None
-    if probe is not None and ((not nodes and "assigned to the default CPU EP" in str(exc)) or (nodes and cost)):
+    unnamed = not nodes and "assigned to the default CPU EP" in str(exc)  # ops QNN has no builder for
+    if probe is not None and (unnamed or (nodes and cost and not cpu_fallback)):
         probed = probe()
         nodes = nodes or (probed.cpu_nodes if probed else [])
     if nodes:
         listed = ", ".join(f"{n} ({t})" for n, t in nodes[:8]) + (" ..." if len(nodes) > 8 else "")
         hint = None if cpu_fallback else "set compile.cpu_fallback: true to run them on the CPU instead" + (
-            f" (measured: {probed.describe()}; an fp16 graph cut there can lose accuracy at every boundary, "
-            "verify tells)" if probed and cost else "")
+            f" (measured: {probed.describe()}; verify tells whether the accuracy survives the cuts)"
+            if probed and cost else "")
         return UnsupportedNodes(f"QNN cannot run {len(nodes)} node(s): {listed}", hint, nodes)
     return ActionError(f"QNN compile failed: {str(exc).strip().splitlines()[-1][:300]}")
 

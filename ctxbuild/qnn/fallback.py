@@ -16,8 +16,9 @@ class Fallback:
     total_macs: int
 
     def describe(self) -> str:
-        """'18 NPU partitions, 36 nodes (30.0% of the model's MACs) on the CPU'."""
-        share = f"{100 * self.cpu_macs / self.total_macs:.1f}% of the model's MACs" if self.total_macs else "MACs unknown"
+        """'18 NPU partitions, 36 nodes (29.9% of the model's MACs) on the CPU'."""
+        share = (f"{100 * self.cpu_macs / self.total_macs:.1f}% of the model's MACs" if self.total_macs
+                 else "the model has no MACs counted")
         return (f"{self.partitions} NPU partition{'s' * (self.partitions != 1)}, {len(self.cpu_nodes)} "
                 f"node{'s' * (len(self.cpu_nodes) != 1)} ({share}) on the CPU")
 
