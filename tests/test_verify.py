@@ -132,3 +132,6 @@ def test_coverage_counts_cpu_fallback_nodes(tree: Path, tmp_path: Path, ctxbuild
     manifest = json.loads((out / "manifest.json").read_text())
     ctx = next(a for a in manifest["artifacts"] if a["path"] == "SM8650/det/det_ctx.onnx")
     assert isinstance(ctx["graph_name_in_binary"], list) and len(ctx["graph_name_in_binary"]) == 2
+    (row,) = [r for r in json.loads((out / "report.json").read_text())["rows"] if r["recipe"] == "det"]
+    assert row["coverage"]["partitions"] == 2 and row["coverage"]["cpu_macs_share"] == 0.0
+    assert "2 NPU partitions, 0.0% of MACs on the CPU" in (out / "report.html").read_text()

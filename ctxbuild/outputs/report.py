@@ -307,7 +307,12 @@ def _coverage(verify: list[dict[str, Any]]) -> dict[str, Any] | None:
     qnn = sum(int(c.get("qnn_nodes") or 0) for c in covs)
     cpu = sum(int(c.get("cpu_nodes") or 0) for c in covs)
     frac = qnn / (qnn + cpu) if qnn + cpu else covs[0].get("fraction")
-    return {"qnn_nodes": qnn, "cpu_nodes": cpu, "fraction": None if frac is None else round(frac, 4)}
+    found = {"qnn_nodes": qnn, "cpu_nodes": cpu, "fraction": None if frac is None else round(frac, 4)}
+    shares = [c["cpu_macs_share"] for c in covs if c.get("cpu_macs_share") is not None]
+    if cpu:  # cpu_fallback (qnn/fallback.py): the cuts, and the worst graph's share of its MACs on the CPU
+        found |= {"partitions": max(int(c.get("partitions") or 0) for c in covs),
+                  "cpu_macs_share": max(shares) if shares else None}
+    return found
 
 
 def _precision(params: dict[str, Any]) -> str | None:
