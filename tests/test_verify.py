@@ -127,7 +127,11 @@ def test_coverage_counts_cpu_fallback_nodes(tree: Path, tmp_path: Path, ctxbuild
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 0, r.text
     res = records(out)["verify/det@SM8650"]["result"]
-    assert res["coverage"] == {"qnn_nodes": 3, "cpu_nodes": 1, "fraction": 0.75}
+    # Det on the CPU cuts the graph in two; it holds none of the MatMul's MACs
+    assert res["coverage"] == {"qnn_nodes": 3, "cpu_nodes": 1, "fraction": 0.75, "partitions": 2, "cpu_macs_share": 0.0}
     manifest = json.loads((out / "manifest.json").read_text())
     ctx = next(a for a in manifest["artifacts"] if a["path"] == "SM8650/det/det_ctx.onnx")
     assert isinstance(ctx["graph_name_in_binary"], list) and len(ctx["graph_name_in_binary"]) == 2
+    (row,) = [r for r in json.loads((out / "report.json").read_text())["rows"] if r["recipe"] == "det"]
+    assert row["coverage"]["partitions"] == 2 and row["coverage"]["cpu_macs_share"] == 0.0
+    assert "2 NPU partitions, 0.0% of MACs on the CPU" in (out / "report.html").read_text()

@@ -18,7 +18,7 @@ from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import add_wrapper_defaults
 from ctxbuild.errors import ActionError
 from ctxbuild.qnn.staging import fixed_dir, link_model, stage_name
-from ctxbuild.qnn import isolated, soccheck
+from ctxbuild.qnn import fallback, isolated, soccheck
 from ctxbuild.verify import gates
 
 _UNSUPPORTED = re.compile(r"\{ name: ([^,]*), type: ([^ }]*) \}")
@@ -85,7 +85,8 @@ def run(ctx: Any) -> None:
     except QnnCompileFailed as failed:  # QNN's verdict; anything else (reading, rewriting the model) is not
         e = failed.error
         error = compile_error(ctx.log_path, e, a.params["cpu_fallback"], options,
-                              probe=lambda: cpu_nodes(src, options, ctx.tmp))
+                              probe=lambda: fallback.probe(src, options, ctx.tmp),
+                              cost="status" not in a.outputs)  # a search's refusal: no extra compile
         if "status" not in a.outputs:
             raise error from None
         print(f"candidate {a.id} dropped out: {error.message}")
@@ -190,25 +191,12 @@ def _normalize_build_time(path: Path) -> None:
     path.write_bytes(data)  # a temp output, placed atomically by the runner
 
 
-def cpu_nodes(src: Path, provider_options: dict[str, str], tmp: Path) -> list[tuple[str, str]]:
-    """(name, op) of the nodes QNN does not take at all (no "Unsupported nodes" line for ops it has no
-    builder for, e.g. Det): compile again with CPU fallback and see which nodes stayed outside EPContext."""
-    import onnx
-
-    probe = tmp / "probe" / "probe_ctx.onnx"
-    probe.parent.mkdir(exist_ok=True)
-    try:
-        toolchain.compile_model(src, probe, provider_options, embed=True, cpu_fallback=True)
-        model = onnx.load(str(probe), load_external_data=False)
-    except Exception:  # noqa: BLE001 - best effort: the caller still reports the EP's own message
-        return []
-    return [(n.name or "?", n.op_type) for n in model.graph.node if n.op_type != "EPContext"]
-
-
 def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_options: dict[str, str] | None = None,
-                  probe: Callable[[], list[tuple[str, str]]] | None = None) -> ActionError:
+                  probe: Callable[[], fallback.Fallback | None] | None = None, cost: bool = False) -> ActionError:
     """Turn an EP failure into one line: a device configuration QNN refused (naming soc_model/htp_arch), or
-    the nodes QNN rejected, named by its log or found by `probe`."""
+    the nodes QNN rejected, named by its log or found by `probe` (a compile with CPU fallback: the nodes left
+    outside EPContext, for ops QNN has no builder for, e.g. Det, which its log does not list). With `cost`, the
+    hint to fall back says what the probe measured it would cost (partitions, CPU nodes, their MACs)."""
     import sys
 
     sys.stderr.flush()
@@ -222,11 +210,16 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_o
                            f"{opts.get('htp_arch', '?')} (QNN_DEVICE_ERROR_INVALID_CONFIG)",
                            "check the target's soc_model and htp_arch (`ctxbuild targets` lists valid pairs)")
     nodes = list(dict.fromkeys(_UNSUPPORTED.findall(log)))
-    if not nodes and probe is not None and "assigned to the default CPU EP" in str(exc):
-        nodes = probe()
+    probed = None
+    unnamed = not nodes and "assigned to the default CPU EP" in str(exc)  # ops QNN has no builder for
+    if probe is not None and (unnamed or (nodes and cost and not cpu_fallback)):
+        probed = probe()
+        nodes = nodes or (probed.cpu_nodes if probed else [])
     if nodes:
         listed = ", ".join(f"{n} ({t})" for n, t in nodes[:8]) + (" ..." if len(nodes) > 8 else "")
-        hint = None if cpu_fallback else "set compile.cpu_fallback: true to run them on the CPU instead"
+        hint = None if cpu_fallback else "set compile.cpu_fallback: true to run them on the CPU instead" + (
+            f" (measured: {probed.describe()}; verify tells whether the accuracy survives the cuts)"
+            if probed and cost else "")
         return UnsupportedNodes(f"QNN cannot run {len(nodes)} node(s): {listed}", hint, nodes)
     return ActionError(f"QNN compile failed: {str(exc).strip().splitlines()[-1][:300]}")
 

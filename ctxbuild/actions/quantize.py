@@ -47,6 +47,7 @@ def run(ctx: Any) -> None:
         _quantize(ctx, src)
     finally:
         src.unlink()
+        src.with_name(src.name.replace("-input-", "-unfused-")).unlink(missing_ok=True)
 
 
 def _quantize(ctx: Any, src: Path) -> None:
@@ -65,6 +66,7 @@ def _quantize(ctx: Any, src: Path) -> None:
     if lora:
         samples = lora.expand(samples)
     overrides = tensor_overrides(model, s, a.recipe_files[0])
+    src = _unfused(model, src)
     dst = ctx.tmp_output("model")
     try:
         config = get_qnn_qdq_config(str(src), _Reader(samples), init_overrides=overrides or None,
@@ -84,6 +86,21 @@ def _quantize(ctx: Any, src: Path) -> None:
                           "ONNX schema", "SimplifiedLayerNormalization comes from prepare's rmsnorm rule (T5-style "
                           "RMSNorm, see docs/legalization.md): build it at precision fp16") from None
     data_path(dst).touch()  # the quantizer writes none when every tensor is small; the plan declares one
+
+
+def _unfused(model: Any, src: Path) -> Path:
+    """The model with prepare's fused RMSNorms written out again (graph/legalize/rmsnorm.py: the quantizer's
+    opset conversion has no schema for them, and quantized activations do not overflow like fp16), saved
+    beside `src` (its weights stay in the data files there); `src` itself when it has none."""
+    import onnx
+
+    from ctxbuild.graph.legalize.rmsnorm import unfuse
+
+    if not unfuse(model):
+        return src
+    dst = src.with_name(src.name.replace("-input-", "-unfused-"))
+    onnx.save(model, str(dst))
+    return dst
 
 
 # Inputs of these ops that are biases: QDQ quantizes them to int32 from the input and weight scales.

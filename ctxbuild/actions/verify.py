@@ -114,6 +114,14 @@ def run(ctx: Any) -> None:
                           hint=_hint(a, ref_model, samples, reference, result))
 
 
+# Measured on a T5 encoder (docs/legalization.md): rounding only the 16 DynamicQuantizeLinear inputs to fp16, on
+# the CPU EP, gives cosine 0.94-0.95, as the fallback build does on the simulator.
+DYNAMIC_ON_CPU = ("onnxruntime's per-run int8 quantization (DynamicQuantizeLinear) runs on the CPU between NPU "
+                  "partitions: it rounds each activation to a step set by the run's range, so the fp16 rounding of "
+                  "the partition before it flips whole steps; let prepare rewrite it (the dynamic_int8 rule, on by "
+                  "default in prepare.rewrite): the graph then compiles whole")
+
+
 def _hint(a: Action, ref_model: Path, samples: list[dict[str, np.ndarray]], reference: dict[str, np.ndarray],
           result: dict[str, Any]) -> str:
     """Where the accuracy went (quantization or the HTP) and the likely fix: diagnose.py, CPU side only."""
@@ -122,20 +130,31 @@ def _hint(a: Action, ref_model: Path, samples: list[dict[str, np.ndarray]], refe
     import onnx
 
     wrapper = onnx.load(a.inputs["ctx.ctx"], load_external_data=False)
+    if any(n.op_type == "DynamicQuantizeLinear" for n in wrapper.graph.node):
+        return DYNAMIC_ON_CPU
     split = any(n.name.endswith("__rejoin") for n in wrapper.graph.node)  # compiled with split_outputs already
     return failure_hint(ref_model, Path(a.inputs["compiled"]), samples, reference, result,
                         recipe=a.recipes[0], precision=a.params["precision"], split=split)
 
 
 def coverage(ctx_model: Path, compiled: Path) -> dict[str, Any]:
-    """Nodes that ran on QNN vs stayed on the CPU: nodes of the compiled model not absorbed into EPContext."""
+    """Nodes that ran on QNN vs stayed on the CPU: nodes of the compiled model not absorbed into EPContext; with
+    some on the CPU, the NPU partitions and the CPU's share of the model's MACs (qnn/fallback.py)."""
     import onnx
 
+    from ctxbuild.qnn.fallback import of_wrapper
+
     wrapper = onnx.load(str(ctx_model), load_external_data=False)
+    model = load(compiled, external_data=False)
     cpu = sum(1 for n in wrapper.graph.node if n.op_type != "EPContext")
-    total = len(load(compiled, external_data=False).graph.node)
+    total = len(model.graph.node)
     qnn = max(total - cpu, 0)
-    return {"qnn_nodes": qnn, "cpu_nodes": cpu, "fraction": round(qnn / total, 4) if total else 1.0}
+    found = {"qnn_nodes": qnn, "cpu_nodes": cpu, "fraction": round(qnn / total, 4) if total else 1.0}
+    if cpu:
+        cost = of_wrapper(model, wrapper)
+        found |= {"partitions": cost.partitions,
+                  "cpu_macs_share": round(cost.cpu_macs / cost.total_macs, 4) if cost.total_macs else None}
+    return found
 
 
 def _same_signature(bundle_ctx: Path, single_ctx: Path) -> bool:

@@ -257,6 +257,11 @@ def _finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, s
     write_report(opts.out, build_id=build_id, returncode=rc, wall_seconds=time.monotonic() - started,
                  driver_peak_rss=memory.peak_rss(children=False))  # not ninja's, not the worker's
     _note_summarized(opts.out)
+    if opts.summary and not opts.console.quiet and not opts.console.json:
+        from ctxbuild.outputs.summary import rewrites
+
+        for line in rewrites(ran):  # one per model legalization rewrote in this build
+            print(line)
     if rc != 0:
         for r in failed:  # each failure once: ninja's FAILED header and the action's own error line are not shown
             print(f"ctxbuild: FAILED {r['id']}: {r.get('cause', 'see log')} (log: {opts.out / r['log']})",

@@ -1,4 +1,5 @@
-"""OUT/manifest.json: every artifact with its recipe, target, kind, path, sha256, size and the toolchain."""
+"""OUT/manifest.json: every artifact with its recipe, target, kind, path, sha256, size and the toolchain (and the
+rewrites prepare made in its model, when it made any)."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ from ctxbuild.layout import STATE, record_path
 from ctxbuild.outputs.search_table import search_of, with_costs
 from ctxbuild.lora.manifest import adapter_entries
 from ctxbuild.outputs import gate
+from ctxbuild.outputs.lineage import rewrites
 from ctxbuild.toolchain.runtimes import Runtime, runtime
 
 MANIFEST_VERSION = 1
@@ -22,6 +24,7 @@ def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, s
     carry the EP's compatibility info and, for the runtimes their recipe declares, the deploy gate's verdicts."""
     memo = DigestMemo(out / STATE / "digests.sqlite")
     searches = {a["id"]: a["candidates"] for a in plan_state["actions"] if "candidates" in a}
+    by_id = {a["id"]: a for a in plan_state["actions"]}
     artifacts = []
     for art in plan_state["artifacts"]:
         path = out / art["path"]
@@ -35,6 +38,8 @@ def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, s
             "serves": _serves(art["target"]), "verification": _verification(out, art["verified_by"]),
             "toolchain": art.get("toolchain") or "installed",  # which one made it (`toolchains` below)
         }
+        if art["action"] in by_id and (made := rewrites(art["action"], by_id, lambda i: _read(record_path(out, i)))):
+            entry["rewrites"] = made  # prepare's legalization (docs/legalization.md): rule -> count
         if search := search_of(record):  # precision: auto: which candidate won, every candidate's figures
             entry["precision_search"] = with_costs(search, searches.get(art["action"], {}),
                                                    lambda i: _read(record_path(out, i)))

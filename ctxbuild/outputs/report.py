@@ -21,6 +21,7 @@ from ctxbuild.atomic import write_if_changed
 from ctxbuild.layout import STATE, layers_path, record_path, spec_name
 from ctxbuild.outputs.search_table import search_of, with_costs
 from ctxbuild.outputs.gate import WILL_NOT_LOAD
+from ctxbuild.outputs.lineage import ancestors
 from ctxbuild.templating import environment
 from ctxbuild.units import fmt_size
 
@@ -228,7 +229,7 @@ def _row(a: dict[str, Any], recipe: str, spec: dict[str, Any], records: dict[str
         row["sharing"] = {"graphs": sharing["graphs"], "bin_size": sharing.get("bundle_bin_size"), "separate_bin_size": sep,
                           "saved_bytes": saved,
                           "saved_fraction": round(saved / sep, 4) if saved is not None and sep else None}
-    for dep in _ancestors(a["id"], by_id):  # e.g. "calibrating on random data" from quantize
+    for dep in ancestors(a["id"], by_id):  # e.g. "calibrating on random data" from quantize
         row["warnings"] += [w for w in (records[dep] or {}).get("warnings") or [] if w not in row["warnings"]]
         row["rewrites"].update((records[dep] or {}).get("rewrites") or {})
     culprit = None
@@ -306,7 +307,12 @@ def _coverage(verify: list[dict[str, Any]]) -> dict[str, Any] | None:
     qnn = sum(int(c.get("qnn_nodes") or 0) for c in covs)
     cpu = sum(int(c.get("cpu_nodes") or 0) for c in covs)
     frac = qnn / (qnn + cpu) if qnn + cpu else covs[0].get("fraction")
-    return {"qnn_nodes": qnn, "cpu_nodes": cpu, "fraction": None if frac is None else round(frac, 4)}
+    found = {"qnn_nodes": qnn, "cpu_nodes": cpu, "fraction": None if frac is None else round(frac, 4)}
+    shares = [c["cpu_macs_share"] for c in covs if c.get("cpu_macs_share") is not None]
+    if cpu:  # cpu_fallback (qnn/fallback.py): the cuts, and the worst graph's share of its MACs on the CPU
+        found |= {"partitions": max(int(c.get("partitions") or 0) for c in covs),
+                  "cpu_macs_share": max(shares) if shares else None}
+    return found
 
 
 def _precision(params: dict[str, Any]) -> str | None:
@@ -345,17 +351,6 @@ def _failed_ancestors(actions: list[dict[str, Any]], status: dict[str, str]) -> 
                 culprit[a["id"]] = culprit[d]
                 break
     return culprit
-
-
-def _ancestors(aid: str, by_id: dict[str, Any]) -> list[str]:
-    seen: dict[str, None] = {}  # ordered set
-    todo = list(by_id[aid]["deps"])
-    while todo:
-        d = todo.pop()
-        if d in by_id and d not in seen:
-            seen[d] = None
-            todo.extend(by_id[d]["deps"])
-    return list(seen)
 
 
 def _topo(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:

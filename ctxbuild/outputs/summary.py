@@ -68,6 +68,17 @@ def text(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def rewrites(records: list[dict[str, Any]]) -> list[str]:
+    """One line per model prepare rewrote in this build (its record's legalization counts), by its recipes."""
+    lines = []
+    for r in sorted(records, key=lambda r: r["id"]):
+        if r.get("kind") == "prepare" and r.get("status") == "ok" and r.get("rewrites"):
+            made = ", ".join(f"{n} {rule}" for rule, n in r["rewrites"].items())
+            lines.append(f"ctxbuild: {', '.join(r.get('recipes') or [r['id']])}: rewritten for the HTP: {made} "
+                         "(docs/legalization.md)")
+    return lines
+
+
 def _graph(r: dict[str, Any]) -> str:
     return r["graph"] + (f"+{r['adapter']}" if r.get("adapter") else "")
 

@@ -22,7 +22,9 @@ from ctxbuild.layout import cache_dir
 ACTION_SCHEMA_VERSION = 6  # 2: verify checks output slices; 3: models carry <model>.data, compiled from staging.fixed_dir;
 # 4: wrappers lowered to the lowest IR and the opsets their nodes use (qnn/lower.py); 5: prepare legalizes ops
 # the HTP does not run (graph/legalize/); precision-search candidates are gated (verify/gates.py), a refused
-# candidate's compile status lists the refused nodes; 6: llm_quantize keeps weights at int8 by pattern (keep_8bit)
+# candidate's compile status lists the refused nodes; 6: llm_quantize keeps weights at int8 by pattern (keep_8bit);
+# prepare's rules rmsnorm, gelu, mask_fill (added within 5: caches hold prepares without them), quantize writes
+# fused RMSNorms out again
 EP_NAME = "QNNExecutionProvider"
 LIBRARIES = ("libQnnHtp.so", "libHtpPrepare.so", "libonnxruntime_providers_qnn.so")  # what a QNN change changes
 

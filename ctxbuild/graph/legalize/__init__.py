@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Collection
 
-from ctxbuild.graph.legalize import clip, dynamic_int8, einsum, gathernd, gelu, mask_fill, rmsnorm
+from ctxbuild.graph.legalize import clip, convtranspose, dynamic_int8, einsum, gathernd, gelu, mask_fill, rmsnorm
 from ctxbuild.graph.legalize.graphview import GraphView
 
-RULES = (dynamic_int8, einsum, gathernd, clip, rmsnorm, gelu, mask_fill)
+RULES = (dynamic_int8, einsum, gathernd, clip, rmsnorm, gelu, mask_fill, convtranspose)
 METADATA_KEY = "ctxbuild.rewrites"
 
 

@@ -54,3 +54,50 @@ def _centred(name: str, producer: dict) -> bool:
         return False
     mean = producer.get(sub.input[1])
     return mean is not None and mean.op_type == "ReduceMean" and mean.input[0] == sub.input[0]
+
+
+def unfuse(model: Any) -> int:
+    """Write each SimplifiedLayerNormalization out again as plain ops (x / sqrt(mean(x*x) + eps) * scale), in
+    place; returns how many. For the quantizer: it moves 16-bit models to opset 21 and onnx's converter has no
+    schema for onnxruntime's op, and quantized activations have a scale, not fp16's range, so the written-out
+    form does not overflow there."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    g = GraphView(model)
+    fused = [n for n in g.graph.node if n.op_type == "SimplifiedLayerNormalization" and len(n.output) == 1]
+    done = 0
+    for n in fused:
+        attr = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        x, scale, y = n.input[0], n.input[1], n.output[0]
+        axis = attr.get("axis", -1)
+        if axis >= 0:
+            continue  # normalized from a leading axis: not an RMSNorm the rule fuses; the quantizer names it
+        axes = list(range(axis, 0))
+        eps = g.fresh(f"{n.name}_eps")
+        g.graph.initializer.append(numpy_helper.from_array(np.array(attr.get("epsilon", 1e-5), np.float32), eps))
+        t = {k: g.fresh(f"{n.name}_{k}") for k in ("sq", "ms", "mse", "rms", "xn")}
+        mean = (helper.make_node("ReduceMean", [t["sq"], _axes(g, n.name, axes)], [t["ms"]], keepdims=1)
+                if g.opset >= 18 else helper.make_node("ReduceMean", [t["sq"]], [t["ms"]], axes=axes, keepdims=1))
+        nodes = [helper.make_node("Mul", [x, x], [t["sq"]]), mean, helper.make_node("Add", [t["ms"], eps], [t["mse"]]),
+                 helper.make_node("Sqrt", [t["mse"]], [t["rms"]]), helper.make_node("Div", [x, t["rms"]], [t["xn"]]),
+                 helper.make_node("Mul", [t["xn"], scale], [y])]
+        for k, node in enumerate(nodes):
+            node.name = f"{n.name}/{node.op_type}_{k}"
+        at = list(g.graph.node).index(n)
+        g.graph.node.remove(n)
+        for k, node in enumerate(nodes):
+            g.graph.node.insert(at + k, node)
+        done += 1
+    if done:
+        g.reindex()
+    return done
+
+
+def _axes(g: GraphView, name: str, axes: list[int]) -> str:
+    import numpy as np
+    from onnx import numpy_helper
+
+    t = g.fresh(f"{name}_axes")
+    g.graph.initializer.append(numpy_helper.from_array(np.array(axes, np.int64), t))
+    return t
