@@ -80,3 +80,29 @@ def test_multi_soc_compiles_key_the_reproducible_build_time(tmp_path: Path, monk
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     after = key(single, tmp_path)[0], key(flex, tmp_path)[0]
     assert after[0] == before[0] and after[1] != before[1]
+
+
+def test_prepare_keys_the_legalization_rules_code(tmp_path: Path) -> None:
+    """A rule added or edited changes prepare's key (no ACTION_SCHEMA_VERSION bump needed); `rewrite: false`
+    prepares do not depend on the rules."""
+    import shutil
+
+    from ctxbuild.actions.prepare import RULES_DIR, key_extras, rules_digest
+
+    rules = tmp_path / "legalize"
+    shutil.copytree(RULES_DIR, rules, ignore=shutil.ignore_patterns("__pycache__"))
+    before = rules_digest(rules)
+    assert before == rules_digest(RULES_DIR)
+    edited = tmp_path / "edited"
+    shutil.copytree(rules, edited)
+    (edited / "clip.py").write_text((edited / "clip.py").read_text() + "\n# changed\n")
+    added = tmp_path / "added"
+    shutil.copytree(rules, added)
+    (added / "new_rule.py").write_text('"""a new rule"""\n')
+    assert len({before, rules_digest(edited), rules_digest(added)}) == 3
+
+    prepare = Action(id="prepare/m", kind="prepare", description="prepare m", inputs={}, outputs={},
+                     params={"inputs": {}, "optimize": True})
+    assert key_extras(prepare) == {"legalize": before}
+    prepare.params["rewrite"] = False
+    assert key_extras(prepare) == {}
