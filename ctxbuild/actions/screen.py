@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.graph.modelio import load
-from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
+from ctxbuild.graph.samples import for_verification, input_spec, list_samples
 from ctxbuild.plan.action import Action
 from ctxbuild.verify import gates
-from ctxbuild.verify.measure import cpu_outputs, metrics
+from ctxbuild.verify.measure import compare, cpu_outputs
 from ctxbuild.verify.memo import OutputsMemo, float_reference
 
 
@@ -31,14 +31,13 @@ def run(ctx: Any) -> None:
         return
     ref_model = Path(a.inputs["reference"])
     spec = input_spec(load(ref_model, external_data=False))
-    samples = list(random_samples(spec, p["samples"]) if p["sample_source"] == "random"
-                   else from_files(spec, discover_inputs(a), a.recipe_files[0]))
+    samples = for_verification(spec, p, lambda: discover_inputs(a), a.recipe_files[0])
     memo = OutputsMemo(ctx.cache, ctx.tmp)
     reference, _ = float_reference(ctx, samples, memo)  # the candidates' verifies share the memo entry
     start = time.monotonic()
     got = cpu_outputs(Path(a.inputs["model"]), samples)
     ctx.facts.update(qdq_cpu_seconds=round(time.monotonic() - start, 3), memo_hits=memo.hits, memo_keys=memo.keys)
-    result = {"samples": len(samples), "outputs": {n: metrics(reference[n], got[n]) for n in reference}}
+    result = {"samples": len(samples), "outputs": compare(reference, got)}
     ctx.tmp_output("result").write_text(json.dumps(result, indent=2, sort_keys=True))
 
 

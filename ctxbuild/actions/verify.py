@@ -14,7 +14,7 @@ from ctxbuild.plan.action import Action
 from ctxbuild.errors import ActionError
 from ctxbuild.actions.compile import compile_refusal
 from ctxbuild.graph.modelio import load
-from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
+from ctxbuild.graph.samples import for_verification, input_spec, list_samples
 from ctxbuild.verify.memo import OutputsMemo, float_reference, wrapper_identity
 from ctxbuild.verify import gates, sample_workers
 from ctxbuild.plan import memory
@@ -55,8 +55,7 @@ def run(ctx: Any) -> None:
     ref_model = Path(a.inputs["reference"])
     ref_proto = load(ref_model, external_data=False)
     spec = input_spec(ref_proto)
-    samples = list(random_samples(spec, p["samples"]) if p["sample_source"] == "random"
-                   else from_files(spec, discover_inputs(a), a.recipe_files[0]))
+    samples = for_verification(spec, p, lambda: discover_inputs(a), a.recipe_files[0])
     # What the memoized outputs depend on: content digests the runner already computed for the action key.
     key = ctx.key_components
     inputs = key["inputs"]

@@ -18,7 +18,7 @@ from ctxbuild.errors import ActionError
 from ctxbuild.actions import verify
 from ctxbuild.verify.measure import compare, cpu_outputs, failures, simulate
 from ctxbuild.graph.modelio import load
-from ctxbuild.graph.samples import from_files, input_spec, random_samples
+from ctxbuild.graph.samples import for_verification, input_spec
 
 if TYPE_CHECKING:  # imported where used: a cache hit needs no numpy
     import numpy as np
@@ -36,8 +36,7 @@ def run(ctx: Any) -> None:
     p = a.params
     ref_model = Path(a.inputs["reference"])
     spec = input_spec(load(ref_model, external_data=False))  # the slots are initializers there: not listed
-    samples = list(random_samples(spec, p["samples"]) if p["sample_source"] == "random"
-                   else from_files(spec, discover_inputs(a), a.recipe_files[0]))
+    samples = for_verification(spec, p, lambda: discover_inputs(a), a.recipe_files[0])
     binding = Path(a.inputs["binding"])
     bound = read_onnx_adapter(binding)
     if "adapter" in a.inputs:  # compile.quantized_io: the binding is quantized; the float model takes the file's values

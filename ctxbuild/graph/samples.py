@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ctxbuild.errors import ActionError
 from ctxbuild.graph.modelio import graph_inputs
@@ -103,3 +103,12 @@ def check_sample(sample: dict[str, np.ndarray], spec: InputSpec, path: Path, rec
                               "samples must be real, finite inputs; regenerate this file")
         out[name] = arr.astype(dtype, copy=False)
     return out
+
+
+def for_verification(spec: InputSpec, params: dict[str, Any], find: Callable[[], Any],
+                     recipe_file: str) -> list[dict[str, np.ndarray]]:
+    """The samples a verifying action (verify, verify_adapter, screen) compares on: `params["samples"]` random
+    ones when its `sample_source` is random, else the files `find()` discovers (listed only then)."""
+    if params["sample_source"] == "random":
+        return list(random_samples(spec, params["samples"]))
+    return list(from_files(spec, find(), recipe_file))
