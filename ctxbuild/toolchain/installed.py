@@ -194,11 +194,7 @@ def quick_stamp(toolchains: tuple[str, ...] = ()) -> list[Any]:
     and the QNN libraries' stats, on the path and in each provisioned toolchain named. Unchanged stamp,
     unchanged fingerprints; the no-op build checks only this."""
     found: list[Any] = []
-    for d, names in _site_listings([s for t in toolchains if (s := site_of(t))], path=False) if toolchains else ():
-        found += [[d, n] for n in names if n.endswith(".dist-info")]
-        found += [[f, st.st_size, st.st_mtime_ns] for f in (os.path.join(d, "onnxruntime_qnn", name) for name in LIBRARIES)
-                  for st in _stats(f)]
-    for d, names in _site_listings():
+    for d, names in _site_listings([s for t in toolchains if (s := site_of(t))]):
         found += [[d, n] for n in names if n.endswith(".dist-info")
                   and n.startswith(("onnx-", "onnxruntime-", "onnxruntime_qnn-"))]
         if "onnxruntime_qnn" in names:
@@ -207,9 +203,10 @@ def quick_stamp(toolchains: tuple[str, ...] = ()) -> list[Any]:
     return [ACTION_SCHEMA_VERSION, found]
 
 
-def _site_listings(first: tuple[str, ...] | list[str] = (), path: bool = True) -> Iterator[tuple[str, list[str]]]:
-    """Each readable directory of `first`, then (`path`) of sys.path, with its sorted listing, in import order."""
-    for d in [*first, *(sys.path if path else [])]:
+def _site_listings(first: list[str] | None = None) -> Iterator[tuple[str, list[str]]]:
+    """Each readable directory of `first` (provisioned toolchains' sites), then of sys.path, with its sorted
+    listing, in import order."""
+    for d in [*(first or []), *sys.path]:
         try:
             yield d, sorted(os.listdir(d or "."))
         except OSError:
