@@ -10,17 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.graph.modelio import load
-from ctxbuild.graph.samples import for_verification, input_spec, list_samples
+from ctxbuild.actions import verify
+from ctxbuild.graph.samples import for_verification, input_spec
 from ctxbuild.plan.action import Action
 from ctxbuild.verify import gates
 from ctxbuild.verify.measure import compare, cpu_outputs
 from ctxbuild.verify.memo import OutputsMemo, float_reference
 
 
-def discover_inputs(action: Action) -> dict[str, Path]:
-    if not action.watch:
-        return {}
-    return list_samples(Path(action.watch[0]), action.params["samples"], action.recipe_files[0])
+discover_inputs = verify.discover_inputs  # the same samples as the candidate's verify: its declared dir
 
 
 def run(ctx: Any) -> None:
