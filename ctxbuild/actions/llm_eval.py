@@ -5,6 +5,12 @@ the compiled graphs (HTP simulator) are teacher-forced on those tokens (ctxbuild
 cannot load multi-graph (weight-shared) binaries (QNN-NOTES), so it runs each graph's single-graph twin, compiled
 from the same QDQ model with the same options; the bundles are inputs so any change re-verifies. The simulator
 runs in a child process: a crash there is an error here, not a dead build.
+
+With `adapter` (llm.adapters): the same decode with that adapter bound everywhere: the float graphs and the QDQ
+graphs are fed the values of its `.onnx_adapter` files, the twins load those files (LoraAdapter +
+RunOptions.add_active_adapter, as an application does); graphs without slots run as they are. The result also says
+how much the adapter changes the float model's greedy tokens (`tokens_changed_by_adapter`): an adapter that
+changes nothing proves nothing.
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ from typing import Any
 from ctxbuild.errors import ActionError
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.prompts import load_prompts, prompt_files
+from ctxbuild.lora.adapters import read_onnx_adapter, slot_defaults_of
 from ctxbuild.plan.action import Action
 
 METHOD = "single-graph twins on the HTP simulator (it cannot load the weight-shared multi-graph binaries)"
@@ -34,18 +41,28 @@ def run(ctx: Any) -> None:
     a, p = ctx.action, ctx.action.params
     layout = Layout.read(Path(a.inputs["layout"]))
     prompts = load_prompts(discover_inputs(a))
-    float_run = pipeline.cpu_runner(layout.models("reference", a.inputs))
+    references = layout.models("reference", a.inputs)
+    defaults = {k: slot_defaults_of(path) for k, path in references.items()}
+    bindings = {(g.part, g.ar, g.cl): Path(a.inputs[f"binding:{g.name}"]) for g in layout.graphs
+                if f"binding:{g.name}" in a.inputs}
+    bound = {k: {**d, **(read_onnx_adapter(bindings[k]) if k in bindings else {})} for k, d in defaults.items()}
+    float_run = pipeline.cpu_runner(references, bound)
     result: dict[str, Any] = {"graph": "tokens", "method": METHOD, "precision": p["precision"], "prompts": len(prompts),
                               "tokens_per_prompt": p["generate"], "thresholds": p["thresholds"], "by_cl": {},
                               "outputs": {}}
+    if "adapter" in p:
+        result.update(adapter=p["adapter"], calibrated=p["calibrated"])
     failures = []
     for cl in sorted({g.cl for g in layout.graphs}):
         ref = tokens.float_runs(layout, float_run, prompts, p["generate"], cl)
         row: dict[str, Any] = {}
+        if "adapter" in p:
+            base = tokens.float_runs(layout, pipeline.cpu_runner(references, defaults), prompts, p["generate"], cl)
+            row["tokens_changed_by_adapter"] = round(1 - tokens.compare(base, [r.logits for r in ref])["token_agreement"], 4)
         if "qdq:" + layout.graphs[0].name in a.inputs:
             row["qdq_cpu"] = tokens.compare(ref, tokens.forced_logits(
-                layout, pipeline.cpu_runner(layout.models("qdq", a.inputs)), prompts, ref, cl))
-        row["simulator"] = tokens.compare(ref, _simulate(layout, a.inputs, prompts, ref, cl, p["timeout_s"]))
+                layout, pipeline.cpu_runner(layout.models("qdq", a.inputs), bound), prompts, ref, cl))
+        row["simulator"] = tokens.compare(ref, _simulate(layout, a.inputs, bindings, prompts, ref, cl, p["timeout_s"]))
         result["by_cl"][str(cl)] = row
         sim, t = row["simulator"], p["thresholds"]
         # the report's and the build summary's per-output view: the simulator's logits at this CL
@@ -57,15 +74,16 @@ def run(ctx: Any) -> None:
     result["passed"] = not failures
     Path(ctx.tmp_output("result")).write_text(json.dumps(result, indent=2, sort_keys=True))
     if failures:
-        raise ActionError(f"{a.recipes[0]}@{a.target['name']}: " + "; ".join(failures),
+        with_adapter = f" with adapter '{p['adapter']}'" if "adapter" in p else ""
+        raise ActionError(f"{a.recipes[0]}{with_adapter}@{a.target['name']}: " + "; ".join(failures),
                           "try precision w8a16, kv_cache uint16, or more calibration prompts (docs/llm.md)")
 
 
-def _simulate(layout: Layout, inputs: dict[str, str], prompts: list[Any], ref: list[Any], cl: int,
-              timeout: float) -> list[Any]:
+def _simulate(layout: Layout, inputs: dict[str, str], bindings: dict[tuple[int, int, int], Path], prompts: list[Any],
+              ref: list[Any], cl: int, timeout: float) -> list[Any]:
     from ctxbuild.verify.measure import in_child
 
-    got, exitcode, hung = in_child(_child, (layout, layout.models("twin", inputs), prompts, ref, cl), timeout)
+    got, exitcode, hung = in_child(_child, (layout, layout.models("twin", inputs), bindings, prompts, ref, cl), timeout)
     if got is None:
         why = f"did not finish within {timeout:g} s" if hung else f"crashed (exit {exitcode})"
         raise ActionError(f"the HTP simulator {why} at CL {cl}",
@@ -75,8 +93,8 @@ def _simulate(layout: Layout, inputs: dict[str, str], prompts: list[Any], ref: l
     return got
 
 
-def _child(layout: Layout, twins: dict[tuple[int, int, int], Path], prompts: list[Any], ref: list[Any], cl: int,
-           send: Any) -> None:
+def _child(layout: Layout, twins: dict[tuple[int, int, int], Path], bindings: dict[tuple[int, int, int], Path],
+           prompts: list[Any], ref: list[Any], cl: int, send: Any) -> None:
     import onnxruntime as ort
 
     from ctxbuild.llm import tokens
@@ -84,13 +102,21 @@ def _child(layout: Layout, twins: dict[tuple[int, int, int], Path], prompts: lis
 
     try:
         sessions: dict[tuple[int, int, int], Any] = {}
+        options: dict[tuple[int, int, int], Any] = {}
 
         def run(part: int, ar: int, cl_: int, feeds: dict[str, Any]) -> dict[str, Any]:
             key = (part, ar, cl_)
             if key not in sessions:
                 sessions[key] = ort.InferenceSession(str(twins[key]), toolchain.session_options({}, cpu_fallback=False))
+                if key in bindings:  # the adapter as an application binds it: its .onnx_adapter, per run
+                    lora = ort.LoraAdapter()
+                    lora.Load(str(bindings[key]))
+                    ro = ort.RunOptions()
+                    ro.add_active_adapter(lora)
+                    options[key] = (ro, lora)  # the adapter object lives as long as the options using it
             s = sessions[key]
-            return dict(zip([o.name for o in s.get_outputs()], s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()})))
+            got = s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()}, options.get(key, (None,))[0])
+            return dict(zip([o.name for o in s.get_outputs()], got))
 
         send.send(tokens.forced_logits(layout, run, prompts, ref, cl))
     except Exception as e:  # noqa: BLE001 - ORT's message to the parent as one line

@@ -4,6 +4,10 @@ Calibration data is what the part really sees: the float static graphs are chain
 (prompt chunks, then greedy token steps, at every CL) and each call's inputs to this part's graphs are recorded.
 Weights are per-channel symmetric (int4 for w4a16, int8 for w8a16), so every AR x CL graph of the part gets the
 same quantized weights and encodings: the bundle stores them once. The KV-cache I/O takes the recipe's type.
+
+LoRA (llm.adapters): the float graphs carry each slot's default as an initializer; the quantizer gets them as plain
+inputs (activations, like the other recipes' slots), calibrated over the decode with no adapter and with each
+adapter of the `calibrate` set bound (MAX_SAMPLES calls of each).
 """
 from __future__ import annotations
 
@@ -15,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from ctxbuild.errors import ActionError
-from ctxbuild.graph.modelio import data_path
+from ctxbuild.graph.modelio import data_path, load
 from ctxbuild.llm.layout import Layout
+from ctxbuild.llm.pipeline import Bound
 from ctxbuild.llm.prompts import load_prompts, prompt_files
 from ctxbuild.plan.action import Action
 
@@ -29,15 +34,17 @@ def discover_inputs(action: Action) -> dict[str, Path]:
 
 
 def calibration_feeds(layout: Layout, models: dict[tuple[int, int, int], Path], prompts: list[np.ndarray],
-                      tokens: int) -> dict[tuple[int, int, int], list[dict[str, np.ndarray]]]:
-    """Every graph call's inputs while the float pipeline decodes `prompts` at each CL."""
+                      tokens: int, bound: Bound | None = None) -> dict[tuple[int, int, int], list[dict[str, np.ndarray]]]:
+    """Every graph call's inputs (with its slots' values from `bound`) while the float pipeline decodes `prompts`
+    at each CL."""
     from ctxbuild.llm import pipeline
 
-    run_cpu = pipeline.cpu_runner(models)
+    bound = bound or {}
+    run_cpu = pipeline.cpu_runner(models, bound)
     feeds: dict[tuple[int, int, int], list[dict[str, np.ndarray]]] = {}
 
     def record(part: int, ar: int, cl: int, f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        feeds.setdefault((part, ar, cl), []).append(f)
+        feeds.setdefault((part, ar, cl), []).append({**f, **bound.get((part, ar, cl), {})})
         return run_cpu(part, ar, cl, f)
 
     ars = sorted({g.ar for g in layout.graphs})
@@ -55,8 +62,12 @@ def run(ctx: Any) -> None:
     layout = Layout.read(Path(a.inputs["layout"]))
     floats = layout.models("model", a.inputs)
     prompts = load_prompts(discover_inputs(a))
+    defaults, variants = adapter_variants(a.inputs, floats, p.get("adapters") or {})
+    feeds: dict[tuple[int, int, int], list[dict[str, np.ndarray]]] = {}
     try:
-        feeds = calibration_feeds(layout, floats, prompts, p["tokens"])
+        for bound in variants:  # each variant's calls in turn: every one reaches the samples kept below
+            for key, calls in calibration_feeds(layout, floats, prompts, p["tokens"], bound).items():
+                feeds.setdefault(key, []).extend(calls[:MAX_SAMPLES])
     except ValueError as e:  # a prompt too long for a CL
         raise ActionError(f"{a.recipe_files[0]}: calibration: {e}",
                           "use shorter prompts, fewer llm.generate tokens or larger context_lengths") from None
@@ -65,10 +76,10 @@ def run(ctx: Any) -> None:
         if g.name not in p["graphs"]:
             continue
         model = floats[(g.part, g.ar, g.cl)]
-        samples = feeds.get((g.part, g.ar, g.cl), [])[:MAX_SAMPLES]
-        # a private link beside the model: onnxruntime writes scratch files beside its input
+        samples = feeds.get((g.part, g.ar, g.cl), [])
+        # a private copy beside the model: onnxruntime writes scratch files beside its input
         src = model.with_name(f".llm-quantize-{os.getpid()}-{model.name}")
-        os.link(model, src)
+        _private_copy(model, src, set(defaults[(g.part, g.ar, g.cl)]))
         try:
             names, sensitive, weights = _io_and_sensitive(src)
             overrides = {n: [{"quant_type": kv}] for n in names if n.startswith(("past_key_values.", "present."))}
@@ -87,11 +98,39 @@ def run(ctx: Any) -> None:
         print(f"{g.name}: calibrated on {len(samples)} calls")
 
 
+def adapter_variants(inputs: dict[str, str], floats: dict[tuple[int, int, int], Path], cal: dict[str, Any]
+                     ) -> tuple[Bound, list[Bound]]:
+    """(each graph's slot defaults, the slot values per calibration variant: no adapter, then each adapter of the
+    set bound). A file is checked against the slots of every graph: it holds the whole model's."""
+    from ctxbuild.lora.adapters import bind_param, slot_defaults_of, slot_spec
+
+    defaults = {k: slot_defaults_of(path) for k, path in floats.items()}
+    spec = slot_spec({n: v for d in defaults.values() for n, v in d.items()})
+    variants = [defaults]
+    for name, param in sorted(cal.items()):
+        values = bind_param(Path(inputs[f"adapter:{name}"]), spec, param)
+        variants.append({k: {**d, **{n: v for n, v in values.items() if n in d}} for k, d in defaults.items()})
+    return defaults, variants
+
+
+def _private_copy(model: Path, dst: Path, slots: set[str]) -> None:
+    """A hard link of `model` at `dst`, or, when it has LoRA slots, the model without their defaults (the quantizer
+    would take an initializer for a weight): the proto rewritten, its external data shared."""
+    if not slots:
+        os.link(model, dst)
+        return
+    import onnx
+
+    m = load(model, external_data=False)
+    kept = [t for t in m.graph.initializer if t.name not in slots]
+    del m.graph.initializer[:]
+    m.graph.initializer.extend(kept)
+    onnx.save(m, str(dst))
+
+
 def _io_and_sensitive(path: Path) -> tuple[list[str], list[str], list[str]]:
     """Graph I/O names, the weights of the embedding (Gather by input_ids) and of the LM head (the MatMul
     writing logits), and every initializer's name."""
-    from ctxbuild.graph.modelio import load
-
     m = load(path, external_data=False)
     inits = {t.name for t in m.graph.initializer}
     sensitive = [i for n in m.graph.node for i in n.input if i in inits and (

@@ -29,7 +29,7 @@ def run(ctx: Any) -> None:
     graphs = static.specs(p["parts"], ars, cls)
     dst = {g.name: ctx.tmp_output(f"model:{g.name}") for g in graphs}
     try:
-        shape = static.write_static_graphs(src, p["parts"], ars, cls, dst)
+        shape = static.write_static_graphs(src, p["parts"], ars, cls, dst, p.get("adapter_slots"))
     except NotADecoder as e:
         raise ActionError(f"{src}: {e}") from None
     ranges = static.part_ranges(shape.layers, p["parts"])

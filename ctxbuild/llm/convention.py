@@ -78,13 +78,15 @@ def check_decoder(model: Any) -> DecoderShape:
     return DecoderShape(len(layers), dims[1].dim_value, dims[3].dim_value, logits[-1].dim_value, embed.dims[1])
 
 
-MEMO = "memo/llm-decoder-3"  # bump when what check_decoder accepts changes: old verdicts are then not read
+MEMO = "memo/llm-decoder-4"  # bump when what check_decoder accepts changes: old verdicts are then not read
 
 
 def decoder_facts(model: Path) -> dict[str, Any] | None:
     """check_decoder at plan time, memoized in the user cache by the file's stat (a re-plan does not parse the
     model again): {"layers": N, "weights": initializer names, "weight_sizes": [[name, elements, where]] (where: the
-    layer, FIRST for the embedding, LAST for what follows the layers)} or {"error": why}; None if the file does not parse as ONNX (llm_split reports it)."""
+    layer, FIRST for the embedding, LAST for what follows the layers), "inputs": graph input names, "readers":
+    {initializer or input: the wheres of the nodes reading it} (where an adapter slot lands)} or {"error": why};
+    None if the file does not parse as ONNX (llm_split reports it)."""
     return memoized_by_stat(model, MEMO, lambda: _facts(model))
 
 
@@ -98,9 +100,25 @@ def _facts(model: Path) -> dict[str, Any] | None:
         return None
     try:
         return {"layers": check_decoder(m).layers, "weights": [t.name for t in m.graph.initializer],
-                "weight_sizes": weight_sizes(m)}
+                "weight_sizes": weight_sizes(m), "inputs": [i.name for i in m.graph.input], "readers": readers(m)}
     except NotADecoder as e:
         return {"error": str(e)}
+
+
+def _where(node: Any) -> int:
+    m = LAYER.search(node.name)
+    return int(m.group(1)) if m else FIRST if "input_ids" in node.input else LAST
+
+
+def readers(model: Any) -> dict[str, list[int]]:
+    """Initializer or graph input -> the wheres (layer, FIRST, LAST; see weight_sizes) of the nodes reading it."""
+    names = {t.name for t in model.graph.initializer} | {i.name for i in model.graph.input}
+    out: dict[str, set[int]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            if i in names:
+                out.setdefault(i, set()).add(_where(n))
+    return {k: sorted(v) for k, v in sorted(out.items())}
 
 
 def weight_sizes(model: Any) -> list[tuple[str, int, int]]:
@@ -113,7 +131,5 @@ def weight_sizes(model: Any) -> list[tuple[str, int, int]]:
              if len(t.dims) >= 2 and t.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)}
     out = set()
     for n in model.graph.node:
-        m = LAYER.search(n.name)
-        where = int(m.group(1)) if m else FIRST if "input_ids" in n.input else LAST
-        out.update((i, math.prod(inits[i].dims), where) for i in n.input if i in inits)
+        out.update((i, math.prod(inits[i].dims), _where(n)) for i in n.input if i in inits)
     return sorted(out)

@@ -84,11 +84,16 @@ def generate(run: Runner, parts: list[tuple[int, int]], kv_shape: tuple[int, int
     return out
 
 
-def cpu_runner(models: dict[tuple[int, int, int], Path]) -> Runner:
-    """Sessions on the CPU EP, opened on first use: models[(part, ar, cl)]."""
+Bound = dict[tuple[int, int, int], dict[str, np.ndarray]]  # per graph: LoRA slot values fed with every call
+
+
+def cpu_runner(models: dict[tuple[int, int, int], Path], bound: Bound | None = None) -> Runner:
+    """Sessions on the CPU EP, opened on first use: models[(part, ar, cl)]. `bound[(part, ar, cl)]`: values fed to
+    that graph's slots (required inputs of a QDQ graph, overridable initializers of a float one)."""
     import onnxruntime as ort
 
     sessions: dict[tuple[int, int, int], Any] = {}
+    bound = bound or {}
 
     def run(part: int, ar: int, cl: int, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         key = (part, ar, cl)
@@ -98,7 +103,9 @@ def cpu_runner(models: dict[tuple[int, int, int], Path]) -> Runner:
             sessions[key] = ort.InferenceSession(str(models[key]), so, providers=["CPUExecutionProvider"])
         s = sessions[key]
         names = [o.name for o in s.get_outputs()]
-        return dict(zip(names, s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()})))
+        given = {**bound.get(key, {}), **feeds}
+        wanted = [i.name for i in s.get_inputs()] + [i.name for i in s.get_overridable_initializers() if i.name in given]
+        return dict(zip(names, s.run(None, {n: given[n] for n in wanted})))
 
     return run
 

@@ -3,13 +3,18 @@ one weight-shared `bundle` per part, single-graph twins for the simulator, `llm_
 
 A CL added re-runs the split (it writes every graph) and the quantizes, but the other graphs' bytes stay the same,
 so their twins restore from the cache; the bundles re-run (their graph lists change). Measured in
-docs/measured.md (LLMs)."""
+docs/measured.md (LLMs).
+
+LoRA (`llm.adapters`): the split keeps the slots as inputs of the graphs reading them, the quantizes calibrate over
+no adapter + the `calibrate` set, and per target each adapter gets one `adapter` action per graph with slots (its
+`.onnx_adapter`, ctxbuild/lora/plan.py) and one `llm_eval` decoding with it bound. Neither feeds a compile."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from ctxbuild.llm.recipe import LlmSpec
 from ctxbuild.llm.static import GraphSpec, specs
+from ctxbuild.lora.plan import adapter_actions, calibration_inputs
 from ctxbuild.plan.action import Action, short_hash
 from ctxbuild.plan.steps import common_params, model_files, provider_options
 from ctxbuild.recipes.recipe import Recipe
@@ -33,17 +38,23 @@ def llm_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
     for t in recipe.targets:
         bundles = [_bundle(recipe, [g for g in graphs if g.part == p], compiled, split, t, out) for p in range(spec.parts)]
         acts += bundles
+        twins: list[Action] = []
         if verify:  # the simulator cannot load a multi-graph binary: each graph compiled alone (QNN-NOTES)
-            twins = [_twin(recipe, g, compiled, t, work / "twins" / t.name / recipe.name) for g in graphs]
+            twins = [_twin(recipe, g, compiled, split, t, work / "twins" / t.name / recipe.name) for g in graphs]
             acts += twins + [_eval(recipe, spec, graphs, split, compiled, twins, bundles, t, out)]
+        if spec.adapters:
+            acts += _adapters(recipe, spec, graphs, split, compiled, twins, bundles, t, out)
         acts.append(_package(recipe, spec, bundles, split, t, out))
     return acts
+
 
 
 def _split(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], work: Path) -> Action:
     params = {"parts": spec.parts, "sequence_lengths": list(spec.sequence_lengths),
               "context_lengths": list(spec.context_lengths), "graphs": [g.name for g in graphs],
               "check": {"prompts": spec.verify_prompts, "tokens": spec.generate}}
+    if spec.adapters:  # only then: the keys of recipes without adapters stay as they were
+        params["adapter_slots"] = {"patterns": list(spec.adapters.slots), "scaling": spec.adapters.scaling}
     h = short_hash(["llm_split", params, str(spec.model)])
     d = work / f"{recipe.name}-{h}"
     outputs = {"layout": str(d / "layout.json")}
@@ -59,12 +70,16 @@ def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int,
     mine = [g.name for g in graphs if g.part == part]
     params = {"part": part, "graphs": mine, "precision": spec.precision, "kv_cache": spec.kv_cache,
               "keep_8bit": list(spec.keep_8bit), "samples": spec.calibration_prompts, "tokens": spec.generate}
+    inputs = dict(split.outputs)
+    if spec.adapters:  # calibrated over no adapter + the `calibrate` set: a change there re-quantizes
+        params["adapters"], files = calibration_inputs(spec.adapters)
+        inputs.update(files)
     h = short_hash(["llm_quantize", params, split.id])
     d = work / f"{recipe.name}-q{part + 1}-{h}"
     outputs = {k: v for g in mine for k, v in model_files(f"model:{g}", str(d / f"{g}.onnx")).items()}
     return Action(id=f"llm_quantize/{recipe.name}.part{part + 1}-{h}", kind="llm_quantize",
                   description=f"quantize {recipe.name} part {part + 1} ({spec.precision})",
-                  inputs=dict(split.outputs), outputs=dict(sorted(outputs.items())), params=params, watch=[str(spec.prompts)],
+                  inputs=inputs, outputs=dict(sorted(outputs.items())), params=params, watch=[str(spec.prompts)],
                   **common_params(recipe))
 
 
@@ -88,18 +103,23 @@ def _bundle(recipe: Recipe, graphs: list[GraphSpec], compiled: dict[str, str], s
     outputs["bin"] = str(d / f"{recipe.name}_{part}_of_{parts}_qnn.bin")
     params = {"provider_options": _options(recipe, t), "cpu_fallback": False, "precision": recipe.precision,
               "graphs": [g.name for g in graphs]}
+    if recipe.adapters:  # the wrappers get the slots' defaults from the float graphs (reference:)
+        params["adapters"] = True
     return Action(id=f"bundle/{recipe.name}.part{part}@{t.name}", kind="bundle",
                   description=f"bundle {recipe.name} part {part} of {parts}@{t.name} ({len(graphs)} graphs)",
                   inputs=inputs, outputs=outputs, params=params, target=t.as_dict(), pool="compile",
                   **common_params(recipe))
 
 
-def _twin(recipe: Recipe, g: GraphSpec, compiled: dict[str, str], t: Target, d: Path) -> Action:
+def _twin(recipe: Recipe, g: GraphSpec, compiled: dict[str, str], split: Action, t: Target, d: Path) -> Action:
     params = {"provider_options": _options(recipe, t), "embed": False, "cpu_fallback": False,
               "precision": recipe.precision, "graphs": [g.name]}
+    inputs = model_files("model", compiled[f"model:{g.name}"])
+    if recipe.adapters:  # its wrapper carries the slots' defaults too: an adapter binds to it as to the bundle's
+        inputs.update(reference=split.outputs[f"model:{g.name}"], **{"reference.data": split.outputs[f"model:{g.name}.data"]})
     return Action(id=f"compile/{recipe.name}.{g.name}@{t.name}", kind="compile",
                   description=f"compile {recipe.name}.{g.name}@{t.name} (verification twin)",
-                  inputs=model_files("model", compiled[f"model:{g.name}"]),
+                  inputs=inputs,
                   outputs={"ctx": str(d / f"{g.name}_ctx.onnx"), "bin": str(d / f"{g.name}_ctx_qnn.bin")},
                   params=params, target=t.as_dict(), pool="compile", **common_params(recipe))
 
@@ -122,6 +142,35 @@ def _eval(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], split: Action,
     return Action(id=f"llm_eval/{recipe.name}@{t.name}", kind="llm_eval", description=f"verify {recipe.name}@{t.name} (tokens)",
                   inputs=inputs, outputs={"result": str(out / t.name / recipe.name / "llm_verify.json")},
                   params=params, target=t.as_dict(), watch=[str(spec.prompts)], pool="compile", **common_params(recipe))
+
+
+def _adapters(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], split: Action, compiled: dict[str, str],
+              twins: list[Action], bundles: list[Action], t: Target, out: Path) -> list[Action]:
+    """Per adapter: its `.onnx_adapter` for each graph with slots (checked against every part's slots: a file holds
+    the whole model's), and, when verifying, an `llm_eval` decoding with those files bound."""
+    assert spec.adapters is not None
+    peers = {f"peer:{r}": p for b in bundles for r, p in b.outputs.items() if r.startswith("ctx:")}
+    bindings: dict[str, list[Action]] = {}
+    acts = []
+    for g in graphs:
+        if g.part not in spec.slot_parts:
+            continue
+        for a in adapter_actions(recipe, g.name, t, bundles[g.part], None, out):
+            a.inputs.update({r: p for r, p in peers.items() if r != f"peer:ctx:{g.name}"})
+            bindings.setdefault(a.params["name"], []).append(a)
+            acts.append(a)
+    if not twins:
+        return acts
+    base = _eval(recipe, spec, graphs, split, compiled, twins, [], t, out)
+    for a in spec.adapters.items:
+        v = Action(id=f"llm_eval/{recipe.name}+{a.name}@{t.name}", kind="llm_eval",
+                   description=f"verify {recipe.name} with adapter {a.name}@{t.name} (tokens)",
+                   inputs={**base.inputs, **{f"binding:{b.params['graph']}": b.outputs["binding"] for b in bindings[a.name]}},
+                   outputs={"result": str(out / t.name / recipe.name / "adapters" / f"{a.name}_llm_verify.json")},
+                   params={**base.params, "adapter": a.name, "calibrated": a.name in spec.adapters.calibrate},
+                   target=t.as_dict(), watch=base.watch, pool="compile", **common_params(recipe))
+        acts.append(v)
+    return acts
 
 
 def _package(recipe: Recipe, spec: LlmSpec, bundles: list[Action], split: Action, t: Target, out: Path) -> Action:

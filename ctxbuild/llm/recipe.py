@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.errors import RecipeError
+from ctxbuild.lora.recipe import Adapters, parse_adapters
 from ctxbuild.recipes.paths import named_path
 from ctxbuild.recipes.targets import Target
 from ctxbuild.recipes.yamlsrc import LineDict, line_of
@@ -30,6 +31,8 @@ class LlmSpec:
     generate: int
     min_token_agreement: float
     min_cosine: float
+    adapters: Adapters | None = None  # LoRA (llm.adapters): slots kept as inputs of every graph reading them
+    slot_parts: tuple[int, ...] = ()  # llm.adapters: the parts (0-based) whose graphs read slots
 
 
 def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Target]) -> LlmSpec:
@@ -86,11 +89,61 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
     if not prompts.is_dir():  # its files are found at run time, like calibration samples
         raise RecipeError(f"{at('prompts', 'dir')}: llm.prompts.dir '{spec['prompts']['dir']}' is not a directory "
                           f"(looked in {prompts})", "a directory of token-id .npy files, relative to the recipe")
+    adapters, slot_parts = None, ()
+    if "adapters" in spec:
+        adapters, wheres = _adapters(f, data, spec, precision, facts, model.name)
+        slot_parts = _parts_reading(wheres, layers, parts)
     return LlmSpec(model=model, sequence_lengths=ars, context_lengths=cls, parts=parts, precision=precision,
                    kv_cache=spec.get("kv_cache", "uint16"), keep_8bit=keep_8bit, prompts=prompts,
                    calibration_prompts=spec["prompts"].get("samples", 4), verify_prompts=spec["prompts"].get("verify", 2),
                    generate=spec.get("generate", 8), min_token_agreement=spec.get("min_token_agreement", 0.75),
-                   min_cosine=spec.get("min_cosine", 0.95))
+                   min_cosine=spec.get("min_cosine", 0.95), adapters=adapters, slot_parts=slot_parts)
+
+
+def _adapters(f: Path, data: LineDict, spec: dict[str, Any], precision: str, facts: dict[str, Any],
+              model: str) -> tuple[Adapters, tuple[int, ...]]:
+    """llm.adapters (the `adapters:` block of other recipes, nested) and where its slots are read. Each slot pattern
+    must name an initializer or input of the decoder that a node reads."""
+    def at(*path: str | int) -> str:
+        return f"{f}:{line_of(data, ['llm', 'adapters', *path])}"
+
+    if precision == "fp16":  # the float graphs would go to the compiler with the slots' defaults as initializers
+        raise RecipeError(f"{at()}: llm.adapters with precision fp16 is not built yet",
+                          "use precision w8a16 or w4a16 (the slots are uint16 inputs there)")
+    adapters = parse_adapters(f, data, spec["adapters"], precision, ("llm", "adapters"))
+    readers: dict[str, list[int]] = facts.get("readers", {})
+    if not readers:  # the model did not parse: llm_split reports it
+        return adapters, ()
+    wheres: set[int] = set()
+    patterns = [("slots", i, p) for i, p in enumerate(adapters.slots)]
+    patterns += [("scaling", None, adapters.scaling)] if adapters.scaling else []
+    for key, i, pattern in patterns:
+        hits = fnmatch.filter(readers, pattern)
+        if not hits:
+            lora = [n for n in readers if "lora" in n.lower()]
+            example = lora[0] if lora else next((n for n in readers if "proj" in n), next(iter(readers)))
+            raise RecipeError(f"{at(key, *([i] if i is not None else []))}: '{pattern}' names no initializer or "
+                              f"input of {model}", f"a name or glob pattern of its LoRA weights, e.g. {example!r}")
+        wheres.update(w for n in hits for w in readers[n])
+    return adapters, tuple(sorted(wheres))
+
+
+def _parts_reading(wheres: tuple[int, ...], layers: int | None, parts: int) -> tuple[int, ...]:
+    """The parts holding these wheres (layers, FIRST, LAST); every part when the model was not read."""
+    from ctxbuild.llm.static import part_ranges
+
+    if layers is None or not wheres:
+        return tuple(range(parts))
+    ranges = part_ranges(layers, parts)
+    return tuple(sorted({_part_of(w, ranges) for w in wheres}))
+
+
+def _part_of(where: int, ranges: list[tuple[int, int]]) -> int:
+    """The part holding a where (a layer; FIRST: the embedding's part; LAST: what follows the layers)."""
+    from ctxbuild.llm.convention import FIRST, LAST
+
+    return 0 if where == FIRST else len(ranges) - 1 if where == LAST else \
+        next(p for p, (lo, hi) in enumerate(ranges) if lo <= where < hi)
 
 
 WEIGHT_BYTES = {"w4a16": 0.5, "w8a16": 1.0, "fp16": 2.0}  # per weight element in the compiled part
@@ -110,9 +163,7 @@ def part_weight_bytes(facts: dict[str, Any], parts: int, precision: str, keep_8b
         width = WEIGHT_BYTES[precision]
         if precision == "w4a16" and (where in (FIRST, LAST) or any(fnmatch.fnmatchcase(name, k) for k in kept)):
             width = 1.0
-        part = 0 if where == FIRST else parts - 1 if where == LAST else \
-            next(p for p, (lo, hi) in enumerate(ranges) if lo <= where < hi)
-        out[part] += elements * width
+        out[_part_of(where, ranges)] += elements * width
     return out
 
 

@@ -48,8 +48,10 @@ def specs(parts: int, ars: list[int], cls: list[int]) -> list[GraphSpec]:
     return [GraphSpec(graph_name(p, parts, ar, cl), p, ar, cl) for p in range(parts) for cl in cls for ar in ars]
 
 
-def static_graph(model: Any, shape: DecoderShape, ranges: list[tuple[int, int]], part: int, ar: int, cl: int) -> Any:
-    """The static graph of one part at (AR, CL); `model` is left unchanged."""
+def static_graph(model: Any, shape: DecoderShape, ranges: list[tuple[int, int]], part: int, ar: int, cl: int,
+                 slots: tuple[str, ...] = ()) -> Any:
+    """The static graph of one part at (AR, CL); `model` is left unchanged. `slots`: LoRA slot inputs of `model`;
+    the part keeps those its nodes read as inputs."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -98,7 +100,11 @@ def static_graph(model: Any, shape: DecoderShape, ranges: list[tuple[int, int]],
     outs += [f"present.{i}.{kv}" for i in range(start, stop) for kv in ("key", "value")]
     used = {i for n in m.graph.node for i in n.input}
     ins = [i for i in ins if i in used or i.startswith("hidden_states.")]  # a part may not need position_ids
-    sub = onnx.utils.Extractor(m).extract_model(ins, outs)
+    sub = onnx.utils.Extractor(m).extract_model(ins + list(slots), outs)
+    read = {i for n in sub.graph.node for i in n.input}
+    kept = [v for v in sub.graph.input if v.name not in slots or v.name in read]
+    del sub.graph.input[:]
+    sub.graph.input.extend(kept)
     sub.graph.name = graph_name(part, len(ranges), ar, cl)
     sub.ir_version = model.ir_version
     del sub.opset_import[:]
@@ -166,9 +172,14 @@ def _rename(g: Any, old: str, new: str) -> None:
             v.name = new
 
 
-def write_static_graphs(src: Path, parts: int, ars: list[int], cls: list[int], dst: dict[str, Path]) -> DecoderShape:
-    """Every (part, AR, CL) graph of `src` to `dst[graph name]` (+ `<path>.data`)."""
+def write_static_graphs(src: Path, parts: int, ars: list[int], cls: list[int], dst: dict[str, Path],
+                        adapter_slots: dict[str, Any] | None = None) -> DecoderShape:
+    """Every (part, AR, CL) graph of `src` to `dst[graph name]` (+ `<path>.data`). `adapter_slots` ({patterns,
+    scaling}): those weights become graph inputs, each with its default (the base's value) as an initializer of the
+    same name, so the graph runs without an adapter and an adapter overrides them."""
     import onnx
+
+    from ctxbuild.lora.adapters import add_defaults, make_slots
 
     model = onnx.load(str(src))
     shape = check_decoder(model)
@@ -179,8 +190,11 @@ def write_static_graphs(src: Path, parts: int, ars: list[int], cls: list[int], d
     if parts > shape.layers:
         raise NotADecoder(f"{parts} parts for a model of {shape.layers} layers: at most one part per layer")
     ranges = part_ranges(shape.layers, parts)
+    defaults = make_slots(model, adapter_slots["patterns"], adapter_slots["scaling"]) if adapter_slots else {}
     for s in specs(parts, ars, cls):
-        sub = static_graph(model, shape, ranges, s.part, s.ar, s.cl)
+        sub = static_graph(model, shape, ranges, s.part, s.ar, s.cl, tuple(defaults))
+        mine = {i.name for i in sub.graph.input}
+        add_defaults(sub, {k: v for k, v in defaults.items() if k in mine})
         path = dst[s.name]
         # small tensors (shape constants) stay inline: shape inference needs their values
         onnx.save(sub, str(path), save_as_external_data=True, location=path.name + ".data")

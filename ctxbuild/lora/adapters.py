@@ -91,6 +91,23 @@ def slot_defaults(model: Any) -> dict[str, np.ndarray]:
     return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.name in inputs}
 
 
+def slot_defaults_of(path: Path) -> dict[str, np.ndarray]:
+    """slot_defaults of a model file, reading only the slots' tensors from its external data (not every weight)."""
+    import onnx
+    from onnx import numpy_helper
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    model = onnx.load(str(path), load_external_data=False)
+    inputs = {i.name for i in model.graph.input}
+    out = {}
+    for t in model.graph.initializer:
+        if t.name in inputs:
+            if uses_external_data(t):
+                load_external_data_for_tensor(t, str(path.parent))
+            out[t.name] = numpy_helper.to_array(t)
+    return out
+
+
 def slot_spec(defaults: dict[str, np.ndarray]) -> SlotSpec:
     return {k: (tuple(v.shape), v.dtype) for k, v in defaults.items()}
 

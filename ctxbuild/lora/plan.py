@@ -101,7 +101,7 @@ def adapter_rows(actions: list[Action], successors: Any) -> list[dict[str, Any]]
         if a.kind == "adapter":
             rows.append({"action": a.id, "recipe": a.recipes[0], "target": a.target, "name": a.params["name"],
                          "kind": "onnx_adapter", "graph": a.params["graph"], "files": [a.outputs["binding"]],
-                         "verified_by": [v for v in successors(a.id) if v.startswith("verify_adapter/")]})
+                         "verified_by": [v for v in successors(a.id) if v.startswith(("verify_adapter/", "llm_eval/"))]})
         elif a.kind == "lora_sections":
             rows += [{"action": a.id, "recipe": a.recipes[0], "target": a.target, "name": n,
                       "kind": "lora_v2_section", "graph": None, "files": [a.outputs[f"section:{n}"],

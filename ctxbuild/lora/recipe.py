@@ -42,9 +42,11 @@ class Sections:
     sdk_mismatch: str  # "error" | "warn"
 
 
-def parse_adapters(f: Path, data: LineDict, spec: dict[str, Any], precision: str) -> Adapters:
+def parse_adapters(f: Path, data: LineDict, spec: dict[str, Any], precision: str,
+                   where: tuple[str, ...] = ("adapters",)) -> Adapters:
+    """`where`: the block's path in the recipe (`llm:` recipes nest it: ("llm", "adapters"))."""
     def at(*path: str | int) -> str:
-        return f"{f}:{line_of(data, ['adapters', *path])}"
+        return f"{f}:{line_of(data, [*where, *path])}"
 
     if precision == "qdq":  # its LoRA weights are already quantized initializers behind DequantizeLinear
         raise RecipeError(f"{at()}: adapters need a float base model, not precision qdq",

@@ -156,11 +156,15 @@ class Compile(Kind):
     memory = MemoryModel(4.2, ("model",), {"fp16": 2.2})
 
 
-class BundleParams(TypedDict):
+class _BundleRequired(TypedDict):
     provider_options: dict[str, str]
     cpu_fallback: bool
     precision: str
     graphs: list[str]
+
+
+class BundleParams(_BundleRequired, total=False):
+    adapters: bool  # LoRA: the wrappers get the slots' defaults from the float references
 
 
 class Bundle(Kind):
@@ -320,12 +324,16 @@ class LoraSections(Kind):
 
 # --- LLMs (ctxbuild/llm/): the decoder's static graphs, quantized per part; bundle and compile do the rest ---
 
-class LlmSplitParams(TypedDict):
+class _LlmSplitRequired(TypedDict):
     parts: int
     sequence_lengths: list[int]
     context_lengths: list[int]
     graphs: list[str]
     check: dict[str, int]  # prompts and tokens the greedy check of the static graphs decodes
+
+
+class LlmSplitParams(_LlmSplitRequired, total=False):
+    adapter_slots: dict[str, Any]  # llm.adapters: slot patterns and scaling; slots become inputs with defaults
 
 
 class LlmSplit(Kind):
@@ -338,7 +346,7 @@ class LlmSplit(Kind):
     memory = MemoryModel(3.0, ("model",))  # the model once, each graph's copy while it is written
 
 
-class LlmQuantizeParams(TypedDict):
+class _LlmQuantizeRequired(TypedDict):
     part: int
     graphs: list[str]
     precision: str
@@ -346,6 +354,10 @@ class LlmQuantizeParams(TypedDict):
     keep_8bit: list[str]  # w4a16: fnmatch patterns of weights kept at int8
     samples: int  # calibration prompts
     tokens: int  # greedy tokens decoded per prompt while recording calibration inputs
+
+
+class LlmQuantizeParams(_LlmQuantizeRequired, total=False):
+    adapters: dict[str, Any]  # llm.adapters: the calibration set (adapter name -> tensors, scale, scaling)
 
 
 class LlmQuantize(Kind):
@@ -358,13 +370,18 @@ class LlmQuantize(Kind):
     memory = MemoryModel(3.5, ("model:",))
 
 
-class LlmEvalParams(TypedDict):
+class _LlmEvalRequired(TypedDict):
     graphs: list[str]
     precision: str
     prompts: int
     generate: int
     thresholds: dict[str, float]
     timeout_s: float
+
+
+class LlmEvalParams(_LlmEvalRequired, total=False):
+    adapter: str  # llm.adapters: this adapter bound on every graph with slots (its .onnx_adapter files)
+    calibrated: bool  # in the calibration set
 
 
 class LlmEval(Kind):

@@ -480,6 +480,7 @@ def _llm_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], grou
     other = [k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "adapters") if k in data]
     if other:
         raise RecipeError(f"{f}:{line_of(data, [other[0]])}: `{other[0]}` does not apply to an `llm:` recipe",
+                          "move it inside the llm: block (llm.adapters)" if other[0] == "adapters" else
                           "set precision and prompts inside the llm: block (docs/llm.md)")
     group_toolchains: dict[str, tuple[Any, str]] = {}
     targets = _targets(f, data, merged["targets"], groups, group_toolchains)
@@ -493,7 +494,7 @@ def _llm_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], grou
     verify = merged.get("verify", {})
     verify = {"enabled": verify} if isinstance(verify, bool) else dict(verify)
     return Recipe(name=name, file=f, precision=spec.precision, graphs=[], targets=targets, compile=compile_opts,
-                  verify=verify, llm=spec, runtimes=_runtimes(f, data, merged), **chosen)
+                  verify=verify, llm=spec, adapters=spec.adapters, runtimes=_runtimes(f, data, merged), **chosen)
 
 
 def _split_outputs(v: bool | list[str]) -> bool | tuple[str, ...]:

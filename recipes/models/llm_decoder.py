@@ -9,6 +9,7 @@ static-graph pass uses to cut the model into parts.
 
 Weights are random but scaled like a trained model's (std 1/sqrt(fan_in) projections, norm gains near 1,
 embedding rows of norm ~4), seeded: running this twice writes byte-identical files.
+With `lora_rank`, LoRA slots (PEFT names, `lora_B` zero) on q_proj/v_proj and adapters for them (`lora_adapter`).
 No torch needed. Usage: python recipes/models/llm_decoder.py [DEST]   (default: this script's directory)
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 OPSET = 17
 IR_VERSION = 10
 MASK_NEG = -100.0  # additive mask value: small enough for 16-bit activations to keep the scores' resolution
+LORA_TARGETS = ("q_proj", "v_proj")  # PEFT's default target_modules for Llama
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class Config:
     max_positions: int = 1024
     rope_theta: float = 10000.0
     eps: float = 1e-5
+    lora_rank: int = 0  # > 0: PEFT-style LoRA slots on each layer's q_proj and v_proj (LORA_TARGETS)
+    lora_alpha: float = 8.0  # PEFT's lora_alpha: the branch is scaled by alpha / rank (`lora_scaling`)
 
     @property
     def head_dim(self) -> int:
@@ -121,13 +125,29 @@ def decoder(cfg: Config, seed: int = 23, weights: dict[str, np.ndarray] | None =
         return b.op("Reshape", [rep, b.init(f"shape_0{cfg.heads}m1{hd}", np.array([0, cfg.heads, -1, hd], np.int64))], scope)
 
     std_in, std_mlp = 1 / np.sqrt(h), 4 / np.sqrt(cfg.intermediate)  # a strong MLP: continuations vary
+    lora_rng = np.random.default_rng(seed + 1)  # apart: the base weights are the same with or without slots
+    if cfg.lora_rank:
+        b.init("lora_scaling", np.array([cfg.lora_alpha / cfg.lora_rank], np.float32))
+
+    def proj(x: str, name: str, shape: tuple[int, int], std: float, scope: str) -> str:
+        """x @ W, plus PEFT's LoRA branch (x @ lora_A) @ lora_B * scaling on the LORA_TARGETS. The base's lora_B
+        is zeros (PEFT's init): without an adapter the model is the plain decoder."""
+        y = b.op("MatMul", [x, b.weight(f"{name}.weight", shape, std)], scope)
+        if not cfg.lora_rank or name.rsplit(".", 1)[-1] not in LORA_TARGETS:
+            return y
+        r = cfg.lora_rank
+        a_ = b.init(f"{name}.lora_A.weight", (lora_rng.standard_normal((shape[0], r)) / np.sqrt(shape[0])).astype(np.float32))
+        b_ = b.init(f"{name}.lora_B.weight", np.zeros((r, shape[1]), np.float32))
+        up = b.op("MatMul", [b.op("MatMul", [x, a_], scope), b_], scope)
+        return b.op("Add", [y, b.op("Mul", [up, "lora_scaling"], scope)], scope)
+
     for i in range(cfg.layers):
         p, w = f"/model/layers.{i}", f"model.layers.{i}"
         n = b.rms_norm(x, f"{p}/input_layernorm", h, cfg.eps)
         a = f"{p}/self_attn"
-        q = rope(heads(b.op("MatMul", [n, b.weight(f"{w}.self_attn.q_proj.weight", (h, h), std_in)], a), cfg.heads, a), f"{a}/q_rot")
-        k = rope(heads(b.op("MatMul", [n, b.weight(f"{w}.self_attn.k_proj.weight", (h, kvh * hd), std_in)], a), kvh, a), f"{a}/k_rot")
-        v = heads(b.op("MatMul", [n, b.weight(f"{w}.self_attn.v_proj.weight", (h, kvh * hd), std_in)], a), kvh, a)
+        q = rope(heads(proj(n, f"{w}.self_attn.q_proj", (h, h), std_in, a), cfg.heads, a), f"{a}/q_rot")
+        k = rope(heads(proj(n, f"{w}.self_attn.k_proj", (h, kvh * hd), std_in, a), kvh, a), f"{a}/k_rot")
+        v = heads(proj(n, f"{w}.self_attn.v_proj", (h, kvh * hd), std_in, a), kvh, a)
         b.nodes.append(helper.make_node("Concat", [f"past_key_values.{i}.key", k], [f"present.{i}.key"], name=f"{a}/Concat_k", axis=2))
         b.nodes.append(helper.make_node("Concat", [f"past_key_values.{i}.value", v], [f"present.{i}.value"], name=f"{a}/Concat_v", axis=2))
         kt = b.op("Transpose", [repeat_kv(f"present.{i}.key", a)], a, perm=[0, 1, 3, 2])
@@ -228,6 +248,20 @@ def genai_decoder(cfg: Config, seed: int = 23) -> onnx.ModelProto:
                              ir_version=IR_VERSION, producer_name="ctxbuild-llm-decoder")
 
 
+def lora_adapter(cfg: Config, seed: int, b_std: float = 0.02) -> dict[str, np.ndarray]:
+    """One adapter for decoder(cfg) with lora_rank > 0, by slot name (PEFT's tensor names, in the ONNX MatMul
+    layout [in, out]): A like PEFT's init (std 1/sqrt(in)), B small, as training leaves it."""
+    rng = np.random.default_rng(seed)
+    h, r, out = cfg.hidden, cfg.lora_rank, {"q_proj": cfg.hidden, "v_proj": cfg.kv_heads * cfg.head_dim}
+    weights = {}
+    for i in range(cfg.layers):
+        for t in LORA_TARGETS:
+            name = f"model.layers.{i}.self_attn.{t}"
+            weights[f"{name}.lora_A.weight"] = (rng.standard_normal((h, r)) / np.sqrt(h)).astype(np.float32)
+            weights[f"{name}.lora_B.weight"] = (rng.standard_normal((r, out[t])) * b_std).astype(np.float32)
+    return weights
+
+
 def prompts(cfg: Config, n: int, length: int, seed: int = 5) -> list[np.ndarray]:
     """Token-id prompts (int64, one per file): random ids stand in for a tokenizer's output."""
     rng = np.random.default_rng(seed)
@@ -242,6 +276,15 @@ def main(dest: Path) -> None:
     d.mkdir(parents=True, exist_ok=True)
     for i, p in enumerate(prompts(cfg, 4, 24)):
         np.save(d / f"prompt_{i:03d}.npy", p)
+    # the LoRA example (recipes/llm_lora.yaml): the same decoder with rank-4 slots, two adapters
+    from safetensors.numpy import save_file
+
+    lora = Config(lora_rank=4)
+    onnx.save(decoder(lora), dest / "llama_lora.onnx")
+    d = dest / "adapters" / "llama_lora"
+    d.mkdir(parents=True, exist_ok=True)
+    for name, seed in (("chat", 31), ("summarize", 32)):
+        save_file(lora_adapter(lora, seed), str(d / f"{name}.safetensors"))
 
 
 if __name__ == "__main__":
