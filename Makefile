@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-MODELS := recipes/models/tiny_cnn.onnx recipes/models/llama_tiny.onnx
+MODELS := recipes/models/tiny_cnn.onnx recipes/models/llama_tiny.onnx recipes/models/llama_lora.onnx
 
 .PHONY: setup models build test unit wheel-check bench clean
 

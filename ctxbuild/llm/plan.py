@@ -116,7 +116,7 @@ def _twin(recipe: Recipe, g: GraphSpec, compiled: dict[str, str], split: Action,
               "precision": recipe.precision, "graphs": [g.name]}
     inputs = model_files("model", compiled[f"model:{g.name}"])
     if recipe.adapters:  # its wrapper carries the slots' defaults too: an adapter binds to it as to the bundle's
-        inputs.update(reference=split.outputs[f"model:{g.name}"], **{"reference.data": split.outputs[f"model:{g.name}.data"]})
+        inputs.update(model_files("reference", split.outputs[f"model:{g.name}"]))
     return Action(id=f"compile/{recipe.name}.{g.name}@{t.name}", kind="compile",
                   description=f"compile {recipe.name}.{g.name}@{t.name} (verification twin)",
                   inputs=inputs,
