@@ -193,3 +193,68 @@ def test_bad_llm_adapters_exit_2_naming_the_line(lora: Path, tmp_path: Path, ctx
     assert r.code == 2, r.text
     lines = [x for x in r.err.splitlines() if x.strip()]
     assert expect in lines[0] and "llm_lora.yaml:" in lines[0], r.err
+
+
+def test_static_graphs_keep_each_parts_slots_and_decode_the_merged_model(tmp_path: Path) -> None:
+    """The rewrite with slots: each part's graphs take its layers' slots as inputs (defaults inside), and fed an
+    adapter's values they decode the original decoder with that adapter merged in (CPU, float)."""
+    from ctxbuild.llm import pipeline, static
+
+    cfg = llm_decoder.Config(layers=3, max_positions=128, lora_rank=4)
+    onnx.save(llm_decoder.decoder(cfg), tmp_path / "lora.onnx")
+    graphs = static.specs(2, [8, 1], [32])
+    dst = {g.name: tmp_path / f"{g.name}.onnx" for g in graphs}
+    slots = {"patterns": ["*.lora_A.weight", "*.lora_B.weight"], "scaling": "lora_scaling"}
+    shape = static.write_static_graphs(tmp_path / "lora.onnx", 2, [8, 1], [32], dst, slots)
+    for g in graphs:
+        m = onnx.load(dst[g.name])
+        optional = {t.name for t in m.graph.initializer} & {i.name for i in m.graph.input}
+        layers = range(0, 2) if g.part == 0 else range(2, 3)
+        assert optional == {f"model.layers.{i}.self_attn.{p}.lora_{ab}.weight" for i in layers
+                            for p in ("q_proj", "v_proj") for ab in "AB"} | {"lora_scaling"}, g.name
+    weights = llm_decoder.lora_adapter(cfg, 7, b_std=0.05)
+    ranges = static.part_ranges(shape.layers, 2)
+    models = {(g.part, g.ar, g.cl): dst[g.name] for g in graphs}
+    # each graph fed its own layers' values (model.layers.N....), as the per-graph .onnx_adapter files hold them
+    bound = {k: {n: v for n, v in weights.items() if ranges[k[0]][0] <= int(n.split(".")[2]) < ranges[k[0]][1]}
+             for k in models}
+    prompt = llm_decoder.prompts(cfg, 1, 11)[0]
+    want = pipeline.reference_generate(merged(tmp_path / "lora.onnx", weights, tmp_path / "merged.onnx"), prompt, 8)
+    got = pipeline.generate(pipeline.cpu_runner(models, bound), ranges, (shape.kv_heads, shape.head_dim), prompt, 8, 32, 8)
+    assert got.tokens == want.tokens
+    assert max(float(np.abs(a - b).max()) for a, b in zip(got.logits, want.logits)) < 1e-3
+    plain = pipeline.generate(pipeline.cpu_runner(models), ranges, (shape.kv_heads, shape.head_dim), prompt, 8, 32, 8)
+    assert plain.tokens == pipeline.reference_generate(tmp_path / "lora.onnx", prompt, 8).tokens != want.tokens
+
+
+def test_adapter_actions_only_for_the_parts_holding_slots(tmp_path: Path) -> None:
+    """Slots on layer 0 only: part 2's graphs get no adapter files; the adapter evaluations do not verify the bundles
+    (they read the twins and the files), and only the `calibrate` adapters are quantize inputs."""
+    from ctxbuild.plan.planner import make_plan
+    from ctxbuild.recipes import recipe
+
+    d = tmp_path / "r"
+    (d / "models" / "adapters").mkdir(parents=True)
+    cfg = llm_decoder.Config(layers=2, max_positions=128, lora_rank=4)
+    onnx.save(llm_decoder.decoder(cfg), d / "models" / "lora.onnx")
+    (d / "prompts").mkdir()
+    for name in ADAPTERS:
+        np.savez(d / "models" / "adapters" / f"{name}.npz", **llm_decoder.lora_adapter(cfg, 1))
+    (d / "llm.yaml").write_text(json.dumps({"llm": {
+        "model": "models/lora.onnx", "sequence_lengths": [8, 1], "context_lengths": [32], "parts": 2,
+        "precision": "w8a16", "prompts": {"dir": "prompts"},
+        "adapters": {"slots": ["model.layers.0.*lora*"], "calibrate": ["chat"],
+                     "files": [{"name": n, "file": f"models/adapters/{n}.npz"} for n in ADAPTERS]}},
+        "targets": ["SM8650"]}))
+    plan = make_plan(recipe.load([d]), tmp_path / "out")
+    acts = {a.id: a for a in plan.actions}
+    bound = sorted(a.params["graph"] for a in acts.values() if a.kind == "adapter")
+    assert bound == sorted(["prompt_ar8_cl32_1_of_2", "token_ar1_cl32_1_of_2"] * 2)
+    evals = [i for i in acts if i.startswith("llm_eval/llm+")]
+    assert sorted(evals) == ["llm_eval/llm+chat@SM8650", "llm_eval/llm+summarize@SM8650"]
+    for e in evals:
+        assert not any(acts[p].kind == "bundle" for p in plan.graph.predecessors(e))
+    quantize = [a for a in acts.values() if a.kind == "llm_quantize"]
+    assert all(sorted(r for r in a.inputs if r.startswith("adapter:")) == ["adapter:chat"] for a in quantize)
+    rows = {r["path"]: r for r in plan.artifacts()}
+    assert rows["SM8650/llm/llm_1_of_2_qnn.bin"]["verified_by"] == ["llm_eval/llm@SM8650"]
