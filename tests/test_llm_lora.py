@@ -109,6 +109,9 @@ def test_adapters_bind_per_graph_verified_and_rebuild_alone(lora: Path, tree: Pa
         assert result["passed"] and result["adapter"] == name and result["calibrated"] == (name == "chat")
         assert sim["steps"] == 16 and sim["token_agreement"] >= 0.75 and sim["cosine_mean"] >= 0.99, sim
         assert result["by_cl"]["64"]["tokens_changed_by_adapter"] > 0.2  # it changes the model's continuation
+        # the calibrated adapter stays inside the encodings; the other one leaves some (named per graph)
+        clipping = result["clipping"]
+        assert (not clipping) if name == "chat" else clipping and {c["graph"] for c in clipping} <= set(GRAPHS)
         for row in (a for a in rows if a["name"] == name):
             assert row["verification"]["status"] == "passed" and row["verification"]["tokens_by_cl"] == result["by_cl"]
 

@@ -10,7 +10,9 @@ With `adapter` (llm.adapters): the same decode with that adapter bound everywher
 graphs are fed the values of its `.onnx_adapter` files, the twins load those files (LoraAdapter +
 RunOptions.add_active_adapter, as an application does); graphs without slots run as they are. The result also says
 how much the adapter changes the float model's greedy tokens (`tokens_changed_by_adapter`): an adapter that
-changes nothing proves nothing.
+changes nothing proves nothing. And, as verify_adapter does, which tensors of each graph leave their quantization
+range with the adapter (`clipping`: the float graphs' activations on the calls of the decode, against the QDQ
+graphs' encodings), named when the verification fails.
 """
 from __future__ import annotations
 
@@ -46,7 +48,13 @@ def run(ctx: Any) -> None:
     bindings = {(g.part, g.ar, g.cl): Path(a.inputs[f"binding:{g.name}"]) for g in layout.graphs
                 if f"binding:{g.name}" in a.inputs}
     bound = {k: {**d, **(read_onnx_adapter(bindings[k]) if k in bindings else {})} for k, d in defaults.items()}
-    float_run = pipeline.cpu_runner(references, bound)
+    calls: dict[tuple[int, int, int], list[dict[str, Any]]] = {}  # what each float graph was fed (clipping)
+    float_cpu = pipeline.cpu_runner(references, bound)
+
+    def float_run(part: int, ar: int, cl: int, feeds: dict[str, Any]) -> dict[str, Any]:
+        calls.setdefault((part, ar, cl), []).append(feeds)
+        return float_cpu(part, ar, cl, feeds)
+
     result: dict[str, Any] = {"graph": "tokens", "method": METHOD, "precision": p["precision"], "prompts": len(prompts),
                               "tokens_per_prompt": p["generate"], "thresholds": p["thresholds"], "by_cl": {},
                               "outputs": {}}
@@ -71,12 +79,42 @@ def run(ctx: Any) -> None:
         if not (sim["token_agreement"] >= t["min_token_agreement"] and sim["cosine_mean"] >= t["min_cosine"]):
             failures.append(f"CL {cl}: top-1 agreement {sim['token_agreement']:.2f} (min {t['min_token_agreement']}), "
                             f"logits cosine {sim['cosine_mean']:.4f} (min {t['min_cosine']})")
+    hint = "try precision w8a16, kv_cache uint16, or more calibration prompts (docs/llm.md)"
+    if "adapter" in p and "qdq:" + layout.graphs[0].name in a.inputs:
+        result["clipping"] = _clipping(layout, a.inputs, calls, bound, ctx.tmp)
+        if result["clipping"]:
+            named = ", ".join(f"'{c['tensor']}' of {c['graph']} ({c['fraction']:.1%} of values)"
+                              for c in result["clipping"][:4])
+            hint = f"the adapter does not fit the base's encodings: {named} clip; add it to llm.adapters.calibrate"
     result["passed"] = not failures
     Path(ctx.tmp_output("result")).write_text(json.dumps(result, indent=2, sort_keys=True))
     if failures:
         with_adapter = f" with adapter '{p['adapter']}'" if "adapter" in p else ""
-        raise ActionError(f"{a.recipes[0]}{with_adapter}@{a.target['name']}: " + "; ".join(failures),
-                          "try precision w8a16, kv_cache uint16, or more calibration prompts (docs/llm.md)")
+        raise ActionError(f"{a.recipes[0]}{with_adapter}@{a.target['name']}: " + "; ".join(failures), hint)
+
+
+CLIP_CALLS = 8  # calls per graph the clipping analysis replays (prompt chunks and token steps)
+
+
+def _clipping(layout: Layout, inputs: dict[str, str], calls: dict[tuple[int, int, int], list[dict[str, Any]]],
+              bound: dict[tuple[int, int, int], dict[str, Any]], tmp: Path) -> list[dict[str, Any]]:
+    """verify_adapter's clipped_tensors per graph with slots, over the calls the float decode made with the adapter."""
+    from ctxbuild.actions.verify_adapter import clipped_tensors
+    from ctxbuild.graph.modelio import load
+
+    out = []
+    for g in layout.graphs:
+        key = (g.part, g.ar, g.cl)
+        if f"binding:{g.name}" not in inputs or not calls.get(key):
+            continue
+        reference = Path(inputs[f"reference:{g.name}"])
+        names = {i.name for i in load(reference, external_data=False).graph.input}
+        feeds = [{k: v for k, v in {**f, **bound[key]}.items() if k in names} for f in calls[key][:CLIP_CALLS]]
+        work = tmp / g.name
+        work.mkdir()
+        out += [{"graph": g.name, **c} for c in clipped_tensors(reference, Path(inputs[f"qdq:{g.name}"]), feeds,
+                                                                bound[key], work)]
+    return sorted(out, key=lambda c: -c["fraction"])
 
 
 def _simulate(layout: Layout, inputs: dict[str, str], bindings: dict[tuple[int, int, int], Path], prompts: list[Any],
