@@ -55,13 +55,13 @@ def text(doc: dict[str, Any]) -> list[str]:
     lines = [head]
     acc = doc["accuracy"]
     if acc:
-        width = max(len("graph"), *(len(_graph(r)) for r in acc))
+        width = max(len("graph"), *(len(r["graph"]) for r in acc))  # the report's label names the adapter
         tw = max(len("target"), *(len(r["target"] or "-") for r in acc))
         lines.append(f"  {'graph':<{width}}  {'target':<{tw}} {'cosine':>8} {'SNR dB':>7}  verdict")
         for r in acc:
             cos = "-" if r["cosine"] is None else f"{r['cosine']:.4f}"
             snr = "-" if r["snr_db"] is None else f"{r['snr_db']:.1f}"
-            lines.append(f"  {_graph(r):<{width}}  {r['target'] or '-':<{tw}} {cos:>8} {snr:>7}  {_verdict(r)}")
+            lines.append(f"  {r['graph']:<{width}}  {r['target'] or '-':<{tw}} {cos:>8} {snr:>7}  {_verdict(r)}")
     elif doc["artifacts"]:
         lines.append("  (no graph verified: --no-verify or `verify: false`)")
     lines.append(f"ctxbuild: report: {doc['report']}")
@@ -77,10 +77,6 @@ def rewrites(records: list[dict[str, Any]]) -> list[str]:
             lines.append(f"ctxbuild: {', '.join(r.get('recipes') or [r['id']])}: rewritten for the HTP: {made} "
                          "(docs/legalization.md)")
     return lines
-
-
-def _graph(r: dict[str, Any]) -> str:
-    return r["graph"] + (f"+{r['adapter']}" if r.get("adapter") else "")
 
 
 def _verdict(r: dict[str, Any]) -> str:
