@@ -150,6 +150,16 @@ def test_adapters_bind_per_graph_verified_and_rebuild_alone(lora: Path, tree: Pa
     assert set(last_build(out)) == own, last_build(out)
     assert f"explain: adapter/llm_lora.{GRAPHS[0]}+summarize@SM8650: ran: not in cache; changed: inputs (adapter)" in r.text
 
+    # a new adapter (outside `calibrate`) with `scale:`: its own actions only; each of its files sets the scaling slot
+    shutil.copy(summarize, summarize.with_name("terse.safetensors"))
+    lora.write_text(lora.read_text().replace("      - {name: summarize,", "      - {name: terse, file: "
+                                             "models/adapters/llama_lora/terse.safetensors, scale: 1.0}\n      - {name: summarize,"))
+    r = ctxbuild("build", str(lora), "-o", str(out))
+    assert r.code == 0, r.text
+    assert set(last_build(out)) == {f"adapter/llm_lora.{g}+terse@SM8650" for g in GRAPHS} | {"llm_eval/llm_lora+terse@SM8650"}
+    for g in GRAPHS:
+        assert adapter_values(d / "adapters" / f"{g}.terse.onnx_adapter")["lora_scaling"].tolist() == [1.0]
+
     # a tensor in the file that matches no slot of any graph: the adapter's own actions fail, naming it
     time.sleep(0.01)
     save_file({**values, "model.layers.0.self_attn.k_proj.lora_A.weight": values[
