@@ -240,6 +240,31 @@ def test_static_graphs_keep_each_parts_slots_and_decode_the_merged_model(tmp_pat
     assert plain.tokens == pipeline.reference_generate(tmp_path / "lora.onnx", prompt, 8).tokens != want.tokens
 
 
+def test_slots_exported_as_inputs_default_to_zeros(tmp_path: Path) -> None:
+    """A decoder exported with its LoRA weights as graph inputs (fixed shapes): the graphs keep them, defaulting to
+    zeros (no adapter), and decode as the original does fed zeros."""
+    from ctxbuild.llm import pipeline, static
+
+    cfg = llm_decoder.Config(layers=2, max_positions=128, lora_rank=4)
+    model = llm_decoder.decoder(cfg)
+    lora = [t for t in model.graph.initializer if ".lora_" in t.name]
+    for t in lora:
+        model.graph.initializer.remove(t)
+        model.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    onnx.save(model, tmp_path / "inputs.onnx")
+    graphs = static.specs(1, [8, 1], [32])
+    dst = {g.name: tmp_path / f"{g.name}.onnx" for g in graphs}
+    shape = static.write_static_graphs(tmp_path / "inputs.onnx", 1, [8, 1], [32], dst, {"patterns": ["*lora*"], "scaling": None})
+    m = onnx.load(dst["token_ar1_cl32_1_of_1"])
+    defaults = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer if ".lora_" in t.name}
+    assert set(defaults) == {t.name for t in lora} and not any(v.any() for v in defaults.values())
+    prompt = llm_decoder.prompts(cfg, 1, 11)[0]
+    want = pipeline.reference_generate(tmp_path / "inputs.onnx", prompt, 6, defaults)
+    got = pipeline.generate(pipeline.cpu_runner({(0, g.ar, g.cl): dst[g.name] for g in graphs}), [(0, 2)],
+                            (shape.kv_heads, shape.head_dim), prompt, 6, 32, 8)
+    assert got.tokens == want.tokens
+
+
 def test_adapter_actions_only_for_the_parts_holding_slots(tmp_path: Path) -> None:
     """Slots on layer 0 only: part 2's graphs get no adapter files; the adapter evaluations do not verify the bundles
     (they read the twins and the files), and only the `calibrate` adapters are quantize inputs."""

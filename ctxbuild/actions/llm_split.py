@@ -10,6 +10,7 @@ from ctxbuild.errors import ActionError
 from ctxbuild.graph.modelio import external_data_files, load
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.prompts import load_prompts, prompt_files
+from ctxbuild.lora.adapters import slot_defaults_of
 from ctxbuild.plan.action import Action
 
 
@@ -32,13 +33,15 @@ def run(ctx: Any) -> None:
         shape = static.write_static_graphs(src, p["parts"], ars, cls, dst, p.get("adapter_slots"))
     except NotADecoder as e:
         raise ActionError(f"{src}: {e}") from None
+    # LoRA slots the model takes as inputs: the original is checked with their defaults (zeros), as the graphs hold them
+    slots = {n: v for path in dst.values() for n, v in slot_defaults_of(path).items()} if p.get("adapter_slots") else {}
     ranges = static.part_ranges(shape.layers, p["parts"])
     models = {(g.part, g.ar, g.cl): dst[g.name] for g in graphs}
     run_cpu = pipeline.cpu_runner(models)
     tokens = p["check"]["tokens"]
     reference = []
     for i, prompt in enumerate(load_prompts(prompt_files(Path(a.watch[0]), p["check"]["prompts"]))):
-        want = pipeline.reference_generate(src, prompt, tokens).tokens
+        want = pipeline.reference_generate(src, prompt, tokens, slots).tokens
         reference.append(want)
         for cl in cls:
             try:

@@ -110,8 +110,10 @@ def cpu_runner(models: dict[tuple[int, int, int], Path], bound: Bound | None = N
     return run
 
 
-def reference_generate(model: Path, prompt: np.ndarray, new_tokens: int) -> Decoded:
-    """Greedy decode with the original dynamic model (growing KV cache, 2-D attention_mask)."""
+def reference_generate(model: Path, prompt: np.ndarray, new_tokens: int, slots: dict[str, np.ndarray] | None = None
+                       ) -> Decoded:
+    """Greedy decode with the original dynamic model (growing KV cache, 2-D attention_mask). `slots`: values for
+    LoRA weights the model takes as inputs (fed where it has such an input)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -123,7 +125,7 @@ def reference_generate(model: Path, prompt: np.ndarray, new_tokens: int) -> Deco
     ids, n, out = prompt[None].astype(np.int64), 0, Decoded([])
     for s_ in range(new_tokens):
         total = n + ids.shape[1]
-        all_feeds = {"input_ids": ids, "attention_mask": np.ones((1, total), np.int64),
+        all_feeds = {**(slots or {}), "input_ids": ids, "attention_mask": np.ones((1, total), np.int64),
                      "position_ids": np.arange(n, total, dtype=np.int64)[None], **feeds}
         # onnxruntime-genai's convention has no position_ids (the attention op derives them)
         got = dict(zip(names, s.run(None, {i.name: all_feeds[i.name] for i in s.get_inputs()})))
