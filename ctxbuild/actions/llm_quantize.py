@@ -29,21 +29,26 @@ def discover_inputs(action: Action) -> dict[str, Path]:
 
 
 def calibration_feeds(layout: Layout, models: dict[tuple[int, int, int], Path], prompts: list[np.ndarray],
-                      tokens: int) -> dict[tuple[int, int, int], list[dict[str, np.ndarray]]]:
-    """Every graph call's inputs while the float pipeline decodes `prompts` at each CL."""
+                      tokens: int, part: int) -> dict[tuple[int, int, int], list[dict[str, np.ndarray]]]:
+    """The first MAX_SAMPLES calls' inputs to each of `part`'s graphs while the float pipeline decodes `prompts`
+    at each CL. One CL's sessions at a time, and only what is kept is recorded: an LLM's KV-cache inputs are
+    large (at CL 2048 ~8 MB per layer and call)."""
     from ctxbuild.llm import pipeline
 
-    run_cpu = pipeline.cpu_runner(models)
     feeds: dict[tuple[int, int, int], list[dict[str, np.ndarray]]] = {}
-
-    def record(part: int, ar: int, cl: int, f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        feeds.setdefault((part, ar, cl), []).append(f)
-        return run_cpu(part, ar, cl, f)
-
     ars = sorted({g.ar for g in layout.graphs})
     for cl in sorted({g.cl for g in layout.graphs}):
+        run_cpu = pipeline.cpu_runner({k: v for k, v in models.items() if k[2] == cl})
+
+        def record(part_: int, ar: int, cl_: int, f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            kept = feeds.setdefault((part_, ar, cl_), []) if part_ == part else []
+            if len(kept) < MAX_SAMPLES:
+                kept.append(f)
+            return run_cpu(part_, ar, cl_, f)
+
         for prompt in prompts:
             pipeline.generate(record, layout.parts, (layout.kv_heads, layout.head_dim), prompt, tokens, cl, ars[-1])
+        del run_cpu
     return feeds
 
 
@@ -56,7 +61,7 @@ def run(ctx: Any) -> None:
     floats = layout.models("model", a.inputs)
     prompts = load_prompts(discover_inputs(a))
     try:
-        feeds = calibration_feeds(layout, floats, prompts, p["tokens"])
+        feeds = calibration_feeds(layout, floats, prompts, p["tokens"], p["part"])
     except ValueError as e:  # a prompt too long for a CL
         raise ActionError(f"{a.recipe_files[0]}: calibration: {e}",
                           "use shorter prompts, fewer llm.generate tokens or larger context_lengths") from None
@@ -65,7 +70,7 @@ def run(ctx: Any) -> None:
         if g.name not in p["graphs"]:
             continue
         model = floats[(g.part, g.ar, g.cl)]
-        samples = feeds.get((g.part, g.ar, g.cl), [])[:MAX_SAMPLES]
+        samples = feeds.get((g.part, g.ar, g.cl), [])
         # a private link beside the model: onnxruntime writes scratch files beside its input
         src = model.with_name(f".llm-quantize-{os.getpid()}-{model.name}")
         os.link(model, src)

@@ -48,15 +48,17 @@ def specs(parts: int, ars: list[int], cls: list[int]) -> list[GraphSpec]:
     return [GraphSpec(graph_name(p, parts, ar, cl), p, ar, cl) for p in range(parts) for cl in cls for ar in ars]
 
 
-def static_graph(model: Any, shape: DecoderShape, ranges: list[tuple[int, int]], part: int, ar: int, cl: int) -> Any:
-    """The static graph of one part at (AR, CL); `model` is left unchanged."""
+def static_graph(model: Any, shape: DecoderShape, ranges: list[tuple[int, int]], part: int, ar: int, cl: int,
+                 base_dir: str = "") -> Any:
+    """The static graph of one part at (AR, CL); `model` is left unchanged. `model` may be loaded without its
+    external data (`base_dir`: where it lives): the graph work needs shapes only, so a decoder of any size is
+    rewritten without its weights in memory; they are copied when the graph is saved."""
     import onnx
     from onnx import TensorProto, helper
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
-    _fold_weight_transposes(g)
     mask = _mask_tensor(g)
     producers = {o: n for n in g.node for o in n.output}
     g.node.remove(producers[mask])
@@ -99,6 +101,7 @@ def static_graph(model: Any, shape: DecoderShape, ranges: list[tuple[int, int]],
     used = {i for n in m.graph.node for i in n.input}
     ins = [i for i in ins if i in used or i.startswith("hidden_states.")]  # a part may not need position_ids
     sub = onnx.utils.Extractor(m).extract_model(ins, outs)
+    _fold_weight_transposes(sub.graph, base_dir)  # after the cut: only the part holding the LM head reads it
     sub.graph.name = graph_name(part, len(ranges), ar, cl)
     sub.ir_version = model.ir_version
     del sub.opset_import[:]
@@ -106,14 +109,14 @@ def static_graph(model: Any, shape: DecoderShape, ranges: list[tuple[int, int]],
     return sub
 
 
-def _fold_weight_transposes(g: Any) -> None:
+def _fold_weight_transposes(g: Any, base_dir: str) -> None:
     from onnx import numpy_helper
 
     inits = {t.name: t for t in g.initializer}
     for n in list(g.node):
         if n.op_type == "Transpose" and n.input[0] in inits:
             perm = next((list(a.ints) for a in n.attribute if a.name == "perm"), None)
-            arr = numpy_helper.to_array(inits[n.input[0]]).transpose(perm)
+            arr = numpy_helper.to_array(inits[n.input[0]], base_dir).transpose(perm)
             g.initializer.append(numpy_helper.from_array(arr.copy(), n.output[0]))
             g.node.remove(n)
 
@@ -167,22 +170,24 @@ def _rename(g: Any, old: str, new: str) -> None:
 
 
 def write_static_graphs(src: Path, parts: int, ars: list[int], cls: list[int], dst: dict[str, Path]) -> DecoderShape:
-    """Every (part, AR, CL) graph of `src` to `dst[graph name]` (+ `<path>.data`)."""
+    """Every (part, AR, CL) graph of `src` to `dst[graph name]` (+ `<path>.data`). The model is read without its
+    external data and each graph's weights are streamed from `src`'s files as it is saved: memory stays at the
+    graph structure (plus inline weights) whatever the model's size, and no protobuf nears its 2 GB limit."""
     import onnx
 
-    model = onnx.load(str(src))
+    from ctxbuild.graph.modelio import save_external
+
+    model = onnx.load(str(src), load_external_data=False)
     shape = check_decoder(model)
     if is_genai(model):
         from ctxbuild.llm.genai import lower
 
-        model = lower(model)
+        model = lower(model, str(src.parent))
     if parts > shape.layers:
         raise NotADecoder(f"{parts} parts for a model of {shape.layers} layers: at most one part per layer")
     ranges = part_ranges(shape.layers, parts)
     for s in specs(parts, ars, cls):
-        sub = static_graph(model, shape, ranges, s.part, s.ar, s.cl)
-        path = dst[s.name]
+        sub = static_graph(model, shape, ranges, s.part, s.ar, s.cl, str(src.parent))
         # small tensors (shape constants) stay inline: shape inference needs their values
-        onnx.save(sub, str(path), save_as_external_data=True, location=path.name + ".data")
-        path.with_name(path.name + ".data").touch()  # the plan declares one even when every tensor is small
+        save_external(sub, src.parent, dst[s.name], inline_max=1023)
     return shape
