@@ -7,6 +7,9 @@ graphs compiled one by one (the verification twins: no sharing), the no-op build
 when CL 512 is added, and the token-level verification. Writes bench/results/llm_bench.json.
 
     python bench/llm_bench.py [--hidden 256 --layers 4 --vocab 2048 --precision w8a16]
+    # the ~1B shape (Llama-3.2-1B: hidden 2048, 16 layers, 32/8 heads, MLP 8192, vocab 128256):
+    python bench/llm_bench.py --hidden 2048 --layers 16 --heads 32 --kv-heads 8 --intermediate 8192 \
+        --vocab 128256 --ar 128 1 --cl 1024 2048 --add-cl 0 --precision w4a16 --workdir /var/tmp
 """
 from __future__ import annotations
 
@@ -35,11 +38,12 @@ def build(recipes: Path, out: Path, env: dict[str, str]) -> float:
     return time.monotonic() - start
 
 
-def write_recipe(d: Path, cls: list[int], precision: str) -> None:
+def write_recipe(d: Path, args: argparse.Namespace, cls: list[int]) -> None:
     (d / "llm.yaml").write_text(json.dumps({
-        "name": "llm", "targets": ["SM8650"],
-        "llm": {"model": "llama.onnx", "sequence_lengths": [32, 1], "context_lengths": cls, "parts": 2,
-                "precision": precision, "prompts": {"dir": "prompts", "samples": 4, "verify": 2}, "generate": 8}}))
+        "name": "llm", "targets": [args.target],
+        "llm": {"model": "llama.onnx", "sequence_lengths": args.ar, "context_lengths": cls, "parts": args.parts,
+                "precision": args.precision, "prompts": {"dir": "prompts", "samples": args.samples,
+                                                         "verify": args.verify}, "generate": 8}}))
 
 
 def main() -> None:
@@ -47,48 +51,81 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=2048)
+    ap.add_argument("--heads", type=int, help="attention heads (default hidden / 32)")
+    ap.add_argument("--kv-heads", type=int, help="key/value heads (default hidden / 128)")
+    ap.add_argument("--intermediate", type=int, help="MLP width (default 3 x hidden)")
+    ap.add_argument("--ar", type=int, nargs="+", default=[32, 1], help="sequence lengths")
+    ap.add_argument("--cl", type=int, nargs="+", default=[128, 256], help="context lengths of the cold build")
+    ap.add_argument("--add-cl", type=int, default=512,
+                    help="the context length added after the cold build (0: skip that step; each static graph holds "
+                         "its part's float weights, so at LLM sizes every CL costs disk: docs/llm.md)")
+    ap.add_argument("--parts", type=int, default=2)
     ap.add_argument("--precision", default="w8a16")
+    ap.add_argument("--target", default="SM8650")
+    ap.add_argument("--samples", type=int, default=4, help="calibration prompts")
+    ap.add_argument("--verify", type=int, default=2, help="verification prompts")
+    ap.add_argument("--workdir", type=Path, help="keep the build here (default: a temporary directory)")
     args = ap.parse_args()
-    cfg = llm_decoder.Config(vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=args.hidden // 32,
-                             kv_heads=max(1, args.hidden // 128), intermediate=3 * args.hidden, max_positions=1024)
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        src, out = work / "recipes", work / "out"
-        src.mkdir()
-        import onnx
-        import numpy as np
-
-        onnx.save(llm_decoder.decoder(cfg), src / "llama.onnx")
-        (src / "prompts").mkdir()
-        for i, p in enumerate(llm_decoder.prompts(cfg, 4, 40)):
-            np.save(src / "prompts" / f"prompt_{i}.npy", p)
-        env = {**os.environ, "CTXBUILD_CACHE_DIR": str(work / "cache")}
-        write_recipe(src, [128, 256], args.precision)
-        cold = build(src, out, env)
-        recs = [json.loads(p.read_text()) for p in (out / ".ctxbuild" / "records").glob("*.json")]
-        kinds: dict[str, dict[str, float]] = {}
-        for r in recs:
-            k = kinds.setdefault(r["kind"], {"actions": 0, "seconds": 0.0, "peak_rss_mb": 0.0, "estimate_mb": 0.0})
-            k["actions"] += 1
-            k["seconds"] = round(k["seconds"] + r.get("seconds", 0), 2)
-            k["peak_rss_mb"] = max(k["peak_rss_mb"], round((r.get("peak_rss") or 0) / 2**20, 1))
-            k["estimate_mb"] = max(k["estimate_mb"], round((r.get("memory_estimate") or 0) / 2**20, 1))
-        shared = sum(p.stat().st_size for p in (out / "SM8650" / "llm").glob("*_qnn.bin"))
-        unshared = sum(p.stat().st_size for p in (out / ".ctxbuild" / "work" / "llm" / "twins").rglob("*_qnn.bin"))
-        verify = json.loads((out / "SM8650" / "llm" / "llm_verify.json").read_text())["by_cl"]
-        noop = min(build(src, out, env) for _ in range(3))
-        write_recipe(src, [128, 256, 512], args.precision)
-        added = build(src, out, env)
-        ran = json.loads((out / ".ctxbuild" / "last_build.json").read_text())["actions"]
-        result = {"config": vars(args), "weights_mb": round(sum(t.ByteSize() for t in onnx.load(src / "llama.onnx").graph.initializer) / 2**20, 1),
-                  "cold_s": round(cold, 1), "noop_s": round(noop, 2), "cl_added_s": round(added, 1),
-                  "cl_added_ran": sorted(a for a, what in ran.items() if what == "run"),
-                  "bin_bytes_shared": shared, "bin_bytes_unshared": unshared,
-                  "shared_over_unshared": round(shared / unshared, 3), "by_kind": kinds, "verify": verify}
+    cfg = llm_decoder.Config(vocab=args.vocab, hidden=args.hidden, layers=args.layers,
+                             heads=args.heads or args.hidden // 32, kv_heads=args.kv_heads or max(1, args.hidden // 128),
+                             intermediate=args.intermediate or 3 * args.hidden,
+                             max_positions=max(args.cl + [args.add_cl]))
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        result = run(args, cfg, Path(tmp))
     dst = ROOT / "bench" / "results"
     dst.mkdir(parents=True, exist_ok=True)
     (dst / "llm_bench.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
+
+
+def run(args: argparse.Namespace, cfg: llm_decoder.Config, work: Path) -> dict:
+    import numpy as np
+    import onnx
+
+    from ctxbuild.llm.convention import weight_sizes
+    from ctxbuild.llm.recipe import part_weight_bytes
+
+    src, out = work / "recipes", work / "out"
+    src.mkdir()
+    model = llm_decoder.decoder(cfg)
+    params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
+    facts = {"layers": cfg.layers, "weight_sizes": weight_sizes(model)}
+    # over 2 GB of float32 the protobuf limit applies: weights beside the graph, as exporters write them
+    onnx.save(model, src / "llama.onnx", save_as_external_data=True, location="llama.onnx.data")
+    del model
+    (src / "prompts").mkdir()
+    for i, p in enumerate(llm_decoder.prompts(cfg, max(args.samples, args.verify), max(args.ar) + 8)):
+        np.save(src / "prompts" / f"prompt_{i}.npy", p)
+    env = {**os.environ, "CTXBUILD_CACHE_DIR": str(work / "cache")}
+    write_recipe(src, args, args.cl)
+    cold = build(src, out, env)
+    recs = [json.loads(p.read_text()) for p in (out / ".ctxbuild" / "records").glob("*.json")]
+    kinds: dict[str, dict[str, float]] = {}
+    for r in recs:
+        k = kinds.setdefault(r["kind"], {"actions": 0, "seconds": 0.0, "peak_rss_mb": 0.0, "estimate_mb": 0.0})
+        k["actions"] += 1
+        k["seconds"] = round(k["seconds"] + r.get("seconds", 0), 2)
+        k["peak_rss_mb"] = max(k["peak_rss_mb"], round((r.get("peak_rss") or 0) / 2**20, 1))
+        k["estimate_mb"] = max(k["estimate_mb"], round((r.get("memory_estimate") or 0) / 2**20, 1))
+    bins = out / args.target / "llm"
+    shared = sum(p.stat().st_size for p in bins.glob("*_qnn.bin"))
+    unshared = sum(p.stat().st_size for p in (out / ".ctxbuild" / "work" / "llm" / "twins").rglob("*_qnn.bin"))
+    weights = sum(part_weight_bytes(facts, args.parts, args.precision, None))
+    verify = json.loads((bins / "llm_verify.json").read_text())["by_cl"]
+    noop = sorted(build(src, out, env) for _ in range(3))[1]
+    added, ran = None, {}
+    if args.add_cl:
+        write_recipe(src, args, args.cl + [args.add_cl])
+        added = build(src, out, env)
+        ran = json.loads((out / ".ctxbuild" / "last_build.json").read_text())["actions"]
+    return {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "parameters": params, "weights_fp32_mb": round(params * 4 / 2**20, 1),
+            "cold_s": round(cold, 1), "noop_s_median_of_3": round(noop, 2), "cl_added_s": added and round(added, 1),
+            "cl_added_ran": sorted(a for a, what in ran.items() if what == "run"),
+            "bin_bytes_shared": shared, "bin_bytes_unshared": unshared,
+            "shared_over_unshared": round(shared / unshared, 3),
+            "weight_bytes_estimate": int(weights), "shared_over_weights": round(shared / weights, 3),
+            "by_kind": kinds, "verify": verify}
 
 
 if __name__ == "__main__":

@@ -214,7 +214,9 @@ def test_static_graphs_keep_each_parts_slots_and_decode_the_merged_model(tmp_pat
     from ctxbuild.llm import pipeline, static
 
     cfg = llm_decoder.Config(layers=3, max_positions=128, lora_rank=4)
-    onnx.save(llm_decoder.decoder(cfg), tmp_path / "lora.onnx")
+    # weights in external data, as large exports come: the split reads the slots' defaults from there
+    onnx.save(llm_decoder.decoder(cfg), tmp_path / "lora.onnx", save_as_external_data=True, size_threshold=1024,
+              location="lora.onnx.data")
     graphs = static.specs(2, [8, 1], [32])
     dst = {g.name: tmp_path / f"{g.name}.onnx" for g in graphs}
     slots = {"patterns": ["*.lora_A.weight", "*.lora_B.weight"], "scaling": "lora_scaling"}

@@ -48,13 +48,7 @@ def run(ctx: Any) -> None:
     bindings = {(g.part, g.ar, g.cl): Path(a.inputs[f"binding:{g.name}"]) for g in layout.graphs
                 if f"binding:{g.name}" in a.inputs}
     bound = {k: {**d, **(read_onnx_adapter(bindings[k]) if k in bindings else {})} for k, d in defaults.items()}
-    calls: dict[tuple[int, int, int], list[dict[str, Any]]] = {}  # what each float graph was fed (clipping)
-    float_cpu = pipeline.cpu_runner(references, bound)
-
-    def float_run(part: int, ar: int, cl: int, feeds: dict[str, Any]) -> dict[str, Any]:
-        calls.setdefault((part, ar, cl), []).append(feeds)
-        return float_cpu(part, ar, cl, feeds)
-
+    calls: dict[tuple[int, int, int], list[dict[str, Any]]] = {}  # the first calls of each float graph (clipping)
     result: dict[str, Any] = {"graph": "tokens", "method": METHOD, "precision": p["precision"], "prompts": len(prompts),
                               "tokens_per_prompt": p["generate"], "thresholds": p["thresholds"], "by_cl": {},
                               "outputs": {}}
@@ -62,14 +56,24 @@ def run(ctx: Any) -> None:
         result.update(adapter=p["adapter"], calibrated=p["calibrated"])
     failures = []
     for cl in sorted({g.cl for g in layout.graphs}):
+        # sessions of one CL at a time: an LLM's graphs hold the weights once per graph
+        float_cpu = pipeline.cpu_runner(layout.models("reference", a.inputs, cl), bound)
+
+        def float_run(part: int, ar: int, cl_: int, feeds: dict[str, Any]) -> dict[str, Any]:
+            kept = calls.setdefault((part, ar, cl_), [])
+            if "adapter" in p and len(kept) < CLIP_CALLS:
+                kept.append(feeds)
+            return float_cpu(part, ar, cl_, feeds)
+
         ref = tokens.float_runs(layout, float_run, prompts, p["generate"], cl)
         row: dict[str, Any] = {}
         if "adapter" in p:
-            base = tokens.float_runs(layout, pipeline.cpu_runner(references, defaults), prompts, p["generate"], cl)
+            base = tokens.float_runs(layout, pipeline.cpu_runner(layout.models("reference", a.inputs, cl), defaults),
+                                     prompts, p["generate"], cl)
             row["tokens_changed_by_adapter"] = round(1 - tokens.compare(base, [r.logits for r in ref])["token_agreement"], 4)
         if "qdq:" + layout.graphs[0].name in a.inputs:
             row["qdq_cpu"] = tokens.compare(ref, tokens.forced_logits(
-                layout, pipeline.cpu_runner(layout.models("qdq", a.inputs), bound), prompts, ref, cl))
+                layout, pipeline.cpu_runner(layout.models("qdq", a.inputs, cl), bound), prompts, ref, cl))
         row["simulator"] = tokens.compare(ref, _simulate(layout, a.inputs, bindings, prompts, ref, cl, p["timeout_s"]))
         result["by_cl"][str(cl)] = row
         sim, t = row["simulator"], p["thresholds"]
@@ -109,7 +113,7 @@ def _clipping(layout: Layout, inputs: dict[str, str], calls: dict[tuple[int, int
             continue
         reference = Path(inputs[f"reference:{g.name}"])
         names = {i.name for i in load(reference, external_data=False).graph.input}
-        feeds = [{k: v for k, v in {**f, **bound[key]}.items() if k in names} for f in calls[key][:CLIP_CALLS]]
+        feeds = [{k: v for k, v in {**f, **bound[key]}.items() if k in names} for f in calls[key]]
         work = tmp / g.name
         work.mkdir()
         out += [{"graph": g.name, **c} for c in clipped_tensors(reference, Path(inputs[f"qdq:{g.name}"]), feeds,

@@ -34,23 +34,28 @@ def discover_inputs(action: Action) -> dict[str, Path]:
 
 
 def calibration_feeds(layout: Layout, models: dict[tuple[int, int, int], Path], prompts: list[np.ndarray],
-                      tokens: int, bound: Bound | None = None) -> dict[tuple[int, int, int], list[dict[str, np.ndarray]]]:
-    """Every graph call's inputs (with its slots' values from `bound`) while the float pipeline decodes `prompts`
-    at each CL."""
+                      tokens: int, part: int, bound: Bound | None = None
+                      ) -> dict[tuple[int, int, int], list[dict[str, np.ndarray]]]:
+    """The first MAX_SAMPLES calls' inputs to each of `part`'s graphs (with its slots' values from `bound`) while the
+    float pipeline decodes `prompts` at each CL. One CL's sessions at a time, and only what is kept is recorded: an
+    LLM's KV-cache inputs are large (at CL 2048 ~8 MB per layer and call)."""
     from ctxbuild.llm import pipeline
 
     bound = bound or {}
-    run_cpu = pipeline.cpu_runner(models, bound)
     feeds: dict[tuple[int, int, int], list[dict[str, np.ndarray]]] = {}
-
-    def record(part: int, ar: int, cl: int, f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        feeds.setdefault((part, ar, cl), []).append({**f, **bound.get((part, ar, cl), {})})
-        return run_cpu(part, ar, cl, f)
-
     ars = sorted({g.ar for g in layout.graphs})
     for cl in sorted({g.cl for g in layout.graphs}):
+        run_cpu = pipeline.cpu_runner({k: v for k, v in models.items() if k[2] == cl}, bound)
+
+        def record(part_: int, ar: int, cl_: int, f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            kept = feeds.setdefault((part_, ar, cl_), []) if part_ == part else []
+            if len(kept) < MAX_SAMPLES:
+                kept.append({**f, **bound.get((part_, ar, cl_), {})})
+            return run_cpu(part_, ar, cl_, f)
+
         for prompt in prompts:
             pipeline.generate(record, layout.parts, (layout.kv_heads, layout.head_dim), prompt, tokens, cl, ars[-1])
+        del run_cpu
     return feeds
 
 
@@ -65,9 +70,9 @@ def run(ctx: Any) -> None:
     defaults, variants = adapter_variants(a.inputs, floats, p.get("adapters") or {})
     feeds: dict[tuple[int, int, int], list[dict[str, np.ndarray]]] = {}
     try:
-        for bound in variants:  # each variant's calls in turn: every one reaches the samples kept below
-            for key, calls in calibration_feeds(layout, floats, prompts, p["tokens"], bound).items():
-                feeds.setdefault(key, []).extend(calls[:MAX_SAMPLES])
+        for bound in variants:  # each variant's MAX_SAMPLES calls per graph: the encodings cover all of them
+            for key, calls in calibration_feeds(layout, floats, prompts, p["tokens"], p["part"], bound).items():
+                feeds.setdefault(key, []).extend(calls)
     except ValueError as e:  # a prompt too long for a CL
         raise ActionError(f"{a.recipe_files[0]}: calibration: {e}",
                           "use shorter prompts, fewer llm.generate tokens or larger context_lengths") from None

@@ -36,14 +36,14 @@ def run(ctx: Any) -> None:
     # LoRA slots the model takes as inputs: the original is checked with their defaults (zeros), as the graphs hold them
     slots = {n: v for path in dst.values() for n, v in slot_defaults_of(path).items()} if p.get("adapter_slots") else {}
     ranges = static.part_ranges(shape.layers, p["parts"])
-    models = {(g.part, g.ar, g.cl): dst[g.name] for g in graphs}
-    run_cpu = pipeline.cpu_runner(models)
     tokens = p["check"]["tokens"]
-    reference = []
-    for i, prompt in enumerate(load_prompts(prompt_files(Path(a.watch[0]), p["check"]["prompts"]))):
-        want = pipeline.reference_generate(src, prompt, tokens, slots).tokens
-        reference.append(want)
-        for cl in cls:
+    prompts = load_prompts(prompt_files(Path(a.watch[0]), p["check"]["prompts"]))
+    # one set of sessions at a time (the original's, then each CL's graphs): peak memory stays near two copies
+    # of the weights however many CLs there are
+    reference = [pipeline.reference_generate(src, prompt, tokens, slots).tokens for prompt in prompts]
+    for cl in cls:
+        run_cpu = pipeline.cpu_runner({(g.part, g.ar, g.cl): dst[g.name] for g in graphs if g.cl == cl})
+        for i, (prompt, want) in enumerate(zip(prompts, reference)):
             try:
                 got = pipeline.generate(run_cpu, ranges, (shape.kv_heads, shape.head_dim), prompt, tokens, cl, max(ars)).tokens
             except ValueError as e:
@@ -54,7 +54,9 @@ def run(ctx: Any) -> None:
                 raise ActionError(f"{src}: the static graphs at CL {cl} decode prompt {i} differently from the "
                                   f"original model from token {first} on ({got[first]} vs {want[first]})",
                                   "the model is not in the convention ctxbuild rewrites (docs/llm.md); report it")
-        print(f"prompt {i}: static graphs reproduce the original's {tokens} greedy tokens at CL {', '.join(map(str, cls))}")
+        del run_cpu
+    print(f"{len(prompts)} prompts: the static graphs reproduce the original's {tokens} greedy tokens at CL "
+          f"{', '.join(map(str, cls))}")
     Layout(shape.layers, shape.kv_heads, shape.head_dim, shape.vocab, shape.hidden, ranges, graphs, reference).write(
         ctx.tmp_output("layout"))
 

@@ -91,9 +91,10 @@ def save_with_data(model: Any, dst: Path, min_bytes: int = 1024) -> None:
     data_path(dst).touch()
 
 
-def save_external(model: Any, src_dir: Path, dst: Path) -> None:
+def save_external(model: Any, src_dir: Path, dst: Path, inline_max: int | None = None) -> None:
     """Save `model` (loaded without external data, weights still in files under `src_dir`) as `dst` with
     every external tensor copied into `data_path(dst)`: streamed range by range, never whole in memory.
+    With `inline_max`, inline tensors larger than that many bytes move there too (weights a rewrite made).
     The data file is written even when empty, so the action always has the outputs the plan declares."""
     import onnx
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
@@ -101,14 +102,20 @@ def save_external(model: Any, src_dir: Path, dst: Path) -> None:
     data = data_path(dst)
     with open(data, "wb") as out:
         for t in _get_all_tensors(model):
+            start = out.tell()
             if not uses_external_data(t):
-                continue
-            info = {e.key: e.value for e in t.external_data}
-            offset, length = int(info.get("offset", 0)), info.get("length")
-            with open(src_dir / info["location"], "rb") as f:
-                f.seek(offset)
-                start = out.tell()
-                copied = _copy_range(f, out, int(length) if length is not None else None)
+                if inline_max is None or not t.HasField("raw_data") or len(t.raw_data) <= inline_max:
+                    continue
+                out.write(t.raw_data)
+                copied = len(t.raw_data)
+                t.ClearField("raw_data")
+                t.data_location = onnx.TensorProto.EXTERNAL
+            else:
+                info = {e.key: e.value for e in t.external_data}
+                offset, length = int(info.get("offset", 0)), info.get("length")
+                with open(src_dir / info["location"], "rb") as f:
+                    f.seek(offset)
+                    copied = _copy_range(f, out, int(length) if length is not None else None)
             del t.external_data[:]
             for k, v in (("location", data.name), ("offset", str(start)), ("length", str(copied))):
                 t.external_data.add(key=k, value=v)

@@ -57,12 +57,21 @@ def _attr(node: Any, name: str, default: Any) -> Any:
     return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
-def lower(model: Any) -> Any:
-    """The optimum-convention equivalent of a model-builder decoder (modified in place and returned)."""
+def lower(model: Any, base_dir: str = "") -> Any:
+    """The optimum-convention equivalent of a model-builder decoder (modified in place and returned). `model` may be
+    loaded without its external data (`base_dir`: where it lives): only the rotary caches are read."""
     from onnx import TensorProto, helper
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
     g = model.graph
     inits = {t.name: t for t in g.initializer}
+    for node in g.node:
+        if node.op_type == "GroupQueryAttention":
+            for name in list(node.input)[7:9]:
+                if name in inits and uses_external_data(inits[name]):
+                    load_external_data_for_tensor(inits[name], base_dir)
+                    inits[name].data_location = 0  # now inline (onnx.TensorProto.DEFAULT)
+                    del inits[name].external_data[:]
     past = next(i for i in g.input if i.name == "past_key_values.0.key")
     hd = past.type.tensor_type.shape.dim[3].dim_value
     e = _Emit(g)

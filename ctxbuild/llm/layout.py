@@ -28,6 +28,6 @@ class Layout:
         return cls(d["layers"], d["kv_heads"], d["head_dim"], d["vocab"], d["hidden"], [tuple(r) for r in d["parts"]],
                    [GraphSpec(**g) for g in d["graphs"]], d["reference_tokens"])
 
-    def models(self, role: str, files: dict[str, str]) -> dict[tuple[int, int, int], Path]:
-        """(part, ar, cl) -> the file of each graph under `role:<graph>` in `files`."""
-        return {(g.part, g.ar, g.cl): Path(files[f"{role}:{g.name}"]) for g in self.graphs}
+    def models(self, role: str, files: dict[str, str], cl: int | None = None) -> dict[tuple[int, int, int], Path]:
+        """(part, ar, cl) -> the file of each graph under `role:<graph>` in `files` (only context length `cl`'s)."""
+        return {(g.part, g.ar, g.cl): Path(files[f"{role}:{g.name}"]) for g in self.graphs if cl in (None, g.cl)}

@@ -49,16 +49,17 @@ def specs(parts: int, ars: list[int], cls: list[int]) -> list[GraphSpec]:
 
 
 def static_graph(model: Any, shape: DecoderShape, ranges: list[tuple[int, int]], part: int, ar: int, cl: int,
-                 slots: tuple[str, ...] = ()) -> Any:
-    """The static graph of one part at (AR, CL); `model` is left unchanged. `slots`: LoRA slot inputs of `model`;
-    the part keeps those its nodes read as inputs."""
+                 base_dir: str = "", slots: tuple[str, ...] = ()) -> Any:
+    """The static graph of one part at (AR, CL); `model` is left unchanged. `model` may be loaded without its
+    external data (`base_dir`: where it lives): the graph work needs shapes only, so a decoder of any size is
+    rewritten without its weights in memory; they are copied when the graph is saved. `slots`: LoRA slot inputs of
+    `model`; the part keeps those its nodes read as inputs."""
     import onnx
     from onnx import TensorProto, helper
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
-    _fold_weight_transposes(g)
     mask = _mask_tensor(g)
     producers = {o: n for n in g.node for o in n.output}
     g.node.remove(producers[mask])
@@ -105,6 +106,7 @@ def static_graph(model: Any, shape: DecoderShape, ranges: list[tuple[int, int]],
     kept = [v for v in sub.graph.input if v.name not in slots or v.name in read]
     del sub.graph.input[:]
     sub.graph.input.extend(kept)
+    _fold_weight_transposes(sub.graph, base_dir)  # after the cut: only the part holding the LM head reads it
     sub.graph.name = graph_name(part, len(ranges), ar, cl)
     sub.ir_version = model.ir_version
     del sub.opset_import[:]
@@ -112,14 +114,14 @@ def static_graph(model: Any, shape: DecoderShape, ranges: list[tuple[int, int]],
     return sub
 
 
-def _fold_weight_transposes(g: Any) -> None:
+def _fold_weight_transposes(g: Any, base_dir: str) -> None:
     from onnx import numpy_helper
 
     inits = {t.name: t for t in g.initializer}
     for n in list(g.node):
         if n.op_type == "Transpose" and n.input[0] in inits:
             perm = next((list(a.ints) for a in n.attribute if a.name == "perm"), None)
-            arr = numpy_helper.to_array(inits[n.input[0]]).transpose(perm)
+            arr = numpy_helper.to_array(inits[n.input[0]], base_dir).transpose(perm)
             g.initializer.append(numpy_helper.from_array(arr.copy(), n.output[0]))
             g.node.remove(n)
 
@@ -174,29 +176,49 @@ def _rename(g: Any, old: str, new: str) -> None:
 
 def write_static_graphs(src: Path, parts: int, ars: list[int], cls: list[int], dst: dict[str, Path],
                         adapter_slots: dict[str, Any] | None = None) -> DecoderShape:
-    """Every (part, AR, CL) graph of `src` to `dst[graph name]` (+ `<path>.data`). `adapter_slots` ({patterns,
-    scaling}): those weights become graph inputs, each with its default (the base's value) as an initializer of the
-    same name, so the graph runs without an adapter and an adapter overrides them."""
+    """Every (part, AR, CL) graph of `src` to `dst[graph name]` (+ `<path>.data`). The model is read without its
+    external data and each graph's weights are streamed from `src`'s files as it is saved: memory stays at the
+    graph structure (plus inline weights) whatever the model's size, and no protobuf nears its 2 GB limit.
+    `adapter_slots` ({patterns, scaling}): those weights become graph inputs, each with its default (the base's
+    value) as an initializer of the same name, so the graph runs without an adapter and an adapter overrides them."""
     import onnx
 
+    from ctxbuild.graph.modelio import save_external
     from ctxbuild.lora.adapters import add_defaults, make_slots
 
-    model = onnx.load(str(src))
+    model = onnx.load(str(src), load_external_data=False)
     shape = check_decoder(model)
     if is_genai(model):
         from ctxbuild.llm.genai import lower
 
-        model = lower(model)
+        model = lower(model, str(src.parent))
     if parts > shape.layers:
         raise NotADecoder(f"{parts} parts for a model of {shape.layers} layers: at most one part per layer")
     ranges = part_ranges(shape.layers, parts)
-    defaults = make_slots(model, adapter_slots["patterns"], adapter_slots["scaling"]) if adapter_slots else {}
+    defaults: dict[str, Any] = {}
+    if adapter_slots:
+        scaling = adapter_slots["scaling"]
+        _load_data(model, adapter_slots["patterns"] + ([scaling] if scaling else []), src.parent)
+        defaults = make_slots(model, adapter_slots["patterns"], scaling)
     for s in specs(parts, ars, cls):
-        sub = static_graph(model, shape, ranges, s.part, s.ar, s.cl, tuple(defaults))
+        sub = static_graph(model, shape, ranges, s.part, s.ar, s.cl, str(src.parent), tuple(defaults))
         mine = {i.name for i in sub.graph.input}
         add_defaults(sub, {k: v for k, v in defaults.items() if k in mine})
-        path = dst[s.name]
         # small tensors (shape constants) stay inline: shape inference needs their values
-        onnx.save(sub, str(path), save_as_external_data=True, location=path.name + ".data")
-        path.with_name(path.name + ".data").touch()  # the plan declares one even when every tensor is small
+        save_external(sub, src.parent, dst[s.name], inline_max=1023)
     return shape
+
+
+def _load_data(model: Any, patterns: list[str], base_dir: Path) -> None:
+    """Read the values of the initializers matching `patterns` from the external data (the model was loaded
+    without it): they become the slots' defaults, inline in each graph (saving moves the large ones out again)."""
+    import fnmatch
+
+    from onnx import TensorProto
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    for t in model.graph.initializer:
+        if uses_external_data(t) and any(fnmatch.fnmatchcase(t.name, p) for p in patterns):
+            load_external_data_for_tensor(t, str(base_dir))
+            t.data_location = TensorProto.DEFAULT
+            del t.external_data[:]

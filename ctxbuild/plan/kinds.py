@@ -34,6 +34,8 @@ class MemoryModel:
     factor: float = 0.0
     weight_roles: tuple[str, ...] = ()  # input role prefixes read whole (specs, wrappers, samples are small)
     by_precision: dict[str, float] = field(default_factory=dict)
+    user_model: bool = False  # `model` is the user's file: the external data it names counts (ctxbuild's own
+    # models list `<model>.data` as an input of their own)
 
 
 class Kind:
@@ -109,7 +111,7 @@ class Prepare(Kind):
     params = PrepareParams
     discovers_inputs = True  # external data files
     inputs_follow_model = True
-    memory = MemoryModel(1.3, ("model",))  # ORT's optimizer holds the weights about once (1.08x)
+    memory = MemoryModel(1.3, ("model",), user_model=True)  # ORT's optimizer holds the weights about once (1.08x)
 
 
 class _QuantizeRequired(TypedDict):
@@ -343,7 +345,7 @@ class LlmSplit(Kind):
     implementation = "ctxbuild.actions.llm_split"
     params = LlmSplitParams
     discovers_inputs = True  # the model's external data and the prompt files
-    memory = MemoryModel(3.0, ("model",))  # the model once, each graph's copy while it is written
+    memory = MemoryModel(3.0, ("model",), user_model=True)  # the original's session and one CL's graphs
 
 
 class _LlmQuantizeRequired(TypedDict):

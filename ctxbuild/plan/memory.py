@@ -29,14 +29,14 @@ def estimate(action: Any) -> int:
     """Bytes of peak RSS `action` is expected to need, from the sizes of the files it reads."""
     from ctxbuild.graph.modelio import weight_bytes
 
-    roles = kinds.get(action.kind).memory.weight_roles
+    model = kinds.get(action.kind).memory
     size = 0
     for role, path in action.inputs.items():
-        if not any(role.startswith(p) for p in roles):
+        if not any(role.startswith(p) for p in model.weight_roles):
             continue
         p = Path(path)
-        try:  # a user's model names its external data itself; ctxbuild's models list `<model>.data` as an input
-            size += weight_bytes(p) if action.kind == "prepare" else p.stat().st_size
+        try:
+            size += weight_bytes(p) if model.user_model else p.stat().st_size
         except OSError:
             continue  # missing input: the action reports it
     return BASE + int(factor(action.kind, action.params) * size)
