@@ -58,7 +58,8 @@ def _split(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], work: Path) -
 def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int, split: Action, work: Path) -> Action:
     mine = [g.name for g in graphs if g.part == part]
     params = {"part": part, "graphs": mine, "precision": spec.precision, "kv_cache": spec.kv_cache,
-              "keep_8bit": list(spec.keep_8bit), "samples": spec.calibration_prompts, "tokens": spec.generate}
+              "keep_8bit": list(spec.keep_8bit), "samples": spec.calibration_prompts, "tokens": spec.generate,
+              "context_lengths": list(spec.context_lengths)}
     h = short_hash(["llm_quantize", params, split.id])
     d = work / f"{recipe.name}-q{part + 1}-{h}"
     outputs = {k: v for g in mine for k, v in model_files(f"model:{g}", str(d / f"{g}.onnx")).items()}
@@ -116,7 +117,8 @@ def _eval(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], split: Action,
                            f"qdq:{g.name}.data": compiled[f"model:{g.name}.data"]})
     for p, b in enumerate(bundles):  # re-verified whenever a deliverable changes
         inputs.update({f"bundle{p + 1}.{k}": v for k, v in b.outputs.items()})
-    params = {"graphs": [g.name for g in graphs], "precision": spec.precision, "prompts": spec.verify_prompts,
+    params = {"graphs": [g.name for g in graphs], "context_lengths": list(spec.context_lengths),
+              "precision": spec.precision, "prompts": spec.verify_prompts,
               "generate": spec.generate, "timeout_s": recipe.verify.get("timeout_s", 600),
               "thresholds": {"min_token_agreement": spec.min_token_agreement, "min_cosine": spec.min_cosine}}
     return Action(id=f"llm_eval/{recipe.name}@{t.name}", kind="llm_eval", description=f"verify {recipe.name}@{t.name} (tokens)",
