@@ -3,7 +3,6 @@
 genai parses the config the build writes; its Linux x86 wheel has no QNN EP, so the proof runs the config's CPU
 twin (ctxbuild.llm.genai_config.cpu_twin: the same stages, the float static graphs or the QDQ parts in place of
 the compiled wrappers) and compares genai's greedy tokens with the original model's and ctxbuild's own decoder's.
-A prompt longer than one window does not run under genai 0.18.0's CPU cache (strict xfail: a fix shows).
 """
 from __future__ import annotations
 
@@ -77,7 +76,8 @@ def _prompts(length: int) -> list[np.ndarray]:
     return [np.load(f)[:length] for f in sorted(PROMPTS.glob("*.npy"))[:2]]
 
 
-@pytest.mark.parametrize("length", [11, 16])  # a prompt shorter than the prompt graph's AR (16), and one filling it
+# shorter than the prompt graph's AR (16), filling it, and the whole prompts (24: two windows)
+@pytest.mark.parametrize("length", [11, 16, 24])
 def test_genai_runs_the_config_on_the_float_parts_and_gives_the_original_tokens(built: Path, tmp_path: Path,
                                                                                length: int) -> None:
     """The device config's pipeline with the float static graphs in place of the wrappers (CPU EP): genai's
@@ -109,19 +109,6 @@ def test_genai_runs_the_qdq_parts_like_ctxbuilds_own_decoder(built: Path, tmp_pa
     cl = max(g.cl for g in layout.graphs)
     model = og.Model(str(genai_config.cpu_twin(layout, cl, parts, tmp_path)))
     run = pipeline.cpu_runner({(p, ar, cl): f for (p, ar), f in parts.items()})
-    for prompt in _prompts(16):
+    for prompt in _prompts(24):
         ours = pipeline.generate(run, layout.parts, (layout.kv_heads, layout.head_dim), prompt, 8, cl, 16).tokens
         assert _genai_tokens(model, prompt, 8, cl) == ours
-
-
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="genai 0.18.0 (CPU cache) allocates a multi-window prompt's present as the whole padded prompt")
-def test_genai_runs_a_prompt_longer_than_one_window(built: Path, tmp_path: Path) -> None:
-    from ctxbuild.llm import genai_config, pipeline
-
-    layout, parts = _split_and_parts(built, qdq=False)
-    cl = max(g.cl for g in layout.graphs)
-    model = og.Model(str(genai_config.cpu_twin(layout, cl, parts, tmp_path)))
-    prompt = _prompts(24)[0]
-    assert _genai_tokens(model, prompt, 8, cl) == pipeline.reference_generate(
-        built / "models" / "llama_tiny.onnx", prompt, 8).tokens

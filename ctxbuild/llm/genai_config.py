@@ -4,11 +4,12 @@ What genai feeds a `decoder-pipeline` with `sliding_window` (measured with onnxr
 its source: src/models/position_inputs.cpp, input_ids.cpp, kv_cache.cpp): the prompt padded at the front
 (`alignment: right`) to whole windows of `window_size` tokens; `input_ids` and `position_ids` [1, window] per
 window, then [1, 1] per generated token; `attention_mask` int64 [1, context_length], 1 for valid cache slots, laid
-out like the graphs' cache (past positions right-aligned in the first CL - AR slots, the new ones last); a KV
-cache that grows (past [1, kv_heads, n, head_dim], present = past + new). The part graphs take a 4-D additive
-float mask and CL - AR past slots and return only the AR new positions, so around them run small CPU stages:
-a mask stage per AR (`mask_model`) and a KV stage into and out of each part graph (`kv_models`). genai's own
-mask and cache get names of their own (MASK_2D, `cache.N.*`), the graphs keep theirs.
+out like the graphs' cache (past positions right-aligned in the first CL - AR slots, the new ones last). With
+`past_present_share_buffer` it keeps one zeroed cache buffer per layer and K/V, [1, kv_heads, CL, head_dim], passed
+as both past and present. The part graphs take a 4-D additive float mask and CL - AR past slots and return only
+the AR new positions, so around them run small CPU stages: a mask stage per AR (`mask_model`) and a KV stage into
+and out of each part graph (`kv_models`: the buffer is a shift register of the last CL positions, which is the
+layout genai's mask describes). genai's own mask and cache get names of their own (MASK_2D, `cache.N.*`).
 The device config names the compiled wrappers (QNN EP per stage); `cpu_twin` writes the same pipeline with CPU
 graphs in their place, which is how tests/test_llm_genai.py runs it on a PC.
 """
@@ -48,35 +49,30 @@ def mask_model(ar: int, cl: int) -> Any:
 
 
 def kv_models(layers: range, ar: int, cl: int, kv_heads: int, head_dim: int) -> tuple[Any, Any]:
-    """(into, out of) one part graph at AR, for genai's growing cache named `cache.N.key/value`:
-    into: cache [1, H, n, D] -> past_key_values [1, H, CL - AR, D], right-aligned (front zero-padded; n never
-    exceeds CL - AR: genai stops at max_length = CL);
-    out of: cache and the graph's present [1, H, AR, D] -> `cache_present.N.*` [1, H, n + AR, D]."""
+    """(into, out of) one part graph at AR, over genai's cache `cache.N.key/value` [1, H, CL, D], one buffer it
+    passes as past and present (`past_present_share_buffer`), kept as a shift register of the last CL positions:
+    into: its last CL - AR positions -> past_key_values [1, H, CL - AR, D];
+    out of: those and the graph's present [1, H, AR, D] -> `cache_present.N.*` [1, H, CL, D] (shifted by AR)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    past = cl - ar
     names = [(i, kv) for i in layers for kv in ("key", "value")]
-    into, out = [], []
-    inits = [numpy_helper.from_array(np.array([past], np.int64), "slots"),
-             numpy_helper.from_array(np.array([0, 0], np.int64), "zeros2"),
-             numpy_helper.from_array(np.array([0, 0, 0, 0, 0], np.int64), "zeros5")]
-    for i, kv in names:
-        c = f"cache.{i}.{kv}"
-        into += [helper.make_node("Shape", [c], [f"{c}/shape"], start=2, end=3),
-                 helper.make_node("Sub", ["slots", f"{c}/shape"], [f"{c}/front"]),
-                 helper.make_node("Concat", ["zeros2", f"{c}/front", "zeros5"], [f"{c}/pads"], axis=0),
-                 helper.make_node("Pad", [c, f"{c}/pads"], [f"past_key_values.{i}.{kv}"])]
-        out += [helper.make_node("Concat", [c, f"present.{i}.{kv}"], [f"cache_present.{i}.{kv}"], axis=2)]
-    f = TensorProto.FLOAT
+    inits = [numpy_helper.from_array(np.array([ar], np.int64), "start"),
+             numpy_helper.from_array(np.array([cl], np.int64), "end"),
+             numpy_helper.from_array(np.array([2], np.int64), "axis")]
+    into = [helper.make_node("Slice", [f"cache.{i}.{kv}", "start", "end", "axis"], [f"past_key_values.{i}.{kv}"])
+            for i, kv in names]
+    out = [n for i, kv in names for n in (
+        helper.make_node("Slice", [f"cache.{i}.{kv}", "start", "end", "axis"], [f"cache.{i}.{kv}/kept"]),
+        helper.make_node("Concat", [f"cache.{i}.{kv}/kept", f"present.{i}.{kv}"], [f"cache_present.{i}.{kv}"], axis=2))]
 
-    def vi(name: str, n: int | str) -> Any:
-        return helper.make_tensor_value_info(name, f, [1, kv_heads, n, head_dim])
+    def vi(name: str, n: int) -> Any:
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, kv_heads, n, head_dim])
 
-    g_in = helper.make_graph(into, f"kv_into_ar{ar}_cl{cl}", [vi(f"cache.{i}.{kv}", "n") for i, kv in names],
-                             [vi(f"past_key_values.{i}.{kv}", past) for i, kv in names], inits)
-    g_out = helper.make_graph(out, f"kv_out_ar{ar}_cl{cl}",
-                              [vi(f"cache.{i}.{kv}", "n") for i, kv in names] + [vi(f"present.{i}.{kv}", ar) for i, kv in names],
-                              [vi(f"cache_present.{i}.{kv}", "n_plus_ar") for i, kv in names])
+    cache = [vi(f"cache.{i}.{kv}", cl) for i, kv in names]
+    g_in = helper.make_graph(into, f"kv_into_ar{ar}_cl{cl}", cache, [vi(f"past_key_values.{i}.{kv}", cl - ar) for i, kv in names],
+                             inits)
+    g_out = helper.make_graph(out, f"kv_out_ar{ar}_cl{cl}", cache + [vi(f"present.{i}.{kv}", ar) for i, kv in names],
+                              [vi(f"cache_present.{i}.{kv}", cl) for i, kv in names], inits)
     return _model(g_in), _model(g_out)
 
 
@@ -150,11 +146,12 @@ def pipeline_config(layout: Layout, cl: int, parts: dict[tuple[int, int], tuple[
                            "past_key_names": "cache.%d.key", "past_value_names": "cache.%d.value"},
                 "outputs": {"logits": "logits", "present_key_names": "cache_present.%d.key",
                             "present_value_names": "cache_present.%d.value"},
-                "sliding_window": {"window_size": window, "pad_value": 0, "alignment": "right"},
+                "sliding_window": {"window_size": window, "pad_value": 0, "alignment": "right",
+                                   "slide_key_value_cache": False},  # genai's default cache, not its uint8 one
                 "pipeline": stages,
             },
         },
-        "search": {"max_length": cl, "do_sample": False},
+        "search": {"max_length": cl, "do_sample": False, "past_present_share_buffer": True},
     }
 
 
