@@ -20,9 +20,6 @@ from tests.conftest import RECIPES
 og = pytest.importorskip("onnxruntime_genai")
 pytestmark = pytest.mark.e2e
 
-PROMPTS = RECIPES / "models" / "prompts" / "llama_tiny"
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example's model and prompts, one CL, built without verification (the runtime is what is tested)."""
@@ -42,10 +39,15 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def test_genai_parses_the_generated_config(built: Path) -> None:
-    """og.Config refuses unknown or misspelled fields: every field written is one genai 0.18.0 knows."""
+def test_genai_parses_the_generated_config(built: Path, tmp_path: Path) -> None:
+    """og.Config refuses unknown or misspelled fields (checked with one): every field written is one genai 0.18.0 knows."""
     d = built / "out" / "SM8650" / "llama"
     config = og.Config(str(d))
+    typo = json.loads((d / "genai_config.json").read_text())
+    typo["model"]["decoder"]["sliding_window"]["slide_key_value_cach"] = False
+    (tmp_path / "genai_config.json").write_text(json.dumps(typo))
+    with pytest.raises(Exception, match="slide_key_value_cach"):
+        og.Config(str(tmp_path))
     with pytest.raises(Exception, match="QNN execution provider is not supported"):  # the x86 Linux wheel
         og.Model(config)
 
@@ -72,8 +74,8 @@ def _genai_tokens(model: object, prompt: np.ndarray, n: int, cl: int) -> list[in
     return [int(t) for t in gen.get_sequence(0)[-n:]]
 
 
-def _prompts(length: int) -> list[np.ndarray]:
-    return [np.load(f)[:length] for f in sorted(PROMPTS.glob("*.npy"))[:2]]
+def _prompts(built: Path, length: int) -> list[np.ndarray]:
+    return [np.load(f)[:length] for f in sorted((built / "models" / "prompts" / "llama_tiny").glob("*.npy"))[:2]]
 
 
 # shorter than the prompt graph's AR (16), filling it, and the whole prompts (24: two windows)
@@ -94,7 +96,7 @@ def test_genai_runs_the_config_on_the_float_parts_and_gives_the_original_tokens(
              for st in device["model"]["decoder"]["pipeline"]]
     assert [{k.removesuffix("_ctx"): s for k, s in st.items()} for st in strip] == \
         [{k: {f: v for f, v in s.items() if f != "filename"} for k, s in st.items()} for st in twin["model"]["decoder"]["pipeline"]]
-    for prompt in _prompts(length):
+    for prompt in _prompts(built, length):
         want = pipeline.reference_generate(built / "models" / "llama_tiny.onnx", prompt, 8).tokens
         assert _genai_tokens(model, prompt, 8, cl) == want
         assert len(set(want)) > 1
@@ -109,6 +111,6 @@ def test_genai_runs_the_qdq_parts_like_ctxbuilds_own_decoder(built: Path, tmp_pa
     cl = max(g.cl for g in layout.graphs)
     model = og.Model(str(genai_config.cpu_twin(layout, cl, parts, tmp_path)))
     run = pipeline.cpu_runner({(p, ar, cl): f for (p, ar), f in parts.items()})
-    for prompt in _prompts(24):
+    for prompt in _prompts(built, 24):
         ours = pipeline.generate(run, layout.parts, (layout.kv_heads, layout.head_dim), prompt, 8, cl, 16).tokens
         assert _genai_tokens(model, prompt, 8, cl) == ours
