@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ctxbuild.llm.genai_config import helper_names
 from ctxbuild.llm.recipe import LlmSpec
 from ctxbuild.llm.static import GraphSpec, specs
 from ctxbuild.plan.action import Action, short_hash
@@ -132,7 +133,10 @@ def _package(recipe: Recipe, spec: LlmSpec, bundles: list[Action], split: Action
         inputs.update({k: v for k, v in b.outputs.items() if k.startswith("ctx:")})
     params = {"recipe": recipe.name, "parts": spec.parts, "sequence_lengths": list(spec.sequence_lengths),
               "context_lengths": list(spec.context_lengths), "precision": spec.precision}
+    d = out / t.name / recipe.name
+    outputs = {"config": str(d / "genai_config.json")}
+    outputs.update({f"stage:{n}": str(d / n) for n in helper_names(spec.parts, list(spec.sequence_lengths),
+                                                                     max(spec.context_lengths))})
     return Action(id=f"llm_package/{recipe.name}@{t.name}", kind="llm_package",
-                  description=f"genai_config.json {recipe.name}@{t.name}", inputs=inputs,
-                  outputs={"config": str(out / t.name / recipe.name / "genai_config.json")}, params=params,
+                  description=f"genai_config.json {recipe.name}@{t.name}", inputs=inputs, outputs=outputs, params=params,
                   target=t.as_dict(), **common_params(recipe))
