@@ -24,7 +24,8 @@ ACTION_SCHEMA_VERSION = 7  # 2: verify checks output slices; 3: models carry <mo
 # the HTP does not run (graph/legalize/); precision-search candidates are gated (verify/gates.py), a refused
 # candidate's compile status lists the refused nodes; 6: llm_quantize keeps weights at int8 by pattern (keep_8bit);
 # prepare's rules rmsnorm, gelu, mask_fill (added within 5: caches hold prepares without them), quantize writes
-# fused RMSNorms out again; 7: llm_package writes the genai pipeline's mask and KV stages beside genai_config.json
+# fused RMSNorms out again; 7: llm_package writes the genai pipeline's mask and KV stages beside genai_config.json,
+# llm_split streams each graph's weights (the tied LM head now folded after the cut)
 EP_NAME = "QNNExecutionProvider"
 LIBRARIES = ("libQnnHtp.so", "libHtpPrepare.so", "libonnxruntime_providers_qnn.so")  # what a QNN change changes
 
