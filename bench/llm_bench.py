@@ -40,7 +40,7 @@ def build(recipes: Path, out: Path, env: dict[str, str]) -> float:
 
 def write_recipe(d: Path, args: argparse.Namespace, cls: list[int]) -> None:
     (d / "llm.yaml").write_text(json.dumps({
-        "name": "llm", "targets": [args.target],
+        "name": "llm", "targets": [args.target], "verify": {"timeout_s": args.verify_timeout},
         "llm": {"model": "llama.onnx", "sequence_lengths": args.ar, "context_lengths": cls, "parts": args.parts,
                 "precision": args.precision, "prompts": {"dir": "prompts", "samples": args.samples,
                                                          "verify": args.verify}, "generate": 8}}))
@@ -64,6 +64,7 @@ def main() -> None:
     ap.add_argument("--target", default="SM8650")
     ap.add_argument("--samples", type=int, default=4, help="calibration prompts")
     ap.add_argument("--verify", type=int, default=2, help="verification prompts")
+    ap.add_argument("--verify-timeout", type=float, default=600, help="seconds the simulator may take per CL")
     ap.add_argument("--workdir", type=Path, help="keep the build here (default: a temporary directory)")
     args = ap.parse_args()
     cfg = llm_decoder.Config(vocab=args.vocab, hidden=args.hidden, layers=args.layers,

@@ -1,8 +1,9 @@
 """llm_package: genai_config.json for onnxruntime-genai's decoder pipeline, generated from what was compiled.
 
-The pipeline lists each part's wrappers at the largest context length (onnxruntime-genai runs one CL):
-the prompt graph (run_on_token_gen: false) and the token graph (run_on_prompt: false) per part, in order,
-with their input and output names read from the wrappers themselves, so the config cannot drift from them.
+The pipeline (ctxbuild/llm/genai_config.py) runs each part's wrappers at the largest context length (genai runs
+one CL), the prompt-window graph and the AR-1 graph, with their input and output names read from the wrappers
+themselves, so the config cannot drift from them; the small stages around them (genai's 2-D mask to the graphs'
+4-D one, its KV cache into and out of each part) are written beside it and run on the CPU EP.
 """
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ctxbuild.llm import genai_config
 from ctxbuild.llm.layout import Layout
-from ctxbuild.llm.convention import MASK_NEG
+
+QNN = {"log_id": "onnxruntime-genai", "provider_options": [{"qnn": {"backend_type": "htp"}}]}
 
 
 def run(ctx: Any) -> None:
@@ -20,40 +23,14 @@ def run(ctx: Any) -> None:
     a, p = ctx.action, ctx.action.params
     layout = Layout.read(Path(a.inputs["layout"]))
     cl = max(p["context_lengths"])
-    stages = []
+    parts = {}
     for g in layout.graphs:
-        if g.cl != cl:
-            continue
-        wrapper = Path(a.inputs[f"ctx:{g.name}"])
-        m = onnx.load(str(wrapper), load_external_data=False)
-        stage: dict[str, Any] = {
-            "filename": wrapper.name,
-            "session_options": {"log_id": "onnxruntime-genai", "provider_options": [{"qnn": {"backend_type": "htp"}}]},
-            "inputs": [i.name for i in m.graph.input], "outputs": [o.name for o in m.graph.output]}
-        if g.ar == 1:
-            stage["run_on_prompt"] = False
-        else:
-            stage["run_on_token_gen"] = False
-        stages.append({g.name: stage})
-    heads = layout.hidden // layout.head_dim
-    config = {
-        "model": {
-            "type": "decoder-pipeline",
-            "context_length": cl,
-            "vocab_size": layout.vocab,
-            "decoder": {
-                "head_size": layout.head_dim, "hidden_size": layout.hidden, "num_attention_heads": heads,
-                "num_key_value_heads": layout.kv_heads, "num_hidden_layers": layout.layers,
-                "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": "position_ids",
-                           "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},
-                "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
-                            "present_value_names": "present.%d.value"},
-                "sliding_window": {"window_size": max(g.ar for g in layout.graphs), "pad_value": 0,
-                                   "alignment": "left", "slide_key_value_cache": False},
-                "pipeline": stages,
-            },
-        },
-        "search": {"max_length": cl, "do_sample": False},
-    }
+        if g.cl == cl:
+            m = onnx.load(a.inputs[f"ctx:{g.name}"], load_external_data=False)
+            parts[(g.part, g.ar)] = (Path(a.inputs[f"ctx:{g.name}"]).name, [i.name for i in m.graph.input],
+                                     [o.name for o in m.graph.output])
+    config = genai_config.pipeline_config(layout, cl, parts, QNN)
+    for name, model in genai_config.helper_models(layout, cl).items():
+        onnx.save(model, str(ctx.tmp_output(f"stage:{name}")))
     ctx.tmp_output("config").write_text(json.dumps(config, indent=2) + "\n")
-    print(f"genai_config.json: {len(stages)} stages at CL {cl}; the attention mask is additive ({MASK_NEG} masked)")
+    print(f"genai_config.json: {len(config['model']['decoder']['pipeline'])} stages at CL {cl}")

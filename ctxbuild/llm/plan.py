@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ctxbuild.llm.genai_config import helper_names
 from ctxbuild.llm.recipe import LlmSpec
 from ctxbuild.llm.static import GraphSpec, specs
 from ctxbuild.lora.plan import adapter_actions, calibration_inputs
@@ -69,7 +70,8 @@ def _split(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], work: Path) -
 def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int, split: Action, work: Path) -> Action:
     mine = [g.name for g in graphs if g.part == part]
     params = {"part": part, "graphs": mine, "precision": spec.precision, "kv_cache": spec.kv_cache,
-              "keep_8bit": list(spec.keep_8bit), "samples": spec.calibration_prompts, "tokens": spec.generate}
+              "keep_8bit": list(spec.keep_8bit), "samples": spec.calibration_prompts, "tokens": spec.generate,
+              "context_lengths": list(spec.context_lengths)}
     inputs = dict(split.outputs)
     if spec.adapters:  # calibrated over no adapter + the `calibrate` set: a change there re-quantizes
         params["adapters"], files = calibration_inputs(spec.adapters)
@@ -136,7 +138,8 @@ def _eval(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], split: Action,
                            f"qdq:{g.name}.data": compiled[f"model:{g.name}.data"]})
     for p, b in enumerate(bundles):  # re-verified whenever a deliverable changes
         inputs.update({f"bundle{p + 1}.{k}": v for k, v in b.outputs.items()})
-    params = {"graphs": [g.name for g in graphs], "precision": spec.precision, "prompts": spec.verify_prompts,
+    params = {"graphs": [g.name for g in graphs], "context_lengths": list(spec.context_lengths),
+              "precision": spec.precision, "prompts": spec.verify_prompts,
               "generate": spec.generate, "timeout_s": recipe.verify.get("timeout_s", 600),
               "thresholds": {"min_token_agreement": spec.min_token_agreement, "min_cosine": spec.min_cosine}}
     return Action(id=f"llm_eval/{recipe.name}@{t.name}", kind="llm_eval", description=f"verify {recipe.name}@{t.name} (tokens)",
@@ -179,7 +182,10 @@ def _package(recipe: Recipe, spec: LlmSpec, bundles: list[Action], split: Action
         inputs.update({k: v for k, v in b.outputs.items() if k.startswith("ctx:")})
     params = {"recipe": recipe.name, "parts": spec.parts, "sequence_lengths": list(spec.sequence_lengths),
               "context_lengths": list(spec.context_lengths), "precision": spec.precision}
+    d = out / t.name / recipe.name
+    outputs = {"config": str(d / "genai_config.json")}
+    outputs.update({f"stage:{n}": str(d / n) for n in helper_names(spec.parts, list(spec.sequence_lengths),
+                                                                     max(spec.context_lengths))})
     return Action(id=f"llm_package/{recipe.name}@{t.name}", kind="llm_package",
-                  description=f"genai_config.json {recipe.name}@{t.name}", inputs=inputs,
-                  outputs={"config": str(out / t.name / recipe.name / "genai_config.json")}, params=params,
+                  description=f"genai_config.json {recipe.name}@{t.name}", inputs=inputs, outputs=outputs, params=params,
                   target=t.as_dict(), **common_params(recipe))

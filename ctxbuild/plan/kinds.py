@@ -36,6 +36,8 @@ class MemoryModel:
     by_precision: dict[str, float] = field(default_factory=dict)
     user_model: bool = False  # `model` is the user's file: the external data it names counts (ctxbuild's own
     # models list `<model>.data` as an input of their own)
+    per_context_length: bool = False  # an llm action holding one CL's graphs at a time: the weights read count
+    # once per params["context_lengths"]
 
 
 class Kind:
@@ -356,6 +358,7 @@ class _LlmQuantizeRequired(TypedDict):
     keep_8bit: list[str]  # w4a16: fnmatch patterns of weights kept at int8
     samples: int  # calibration prompts
     tokens: int  # greedy tokens decoded per prompt while recording calibration inputs
+    context_lengths: list[int]
 
 
 class LlmQuantizeParams(_LlmQuantizeRequired, total=False):
@@ -369,11 +372,12 @@ class LlmQuantize(Kind):
     implementation = "ctxbuild.actions.llm_quantize"
     params = LlmQuantizeParams
     discovers_inputs = True  # the prompt files
-    memory = MemoryModel(3.5, ("model:",))
+    memory = MemoryModel(3.5, ("model:",), per_context_length=True)
 
 
 class _LlmEvalRequired(TypedDict):
     graphs: list[str]
+    context_lengths: list[int]
     precision: str
     prompts: int
     generate: int
@@ -395,7 +399,7 @@ class LlmEval(Kind):
     discovers_inputs = True  # the prompt files
     uses_qnn = True
     verification = True
-    memory = MemoryModel(3.0, ("reference:",))
+    memory = MemoryModel(3.0, ("reference:",), per_context_length=True)
 
 
 class LlmPackageParams(TypedDict):

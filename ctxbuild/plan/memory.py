@@ -39,6 +39,8 @@ def estimate(action: Any) -> int:
             size += weight_bytes(p) if model.user_model else p.stat().st_size
         except OSError:
             continue  # missing input: the action reports it
+    if model.per_context_length:
+        size //= len(action.params["context_lengths"])
     return BASE + int(factor(action.kind, action.params) * size)
 
 

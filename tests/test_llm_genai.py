@@ -1,0 +1,116 @@
+"""onnxruntime-genai (0.18.0, the `test` extra) against the genai_config.json an `llm:` build writes.
+
+genai parses the config the build writes; its Linux x86 wheel has no QNN EP, so the proof runs the config's CPU
+twin (ctxbuild.llm.genai_config.cpu_twin: the same stages, the float static graphs or the QDQ parts in place of
+the compiled wrappers) and compares genai's greedy tokens with the original model's and ctxbuild's own decoder's.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import RECIPES
+
+og = pytest.importorskip("onnxruntime_genai")
+pytestmark = pytest.mark.e2e
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example's model and prompts, one CL, built without verification (the runtime is what is tested)."""
+    d = tmp_path_factory.mktemp("genai")
+    subprocess.run([sys.executable, str(RECIPES / "models" / "make_models.py"), str(d / "models")], check=True)
+    recipe = {"name": "llama", "targets": ["SM8650"],
+              "llm": {"model": str(d / "models" / "llama_tiny.onnx"), "sequence_lengths": [16, 1], "context_lengths": [64],
+                      "parts": 2, "precision": "w8a16",
+                      "prompts": {"dir": str(d / "models" / "prompts" / "llama_tiny"), "samples": 2, "verify": 2},
+                      "generate": 8}}
+    (d / "llama.yaml").write_text(json.dumps(recipe))
+    env = {**os.environ, "CTXBUILD_CACHE_DIR": str(d / "cache")}
+    env.pop("MAKEFLAGS", None)
+    p = subprocess.run([sys.executable, "-m", "ctxbuild", "build", str(d / "llama.yaml"), "-o", str(d / "out"),
+                        "--no-verify"], capture_output=True, text=True, env=env, cwd=d, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return d
+
+
+def test_genai_parses_the_generated_config(built: Path, tmp_path: Path) -> None:
+    """og.Config refuses unknown or misspelled fields (checked with one): every field written is one genai 0.18.0 knows."""
+    d = built / "out" / "SM8650" / "llama"
+    config = og.Config(str(d))
+    typo = json.loads((d / "genai_config.json").read_text())
+    typo["model"]["decoder"]["sliding_window"]["slide_key_value_cach"] = False
+    (tmp_path / "genai_config.json").write_text(json.dumps(typo))
+    with pytest.raises(Exception, match="slide_key_value_cach"):
+        og.Config(str(tmp_path))
+    with pytest.raises(Exception, match="QNN execution provider is not supported"):  # the x86 Linux wheel
+        og.Model(config)
+
+
+def _split_and_parts(built: Path, qdq: bool) -> tuple[object, dict[tuple[int, int], Path]]:
+    """The layout and, at the largest CL, each (part, AR)'s float static graph or QDQ graph."""
+    from ctxbuild.llm.layout import Layout
+
+    work = built / "out" / ".ctxbuild" / "work" / "llm"
+    split = next(d for d in work.glob("llama-*") if "-q" not in d.name)
+    layout = Layout.read(split / "layout.json")
+    cl = max(g.cl for g in layout.graphs)
+    return layout, {(g.part, g.ar): (next(work.glob(f"llama-q{g.part + 1}-*")) if qdq else split) / f"{g.name}.onnx"
+                    for g in layout.graphs if g.cl == cl}
+
+
+def _genai_tokens(model: object, prompt: np.ndarray, n: int, cl: int) -> list[int]:
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=cl)
+    gen = og.Generator(model, params)
+    gen.append_tokens(prompt.astype(np.int32))
+    for _ in range(n):
+        gen.generate_next_token()
+    return [int(t) for t in gen.get_sequence(0)[-n:]]
+
+
+def _prompts(built: Path, length: int) -> list[np.ndarray]:
+    return [np.load(f)[:length] for f in sorted((built / "models" / "prompts" / "llama_tiny").glob("*.npy"))[:2]]
+
+
+# shorter than the prompt graph's AR (16), filling it, and the whole prompts (24: two windows)
+@pytest.mark.parametrize("length", [11, 16, 24])
+def test_genai_runs_the_config_on_the_float_parts_and_gives_the_original_tokens(built: Path, tmp_path: Path,
+                                                                               length: int) -> None:
+    """The device config's pipeline with the float static graphs in place of the wrappers (CPU EP): genai's
+    greedy tokens are the ORIGINAL dynamic model's."""
+    from ctxbuild.llm import genai_config, pipeline
+
+    layout, parts = _split_and_parts(built, qdq=False)
+    cl = max(g.cl for g in layout.graphs)
+    model = og.Model(str(genai_config.cpu_twin(layout, cl, parts, tmp_path)))
+    device = json.loads((built / "out" / "SM8650" / "llama" / "genai_config.json").read_text())
+    twin = json.loads((tmp_path / "genai_config.json").read_text())
+    # the same stages, names and I/O as the device config; only the part graphs' files and EP differ
+    strip = [{k: {f: v for f, v in s.items() if f not in ("filename", "session_options")} for k, s in st.items()}
+             for st in device["model"]["decoder"]["pipeline"]]
+    assert [{k.removesuffix("_ctx"): s for k, s in st.items()} for st in strip] == \
+        [{k: {f: v for f, v in s.items() if f != "filename"} for k, s in st.items()} for st in twin["model"]["decoder"]["pipeline"]]
+    for prompt in _prompts(built, length):
+        want = pipeline.reference_generate(built / "models" / "llama_tiny.onnx", prompt, 8).tokens
+        assert _genai_tokens(model, prompt, 8, cl) == want
+        assert len(set(want)) > 1
+
+
+def test_genai_runs_the_qdq_parts_like_ctxbuilds_own_decoder(built: Path, tmp_path: Path) -> None:
+    """The QDQ parts (what was compiled, same I/O as the wrappers) under genai decode the same greedy tokens as
+    ctxbuild's verification decoder (pipeline.py) over the same graphs."""
+    from ctxbuild.llm import genai_config, pipeline
+
+    layout, parts = _split_and_parts(built, qdq=True)
+    cl = max(g.cl for g in layout.graphs)
+    model = og.Model(str(genai_config.cpu_twin(layout, cl, parts, tmp_path)))
+    run = pipeline.cpu_runner({(p, ar, cl): f for (p, ar), f in parts.items()})
+    for prompt in _prompts(built, 24):
+        ours = pipeline.generate(run, layout.parts, (layout.kv_heads, layout.head_dim), prompt, 8, cl, 16).tokens
+        assert _genai_tokens(model, prompt, 8, cl) == ours
