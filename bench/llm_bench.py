@@ -30,9 +30,10 @@ BENCHMARK = "llm: recipe: cold build, no-op, CL added; shared vs unshared bytes;
 CTXBUILD = [sys.executable, "-m", "ctxbuild"]
 
 
-def build(recipes: Path, out: Path, env: dict[str, str]) -> float:
+def build(recipes: Path, out: Path, env: dict[str, str], budget: str | None = None) -> float:
     start = time.monotonic()
-    p = subprocess.run([*CTXBUILD, "build", str(recipes), "-o", str(out)], capture_output=True, text=True, env=env)
+    p = subprocess.run([*CTXBUILD, "build", str(recipes), "-o", str(out), *(["--memory-budget", budget] if budget else [])],
+                       capture_output=True, text=True, env=env)
     if p.returncode:
         raise SystemExit(p.stdout + p.stderr)
     return time.monotonic() - start
@@ -65,6 +66,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4, help="calibration prompts")
     ap.add_argument("--verify", type=int, default=2, help="verification prompts")
     ap.add_argument("--verify-timeout", type=float, default=600, help="seconds the simulator may take per CL")
+    ap.add_argument("--memory-budget", help="passed to ctxbuild build (its estimates err high at LLM sizes)")
     ap.add_argument("--workdir", type=Path, help="keep the build here (default: a temporary directory)")
     args = ap.parse_args()
     cfg = llm_decoder.Config(vocab=args.vocab, hidden=args.hidden, layers=args.layers,
@@ -94,12 +96,13 @@ def run(args: argparse.Namespace, cfg: llm_decoder.Config, work: Path) -> dict:
     # over 2 GB of float32 the protobuf limit applies: weights beside the graph, as exporters write them
     onnx.save(model, src / "llama.onnx", save_as_external_data=True, location="llama.onnx.data")
     del model
+    onnx.checker.check_model(src / "llama.onnx")
     (src / "prompts").mkdir()
     for i, p in enumerate(llm_decoder.prompts(cfg, max(args.samples, args.verify), max(args.ar) + 8)):
         np.save(src / "prompts" / f"prompt_{i}.npy", p)
     env = {**os.environ, "CTXBUILD_CACHE_DIR": str(work / "cache")}
     write_recipe(src, args, args.cl)
-    cold = build(src, out, env)
+    cold = build(src, out, env, args.memory_budget)
     recs = [json.loads(p.read_text()) for p in (out / ".ctxbuild" / "records").glob("*.json")]
     kinds: dict[str, dict[str, float]] = {}
     for r in recs:
@@ -113,11 +116,11 @@ def run(args: argparse.Namespace, cfg: llm_decoder.Config, work: Path) -> dict:
     unshared = sum(p.stat().st_size for p in (out / ".ctxbuild" / "work" / "llm" / "twins").rglob("*_qnn.bin"))
     weights = sum(part_weight_bytes(facts, args.parts, args.precision, None))
     verify = json.loads((bins / "llm_verify.json").read_text())["by_cl"]
-    noop = sorted(build(src, out, env) for _ in range(3))[1]
+    noop = sorted(build(src, out, env, args.memory_budget) for _ in range(3))[1]
     added, ran = None, {}
     if args.add_cl:
         write_recipe(src, args, args.cl + [args.add_cl])
-        added = build(src, out, env)
+        added = build(src, out, env, args.memory_budget)
         ran = json.loads((out / ".ctxbuild" / "last_build.json").read_text())["actions"]
     return {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "parameters": params, "weights_fp32_mb": round(params * 4 / 2**20, 1),

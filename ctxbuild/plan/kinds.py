@@ -38,6 +38,8 @@ class MemoryModel:
     # models list `<model>.data` as an input of their own)
     per_context_length: bool = False  # an llm action holding one CL's graphs at a time: the weights read count
     # once per params["context_lengths"]
+    own_graph_factor: float = 0.0  # a later phase holding one of the action's own graphs (params["graphs"]) this
+    # many times over (onnxruntime's quantizer); the estimate is the larger phase
 
 
 class Kind:
@@ -372,7 +374,9 @@ class LlmQuantize(Kind):
     implementation = "ctxbuild.actions.llm_quantize"
     params = LlmQuantizeParams
     discovers_inputs = True  # the prompt files
-    memory = MemoryModel(3.5, ("model:",), per_context_length=True)
+    # calibration: one CL's float sessions (every part's graphs); then onnxruntime's quantizer on one graph at a
+    # time: model, augmented copy, calibration session, QDQ output (6.1 GB for a 715 MB graph, bench/llm_bench.py)
+    memory = MemoryModel(2.0, ("model:",), per_context_length=True, own_graph_factor=9.0)
 
 
 class _LlmEvalRequired(TypedDict):
@@ -399,7 +403,7 @@ class LlmEval(Kind):
     discovers_inputs = True  # the prompt files
     uses_qnn = True
     verification = True
-    memory = MemoryModel(3.0, ("reference:",), per_context_length=True)
+    memory = MemoryModel(2.0, ("reference:",), per_context_length=True)  # 1.6x measured (bench/llm_bench.py)
 
 
 class LlmPackageParams(TypedDict):

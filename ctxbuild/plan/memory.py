@@ -39,9 +39,21 @@ def estimate(action: Any) -> int:
             size += weight_bytes(p) if model.user_model else p.stat().st_size
         except OSError:
             continue  # missing input: the action reports it
+    need = factor(action.kind, action.params) * size
     if model.per_context_length:
-        size //= len(action.params["context_lengths"])
-    return BASE + int(factor(action.kind, action.params) * size)
+        need /= len(action.params["context_lengths"])
+    if model.own_graph_factor:
+        largest = max(sum(_size(action.inputs.get(f"model:{g}{ext}")) for ext in ("", ".data"))
+                      for g in action.params["graphs"])
+        need = max(need, model.own_graph_factor * largest)
+    return BASE + int(need)
+
+
+def _size(path: str | None) -> int:
+    try:
+        return Path(path).stat().st_size if path else 0
+    except OSError:
+        return 0  # missing input: the action reports it
 
 
 def factor(kind: str, params: dict[str, Any]) -> float:
