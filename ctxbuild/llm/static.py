@@ -124,6 +124,8 @@ def _fold_weight_transposes(g: Any, base_dir: str) -> None:
             arr = numpy_helper.to_array(inits[n.input[0]], base_dir).transpose(perm)
             g.initializer.append(numpy_helper.from_array(arr.copy(), n.output[0]))
             g.node.remove(n)
+            if not any(n.input[0] in m.input for m in g.node):  # the last part of a tied model: the head alone
+                g.initializer.remove(inits[n.input[0]])
 
 
 def _mask_tensor(g: Any) -> str:

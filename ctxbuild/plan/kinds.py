@@ -374,9 +374,10 @@ class LlmQuantize(Kind):
     implementation = "ctxbuild.actions.llm_quantize"
     params = LlmQuantizeParams
     discovers_inputs = True  # the prompt files
-    # calibration: one CL's float sessions (every part's graphs); then onnxruntime's quantizer on one graph at a
-    # time: model, augmented copy, calibration session, QDQ output (6.1 GB for a 715 MB graph, bench/llm_bench.py)
-    memory = MemoryModel(2.0, ("model:",), per_context_length=True, own_graph_factor=9.0)
+    # calibration: one CL's float sessions (every part's graphs: 8.4 GB for 8.1 GB at the 1B shape); then
+    # onnxruntime's quantizer on one graph at a time: model, augmented copy, calibration session, QDQ output
+    # (6.1 GB for a 715 MB graph); bench/llm_bench.py
+    memory = MemoryModel(1.2, ("model:",), per_context_length=True, own_graph_factor=9.0)
 
 
 class _LlmEvalRequired(TypedDict):
