@@ -8,6 +8,7 @@ themselves, so the config cannot drift from them; the small stages around them (
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,5 +33,8 @@ def run(ctx: Any) -> None:
     config = genai_config.pipeline_config(layout, cl, parts, QNN)
     for name, model in genai_config.helper_models(layout, cl).items():
         onnx.save(model, str(ctx.tmp_output(f"stage:{name}")))
+    for role, src in a.inputs.items():
+        if role.startswith("tokenizer:"):
+            shutil.copyfile(src, ctx.tmp_output(role))
     ctx.tmp_output("config").write_text(json.dumps(config, indent=2) + "\n")
     print(f"genai_config.json: {len(config['model']['decoder']['pipeline'])} stages at CL {cl}")

@@ -186,6 +186,9 @@ def _package(recipe: Recipe, spec: LlmSpec, bundles: list[Action], split: Action
     outputs = {"config": str(d / "genai_config.json")}
     outputs.update({f"stage:{n}": str(d / n) for n in helper_names(spec.parts, list(spec.sequence_lengths),
                                                                      max(spec.context_lengths))})
+    for path in spec.tokenizer:  # copied for the runtime: inputs and outputs by name
+        inputs[f"tokenizer:{path.name}"] = str(path)
+        outputs[f"tokenizer:{path.name}"] = str(d / path.name)
     return Action(id=f"llm_package/{recipe.name}@{t.name}", kind="llm_package",
                   description=f"genai_config.json {recipe.name}@{t.name}", inputs=inputs, outputs=outputs, params=params,
                   target=t.as_dict(), **common_params(recipe))

@@ -33,6 +33,7 @@ class LlmSpec:
     min_cosine: float
     adapters: Adapters | None = None  # LoRA (llm.adapters): slots kept as inputs of every graph reading them
     slot_parts: tuple[int, ...] = ()  # llm.adapters: the parts (0-based) whose graphs read slots
+    tokenizer: tuple[Path, ...] = ()  # files copied beside genai_config.json
 
 
 def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Target]) -> LlmSpec:
@@ -89,6 +90,7 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
     if not prompts.is_dir():  # its files are found at run time, like calibration samples
         raise RecipeError(f"{at('prompts', 'dir')}: llm.prompts.dir '{spec['prompts']['dir']}' is not a directory "
                           f"(looked in {prompts})", "a directory of token-id .npy files, relative to the recipe")
+    tokenizer = _tokenizer_files(f, spec.get("tokenizer", []), at)
     adapters, slot_parts = None, ()
     if "adapters" in spec:
         adapters, wheres = _adapters(f, data, spec, precision, facts, model.name)
@@ -97,7 +99,27 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
                    kv_cache=spec.get("kv_cache", "uint16"), keep_8bit=keep_8bit, prompts=prompts,
                    calibration_prompts=spec["prompts"].get("samples", 4), verify_prompts=spec["prompts"].get("verify", 2),
                    generate=spec.get("generate", 8), min_token_agreement=spec.get("min_token_agreement", 0.75),
-                   min_cosine=spec.get("min_cosine", 0.95), adapters=adapters, slot_parts=slot_parts)
+                   min_cosine=spec.get("min_cosine", 0.95), adapters=adapters, slot_parts=slot_parts,
+                   tokenizer=tokenizer)
+
+
+# what llm_package writes into the same directory (its stage files are *.onnx, wrappers *_ctx.onnx)
+PACKAGE_FILES = ("genai_config.json", "llm_verify.json")
+
+
+def _tokenizer_files(f: Path, names: list[str], at: Any) -> tuple[Path, ...]:
+    paths: dict[str, Path] = {}
+    for i, name in enumerate(names):
+        path = named_path(f.parent, name)
+        if not path.is_file():
+            raise RecipeError(f"{at('tokenizer', i)}: tokenizer file '{name}' not found (looked in {path})",
+                              "the runtime's tokenizer files (tokenizer.json, ...), relative to the recipe")
+        if path.name in paths or path.name in PACKAGE_FILES or path.suffix == ".onnx":
+            raise RecipeError(f"{at('tokenizer', i)}: tokenizer file '{name}': its name clashes with "
+                              f"{paths.get(path.name) or 'a file the build writes beside it'}",
+                              "each file is copied by name into the output directory; rename it")
+        paths[path.name] = path
+    return tuple(paths.values())
 
 
 def _adapters(f: Path, data: LineDict, spec: dict[str, Any], precision: str, facts: dict[str, Any],

@@ -1,0 +1,51 @@
+"""`llm.tokenizer`: the runtime's tokenizer files are copied beside genai_config.json by llm_package (inputs and
+outputs of that action, so an edited tokenizer re-runs only it), and bad entries exit 2 with the recipe's line."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ctxbuild.errors import RecipeError
+from ctxbuild.plan.planner import make_plan
+from ctxbuild.recipes import recipe
+from tests.conftest import keep_only
+from tests.fake_tree import fake_tree
+
+
+def _tree(tmp_path: Path, files: list[str]) -> Path:
+    tree = fake_tree(tmp_path / "recipes")
+    keep_only(tree, "llm_tiny.yaml")
+    f = tree / "llm_tiny.yaml"
+    f.write_text(f.read_text().replace("  generate: 8\n", f"  generate: 8\n  tokenizer: {files}\n"))
+    (tree / "models" / "tok").mkdir(parents=True, exist_ok=True)
+    (tree / "models" / "tok" / "tokenizer.json").write_text('{"model": {"type": "WordLevel"}}')
+    (tree / "models" / "tok" / "tokenizer_config.json").write_text("{}")
+    return tree
+
+
+def test_tokenizer_files_are_package_inputs_and_outputs(tmp_path: Path) -> None:
+    tree = _tree(tmp_path, ["models/tok/tokenizer.json", "models/tok/tokenizer_config.json"])
+    plan = make_plan(recipe.load([tree]), tmp_path / "out")
+    packages = [a for a in plan.actions if a.kind == "llm_package"]
+    assert packages
+    for a in packages:
+        assert a.inputs["tokenizer:tokenizer.json"] == str(tree / "models" / "tok" / "tokenizer.json")
+        out = Path(a.outputs["tokenizer:tokenizer_config.json"])
+        assert out.parent == Path(a.outputs["config"]).parent and out.name == "tokenizer_config.json"
+    others = [a for a in plan.actions if a.kind != "llm_package"]
+    assert not any(k.startswith("tokenizer:") for a in others for k in a.inputs)
+
+
+@pytest.mark.parametrize("files, why", [
+    (["models/tok/missing.json"], "tokenizer file 'models/tok/missing.json' not found"),
+    (["models/tok/tokenizer.json", "models/tok/tokenizer.json"], "its name clashes with"),
+])
+def test_bad_tokenizer_entries_name_the_line(tmp_path: Path, files: list[str], why: str) -> None:
+    tree = _tree(tmp_path, files)
+    with pytest.raises(RecipeError) as e:
+        recipe.load([tree])
+    text = (tree / "llm_tiny.yaml").read_text().splitlines()
+    line = next(i for i, t in enumerate(text, 1) if "tokenizer:" in t)
+    assert e.value.message.startswith(f"{tree / 'llm_tiny.yaml'}:{line}: "), e.value.message
+    assert why in e.value.message
