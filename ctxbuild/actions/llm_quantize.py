@@ -55,8 +55,7 @@ def calibration_feeds(layout: Layout, models: dict[tuple[int, int, int], Path], 
 
         for prompt in prompts:
             pipeline.generate(record, layout.parts, (layout.kv_heads, layout.head_dim), prompt, tokens, cl, ars[-1])
-        del run_cpu
-    return feeds
+    return feeds  # (the next CL's runner replaces this one's: its sessions close before new ones open)
 
 
 def run(ctx: Any) -> None:
