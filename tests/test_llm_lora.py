@@ -16,6 +16,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
+from tests._adapters import adapter_values, merged_model
 from tests.conftest import RECIPES, keep_only, last_build
 from tests._qnn_models import qnn_session
 
@@ -31,21 +32,6 @@ def lora(tree: Path) -> Path:
     shutil.copy(RECIPES / "llm_lora.yaml", tree)  # the tree fixture leaves the LLM examples out
     keep_only(tree, "llm_lora.yaml")
     return tree / "llm_lora.yaml"
-
-
-def adapter_values(path: Path) -> dict[str, np.ndarray]:
-    fmt = ort.AdapterFormat.read_adapter(str(path))
-    return {k: v.numpy().copy() for k, v in fmt.get_parameters().items()}
-
-
-def merged(base: Path, weights: dict[str, np.ndarray], dst: Path) -> Path:
-    """The original dynamic decoder with the adapter's values in its LoRA initializers."""
-    model = onnx.load(base)
-    for t in model.graph.initializer:
-        if t.name in weights:
-            t.CopyFrom(numpy_helper.from_array(weights[t.name], t.name))
-    onnx.save(model, dst)
-    return dst
 
 
 def simulate(twins: Path, bindings: Path, prompt: np.ndarray, forced: list[int], adapter: str | None) -> list[np.ndarray]:
@@ -152,7 +138,7 @@ def test_adapters_bind_per_graph_verified_and_rebuild_alone(lora: Path, tree: Pa
     assert np.mean(cosines(without, plain.logits)) > 0.99
     for name in ADAPTERS:
         want = pipeline.reference_generate(
-            merged(base, load_file(str(tree / "models" / "adapters" / "llama_lora" / f"{name}.safetensors")),
+            merged_model(base, load_file(str(tree / "models" / "adapters" / "llama_lora" / f"{name}.safetensors")),
                    tmp_path / f"{name}.onnx"), prompt, 8)
         assert want.tokens != plain.tokens  # the adapter changes the float model's continuation
         got = simulate(twins, d / "adapters", prompt, want.tokens, name)
@@ -261,7 +247,7 @@ def test_static_graphs_keep_each_parts_slots_and_decode_the_merged_model(tmp_pat
     bound = {k: {n: v for n, v in weights.items() if ranges[k[0]][0] <= int(n.split(".")[2]) < ranges[k[0]][1]}
              for k in models}
     prompt = llm_decoder.prompts(cfg, 1, 11)[0]
-    want = pipeline.reference_generate(merged(tmp_path / "lora.onnx", weights, tmp_path / "merged.onnx"), prompt, 8)
+    want = pipeline.reference_generate(merged_model(tmp_path / "lora.onnx", weights, tmp_path / "merged.onnx"), prompt, 8)
     got = pipeline.generate(pipeline.cpu_runner(models, bound), ranges, (shape.kv_heads, shape.head_dim), prompt, 8, 32, 8)
     assert got.tokens == want.tokens
     assert max(float(np.abs(a - b).max()) for a, b in zip(got.logits, want.logits)) < 1e-3

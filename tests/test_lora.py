@@ -11,8 +11,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import numpy_helper
 
+from tests._adapters import adapter_values, merged_model
 from tests.conftest import last_build
 from tests._qnn_models import cosine, cpu_run, qnn_session
 
@@ -35,21 +35,6 @@ def built(lora: Path, tmp_path: Path, ctxbuild) -> Path:
     r = ctxbuild("build", str(lora.parent), "-o", str(out))
     assert r.code == 0, r.text
     return out
-
-
-def merged_model(base: Path, weights: dict[str, np.ndarray], dst: Path) -> Path:
-    """The float model with an adapter merged: its slot initializers replaced by the adapter's values."""
-    model = onnx.load(base)
-    for init in model.graph.initializer:
-        if init.name in weights:
-            init.CopyFrom(numpy_helper.from_array(weights[init.name], init.name))
-    onnx.save(model, dst)
-    return dst
-
-
-def adapter_values(path: Path) -> dict[str, np.ndarray]:
-    fmt = ort.AdapterFormat.read_adapter(str(path))
-    return {k: v.numpy().copy() for k, v in fmt.get_parameters().items()}
 
 
 def test_app_binds_each_adapter_and_matches_the_merged_float_model(built: Path, tree: Path, tmp_path: Path) -> None:
