@@ -27,18 +27,9 @@ PREPARE_STREAMED_FACTOR = 0.1  # prepare without ORT's optimizer (qdq) copies ex
 
 def estimate(action: Any) -> int:
     """Bytes of peak RSS `action` is expected to need, from the sizes of the files it reads."""
-    from ctxbuild.graph.modelio import weight_bytes
-
     model = kinds.get(action.kind).memory
-    size = 0
-    for role, path in action.inputs.items():
-        if not any(role.startswith(p) for p in model.weight_roles):
-            continue
-        p = Path(path)
-        try:
-            size += weight_bytes(p) if model.user_model else p.stat().st_size
-        except OSError:
-            continue  # missing input: the action reports it
+    size = sum(_size(path, model.user_model) for role, path in action.inputs.items()
+               if any(role.startswith(p) for p in model.weight_roles))
     need = factor(action.kind, action.params) * size
     if model.per_context_length:
         need /= len(action.params["context_lengths"])
@@ -49,11 +40,14 @@ def estimate(action: Any) -> int:
     return BASE + int(need)
 
 
-def _size(path: str | None) -> int:
+def _size(path: str | None, with_external_data: bool = False) -> int:
+    """A file's bytes (with the external data a user's model names); 0 for a missing input: the action reports it."""
+    from ctxbuild.graph.modelio import weight_bytes
+
     try:
-        return Path(path).stat().st_size if path else 0
+        return (weight_bytes(Path(path)) if with_external_data else Path(path).stat().st_size) if path else 0
     except OSError:
-        return 0  # missing input: the action reports it
+        return 0
 
 
 def factor(kind: str, params: dict[str, Any]) -> float:
