@@ -89,7 +89,7 @@ def run(args: argparse.Namespace, cfg: llm_decoder.Config, work: Path) -> dict:
     import onnx
 
     from ctxbuild.llm.convention import weight_sizes
-    from ctxbuild.llm.recipe import part_weight_bytes
+    from ctxbuild.recipes.llm import part_weight_bytes
 
     src, out = work / "recipes", work / "out"
     src.mkdir()

@@ -1,4 +1,4 @@
-"""File content digests, memoized by (path, size, mtime_ns, inode, ctime_ns) like git's index.
+"""Canonical JSON and content digests: files memoized by (path, size, mtime_ns, inode, ctime_ns) like git's index.
 
 Hashing a multi-GB model on every build is not acceptable; a stat() is. The memo lives in a small
 SQLite database per OUT directory, which tolerates ninja's concurrent action processes.
@@ -6,10 +6,20 @@ SQLite database per OUT directory, which tolerates ninja's concurrent action pro
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sqlite3
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+
+def canonical_json(data: Any) -> bytes:
+    """The one serialization every key, spec and record digest is taken over: sorted keys, no spaces."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def short_hash(data: Any, n: int = 10) -> str:
+    return hashlib.sha256(canonical_json(data)).hexdigest()[:n]
 
 
 def hash_stream(f: BinaryIO) -> tuple[str, int]:

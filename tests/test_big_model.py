@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ctxbuild.plan import memory
+from ctxbuild import machine
 from ctxbuild.cache.files import hash_file
 from tests._big_models import matmul_chain
 from tests.conftest import ROOT, last_build, records
@@ -47,7 +47,7 @@ def _ctxbuild(*args: str, cache: Path, timeout: float) -> subprocess.CompletedPr
 @pytest.fixture
 def big_dir():
     """Under /tmp, deleted afterwards even on failure: pytest keeps tmp_path dirs, these hold gigabytes."""
-    available = memory.meminfo()["MemAvailable"]
+    available = machine.meminfo()["MemAvailable"]
     if available < NEED_RAM:
         pytest.skip(f"needs {NEED_RAM >> 30} GiB of available memory, this machine has {available / 2**30:.1f} GiB now")
     if shutil.disk_usage("/tmp").free < NEED_DISK:

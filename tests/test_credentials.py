@@ -86,7 +86,7 @@ def test_netrc_supplies_basic_auth(tmp_path: Path, monkeypatch) -> None:
 def test_farm_requests_carry_no_credentials() -> None:
     """The store description rides in every Dask request (and the scheduler's logs): the URL goes stripped;
     a worker authenticates with its own ~/.netrc or token variable."""
-    from ctxbuild.farm.gateway import check_data_plane
+    from ctxbuild.engine.farm.gateway import check_data_plane
 
     store = check_data_plane({"CTXBUILD_REMOTE_CACHE": f"http://ci:{SECRET}@127.0.0.1:9/c"})
     assert store["url"] == "http://127.0.0.1:9/c" and SECRET not in repr(store)

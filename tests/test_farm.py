@@ -183,7 +183,7 @@ def test_mismatched_toolchain_worker_is_never_used(tmp_path: Path, example_model
         # The worker's own check, should a task reach it anyway: both fingerprints named, nothing run.
         from distributed import Client
 
-        from ctxbuild.farm.task import run_action
+        from ctxbuild.engine.farm.task import run_action
 
         with Client(cluster.address, set_as_default=False) as client:
             reply = client.submit(run_action, {"action": {"kind": "compile", "id": "compile/x@SM8650"},
@@ -256,7 +256,7 @@ def test_unreachable_scheduler_is_a_clear_error_or_falls_back(tmp_path: Path, ex
 
 
 def test_task_resources_follow_the_cluster() -> None:
-    from ctxbuild.farm import resources
+    from ctxbuild.engine.farm import resources
 
     fp = {"onnxruntime": "1", "qnn_sdk": "v2"}
     workers = {"a": {"nthreads": 4, "resources": {"qnn": 1, "mem_gb": 8}}, "b": {"nthreads": 2, "resources": {}}}

@@ -135,7 +135,7 @@ def test_plan_cache_and_light_fast_paths(tree: Path, tmp_path: Path, ctxbuild) -
     r = build(ctxbuild, tree, out, "--only", RECIPE, env=profile)
     assert set(last_build(out).values()) == {"cache"}
     assert not imported(r.err) & (HEAVY - {"jinja2"}), imported(r.err) & HEAVY  # jinja2: the new report
-    light = {"yaml", "importlib.metadata", "ctxbuild.farm.gateway", "ctxbuild.lora.recipe"}  # ~40 ms of a 0.25 s restore
+    light = {"yaml", "importlib.metadata", "ctxbuild.engine.farm.gateway", "ctxbuild.recipes.adapters"}  # ~40 ms of a 0.25 s restore
     assert not imported(r.err) & light, imported(r.err) & light
 
     # A recipe edited since: the cached plan no longer matches, the planner runs and sees the edit.

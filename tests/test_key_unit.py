@@ -1,4 +1,4 @@
-"""Fast unit tests of the action key (runner._key_components): what changes it and what must not.
+"""Fast unit tests of the action key (plan/key.py): what changes it and what must not.
 No onnxruntime, no QNN: the QNN SDK build id (a probe compile) is replaced by a fixed string."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ctxbuild.engine import runner
+from ctxbuild.plan import actionkey as keys
 from ctxbuild.toolchain import installed as toolchain
 from ctxbuild.plan.action import Action
 from ctxbuild.digests import DigestMemo
@@ -31,8 +31,8 @@ def compile_action(d: Path, *, soc: str = "57", vtcm: str = "8", content: bytes 
 
 
 def key(action: Action, state: Path) -> tuple[str, dict]:
-    components = runner._key_components(action, {}, DigestMemo(None), state)
-    return runner._digest(components), components
+    components = keys.components(action, {}, DigestMemo(None), state)
+    return keys.digest(components), components
 
 
 def test_same_content_elsewhere_is_the_same_key(tmp_path: Path) -> None:
@@ -49,14 +49,14 @@ def test_touching_an_input_keeps_the_key_editing_it_changes_it(tmp_path: Path) -
     Path(action.inputs["model"]).write_bytes(b"other model bytes")
     after, new = key(action, tmp_path)
     assert after != before
-    assert runner._why({"key_detail": old}, {"key_detail": new}) == "changed: inputs (model)"
+    assert keys.why({"key_detail": old}, {"key_detail": new}) == "changed: inputs (model)"
 
 
 def test_a_parameter_changes_the_key_and_why_names_it(tmp_path: Path) -> None:
     k8, old = key(compile_action(tmp_path / "a", vtcm="8"), tmp_path)
     k4, new = key(compile_action(tmp_path / "b", vtcm="4"), tmp_path)
     assert k8 != k4
-    assert runner._why({"key_detail": old}, {"key_detail": new}) == "changed: params (provider_options.vtcm_mb)"
+    assert keys.why({"key_detail": old}, {"key_detail": new}) == "changed: params (provider_options.vtcm_mb)"
 
 
 def test_qnn_version_keys_qnn_kinds_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -56,3 +56,44 @@ def test_every_module_says_what_it_owns() -> None:
     missing = [str(p.relative_to(PACKAGE.parent)) for p in _modules().values()
                if not ast.get_docstring(ast.parse(p.read_text()))]
     assert not missing, f"modules without a docstring: {missing}"
+
+
+# The packages' layers, bottom up: a package imports only from its own layer and those below (imports inside
+# functions count). ctxbuild's top-level modules (errors, atomic, digests, layout, settings, machine, ...) are
+# the base every package may use. docs/internals.md draws the same picture.
+LAYERS = [
+    ["cache", "graph"],  # content-addressed stores; ONNX graph surgery and legalization
+    ["toolchain"],  # what is installed and provisioned, and how to reach the EP
+    ["qnn"],  # the compiler, the simulator, context binaries, wrappers
+    ["lora"],  # adapter files and the LoRA slots of a graph
+    ["llm"],  # decoder conventions, static graphs, the genai pipeline
+    ["recipes"],  # what the user declared, validated
+    ["verify"],  # accuracy: measurements, gates, diagnosis
+    ["plan"],  # recipes -> actions, the action key
+    ["actions"],  # what each action kind runs
+    ["outputs"],  # manifest, report, summary, the deploy gate
+    ["engine"],  # ninja, the worker, the runner, the farm
+    ["cli"],
+]
+
+
+def _package(module: str, modules: dict[str, Path]) -> str | None:
+    """The subpackage a module belongs to, or None for a top-level module (the base)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or modules[module].name == "__init__.py" and len(parts) == 2 else None
+
+
+def test_packages_import_only_downwards() -> None:
+    modules = _modules()
+    layer = {p: i for i, names in enumerate(LAYERS) for p in names}
+    found = {_package(m, modules) for m in modules} - {None}
+    assert found <= set(layer), f"packages with no layer in LAYERS: {sorted(found - set(layer))}"
+    upward = sorted({f"{modules[a].relative_to(PACKAGE.parent)}:{line}: {pa} -> {pb} ({b})"
+                     for a, b, _, line in _imports(modules)
+                     if (pa := _package(a, modules)) and (pb := _package(b, modules)) and pa != pb
+                     and layer[pb] >= layer[pa]})
+    base_up = sorted(f"{modules[a].relative_to(PACKAGE.parent)}:{line}: imports {b}"
+                     for a, b, _, line in _imports(modules)
+                     if _package(a, modules) is None and a != "ctxbuild.__main__" and _package(b, modules))
+    assert not upward, "imports against the layers (or sideways within one):\n" + "\n".join(upward)
+    assert not base_up, "top-level modules are the base; they import no package:\n" + "\n".join(base_up)

@@ -193,7 +193,7 @@ def test_bad_llm_recipes_exit_2_with_one_line(decoder: Path, tmp_path: Path, ctx
 
 def test_a_part_budget_chooses_the_fewest_parts_that_fit(decoder: Path, tmp_path: Path) -> None:
     from ctxbuild.llm.convention import decoder_facts
-    from ctxbuild.llm.recipe import part_weight_bytes
+    from ctxbuild.recipes.llm import part_weight_bytes
     from ctxbuild.recipes import recipe
 
     facts = decoder_facts(decoder / "llama.onnx")

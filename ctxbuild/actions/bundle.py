@@ -17,7 +17,8 @@ from ctxbuild.toolchain import installed as toolchain
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import add_wrapper_defaults
 from ctxbuild.errors import ActionError
-from ctxbuild.actions.compile import compile_error, summarize  # noqa: F401 - the same summary hook as compile
+from ctxbuild.actions.compile import summarize  # noqa: F401 - the same summary hook as compile
+from ctxbuild.qnn.compile import compile_error
 from ctxbuild.qnn.staging import fixed_dir, link_data, stage_name
 from ctxbuild.graph.modelio import initializer_digests, load
 from ctxbuild.qnn.soccheck import check_outputs  # noqa: F401 - the hook: the binary's SoC is the target's

@@ -9,20 +9,16 @@ refusal); anything else (out of memory, a crash, an interrupt) still fails the a
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from ctxbuild.toolchain import installed as toolchain
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import add_wrapper_defaults
 from ctxbuild.errors import ActionError
 from ctxbuild.qnn.staging import fixed_dir, link_model, stage_name
-from ctxbuild.qnn import fallback, isolated, soccheck
+from ctxbuild.qnn import fallback, soccheck
+from ctxbuild.qnn.compile import QnnCompileFailed, compile_error, compile_graph
 from ctxbuild.verify import gates
-
-_UNSUPPORTED = re.compile(r"\{ name: ([^,]*), type: ([^ }]*) \}")
-
 
 def summarize(action: Action) -> dict[str, Any]:
     """Graph names as the binary holds them (loaders such as qnn.lora_config need them)."""
@@ -50,26 +46,6 @@ def compile_refusal(outputs: dict[str, Any]) -> dict[str, Any] | None:
 def skipped(outputs: dict[str, Any]) -> bool:
     """A search candidate the search did not need (its gate was closed): placeholders only."""
     return "status" in outputs and gates.is_skipped(json.loads(Path(outputs["status"]).read_text()))
-
-
-class UnsupportedNodes(ActionError):
-    """QNN refused these (name, op) nodes: a search stops on ops no quantization changes (verify/ladder.py)."""
-
-    def __init__(self, message: str, hint: str | None, nodes: list[tuple[str, str]]) -> None:
-        super().__init__(message, hint)
-        self.nodes = nodes
-
-
-CRASH_HINT = ("a fault in the QNN library on this graph, not in the model: the log's last lines show where; try "
-              "another precision or compile.cpu_fallback: true, and report it with the model")
-
-
-class QnnCompileFailed(Exception):
-    """ModelCompiler itself failed (the log holds why): only this is reported as a QNN compile failure."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 def run(ctx: Any) -> None:
@@ -106,69 +82,6 @@ def run(ctx: Any) -> None:
     lower_file(dst)  # last: older onnxruntime versions must open what the steps above wrote
 
 
-def compile_graph(model: Path, dst: Path, params: dict[str, Any], tmp: Path) -> None:
-    """One graph through ModelCompiler. With `split_outputs` its final Concats are cut off before compiling and
-    re-joined in the wrapper after (split_outputs.py); with `quantized_io` its boundary Q/DQ are removed and
-    their encodings recorded in the wrapper (quantized_io.py). Also builds diagnose.py's debug variants."""
-    def compile_(src: Path) -> None:
-        toolchain.qnn_devices()  # registered here, before the fork: each child inherits it
-        try:
-            isolated.call(toolchain.compile_model, src, dst, params["provider_options"], embed=params["embed"],
-                          cpu_fallback=params["cpu_fallback"], what="the QNN compiler",
-                          hint=CRASH_HINT)
-        except (ActionError, MemoryError, OSError):
-            raise
-        except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped
-            raise QnnCompileFailed(e) from e
-
-    if split := params.get("split_outputs"):
-        _compile_split(model, dst, None if split is True else list(split), compile_)
-    elif params.get("quantized_io"):
-        _compile_quantized_io(model, dst, compile_)
-    else:
-        compile_(model)
-
-
-def _compile_split(model: Path, dst: Path, outputs: list[str] | None, compile_: Callable[[Path], None]) -> None:
-    import onnx
-
-    from ctxbuild.qnn.split_outputs import cut, rejoin
-    from ctxbuild.graph.modelio import load
-
-    # The graph only: the weights stay in the staged data files, which onnx refuses to read (hard links,
-    # symlinks) and the EP reads as they are.
-    original = load(model, external_data=False)
-    cut_model, joins = cut(original, outputs)
-    compile_(_save_beside(model, "split.onnx", cut_model))
-    onnx.save(rejoin(onnx.load(str(dst), load_external_data=False), original, joins), dst)
-
-
-def _compile_quantized_io(model: Path, dst: Path, compile_: Callable[[Path], None]) -> None:
-    import onnx
-
-    from ctxbuild.qnn import quantized_io
-    from ctxbuild.graph.modelio import load
-
-    stripped = load(model, external_data=False)  # weights stay in the linked data files, beside it
-    encodings = quantized_io.strip(stripped)
-    if not encodings:
-        raise ActionError("compile.quantized_io: no graph input or output of the quantized model is quantized",
-                          "remove compile.quantized_io (it applies to int16, int8, qdq and auto)")
-    compile_(_save_beside(model, "quantized_io.onnx", stripped))
-    wrapper = onnx.load(str(dst), load_external_data=False)
-    quantized_io.write_metadata(wrapper, encodings)
-    onnx.save(wrapper, dst)
-
-
-def _save_beside(model: Path, name: str, proto: Any) -> Path:
-    """A rewritten model beside `model`: in compile's fixed, key-named directory, with its data files."""
-    import onnx
-
-    path = model.with_name(name)
-    onnx.save(proto, path)
-    return path
-
-
 def is_multi_soc(action: Action) -> bool:
     return "," in action.params["provider_options"]["soc_model"]
 
@@ -189,39 +102,6 @@ def _normalize_build_time(path: Path) -> None:
         raise ActionError(f"cannot make the multi-SoC binary reproducible: {e}",
                           "this onnxruntime-qnn writes a container ctxbuild does not know; report it") from None
     path.write_bytes(data)  # a temp output, placed atomically by the runner
-
-
-def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_options: dict[str, str] | None = None,
-                  probe: Callable[[], fallback.Fallback | None] | None = None, cost: bool = False) -> ActionError:
-    """Turn an EP failure into one line: a device configuration QNN refused (naming soc_model/htp_arch), or
-    the nodes QNN rejected, named by its log or found by `probe` (a compile with CPU fallback: the nodes left
-    outside EPContext, for ops QNN has no builder for, e.g. Det, which its log does not list). With `cost`, the
-    hint to fall back says what the probe measured it would cost (partitions, CPU nodes, their MACs)."""
-    import sys
-
-    sys.stderr.flush()
-    try:
-        log = log_path.read_text(errors="replace")
-    except OSError:
-        log = ""
-    if "QNN_DEVICE_ERROR_INVALID_CONFIG" in log:
-        opts = provider_options or {}
-        return ActionError(f"QNN refused the device configuration soc_model {opts.get('soc_model', '?')} / htp_arch "
-                           f"{opts.get('htp_arch', '?')} (QNN_DEVICE_ERROR_INVALID_CONFIG)",
-                           "check the target's soc_model and htp_arch (`ctxbuild targets` lists valid pairs)")
-    nodes = list(dict.fromkeys(_UNSUPPORTED.findall(log)))
-    probed = None
-    unnamed = not nodes and "assigned to the default CPU EP" in str(exc)  # ops QNN has no builder for
-    if probe is not None and (unnamed or (nodes and cost and not cpu_fallback)):
-        probed = probe()
-        nodes = nodes or (probed.cpu_nodes if probed else [])
-    if nodes:
-        listed = ", ".join(f"{n} ({t})" for n, t in nodes[:8]) + (" ..." if len(nodes) > 8 else "")
-        hint = None if cpu_fallback else "set compile.cpu_fallback: true to run them on the CPU instead" + (
-            f" (measured: {probed.describe()}; verify tells whether the accuracy survives the cuts)"
-            if probed and cost else "")
-        return UnsupportedNodes(f"QNN cannot run {len(nodes)} node(s): {listed}", hint, nodes)
-    return ActionError(f"QNN compile failed: {str(exc).strip().splitlines()[-1][:300]}")
 
 
 def partition_names(action: Action) -> dict[str, str | list[str]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.plan.action import Action, load_spec
-from ctxbuild.engine.capture import captured
+from ctxbuild.capture import captured
 from ctxbuild.errors import UsageError
 from ctxbuild.layout import STATE, layers_path, spec_name
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctxbuild.plan import memory
+from ctxbuild import machine
+from ctxbuild.plan import actionkey
 from ctxbuild.engine import edited, links, ninja, outdir
 from ctxbuild.engine.console import Console
 from ctxbuild.toolchain import installed as toolchain
@@ -182,7 +183,7 @@ def _build(opts: BuildOptions) -> int:
     started = time.monotonic()
     opts.dry_run = opts.dry_run or make_dry_run(os.environ.get("MAKEFLAGS", ""))
     os.environ.update(opts.cache_env)  # the driver's own cache lookups (toolchain memo) follow the flags too
-    os.environ[memory.BUDGET_ENV] = str(opts.memory_budget or memory.default_budget())  # for the worker
+    os.environ[machine.BUDGET_ENV] = str(opts.memory_budget or machine.default_budget())  # for the worker
     build_id = os.urandom(16).hex()
     env = {"CTXBUILD_BUILD_ID": build_id, **opts.cache_env}
     with ExitStack() as stack:
@@ -255,7 +256,7 @@ def _finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, s
     manifest = write_manifest(opts.out, ninja.read_state(opts.out, "plan.json") or state, toolchain.summary(opts.out / STATE))
     from ctxbuild.outputs.report import write_report  # OUT/report.html + report.json; never fails the build
     write_report(opts.out, build_id=build_id, returncode=rc, wall_seconds=time.monotonic() - started,
-                 driver_peak_rss=memory.peak_rss(children=False))  # not ninja's, not the worker's
+                 driver_peak_rss=machine.peak_rss(children=False))  # not ninja's, not the worker's
     _note_summarized(opts.out)
     if opts.summary and not opts.console.quiet and not opts.console.json:
         from ctxbuild.outputs.summary import rewrites
@@ -306,7 +307,7 @@ def _executor(opts: BuildOptions, state: dict[str, Any] | None) -> str | None:
     address = opts.executor or os.environ.get("CTXBUILD_EXECUTOR") or (state or {}).get("cache", {}).get("executor")
     address = None if address in (None, "", "local") else address
     if address is not None:
-        from ctxbuild.farm.gateway import check_address
+        from ctxbuild.engine.farm.gateway import check_address
 
         check_address(address)
     if address is not None and opts.compile_jobs is None:
@@ -317,7 +318,7 @@ def _executor(opts: BuildOptions, state: dict[str, Any] | None) -> str | None:
 def _start_farm(opts: BuildOptions, address: str, stack: ExitStack, env: dict[str, str], build_id: str,
                 state: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
     """Connect for the build; returns the (possibly re-planned) state and ninja's -j (the cluster's slots)."""
-    from ctxbuild.farm import gateway
+    from ctxbuild.engine.farm import gateway
 
     store = gateway.check_data_plane({**os.environ, **env})
     fallback = opts.executor_fallback or os.environ.get("CTXBUILD_EXECUTOR_FALLBACK")
@@ -465,12 +466,13 @@ def _note_toolchain(out: Path, state: dict[str, Any]) -> None:
         return a["kind"] + (f"@{a['toolchain']}" if a.get("toolchain") else "")
 
     kinds = sorted({slot(a) for a in state["actions"]})
-    stamp = toolchain.quick_stamp(tuple(_toolchains(state)))  # a no-op build stops here: fingerprints need importlib.metadata
+    # a no-op build stops here: fingerprints need importlib.metadata
+    stamp = [actionkey.ACTION_SCHEMA_VERSION, toolchain.quick_stamp(tuple(_toolchains(state)))]
     seen = ninja.read_state(out, "toolchain_seen.json") or {}
     before = seen.get("kinds")
     if seen.get("stamp") == stamp and before is not None and set(kinds) <= set(before):
         return
-    now = {k: toolchain.fingerprint(k.partition("@")[0], out / STATE, k.partition("@")[2] or None) for k in kinds}
+    now = {k: actionkey.fingerprint(k.partition("@")[0], out / STATE, k.partition("@")[2] or None) for k in kinds}
     if before is not None:
         changed = {k for k in kinds if k in before and before[k] != now[k]}
         for a in state["actions"]:

@@ -33,7 +33,7 @@ def encode_request(spec: str, env: dict | None = None) -> bytes:
 def run_via_worker(spec: str, target: str | None = None, fds: tuple = (1, 2), env: dict | None = None,
                    toolchain: str | None = None) -> int | None:
     """Run the action in a child of the worker (of the action's toolchain); None if there is no usable worker
-    (then run it here). The farm's Dask task (farm/task.py) names its worker's socket, console file and
+    (then run it here). The farm's Dask task (engine/farm/task.py) names its worker's socket, console file and
     environment; ninja's edges use the defaults."""
     path = target or os.environ.get(worker_env(toolchain))
     if not path:

@@ -50,9 +50,9 @@ def _rel(p: str, out: Path) -> str:
 
 def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None:
     """Write build.ninja, the action specs and plan state, each only if changed (ninja sees no new mtime)."""
-    from ctxbuild.lora import plan as plan_adapters
+    from ctxbuild.plan import adapters as plan_adapters
 
-    from ctxbuild.plan.action import canonical_json
+    from ctxbuild.digests import canonical_json
 
     out = plan.out
     state = out / STATE
@@ -159,12 +159,11 @@ def generator_inputs(plan: Plan) -> list[str]:
 
 
 def _planner_files() -> list[Path]:
-    """The planner's own code: a new ctxbuild re-plans (meson does the same on a version change)."""
+    """The planner's own code (plan/, recipes/, this module, the template): a new ctxbuild re-plans (meson does
+    the same on a version change)."""
     pkg = Path(__file__).resolve().parents[1]
-    return [pkg / "plan" / "planner.py", pkg / "recipes" / "recipe.py", pkg / "engine" / "ninja.py",
-            pkg / "recipes" / "recipe.schema.json", pkg / "plan" / "search.py", pkg / "recipes" / "quantization.py",
-            pkg / "lora" / "plan.py", pkg / "lora" / "recipe.py", pkg / "llm" / "plan.py", pkg / "llm" / "recipe.py",
-            template_file("build.ninja.j2")]
+    return [*sorted((pkg / "plan").glob("*.py")), *sorted((pkg / "recipes").glob("*.py")),
+            pkg / "recipes" / "recipe.schema.json", Path(__file__).resolve(), template_file("build.ninja.j2")]
 
 
 def _toolchain_files() -> list[Path]:

@@ -23,7 +23,8 @@ from typing import Any
 
 from ctxbuild.plan import kinds
 from ctxbuild.engine import ninjalog
-from ctxbuild.plan.action import canonical_json, load_spec
+from ctxbuild.digests import canonical_json
+from ctxbuild.plan.action import load_spec
 from ctxbuild.atomic import write_bytes
 from ctxbuild.digests import DigestMemo
 from ctxbuild.layout import STATE, log_path, memo_dir, record_path, rel, spec_name

@@ -13,12 +13,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ctxbuild.plan import kinds, memory
-from ctxbuild.toolchain import installed as toolchain
-from ctxbuild.plan.action import Action, canonical_json, load_spec
+from ctxbuild import machine
+from ctxbuild.plan import actionkey, kinds, memory
+from ctxbuild.plan.action import Action, load_spec
 from ctxbuild.atomic import write_bytes
-from ctxbuild.engine.capture import captured
-from ctxbuild.digests import DigestMemo, sha256_file
+from ctxbuild.capture import captured
+from ctxbuild.digests import DigestMemo, canonical_json, sha256_file
 from ctxbuild.errors import ActionError, CtxbuildError, machine_limit
 from ctxbuild.layout import STATE, cache_dir, depfile_path, log_path, record_path, rel, spec_name
 from ctxbuild.engine.ninjaquote import depfile_path as depfile_quote
@@ -85,7 +85,7 @@ def main(spec_arg: str) -> int:
                                                       f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}")
     finally:
         record["seconds"] = round(time.monotonic() - start, 3)
-        record["peak_rss"] = memory.peak_rss()
+        record["peak_rss"] = machine.peak_rss()
         record["finished"] = time.time()
         record["log"] = str(log.relative_to(out))
         shutil.rmtree(tmp, ignore_errors=True)
@@ -132,7 +132,7 @@ def _restore_or_run(action: Action, kind: type[kinds.Kind], out: Path, tmp: Path
         return farm.record, None
     need = _memory_estimate(action)
     record["memory_estimate"] = need
-    memory.check_fits(need)
+    machine.check_fits(need)
     tmp.mkdir(parents=True, exist_ok=True)
     ctx = ActionContext(action, out, tmp, log)
     ctx.cache, ctx.key_components = cache, components
@@ -168,7 +168,7 @@ def _check_inputs_unchanged(action: Action, discovered: dict[str, Path], memo: D
     """Inputs hashed again after the run (a stat each, unless one changed): outputs made from an input edited
     while the action ran would be stored under the old content's key and handed to every later build of it."""
     try:
-        after = _key_components(action, discovered, memo, out / STATE)
+        after = actionkey.components(action, discovered, memo, out / STATE)
     except OSError as e:
         raise ActionError(f"{action.description}: an input went away while it ran ({e.filename}); "
                           "nothing was stored, build again") from None
@@ -195,7 +195,7 @@ def new_record(action: Action, build_id: str | None) -> dict[str, Any]:
 def note_key(record: dict[str, Any], key: str, components: dict[str, Any], previous: dict[str, Any] | None) -> None:
     """The key, its components, and which of them changed since `previous` (this action's last record)."""
     record.update(key=key, key_detail=components)
-    record["why"] = _why(previous, record)
+    record["why"] = actionkey.why(previous, record)
 
 
 def action_key(action: Action, out: Path, memo: DigestMemo,
@@ -205,8 +205,8 @@ def action_key(action: Action, out: Path, memo: DigestMemo,
     if discovered is None:
         discovered = kinds.get(action.kind).hook("discover_inputs")(action)
     _write_depfile(out, action, discovered)
-    components = _key_components(action, discovered, memo, out / STATE)
-    return _digest(components), components
+    components = actionkey.components(action, discovered, memo, out / STATE)
+    return actionkey.digest(components), components
 
 
 def restored_log(action: Action, key: str, cache: Any, hit: Any) -> bytes:
@@ -277,7 +277,7 @@ def _run_on_farm(action: Action, key: str, components: dict[str, Any], discovere
     """On a build with an executor: run on the cluster, outputs restored from the cache; else None."""
     if not os.environ.get("CTXBUILD_FARM"):
         return None
-    from ctxbuild.farm.submit import run_on_farm
+    from ctxbuild.engine.farm.submit import run_on_farm
 
     return run_on_farm(action, key, components, discovered, cache, out)
 
@@ -296,61 +296,6 @@ def _enter_toolchain(name: str, spec_arg: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", "ctxbuild", "action", spec_arg], provision.env_for(tc))
-
-
-def _key_components(action: Action, discovered: dict[str, Path], memo: DigestMemo, state: Path) -> dict[str, Any]:
-    """Everything that decides the outputs, and nothing else (no temp paths, no times, no OUT path)."""
-    return {
-        "kind": action.kind,
-        "params": action.params,
-        "inputs": {role: memo.digest(Path(p)) for role, p in sorted(action.inputs.items())},
-        "discovered_inputs": {name: memo.digest(p) for name, p in sorted(discovered.items())},
-        "outputs": sorted(Path(p).name for p in action.outputs.values()),
-        "toolchain": toolchain.fingerprint(action.kind, state, action.toolchain),
-        **({"extras": extras} if (extras := kinds.get(action.kind).hook("key_extras")(action)) else {}),
-    }
-
-
-def _digest(data: Any) -> str:
-    import hashlib
-
-    return hashlib.sha256(canonical_json(data)).hexdigest()
-
-
-def _why(previous: dict[str, Any] | None, record: dict[str, Any]) -> str:
-    """Which key components changed since the previous record of this action in this OUT, with detail."""
-    if not previous or "key_detail" not in previous:
-        return "no earlier build in this output directory"
-    old, new = previous["key_detail"], record["key_detail"]
-    changed = [k for k in new if old.get(k) != new[k]]
-    if not changed:
-        return "key unchanged (outputs missing or older than their inputs)"
-    return "changed: " + ", ".join(_change(k, old.get(k), new[k]) for k in changed)
-
-
-def _change(component: str, old: Any, new: Any) -> str:
-    """`toolchain (onnxruntime-qnn 2.7.0 -> 9.9.9)`, `inputs (model)`, `params (provider_options.vtcm_mb)`."""
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return component
-    if component == "toolchain":
-        parts = [f"{t} {old.get(t, 'none')} -> {new.get(t, 'none')}" for t in sorted({*old, *new})
-                 if old.get(t) != new.get(t)]
-    else:
-        parts = _changed_paths(old, new)
-    return f"{component} ({', '.join(parts[:6])}{', ...' if len(parts) > 6 else ''})" if parts else component
-
-
-def _changed_paths(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    out: list[str] = []
-    for k in sorted({*old, *new}):
-        a, b = old.get(k), new.get(k)
-        if a == b:
-            continue
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _changed_paths(a, b, f"{prefix}{k}.")
-        else:
-            out.append(f"{prefix}{k}" + (" added" if a is None else " removed" if b is None else ""))
-    return out
 
 
 def _place_outputs(action: Action, tmp: Path) -> None:

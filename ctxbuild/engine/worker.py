@@ -27,9 +27,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from ctxbuild import machine
 from ctxbuild.plan import memory
 from ctxbuild.engine.client import worker_env
-from ctxbuild.farm.wire import recv_exactly
+from ctxbuild.engine.farm.wire import recv_exactly
 from ctxbuild.engine.procs import die_with_parent
 
 
@@ -183,7 +184,7 @@ def serve(listen_fd: int) -> None:
     signal.set_wakeup_fd(wake_w)
     sel.register(wake_r, selectors.EVENT_READ, ("wake", None))
     children: dict[int, tuple[socket.socket, int]] = {}  # pid -> (client conn, pidfd)
-    tokens = memory.Scheduler(memory.budget())  # requests wait here until their memory estimate fits
+    tokens = memory.Scheduler(machine.budget())  # requests wait here until their memory estimate fits
 
     def start(ready: list[tuple[int, tuple[socket.socket, list[int], dict]]]) -> None:
         """Fork the requests the memory budget lets run now; watch each child's exit and its client."""

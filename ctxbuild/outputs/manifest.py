@@ -10,7 +10,7 @@ from ctxbuild.atomic import write_if_changed
 from ctxbuild.digests import DigestMemo
 from ctxbuild.layout import STATE, record_path
 from ctxbuild.outputs.search_table import search_of, with_costs
-from ctxbuild.lora.manifest import adapter_entries
+from ctxbuild.outputs.adapters import adapter_entries
 from ctxbuild.outputs import gate
 from ctxbuild.outputs.lineage import rewrites
 from ctxbuild.toolchain.runtimes import Runtime, runtime

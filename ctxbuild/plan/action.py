@@ -1,21 +1,12 @@
 """The Action: one unit of work with declared inputs, outputs and parameters; its spec file is what ninja runs."""
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ctxbuild import layout
-
-
-def canonical_json(data: Any) -> bytes:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def short_hash(data: Any, n: int = 10) -> str:
-    return hashlib.sha256(canonical_json(data)).hexdigest()[:n]
 
 
 @dataclass

@@ -9,7 +9,7 @@ that the rest of ctxbuild reads instead of keeping lists of kind names:
   implementation's `discover_inputs` hook names them, they join the action key, and ninja watches them
   through a depfile (ninja.py, runner.py);
 - `uses_qnn`: its outputs depend on the QNN compiler/simulator: onnxruntime-qnn and the QNN SDK build id
-  join its key (toolchain.fingerprint);
+  join its key (plan/actionkey.py);
 - `deliverable`: its outputs under OUT/<target>/ are artifacts (manifest, report rows); its outputs in
   the work dir are verification twins (plan.Plan.artifacts, report.py);
 - `inputs_follow_model`: what it discovers is a function of its `model` input's bytes and place (external

@@ -11,7 +11,7 @@ from ctxbuild.plan import kinds
 from ctxbuild.plan.action import Action
 from ctxbuild.layout import spec_name
 from ctxbuild.errors import PlanError
-from ctxbuild.lora.plan import adapter_actions, section_actions
+from ctxbuild.plan.adapters import adapter_actions, section_actions
 from ctxbuild.recipes.recipe import Recipe, RecipeSet
 from ctxbuild.plan.steps import (QUANTIZED, Built, bundle_action, compile_action, multi_soc_target, prebuilt_action,
                                  prepare_action, quantize_action, verification_enabled, verification_note,
@@ -111,7 +111,7 @@ def _recipe_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
         return [prebuilt_action(recipe, t, out) for t in recipe.targets] + [
             s for t in recipe.targets for s in section_actions(recipe, t, out)]
     if recipe.llm is not None:
-        from ctxbuild.llm.plan import llm_actions
+        from ctxbuild.plan.llm import llm_actions
 
         return llm_actions(recipe, out, verify)
     if recipe.precision == "auto":

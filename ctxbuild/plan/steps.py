@@ -6,11 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ctxbuild.plan.action import Action, short_hash
+from ctxbuild.digests import short_hash
+from ctxbuild.plan.action import Action
 from ctxbuild.recipes.quantization import describe
 from ctxbuild.recipes.recipe import Graph, Recipe
 from ctxbuild.recipes.targets import Target
-from ctxbuild.lora.plan import calibration_inputs
+from ctxbuild.plan.adapters import calibration_inputs
 from ctxbuild.recipes.paths import named_path
 
 QUANTIZED = ("int16", "int8")

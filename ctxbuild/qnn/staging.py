@@ -27,7 +27,7 @@ def stage_name(key_components: dict[str, Any]) -> str:
     """The staging directory's name: a digest of the models handed to the EP (roles `model...`), nothing
     else. Two actions compiling the same model bytes (a plain build and a precision-search candidate, two
     recipes) then see the same path and get the same binary; different models never share a directory."""
-    from ctxbuild.plan.action import canonical_json
+    from ctxbuild.digests import canonical_json
 
     models = {r: d for r, d in key_components["inputs"].items() if r.startswith("model")}
     return hashlib.sha256(canonical_json(models)).hexdigest()

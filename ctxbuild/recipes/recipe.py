@@ -15,8 +15,8 @@ from ctxbuild.recipes import targets as soc_table
 from ctxbuild.errors import RecipeError, UsageError
 from ctxbuild.layout import STATE
 from ctxbuild.recipes.suggest import did_you_mean
-from ctxbuild.lora.recipe import Adapters, Sections, parse_adapters, parse_sections
-from ctxbuild.llm.recipe import LlmSpec, parse_llm
+from ctxbuild.recipes.adapters import Adapters, Sections, parse_adapters, parse_sections
+from ctxbuild.recipes.llm import LlmSpec, parse_llm
 from ctxbuild.recipes.targets import Target
 from ctxbuild.recipes import toolchains
 from ctxbuild.recipes.yamlsrc import LineDict, line_of, load_mapping

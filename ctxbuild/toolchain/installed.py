@@ -15,18 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.atomic import write_bytes
-from ctxbuild.engine.capture import captured
+from ctxbuild.capture import captured
 from ctxbuild.layout import cache_dir
 
-# Bump when an action's outputs change for the same inputs (new parameters, different layout...).
-ACTION_SCHEMA_VERSION = 8  # 2: verify checks output slices; 3: models carry <model>.data, compiled from staging.fixed_dir;
-# 4: wrappers lowered to the lowest IR and the opsets their nodes use (qnn/lower.py); 5: prepare legalizes ops
-# the HTP does not run (graph/legalize/); precision-search candidates are gated (verify/gates.py), a refused
-# candidate's compile status lists the refused nodes; 6: llm_quantize keeps weights at int8 by pattern (keep_8bit);
-# prepare's rules rmsnorm, gelu, mask_fill (added within 5: caches hold prepares without them), quantize writes
-# fused RMSNorms out again; 7: llm_package writes the genai pipeline's mask and KV stages beside genai_config.json,
-# llm_split streams each graph's weights (the tied LM head now folded after the cut); 8: the last part no longer
-# carries the tied embedding beside its folded head
 EP_NAME = "QNNExecutionProvider"
 LIBRARIES = ("libQnnHtp.so", "libHtpPrepare.so", "libonnxruntime_providers_qnn.so")  # what a QNN change changes
 
@@ -174,22 +165,6 @@ def probe_sdk_build_id() -> str:
     return "unknown"
 
 
-def fingerprint(kind: str, out_state: Path, toolchain: str | None = None) -> dict[str, Any]:
-    """The toolchain part of an action key. Kinds that use QNN also depend on the QNN compiler. `toolchain`:
-    the provisioned toolchain the action runs in (its spec's), None for the installed one."""
-    from ctxbuild.plan import kinds
-
-    site = site_of(toolchain)
-    fp: dict[str, Any] = {"ctxbuild_action_schema": ACTION_SCHEMA_VERSION, "onnx": version("onnx"),
-                          "onnxruntime": version("onnxruntime", site)}
-    if kinds.get(kind).uses_qnn:
-        fp["onnxruntime-qnn"] = version("onnxruntime-qnn", site)
-        fp["qnn_sdk"] = sdk_build_id(out_state, toolchain)
-    if override := os.environ.get("CTXBUILD_TOOLCHAIN_OVERRIDE"):  # for tests only: pose as another toolchain
-        fp.update(json.loads(override))
-    return fp
-
-
 def quick_stamp(toolchains: tuple[str, ...] = ()) -> list[Any]:
     """Everything `fingerprint` depends on, read with directory listings and a few stats instead of
     importlib.metadata (~30 ms to import): the toolchain packages' dist-info names (they carry the versions)
@@ -202,7 +177,7 @@ def quick_stamp(toolchains: tuple[str, ...] = ()) -> list[Any]:
         if "onnxruntime_qnn" in names:
             libs = [os.path.join(d, "onnxruntime_qnn", name) for name in LIBRARIES]
             found += [[f, st.st_size, st.st_mtime_ns] for f in libs for st in _stats(f)]
-    return [ACTION_SCHEMA_VERSION, found]
+    return found
 
 
 def _site_listings(first: list[str] | None = None) -> Iterator[tuple[str, list[str]]]:

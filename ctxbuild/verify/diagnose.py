@@ -325,7 +325,7 @@ def htp_run(qdq_path: Path, tensors: list[str], shapes: dict[str, Any], samples:
     """Compile the debug variant for the target and run it on the simulator: tensor -> HTP values."""
     import onnx
 
-    from ctxbuild.actions.compile import compile_graph
+    from ctxbuild.qnn.compile import compile_graph
     from ctxbuild.graph.modelio import load
     from ctxbuild.verify.measure import simulate
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 
-from ctxbuild.plan.action import canonical_json
+from ctxbuild.digests import canonical_json
 
 if TYPE_CHECKING:  # imported where used: a verify cache hit needs no numpy
     import numpy as np

@@ -13,7 +13,7 @@ import os
 import time
 
 from ctxbuild.errors import ActionError
-from ctxbuild.plan import memory
+from ctxbuild import machine
 
 ENV = "CTXBUILD_VERIFY_WORKERS"  # a fixed count (1: always one child), instead of the idle cores
 _READS, _READ_GAP_S = 5, 0.04
@@ -28,7 +28,7 @@ def count(n_samples: int, need: int) -> int:
         return max(1, min(int(forced), n_samples))
     # Cores no other process is on: this one's included, as it only waits while its children run.
     idle = len(os.sched_getaffinity(0)) - _others_runnable()
-    room = min(memory.meminfo()["MemAvailable"] - _HEADROOM, memory.budget() - need)
+    room = min(machine.meminfo()["MemAvailable"] - _HEADROOM, machine.budget() - need)
     by_memory = room // need if need > 0 else n_samples
     return max(1, min(n_samples, idle, 1 + by_memory))
 

@@ -6,7 +6,7 @@ import hashlib
 from typing import Any
 
 from ctxbuild.plan import kinds, memory
-from ctxbuild.plan.action import canonical_json
+from ctxbuild.digests import canonical_json
 
 TOOLCHAIN_PREFIX = "ctxbuild-toolchain-"
 # Fingerprint resources only select workers; advertised in a quantity no build exhausts.

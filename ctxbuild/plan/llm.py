@@ -7,16 +7,17 @@ docs/measured.md (LLMs).
 
 LoRA (`llm.adapters`): the split keeps the slots as inputs of the graphs reading them, the quantizes calibrate over
 no adapter + the `calibrate` set, and per target each adapter gets one `adapter` action per graph with slots (its
-`.onnx_adapter`, ctxbuild/lora/plan.py) and one `llm_eval` decoding with it bound. Neither feeds a compile."""
+`.onnx_adapter`, ctxbuild/plan/adapters.py) and one `llm_eval` decoding with it bound. Neither feeds a compile."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from ctxbuild.llm.genai_config import helper_names
-from ctxbuild.llm.recipe import LlmSpec
+from ctxbuild.recipes.llm import LlmSpec
 from ctxbuild.llm.static import GraphSpec, specs
-from ctxbuild.lora.plan import adapter_actions, calibration_inputs
-from ctxbuild.plan.action import Action, short_hash
+from ctxbuild.plan.adapters import adapter_actions, calibration_inputs
+from ctxbuild.digests import short_hash
+from ctxbuild.plan.action import Action
 from ctxbuild.plan.steps import common_params, model_files, provider_options
 from ctxbuild.recipes.recipe import Recipe
 from ctxbuild.recipes.targets import Target

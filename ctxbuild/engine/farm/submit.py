@@ -12,7 +12,7 @@ from typing import Any
 
 from ctxbuild.plan.action import Action
 from ctxbuild.errors import ActionError
-from ctxbuild.farm import wire
+from ctxbuild.engine.farm import wire
 
 FARM_ENV = "CTXBUILD_FARM"  # the gateway's socket; the driver sets it when a build has an executor
 FALLBACK_ENV = "CTXBUILD_EXECUTOR_FALLBACK"

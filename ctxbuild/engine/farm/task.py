@@ -24,13 +24,13 @@ from typing import Any
 
 from distributed import WorkerPlugin, get_worker
 
-from ctxbuild.toolchain import installed as toolchain
+from ctxbuild.plan import actionkey
 from ctxbuild.cache import Cache, LocalStore, RemoteStore
 from ctxbuild.engine.client import ENV as WORKER_ENV, run_via_worker
 from ctxbuild.errors import CacheError
 from ctxbuild.layout import STATE, cache_dir, record_path, spec_name
-from ctxbuild.farm.resources import TOOLCHAIN_CAPACITY, toolchain_resource
-from ctxbuild.farm.submit import FALLBACK_ENV, FARM_ENV
+from ctxbuild.engine.farm.resources import TOOLCHAIN_CAPACITY, toolchain_resource
+from ctxbuild.engine.farm.submit import FALLBACK_ENV, FARM_ENV
 
 PLUGIN_NAME = "ctxbuild-farm"
 LOG_TAIL_BYTES = 64 << 10
@@ -56,7 +56,7 @@ def fingerprints(state: Path) -> dict[str, dict[str, Any]]:
     from ctxbuild.toolchain import provision
 
     names = [None, *(r["name"] for r in provision.listing() if not r.get("unfinished"))]
-    return {f"{kind}@{name}" if name else kind: toolchain.fingerprint(kind, state, name)
+    return {f"{kind}@{name}" if name else kind: actionkey.fingerprint(kind, state, name)
             for name in names for kind in ("prepare", "compile")}
 
 
@@ -103,7 +103,7 @@ def run_action(req: dict[str, Any]) -> dict[str, Any]:
     root = scratch_root(worker)
     started = time.monotonic()
     info = {"worker": worker.address, "host": socket.gethostname()}
-    here = toolchain.fingerprint(req["action"]["kind"], root, req["action"].get("toolchain"))
+    here = actionkey.fingerprint(req["action"]["kind"], root, req["action"].get("toolchain"))
     if here != req["fingerprint"]:
         return {**info, "status": "failed",
                 "cause": f"toolchain mismatch: worker {worker.address} has {json.dumps(here, sort_keys=True)}, "

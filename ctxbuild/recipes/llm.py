@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.errors import RecipeError
-from ctxbuild.lora.recipe import Adapters, parse_adapters
+from ctxbuild.recipes.adapters import Adapters, parse_adapters
 from ctxbuild.recipes.paths import named_path
 from ctxbuild.recipes.targets import Target
 from ctxbuild.recipes.yamlsrc import LineDict, line_of

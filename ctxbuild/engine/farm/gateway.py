@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 
 from ctxbuild.errors import ExecutorUnavailable, UsageError
 from ctxbuild.cache.remote import MAX_DOWNLOAD, RemoteStore
-from ctxbuild.farm import resources, wire
-from ctxbuild.farm.submit import FALLBACK_ENV, FARM_ENV
+from ctxbuild.engine.farm import resources, wire
+from ctxbuild.engine.farm.submit import FALLBACK_ENV, FARM_ENV
 
 CONNECT_TIMEOUT_S = 5.0
 WORKERS_TIMEOUT_S = 30.0
@@ -70,7 +70,7 @@ def running(address: str, *, store: dict[str, Any], build_id: str, fallback: str
         from distributed import Client
     except ImportError:
         raise UsageError("--executor needs dask and distributed", "pip install 'ctxbuild[farm]'") from None
-    from ctxbuild.farm.task import PLUGIN_NAME, FarmPlugin
+    from ctxbuild.engine.farm.task import PLUGIN_NAME, FarmPlugin
 
     # Dask logs connection trouble with tracebacks on stderr; the build reports it in one line per action.
     for name in ["distributed", *logging.root.manager.loggerDict]:
@@ -155,7 +155,7 @@ class _Gateway:
         """Submit one action and wait for it; None if the asking process hung up (its future is cancelled)."""
         from distributed import KilledWorker
 
-        from ctxbuild.farm.task import run_action
+        from ctxbuild.engine.farm.task import run_action
 
         action = req["action"]
         wanted = resources.toolchain_resource(req["fingerprint"])
@@ -211,7 +211,7 @@ class _Gateway:
         return _unavailable(f"the Dask scheduler at {self.address} went away")
 
     def _no_toolchain(self, fp: dict[str, Any]) -> str:
-        from ctxbuild.farm.task import worker_fingerprints
+        from ctxbuild.engine.farm.task import worker_fingerprints
 
         try:
             theirs = self.client.run(worker_fingerprints)

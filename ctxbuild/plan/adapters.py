@@ -13,7 +13,7 @@ from typing import Any
 
 from ctxbuild.plan.action import Action
 from ctxbuild.recipes.recipe import Recipe
-from ctxbuild.lora.recipe import Adapter, Adapters
+from ctxbuild.recipes.adapters import Adapter, Adapters
 from ctxbuild.recipes.targets import Target
 
 

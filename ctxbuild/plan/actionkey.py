@@ -1,0 +1,96 @@
+"""The action key, whole: a digest over everything that decides an action's outputs and nothing else.
+
+Components: the kind, its parameters, the digests of its declared and discovered inputs, its outputs' names,
+the toolchain's fingerprint (ctxbuild's action schema, onnx, onnxruntime; onnxruntime-qnn and the QNN SDK build
+id for kinds that use QNN) and the kind's own `key_extras`. The runner, the farm and the driver's toolchain check
+all key through here; docs/caching.md says why each component is in it."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ctxbuild.digests import DigestMemo, canonical_json
+from ctxbuild.plan import kinds
+from ctxbuild.plan.action import Action
+from ctxbuild.toolchain import installed
+
+# Bump when an action's outputs change for the same inputs (new parameters, different layout...).
+ACTION_SCHEMA_VERSION = 8  # 2: verify checks output slices; 3: models carry <model>.data, compiled from staging.fixed_dir;
+# 4: wrappers lowered to the lowest IR and the opsets their nodes use (qnn/lower.py); 5: prepare legalizes ops
+# the HTP does not run (graph/legalize/); precision-search candidates are gated (verify/gates.py), a refused
+# candidate's compile status lists the refused nodes; 6: llm_quantize keeps weights at int8 by pattern (keep_8bit);
+# prepare's rules rmsnorm, gelu, mask_fill (added within 5: caches hold prepares without them), quantize writes
+# fused RMSNorms out again; 7: llm_package writes the genai pipeline's mask and KV stages beside genai_config.json,
+# llm_split streams each graph's weights (the tied LM head now folded after the cut); 8: the last part no longer
+# carries the tied embedding beside its folded head
+
+
+def fingerprint(kind: str, out_state: Path, toolchain: str | None = None) -> dict[str, Any]:
+    """The toolchain part of an action key. Kinds that use QNN also depend on the QNN compiler. `toolchain`:
+    the provisioned toolchain the action runs in (its spec's), None for the installed one."""
+    site = installed.site_of(toolchain)
+    fp: dict[str, Any] = {"ctxbuild_action_schema": ACTION_SCHEMA_VERSION, "onnx": installed.version("onnx"),
+                          "onnxruntime": installed.version("onnxruntime", site)}
+    if kinds.get(kind).uses_qnn:
+        fp["onnxruntime-qnn"] = installed.version("onnxruntime-qnn", site)
+        fp["qnn_sdk"] = installed.sdk_build_id(out_state, toolchain)
+    if override := os.environ.get("CTXBUILD_TOOLCHAIN_OVERRIDE"):  # for tests only: pose as another toolchain
+        fp.update(json.loads(override))
+    return fp
+
+
+def components(action: Action, discovered: dict[str, Path], memo: DigestMemo, state: Path) -> dict[str, Any]:
+    """Everything that decides the outputs, and nothing else (no temp paths, no times, no OUT path)."""
+    return {
+        "kind": action.kind,
+        "params": action.params,
+        "inputs": {role: memo.digest(Path(p)) for role, p in sorted(action.inputs.items())},
+        "discovered_inputs": {name: memo.digest(p) for name, p in sorted(discovered.items())},
+        "outputs": sorted(Path(p).name for p in action.outputs.values()),
+        "toolchain": fingerprint(action.kind, state, action.toolchain),
+        **({"extras": extras} if (extras := kinds.get(action.kind).hook("key_extras")(action)) else {}),
+    }
+
+
+def digest(components: dict[str, Any]) -> str:
+    """The action key: sha256 over the components' canonical JSON."""
+    return hashlib.sha256(canonical_json(components)).hexdigest()
+
+
+def why(previous: dict[str, Any] | None, record: dict[str, Any]) -> str:
+    """Which key components changed since the previous record of this action in this OUT, with detail."""
+    if not previous or "key_detail" not in previous:
+        return "no earlier build in this output directory"
+    old, new = previous["key_detail"], record["key_detail"]
+    changed = [k for k in new if old.get(k) != new[k]]
+    if not changed:
+        return "key unchanged (outputs missing or older than their inputs)"
+    return "changed: " + ", ".join(change_note(k, old.get(k), new[k]) for k in changed)
+
+
+def change_note(component: str, old: Any, new: Any) -> str:
+    """`toolchain (onnxruntime-qnn 2.7.0 -> 9.9.9)`, `inputs (model)`, `params (provider_options.vtcm_mb)`."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return component
+    if component == "toolchain":
+        parts = [f"{t} {old.get(t, 'none')} -> {new.get(t, 'none')}" for t in sorted({*old, *new})
+                 if old.get(t) != new.get(t)]
+    else:
+        parts = _changed_paths(old, new)
+    return f"{component} ({', '.join(parts[:6])}{', ...' if len(parts) > 6 else ''})" if parts else component
+
+
+def _changed_paths(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for k in sorted({*old, *new}):
+        a, b = old.get(k), new.get(k)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _changed_paths(a, b, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k}" + (" added" if a is None else " removed" if b is None else ""))
+    return out
