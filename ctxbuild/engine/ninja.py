@@ -19,7 +19,6 @@ from ctxbuild.engine.links import linked_inputs
 from ctxbuild.engine.console import Console
 from ctxbuild.engine.ninjaquote import ninja_command, ninja_path, ninja_value
 from ctxbuild.engine.procs import check_interrupt, die_with_parent, run_interruptible
-from ctxbuild.outputs.search_table import candidate_actions
 from ctxbuild.templating import environment, template_file
 
 if TYPE_CHECKING:
@@ -50,9 +49,9 @@ def _rel(p: str, out: Path) -> str:
 
 def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None:
     """Write build.ninja, the action specs and plan state, each only if changed (ninja sees no new mtime)."""
-    from ctxbuild.plan import adapters as plan_adapters
-
     from ctxbuild.digests import canonical_json
+    from ctxbuild.plan import adapters as plan_adapters
+    from ctxbuild.plan.search import candidate_actions
 
     out = plan.out
     state = out / STATE
@@ -110,7 +109,7 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
         "actions": [{"id": a.id, "kind": a.kind, "recipes": a.recipes, "target": a.target, "toolchain": a.toolchain,
                      "description": a.description, "outputs": list(a.outputs.values()),
                      "deps": sorted(plan.graph.predecessors(a.id)),
-                     **({"candidates": candidate_actions(a, by_id, producer)} if a.kind == "select" else {})}
+                     **({"candidates": candidate_actions(a, by_id, producer)} if kinds.get(a.kind).picks_candidate else {})}
                     for a in plan.actions],
         "generator_deps": generator_deps,  # the driver's staleness check stats exactly the generator edge's inputs
         "toolchain_deps": [str(p) for p in _toolchain_files()],  # the plan cache stats these, hashes the rest

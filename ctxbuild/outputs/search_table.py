@@ -18,7 +18,7 @@ def search_of(record: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def with_costs(search: dict[str, Any], actions: dict[str, dict[str, str]],
                read_record: Callable[[str], dict[str, Any] | None]) -> dict[str, Any]:
-    """`actions`: candidate -> {step: action id}, from the plan state (search.candidate_actions)."""
+    """`actions`: candidate -> {step: action id}, from the plan state (plan/search.candidate_actions)."""
     rows = []
     for c in search.get("candidates", []):
         seconds: dict[str, float | None] = {}
@@ -32,17 +32,3 @@ def with_costs(search: dict[str, Any], actions: dict[str, dict[str, str]],
                      "seconds": seconds, "total_seconds": round(sum(known), 3) if known else None})
     return {"winner": search.get("winner"), "thresholds": search.get("thresholds"), "candidates": rows,
             "skipped": search.get("skipped", [])}
-
-
-def candidate_actions(select: Any, actions: dict[str, Any], producer: dict[str, str]) -> dict[str, dict[str, str]]:
-    """candidate -> {quantize, compile, verify}: the actions behind a select's inputs, for the candidates'
-    costs in the report and manifest (kept in the plan state, out of every key). `producer`: path -> id."""
-    found: dict[str, dict[str, str]] = {}
-    for c in select.params["candidates"]:
-        n = c["name"]
-        compiled = producer[select.inputs[f"{n}.ctx"]]
-        found[n] = {"quantize": producer[actions[compiled].inputs["model"]], "compile": compiled,
-                    "verify": producer[select.inputs[f"{n}.result"]]}
-        if f"{n}.screen" in select.inputs:
-            found[n]["screen"] = producer[select.inputs[f"{n}.screen"]]
-    return found

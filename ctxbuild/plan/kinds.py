@@ -14,7 +14,13 @@ that the rest of ctxbuild reads instead of keeping lists of kind names:
   the work dir are verification twins (plan.Plan.artifacts, report.py);
 - `inputs_follow_model`: what it discovers is a function of its `model` input's bytes and place (external
   data beside it): prerestore.py memoizes it by the model's digest instead of parsing the model;
-- `verification`: it checks accuracy (`ctxbuild verify` runs these edges; the report shows them per row).
+- `verification`: it checks accuracy (`ctxbuild verify` runs these edges; the report shows them per row);
+  a deliverable that is also a verification (select) verified what it delivers itself;
+- `verdict`: its result is the manifest's verdict on the deliverables it reads (their `verified_by`);
+- `multi_graph`: a deliverable holding several graphs in one binary; the manifest lists the single-graph twins
+  its verifications ran on (they measure the weight-sharing savings too);
+- `picks_candidate`: it chooses among a search's candidates (the plan state lists each candidate's actions);
+- `verified_here`: False for deliverables ctxbuild did not build (prebuilt binaries): no verification note;
 - `memory`: its measured peak-memory model (memory.py schedules and checks actions by it).
 
 Adding a kind: a class here and its implementation module (see docs/internals.md, "Adding an action kind").
@@ -40,6 +46,7 @@ class MemoryModel:
     # once per params["context_lengths"]
     own_graph_factor: float = 0.0  # a later phase holding one of the action's own graphs (params["graphs"]) this
     # many times over (onnxruntime's quantizer); the estimate is the larger phase
+    unoptimized_factor: float | None = None  # with params["optimize"] false: the factor instead of `factor`
 
 
 class Kind:
@@ -51,6 +58,10 @@ class Kind:
     uses_qnn: ClassVar[bool] = False
     deliverable: ClassVar[bool] = False
     verification: ClassVar[bool] = False
+    verdict: ClassVar[bool] = False
+    multi_graph: ClassVar[bool] = False
+    picks_candidate: ClassVar[bool] = False
+    verified_here: ClassVar[bool] = True
     memory: ClassVar[MemoryModel] = MemoryModel()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -115,7 +126,8 @@ class Prepare(Kind):
     params = PrepareParams
     discovers_inputs = True  # external data files
     inputs_follow_model = True
-    memory = MemoryModel(1.3, ("model",), user_model=True)  # ORT's optimizer holds the weights about once (1.08x)
+    # ORT's optimizer holds the weights about once (1.08x); without it (qdq) external tensors are copied range by range
+    memory = MemoryModel(1.3, ("model",), user_model=True, unoptimized_factor=0.1)
 
 
 class _QuantizeRequired(TypedDict):
@@ -180,6 +192,7 @@ class Bundle(Kind):
     params = BundleParams
     uses_qnn = True
     deliverable = True
+    multi_graph = True
     memory = MemoryModel(4.2, ("model:",), {"fp16": 2.2})  # as compile, over all its graphs (2.03x two fp16)
 
 
@@ -198,6 +211,7 @@ class Prebuilt(Kind):
     params = PrebuiltParams
     uses_qnn = True
     deliverable = True
+    verified_here = False
     memory = MemoryModel(2.0, ("bin",))
 
 
@@ -228,6 +242,7 @@ class Verify(Kind):
     discovers_inputs = True  # verification samples
     uses_qnn = True
     verification = True
+    verdict = True
     # the float model on the CPU EP plus the simulator: 0.6x for fp16/int8, 2.4x for qdq
     memory = MemoryModel(3.0, ("reference", "ctx.bin"), {"fp16": 1.2, "int8": 1.2, "int16": 1.2})
 
@@ -278,6 +293,7 @@ class Select(Kind):
     params = SelectParams
     deliverable = True
     verification = True  # it judges the candidates' verifications: `ctxbuild verify` runs it
+    picks_candidate = True
 
 
 class AdapterParams(TypedDict):
@@ -404,6 +420,7 @@ class LlmEval(Kind):
     discovers_inputs = True  # the prompt files
     uses_qnn = True
     verification = True
+    verdict = True
     memory = MemoryModel(2.0, ("reference:",), per_context_length=True)  # 1.6x measured (bench/llm_bench.py)
 
 

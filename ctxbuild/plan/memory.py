@@ -18,7 +18,6 @@ ESTIMATE_ENV = "CTXBUILD_MEMORY_ESTIMATE"  # set by the worker for the action it
 # The forked action process before it reads any model (onnxruntime, the QNN EP, libQnnHtp.so mapped) is
 # 100-170 MB; the fits below cross zero at 115-306 MB.
 BASE = 300 << 20
-PREPARE_STREAMED_FACTOR = 0.1  # prepare without ORT's optimizer (qdq) copies external tensors range by range
 # The per-kind factors (peak RSS per byte of the weights an action reads) live with each kind in kinds.py.
 
 
@@ -49,9 +48,9 @@ def _size(path: str | None, with_external_data: bool = False) -> int:
 
 def factor(kind: str, params: dict[str, Any]) -> float:
     """Peak RSS per byte of weights read, for an action of `kind` with `params` (the fits above)."""
-    if kind == "prepare" and not params.get("optimize", True):
-        return PREPARE_STREAMED_FACTOR
     model = kinds.get(kind).memory
+    if model.unoptimized_factor is not None and not params.get("optimize", True):
+        return model.unoptimized_factor
     return model.by_precision.get(params.get("precision", ""), model.factor)
 
 

@@ -35,19 +35,20 @@ class Plan:
         for a in self.actions:
             if not kinds.get(a.kind).deliverable or not _delivered(a, self.out):
                 continue
-            # a precision search's select verified its winner itself
-            verifiers = [a.id] if a.kind == "select" else [
-                v for v in self.graph.successors(a.id) if self.graph.nodes[v]["action"].kind in ("verify", "llm_eval")]
+            kind = kinds.get(a.kind)
+            # a deliverable that is a verification (a precision search's select) verified its winner itself
+            verifiers = [a.id] if kind.verification else [
+                v for v in self.graph.successors(a.id) if kinds.get(self.graph.nodes[v]["action"].kind).verdict]
             twins = sorted({u for v in verifiers for u in self.graph.predecessors(v)
-                            if (t := self.graph.nodes[u]["action"]).kind == "compile" and u != a.id
+                            if u != a.id and _single_graph_deliverable(t := self.graph.nodes[u]["action"])
                             and set(t.params["graphs"]) <= set(a.params.get("graphs") or [])})  # llm: this part's
-            note = None if verifiers or a.kind == "prebuilt" else verification_note(self._recipe(a.recipes[0]))
+            note = None if verifiers or not kind.verified_here else verification_note(self._recipe(a.recipes[0]))
             for role, path in a.outputs.items():
                 if role in ("result", "search"):  # select's verification records, not artifacts
                     continue
                 rows.append({"action": a.id, "recipe": a.recipes[0], "target": a.target, "role": role,
                              "path": str(Path(path).relative_to(self.out)), "graphs": a.params.get("graphs"),
-                             "verified_by": sorted(verifiers), "twins": twins if a.kind == "bundle" else [],
+                             "verified_by": sorted(verifiers), "twins": twins if kind.multi_graph else [],
                              **({"verify_note": note} if note else {}),
                              **({"toolchain": a.toolchain} if a.toolchain else {}),
                              **({"runtimes": runtimes} if (runtimes := self._runtimes(a.recipes)) else {})})
@@ -188,3 +189,8 @@ def _graph(actions: dict[str, Action]) -> nx.DiGraph:
         return g
     raise PlanError(f"{actions[cycle[0][0]].recipe_files[0]}:1: actions form a cycle: "
                     + " -> ".join(u for u, _ in cycle), "an action cannot consume its own outputs")
+
+
+def _single_graph_deliverable(action: Action) -> bool:
+    kind = kinds.get(action.kind)
+    return kind.deliverable and not kind.multi_graph and not kind.verification

@@ -136,3 +136,17 @@ def _select(recipe: Recipe, t: Target, out: Path, candidates: list[tuple[dict[st
     return Action(id=f"select/{recipe.name}@{t.name}", kind="select",
                   description=f"select {recipe.name}@{t.name} ({len(candidates)} candidates)", inputs=inputs,
                   outputs=outputs, params=params, target=t.as_dict(), **common_params(recipe))
+
+
+def candidate_actions(select: Any, actions: dict[str, Any], producer: dict[str, str]) -> dict[str, dict[str, str]]:
+    """candidate -> {quantize, compile, verify}: the actions behind a select's inputs, for the candidates'
+    costs in the report and manifest (kept in the plan state, out of every key). `producer`: path -> id."""
+    found: dict[str, dict[str, str]] = {}
+    for c in select.params["candidates"]:
+        n = c["name"]
+        compiled = producer[select.inputs[f"{n}.ctx"]]
+        found[n] = {"quantize": producer[actions[compiled].inputs["model"]], "compile": compiled,
+                    "verify": producer[select.inputs[f"{n}.result"]]}
+        if f"{n}.screen" in select.inputs:
+            found[n]["screen"] = producer[select.inputs[f"{n}.screen"]]
+    return found
