@@ -22,7 +22,7 @@ def discover_inputs(action: Action) -> dict[str, Path]:
 
 def run(ctx: Any) -> None:
     from ctxbuild.llm import pipeline, static
-    from ctxbuild.llm.convention import NotADecoder
+    from ctxbuild.llm.canonical import NotADecoder
 
     a, p = ctx.action, ctx.action.params
     src = Path(a.inputs["model"])

@@ -1,48 +1,20 @@
-"""Which decoder convention an ONNX model follows, read from its graph alone (no weights), with clear refusals.
-
-Supported: the optimum / torch-export convention (plain ONNX ops, `input_ids`, `attention_mask`,
-`position_ids`, `past_key_values.N.key/value` in, `logits`, `present.N.key/value` out), and onnxruntime-genai's
-model-builder convention (com.microsoft GroupQueryAttention, the SimplifiedLayerNormalization family, no
-`position_ids`), which genai.py rewrites into the first. Other contrib attention ops are refused.
+"""Whether an ONNX model is a decoder ctxbuild can cut into static graphs, read from its graph alone (no
+weights), with clear refusals; its shape and where its weights sit. Which exporter wrote it is the exporters
+registry's business (llm/exporters/); other contrib attention ops are refused.
 """
 from __future__ import annotations
 
 import math
 import os
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ctxbuild.graph.signature import memoized_by_stat
+from ctxbuild.llm import exporters
+from ctxbuild.llm.canonical import FIRST, LAST, LAYER, PAST, DecoderShape, NotADecoder
 
-GENAI_OPS = {"GroupQueryAttention", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"}  # genai.py
 REFUSED_OPS = {"RotaryEmbedding", "MultiHeadAttention", "Attention", "PackedAttention", "SparseAttention",
                "PagedAttention", "MatMulNBits", "SkipLayerNormalization"}
-MASK_NEG = -100.0  # what the runtime writes into masked slots: small enough for 16-bit activations' resolution
-PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
-LAYER = re.compile(r"/model/layers\.(\d+)/")  # the exporters' node scopes, which the static pass cuts by
-FIRST, LAST = -1, -2  # weight_sizes: the embedding (first part), what follows the layers (last part)
-
-
-def is_genai(model: Any) -> bool:
-    """onnxruntime-genai's model-builder convention: its attention is GroupQueryAttention."""
-    return any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
-
-
-class NotADecoder(ValueError):
-    """The model is not a decoder ctxbuild can make static graphs of: the message says why and what to do."""
-
-
-@dataclass(frozen=True)
-class DecoderShape:
-    layers: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    hidden: int  # the embedding table's width
-
-
 def check_decoder(model: Any) -> DecoderShape:
     """The decoder's shape from its graph I/O; raises NotADecoder naming what is wrong."""
     ops = sorted({n.op_type for n in model.graph.node if n.op_type in REFUSED_OPS})
@@ -51,7 +23,7 @@ def check_decoder(model: Any) -> DecoderShape:
                           "with optimum (plain ONNX ops) or onnxruntime-genai's builder (GroupQueryAttention) in fp32")
     inputs = {i.name: i for i in model.graph.input}
     outputs = {o.name: o for o in model.graph.output}
-    needed = ("input_ids", "attention_mask") if is_genai(model) else ("input_ids", "attention_mask", "position_ids")
+    needed = exporters.detect(model).inputs
     missing = [n for n in needed if n not in inputs]
     missing += [n for n in ("logits",) if n not in outputs]
     if missing:

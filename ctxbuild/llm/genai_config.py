@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ctxbuild.llm.convention import MASK_NEG
+from ctxbuild.llm.canonical import MASK_NEG
 from ctxbuild.llm.layout import Layout
 
 MASK_2D = "attention_mask_2d"  # genai's mask; the graphs' 4-D one keeps the name `attention_mask`

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ctxbuild.llm.convention import MASK_NEG
+from ctxbuild.llm.canonical import MASK_NEG
 
 Runner = Callable[[int, int, int, dict[str, np.ndarray]], dict[str, np.ndarray]]
 

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ctxbuild.llm.convention import LAYER, DecoderShape, NotADecoder, check_decoder, is_genai
+from ctxbuild.llm import exporters
+from ctxbuild.llm.canonical import LAYER, DecoderShape, NotADecoder
+from ctxbuild.llm.convention import check_decoder
 
 
 
@@ -190,10 +192,7 @@ def write_static_graphs(src: Path, parts: int, ars: list[int], cls: list[int], d
 
     model = onnx.load(str(src), load_external_data=False)
     shape = check_decoder(model)
-    if is_genai(model):
-        from ctxbuild.llm.genai import lower
-
-        model = lower(model, str(src.parent))
+    model = exporters.detect(model).to_canonical(model, str(src.parent))
     if parts > shape.layers:
         raise NotADecoder(f"{parts} parts for a model of {shape.layers} layers: at most one part per layer")
     ranges = part_ranges(shape.layers, parts)

@@ -162,7 +162,7 @@ def _parts_reading(wheres: tuple[int, ...], layers: int | None, parts: int) -> t
 
 def _part_of(where: int, ranges: list[tuple[int, int]]) -> int:
     """The part holding a where (a layer; FIRST: the embedding's part; LAST: what follows the layers)."""
-    from ctxbuild.llm.convention import FIRST, LAST
+    from ctxbuild.llm.canonical import FIRST, LAST
 
     return 0 if where == FIRST else len(ranges) - 1 if where == LAST else \
         next(p for p, (lo, hi) in enumerate(ranges) if lo <= where < hi)
@@ -174,7 +174,7 @@ WEIGHT_BYTES = {"w4a16": 0.5, "w8a16": 1.0, "fp16": 2.0}  # per weight element i
 def part_weight_bytes(facts: dict[str, Any], parts: int, precision: str, keep_8bit: list[str] | None) -> list[float]:
     """Estimated weight bytes per part: its layers' matrices at the precision's width (int8 for the embedding, the LM
     head and keep_8bit at w4a16), the embedding in the first part, what follows the layers in the last."""
-    from ctxbuild.llm.convention import FIRST, LAST
+    from ctxbuild.llm.canonical import FIRST, LAST
     from ctxbuild.llm.static import part_ranges
 
     ranges = part_ranges(facts["layers"], parts)

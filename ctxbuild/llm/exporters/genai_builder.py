@@ -1,4 +1,4 @@
-"""onnxruntime-genai's model-builder convention -> the optimum convention, in plain ONNX ops the HTP runs.
+"""onnxruntime-genai's model-builder convention -> the canonical form, in plain ONNX ops the HTP runs.
 
 Rewritten node by node (onnx's helper API; the graph stays topologically ordered, each replacement where its
 node was):
@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ctxbuild.llm.convention import MASK_NEG, NotADecoder
+from ctxbuild.llm.canonical import MASK_NEG, NotADecoder
+from ctxbuild.llm.exporters.base import Exporter
 
 _LAYER = re.compile(r"^(/model/layers\.\d+)/")
 
@@ -49,6 +50,20 @@ class _Emit:
         mean = self.op("ReduceMean", [self.op("Mul", [x, x], scope)], scope, axes=[-1], keepdims=1)
         rms = self.op("Sqrt", [self.op("Add", [mean, self.const(f"{scope}/eps", np.float32(eps))], scope)], scope)
         return self.op("Mul", [self.op("Div", [x, rms], scope), gain], scope, [out] if out else None)
+
+
+class GenaiBuilder(Exporter):
+    """com.microsoft GroupQueryAttention, the SimplifiedLayerNormalization family, no `position_ids`."""
+    name = "onnxruntime-genai model builder"
+    inputs = ("input_ids", "attention_mask")
+
+    @classmethod
+    def matches(cls, model: Any) -> bool:
+        return any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
+
+    @classmethod
+    def to_canonical(cls, model: Any, base_dir: str) -> Any:
+        return lower(model, base_dir)
 
 
 def _attr(node: Any, name: str, default: Any) -> Any:
