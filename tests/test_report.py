@@ -365,3 +365,49 @@ def test_search_plot_marks_winner_and_threshold() -> None:
     assert "&lt;b&gt;" in plots.hbars([{"label": "<b>", "value": 1.0, "ok": True}], unit="dB", label="x")  # escaped
     many = plots.hbars([{"label": f"g{i}", "value": float(i), "ok": None} for i in range(100)], unit="dB", label="x")
     assert many.count("<rect") == plots.MAX_BARS and "and 60 more" in many  # a 100-target build stays readable
+
+
+SEARCH_PROBE = """<script>
+(function(){
+ var t=document.querySelector('table.candidates');
+ var head=Array.prototype.map.call(t.querySelectorAll('thead th'),function(th){
+  var r=th.getBoundingClientRect();return {text:th.textContent,left:Math.round(r.left)};});
+ var rows=Array.prototype.map.call(t.querySelectorAll(':scope > tbody > tr'),function(tr){
+  return Array.prototype.map.call(tr.children,function(td){
+   var r=td.getBoundingClientRect();return {left:Math.round(r.left),display:getComputedStyle(td).display};});});
+ var pre=document.createElement('pre');pre.id='probe';pre.textContent=JSON.stringify({head:head,rows:rows});
+ document.body.appendChild(pre);
+})();
+</script>"""
+
+
+def test_search_table_lines_up_in_chromium(built: dict[str, Any], tmp_path: Path) -> None:
+    """Every candidate row's cells sit under their headers, rows with a note or a refusal included (a `.sub`
+    cell once took `display: block` and pushed the timings under the wrong headers)."""
+    from ctxbuild.outputs.report import render_html
+
+    chromium = _chromium()
+    report = _read(built["out"] / "report.json")
+    metrics = {"y": {"cosine": 0.99, "snr_db": 30.0}}
+    costs = {"quantize": 1.0, "compile": 2.0, "verify": 3.0}
+    report["rows"][0]["search"] = {
+        "winner": "a16w8", "thresholds": {"min_cosine": 0.99, "min_snr_db": 20}, "skipped": [],
+        "candidates": [
+            {"name": "a8w8", "passed": False, "winner": False, "outputs": {}, "bin_size": None, "failures": [],
+             "compile_refused": None, "note": "rejected on the CPU: cosine 0.5", "state": "rejected_cpu",
+             "seconds": costs},
+            {"name": "a16w4", "passed": False, "winner": False, "outputs": {}, "bin_size": None, "failures": [],
+             "compile_refused": {"error": "QNN cannot run 1 node(s)", "hint": None}, "note": None, "state": None,
+             "seconds": costs},
+            {"name": "a16w8", "passed": True, "winner": True, "outputs": metrics, "bin_size": 1024, "failures": [],
+             "compile_refused": None, "note": None, "state": None, "seconds": costs}]}
+    page = tmp_path / "search.html"
+    page.write_text(render_html(report).replace("</body>", SEARCH_PROBE + "</body>"))
+    facts = _probe(_browse(chromium, tmp_path, "--window-size=1400,900", "--dump-dom", page.as_uri()))
+    header = [h["left"] for h in facts["head"]]
+    assert [h["text"] for h in facts["head"]][-3:] == ["quantize", "compile", "verify"]
+    assert len(facts["rows"]) == 3
+    for cells in facts["rows"]:
+        assert all(c["display"] == "table-cell" for c in cells)
+        assert [c["left"] for c in cells][-3:] == header[-3:]  # the timings under their headers
+        assert cells[0]["left"] == header[0] and cells[2]["left"] == header[2]
