@@ -26,7 +26,8 @@ def test_summary_ends_with_accuracy_and_report(tree: Path, tmp_path: Path, ctxbu
     assert re.fullmatch(r"ctxbuild: 4 built, 0 restored, 0 failed in [\d.]+ s", lines[-4]), lines
     verify = json.loads((out / "SM8650" / "tiny_cnn_int8" / "tiny_cnn_int8_verify.json").read_text())
     worst = min(o["snr_db"] for o in verify["outputs"].values())
-    assert re.fullmatch(rf"  tiny_cnn_int8  SM8650\s+0\.\d{{4}}\s+{worst:.1f}  ok", lines[-2]), lines
+    assert re.fullmatch(r"  recipe\s+checked\s+target\s+cosine\s+SNR dB  verdict", lines[-3]), lines
+    assert re.fullmatch(rf"  tiny_cnn_int8  tiny_cnn_int8  SM8650\s+0\.\d{{4}}\s+{worst:.1f}  ok", lines[-2]), lines
 
     r = ctxbuild("build", str(tree), "-o", str(out))  # a no-op still answers
     assert r.code == 0 and "ctxbuild: up to date" in r.out and r.out.splitlines()[-1].endswith("report.html")
@@ -68,3 +69,22 @@ def test_failure_once_without_internal_commands_or_colour(tree: Path, tmp_path: 
     r = ctxbuild("verify", "--layers", "tiny_cnn_int8", str(tree), "-o", str(out), env=env)
     assert r.code == 1 and r.err.count("FAILED verify/tiny_cnn_int8@SM8650") == 1, r.text
     assert "worst in quantization" in r.out and "report:" not in r.out  # the diagnosis, not the summary
+
+
+def test_summary_lists_each_verification_once_by_recipe() -> None:
+    """An LLM's token check serves every part and the genai config: one summary row, naming the recipe and its
+    context lengths (make build once ended with nine look-alike `tokens  SM8650` rows)."""
+    from ctxbuild.outputs import summary
+
+    tokens = {"id": "llm_eval/chat@SM8650", "graph": "tokens", "adapter": None, "context_lengths": [64, 128],
+              "status": "built", "passed": True, "outputs": [{"cosine": 0.999, "snr_db": 27.4}], "thresholds": {}}
+    target = {"name": "SM8650"}
+    rows = [{"recipe": "chat", "target": target, "verify": [tokens]} for _ in range(3)]
+    rows.append({"recipe": "other", "target": target, "verify": [{**tokens, "id": "llm_eval/other@SM8650"}]})
+    acc = summary.accuracy(rows)
+    assert [(a["recipe"], a["graph"]) for a in acc] == [("chat", "tokens"), ("other", "tokens")]
+    doc = {"actions": {"built": 1, "restored": 0, "failed": 0}, "up_to_date": False, "wall_seconds": 1.0,
+           "accuracy": acc, "artifacts": [], "report": "out/report.html"}
+    lines = summary.text(doc)
+    assert lines[2].split() == ["chat", "tokens", "CL", "64,128", "SM8650", "0.9990", "27.4", "ok"]
+    assert lines[3].split()[0] == "other" and len(lines) == 5

@@ -31,12 +31,18 @@ def document(out: Path, returncode: int, *, noop: bool = False) -> dict[str, Any
 
 
 def accuracy(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per verified graph per target (and adapter): the worst output's cosine and SNR."""
-    result = []
+    """One entry per verification (a graph on a target, with an adapter, or an LLM's token check): the worst
+    output's cosine and SNR. A verification several deliverables share (an LLM's parts and its genai config)
+    is listed once."""
+    result, seen = [], set()
     for row in rows:
         for v in row.get("verify") or []:
+            if v.get("id") in seen:
+                continue
+            seen.add(v.get("id"))
             outs = v.get("outputs") or []
             result.append({"recipe": row.get("recipe"), "graph": v.get("graph"), "adapter": v.get("adapter"),
+                           "context_lengths": v.get("context_lengths"),
                            "target": (row.get("target") or {}).get("name"), "status": v.get("status"),
                            "passed": v.get("passed"),
                            "cosine": min((o["cosine"] for o in outs), default=None),
@@ -55,17 +61,25 @@ def text(doc: dict[str, Any]) -> list[str]:
     lines = [head]
     acc = doc["accuracy"]
     if acc:
-        width = max(len("graph"), *(len(r["graph"]) for r in acc))  # the report's label names the adapter
-        tw = max(len("target"), *(len(r["target"] or "-") for r in acc))
-        lines.append(f"  {'graph':<{width}}  {'target':<{tw}} {'cosine':>8} {'SNR dB':>7}  verdict")
-        for r in acc:
+        table = [(r["recipe"] or "-", _checked(r), r["target"] or "-", r) for r in acc]
+        rw, cw, tw = (max(len(h), *(len(x[i]) for x in table)) for i, h in enumerate(("recipe", "checked", "target")))
+        lines.append(f"  {'recipe':<{rw}}  {'checked':<{cw}}  {'target':<{tw}} {'cosine':>8} {'SNR dB':>7}  verdict")
+        for recipe, checked, target, r in table:
             cos = "-" if r["cosine"] is None else f"{r['cosine']:.4f}"
             snr = "-" if r["snr_db"] is None else f"{r['snr_db']:.1f}"
-            lines.append(f"  {r['graph']:<{width}}  {r['target'] or '-':<{tw}} {cos:>8} {snr:>7}  {_verdict(r)}")
+            lines.append(f"  {recipe:<{rw}}  {checked:<{cw}}  {target:<{tw}} {cos:>8} {snr:>7}  {_verdict(r)}")
     elif doc["artifacts"]:
         lines.append("  (no graph verified: --no-verify or `verify: false`)")
     lines.append(f"ctxbuild: report: {doc['report']}")
     return lines
+
+
+def _checked(r: dict[str, Any]) -> str:
+    """What a verification checked: the graph (and adapter); an LLM's token check names its context lengths."""
+    label = r["graph"] or "-"
+    if cls := r.get("context_lengths"):
+        label = label.replace("tokens", f"tokens CL {','.join(map(str, cls))}", 1)
+    return label
 
 
 def rewrites(records: list[dict[str, Any]]) -> list[str]:
