@@ -425,3 +425,31 @@ def test_fallback_hint_measures_the_cost(tmp_path: Path, ctxbuild) -> None:
     share = 100 * 1920 / (1920 + 2560)
     assert f"cpu_fallback: true to run them on the CPU instead (measured: 2 NPU partitions, 1 node ({share:.1f}% " \
            "of the model's MACs) on the CPU" in r.err, r.err
+
+
+def test_verification_compares_with_the_users_model(tmp_path: Path, ctxbuild) -> None:
+    """A rewrite that changes the model's values cannot pass verification: the reference is the model as the
+    user gave it. Here the kept attention scores lie below the mask fill's -100 (the mask_fill rule assumes they
+    do not), so after the rewrite the masked positions take the weight; against the prepared model the build
+    would verify at cosine 1.0, against the original it fails."""
+    mask = np.ones((1, 1, 4, 8), bool)
+    mask[..., 5:] = False
+    nodes = [helper.make_node("Add", ["x", "shift"], ["s"]),
+             helper.make_node("Where", ["mask", "s", "fill"], ["l"]),
+             helper.make_node("Softmax", ["l"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    v = np.arange(8 * 4, dtype=np.float32).reshape(1, 1, 8, 4)
+    m = _model(nodes, {"x": [1, 1, 4, 8]}, {"y": [1, 1, 4, 4]},
+               {"shift": np.array(-300.0, np.float32), "mask": mask,
+                "fill": np.array(-np.inf, np.float32), "v": v})
+    onnx.save(m, tmp_path / "masked.onnx")
+    (tmp_path / "s").mkdir()
+    for i in range(2):
+        np.save(tmp_path / "s" / f"{i}.npy", rng().standard_normal((1, 1, 4, 8)).astype(np.float32))
+    (tmp_path / "masked.yaml").write_text("model: masked.onnx\nprecision: fp16\ntargets: [SM8650]\nverify: {dir: s}\n")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tmp_path / "masked.yaml"), "-o", str(out))
+    result = json.loads((out / ".ctxbuild" / "records" / "verify.masked@SM8650.json").read_text())["result"]
+    assert result["reference"] == "original", result
+    assert r.code == 1 and result["passed"] is False, r.text
+    assert result["outputs"]["y"]["snr_db"] < 0, result["outputs"]
+    assert not [p for p in (out / "SM8650").rglob("*") if p.is_file()]  # what failed is not deliverable

@@ -159,7 +159,7 @@ def test_identical_binary_reuses_simulator_outputs(tree: Path, tmp_path: Path, c
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 0, r.text
     again = records(out)["verify/plain@SM8650"]
-    assert last_build(out) == {"verify/plain@SM8650": "run"} and again["memo_hits"] == ["reference", "simulator"]
+    assert last_build(out) == {"verify/plain@SM8650": "run"} and again["memo_hits"] == ["original", "simulator"]
     assert again["result"]["outputs"] == pair[0]["result"]["outputs"]
 
     (tree / "plain.yaml").write_text(HEAD + "precision: int16\ntargets: [SM8650]\nverify: {min_cosine: 0.996}\n")

@@ -29,7 +29,7 @@ def run(ctx: Any) -> None:
         return
     ref_model = Path(a.inputs["reference"])
     spec = input_spec(load(ref_model, external_data=False))
-    samples = for_verification(spec, p, lambda: discover_inputs(a), a.recipe_files[0])
+    samples = for_verification(spec, p, lambda: verify.sample_files(a), a.recipe_files[0])
     memo = OutputsMemo(ctx.cache, ctx.tmp)
     reference, _ = float_reference(ctx, samples, memo)  # the candidates' verifies share the memo entry
     start = time.monotonic()

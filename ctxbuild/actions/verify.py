@@ -13,7 +13,7 @@ from ctxbuild.verify import slices as output_slices
 from ctxbuild.plan.action import Action
 from ctxbuild.errors import ActionError
 from ctxbuild.actions.compile import compile_refusal
-from ctxbuild.graph.modelio import load
+from ctxbuild.graph.modelio import external_data_files, load
 from ctxbuild.graph.samples import for_verification, input_spec, list_samples
 from ctxbuild.verify.memo import OutputsMemo, float_reference, wrapper_identity
 from ctxbuild.verify import gates, sample_workers
@@ -26,6 +26,14 @@ if TYPE_CHECKING:  # imported where used: the cache-hit path (listing samples, w
 
 
 def discover_inputs(action: Action) -> dict[str, Path]:
+    """The samples, and the external data of the user's model (the reference the outputs are compared with)."""
+    original = Path(action.inputs["original"])
+    return sample_files(action) | {f"original.{k}": p for k, p in
+                                   external_data_files(load(original, external_data=False), original).items()}
+
+
+def sample_files(action: Action) -> dict[str, Path]:
+    """The sample files in the recipe's verification (or calibration) directory."""
     if not action.watch:
         return {}
     return list_samples(Path(action.watch[0]), action.params["samples"], action.recipe_files[0])
@@ -55,7 +63,7 @@ def run(ctx: Any) -> None:
     ref_model = Path(a.inputs["reference"])
     ref_proto = load(ref_model, external_data=False)
     spec = input_spec(ref_proto)
-    samples = for_verification(spec, p, lambda: discover_inputs(a), a.recipe_files[0])
+    samples = for_verification(spec, p, lambda: sample_files(a), a.recipe_files[0])
     # What the memoized outputs depend on: content digests the runner already computed for the action key.
     key = ctx.key_components
     inputs = key["inputs"]
@@ -90,6 +98,7 @@ def run(ctx: Any) -> None:
         reference = {n: r[:len(got[n])] for n, r in reference.items()}
     result: dict[str, Any] = {
         "graph": p["graph"], "method": p["method"], "samples": run, "sample_source": p["sample_source"],
+        "reference": ctx.facts["reference"],
         "outputs": compare(reference, got),
         "coverage": coverage(Path(a.inputs["ctx.ctx"]), Path(a.inputs["compiled"])),
     }

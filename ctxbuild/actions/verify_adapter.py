@@ -36,7 +36,7 @@ def run(ctx: Any) -> None:
     p = a.params
     ref_model = Path(a.inputs["reference"])
     spec = input_spec(load(ref_model, external_data=False))  # the slots are initializers there: not listed
-    samples = for_verification(spec, p, lambda: discover_inputs(a), a.recipe_files[0])
+    samples = for_verification(spec, p, lambda: verify.sample_files(a), a.recipe_files[0])
     binding = Path(a.inputs["binding"])
     bound = read_onnx_adapter(binding)
     if "adapter" in a.inputs:  # compile.quantized_io: the binding is quantized; the float model takes the file's values

@@ -106,7 +106,7 @@ def _step(recipe: Recipe, mode: str, n: str, ladders: dict[str, list[str]], scre
 def _screen(recipe: Recipe, b: Built, d: Path, gate: str | None) -> Action:
     """The candidate's QDQ model on the CPU EP, on the samples its verifies use (same parameters)."""
     params, watch = verify_samples(recipe, b.graph)
-    inputs = {**model_files("reference", b.reference), **model_files("model", b.model)}
+    inputs = {**model_files("reference", b.reference), **model_files("model", b.model), "original": str(b.graph.model)}
     if gate:
         inputs["gate"] = gate
     return Action(id=f"screen/{recipe.name}.{d.name}", kind="screen",

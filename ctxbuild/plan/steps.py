@@ -28,7 +28,7 @@ class Built:
     """A graph's models on the way to the compiler: the float reference and what gets compiled."""
 
     graph: Graph
-    reference: str  # prepared model: shapes fixed, folded (the float model verification compares against)
+    reference: str  # prepared model: shapes fixed, folded, legalized (verification's fallback reference, diagnosis)
     model: str  # what the compiler reads (quantized, or the prepared model for fp16/qdq)
 
 def verification_enabled(recipe: Recipe) -> bool:
@@ -201,6 +201,7 @@ def verify_action(recipe: Recipe, b: Built, t: Target, compiled: Action, out: Pa
     if v.get("slices"):
         params["slices"] = v["slices"]
     inputs = {**model_files("reference", b.reference), **model_files("compiled", b.model),
+              "original": str(graph.model),  # the user's model as given: what the simulator's outputs must match
               **{f"ctx.{k}": p for k, p in compiled.outputs.items()}}
     if bundle is not None:
         inputs.update({"bundle.ctx": bundle.outputs[f"ctx:{graph.name}"], "bundle.bin": bundle.outputs["bin"]})

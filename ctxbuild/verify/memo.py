@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 
 from ctxbuild.digests import canonical_json
+from ctxbuild.errors import ActionError
 
 if TYPE_CHECKING:  # imported where used: a verify cache hit needs no numpy
     import numpy as np
@@ -75,14 +76,29 @@ class OutputsMemo:
 
 
 def float_reference(ctx: Any, samples: list[dict[str, np.ndarray]], memo: OutputsMemo) -> tuple[Outputs, list[Any]]:
-    """The float model's outputs on `samples` (memoized: a verify and a screen of the same graph share them) and
-    the samples' identity for other memo keys. The action's params hold `samples`, `sample_source`, `inputs`."""
+    """The user's model's outputs on `samples`, as the user gave it (memoized: a verify and a screen of the same
+    graph share them), and the samples' identity for other memo keys. The action's params hold `samples`,
+    `sample_source`, `inputs`. Only when onnxruntime's CPU EP cannot run the original as given (an IR version newer
+    than it reads, an op it refuses) is the prepared model the reference; `ctx.facts["reference"]` says which and
+    why, and the verify result carries it."""
     from ctxbuild.verify.measure import cpu_outputs
 
     a, key = ctx.action, ctx.key_components
     p, inputs = a.params, key["inputs"]
     sample_id = [p["sample_source"], p["samples"], p["inputs"], key["discovered_inputs"],
                  inputs["reference"] if p["sample_source"] == "random" else None]
+    data = {k: v for k, v in key["discovered_inputs"].items() if k.startswith("original.")}
+    try:
+        reference = memo.get_or_compute("original", [inputs["original"], data, sample_id,
+                                                     key["toolchain"]["onnxruntime"]],
+                                        lambda: cpu_outputs(Path(a.inputs["original"]), samples))
+        ctx.facts["reference"] = "original"
+        return reference, sample_id
+    except (ActionError, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - onnxruntime's exceptions are untyped
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        ctx.facts["reference"] = f"prepared model (onnxruntime's CPU EP cannot run the original as given: {why})"
     reference = memo.get_or_compute("reference", [inputs["reference"], inputs.get("reference.data"), sample_id,
                                                    key["toolchain"]["onnxruntime"]],
                                     lambda: cpu_outputs(Path(a.inputs["reference"]), samples))
