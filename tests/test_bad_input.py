@@ -60,6 +60,12 @@ FP16 = "precision: fp16\ntargets: [SM8650]\n"
     ("name: ../escape\nmodel: models/mlp.onnx\n" + FP16, [":1:", "not a valid name"]),
     ("model: models/tiny_cnn.onnx\nprecision: int16\ntargets: [SM8650]\n", ["needs calibration data", "calibration.random"]),
     ("model: models/tiny_cnn.onnx\nprecision: int16\ntargets: [SM8650]\ncalibration:\n  dir: nowhere\n", [":5:", "calibration dir 'nowhere' not found"]),
+    # bounds: a value no build means is refused at plan time, NaN and infinities included
+    ("model: models/mlp.onnx\n" + FP16 + "verify: {min_cosine: .nan}\n", [":4:", ".nan is not a finite number"]),
+    ("model: models/mlp.onnx\n" + FP16 + "verify: {min_snr_db: -.inf}\n", [":4:", "-.inf is not a finite number"]),
+    ("model: models/mlp.onnx\n" + FP16 + "verify: {min_snr_db: 1.0e30}\n", [":4:", "verify.min_snr_db"]),
+    ("model: models/mlp.onnx\nprecision: fp16\ntargets: [{name: X, soc_model: 0, htp_arch: 75}]\n", [":3:", "soc_model"]),
+    ("model: models/mlp.onnx\n" + FP16 + "inputs: {x: [1099511627776, 4]}\n", [":4:", "inputs"]),
 ])
 def test_bad_recipe_exits_2_with_location(tree: Path, tmp_path: Path, ctxbuild, body: str, expect: list[str]) -> None:
     _only(tree, "bad.yaml")

@@ -40,12 +40,28 @@ def test_tokenizer_files_are_package_inputs_and_outputs(tmp_path: Path) -> None:
 @pytest.mark.parametrize("files, why", [
     (["models/tok/missing.json"], "tokenizer file 'models/tok/missing.json' not found"),
     (["models/tok/tokenizer.json", "models/tok/tokenizer.json"], "its name clashes with"),
+    # copied into OUT and the cache: only from the recipe's or the model's directory, symlinks followed
+    (["/etc/hostname"], "tokenizer file '/etc/hostname' is outside the recipe's directory"),
+    (["../../secret/credentials"], "is outside the recipe's directory"),
+    (["models/tok/escape.json"], "tokenizer file 'models/tok/escape.json' is outside"),
 ])
 def test_bad_tokenizer_entries_name_the_line(tmp_path: Path, files: list[str], why: str) -> None:
     tree = _tree(tmp_path, files)
+    (tmp_path / "secret").mkdir()
+    (tmp_path / "secret" / "credentials").write_text("password")
+    (tree / "models" / "tok" / "escape.json").symlink_to(tmp_path / "secret" / "credentials")
     with pytest.raises(RecipeError) as e:
         recipe.load([tree])
     text = (tree / "llm_tiny.yaml").read_text().splitlines()
     line = next(i for i, t in enumerate(text, 1) if "tokenizer:" in t)
     assert e.value.message.startswith(f"{tree / 'llm_tiny.yaml'}:{line}: "), e.value.message
     assert why in e.value.message
+
+
+def test_prompts_dir_outside_the_project_is_refused(tmp_path: Path) -> None:
+    tree = _tree(tmp_path, ["models/tok/tokenizer.json"])
+    f = tree / "llm_tiny.yaml"
+    f.write_text(f.read_text().replace("prompts: {dir: models/prompts/llama_tiny,", "prompts: {dir: /etc,"))
+    with pytest.raises(RecipeError) as e:
+        recipe.load([tree])
+    assert "llm.prompts.dir '/etc' is outside the recipe's directory" in e.value.message

@@ -9,7 +9,7 @@ from typing import Any
 
 from ctxbuild.errors import RecipeError
 from ctxbuild.recipes.adapters import Adapters, parse_adapters
-from ctxbuild.recipes.paths import named_path
+from ctxbuild.recipes.paths import named_path, outside
 from ctxbuild.recipes.targets import Target
 from ctxbuild.recipes.yamlsrc import LineDict, line_of
 
@@ -87,10 +87,13 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
             raise RecipeError(f"{at('keep_8bit', i)}: '{pattern}' matches no weight of {model.name}",
                               f"an fnmatch pattern over initializer names, e.g. {names[len(names) // 2]!r}")
     prompts = named_path(f.parent, spec["prompts"]["dir"])
+    if outside(prompts, f.parent, model.parent):
+        raise RecipeError(f"{at('prompts', 'dir')}: llm.prompts.dir '{spec['prompts']['dir']}' is outside the recipe's "
+                          f"directory ({f.parent}) and the model's ({model.parent})", COPIED_HINT)
     if not prompts.is_dir():  # its files are found at run time, like calibration samples
         raise RecipeError(f"{at('prompts', 'dir')}: llm.prompts.dir '{spec['prompts']['dir']}' is not a directory "
                           f"(looked in {prompts})", "a directory of token-id .npy files, relative to the recipe")
-    tokenizer = _tokenizer_files(f, spec.get("tokenizer", []), at)
+    tokenizer = _tokenizer_files(f, model.parent, spec.get("tokenizer", []), at)
     adapters, slot_parts = None, ()
     if "adapters" in spec:
         adapters, wheres = _adapters(f, data, spec, precision, facts, model.name)
@@ -107,10 +110,17 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
 PACKAGE_FILES = ("genai_config.json", "llm_verify.json")
 
 
-def _tokenizer_files(f: Path, names: list[str], at: Any) -> tuple[Path, ...]:
+COPIED_HINT = ("what a build reads into OUT and the cache must come from the project: keep it beside the recipe or "
+               "the model")
+
+
+def _tokenizer_files(f: Path, model_dir: Path, names: list[str], at: Any) -> tuple[Path, ...]:
     paths: dict[str, Path] = {}
     for i, name in enumerate(names):
         path = named_path(f.parent, name)
+        if outside(path, f.parent, model_dir):
+            raise RecipeError(f"{at('tokenizer', i)}: tokenizer file '{name}' is outside the recipe's directory "
+                              f"({f.parent}) and the model's ({model_dir})", COPIED_HINT)
         if not path.is_file():
             raise RecipeError(f"{at('tokenizer', i)}: tokenizer file '{name}' not found (looked in {path})",
                               "the runtime's tokenizer files (tokenizer.json, ...), relative to the recipe")

@@ -11,3 +11,10 @@ def named_path(recipe_dir: Path, given: str) -> Path:
     `current.onnx -> v2.onnx` would then go unnoticed (the action's key hashes what the link points to at
     run time)."""
     return Path(os.path.abspath(recipe_dir / given))
+
+
+def outside(path: Path, *roots: Path) -> bool:
+    """Whether `path`, its symlinks followed, lies outside every one of `roots` (theirs followed too). For files
+    a build copies into OUT and the cache: a recipe must not carry `/etc/...` or `../../secrets` there."""
+    real = Path(os.path.realpath(path))
+    return not any(real.is_relative_to(os.path.realpath(r)) for r in roots)

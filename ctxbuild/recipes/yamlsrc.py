@@ -1,6 +1,8 @@
 """YAML loading that remembers line numbers, so every recipe error can say `file:line:`."""
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +43,9 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineDict:
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
         if not isinstance(key, str):
-            raise RecipeError(f"line {key_node.start_mark.line + 1}: mapping keys must be strings, got {key!r}")
+            raise RecipeError(f"{key_node.start_mark.line + 1}: mapping keys must be strings, got {key!r}")
         if key in d:
-            raise RecipeError(f"line {key_node.start_mark.line + 1}: duplicate key '{key}'", "remove one of them")
+            raise RecipeError(f"{key_node.start_mark.line + 1}: duplicate key '{key}'", "remove one of them")
         d[key] = loader.construct_object(value_node, deep=True)
         d.key_lines[key] = key_node.start_mark.line + 1
     return d
@@ -56,7 +58,20 @@ def _construct_sequence(loader: _Loader, node: yaml.SequenceNode) -> LineList:
     return lst
 
 
+def _construct_float(loader: _Loader, node: yaml.ScalarNode) -> float:
+    value = loader.construct_yaml_float(node)
+    if not math.isfinite(value):  # .nan passes every schema bound (NaN compares false); .inf passes a minimum
+        raise RecipeError(f"{node.start_mark.line + 1}: {node.value} is not a finite number",
+                          "recipe fields take finite numbers")
+    return value
+
+
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_Loader.add_constructor("tag:yaml.org,2002:float", _construct_float)
+# YAML 1.2 floats: PyYAML (YAML 1.1) reads `1e-3` and `1.0e30` as strings, which then fail a number field with a
+# message about types; users write them as numbers.
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                              re.compile(r"^[-+]?(?:[0-9][0-9_]*)?(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789."))
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
 
 
@@ -69,7 +84,7 @@ def load_mapping(path: Path) -> LineDict:
     except UnicodeDecodeError:
         raise RecipeError(f"{path}: not UTF-8 text", "recipes are YAML files") from None
     try:
-        _check_depth(path, text)
+        _check_depth(text)
         data = yaml.load(text, Loader=_Loader)  # noqa: S506 - SafeLoader subclass
     except RecipeError as e:
         raise RecipeError(f"{path}:{e.message}", e.hint) from None
@@ -86,12 +101,12 @@ def load_mapping(path: Path) -> LineDict:
     return data
 
 
-def _too_deep(path: Path, line: int) -> RecipeError:
-    return RecipeError(f"{path}:{line}: YAML nested more than {MAX_DEPTH} levels deep",
+def _too_deep(where: str) -> RecipeError:
+    return RecipeError(f"{where}: YAML nested more than {MAX_DEPTH} levels deep",
                        "a recipe is a few levels of mappings and lists")
 
 
-def _check_depth(path: Path, text: str) -> None:
+def _check_depth(text: str) -> None:
     """Before anything is composed or constructed (both recurse per level): the parser's events are a
     flat stream, so counting the open containers costs no stack."""
     depth = 0
@@ -99,7 +114,7 @@ def _check_depth(path: Path, text: str) -> None:
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > MAX_DEPTH:
-                raise _too_deep(path, event.start_mark.line + 1)
+                raise _too_deep(str(event.start_mark.line + 1))  # load_mapping adds the path
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
 
@@ -112,13 +127,13 @@ def _check_expanded_size(path: Path, data: Any) -> None:
 
     def measure(o: Any, level: int) -> tuple[int, int]:
         if level > MAX_DEPTH:
-            raise _too_deep(path, getattr(o, "line", 1))
+            raise _too_deep(f"{path}:{getattr(o, 'line', 1)}")
         if id(o) not in seen:
             items = [*o.keys(), *o.values()] if isinstance(o, dict) else o if isinstance(o, list) else []
             inner = [measure(x, level + 1) for x in items]
             seen[id(o)] = (1 + sum(n for n, _ in inner), 1 + max((d for _, d in inner), default=0))
         elif level + seen[id(o)][1] - 1 > MAX_DEPTH:
-            raise _too_deep(path, getattr(o, "line", 1))
+            raise _too_deep(f"{path}:{getattr(o, 'line', 1)}")
         return seen[id(o)]
 
     total = measure(data, 0)[0]
