@@ -21,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ctxbuild.qnn import socs
 from ctxbuild.toolchain import installed as toolchain
 from ctxbuild.errors import InspectError
 
@@ -54,24 +55,6 @@ QNN_BACKEND_ID_HTP = 6
 QNN_DEFINITION_UNDEFINED = 0x7FFFFFFF
 QNN_SUCCESS = 0
 ZIP_MAGIC = b"PK\x03\x04"
-# Qnn_SocModel_t (QnnTypes.h, SDK 2.43) plus newer models from onnxruntime-qnn's soc table.
-SOC_NAMES = {
-    1: "SDM845", 2: "SDM835", 3: "SDM821", 4: "SDM820", 5: "SDM801", 6: "SDM670", 7: "SDM660",
-    8: "SDM652", 9: "SDM636", 10: "SDM630", 11: "SDM625", 12: "SDM855", 13: "SDM710",
-    15: "SDM632", 16: "SM6150", 17: "SM7150", 18: "QCS405", 19: "SM6125", 20: "QCS403",
-    21: "SDM865", 23: "IPQ6018", 24: "IPQ6028", 25: "SM7250", 26: "SA8195", 27: "SM6250",
-    28: "SM4250", 29: "SM6350", 30: "SM8350", 31: "SM4350", 32: "SM7350", 33: "QCS410",
-    34: "SM8325", 35: "SM7325", 36: "SM8450", 37: "SC8280X", 38: "SM7315", 39: "SA8295",
-    40: "SM6225", 41: "SM7450", 42: "SM8475", 43: "SM8550", 45: "SXR1230P", 46: "SSG2115P",
-    47: "STP6225P", 48: "QCS6125", 49: "QRB4210", 50: "SM6450", 51: "QCS7230", 52: "SA8255",
-    53: "SXR2230P", 54: "SM7475", 55: "SM4375", 56: "QCM4325", 57: "SM8650", 58: "SSG2125P",
-    59: "SM4450", 60: "SC8380XP", 61: "SM7435", 62: "SA8540", 63: "AIC100", 64: "SM7550",
-    65: "SM6450Q", 66: "QCS8550", 67: "SA8620P", 68: "SM8635", 69: "SM8750", 70: "SM7675",
-    71: "SM4635", 72: "SA8797", 73: "SM7635", 74: "SM6650", 75: "SXR2330P", 76: "SM6475",
-    77: "QCS9100", 78: "QCM6690", 79: "IPQ9574", 80: "IPQ5404", 81: "IPQ5424", 82: "QCS8300",
-    83: "QCS2290", 84: "SA525M", 85: "SM8735", 86: "SM7750", 87: "SM8850", 88: "SC8480XP",
-    93: "QCM6490", 97: "SM8845",
-}
 
 
 def _name(table: list[str] | dict[int, str], value: int) -> str:
@@ -773,7 +756,7 @@ def _extract(info: QnnSystemContext_BinaryInfo_t) -> dict[str, Any]:
     for dev in out["platform"] or []:  # older binaries may carry SoC/arch only here
         out["soc_model"] = out["soc_model"] or dev.get("soc_model")
         out["htp_arch"] = out["htp_arch"] or dev.get("htp_arch")
-    out["soc_name"] = SOC_NAMES.get(out["soc_model"])
+    out["soc_name"] = socs.name_of(out["soc_model"])
     return out
 
 
