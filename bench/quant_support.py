@@ -23,7 +23,11 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-ARCHES = {"68": "30", "69": "36", "73": "43", "75": "57", "79": "69", "81": "87"}  # htp_arch -> a soc_model
+from ctxbuild.recipes.targets import lookup  # noqa: E402 - after the path insert
+
+# htp_arch -> the soc_model of one phone SoC with it (ctxbuild's SoC table has both)
+ARCHES = {str(s.htp_arch): str(s.soc_model)
+          for s in map(lookup, ("SM8350", "SM8450", "SM8550", "SM8650", "SM8750", "SM8850")) if s is not None}
 SCHEMES = [  # (activation QuantType, weight QuantType, per_channel)
     ("QUInt8", "QUInt8", False), ("QUInt8", "QInt8", True), ("QUInt8", "QUInt8", True),
     ("QUInt16", "QUInt8", False), ("QUInt16", "QUInt8", True), ("QUInt16", "QInt8", True),

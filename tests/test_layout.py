@@ -1,5 +1,6 @@
 """The package's layout holds: no import circles between ctxbuild's modules (imports inside functions
-count too: a lazy import is still a dependency), and no private name imported from another module."""
+count too: a lazy import is still a dependency), no private name imported from another module, the packages
+in layers, and no module over 600 lines."""
 from __future__ import annotations
 
 import ast
@@ -97,3 +98,16 @@ def test_packages_import_only_downwards() -> None:
                      if _package(a, modules) is None and a != "ctxbuild.__main__" and _package(b, modules))
     assert not upward, "imports against the layers (or sideways within one):\n" + "\n".join(upward)
     assert not base_up, "top-level modules are the base; they import no package:\n" + "\n".join(base_up)
+
+
+MAX_LINES = 600
+# Temporary, for the merge: engine/build.py and cli/main.py are being split on other branches (their sizes here
+# when this test came). Delete this allowance once those splits are merged.
+LINE_ALLOWANCE = {"ctxbuild/engine/build.py": 536, "ctxbuild/cli/main.py": 497}
+
+
+def test_no_module_over_600_lines() -> None:
+    """A module past 600 lines holds more than one job: split it along its seams, each piece named for its job."""
+    sizes = {str(p.relative_to(PACKAGE.parent)): len(p.read_text().splitlines()) for p in _modules().values()}
+    long = sorted(f"{name}: {n} lines" for name, n in sizes.items() if n > max(MAX_LINES, LINE_ALLOWANCE.get(name, 0)))
+    assert not long, f"modules over {MAX_LINES} lines:\n" + "\n".join(long)

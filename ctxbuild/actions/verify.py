@@ -132,8 +132,8 @@ DYNAMIC_ON_CPU = ("onnxruntime's per-run int8 quantization (DynamicQuantizeLinea
 
 def _hint(a: Action, ref_model: Path, samples: list[dict[str, np.ndarray]], reference: dict[str, np.ndarray],
           result: dict[str, Any]) -> str:
-    """Where the accuracy went (quantization or the HTP) and the likely fix: diagnose.py, CPU side only."""
-    from ctxbuild.verify.diagnose import failure_hint
+    """Where the accuracy went (quantization or the HTP) and the likely fix: verify/advice.py, CPU side only."""
+    from ctxbuild.verify.advice import failure_hint
 
     import onnx
 

@@ -158,11 +158,12 @@ def generator_inputs(plan: Plan) -> list[str]:
 
 
 def _planner_files() -> list[Path]:
-    """The planner's own code (plan/, recipes/, this module, the template): a new ctxbuild re-plans (meson does
-    the same on a version change)."""
+    """The planner's own code (plan/, recipes/, the SoC table targets resolve against, this module, the template):
+    a new ctxbuild re-plans (meson does the same on a version change)."""
     pkg = Path(__file__).resolve().parents[1]
     return [*sorted((pkg / "plan").glob("*.py")), *sorted((pkg / "recipes").glob("*.py")),
-            pkg / "recipes" / "recipe.schema.json", Path(__file__).resolve(), template_file("build.ninja.j2")]
+            pkg / "recipes" / "recipe.schema.json", pkg / "qnn" / "socs.py", Path(__file__).resolve(),
+            template_file("build.ninja.j2")]
 
 
 def _toolchain_files() -> list[Path]:

@@ -21,7 +21,7 @@ from ctxbuild.errors import UsageError
 from ctxbuild.layout import OUT_FILES, STATE
 
 if TYPE_CHECKING:
-    from ctxbuild.recipes.recipe import RecipeSet
+    from ctxbuild.recipes.objects import RecipeSet
 
 LOCK = "lock"
 WRITTEN = OUT_FILES  # besides the artifacts and OUT/.ctxbuild

@@ -13,6 +13,7 @@ from typing import Any
 from ctxbuild.errors import UsageError
 from ctxbuild.graph.protowire import wrapper_facts
 from ctxbuild.qnn import compat
+from ctxbuild.qnn.socs import Soc
 from ctxbuild.recipes import targets as soc_table
 from ctxbuild.toolchain.runtimes import Runtime, fmt, parse_version
 
@@ -43,22 +44,21 @@ def _info(fact: dict[str, Any], serves: list[dict[str, str]]) -> compat.CompatIn
     return compat.CompatInfo(0, _HTP, v, v, tuple(int(s["htp_arch"]) for s in serves), (), (), False)
 
 
-def _socs(info: compat.CompatInfo, serves: list[dict[str, str]], soc: soc_table.Soc | None
+def _socs(info: compat.CompatInfo, serves: list[dict[str, str]], soc: Soc | None
           ) -> list[tuple[str, int, int | None]]:
     """(name, htp_arch, vtcm_mb) of each device to judge on: the SoC asked for, else those the artifact serves."""
     if soc is not None:
         return [(soc.name, soc.htp_arch, soc.vtcm_mb)]
     out = []
     for s in serves:
-        known = soc_table.lookup(s.get("name", "")) or next(
-            (k for k in soc_table.SOCS if str(k.soc_model) == str(s.get("soc_model"))), None)
+        known = soc_table.lookup(s.get("name", "")) or soc_table.by_soc_model(str(s.get("soc_model")))
         out.append((s.get("name") or f"soc_model {s.get('soc_model')}", int(s["htp_arch"]),
                     known.vtcm_mb if known else None))
     return out
 
 
 def judge(fact: dict[str, Any], serves: list[dict[str, str]], runtime: Runtime,
-          soc: soc_table.Soc | None = None) -> list[dict[str, str]]:
+          soc: Soc | None = None) -> list[dict[str, str]]:
     """One verdict per SoC: {"soc", "verdict", "reason"}."""
     try:
         info = _info(fact, serves)

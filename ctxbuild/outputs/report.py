@@ -4,11 +4,11 @@ Written after every build, no-op builds included, so it stays cheap: plain json 
 no onnx. Everything comes from files the build already wrote: OUT/.ctxbuild/plan.json (the actions and their
 deps), the records (status, cause, seconds, source, verify results), the compile specs (precision),
 OUT/manifest.json (artifact sizes, toolchain) and OUT/.ctxbuild/last_build.json. A missing piece shows as "—".
+The action graph's drawing is report_graph.py, the HTML report_html.py.
 """
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 import time
@@ -21,14 +21,11 @@ from ctxbuild.atomic import write_if_changed
 from ctxbuild.layout import STATE, layers_path, record_path, spec_name
 from ctxbuild.outputs.search_table import search_of, with_costs
 from ctxbuild.outputs.gate import WILL_NOT_LOAD
-from ctxbuild.outputs.lineage import ancestors
-from ctxbuild.templating import environment
-from ctxbuild.units import fmt_size
+from ctxbuild.outputs.lineage import ancestors, topo_order
+from ctxbuild.outputs.report_graph import layout
+from ctxbuild.outputs.report_html import render_html
 
 REPORT_VERSION = 1
-
-# Graph drawing (left to right, one column per layer). Labels are monospace, so their width is predictable.
-_CHAR_W, _NODE_H, _V_GAP, _COL_GAP, _PAD, _MAX_LABEL = 6.7, 26, 10, 56, 12, 52
 
 
 def write_report(out: Path, *, build_id: str | None = None, returncode: int = 0,
@@ -98,7 +95,7 @@ def collect(out: Path, *, build_id: str | None = None, returncode: int = 0,
         "rows": rows,
         "gate": gate,
         "failures": failures,
-        "graph": _layout(actions, status, {i: _href((r or {}).get("log")) for i, r in records.items()}),
+        "graph": layout(actions, status, {i: _href((r or {}).get("log")) for i, r in records.items()}),
     }
 
 
@@ -343,7 +340,7 @@ def _action_status(rec: dict[str, Any] | None, this_build: bool) -> str:
 def _failed_ancestors(actions: list[dict[str, Any]], status: dict[str, str]) -> dict[str, str]:
     """Action id -> the id of a failed action upstream of it (actions are in topological order in plan.json)."""
     culprit: dict[str, str] = {}
-    for a in _topo(actions):
+    for a in topo_order(actions):
         for d in a["deps"]:
             if d in status and status[d] == "failed":
                 culprit[a["id"]] = d
@@ -354,104 +351,9 @@ def _failed_ancestors(actions: list[dict[str, Any]], status: dict[str, str]) -> 
     return culprit
 
 
-def _topo(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Kahn's algorithm, stable in plan order; a (never expected) cycle's members are appended at the end."""
-    by_id = {a["id"]: a for a in actions}
-    indeg = {a["id"]: sum(d in by_id for d in a["deps"]) for a in actions}
-    users: dict[str, list[str]] = {}
-    for a in actions:
-        for d in a["deps"]:
-            users.setdefault(d, []).append(a["id"])
-    order = [a["id"] for a in actions if indeg[a["id"]] == 0]
-    for n in order:  # grows while it is walked: a FIFO queue
-        for u in users.get(n, []):
-            indeg[u] -= 1
-            if indeg[u] == 0:
-                order.append(u)
-    done = set(order)
-    return [by_id[i] for i in order] + [a for a in actions if a["id"] not in done]
-
-
-def _layout(actions: list[dict[str, Any]], status: dict[str, str], hrefs: dict[str, str | None]) -> dict[str, Any]:
-    """Layered drawing: layer = longest path from a source; order within a layer by the predecessors' mean rank."""
-    order = _topo(actions)
-    layer: dict[str, int] = {}
-    for a in order:
-        layer[a["id"]] = 1 + max((layer[d] for d in a["deps"] if d in layer), default=-1)
-    columns: list[list[dict[str, Any]]] = [[] for _ in range(max(layer.values(), default=-1) + 1)]
-    for a in order:
-        columns[layer[a["id"]]].append(a)
-    preds: dict[str, list[str]] = {a["id"]: a["deps"] for a in order}
-    users: dict[str, list[str]] = {}
-    for a in order:
-        for d in a["deps"]:
-            users.setdefault(d, []).append(a["id"])
-    if columns:
-        columns[0].sort(key=lambda a: ((a.get("recipes") or [""])[0], a["id"]))
-    rank: dict[str, float] = {}  # vertical centre of a node, in rows, columns centred on each other
-    _rank(columns, range(len(columns)), rank)
-    for _ in range(2):  # barycenter sweeps (Sugiyama): down by predecessors, then up by successors
-        for sweep, near in ((range(1, len(columns)), preds), (range(len(columns) - 2, -1, -1), users)):
-            for i in sweep:
-                keyed = sorted((_bary(a, near.get(a["id"], []), rank), rank[a["id"]], a["id"]) for a in columns[i])
-                by = {a["id"]: a for a in columns[i]}
-                columns[i] = [by[k[2]] for k in keyed]
-                _rank(columns, [i], rank)
-    tallest = max((len(c) for c in columns), default=0)
-    height = _PAD * 2 + tallest * (_NODE_H + _V_GAP) - (_V_GAP if tallest else 0)
-    nodes, pos, x = [], {}, float(_PAD)
-    for col in columns:
-        labels = [_label(a) for a in col]
-        w = round(max((len(lb) for lb in labels), default=8) * _CHAR_W + 20, 1)
-        y0 = (height - (len(col) * (_NODE_H + _V_GAP) - _V_GAP)) / 2
-        for j, (a, lb) in enumerate(zip(col, labels)):
-            y = round(y0 + j * (_NODE_H + _V_GAP), 1)
-            pos[a["id"]] = (x, y, w)
-            st = status.get(a["id"], "not built")
-            nodes.append({"id": a["id"], "kind": a["kind"], "label": lb, "status": st, "css": _css(st),
-                          "layer": layer[a["id"]], "href": hrefs.get(a["id"]), "x": x, "y": y, "w": w,
-                          "tx": round(x + 10, 1), "ty": round(y + _NODE_H / 2 + 4, 1),
-                          "title": f"{a.get('description') or a['id']}: {st}"})
-        x = round(x + w + _COL_GAP, 1)
-    edges = []
-    for a in order:
-        for d in a["deps"]:
-            if d in pos:
-                x1, y1, w1 = pos[d]
-                x2, y2, _ = pos[a["id"]]
-                sx, sy, ex, ey = x1 + w1, y1 + _NODE_H / 2, x2, y2 + _NODE_H / 2
-                mx = (sx + ex) / 2
-                edges.append({"from": d, "to": a["id"], "failed": status.get(d) == "failed",
-                              "d": f"M{sx:.1f},{sy:.1f} C{mx:.1f},{sy:.1f} {mx:.1f},{ey:.1f} {ex:.1f},{ey:.1f}"})
-    width = round(x - _COL_GAP + _PAD, 1) if columns else 0
-    return {"width": width, "height": height, "node_h": _NODE_H, "nodes": nodes, "edges": edges}
-
-
-def _bary(a: dict[str, Any], neighbours: list[str], rank: dict[str, float]) -> float:
-    ps = [rank[n] for n in neighbours if n in rank]
-    return sum(ps) / len(ps) if ps else rank[a["id"]]
-
-
 def _natural(s: str) -> list[Any]:
     """"v2" before "v10"."""
     return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", s) if t]
-
-
-def _rank(columns: list[list[dict[str, Any]]], which: Any, rank: dict[str, float]) -> None:
-    for i in which:
-        mid = (len(columns[i]) - 1) / 2
-        for j, a in enumerate(columns[i]):
-            rank[a["id"]] = j - mid
-
-
-def _label(a: dict[str, Any]) -> str:
-    s = a.get("description") or a["id"]
-    return s if len(s) <= _MAX_LABEL else s[: _MAX_LABEL - 1] + "…"
-
-
-def _css(status: str) -> str:
-    return {"built": "built", "cache": "cache", "failed": "failed", "up to date": "uptodate",
-            "up to date (cache)": "uptodate", "not built": "notbuilt"}.get(status, "notbuilt")
 
 
 def _one_line(s: Any) -> str | None:
@@ -479,71 +381,3 @@ def _read(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-# ---- html -------------------------------------------------------------------------------------------------
-
-def render_html(report: dict[str, Any], out: Path | None = None) -> str:
-    import jinja2
-
-    cache = None
-    if out is not None:  # the compiled template, in the user cache: a fresh OUT skips the compile too
-        from ctxbuild.layout import memo_dir
-
-        class Memo(jinja2.FileSystemBytecodeCache):
-            """A full or read-only cache dir costs the compile, never the report (jinja re-raises)."""
-
-            def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
-                try:
-                    super().dump_bytecode(bucket)
-                except OSError:
-                    pass
-
-        try:
-            memo_dir("jinja").mkdir(parents=True, exist_ok=True)
-            cache = Memo(str(memo_dir("jinja")))
-        except OSError:  # a read-only cache dir: compile every time
-            pass
-    env = environment(autoescape=True, bytecode_cache=cache, auto_reload=True)
-    env.filters.update(size=fmt_size, secs=fmt_secs, pct=fmt_pct, num=fmt_num)
-    from ctxbuild.outputs import plots
-
-    rows = report["rows"]
-    drawn = {"accuracy": plots.accuracy(rows), "bins": plots.bin_sizes(rows),
-             "search": [plots.search(r["search"]) if r.get("search") else None for r in rows],
-             "layers": [{v["graph"]: plots.layer_loss(v["layers"]) for v in r["verify"] if v.get("layers")}
-                        for r in rows]}
-    return env.get_template("report.html.j2").render(r=report, b=report["build"],
-                                                    plots={k: _markup(v) for k, v in drawn.items()})
-
-
-def _markup(v: Any) -> Any:
-    """The plots are SVG built with escaped text: mark them safe for the autoescaping template."""
-    from markupsafe import Markup
-
-    if isinstance(v, list):
-        return [_markup(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _markup(x) for k, x in v.items()}
-    return None if v is None else Markup(v)
-
-
-def fmt_secs(s: float | None) -> str:
-    if s is None:
-        return "—"
-    if s < 60:
-        return f"{s:.2f} s" if s < 10 else f"{s:.1f} s"
-    m, sec = divmod(round(s), 60)
-    return f"{m} min {sec:02d} s" if m < 60 else f"{m // 60} h {m % 60:02d} min"
-
-
-def fmt_pct(f: float | None) -> str:
-    return "—" if f is None else f"{f * 100:.1f}%"
-
-
-def fmt_num(x: float | None, digits: int = 4) -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
-    return f"{x:.{digits}g}" if isinstance(x, float) else str(x)

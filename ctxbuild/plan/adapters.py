@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.plan.action import Action
-from ctxbuild.recipes.recipe import Recipe
+from ctxbuild.recipes.objects import Recipe
 from ctxbuild.recipes.adapters import Adapter, Adapters
 from ctxbuild.recipes.targets import Target
 

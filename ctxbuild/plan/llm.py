@@ -19,7 +19,7 @@ from ctxbuild.plan.adapters import adapter_actions, calibration_inputs
 from ctxbuild.digests import short_hash
 from ctxbuild.plan.action import Action
 from ctxbuild.plan.steps import common_params, model_files, provider_options
-from ctxbuild.recipes.recipe import Recipe
+from ctxbuild.recipes.objects import Recipe
 from ctxbuild.recipes.targets import Target
 
 

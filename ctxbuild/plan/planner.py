@@ -12,7 +12,7 @@ from ctxbuild.plan.action import Action
 from ctxbuild.layout import spec_name
 from ctxbuild.errors import PlanError
 from ctxbuild.plan.adapters import adapter_actions, section_actions
-from ctxbuild.recipes.recipe import Recipe, RecipeSet
+from ctxbuild.recipes.objects import Recipe, RecipeSet
 from ctxbuild.plan.steps import (QUANTIZED, Built, bundle_action, compile_action, multi_soc_target, prebuilt_action,
                                  prepare_action, quantize_action, verification_enabled, verification_note,
                                  verify_action)

@@ -20,7 +20,7 @@ from ctxbuild.plan.action import Action
 from ctxbuild.plan.steps import (Built, common_params, compile_action, model_files, prepare_action, quantize_action,
                                  thresholds, verify_action, verify_samples)
 from ctxbuild.recipes.quantization import problem
-from ctxbuild.recipes.recipe import Recipe
+from ctxbuild.recipes.objects import Recipe
 from ctxbuild.recipes.targets import Target
 
 # How far below the thresholds the CPU EP's QDQ run may be and the candidate still gets a simulator run.

@@ -9,7 +9,7 @@ from typing import Any
 from ctxbuild.digests import short_hash
 from ctxbuild.plan.action import Action
 from ctxbuild.recipes.quantization import describe
-from ctxbuild.recipes.recipe import Graph, Recipe
+from ctxbuild.recipes.objects import Graph, Recipe
 from ctxbuild.recipes.targets import Target
 from ctxbuild.plan.adapters import calibration_inputs
 from ctxbuild.recipes.paths import named_path

@@ -1,1 +1,2 @@
-"""QNN context binaries: libQnnSystem binding, inspection, wrapping, SoC read-back, staging, I/O variants."""
+"""QNN context binaries: the SoC table, libQnnSystem binding, inspection, wrapping, SoC read-back, staging, I/O
+variants."""

@@ -1,6 +1,6 @@
 """One graph through onnxruntime's ModelCompiler with the QNN EP, and QNN's failures turned into one line.
 
-Used by the compile action and by the per-layer diagnosis's debug variants (verify/diagnose.py)."""
+Used by the compile action and by the per-layer diagnosis's debug variants (verify/probe.py)."""
 from __future__ import annotations
 
 import re
@@ -37,7 +37,7 @@ class QnnCompileFailed(Exception):
 def compile_graph(model: Path, dst: Path, params: dict[str, Any], tmp: Path) -> None:
     """One graph through ModelCompiler. With `split_outputs` its final Concats are cut off before compiling and
     re-joined in the wrapper after (split_outputs.py); with `quantized_io` its boundary Q/DQ are removed and
-    their encodings recorded in the wrapper (quantized_io.py). Also builds diagnose.py's debug variants."""
+    their encodings recorded in the wrapper (quantized_io.py). Also builds verify/probe.py's debug variants."""
     def compile_(src: Path) -> None:
         toolchain.qnn_devices()  # registered here, before the fork: each child inherits it
         try:

@@ -1,1 +1,1 @@
-"""Recipes: YAML with line numbers, the JSON Schema, the SoC table and targets, quantization settings."""
+"""Recipes: YAML with line numbers, the JSON Schema, targets (the SoCs a recipe can target), quantization settings."""

@@ -1,0 +1,124 @@
+"""What a recipe may not ask for although the schema allows it, refused before anything is built: combinations
+the QNN EP refuses, a provider option contradicting the target, more VTCM than the SoC has, an embedded binary
+over protobuf's 2 GB, files that are not regular files, precision: auto where the simulator cannot decide."""
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+from typing import Any
+
+from ctxbuild.errors import RecipeError
+from ctxbuild.recipes import targets as soc_table
+from ctxbuild.recipes.objects import CompileOptions
+from ctxbuild.recipes.targets import Target
+from ctxbuild.recipes.yamlsrc import LineDict, line_of
+
+
+def check_auto(at: Any, bundle: bool, multi_soc: bool, verify: dict[str, Any]) -> None:
+    """precision: auto decides by simulator runs of single-graph, single-SoC binaries."""
+    for key, on in (("bundle", bundle), ("multi_soc", multi_soc)):
+        if on:
+            raise RecipeError(f"{at(key)}: precision: auto cannot be combined with {key} (the simulator cannot run "
+                              "its binary)", "choose a precision (or a quantization block) for it")
+    if verify.get("enabled") is False:
+        raise RecipeError(f"{at('verify')}: precision: auto chooses by verification on the simulator; it cannot "
+                          "be turned off", "remove `verify: false`, or choose a precision")
+
+
+def check_provider_options(f: Path, data: LineDict, copts: CompileOptions, targets: list[Target]) -> None:
+    """soc_model/htp_arch select the SoC: a provider option saying otherwise than the target would ship a
+    binary for another SoC under this target's name."""
+    for key, value in copts.provider_options:
+        if key not in ("soc_model", "htp_arch"):
+            continue
+        soc = soc_table.lookup(value) if key == "soc_model" else None  # QNN takes "SM8750" as well as "69"
+        given = str(soc.soc_model) if soc is not None else value
+        for t in targets:
+            if given not in getattr(t, key).split(","):
+                raise RecipeError(f"{f}:{line_of(data, ['compile', 'provider_options', key])}: compile.provider_options."
+                                  f"{key} '{value}' contradicts target {t.name} ({key} {getattr(t, key)})",
+                                  "choose the SoC with `targets`, and remove it from provider_options")
+
+
+def check_quantized_io(f: Path, data: LineDict, bundle: bool, precision: str, copts: CompileOptions) -> None:
+    where = f"{f}:{line_of(data, ['compile', 'quantized_io'])}"
+    if precision == "fp16":
+        raise RecipeError(f"{where}: compile.quantized_io needs a quantized model; precision fp16 has float I/O",
+                          "use precision int16, int8, qdq or auto, or remove compile.quantized_io")
+    if bundle:
+        raise RecipeError(f"{where}: compile.quantized_io is not supported for bundles",
+                          "build the graphs with float I/O")
+    if copts.split_outputs:
+        raise RecipeError(f"{where}: compile.quantized_io cannot be combined with compile.split_outputs",
+                          "remove one of them")
+
+
+def check_layout(f: Path, data: LineDict, bundle: bool, multi_soc: bool, copts: CompileOptions,
+                  targets: list[Target]) -> None:
+    """Combinations the QNN EP refuses, caught before anything is built."""
+    def at(key: str) -> str:
+        return f"{f}:{line_of(data, [key])}"
+
+    if bundle and copts.split_outputs:
+        raise RecipeError(f"{f}:{line_of(data, ['compile', 'split_outputs'])}: compile.split_outputs is not "
+                          "supported for bundles", "split the outputs in the graphs' models instead")
+    if bundle and copts.embed:
+        raise RecipeError(f"{at('bundle')}: a bundle cannot use compile.embed: its graphs share one .bin",
+                          "remove `embed: true`")
+    if multi_soc and bundle:
+        raise RecipeError(f"{at('multi_soc')}: multi_soc cannot be combined with a bundle (the QNN EP cannot "
+                          "share weights across a multi-SoC context)", "build the bundle per SoC instead")
+    if multi_soc and copts.embed:
+        raise RecipeError(f"{at('multi_soc')}: multi_soc cannot be combined with compile.embed",
+                          "remove `embed: true`")
+    if multi_soc and len(targets) < 2:
+        raise RecipeError(f"{at('multi_soc')}: multi_soc needs two or more targets", "list them in `targets`")
+
+
+# Bytes of context binary per byte of model (.onnx + external data), measured with onnxruntime-qnn 2.7.0:
+# fp16 halves float32 weights, int8/int16 quantize them to uint8, qdq models keep their 8-bit weights.
+BINARY_PER_MODEL_BYTE = {"fp16": 0.5, "int8": 0.25, "int16": 0.25, "qdq": 1.0}
+PROTOBUF_LIMIT = 2**31 - 1
+
+
+def check_embed_size(f: Path, data: LineDict, model: Path, precision: str) -> None:
+    """An embedded binary is a protobuf attribute: over 2 GB the compile would fail after minutes of work."""
+    from ctxbuild.graph.modelio import weight_bytes
+
+    size = weight_bytes(model)
+    binary = int(size * BINARY_PER_MODEL_BYTE.get(precision, 1.0))
+    if binary > PROTOBUF_LIMIT:
+        raise RecipeError(f"{f}:{line_of(data, ['compile', 'embed'])}: compile.embed: the context binary of "
+                          f"{model.name} ({size / 2**30:.1f} GiB with its external data) would be about "
+                          f"{binary / 2**30:.1f} GiB, over the 2 GB an ONNX file can embed",
+                          "set compile.embed: false (the binary is written beside the _ctx.onnx)")
+
+
+_NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def check_file(where: str, what: str, path: Path, wanted: str) -> None:
+    """`path` must be a non-empty regular file; else say what it is (a FIFO or /dev/zero is not "not found",
+    and an empty file would fail later with a confusing message). `wanted`: the hint, what to give."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise RecipeError(f"{where}: {what} not found (looked in {path})", f"give {wanted}") from None
+    except OSError as e:
+        raise RecipeError(f"{where}: {what} cannot be read: {e.strerror} ({path})", f"give {wanted}") from None
+    kind = next((name for test, name in _NOT_REGULAR if test(st.st_mode)), None)
+    if kind is not None:
+        raise RecipeError(f"{where}: {what} is {kind}, not a regular file ({path})", f"give {wanted}")
+    if st.st_size == 0:
+        raise RecipeError(f"{where}: {what} is empty (0 bytes) ({path})", f"give {wanted}")
+
+
+def check_vtcm(where: str, field: str, vtcm_mb: int | None, target: Target) -> None:
+    """No more VTCM than the target's SoC has (known for the SoCs of the table; another soc_model is taken
+    on trust). QNN accepted more and failed, or worse, on the device."""
+    soc = soc_table.by_soc_model(target.soc_model)
+    if vtcm_mb is not None and soc is not None and vtcm_mb > soc.vtcm_mb:
+        raise RecipeError(f"{where}: {field} {vtcm_mb} is more than the {soc.vtcm_mb} MB of VTCM of {soc.name} "
+                          f"(soc_model {soc.soc_model}, target '{target.name}')",
+                          f"use at most {soc.vtcm_mb}, or leave it out (the SoC's default)")

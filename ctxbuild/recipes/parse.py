@@ -1,0 +1,254 @@
+"""One recipe, read and checked against the schema (recipe.py), turned into a Recipe: its source (model, bundle,
+prebuilt binary or llm), graphs with their calibration and inputs, targets with groups expanded, compile options,
+verification, quantization, adapters, runtimes and toolchains."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ctxbuild.errors import RecipeError, UsageError
+from ctxbuild.graph.signature import quantize_nodes
+from ctxbuild.layout import OUT_FILES
+from ctxbuild.recipes import quantization as quant
+from ctxbuild.recipes import targets as soc_table
+from ctxbuild.recipes import toolchains
+from ctxbuild.recipes.adapters import parse_adapters, parse_sections
+from ctxbuild.recipes.checks import (
+    check_auto, check_embed_size, check_file, check_layout, check_provider_options, check_quantized_io, check_vtcm,
+)
+from ctxbuild.recipes.llm import parse_llm
+from ctxbuild.recipes.objects import PRECISIONS, Calibration, CompileOptions, Graph, Prebuilt, Recipe
+from ctxbuild.recipes.paths import named_path
+from ctxbuild.recipes.targets import Target
+from ctxbuild.recipes.yamlsrc import LineDict, line_of
+
+
+def parse_recipe(f: Path, data: LineDict, merged: dict[str, Any], groups: dict[str, list]) -> Recipe:
+    """The Recipe of file `f`: `data` is its own YAML (for line numbers and its own keys), `merged` the same over
+    its directory defaults; `groups` the target groups of those defaults."""
+
+    def at(*path: str | int) -> str:
+        return f"{f}:{line_of(data, list(path))}"
+
+    name = merged.get("name", f.stem)
+    if not soc_table.is_safe_name(name):
+        raise RecipeError(f"{at('name')}: recipe name '{name}' cannot be used as a directory name under OUT",
+                          "use letters, digits, . _ + - (no '/', no '..')")
+    sources = [k for k in ("model", "bundle", "prebuilt", "llm") if k in merged]
+    if len(sources) > 1:
+        raise RecipeError(f"{at(sources[1])}: a recipe has one of `model`, `bundle`, `prebuilt` or `llm`, not "
+                          f"{' and '.join(sources)}")
+    if not sources:
+        raise RecipeError(f"{at()}: `model` is required", "the ONNX file, relative to this recipe "
+                          "(or `bundle:` graphs, or a `prebuilt:` context binary)")
+    if "targets" not in merged:
+        raise RecipeError(f"{at()}: `targets` is required", "e.g. targets: [SM8650, SM8750]")
+    if "prebuilt" in merged:
+        return _prebuilt_recipe(f, data, name, merged, groups)
+    if "llm" in merged:
+        return _llm_recipe(f, data, name, merged, groups)
+    precision = merged.get("precision")
+    if precision is None:
+        raise RecipeError(f"{at()}: `precision` is required", f"one of {', '.join(PRECISIONS)}")
+    if "bundle" in merged:
+        # A graph's own calibration wins; the recipe's (or the directory default's) is its default.
+        graphs = [_graph(f, data, ["bundle", i], {"calibration": merged.get("calibration"), **g}, g["name"], precision)
+                  for i, g in enumerate(merged["bundle"])]
+        names = [g.name for g in graphs]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup:
+            raise RecipeError(f"{at('bundle')}: graph name '{dup}' appears twice in the bundle",
+                              "graph names must be unique within a bundle")
+    else:
+        graphs = [_graph(f, data, [], merged, name, precision)]
+
+    copts = merged.get("compile", {})
+    compile_opts = CompileOptions(
+        embed=copts.get("embed", False),
+        optimization_mode=copts.get("optimization_mode"),
+        vtcm_mb=copts.get("vtcm_mb"),
+        cpu_fallback=copts.get("cpu_fallback", False),
+        provider_options=tuple(sorted((str(k), _opt_str(v)) for k, v in copts.get("provider_options", {}).items())),
+        split_outputs=_split_outputs(copts.get("split_outputs", False)),
+        quantized_io=copts.get("quantized_io", False),
+    )
+    group_toolchains: dict[str, tuple[Any, str]] = {}
+    recipe_targets = _targets(f, data, merged["targets"], groups, group_toolchains)
+    for t in recipe_targets:
+        check_vtcm(at("compile", "vtcm_mb"), "compile.vtcm_mb", compile_opts.vtcm_mb, t)
+    check_provider_options(f, data, compile_opts, recipe_targets)
+    check_layout(f, data, "bundle" in merged, merged.get("multi_soc", False), compile_opts, recipe_targets)
+    if compile_opts.quantized_io:
+        check_quantized_io(f, data, "bundle" in merged, precision, compile_opts)
+    if compile_opts.embed:
+        check_embed_size(f, data, graphs[0].model, precision)
+    verify = merged.get("verify", {})
+    verify = {"enabled": verify} if isinstance(verify, bool) else dict(verify)
+    if verify.get("dir") and not (vdir := named_path(f.parent, verify["dir"])).is_dir():
+        raise RecipeError(f"{at('verify', 'dir')}: verify dir '{verify['dir']}' "
+                          f"{'is a file, not a directory' if vdir.exists() else 'not found'} (looked in {vdir})",
+                          "give a directory of .npz/.npy samples, relative to the recipe")
+    if precision == "auto":
+        check_auto(at, "bundle" in merged, merged.get("multi_soc", False), verify)
+    quantization = quant.from_recipe(precision, merged.get("quantization"), recipe_targets, at)
+    adapters = parse_adapters(f, data, merged["adapters"], precision) if "adapters" in merged else None
+    if adapters and merged.get("multi_soc"):
+        raise RecipeError(f"{at('adapters')}: adapters cannot be combined with multi_soc yet",
+                          "build the adapters' base per SoC")
+    if adapters and precision == "auto":
+        raise RecipeError(f"{at('adapters')}: adapters cannot be combined with precision: auto yet (the search "
+                          "verifies without adapters)", "choose a precision or a quantization block")
+    return Recipe(name=name, file=f, precision=precision, graphs=graphs, targets=recipe_targets,
+                  compile=compile_opts, is_bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False),
+                  verify=verify, quantization=quantization, adapters=adapters, runtimes=parse_runtimes(f, data, merged),
+                  **toolchains.parse(f, data, merged, group_toolchains, {
+                      "bundle": at("bundle") if "bundle" in merged else None,
+                      "multi_soc": at("multi_soc") if merged.get("multi_soc") else None}),
+                  rewrite=(merged.get("prepare") or {}).get("rewrite", True))
+
+
+def parse_runtimes(f: Path, data: LineDict, merged: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[dict[str, str]]:
+    """`runtimes:` checked for what no toolchain serves (the schema checked the shape). The file's own entries
+    (a recipe's, or with `prefix` a defaults file's); inherited ones were checked in their defaults file."""
+    from ctxbuild.toolchain.runtimes import runtime
+
+    node: Any = data
+    for key in prefix:
+        node = node.get(key, {})
+    for i, spec in enumerate(node.get("runtimes", [])):
+        try:
+            runtime(dict(spec), f"{f}:{line_of(data, [*prefix, 'runtimes', i])}: runtimes[{i}]")
+        except UsageError as e:
+            raise RecipeError(e.message, e.hint) from None
+    return [dict(s) for s in merged.get("runtimes", [])]
+
+
+def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], groups: dict[str, list]) -> Recipe:
+    spec = merged["prebuilt"]
+    where = f"{f}:{line_of(data, ['prebuilt', 'bin'])}"
+    binary = named_path(f.parent, spec["bin"])
+    check_file(where, f"prebuilt binary '{spec['bin']}'", binary, "a context binary; paths are relative to the "
+                                                                   "recipe file")
+    graphs = tuple(spec.get("graphs", [name]))
+    if len(set(graphs)) != len(graphs):
+        raise RecipeError(f"{where}: prebuilt.graphs names a graph twice", "graph names must be unique")
+    copts = merged.get("compile", {})
+    # Only the recipe's own keys: directory defaults written for compiled recipes apply to it harmlessly.
+    unused = sorted(set(data.get("compile", {})) - {"embed"}) + [
+        k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "verify", "adapters", "prepare")
+        if k in data]
+    if unused:
+        raise RecipeError(f"{f}:{line_of(data, ['prebuilt'])}: a prebuilt binary is not compiled; "
+                          f"{', '.join(unused)} has no effect", "remove it (only compile.embed applies)")
+    group_toolchains: dict[str, tuple[Any, str]] = {}
+    targets = _targets(f, data, merged["targets"], groups, group_toolchains)
+    return Recipe(name=name, file=f, precision="prebuilt", graphs=[], targets=targets,
+                  runtimes=parse_runtimes(f, data, merged), **toolchains.parse(f, data, merged, group_toolchains, {}),
+                  compile=CompileOptions(embed=copts.get("embed", False)), verify={"enabled": False},
+                  prebuilt=Prebuilt(binary, graphs, spec.get("quantized_io", False),
+                                    parse_sections(f, data, spec) if "adapters" in spec else None))
+
+
+def _llm_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], groups: dict[str, list]) -> Recipe:
+    other = [k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "adapters") if k in data]
+    if other:
+        raise RecipeError(f"{f}:{line_of(data, [other[0]])}: `{other[0]}` does not apply to an `llm:` recipe",
+                          "move it inside the llm: block (llm.adapters)" if other[0] == "adapters" else
+                          "set precision and prompts inside the llm: block (docs/llm.md)")
+    group_toolchains: dict[str, tuple[Any, str]] = {}
+    targets = _targets(f, data, merged["targets"], groups, group_toolchains)
+    # every part is a weight-shared bundle: the toolchains must build bundles (MIN_QNN_EP)
+    chosen = toolchains.parse(f, data, merged, group_toolchains, {"bundle": f"{f}:{line_of(data, ['llm'])}: llm"})
+    spec = parse_llm(f, data, merged["llm"], targets)
+    copts = merged.get("compile", {})
+    compile_opts = CompileOptions(optimization_mode=copts.get("optimization_mode"), vtcm_mb=copts.get("vtcm_mb"),
+                                  provider_options=tuple(sorted((str(k), _opt_str(v))
+                                                                for k, v in copts.get("provider_options", {}).items())))
+    verify = merged.get("verify", {})
+    verify = {"enabled": verify} if isinstance(verify, bool) else dict(verify)
+    return Recipe(name=name, file=f, precision=spec.precision, graphs=[], targets=targets, compile=compile_opts,
+                  verify=verify, llm=spec, adapters=spec.adapters, runtimes=parse_runtimes(f, data, merged), **chosen)
+
+
+def _split_outputs(v: bool | list[str]) -> bool | tuple[str, ...]:
+    return tuple(v) if isinstance(v, list) else bool(v)
+
+
+def _opt_str(v: Any) -> str:
+    return ("1" if v else "0") if isinstance(v, bool) else str(v)
+
+
+def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any], name: str, precision: str) -> Graph:
+    where = f"{f}:{line_of(data, path + ['model'])}"
+    model = named_path(f.parent, spec["model"])
+    check_file(where, f"model '{spec['model']}'", model, "an ONNX file; model paths are relative to the recipe file")
+    if precision != "qdq" and (quantized := quantize_nodes(model)):
+        raise RecipeError(f"{where}: {model.name} is already quantized (static QDQ: {len(quantized)} QuantizeLinear, "
+                          f"e.g. '{quantized[0]}'); precision {precision} would quantize it again",
+                          "use precision: qdq to build it as quantized, or give the float export for this precision")
+    cal = spec.get("calibration")
+    calibration = None
+    if precision in ("int16", "int8", "auto"):
+        if not cal or (not cal.get("dir") and not cal.get("random")):
+            raise RecipeError(f"{where}: precision {precision} needs calibration data",
+                              "set calibration.dir to a directory of .npz/.npy samples "
+                              "(or calibration.random: true, which makes accuracy meaningless)")
+        cdir = None
+        if cal.get("dir"):
+            cdir = named_path(f.parent, cal["dir"])
+            if not cdir.is_dir():
+                what = "is a file, not a directory" if cdir.exists() else "not found"
+                raise RecipeError(f"{f}:{line_of(data, path + ['calibration', 'dir'])}: calibration dir "
+                                  f"'{cal['dir']}' {what} (looked in {cdir})",
+                                  "give a directory of .npz/.npy samples, relative to the recipe")
+        calibration = Calibration(cdir, bool(cal.get("random")) and cdir is None, cal.get("samples", 8))
+    inputs = {k: tuple(v) for k, v in spec.get("inputs", {}).items()}
+    from ctxbuild.recipes import inputs as input_check
+
+    input_check.check(model, inputs, {k: f"{f}:{line_of(data, path + ['inputs', k])}" for k in inputs}, where)
+    return Graph(name=name, model=model, inputs=inputs, calibration=calibration)
+
+
+def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list],
+             chosen: dict[str, tuple[Any, str]] | None = None) -> list[Target]:
+    """The recipe's targets, groups expanded. `chosen` receives, per target name, the toolchain its target group
+    names ((spec, where); the innermost group's wins)."""
+    out: dict[str, Target] = {}
+
+    def add(spec: Any, where: str, stack: tuple[str, ...], tc: tuple[Any, str] | None = None) -> None:
+        if isinstance(spec, dict):
+            builtin = soc_table.lookup(spec["name"])
+            # The same SoC with other options (e.g. vtcm_mb) may keep its name; another SoC may not.
+            if builtin is not None and (str(spec["soc_model"]), str(spec["htp_arch"])) != (
+                    str(builtin.soc_model), str(builtin.htp_arch)):
+                raise RecipeError(f"{where}: custom target name '{spec['name']}' is taken by the built-in SoC "
+                                  f"{builtin.name} (soc_model {builtin.soc_model}, htp_arch {builtin.htp_arch}); "
+                                  f"its outputs would mix with {builtin.name}'s under OUT",
+                                  f"give it another name, or use '{builtin.name}' as is")
+            if spec["name"].lower() in OUT_FILES:
+                raise RecipeError(f"{where}: custom target name '{spec['name']}' is one of OUT's own files "
+                                  f"({', '.join(OUT_FILES)}): its outputs would replace it or fail",
+                                  "give the target another name")
+            t = Target(spec["name"], str(spec["soc_model"]), str(spec["htp_arch"]), spec.get("vtcm_mb"))
+            check_vtcm(where, "vtcm_mb", t.vtcm_mb, t)
+        elif spec in groups:
+            if spec in stack:
+                raise RecipeError(f"{where}: target group '{spec}' includes itself")
+            for member, gf, gline, group_tc in groups[spec]:
+                add(member, f"{gf}:{gline}", stack + (spec,), group_tc or tc)
+            return
+        else:
+            soc = soc_table.lookup(spec)
+            if soc is None:
+                raise RecipeError(f"{where}: unknown SoC or target group '{spec}'",
+                                  soc_table.suggest(spec, list(groups)))
+            t = soc_table.soc_target(soc)
+        if t.name in out and out[t.name] != t:
+            raise RecipeError(f"{where}: target name '{t.name}' is defined twice with different settings")
+        out[t.name] = t
+        if tc is not None and chosen is not None:
+            chosen[t.name] = tc
+
+    for i, spec in enumerate(specs):
+        add(spec, f"{f}:{line_of(data, ['targets', i])}", ())
+    return list(out.values())
