@@ -384,7 +384,7 @@ SEARCH_PROBE = """<script>
 def test_search_table_lines_up_in_chromium(built: dict[str, Any], tmp_path: Path) -> None:
     """Every candidate row's cells sit under their headers, rows with a note or a refusal included (a `.sub`
     cell once took `display: block` and pushed the timings under the wrong headers)."""
-    from ctxbuild.outputs.report import render_html
+    from ctxbuild.outputs.report_html import render_html
 
     chromium = _chromium()
     report = _read(built["out"] / "report.json")

@@ -157,7 +157,7 @@ def test_driver_and_generator_share_inputs(tree: Path, tmp_path: Path, ctxbuild)
     text = (out / "build.ninja").read_text()
     line = next(ln for ln in text.splitlines() if ln.startswith("build build.ninja:"))
     assert len(line.split("|", 1)[1].split()) == len(deps)
-    assert any(d.endswith("plan.py") for d in deps) and any(d.endswith("mlp_fp16.yaml") for d in deps)
+    assert any(d.endswith("planner.py") for d in deps) and any(d.endswith("mlp_fp16.yaml") for d in deps)
 
 
 # ---- verification samples edited in place re-run verification -------------------------------------------
