@@ -137,3 +137,55 @@ def test_ep_compatibility_api_agrees_with_the_rules() -> None:
                                         "EP_UNSUPPORTED", "EP_UNSUPPORTED"]
     for info, ep_says in answers.items():
         assert judge(parse(info), device)[0].value == ep_says, (info, ep_says)
+
+
+def test_the_gate_reads_what_it_judges(built: Path, ctxbuild) -> None:
+    """Every artifact is checked against the manifest's sha256, and bad OUTs, manifests and --runtime values are one
+    line and exit 2, not a traceback."""
+    qairt = f"qairt={_installed_qairt()}"
+    binary = built / "SM8650" / "tiny" / "tiny_ctx_qnn.bin"
+    data = binary.read_bytes()
+    binary.write_bytes(data + b"\0")  # appended: QNN might still read it, but it is not what was verified
+    r = ctxbuild("check", str(built), "--runtime", qairt)
+    assert r.code == 1 and "will not load" in r.out and "tiny_ctx_qnn.bin changed since the build" in r.out, r.text
+    binary.unlink()
+    r = ctxbuild("check", str(built), "--runtime", qairt)
+    assert r.code == 1 and "SM8650/tiny/tiny_ctx_qnn.bin is missing" in r.out, r.text
+    binary.write_bytes(data)
+    assert ctxbuild("check", str(built), "--runtime", qairt).code == 0
+
+    manifest = built / "manifest.json"
+    saved = manifest.read_text()
+    for bad, says in [("[]", "not a ctxbuild manifest"), ('{"artifacts": [{"path": 1}]}', "not a ctxbuild manifest"),
+                      ("{", "no readable manifest.json")]:
+        manifest.write_text(bad)
+        r = ctxbuild("check", str(built), "--runtime", qairt)
+        assert r.code == 2 and says in r.err and len(r.err.strip().splitlines()) == 1, r.text
+    manifest.write_text(saved)
+    for args, says in [([str(binary), "--runtime", qairt], "not an EPContext model or a build's output directory"),
+                       ([str(built), "--runtime", "qairt=2.47,qairt=2.51"], "qairt given twice in one runtime")]:
+        r = ctxbuild("check", *args)
+        assert r.code == 2 and says in r.err and len(r.err.strip().splitlines()) == 1, r.text
+
+
+def test_an_older_toolchains_binary_is_judged_by_its_header(tree: Path, ctxbuild, tmp_path: Path) -> None:
+    """onnxruntime-qnn 2.3.0 writes HTP v68 into an SM8750 wrapper's compatibility info while compiling for v79:
+    the gate reads the arch (and QAIRT) from the binary, as `inspect` does, and names the disagreement."""
+    keep_only(tree)
+    (tree / "tiny.yaml").write_text(RECIPE.replace("[SM8650]", "[SM8750]") + 'toolchain: {qairt: "2.47"}\n')
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    (wrapper,) = out.glob("SM8750/*/*_ctx.onnx")
+    rel = str(wrapper.relative_to(out))
+    r = ctxbuild("check", str(out), "--runtime", "qairt=2.51", "--json")
+    assert r.code == 0, r.text
+    (row,) = json.loads(r.out)
+    assert row["path"] == rel and row["verdict"] == "loads" and "(HTP v79)" in row["reason"], row
+    assert row["binary"]["targets"] == [[69, 79]] and row["binary"]["build_id"].startswith("v2.47.")
+    if not row["ep_compatibility_info"].split(":")[4:5] == ["79"]:  # the EP's string disagrees: said, not used
+        assert "the binary's header, used here: v79" in row["reason"], row["reason"]
+    r = ctxbuild("check", str(out), "--runtime", "qairt=2.51", "--soc", "SM8650")  # a v79 binary on a v75 SoC
+    assert r.code == 1 and "built for HTP v79, the SoC has v75" in r.out, r.text
+    r = ctxbuild("check", str(out), "--runtime", "qairt=2.47")
+    assert r.code == 0 and "loads" in r.out, r.text

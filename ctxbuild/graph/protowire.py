@@ -45,8 +45,9 @@ def _fields(buf: memoryview) -> Iterator[tuple[int, int | memoryview]]:
 
 
 def wrapper_facts(path: Path) -> dict[str, Any]:
-    """{"ir_version", "metadata": {key: value}, "ep_sdk_versions": [...]} of an EPContext model."""
-    facts: dict[str, Any] = {"ir_version": 0, "metadata": {}, "ep_sdk_versions": []}
+    """{"ir_version", "metadata": {key: value}, "ep_sdk_versions": [...], "binaries": [external .bin paths relative
+    to the wrapper, or "" for a context embedded in it]} of an EPContext model."""
+    facts: dict[str, Any] = {"ir_version": 0, "metadata": {}, "ep_sdk_versions": [], "binaries": []}
     for number, value in _fields(memoryview(path.read_bytes())):
         if number == 1 and isinstance(value, int):
             facts["ir_version"] = value
@@ -54,22 +55,24 @@ def wrapper_facts(path: Path) -> dict[str, Any]:
             entry = dict(_fields(value))
             facts["metadata"][_text(entry.get(1))] = _text(entry.get(2))
         elif number == 7 and isinstance(value, memoryview):
-            facts["ep_sdk_versions"] += _sdk_versions(value)
+            for attrs in _ep_context_nodes(value):
+                facts["ep_sdk_versions"] += [_text(a.get(4)) for a in attrs if a.get(1) == b"ep_sdk_version"]
+                embedded = any(a.get(1) == b"embed_mode" and a.get(3) == 1 for a in attrs)
+                facts["binaries"] += ["" if embedded else _text(a.get(4)) for a in attrs
+                                      if a.get(1) == b"ep_cache_context"]
+    facts["binaries"] = list(dict.fromkeys(facts["binaries"]))
     return facts
 
 
-def _sdk_versions(graph: memoryview) -> list[str]:
+def _ep_context_nodes(graph: memoryview) -> list[list[dict[int, Any]]]:
+    """Each EPContext node's attributes (AttributeProto fields by number: 1 name, 3 i, 4 s)."""
     found = []
     for number, node in _fields(graph):
         if number != 1 or not isinstance(node, memoryview):
             continue
         fields = list(_fields(node))
         if any(n == 4 and v == b"EPContext" for n, v in fields):
-            for n, attr in fields:
-                if n == 5 and isinstance(attr, memoryview):
-                    a = dict(_fields(attr))
-                    if a.get(1) == b"ep_sdk_version":
-                        found.append(_text(a.get(4)))
+            found.append([dict(_fields(attr)) for n, attr in fields if n == 5 and isinstance(attr, memoryview)])
     return found
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ctxbuild.errors import UsageError
+from ctxbuild.digests import sha256_file
+from ctxbuild.errors import InspectError, UsageError
 from ctxbuild.graph.protowire import wrapper_facts
 from ctxbuild.qnn import compat
+from ctxbuild.qnn.soccheck import binary_facts
 from ctxbuild.qnn.socs import Soc
 from ctxbuild.recipes import targets as soc_table
 from ctxbuild.toolchain.runtimes import Runtime, fmt, parse_version
@@ -25,23 +27,56 @@ _HTP = compat.BACKEND_HTP
 
 def facts(wrapper: Path) -> dict[str, Any]:
     """What the gate needs from a wrapper (and what the manifest records): the EP's compatibility info (None for
-    wrappers of binaries made elsewhere), the ONNX IR version and the QNN SDK build that compiled its binary."""
+    wrappers of binaries made elsewhere), the ONNX IR version, the QNN SDK build the wrapper names, and what its
+    context binary's own header says (`binary`: targets, build id, backend; or `binary_error`), read as `inspect`
+    reads it: the verdicts go by the binary, the wrapper's string is only a cross-check (onnxruntime-qnn 2.3.0-2.6.0
+    write another arch there than they compile for: v68, or 0)."""
     f = wrapper_facts(wrapper)
     sdk = sorted(set(f["ep_sdk_versions"]))
-    return {"ep_compatibility_info": f["metadata"].get(compat.METADATA_KEY), "ir_version": f["ir_version"],
-            "qnn_sdk": sdk[0] if len(sdk) == 1 else sdk or None}
+    found: dict[str, Any] = {"ep_compatibility_info": f["metadata"].get(compat.METADATA_KEY),
+                             "ir_version": f["ir_version"], "qnn_sdk": sdk[0] if len(sdk) == 1 else sdk or None}
+    try:
+        if len(f["binaries"]) != 1:
+            raise InspectError(f"the wrapper names {len(f['binaries'])} context binaries; ctxbuild writes one")
+        rel = f["binaries"][0]
+        found["binary"] = binary_facts(wrapper.parent / rel if rel else wrapper, embedded=not rel)
+    except (InspectError, OSError) as e:
+        found["binary_error"] = f"cannot read its context binary: {e}"
+    return found
 
 
 def _info(fact: dict[str, Any], serves: list[dict[str, str]]) -> compat.CompatInfo:
-    """The EP's compatibility info, or (a wrapper ctxbuild wrote around a binary made elsewhere) the same facts
-    from the binary's QNN SDK build id and the target: format 0, judged like V1 (arch and SDK only)."""
-    if fact["ep_compatibility_info"]:
-        return compat.parse(fact["ep_compatibility_info"])
+    """The binary's compatibility facts from its own header (the wrapper's string for the user-driver flag, which
+    the header does not carry), or, for a record without them, the EP's string; failing both, the facts of
+    a QNN SDK build id and the target: format 0, judged like V1 (arch and SDK only)."""
+    wrapper = compat.parse(fact["ep_compatibility_info"]) if fact.get("ep_compatibility_info") else None
+    if b := fact.get("binary"):
+        sdk, api = parse_version(b.get("build_id") or ""), parse_version(b.get("backend_api_version") or "")
+        if sdk is None or api is None or not b.get("targets"):
+            raise ValueError(f"the context binary's header names no SDK build or target ({b})")
+        archs = tuple(a for _, a in b["targets"])
+        return compat.CompatInfo(2, b.get("backend_id") or _HTP, (sdk + (0, 0))[:3], (api + (0, 0))[:3], archs,
+                                 tuple(s for s, _ in b["targets"]), tuple(b.get("vtcm_mb") or 0 for _ in archs),
+                                 wrapper.htp_usr_drv if wrapper else False)
+    if wrapper is not None:
+        return wrapper
     sdk = parse_version(fact["qnn_sdk"]) if isinstance(fact["qnn_sdk"], str) else None
     if sdk is None:
         raise ValueError(f"no compatibility info and no single QNN SDK version ({fact['qnn_sdk']})")
     v = (sdk + (0, 0))[:3]
     return compat.CompatInfo(0, _HTP, v, v, tuple(int(s["htp_arch"]) for s in serves), (), (), False)
+
+
+def _cross_check(fact: dict[str, Any], info: compat.CompatInfo) -> str:
+    """A note when the wrapper's compatibility string disagrees with the binary it names."""
+    if not fact.get("binary") or not fact.get("ep_compatibility_info"):
+        return ""
+    said = compat.parse(fact["ep_compatibility_info"])
+    if said.htp_archs == info.htp_archs and said.sdk_version[:2] == info.sdk_version[:2]:
+        return ""
+    return (f" (the wrapper's compatibility info says HTP {', '.join(f'v{a}' for a in said.htp_archs)}, QAIRT "
+            f"{fmt(said.sdk_version[:2])}; the binary's header, used here: "
+            f"{', '.join(f'v{a}' for a in info.htp_archs)}, QAIRT {fmt(info.sdk_version[:2])})")
 
 
 def _socs(info: compat.CompatInfo, serves: list[dict[str, str]], soc: Soc | None
@@ -60,6 +95,9 @@ def _socs(info: compat.CompatInfo, serves: list[dict[str, str]], soc: Soc | None
 def judge(fact: dict[str, Any], serves: list[dict[str, str]], runtime: Runtime,
           soc: Soc | None = None) -> list[dict[str, str]]:
     """One verdict per SoC: {"soc", "verdict", "reason"}."""
+    if problem := fact.get("changed") or fact.get("binary_error"):
+        names = [soc.name] if soc else [s.get("name", "?") for s in serves] or ["?"]
+        return [{"soc": n, "verdict": WILL_NOT_LOAD, "reason": problem} for n in names]
     try:
         info = _info(fact, serves)
     except ValueError as e:
@@ -69,6 +107,7 @@ def judge(fact: dict[str, Any], serves: list[dict[str, str]], runtime: Runtime,
                   for m, a in zip(info.soc_models, info.htp_archs)]
     if not serves and soc is None:
         raise UsageError("the wrapper does not say which SoC it was built for", "give --soc NAME")
+    note = _cross_check(fact, info)
     rows = []
     for name, arch, vtcm in _socs(info, serves, soc):
         if fact["ir_version"] > runtime.max_ir:
@@ -80,38 +119,72 @@ def judge(fact: dict[str, Any], serves: list[dict[str, str]], runtime: Runtime,
         device = compat.Device(sdk_version=(runtime.qairt + (0, 0))[:3], htp_arch=arch,
                                vtcm_mb=vtcm if vtcm is not None else own_vtcm)
         verdict, reason = compat.judge(info, device)
-        rows.append({"soc": name, "verdict": _VERDICT[verdict], "reason": reason})
+        rows.append({"soc": name, "verdict": _VERDICT[verdict], "reason": reason + note})
     return rows
 
 
 def check(path: Path, runtimes: list[Runtime], soc_name: str | None) -> list[dict[str, Any]]:
-    """Rows for `ctxbuild check`: every wrapper of OUT's manifest (or the one wrapper `path`) x runtime x SoC."""
-    import json
-
+    """Rows for `ctxbuild check`: every wrapper of OUT's manifest (or the one wrapper `path`) x runtime x SoC. In
+    OUT every artifact is first checked against the manifest's sha256: a file changed since the build (a deleted or
+    appended .bin) will not load as verified."""
     soc = None
     if soc_name is not None:
         soc = soc_table.lookup(soc_name)
         if soc is None:
             raise UsageError(f"--soc {soc_name}: unknown SoC", soc_table.suggest(soc_name))
     if path.is_dir():
-        try:
-            manifest = json.loads((path / "manifest.json").read_text())
-        except (OSError, ValueError):
-            raise UsageError(f"{path}: no readable manifest.json", "build into it first (`ctxbuild build -o OUT`), "
-                             "or give one _ctx.onnx file") from None
-        arts = [(path / a["path"], a) for a in manifest["artifacts"] if a["kind"] == "epcontext_model"]
-    elif path.is_file():
+        artifacts = _manifest_artifacts(path)
+        expected = {a["path"]: a.get("sha256") for a in artifacts}
+        arts = [(path / a["path"], a) for a in artifacts if a["kind"] == "epcontext_model"]
+    elif path.is_file() and path.suffix == ".onnx":
         arts = [(path, {"path": str(path), "recipe": "-", "target": {"name": "-"}, "serves": []})]
+        expected = {}
+    elif path.is_file():
+        raise UsageError(f"{path}: not an EPContext model or a build's output directory",
+                         "give OUT or a _ctx.onnx (`ctxbuild inspect` reads a .bin)")
     else:
         raise UsageError(f"{path}: no such file or directory", "give OUT (a build's output directory) or a _ctx.onnx")
     rows = []
     for wrapper, art in arts:
-        fact = facts(wrapper)
+        fact = facts(wrapper) if wrapper.is_file() else {"ir_version": 0, "changed": f"{art['path']} is missing"}
+        if changed := _changed(path, art["path"], fact, expected):
+            fact["changed"] = changed
         for rt in runtimes:
             for v in judge(fact, art.get("serves") or [], rt, soc):
-                rows.append({"path": art["path"], "recipe": art["recipe"], "target": art["target"]["name"],
-                             "runtime": rt.label, **v, **fact})
+                rows.append({"path": art["path"], "recipe": art.get("recipe", "-"),
+                             "target": (art.get("target") or {}).get("name", "-"), "runtime": rt.label, **v, **fact})
     return rows
+
+
+def _manifest_artifacts(out: Path) -> list[dict[str, Any]]:
+    import json
+
+    try:
+        manifest = json.loads((out / "manifest.json").read_text())
+    except (OSError, ValueError):
+        raise UsageError(f"{out}: no readable manifest.json", "build into it first (`ctxbuild build -o OUT`), "
+                         "or give one _ctx.onnx file") from None
+    arts = manifest.get("artifacts") if isinstance(manifest, dict) else None
+    if not isinstance(arts, list) or not all(isinstance(a, dict) and isinstance(a.get("path"), str)
+                                             and isinstance(a.get("kind"), str) for a in arts):
+        raise UsageError(f"{out / 'manifest.json'}: not a ctxbuild manifest (no list of artifacts with path and kind)",
+                         "rebuild OUT with `ctxbuild build`")
+    return arts
+
+
+def _changed(out: Path, rel: str, fact: dict[str, Any], expected: dict[str, str | None]) -> str | None:
+    """Why the wrapper `rel` or the binary it names differs from what the build made, or None (single files given
+    to `check` have no manifest to compare with)."""
+    if not expected:
+        return None
+    wrapper = out / rel
+    binaries = [str(Path(rel).parent / b) for b in wrapper_facts(wrapper)["binaries"] if b] if wrapper.is_file() else []
+    for f in [rel, *binaries]:
+        if not (out / f).is_file():
+            return f"{f} is missing"
+        if f in expected and expected[f] and sha256_file(out / f) != expected[f]:
+            return f"{f} changed since the build (its sha256 is not the manifest's): rebuild, or restore it"
+    return None
 
 
 def table(rows: list[dict[str, Any]]) -> str:

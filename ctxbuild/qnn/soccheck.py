@@ -6,7 +6,7 @@ under this target's name. libQnnSystem reads the bytes in a forked child (35-75 
 2-core machine; `inspect`'s fresh interpreter took ~0.4 s): a binary that crashes or hangs it fails this
 action with one line, nothing else. What it read is memoized in the user cache by the file's sha256 and
 the installed QNN: a restore of a binary this machine has read before costs a hash, not a read (restoring
-the examples: 16 reads and importing onnx, ~0.3 s of ~0.6 s).
+the examples: 16 reads and importing onnx, ~0.3 s of ~0.6 s). The deploy gate reads its facts the same way.
 """
 from __future__ import annotations
 
@@ -51,22 +51,41 @@ def check_outputs(action: Any, outputs: dict[str, Path], *, exact: bool = True) 
 def _targets(outputs: dict[str, Path]) -> set[tuple[str, str]]:
     """(soc_model, htp_arch) of every target the binary holds, from the memo or read in a child."""
     source = outputs["bin"] if "bin" in outputs else outputs[min(r for r in outputs if r.startswith("ctx"))]
-    with open(source, "rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
-    memo = memo_dir("soc") / f"{digest}-{_qnn_id()}.json"
+    facts = binary_facts(source, embedded="bin" not in outputs)
+    return {(str(s), str(a)) for s, a in facts["targets"]}
+
+
+def binary_facts(source: Path, *, embedded: bool) -> dict[str, Any]:
+    """What a context binary's own header says (as `inspect` reads it): {"targets": [[soc_model, htp_arch]],
+    "build_id", "backend_id", "backend_api_version", "vtcm_mb" (its graphs' largest, None if unsaid)}; `embedded`: `source` is a wrapper holding it. Memoized in the
+    user cache by the bytes' sha256 and the installed QNN. InspectError if libQnnSystem cannot read it."""
+    data = _binary_bytes(source, embedded=True) if embedded else None  # a .bin is hashed streaming: GBs for an LLM
+    if data is None:
+        with open(source, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+    else:
+        digest = hashlib.sha256(data).hexdigest()
+    memo = memo_dir("binary-facts") / f"{digest}-{_qnn_id()}.json"
     try:
-        return {(s, a) for s, a in json.loads(memo.read_bytes())}
-    except (OSError, ValueError, TypeError):
+        return json.loads(memo.read_bytes())
+    except (OSError, ValueError):
         pass
     with _FORK_LOCK:
-        info = _read_in_child(_binary_bytes(source, embedded="bin" not in outputs))
-    have = {(str(t["soc_model"]), str(t["htp_arch"])) for t in info.get("targets") or []
-            if t.get("soc_model") is not None and t.get("htp_arch") is not None}
+        info = _read_in_child(data if data is not None else source.read_bytes())
+    facts = {"targets": sorted([t["soc_model"], t["htp_arch"]] for t in info.get("targets") or []
+                               if t.get("soc_model") is not None and t.get("htp_arch") is not None),
+             "build_id": info.get("build_id"), "backend_id": info.get("backend_id"),
+             "backend_api_version": info.get("backend_api_version"), "vtcm_mb": _vtcm_mb(info)}
     try:
-        write_bytes(memo, json.dumps(sorted(have)).encode(), durable=False)
+        write_bytes(memo, json.dumps(facts).encode(), durable=False)
     except OSError:  # a read-only cache dir: read every time
         pass
-    return have
+    return facts
+
+
+def _vtcm_mb(info: dict[str, Any]) -> int | None:
+    sizes = [(g.get("graph_blob") or {}).get("vtcm_bytes") for g in info.get("graphs") or []]
+    return max((s for s in sizes if s), default=0) >> 20 or None
 
 
 @lru_cache(maxsize=1)

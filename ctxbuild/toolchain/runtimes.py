@@ -109,4 +109,9 @@ def parse_cli(text: str) -> Runtime:
     pairs = [p.partition("=") for p in text.split(",") if p.strip()]
     if not pairs or any(not sep or not v.strip() for _, sep, v in pairs):
         raise UsageError(f"--runtime {text!r}: expected KEY=VERSION[,KEY=VERSION]", "e.g. --runtime qairt=2.47")
+    keys = [k.strip() for k, _, _ in pairs]
+    if twice := sorted({k for k in keys if keys.count(k) > 1}):
+        raise UsageError(f"--runtime {text!r}: {', '.join(twice)} given twice in one runtime",
+                         "one runtime per --runtime; repeat the option for several: --runtime qairt=2.47 "
+                         "--runtime qairt=2.51")
     return runtime({k.strip(): v.strip() for k, _, v in pairs}, f"--runtime {text}")
