@@ -108,7 +108,7 @@ def test_protowire_reads_what_onnx_reads(tmp_path: Path) -> None:
     assert wrapper_facts(tmp_path / "w.onnx") == {
         "ir_version": 4, "metadata": {"ep_compatibility_info.QNNExecutionProvider": V2_271, "k": "välue"},
         "ep_sdk_versions": ["v2.51.0.26"], "binaries": [""]}  # embedded
-    node.attribute[1].s, node.attribute[0].i = b"w_qnn.bin", 0  # ep_cache_context, embed_mode
+    m.graph.node[0].attribute[1].s, m.graph.node[0].attribute[0].i = b"w_qnn.bin", 0  # ep_cache_context, embed_mode
     onnx.save(m, tmp_path / "external.onnx")
     assert wrapper_facts(tmp_path / "external.onnx")["binaries"] == ["w_qnn.bin"]
     (tmp_path / "cut.onnx").write_bytes((tmp_path / "w.onnx").read_bytes()[:-7])
