@@ -574,7 +574,7 @@ def test_ctrl_c_inside_a_weakref_callback_is_quiet_and_still_an_interrupt() -> N
     code = (
         "import os, signal, weakref\n"
         "from ctxbuild.cli.main import catch_ctrl_c\n"
-        "from ctxbuild.engine.procs import interrupted\n"
+        "from ctxbuild.procs import interrupted\n"
         "catch_ctrl_c()\n"
         "class T: pass\n"
         "t = T()\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 from ctxbuild.errors import CtxbuildError, UsageError, machine_limit
-from ctxbuild.engine.procs import interrupted, note_interrupt
+from ctxbuild.procs import interrupted, note_interrupt
 
 if TYPE_CHECKING:
     from ctxbuild.engine.console import Console

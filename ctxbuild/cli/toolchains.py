@@ -20,7 +20,7 @@ def main(args: Namespace) -> int:
             print(f"the installed toolchain (onnxruntime-qnn {version('onnxruntime-qnn')}) serves {args.spec}: "
                   "nothing to provision")
             return 0
-        info = provision.ensure(tc, say=lambda line: print(line, file=sys.stderr))
+        info = provision.ensure(tc, say=lambda line: print(line, file=sys.stderr), revalidate=True)
         print(f"{tc.name}: onnxruntime-qnn {info['onnxruntime-qnn']} (QAIRT {info['qairt']}), onnxruntime "
               f"{info['onnxruntime']} in {provision.root() / tc.name}")
         return 0
@@ -36,6 +36,7 @@ def main(args: Namespace) -> int:
         row = have.get(choose.Toolchain(plugin).name)
         state = ("installed (ctxbuild's own environment)" if plugin == version("onnxruntime-qnn") else
                  "not provisioned" if row is None else "unfinished (made again on next use)" if row.get("unfinished")
-                 else f"provisioned, {row['bytes'] / 2**20:.0f} MiB, {row['path']}")
+                 else f"damaged: {row['damaged']} (`ctxbuild toolchain provision {plugin}` repairs it)"
+                 if row.get("damaged") else f"provisioned, {row['bytes'] / 2**20:.0f} MiB, {row['path']}")
         print(f"{plugin:<16} {qairt:<9} {state}")
     return 0

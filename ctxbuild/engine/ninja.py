@@ -18,7 +18,7 @@ from ctxbuild.layout import STATE, depfile_path, log_path, rel
 from ctxbuild.engine.links import linked_inputs
 from ctxbuild.engine.console import Console
 from ctxbuild.engine.ninjaquote import ninja_command, ninja_path, ninja_value
-from ctxbuild.engine.procs import check_interrupt, die_with_parent, run_interruptible
+from ctxbuild.procs import check_interrupt, die_with_parent, run_interruptible
 from ctxbuild.templating import environment, template_file
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ from ctxbuild import machine
 from ctxbuild.plan import memory
 from ctxbuild.engine.client import worker_env
 from ctxbuild.engine.farm.wire import recv_exactly
-from ctxbuild.engine.procs import die_with_parent
+from ctxbuild.procs import die_with_parent
 
 
 # --- the driver side -------------------------------------------------------------------------------

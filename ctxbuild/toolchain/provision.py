@@ -21,7 +21,8 @@ from typing import Any, Callable
 
 from ctxbuild.atomic import write_bytes
 from ctxbuild.errors import UsageError
-from ctxbuild.toolchain.choose import Toolchain
+from ctxbuild.procs import die_with_parent
+from ctxbuild.toolchain.choose import Toolchain, by_name
 
 MARKER = "toolchain.json"
 WHEELHOUSE_ENV = "CTXBUILD_WHEELHOUSE"
@@ -50,12 +51,32 @@ def site(tc: Toolchain) -> Path:
 
 
 def provisioned(tc: Toolchain) -> dict[str, Any] | None:
-    """What the finished toolchain recorded (versions, QAIRT), or None if it is missing or unfinished."""
+    """What the finished toolchain recorded (versions, QAIRT), or None if it is missing, unfinished or damaged."""
+    info = _marker(tc)
+    return info if info is not None and info.get("pins") == tc.pins and not damage(tc, info) else None
+
+
+def damage(tc: Toolchain, info: dict[str, Any]) -> str | None:
+    """What is wrong with a finished toolchain's files (a stat per file against what provisioning recorded: a
+    deleted or truncated library), or None."""
+    files = info.get("files")
+    if not isinstance(files, dict):
+        return "it records no file list (made by an older ctxbuild)"
+    home = site(tc)
+    for rel, size in files.items():
+        try:
+            if (home / rel).stat().st_size != size:
+                return f"{rel} has changed size"
+        except OSError:
+            return f"{rel} is missing"
+    return None
+
+
+def _marker(tc: Toolchain) -> dict[str, Any] | None:
     try:
-        info = json.loads((root() / tc.name / MARKER).read_text())
+        return json.loads((root() / tc.name / MARKER).read_text())
     except (OSError, ValueError):
         return None
-    return info if info.get("pins") == tc.pins else None
 
 
 def env_for(tc: Toolchain | None, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -72,12 +93,23 @@ def active(tc: Toolchain) -> bool:
     return str(site(tc)) in sys.path
 
 
-def ensure(tc: Toolchain, say: Callable[[str], None]) -> dict[str, Any]:
-    """Provision `tc` unless it is there; one process at a time (a lock per toolchain). UsageError when pip
-    cannot get the wheels (offline without a wheelhouse), with what to do."""
+def ensure(tc: Toolchain, say: Callable[[str], None], *, revalidate: bool = False) -> dict[str, Any]:
+    """Provision `tc` unless it is there (and intact); one process at a time (a lock per toolchain). `revalidate`
+    (`ctxbuild toolchain provision`): also import it in a child and provision it again if that fails. UsageError
+    when pip cannot get the wheels (offline without a wheelhouse), with what to do."""
     if (info := provisioned(tc)) is not None:
-        return info
+        if not revalidate:
+            return info
+        try:
+            check(tc)
+            return info
+        except UsageError as e:
+            say(f"ctxbuild: toolchain {tc.label} in {root() / tc.name} fails its check ({e.message}): provisioning "
+                "it again")
+            (root() / tc.name / MARKER).unlink(missing_ok=True)
     root().mkdir(parents=True, exist_ok=True)
+    if (marker := _marker(tc)) and (why := damage(tc, marker)):
+        say(f"ctxbuild: toolchain {tc.label} in {root() / tc.name} is damaged ({why}): provisioning it again")
     with open(root() / f".{tc.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (info := provisioned(tc)) is not None:  # another build made it while we waited
@@ -94,7 +126,8 @@ def _provision(tc: Toolchain) -> dict[str, Any]:
            "--target", str(tmp), *tc.pins]
     if wheelhouse := os.environ.get(WHEELHOUSE_ENV):
         cmd += ["--no-index", "--find-links", wheelhouse]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    # pip dies with this process (a kill -9 of the build included): no orphan keeps writing into the directory
+    p = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=die_with_parent)
     if p.returncode != 0:
         tail = " ".join((p.stderr.strip().splitlines() or ["no output"])[-2:])[:400]
         raise UsageError(f"cannot provision toolchain {tc.label}: pip failed: {tail}",
@@ -102,7 +135,9 @@ def _provision(tc: Toolchain) -> dict[str, Any]:
                          f"{' and '.join(tc.pins)} wheels, or run `ctxbuild toolchain provision {tc.plugin}` where "
                          "PyPI is reachable and copy the toolchains directory")
     info = check(tc)
-    write_bytes(home / MARKER, json.dumps({**info, "pins": tc.pins}, indent=1, sort_keys=True).encode())
+    files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+    write_bytes(home / MARKER, json.dumps({**info, "pins": tc.pins, "files": files}, indent=1,
+                                          sort_keys=True).encode())
     return provisioned(tc) or {}
 
 
@@ -125,13 +160,17 @@ def check(tc: Toolchain) -> dict[str, Any]:
 
 
 def listing() -> list[dict[str, Any]]:
-    """The provisioned toolchains: name, versions, size on disk."""
+    """The provisioned toolchains: name, versions, size on disk; `unfinished` or `damaged` (why) if so."""
     rows = []
     for home in sorted(root().glob("onnxruntime-qnn-*")):
         try:
             info = json.loads((home / MARKER).read_text())
         except (OSError, ValueError):
             info = {"unfinished": True}
+        else:
+            if why := damage(by_name(home.name), info):
+                info["damaged"] = why
+            info.pop("files", None)
         size = sum(f.stat().st_size for f in home.rglob("*") if f.is_file() and not f.is_symlink())
         rows.append({"name": home.name, "path": str(home), "bytes": size, **info})
     return rows
