@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ctxbuild.errors import ActionError
 from ctxbuild.graph.modelio import load
 from ctxbuild.actions import verify
 from ctxbuild.graph.samples import for_verification, input_spec
@@ -33,9 +34,15 @@ def run(ctx: Any) -> None:
     memo = OutputsMemo(ctx.cache, ctx.tmp)
     reference, _ = float_reference(ctx, samples, memo)  # the candidates' verifies share the memo entry
     start = time.monotonic()
-    got = cpu_outputs(Path(a.inputs["model"]), samples)
+    try:
+        result = {"samples": len(samples), "outputs": compare(reference, cpu_outputs(Path(a.inputs["model"]), samples))}
+    except (ActionError, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - onnxruntime's exceptions are untyped: the candidate drops out, said why
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        print(f"candidate {a.id} dropped out: onnxruntime's CPU EP cannot run its QDQ model: {why}")
+        result = {"samples": len(samples), "outputs": {}, "error": f"onnxruntime's CPU EP cannot run it: {why}"}
     ctx.facts.update(qdq_cpu_seconds=round(time.monotonic() - start, 3), memo_hits=memo.hits, memo_keys=memo.keys)
-    result = {"samples": len(samples), "outputs": compare(reference, got)}
     ctx.tmp_output("result").write_text(json.dumps(result, indent=2, sort_keys=True))
 
 

@@ -22,7 +22,10 @@ STRUCTURAL_OPS = frozenset({"If", "Loop", "Scan", "NonZero", "Unique", "RandomNo
 
 def cpu_rejection(screen: dict[str, Any], thr: dict[str, float], margin_db: float) -> str | None:
     """Why the CPU screen rejects a candidate, or None. The cosine bar moves with the same margin: for small
-    errors 1 - cosine scales as the error power, i.e. as 10^(-SNR/10)."""
+    errors 1 - cosine scales as the error power, i.e. as 10^(-SNR/10). A candidate onnxruntime cannot run is
+    rejected with onnxruntime's reason."""
+    if error := screen.get("error"):
+        return f"rejected on CPU ({error})"
     worst = None
     for name, m in screen["outputs"].items():
         snr_bar = thr["min_snr_db"] - margin_db
