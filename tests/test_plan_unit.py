@@ -123,3 +123,17 @@ def test_build_ninja_matches_the_golden_file(tmp_path: Path, monkeypatch: pytest
     if os.environ.get("CTXBUILD_UPDATE_GOLDEN") == "1":
         GOLDEN.write_text(got)
     assert got == GOLDEN.read_text(), "build.ninja changed; if intended, regenerate (see this file's docstring)"
+
+
+def test_fp16_verifies_on_the_calibration_samples(tmp_path: Path) -> None:
+    """calibration.dir at fp16 (nothing to calibrate) is still the user's inputs: with no verify.dir the graph is
+    verified on them, not on random data (which passed what the user's samples failed)."""
+    from tests.conftest import keep_only
+
+    tree = fake_tree(tmp_path / "recipes")
+    keep_only(tree, "mlp_fp16.yaml")
+    (tree / "mlp_fp16.yaml").write_text("model: models/mlp.onnx\nprecision: fp16\ncalibration: {dir: models/calib/mlp}\n")
+    verifies = [a for a in make_plan(recipe.load([tree]), tmp_path / "out").actions if a.kind == "verify"]
+    assert verifies and all(a.params["sample_source"] == "calibration" for a in verifies)
+    assert all(a.watch == [str(tree / "models" / "calib" / "mlp")] for a in verifies)
+    assert not [a for a in make_plan(recipe.load([tree]), tmp_path / "out").actions if a.kind == "quantize"]

@@ -42,7 +42,7 @@ def accuracy(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             seen.add(v.get("id"))
             outs = v.get("outputs") or []
             result.append({"recipe": row.get("recipe"), "graph": v.get("graph"), "adapter": v.get("adapter"),
-                           "context_lengths": v.get("context_lengths"),
+                           "context_lengths": v.get("context_lengths"), "sample_source": v.get("sample_source"),
                            "target": (row.get("target") or {}).get("name"), "status": v.get("status"),
                            "passed": v.get("passed"),
                            "cosine": min((o["cosine"] for o in outs), default=None),
@@ -94,6 +94,8 @@ def rewrites(records: list[dict[str, Any]]) -> list[str]:
 
 
 def _verdict(r: dict[str, Any]) -> str:
+    if r["passed"] and r.get("sample_source") == "random":
+        return "unverified: random inputs (give verify.dir or calibration.dir)"
     if r["passed"]:
         return "ok"
     t = r.get("thresholds") or {}

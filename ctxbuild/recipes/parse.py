@@ -188,11 +188,13 @@ def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any],
                           "use precision: qdq to build it as quantized, or give the float export for this precision")
     cal = spec.get("calibration")
     calibration = None
-    if precision in ("int16", "int8", "auto"):
-        if not cal or (not cal.get("dir") and not cal.get("random")):
-            raise RecipeError(f"{where}: precision {precision} needs calibration data",
-                              "set calibration.dir to a directory of .npz/.npy samples "
-                              "(or calibration.random: true, which makes accuracy meaningless)")
+    if precision in ("int16", "int8", "auto") and (not cal or (not cal.get("dir") and not cal.get("random"))):
+        raise RecipeError(f"{where}: precision {precision} needs calibration data",
+                          "set calibration.dir to a directory of .npz/.npy samples "
+                          "(or calibration.random: true, which makes accuracy meaningless)")
+    # At fp16 and qdq nothing is calibrated, but the samples are the user's inputs: verification runs on them
+    # when the recipe gives no verify.dir (it ran on random data, and passed what the user's samples fail).
+    if cal and (precision in ("int16", "int8", "auto") or cal.get("dir")):
         cdir = None
         if cal.get("dir"):
             cdir = named_path(f.parent, cal["dir"])
