@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import SplitResult, unquote, urlsplit
 
+from ctxbuild import settings
 from ctxbuild.atomic import write_bytes
 from ctxbuild.errors import CacheError, CorruptEntry, RemoteUnavailable, UsageError
 from ctxbuild.cache import reapi
@@ -34,13 +35,8 @@ from ctxbuild.cache.files import CHUNK, temp_path
 from ctxbuild.cache.record import ActionRecord, check_digest, check_key
 
 BREAKER_SECONDS = 120.0
-MIN_RATE = 256 << 10  # bytes/s: below this, beyond the grace of one `timeout`, a transfer is abandoned
 BREAKER_HINT = "not trying it again for a while; the build goes on without it"
 RECORD_LIMIT = 16 << 20  # records are small; a bigger answer is a broken or hostile server
-# The most one blob download may bring, whatever its record says (cache.max_download, --remote-max-download,
-# $CTXBUILD_REMOTE_MAX_DOWNLOAD). Twice the 16 GiB of the biggest single-SoC context binaries Qualcomm ships
-# for LLMs; a record declaring more is a broken or hostile server, or a farm that needs the limit raised.
-MAX_DOWNLOAD = 32 << 30
 MAX_DOWNLOAD_SETTING = "cache.max_download in _defaults.yaml or --remote-max-download"
 _STATUS_REASONS = {401: " (missing or wrong token)", 403: " (access denied)"}
 
@@ -57,9 +53,9 @@ class RemoteStore:
     root) holds the breaker's marker file shared with the build's other processes. No download brings more
     than the size its record declares, nor more than `max_download` bytes."""
 
-    def __init__(self, url: str, *, token: str | None = None, read_only: bool = False, timeout: float = 10.0,
-                 state_dir: Path | None = None, min_rate: float = MIN_RATE,
-                 max_download: int = MAX_DOWNLOAD) -> None:
+    def __init__(self, url: str, *, token: str | None = None, read_only: bool = False, timeout: float = settings.REMOTE_TIMEOUT.default,
+                 state_dir: Path | None = None, min_rate: float = settings.REMOTE_MIN_RATE.default,
+                 max_download: int = settings.REMOTE_MAX_DOWNLOAD.default) -> None:
         try:  # urlsplit itself refuses some (an unclosed "[::1"), .port others (a port out of range)
             parts = urlsplit(url)
             self.url, port = _shown(parts), parts.port

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctxbuild import machine
+from ctxbuild import machine, settings
 from ctxbuild.plan import actionkey
 from ctxbuild.engine import edited, links, ninja, outdir
 from ctxbuild.engine.console import Console
@@ -183,12 +183,12 @@ def _build(opts: BuildOptions) -> int:
     started = time.monotonic()
     opts.dry_run = opts.dry_run or make_dry_run(os.environ.get("MAKEFLAGS", ""))
     os.environ.update(opts.cache_env)  # the driver's own cache lookups (toolchain memo) follow the flags too
-    os.environ[machine.BUDGET_ENV] = str(opts.memory_budget or machine.default_budget())  # for the worker
+    os.environ[settings.MEMORY_BUDGET.name] = str(opts.memory_budget or machine.default_budget())  # for the worker
     build_id = os.urandom(16).hex()
-    env = {"CTXBUILD_BUILD_ID": build_id, **opts.cache_env}
+    env = {settings.BUILD_ID.name: build_id, **opts.cache_env}
     with ExitStack() as stack:
         # Known before planning where possible: with an executor, the compile pool follows the cluster.
-        address = _executor(opts, None if opts.executor or os.environ.get("CTXBUILD_EXECUTOR")
+        address = _executor(opts, None if opts.executor or settings.EXECUTOR.get()
                             else ninja.read_state(opts.out, "plan.json"))
         state = ensure_planned(opts)
         if address is None and (address := _executor(opts, state)) is not None:  # first build with `executor:`
@@ -304,7 +304,7 @@ def _conclude(opts: BuildOptions, rc: int, *, noop: bool) -> int:
 def _executor(opts: BuildOptions, state: dict[str, Any] | None) -> str | None:
     """The executor address (--executor, else $CTXBUILD_EXECUTOR, else `executor:` in the plan's defaults;
     "local", the default: None); sets the compile pool. The farm's modules load only when there is one."""
-    address = opts.executor or os.environ.get("CTXBUILD_EXECUTOR") or (state or {}).get("cache", {}).get("executor")
+    address = opts.executor or settings.EXECUTOR.get() or (state or {}).get("cache", {}).get("executor")
     address = None if address in (None, "", "local") else address
     if address is not None:
         from ctxbuild.engine.farm.gateway import check_address
@@ -321,7 +321,7 @@ def _start_farm(opts: BuildOptions, address: str, stack: ExitStack, env: dict[st
     from ctxbuild.engine.farm import gateway
 
     store = gateway.check_data_plane({**os.environ, **env})
-    fallback = opts.executor_fallback or os.environ.get("CTXBUILD_EXECUTOR_FALLBACK")
+    fallback = opts.executor_fallback or settings.EXECUTOR_FALLBACK.get()
     farm = stack.enter_context(gateway.running(address, store=store, build_id=build_id, fallback=fallback))
     if farm is None:  # unreachable, and the user asked to build locally: the local compile pool again
         if opts.compile_jobs == FARM_COMPILE_JOBS:
@@ -362,27 +362,27 @@ def _cache_settings(defaults: dict[str, Any], env: dict[str, str]) -> dict[str, 
     """`cache:` in _defaults.yaml, unless a flag or the environment already says otherwise."""
     given = {**os.environ, **env}
     out: dict[str, str] = {}
-    if "remote" in defaults and "CTXBUILD_REMOTE_CACHE" not in given:
-        out["CTXBUILD_REMOTE_CACHE"] = defaults["remote"]
-    if defaults.get("remote_read_only") and "CTXBUILD_REMOTE_READ_ONLY" not in given:
-        out["CTXBUILD_REMOTE_READ_ONLY"] = "1"
-    if "token_env" in defaults and "CTXBUILD_REMOTE_TOKEN_ENV" not in given:
-        out["CTXBUILD_REMOTE_TOKEN_ENV"] = defaults["token_env"]
-    if "max_download" in defaults and "CTXBUILD_REMOTE_MAX_DOWNLOAD" not in given:
+    if "remote" in defaults and settings.REMOTE_CACHE.name not in given:
+        out[settings.REMOTE_CACHE.name] = defaults["remote"]
+    if defaults.get("remote_read_only") and settings.REMOTE_READ_ONLY.name not in given:
+        out[settings.REMOTE_READ_ONLY.name] = "1"
+    if "token_env" in defaults and settings.REMOTE_TOKEN_ENV.name not in given:
+        out[settings.REMOTE_TOKEN_ENV.name] = defaults["token_env"]
+    if "max_download" in defaults and settings.REMOTE_MAX_DOWNLOAD.name not in given:
         from ctxbuild.units import parse_size  # the schema checked its form, with the file's line
 
-        out["CTXBUILD_REMOTE_MAX_DOWNLOAD"] = str(parse_size(str(defaults["max_download"]), "cache.max_download"))
+        out[settings.REMOTE_MAX_DOWNLOAD.name] = str(parse_size(str(defaults["max_download"]), "cache.max_download"))
     return out
 
 
 def _check_remote_url(env: dict[str, str]) -> None:
     """A malformed URL is a usage error (exit 2) here, once, not a failure of every action. A bad token, or
     a server skipped because it failed within the last minutes, is one warning per build, here."""
-    url = env.get("CTXBUILD_REMOTE_CACHE")
-    if url and env.get("CTXBUILD_NO_CACHE") != "1":
+    url = settings.REMOTE_CACHE.get(env)
+    if url and not settings.NO_CACHE.get(env):
         from ctxbuild.cache.remote import RemoteStore, clean_token
 
-        _, token_warning = clean_token(env.get(env.get("CTXBUILD_REMOTE_TOKEN_ENV", "CTXBUILD_REMOTE_TOKEN")))
+        _, token_warning = clean_token(settings.remote_token(env))
         skipped = RemoteStore(url, state_dir=cache_dir()).skipped()
         for w in filter(None, (token_warning, skipped)):
             print(f"ctxbuild: warning: {w}", file=sys.stderr)
@@ -523,7 +523,7 @@ def _write_summary(out: Path, ran: list[dict[str, Any]]) -> None:
                "failed": sum(r.get("status") == "failed" for r in ran),
                "actions": {r["id"]: r.get("source") or r.get("status") for r in ran}}
     write_if_changed(out / STATE / "last_build.json", json.dumps(summary).encode(), durable=False)
-    if os.environ.get("CTXBUILD_NO_CACHE") == "1" or not ran:  # a no-op keeps the last real build's figures
+    if settings.NO_CACHE.get() or not ran:  # a no-op keeps the last real build's figures
         return
     hits = [r for r in ran if r.get("source") == "cache"]
     cached = {**summary, "out": str(out), "finished": time.time(), "hits": len(hits),

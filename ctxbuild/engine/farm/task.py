@@ -24,13 +24,13 @@ from typing import Any
 
 from distributed import WorkerPlugin, get_worker
 
+from ctxbuild import settings
 from ctxbuild.plan import actionkey
 from ctxbuild.cache import Cache, LocalStore, RemoteStore
-from ctxbuild.engine.client import ENV as WORKER_ENV, run_via_worker
+from ctxbuild.engine.client import run_via_worker
 from ctxbuild.errors import CacheError
 from ctxbuild.layout import STATE, cache_dir, record_path, spec_name
 from ctxbuild.engine.farm.resources import TOOLCHAIN_CAPACITY, toolchain_resource
-from ctxbuild.engine.farm.submit import FALLBACK_ENV, FARM_ENV
 
 PLUGIN_NAME = "ctxbuild-farm"
 LOG_TAIL_BYTES = 64 << 10
@@ -39,7 +39,8 @@ _RECORD_FIELDS = frozenset({"id", "kind", "recipes", "target", "build_id", "star
                             "source", "cache_origin", "outputs", "status", "warnings", "cache_warnings", "seconds",
                             "finished", "log", "result", "graph_names", "cause"})
 # Variables of the submitting side that must not reach the worker's runner (it would submit again).
-_DROP_ENV = (FARM_ENV, FALLBACK_ENV, "CTXBUILD_NO_CACHE", "CTXBUILD_REMOTE_READ_ONLY", WORKER_ENV)
+_DROP_ENV = tuple(s.name for s in (settings.FARM, settings.EXECUTOR_FALLBACK, settings.NO_CACHE,
+                                    settings.REMOTE_READ_ONLY, settings.WORKER))
 
 _lock = threading.Lock()
 _servers: dict[str | None, dict[str, Any]] = {}  # this worker process's fork servers, one per toolchain in use:
@@ -143,8 +144,8 @@ def _run_in(task_dir: Path, req: dict[str, Any], root: Path) -> dict[str, Any]:
     spec.parent.mkdir(parents=True)
     spec.write_text(json.dumps(action))
     env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}
-    env.update(CTXBUILD_REMOTE_CACHE=store["url"], CTXBUILD_REMOTE_TOKEN_ENV=store["token_env"],
-               CTXBUILD_REMOTE_TIMEOUT=str(store["timeout"]), CTXBUILD_BUILD_ID=req.get("build_id") or "")
+    env.update({settings.REMOTE_CACHE.name: store["url"], settings.REMOTE_TOKEN_ENV.name: store["token_env"],
+                settings.REMOTE_TIMEOUT.name: str(store["timeout"]), settings.BUILD_ID.name: req.get("build_id") or ""})
     with open(task_dir / "console.txt", "wb") as console:
         code = run_via_worker(str(spec), _fork_server(root, action.get("toolchain")),
                               fds=(console.fileno(), console.fileno()), env=env)
