@@ -195,7 +195,11 @@ def _build(opts: BuildOptions) -> int:
             state = ensure_planned(opts)
         targets = ninja_targets(state, opts)
         env.update(_cache_settings(state.get("cache", {}), env))
-        _check_remote_url({**os.environ, **env})
+        if settings.REMOTE_CACHE.get(given := {**os.environ, **env}):  # the cache's modules load only then
+            from ctxbuild.cache.backends import remote_warnings
+
+            for w in remote_warnings(given):  # a malformed URL: exit 2, here, once
+                print(f"ctxbuild: warning: {w}", file=sys.stderr)
         if opts.dry_run:
             return 0 if ninja.run(opts.out, targets, jobs=opts.jobs, keep_going=opts.keep_going, dry_run=True,
                                   env=env, console=opts.console) == 0 else 1
@@ -373,19 +377,6 @@ def _cache_settings(defaults: dict[str, Any], env: dict[str, str]) -> dict[str, 
 
         out[settings.REMOTE_MAX_DOWNLOAD.name] = str(parse_size(str(defaults["max_download"]), "cache.max_download"))
     return out
-
-
-def _check_remote_url(env: dict[str, str]) -> None:
-    """A malformed URL is a usage error (exit 2) here, once, not a failure of every action. A bad token, or
-    a server skipped because it failed within the last minutes, is one warning per build, here."""
-    url = settings.REMOTE_CACHE.get(env)
-    if url and not settings.NO_CACHE.get(env):
-        from ctxbuild.cache.remote import RemoteStore, clean_token
-
-        _, token_warning = clean_token(settings.remote_token(env))
-        skipped = RemoteStore(url, state_dir=cache_dir()).skipped()
-        for w in filter(None, (token_warning, skipped)):
-            print(f"ctxbuild: warning: {w}", file=sys.stderr)
 
 
 def _invalidate_downstream(out: Path, state: dict[str, Any], failed: set[str]) -> None:

@@ -26,6 +26,7 @@ from ctxbuild.engine import ninjalog
 from ctxbuild.digests import canonical_json
 from ctxbuild.plan.action import load_spec
 from ctxbuild import settings
+from ctxbuild.cache.backends import open_cache
 from ctxbuild.atomic import write_bytes
 from ctxbuild.digests import DigestMemo
 from ctxbuild.layout import STATE, log_path, memo_dir, record_path, rel, spec_name
@@ -141,7 +142,7 @@ class _Restorer:
         t = time.monotonic()
         action = load_spec(out / STATE / "actions" / spec_name(aid))
         memo = self._memo()
-        cache = runner.open_cache()
+        cache = open_cache()
         key, components = runner.action_key(action, out, memo, self._discovered(action, memo))
         hit = cache.lookup(key)
         outputs = {r: Path(p) for r, p in action.outputs.items()}

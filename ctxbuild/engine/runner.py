@@ -17,10 +17,11 @@ from ctxbuild import machine, settings
 from ctxbuild.plan import actionkey, kinds, memory
 from ctxbuild.plan.action import Action, load_spec
 from ctxbuild.atomic import write_bytes
+from ctxbuild.cache.backends import open_cache
 from ctxbuild.capture import captured
 from ctxbuild.digests import DigestMemo, canonical_json, sha256_file
 from ctxbuild.errors import ActionError, CtxbuildError, machine_limit
-from ctxbuild.layout import STATE, cache_dir, depfile_path, log_path, record_path, rel, spec_name
+from ctxbuild.layout import STATE, depfile_path, log_path, record_path, rel, spec_name
 from ctxbuild.engine.ninjaquote import depfile_path as depfile_quote
 
 
@@ -244,30 +245,6 @@ def carried_warnings(out: Path, action_id: str, build_id: str | None, warnings: 
     data = _read_json(path)
     path.unlink(missing_ok=True)
     return data["warnings"] if data and data.get("build_id") == build_id else []
-
-
-def open_cache() -> Any:
-    """The layered cache the environment describes (the driver turns flags and defaults into it)."""
-    if settings.NO_CACHE.get():
-        return None
-    from ctxbuild.cache import Cache, LocalStore, RemoteStore
-    from ctxbuild.cache.remote import clean_token
-
-    root = cache_dir()
-    remote, problem = None, None
-    if url := settings.REMOTE_CACHE.get():
-        token, _ = clean_token(settings.remote_token())
-        try:
-            remote = RemoteStore(url, token=token, read_only=settings.REMOTE_READ_ONLY.get(),
-                                 timeout=settings.REMOTE_TIMEOUT.get(), state_dir=root,
-                                 min_rate=settings.REMOTE_MIN_RATE.get(),
-                                 max_download=settings.REMOTE_MAX_DOWNLOAD.get())
-        except (CtxbuildError, ValueError) as e:  # e.g. plain `ninja` with a bad URL: a cache problem, not a failure
-            problem = f"remote cache not used: {e}"
-    cache = Cache(LocalStore(root), remote)
-    if problem:
-        cache.warnings.append(problem)
-    return cache
 
 
 def _run_on_farm(action: Action, key: str, components: dict[str, Any], discovered: dict[str, Path], cache: Any,

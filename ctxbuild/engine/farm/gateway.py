@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from ctxbuild.errors import ExecutorUnavailable, UsageError
 from ctxbuild import settings
-from ctxbuild.cache.remote import RemoteStore
+from ctxbuild.cache.backends import open_remote
 from ctxbuild.engine.farm import resources, wire
 
 CONNECT_TIMEOUT_S = 5.0
@@ -49,7 +49,7 @@ def check_data_plane(env: dict[str, str]) -> dict[str, Any]:
                          "add --remote-cache URL (or cache.remote in _defaults.yaml), without --no-cache "
                          "or --remote-read-only")
     # Without user:password: the request travels through Dask; each worker reads its own ~/.netrc or token.
-    return {"url": RemoteStore(url).url, "token_env": settings.REMOTE_TOKEN_ENV.get(env),
+    return {"url": open_remote(url).url, "token_env": settings.REMOTE_TOKEN_ENV.get(env),
             "timeout": settings.REMOTE_TIMEOUT.get(env), "max_download": settings.REMOTE_MAX_DOWNLOAD.get(env)}
 
 
