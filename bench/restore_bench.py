@@ -47,7 +47,7 @@ def main() -> None:
                 f.write(os.urandom(64 << 20))
         store = LocalStore(d / "cache")
         put_s = timed(lambda: store.put("a" * 64, {"bin": src}, None, {}))
-        record = store.get("a" * 64)
+        record = store.get_record("a" * 64)
         assert record is not None
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         times: dict[str, list[float]] = {"restore": [], "restore_streamed": [], "cp": [], "sha256": []}

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ctxbuild import settings
+
 STATE = ".ctxbuild"  # OUT/.ctxbuild: action specs, records, logs, depfiles, work files, plan state
 OUT_FILES = ("build.ninja", "manifest.json", "report.json", "report.html")  # besides the artifacts and STATE
 
@@ -46,15 +48,8 @@ def memo_dir(name: str) -> Path:
 
 def cache_dir() -> Path:
     """The local cache: $CTXBUILD_CACHE_DIR, else $XDG_CACHE_HOME/ctxbuild, else ~/.cache/ctxbuild."""
-    import os
-
-    explicit = os.environ.get("CTXBUILD_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg and Path(xdg).is_absolute():  # the XDG spec says to ignore a relative value
-        return Path(xdg) / "ctxbuild"
-    return Path.home() / ".cache" / "ctxbuild"
+    explicit = settings.CACHE_DIR.get()
+    return Path(explicit).expanduser() if explicit else settings.user_cache()
 
 
 def layers_path(verify_result: str) -> Path:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import resource
 
+from ctxbuild import settings
 from ctxbuild.errors import ActionError
 
 GiB = 1 << 30
-BUDGET_ENV = "CTXBUILD_MEMORY_BUDGET"
 
 
 def meminfo() -> dict[str, int]:
@@ -36,10 +36,8 @@ def default_budget() -> int:
 
 def budget() -> int:
     """The budget the driver chose (environment), else the default measured now."""
-    try:
-        return int(os.environ[BUDGET_ENV])
-    except (KeyError, ValueError):
-        return default_budget()
+    chosen = settings.MEMORY_BUDGET.get()
+    return default_budget() if chosen is None else chosen
 
 
 def check_fits(need: int) -> None:

@@ -156,7 +156,7 @@ def test_honest_download_within_bounds_still_works(tmp_path: Path) -> None:
 
 def test_maximum_reaches_the_runner_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """--remote-max-download and cache.max_download become $CTXBUILD_REMOTE_MAX_DOWNLOAD for every action."""
-    from ctxbuild.engine.runner import open_cache
+    from ctxbuild.cache import open_cache
 
     monkeypatch.setenv("CTXBUILD_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CTXBUILD_REMOTE_CACHE", "http://127.0.0.1:9")

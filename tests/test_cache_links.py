@@ -74,7 +74,7 @@ def test_planted_record_link_is_a_miss(tmp_path: Path, victim: Path) -> None:
     os.utime(victim, (OLD, OLD))
     rec.unlink()
     rec.symlink_to(victim)
-    assert store.get(KEY) is None
+    assert store.get_record(KEY) is None
     assert victim.stat().st_mtime == OLD and not rec.is_symlink()
     assert any("symbolic link" in w for w in warnings), warnings
     assert record is not None
@@ -91,7 +91,7 @@ def test_planted_directory_link_is_not_written_through(tmp_path: Path, victim: P
     record = store.put(KEY, _output(tmp_path), b"log", {})
     _untouched(victim)
     assert not link.is_symlink() and link.is_dir()
-    assert store.get(KEY) == record
+    assert store.get_record(KEY) == record
 
 
 def test_gc_and_stats_never_follow_links(tmp_path: Path, victim: Path) -> None:
@@ -129,8 +129,8 @@ def test_entry_replaced_by_a_directory_heals(tmp_path: Path, entry: str) -> None
     path.unlink()
     (path / "inside").mkdir(parents=True)
     dest = tmp_path / "restored" / "a_ctx.bin"
-    found = store.get(KEY)
+    found = store.get_record(KEY)
     assert found is None if entry == "record" else not store.restore(found, {"ctx": dest})
     assert not path.is_dir() and any("directory" in w for w in warnings), warnings
     assert store.put(KEY, _output(tmp_path), None, {}) == record
-    assert store.get(KEY) == record and store.restore(record, {"ctx": dest}) and dest.read_bytes() == CONTENT
+    assert store.get_record(KEY) == record and store.restore(record, {"ctx": dest}) and dest.read_bytes() == CONTENT

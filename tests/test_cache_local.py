@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ctxbuild.cache import ActionRecord, Cache, LocalStore, default_cache_dir
+from ctxbuild.cache import ActionRecord, Cache, LocalStore
+from ctxbuild.layout import cache_dir
 from ctxbuild.errors import CacheUnavailable
 
 FORK = multiprocessing.get_context("fork")
@@ -45,15 +46,15 @@ def test_put_get_restore_round_trip(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "cache")
     src = outputs(tmp_path / "out", model=b"M" * 5000, ctx=b"C" * 300)
     record = store.put(key(1), src, b"compiler said hi\n", {"seconds": 1.5})
-    assert store.get(key(1)) == record
+    assert store.get_record(key(1)) == record
     assert ActionRecord.from_json(record.to_json()) == record
     dest = dest_for(tmp_path / "restored", record)
     assert store.restore(record, dest)
     assert {n: p.read_bytes() for n, p in dest.items()} == {n: p.read_bytes() for n, p in src.items()}
-    assert store.read_log(record) == b"compiler said hi\n"
+    assert store.read_blob(record.log_digest, record.log_size) == b"compiler said hi\n"
     assert store.stats()["entries"] == 1 and store.stats()["blobs"] == 3
-    assert store.get(key(2)) is None
-    assert LocalStore(tmp_path / "never-created").get(key(1)) is None
+    assert store.get_record(key(2)) is None
+    assert LocalStore(tmp_path / "never-created").get_record(key(1)) is None
 
 
 def test_restore_leaves_identical_destination_untouched(tmp_path: Path) -> None:
@@ -97,12 +98,12 @@ def test_flipped_byte_is_detected_and_blob_deleted(tmp_path: Path) -> None:
     assert not store.restore(record, dest)  # now simply missing
 
 
-def test_read_log_rejects_corrupt_log(tmp_path: Path) -> None:
+def test_read_blob_rejects_corrupt_log(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "cache")
     record = store.put(key(1), {}, b"log text", {})
     assert record.log_digest is not None
     store.blob_path(record.log_digest).write_bytes(b"log tExt")
-    assert store.read_log(record) is None and not store.blob_path(record.log_digest).exists()
+    assert store.read_blob(record.log_digest, 8) is None and not store.blob_path(record.log_digest).exists()
 
 
 def test_corrupt_record_is_a_miss(tmp_path: Path) -> None:
@@ -111,7 +112,7 @@ def test_corrupt_record_is_a_miss(tmp_path: Path) -> None:
     store.put(key(1), outputs(tmp_path / "out", a=b"a"), None, {})
     path = tmp_path / "cache" / "ac" / key(1)[:2] / key(1)
     path.write_bytes(b'{"version": 1, "key": "../../etc"')
-    assert store.get(key(1)) is None and not path.exists() and warnings
+    assert store.get_record(key(1)) is None and not path.exists() and warnings
 
 
 def _writer(root: Path, src_dir: Path, writer: int, rounds: int) -> None:
@@ -126,7 +127,7 @@ def _reader(root: Path, dest_dir: Path, rounds: int) -> None:
     """Every record seen must be whole and restorable: blobs are written before the record."""
     store = LocalStore(root)
     for i in range(rounds):
-        record = store.get(key("shared"))
+        record = store.get_record(key("shared"))
         if record is None:
             continue
         dest = dest_for(dest_dir / str(i), record)
@@ -146,7 +147,7 @@ def test_concurrent_puts_of_one_key_leave_a_valid_store(tmp_path: Path) -> None:
         p.join(60)
     assert [p.exitcode for p in procs] == [0] * len(procs)
     store = LocalStore(root)
-    record = store.get(key("shared"))
+    record = store.get_record(key("shared"))
     assert record is not None and store.restore(record, dest_for(tmp_path / "final", record))
     assert store.stats()["entries"] == 1 and store.stats()["blobs"] == 4 * 3  # 4 writers x (2 outputs + log)
     assert temps(root) == []
@@ -200,14 +201,14 @@ def test_interrupted_insert_is_never_used(tmp_path: Path) -> None:
     leftovers = temps(root)
     assert leftovers and leftovers[0].stat().st_size > 0  # killed mid-copy
     store = LocalStore(root)
-    assert store.get(key(1)) is None
+    assert store.get_record(key(1)) is None
     assert store.stats()["blobs"] == 0 and store.stats()["entries"] == 0
     record = store.put(key(1), src, None, {})
     dest = dest_for(tmp_path / "restored", record)
     assert store.restore(record, dest) and dest["big.bin"].read_bytes() == src["big.bin"].read_bytes()
     os.utime(leftovers[0], (0, 0))  # gc spares young temps: they may be another process's insert
     store.gc(1 << 30)
-    assert not leftovers[0].exists() and store.get(key(1)) == record
+    assert not leftovers[0].exists() and store.get_record(key(1)) == record
 
 
 def test_full_disk_raises_cache_unavailable(tmp_path: Path) -> None:
@@ -215,7 +216,7 @@ def test_full_disk_raises_cache_unavailable(tmp_path: Path) -> None:
     src = outputs(tmp_path / "out", big=os.urandom(1 << 20))
     assert _run_limited(root, src, ignore_signal=True) == 42
     assert temps(root) == []  # the failed insert cleaned up after itself
-    assert LocalStore(root).get(key(1)) is None
+    assert LocalStore(root).get_record(key(1)) is None
 
 
 def test_cache_dir_under_a_regular_file_raises_cache_unavailable(tmp_path: Path) -> None:
@@ -223,7 +224,7 @@ def test_cache_dir_under_a_regular_file_raises_cache_unavailable(tmp_path: Path)
     (tmp_path / "file").write_bytes(b"")
     store = LocalStore(tmp_path / "file" / "cache")
     src = outputs(tmp_path / "out", a=b"a")
-    for call in (lambda: store.get(key(1)), lambda: store.put(key(1), src, None, {}), store.stats,
+    for call in (lambda: store.get_record(key(1)), lambda: store.put(key(1), src, None, {}), store.stats,
                  lambda: store.gc(0)):
         with pytest.raises(CacheUnavailable, match="Not a directory"):
             call()
@@ -256,7 +257,7 @@ def test_read_only_cache_dir_serves_hits_and_refuses_puts(tmp_path: Path, immuta
     store = LocalStore(root)
     record = store.put(key(1), outputs(tmp_path / "out", a=b"a" * 100), None, {})
     freeze()
-    assert store.get(key(1)) == record  # the LRU touch fails quietly
+    assert store.get_record(key(1)) == record  # the LRU touch fails quietly
     assert store.restore(record, dest_for(tmp_path / "restored", record))
     with pytest.raises(CacheUnavailable, match="Operation not permitted"):
         store.put(key(2), outputs(tmp_path / "out2", b=b"b"), None, {})
@@ -274,11 +275,11 @@ def test_gc_keeps_most_recently_used_and_gets_under_size(tmp_path: Path) -> None
         os.utime(tmp_path / "cache" / "ac" / key(i)[:2] / key(i), (1_000_000 + i, 1_000_000 + i))
     for blob in (tmp_path / "cache" / "cas").rglob("*"):  # gc spares blobs a put touched just now
         os.utime(blob, (1_000_000, 1_000_000))
-    assert store.get(key(0)) is not None  # now the most recently used
+    assert store.get_record(key(0)) is not None  # now the most recently used
     size_of_three = 4 * 10_000 + 3 * len(records[0].to_json())  # shared blob + 3 own blobs + 3 records
     result = store.gc(size_of_three)
     assert result["removed_entries"] == 3 and result["removed_blobs"] == 3
-    kept = [i for i in range(6) if store.get(key(i)) is not None]
+    kept = [i for i in range(6) if store.get_record(key(i)) is not None]
     assert kept == [0, 4, 5]
     assert store.stats()["bytes"] <= size_of_three and store.stats()["last_gc"] == result["time"]
     for i in kept:  # the shared blob survived the records that used it
@@ -292,7 +293,7 @@ def test_clear_empties_the_store(tmp_path: Path) -> None:
     store.put(key(1), outputs(tmp_path / "out", a=b"a"), b"log", {})
     store.gc(1 << 20)
     store.clear()
-    assert store.get(key(1)) is None
+    assert store.get_record(key(1)) is None
     assert store.stats() == {"entries": 0, "blobs": 0, "bytes": 0, "last_gc": None}
 
 
@@ -306,15 +307,15 @@ def test_records_reject_names_that_could_escape_the_store(tmp_path: Path) -> Non
         ActionRecord.from_json(json.dumps(bad_output).encode())
 
 
-def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CTXBUILD_CACHE_DIR", str(tmp_path / "explicit"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert default_cache_dir() == tmp_path / "explicit"
+    assert cache_dir() == tmp_path / "explicit"
     monkeypatch.delenv("CTXBUILD_CACHE_DIR")
-    assert default_cache_dir() == tmp_path / "xdg" / "ctxbuild"
+    assert cache_dir() == tmp_path / "xdg" / "ctxbuild"
     monkeypatch.setenv("XDG_CACHE_HOME", "relative")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert default_cache_dir() == tmp_path / "home" / ".cache" / "ctxbuild"
+    assert cache_dir() == tmp_path / "home" / ".cache" / "ctxbuild"
 
 
 def test_a_second_different_result_for_one_key_is_refused_loudly(tmp_path: Path) -> None:

@@ -125,7 +125,7 @@ def test_poisoned_blob_is_rejected(tmp_path: Path, nginx_cache: NginxCache) -> N
     cache = Cache(second, RemoteStore(nginx_cache.url, timeout=5))
     assert cache.lookup(record.key) is None and cache.misses == 1
     assert len(cache.warnings) == 1 and "failed its sha256 check" in cache.warnings[0]
-    assert second.get(record.key) is None and not second.blob_path(record.outputs[0].digest).exists()
+    assert second.get_record(record.key) is None and not second.blob_path(record.outputs[0].digest).exists()
     assert list((tmp_path / "second" / "tmp").iterdir()) == []
     remote_only = Cache(remote=RemoteStore(nginx_cache.url, timeout=5))
     assert remote_only.lookup(record.key) == record
@@ -211,7 +211,7 @@ def test_server_killed_mid_transfer(tmp_path: Path, nginx_server: NginxServer) -
     assert cache.lookup(record.key) is None
     watcher.join()
     assert len(cache.warnings) == 1 and "broke the connection" in cache.warnings[0]
-    assert local.get(record.key) is None and not local.blob_path(record.outputs[0].digest).exists()
+    assert local.get_record(record.key) is None and not local.blob_path(record.outputs[0].digest).exists()
     assert list((tmp_path / "second" / "tmp").iterdir()) == []
 
 

@@ -64,6 +64,6 @@ def test_make_dry_run_builds_nothing(tree: Path, tmp_path: Path, cache_dir: Path
                                        (" -j2 --jobserver-auth=3,4", False), ("s -j2", False), ("", False),
                                        ("--no-print-directory", False), ("FOO=n", False)])
 def test_make_dry_run_flag(flags: str, dry: bool) -> None:
-    from ctxbuild.engine.build import make_dry_run
+    from ctxbuild.engine.options import make_dry_run
 
     assert make_dry_run(flags) is dry

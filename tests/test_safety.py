@@ -410,7 +410,7 @@ def test_poisoned_cache_entry_for_another_soc_is_rejected(tree: Path, tmp_path: 
     assert r.code == 0, r.text
     recs = records(tmp_path / "a")
     store = LocalStore(cache_dir)
-    good, other = (store.get(recs[f"compile/mlp_fp16@{t}"]["key"]) for t in ("SM8650", "SM8750"))
+    good, other = (store.get_record(recs[f"compile/mlp_fp16@{t}"]["key"]) for t in ("SM8650", "SM8750"))
     store.put_record(ActionRecord(good.key, other.outputs, other.log_digest, other.meta))
     r = ctxbuild("build", str(tree), "-o", str(tmp_path / "b"), "--no-verify", "--target", "SM8650")
     assert r.code == 0, r.text

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ctxbuild import settings
 from ctxbuild.errors import ActionError
 from ctxbuild.verify import sample_workers
 from ctxbuild.verify.measure import simulate
@@ -20,7 +21,7 @@ def test_samples_split_over_children_give_the_serial_bytes_and_metrics(tree: Pat
     for workers in ("1", "3"):
         out = tmp_path / f"out{workers}"
         # --no-cache: the second build must run the simulator again, not restore the first one's outputs
-        r = ctxbuild("build", str(tree), "-o", str(out), "--no-cache", env={sample_workers.ENV: workers})
+        r = ctxbuild("build", str(tree), "-o", str(out), "--no-cache", env={settings.VERIFY_WORKERS.name: workers})
         assert r.code == 0, r.text
         recs = {i: rec for i, rec in records(out).items() if rec["kind"] == "verify"}
         assert recs and all(rec["simulator_workers"] == int(workers) for rec in recs.values())
@@ -40,14 +41,14 @@ def test_samples_split_over_children_give_the_serial_bytes_and_metrics(tree: Pat
 
 
 def test_worker_count_is_bounded_by_samples_and_a_forced_count_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(sample_workers.ENV, "8")
+    monkeypatch.setenv(settings.VERIFY_WORKERS.name, "8")
     assert sample_workers.count(3, 1 << 20) == 3
-    monkeypatch.setenv(sample_workers.ENV, "1")
+    monkeypatch.setenv(settings.VERIFY_WORKERS.name, "1")
     assert sample_workers.count(4, 1 << 20) == 1
-    monkeypatch.setenv(sample_workers.ENV, "two")
+    monkeypatch.setenv(settings.VERIFY_WORKERS.name, "two")
     with pytest.raises(ActionError, match="CTXBUILD_VERIFY_WORKERS='two'"):
         sample_workers.count(4, 1 << 20)
-    monkeypatch.delenv(sample_workers.ENV)
+    monkeypatch.delenv(settings.VERIFY_WORKERS.name)
     n = sample_workers.count(4, 1 << 20)
     assert 1 <= n <= min(4, len(os.sched_getaffinity(0)))
     assert sample_workers.count(4, 1 << 50) == 1  # a child per petabyte: no room for a second one

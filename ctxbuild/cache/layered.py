@@ -1,4 +1,5 @@
-"""The cache the action runner uses: an optional local store in front of an optional remote one.
+"""The cache the action runner uses: an optional local store in front of an optional remote one (any
+store.Remote backend; backends.open_cache builds it from the settings).
 
 Contract: no method raises for cache trouble (full or read-only disk, dead or hostile server, corrupt
 entries). Each problem becomes one line in `warnings` (each distinct line once) and the worst outcome is
@@ -12,17 +13,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ctxbuild.errors import CacheError, CacheUnavailable, CorruptEntry
-from ctxbuild.cache.files import restore_outputs
 from ctxbuild.cache.local import LocalStore
-from ctxbuild.cache.record import ActionRecord, OutputEntry
-from ctxbuild.cache.remote import RemoteSkipped, RemoteStore
+from ctxbuild.cache.record import ActionRecord
+from ctxbuild.cache.remote import RemoteSkipped
+from ctxbuild.cache.store import Remote, Store
 
 T = TypeVar("T")
 LOG_LIMIT = 64 << 20  # a log whose record does not say its size (older local records) is read up to this
 
 
 class Cache:
-    def __init__(self, local: LocalStore | None = None, remote: RemoteStore | None = None) -> None:
+    def __init__(self, local: LocalStore | None = None, remote: Remote | None = None) -> None:
         self.local = local
         self.remote = remote
         self.warnings: list[str] = []
@@ -37,7 +38,7 @@ class Cache:
 
     def lookup(self, key: str) -> ActionRecord | None:
         """Local first; a remote hit is copied into the local store (blobs verified, record last)."""
-        record = self._guard(self.local.get, key) if self.local is not None else None
+        record = self._guard(self.local.get_record, key) if self.local is not None else None
         origin = "local"
         if record is None and self.remote is not None:
             record, origin = self._remote_lookup(key), "remote"
@@ -49,9 +50,7 @@ class Cache:
 
     def restore(self, record: ActionRecord, dest: dict[str, Path]) -> bool:
         """Outputs from the local store, else straight from the remote. False: run the action."""
-        ok = self.local is not None and bool(self._guard(self.local.restore, record, dest))
-        if not ok and self.remote is not None:
-            ok = bool(self._guard(restore_outputs, record.outputs, dest, self._stage_remote))
+        ok = self._restore(record, dest)
         origin = self._origin.pop(record.key, "local")
         if not ok:
             self.misses += 1
@@ -66,7 +65,7 @@ class Cache:
         """Local put, then upload (blobs, then record) unless the remote is read-only. A key already stored
         (another build stored it while this one ran) keeps its first result: see _keep_first."""
         if key not in self.rejected:  # an entry this build rejected (poisoned) is replaced, not kept
-            existing = self._guard(self.local.get, key) if self.local is not None else None
+            existing = self._guard(self.local.get_record, key) if self.local is not None else None
             if existing is None and self.remote is not None:
                 existing = self._remote_lookup(key)
             if existing is not None and (kept := self._keep_first(existing, outputs)) is not None:
@@ -91,9 +90,7 @@ class Cache:
         differ = sorted(e.name for e in mine.outputs if theirs.get(e.name) != e.digest)
         if not differ:  # the same bytes: stored again as usual (heals a blob that went missing or bad)
             return None
-        placed = (self.local is not None and self._guard(self.local.restore, existing, outputs)) or \
-            self._guard(restore_outputs, existing.outputs, outputs, self._stage_remote)
-        if not placed:  # the stored result is gone or bad: this run's replaces it
+        if not self._restore(existing, outputs):  # the stored result is gone or bad: this run's replaces it
             return None
         self._warn(f"NOT REPRODUCIBLE: cache key {existing.key[:16]} already holds other bytes for "
                    f"{', '.join(differ)} than this run made; the stored result is kept and placed "
@@ -107,23 +104,35 @@ class Cache:
             return False
         if self._guard(self.remote.get_record, key) is not None:
             return True
-        record = self._guard(self.local.get, key)
+        record = self._guard(self.local.get_record, key)
         if record is None:
             return False
         blobs = {e.name: self.local.blob_path(e.digest) for e in record.outputs}
         try:
-            self._upload(record, blobs, self.local.read_log(record))
+            self._upload(record, blobs, self._read_log(self.local, record))
         except CacheError as e:
             self._warn(str(e))
             return False
         return True
 
     def read_log(self, record: ActionRecord) -> bytes | None:
-        log = self._guard(self.local.read_log, record) if self.local is not None else None
-        if log is None and self.remote is not None and record.log_digest is not None:
-            log = self._guard(self.remote.read_blob, record.log_digest,
-                              record.log_size if record.log_size is not None else LOG_LIMIT)
-        return log
+        for store in self._tiers():
+            if (log := self._guard(self._read_log, store, record)) is not None:
+                return log
+        return None
+
+    def _restore(self, record: ActionRecord, dest: dict[str, Path]) -> bool:
+        """From the local store, else straight from the remote."""
+        return any(self._guard(store.restore, record, dest) for store in self._tiers())
+
+    def _tiers(self) -> list[Store]:
+        return [s for s in (self.local, self.remote) if s is not None]
+
+    @staticmethod
+    def _read_log(store: Store, record: ActionRecord) -> bytes | None:
+        if record.log_digest is None:
+            return None
+        return store.read_blob(record.log_digest, record.log_size if record.log_size is not None else LOG_LIMIT)
 
     def _remote_lookup(self, key: str) -> ActionRecord | None:
         assert self.remote is not None
@@ -142,10 +151,6 @@ class Cache:
             # Only the local store failed (RemoteUnavailable is a subclass): restore fetches remotely.
             return record if type(e) is CacheUnavailable else None
         return record
-
-    def _stage_remote(self, entry: OutputEntry, tmp: Path) -> bool:
-        assert self.remote is not None
-        return self.remote.fetch_blob(entry.digest, tmp, entry.size)
 
     def _upload(self, record: ActionRecord, outputs: dict[str, Path], log: bytes | None) -> None:
         assert self.remote is not None

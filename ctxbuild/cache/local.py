@@ -1,11 +1,12 @@
-"""The local store: a CAS of blobs by sha256 and an action cache of records, in one directory.
+"""The local store (store.Store, plus what only a local tier offers: put, fetch_into, blob_path, stats, gc,
+clear): a CAS of blobs by sha256 and an action cache of records, in one directory.
 
 Layout: root/cas/ab/<sha256>, root/ac/ab/<key>, root/tmp/ (inserts in progress), root/stats.json (last
 gc). Safe for concurrent processes without locks: every file is written under a unique temp name in
 root/tmp (same filesystem) and renamed into place, blobs before the record that names them; blobs are
 immutable, so two writers of one blob or record write the same or an equally valid whole file.
 
-Error contract: get/put/restore/read_log/stats/gc/clear raise CacheUnavailable when the directory cannot
+Error contract: every operation raises CacheUnavailable when the directory cannot
 be read or written (full, read-only, not a directory): the caller warns once and builds without it.
 A corrupt blob or record is not an error: it is deleted, reported through `on_warning`, and is a miss.
 
@@ -33,6 +34,7 @@ from ctxbuild.atomic import write_bytes
 from ctxbuild.errors import CacheUnavailable
 from ctxbuild.cache.files import copy_hashing, hash_file, read_no_follow, restore_outputs, temp_path
 from ctxbuild.cache.record import ActionRecord, OutputEntry, check_digest, check_key
+from ctxbuild.cache.store import Store
 
 # Temps and unreferenced blobs younger than this may belong to an insert in progress in another process.
 GRACE_SECONDS = 600.0
@@ -41,7 +43,7 @@ GRACE_SECONDS = 600.0
 CLOCK_SLACK_SECONDS = 2.0
 
 
-class LocalStore:
+class LocalStore(Store):
     def __init__(self, root: Path, *, on_warning: Callable[[str], None] | None = None) -> None:
         self.root = Path(root)
         self.on_warning = on_warning or (lambda message: None)
@@ -52,7 +54,7 @@ class LocalStore:
     def blob_path(self, digest: str) -> Path:
         return self.root / "cas" / digest[:2] / check_digest(digest)
 
-    def get(self, key: str) -> ActionRecord | None:
+    def get_record(self, key: str) -> ActionRecord | None:
         """The record for `key`, or None; marks it used (the record's mtime is gc's LRU clock)."""
         path = self._record_path(key)
         data = self._read(path)
@@ -85,7 +87,7 @@ class LocalStore:
             raise self._unavailable(e) from None
         return record
 
-    def put_record(self, record: ActionRecord) -> None:
+    def put_record(self, record: ActionRecord) -> bool:
         """Insert a record whose blobs are already here (the layered cache's remote hits)."""
         try:
             path = self._record_path(record.key)
@@ -93,6 +95,7 @@ class LocalStore:
             write_bytes(path, record.to_json(), self._tmp_dir())
         except OSError as e:
             raise self._unavailable(e) from None
+        return True
 
     def fetch_into(self, digest: str, fetch: Callable[[Path], bool]) -> bool:
         """Add a blob produced by `fetch(path)`, which must write verified content there or return False."""
@@ -113,15 +116,16 @@ class LocalStore:
         return True
 
     def restore(self, record: ActionRecord, dest: dict[str, Path]) -> bool:
-        """Place the record's outputs at `dest` (see files.restore_outputs). False: a blob is missing or
-        failed its check (then it is deleted): the caller runs the action."""
+        """As Store.restore (a blob that failed its check is deleted); a destination that cannot be written
+        also makes this store unavailable for the build."""
         try:
             return restore_outputs(record.outputs, dest, self._stage)
         except OSError as e:
             raise self._unavailable(e) from None
 
-    def copy_out(self, digest: str, dest: Path) -> bool:
-        """Create `dest` (must not exist) with the blob's content, checked; False if absent or corrupt."""
+    def fetch_blob(self, digest: str, dest: Path, size: int | None = None) -> bool:
+        """Create `dest` (must not exist) with the blob's content, checked; False if absent or corrupt (then
+        deleted). `size` bounds nothing here: the copy is hashed on the way, a mismatch is a miss."""
         try:
             return self._stage(OutputEntry(dest.name, digest, 0), dest)
         except OSError as e:
@@ -139,14 +143,14 @@ class LocalStore:
                 return None
             raise self._unavailable(e) from None
 
-    def read_log(self, record: ActionRecord) -> bytes | None:
-        if record.log_digest is None:
-            return None
-        path = self.blob_path(record.log_digest)
+    def read_blob(self, digest: str, size: int) -> bytes | None:
+        """The blob's bytes, checked (a bad one is deleted: None). `size` bounds nothing: blobs here were
+        written by this store."""
+        path = self.blob_path(digest)
         data = self._read(path)
         if data is None:
             return None
-        if hashlib.sha256(data).hexdigest() != record.log_digest:
+        if hashlib.sha256(data).hexdigest() != digest:
             self._drop_corrupt(path)
             return None
         return data
@@ -266,6 +270,7 @@ class LocalStore:
             raise
         if digest != entry.digest:
             self._drop_corrupt(blob)
+            tmp.unlink()  # what was copied is not the blob's content: nothing of it stays
             return False
         return True
 

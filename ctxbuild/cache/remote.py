@@ -1,5 +1,6 @@
-"""The remote store: GET/PUT/HEAD on <url>/ac/<key> and <url>/cas/<sha256>, the layout bazel-remote and
-nginx WebDAV serve (Bazel's HTTP cache protocol: /ac/ values are REAPI ActionResults, see reapi.py).
+"""The HTTP backend of the remote store (store.Remote, for http:// and https:// URLs): GET/PUT/HEAD on
+<url>/ac/<key> and <url>/cas/<sha256>, the layout bazel-remote and nginx WebDAV serve (Bazel's HTTP cache
+protocol: /ac/ values are REAPI ActionResults, see reapi.py).
 
 Error contract (all CacheError subclasses; the token never appears in any of them):
 - RemoteUnavailable: unreachable, timeout, connection broken mid-transfer, 5xx, or credentials refused.
@@ -27,20 +28,17 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import SplitResult, unquote, urlsplit
 
+from ctxbuild import settings
 from ctxbuild.atomic import write_bytes
 from ctxbuild.errors import CacheError, CorruptEntry, RemoteUnavailable, UsageError
 from ctxbuild.cache import reapi
 from ctxbuild.cache.files import CHUNK, temp_path
 from ctxbuild.cache.record import ActionRecord, check_digest, check_key
+from ctxbuild.cache.store import Remote, shown_parts, shown_url
 
 BREAKER_SECONDS = 120.0
-MIN_RATE = 256 << 10  # bytes/s: below this, beyond the grace of one `timeout`, a transfer is abandoned
 BREAKER_HINT = "not trying it again for a while; the build goes on without it"
 RECORD_LIMIT = 16 << 20  # records are small; a bigger answer is a broken or hostile server
-# The most one blob download may bring, whatever its record says (cache.max_download, --remote-max-download,
-# $CTXBUILD_REMOTE_MAX_DOWNLOAD). Twice the 16 GiB of the biggest single-SoC context binaries Qualcomm ships
-# for LLMs; a record declaring more is a broken or hostile server, or a farm that needs the limit raised.
-MAX_DOWNLOAD = 32 << 30
 MAX_DOWNLOAD_SETTING = "cache.max_download in _defaults.yaml or --remote-max-download"
 _STATUS_REASONS = {401: " (missing or wrong token)", 403: " (access denied)"}
 
@@ -50,23 +48,27 @@ class RemoteSkipped(RemoteUnavailable):
     it warned, and the driver warns once when a build starts with the server skipped; no warning here."""
 
 
-class RemoteStore:
+class RemoteStore(Remote):
     """`token` is sent as `Authorization: Bearer` (user:password in the URL as Basic auth); `read_only`
     never PUTs; `timeout` bounds connecting and each read; a whole transfer of n bytes gets
     `timeout + n / min_rate` seconds (a trickling server is abandoned); `state_dir` (the local cache
     root) holds the breaker's marker file shared with the build's other processes. No download brings more
     than the size its record declares, nor more than `max_download` bytes."""
 
-    def __init__(self, url: str, *, token: str | None = None, read_only: bool = False, timeout: float = 10.0,
-                 state_dir: Path | None = None, min_rate: float = MIN_RATE,
-                 max_download: int = MAX_DOWNLOAD) -> None:
+    URL_FORM = "http(s)://host[:port][/path]"
+
+    def __init__(self, url: str, *, token: str | None = None, read_only: bool = False,
+                 timeout: float = settings.REMOTE_TIMEOUT.default, state_dir: Path | None = None,
+                 min_rate: float = settings.REMOTE_MIN_RATE.default,
+                 max_download: int = settings.REMOTE_MAX_DOWNLOAD.default) -> None:
+        self.url = shown_url(url)
         try:  # urlsplit itself refuses some (an unclosed "[::1"), .port others (a port out of range)
             parts = urlsplit(url)
-            self.url, port = _shown(parts), parts.port
+            port = parts.port
         except ValueError:
-            parts, self.url, port = None, url.rpartition("@")[2], None
+            parts, port = None, None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UsageError(f"remote cache URL {self.url!r} is not http(s)://host[:port][/path]")
+            raise UsageError(f"remote cache URL {self.url!r} is not {self.URL_FORM}")
         self._base = parts.path.rstrip("/")
         self._headers = _auth_headers(parts, token)
         proxy = proxy_for(parts)
@@ -344,18 +346,6 @@ class _Paced:
         return self._f.read(n)
 
 
-def clean_token(raw: str | None) -> tuple[str | None, str | None]:
-    """(token, warning): surrounding whitespace stripped (a secret file's newline); a token that is not
-    printable ASCII cannot be an HTTP header value: dropped, with a warning that never shows it."""
-    token = (raw or "").strip()
-    if not token:
-        return None, None
-    if all(33 <= ord(c) <= 126 for c in token):
-        return token, None
-    return None, ("the remote cache token is not a valid HTTP header value (control, space or non-ASCII "
-                  "characters inside it); using the remote cache without it")
-
-
 def proxy_for(parts: SplitResult) -> SplitResult | None:
     """The proxy for this URL from HTTPS_PROXY / HTTP_PROXY (or lowercase), unless NO_PROXY exempts the host:
     the standard library's reading of them (urllib.request), as curl, pip and requests read them."""
@@ -367,7 +357,7 @@ def proxy_for(parts: SplitResult) -> SplitResult | None:
         return None
     p = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
     if p.scheme != "http" or not p.hostname:
-        raise UsageError(f"proxy {_shown(p)!r} for the remote cache is not http://host[:port]")
+        raise UsageError(f"proxy {shown_parts(p)!r} for the remote cache is not http://host[:port]")
     return p
 
 
@@ -382,11 +372,6 @@ def _proxy_auth(proxy: SplitResult) -> dict[str, str]:
         return {}
     pair = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}".encode()
     return {"Proxy-Authorization": f"Basic {base64.b64encode(pair).decode()}"}
-
-
-def _shown(parts: SplitResult) -> str:
-    """The URL as messages show it: no user, password, query or fragment."""
-    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path.rstrip('/')}"
 
 
 def _auth_headers(parts: SplitResult, token: str | None) -> dict[str, str]:

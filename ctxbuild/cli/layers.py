@@ -18,7 +18,8 @@ def main(paths: list[Path], out: Path, recipe: str, targets: list[str], *, sampl
          cache_env: dict[str, str]) -> int:
     from ctxbuild.verify import diagnose
     from ctxbuild.engine import ninja
-    from ctxbuild.engine.build import BuildOptions, build
+    from ctxbuild.engine.build import build
+    from ctxbuild.engine.options import BuildOptions
     from ctxbuild.outputs.report import write_report
 
     out = out.resolve()

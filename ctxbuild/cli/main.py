@@ -359,7 +359,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(code)
     if args.cmd == "build":
-        from ctxbuild.engine.build import BuildOptions, build
+        from ctxbuild.engine.build import build
+        from ctxbuild.engine.options import BuildOptions
 
         return build(BuildOptions(paths=args.paths, out=args.out, jobs=args.jobs, keep_going=args.keep_going,
                                   targets=args.target, only=args.only, dry_run=args.dry_run,
@@ -373,7 +374,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return layers(args.paths, args.out, args.layers, args.target, samples=args.samples,
                       cache_env=_cache_env(args))
     if args.cmd == "verify":
-        from ctxbuild.engine.build import BuildOptions, build
+        from ctxbuild.engine.build import build
+        from ctxbuild.engine.options import BuildOptions
 
         return build(BuildOptions(paths=args.paths, out=args.out, jobs=args.jobs, verify_only=True,
                                   cache_env=_cache_env(args), executor=args.executor,
@@ -402,7 +404,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return toolchain_main(args)
     if args.cmd == "regenerate":
-        from ctxbuild.engine.build import regenerate
+        from ctxbuild.engine.replan import regenerate
 
         regenerate(args.out)
         return 0

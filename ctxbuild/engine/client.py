@@ -13,7 +13,7 @@ import os
 import sys
 from array import array
 
-ENV = "CTXBUILD_WORKER"  # the path of the driver's listening socket (of the worker of the installed toolchain)
+ENV = "CTXBUILD_WORKER"  # settings.WORKER, spelled out: this script cannot import ctxbuild (see above)
 
 
 def worker_env(toolchain: str | None) -> str:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctxbuild import settings
 from ctxbuild.atomic import write_bytes, write_if_changed
 from ctxbuild.engine.links import stamp
 from ctxbuild.layout import STATE, memo_dir
@@ -28,7 +29,7 @@ _PACKAGE = Path(__file__).resolve().parents[1]  # ctxbuild/
 
 def restore(out: Path, inv: dict[str, Any]) -> bool:
     """Write the cached plan for this invocation into OUT if the recipe tree still matches it."""
-    if os.environ.get("CTXBUILD_NO_CACHE") == "1":
+    if settings.NO_CACHE.get():
         return False
     path = _entry_path(out, inv)
     try:
@@ -54,7 +55,7 @@ def restore(out: Path, inv: dict[str, Any]) -> bool:
 
 def store(out: Path, inv: dict[str, Any]) -> None:
     """Keep what ninja.render just wrote into OUT for the next fresh OUT of this invocation."""
-    if os.environ.get("CTXBUILD_NO_CACHE") == "1":
+    if settings.NO_CACHE.get():
         return
     state = out / STATE
     try:

@@ -25,6 +25,8 @@ from ctxbuild.plan import kinds
 from ctxbuild.engine import ninjalog
 from ctxbuild.digests import canonical_json
 from ctxbuild.plan.action import load_spec
+from ctxbuild import settings
+from ctxbuild.cache.backends import open_cache
 from ctxbuild.atomic import write_bytes
 from ctxbuild.digests import DigestMemo
 from ctxbuild.layout import STATE, log_path, memo_dir, record_path, rel, spec_name
@@ -55,7 +57,7 @@ def restore_pending(out: Path, plan: dict[str, Any], commands: list[str], build_
             on_miss()
             return False
         pending[a["id"]] = cmd
-    if not pending or os.environ.get("CTXBUILD_NO_CACHE") == "1":
+    if not pending or settings.NO_CACHE.get():
         if pending:
             on_miss()
         return not pending
@@ -140,7 +142,7 @@ class _Restorer:
         t = time.monotonic()
         action = load_spec(out / STATE / "actions" / spec_name(aid))
         memo = self._memo()
-        cache = runner.open_cache()
+        cache = open_cache()
         key, components = runner.action_key(action, out, memo, self._discovered(action, memo))
         hit = cache.lookup(key)
         outputs = {r: Path(p) for r, p in action.outputs.items()}

@@ -13,14 +13,15 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ctxbuild import machine
+from ctxbuild import machine, settings
 from ctxbuild.plan import actionkey, kinds, memory
 from ctxbuild.plan.action import Action, load_spec
 from ctxbuild.atomic import write_bytes
+from ctxbuild.cache.backends import open_cache
 from ctxbuild.capture import captured
 from ctxbuild.digests import DigestMemo, canonical_json, sha256_file
 from ctxbuild.errors import ActionError, CtxbuildError, machine_limit
-from ctxbuild.layout import STATE, cache_dir, depfile_path, log_path, record_path, rel, spec_name
+from ctxbuild.layout import STATE, depfile_path, log_path, record_path, rel, spec_name
 from ctxbuild.engine.ninjaquote import depfile_path as depfile_quote
 
 
@@ -56,7 +57,7 @@ def main(spec_arg: str) -> int:
     record_file = record_path(out, action.id)
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    record = new_record(action, os.environ.get("CTXBUILD_BUILD_ID"))
+    record = new_record(action, settings.BUILD_ID.get())
     previous = _read_json(record_file)
     memo = DigestMemo(out / STATE / "digests.sqlite")
     tmp = out / STATE / "tmp" / f"{action.spec_name[:-5]}.{os.getpid()}"
@@ -181,10 +182,8 @@ def _check_inputs_unchanged(action: Action, discovered: dict[str, Path], memo: D
 
 def _memory_estimate(action: Action) -> int:
     """The worker's estimate (it scheduled this action by it), else our own (run without a worker)."""
-    try:
-        return int(os.environ[memory.ESTIMATE_ENV])
-    except (KeyError, ValueError):
-        return memory.estimate(action)
+    given = settings.MEMORY_ESTIMATE.get()
+    return memory.estimate(action) if given is None else given
 
 
 def new_record(action: Action, build_id: str | None) -> dict[str, Any]:
@@ -248,34 +247,10 @@ def carried_warnings(out: Path, action_id: str, build_id: str | None, warnings: 
     return data["warnings"] if data and data.get("build_id") == build_id else []
 
 
-def open_cache() -> Any:
-    """The layered cache the environment describes (the driver turns flags and defaults into it)."""
-    if os.environ.get("CTXBUILD_NO_CACHE") == "1":
-        return None
-    from ctxbuild.cache import Cache, LocalStore, RemoteStore
-    from ctxbuild.cache.remote import MAX_DOWNLOAD, MIN_RATE, clean_token
-
-    root = cache_dir()
-    remote, problem = None, None
-    if url := os.environ.get("CTXBUILD_REMOTE_CACHE"):
-        token, _ = clean_token(os.environ.get(os.environ.get("CTXBUILD_REMOTE_TOKEN_ENV", "CTXBUILD_REMOTE_TOKEN")))
-        try:
-            remote = RemoteStore(url, token=token, read_only=os.environ.get("CTXBUILD_REMOTE_READ_ONLY") == "1",
-                                 timeout=float(os.environ.get("CTXBUILD_REMOTE_TIMEOUT", "10")), state_dir=root,
-                                 min_rate=float(os.environ.get("CTXBUILD_REMOTE_MIN_RATE", MIN_RATE)),
-                                 max_download=int(os.environ.get("CTXBUILD_REMOTE_MAX_DOWNLOAD", MAX_DOWNLOAD)))
-        except (CtxbuildError, ValueError) as e:  # e.g. plain `ninja` with a bad URL: a cache problem, not a failure
-            problem = f"remote cache not used: {e}"
-    cache = Cache(LocalStore(root), remote)
-    if problem:
-        cache.warnings.append(problem)
-    return cache
-
-
 def _run_on_farm(action: Action, key: str, components: dict[str, Any], discovered: dict[str, Path], cache: Any,
                  out: Path) -> Any:
     """On a build with an executor: run on the cluster, outputs restored from the cache; else None."""
-    if not os.environ.get("CTXBUILD_FARM"):
+    if not settings.FARM.get():
         return None
     from ctxbuild.engine.farm.submit import run_on_farm
 
@@ -343,7 +318,7 @@ def _print_failure(action: Action, log_path: Path, cause: str) -> None:
     if lines:
         print(f"--- log of {action.description} ({log_path}), last lines:", file=sys.stderr)
         print("\n".join(lines[-15:]), file=sys.stderr)
-    if not os.environ.get("CTXBUILD_BUILD_ID"):  # under `ctxbuild build` the driver names the failure, once
+    if not settings.BUILD_ID.get():  # under `ctxbuild build` the driver names the failure, once
         print(f"error: {action.description}: {cause}", file=sys.stderr)
 
 

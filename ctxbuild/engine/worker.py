@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from ctxbuild import machine
+from ctxbuild import machine, settings
 from ctxbuild.plan import memory
 from ctxbuild.engine.client import worker_env
 from ctxbuild.engine.farm.wire import recv_exactly
@@ -294,7 +294,7 @@ def _estimate(req: dict) -> int:
         need = memory.estimate(load_spec(Path(req["cwd"]) / req["spec"]))
     except (OSError, ValueError, KeyError, TypeError):
         need = memory.BASE  # an unreadable spec: the action itself reports it
-    req["env"][memory.ESTIMATE_ENV] = str(need)
+    req["env"][settings.MEMORY_ESTIMATE.name] = str(need)
     return need
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from ctxbuild import settings
 from ctxbuild.digests import DigestMemo, canonical_json
 from ctxbuild.plan import kinds
 from ctxbuild.plan.action import Action
@@ -37,7 +37,7 @@ def fingerprint(kind: str, out_state: Path, toolchain: str | None = None) -> dic
     if kinds.get(kind).uses_qnn:
         fp["onnxruntime-qnn"] = installed.version("onnxruntime-qnn", site)
         fp["qnn_sdk"] = installed.sdk_build_id(out_state, toolchain)
-    if override := os.environ.get("CTXBUILD_TOOLCHAIN_OVERRIDE"):  # for tests only: pose as another toolchain
+    if override := settings.TOOLCHAIN_OVERRIDE.get():  # for tests only: pose as another toolchain
         fp.update(json.loads(override))
     return fp
 

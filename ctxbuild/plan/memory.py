@@ -7,14 +7,12 @@ side; a build that knows better sets --memory-budget.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from ctxbuild.plan import kinds
-from ctxbuild.machine import BUDGET_ENV
+from ctxbuild import settings
 
-ESTIMATE_ENV = "CTXBUILD_MEMORY_ESTIMATE"  # set by the worker for the action it forks
 # The forked action process before it reads any model (onnxruntime, the QNN EP, libQnnHtp.so mapped) is
 # 100-170 MB; the fits below cross zero at 115-306 MB.
 BASE = 300 << 20
@@ -94,11 +92,4 @@ def section(records: dict[str, Any], driver_peak: int | None) -> dict[str, Any]:
     rows = [{"id": i, "kind": r.get("kind"), "source": r.get("source"), "estimate": r.get("memory_estimate"),
              "peak_rss": r.get("peak_rss"), "seconds": r.get("seconds")}
             for i, r in sorted(records.items()) if r and r.get("peak_rss") is not None]
-    return {"driver_peak_rss": driver_peak, "budget": _int(os.environ.get(BUDGET_ENV)), "actions": rows}
-
-
-def _int(s: str | None) -> int | None:
-    try:
-        return int(s) if s else None
-    except ValueError:
-        return None
+    return {"driver_peak_rss": driver_peak, "budget": settings.MEMORY_BUDGET.get(), "actions": rows}

@@ -14,6 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ctxbuild import settings
 from ctxbuild.atomic import write_bytes
 from ctxbuild.capture import captured
 from ctxbuild.layout import cache_dir
@@ -220,7 +221,7 @@ def session_options(provider_options: dict[str, str], *, cpu_fallback: bool,
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.log_severity_level = int(os.environ.get("CTXBUILD_ORT_LOG_LEVEL", "2"))
+    so.log_severity_level = settings.ORT_LOG_LEVEL.get()
     if not cpu_fallback:
         so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     for k, v in (config or {}).items():

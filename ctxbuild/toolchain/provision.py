@@ -19,13 +19,13 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from ctxbuild import settings
 from ctxbuild.atomic import write_bytes
 from ctxbuild.errors import UsageError
 from ctxbuild.procs import die_with_parent
 from ctxbuild.toolchain.choose import Toolchain, by_name
 
 MARKER = "toolchain.json"
-WHEELHOUSE_ENV = "CTXBUILD_WHEELHOUSE"
 
 # Run with the toolchain's site first on the path: what it really imports, and the QAIRT its wheel ships.
 _CHECK = """
@@ -39,11 +39,9 @@ print(json.dumps({"onnxruntime": onnxruntime.__version__, "onnxruntime-qnn": inf
 def root() -> Path:
     """$CTXBUILD_TOOLCHAINS_DIR, else `toolchains` in the user cache. Not under $CTXBUILD_CACHE_DIR: the
     artifact cache is cleared and moved more freely than ~0.5 GB of environments."""
-    if explicit := os.environ.get("CTXBUILD_TOOLCHAINS_DIR"):  # absolute: it goes on PYTHONPATH, actions chdir
+    if explicit := settings.TOOLCHAINS_DIR.get():  # absolute: it goes on PYTHONPATH, actions chdir
         return Path(explicit).expanduser().absolute()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return base / "ctxbuild" / "toolchains"
+    return settings.user_cache() / "toolchains"
 
 
 def site(tc: Toolchain) -> Path:
@@ -124,14 +122,14 @@ def _provision(tc: Toolchain) -> dict[str, Any]:
     tmp = home / "site"
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
            "--target", str(tmp), *tc.pins]
-    if wheelhouse := os.environ.get(WHEELHOUSE_ENV):
+    if wheelhouse := settings.WHEELHOUSE.get():
         cmd += ["--no-index", "--find-links", wheelhouse]
     # pip dies with this process (a kill -9 of the build included): no orphan keeps writing into the directory
     p = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=die_with_parent)
     if p.returncode != 0:
         tail = " ".join((p.stderr.strip().splitlines() or ["no output"])[-2:])[:400]
         raise UsageError(f"cannot provision toolchain {tc.label}: pip failed: {tail}",
-                         f"check the network or proxy, or set ${WHEELHOUSE_ENV} to a directory holding "
+                         f"check the network or proxy, or set ${settings.WHEELHOUSE.name} to a directory holding "
                          f"{' and '.join(tc.pins)} wheels, or run `ctxbuild toolchain provision {tc.plugin}` where "
                          "PyPI is reachable and copy the toolchains directory")
     info = check(tc)

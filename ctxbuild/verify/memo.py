@@ -11,11 +11,11 @@ change, another OUT) costs a cache restore instead of a simulator run. The compa
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 
+from ctxbuild import settings
 from ctxbuild.digests import canonical_json
 from ctxbuild.errors import ActionError
 
@@ -41,7 +41,7 @@ def wrapper_identity(ctx_model: Path) -> str:
 
 class OutputsMemo:
     def __init__(self, cache: Any, tmp: Path) -> None:
-        self.cache = cache if os.environ.get("CTXBUILD_VERIFY_MEMO", "1") != "0" else None
+        self.cache = cache if settings.VERIFY_MEMO.get() else None
         self.tmp = tmp
         self.hits: list[str] = []
         self.keys: dict[str, str] = {}  # what -> cache key (in the record: the entries this action uses)

@@ -13,19 +13,20 @@ import os
 import time
 
 from ctxbuild.errors import ActionError
-from ctxbuild import machine
+from ctxbuild import machine, settings
 
-ENV = "CTXBUILD_VERIFY_WORKERS"  # a fixed count (1: always one child), instead of the idle cores
 _READS, _READ_GAP_S = 5, 0.04
 _HEADROOM = 256 << 20
 
 
 def count(n_samples: int, need: int) -> int:
     """Children for `n_samples` samples of an action estimated at `need` bytes (plan/memory.estimate)."""
-    if forced := os.environ.get(ENV, "").strip():
-        if not forced.isdigit() or int(forced) < 1:
-            raise ActionError(f"{ENV}={forced!r}: expected a whole number of simulator children, 1 or more")
-        return max(1, min(int(forced), n_samples))
+    try:
+        forced = settings.VERIFY_WORKERS.get()  # a fixed count (1: always one child), instead of the idle cores
+    except ValueError as e:
+        raise ActionError(str(e)) from None
+    if forced is not None:
+        return max(1, min(forced, n_samples))
     # Cores no other process is on: this one's included, as it only waits while its children run.
     idle = len(os.sched_getaffinity(0)) - _others_runnable()
     room = min(machine.meminfo()["MemAvailable"] - _HEADROOM, machine.budget() - need)

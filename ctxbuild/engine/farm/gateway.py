@@ -22,9 +22,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ctxbuild.errors import ExecutorUnavailable, UsageError
-from ctxbuild.cache.remote import MAX_DOWNLOAD, RemoteStore
+from ctxbuild import settings
+from ctxbuild.cache.backends import open_remote
 from ctxbuild.engine.farm import resources, wire
-from ctxbuild.engine.farm.submit import FALLBACK_ENV, FARM_ENV
 
 CONNECT_TIMEOUT_S = 5.0
 WORKERS_TIMEOUT_S = 30.0
@@ -43,15 +43,14 @@ class Farm:
 
 def check_data_plane(env: dict[str, str]) -> dict[str, Any]:
     """A remote executor moves every byte through the remote cache: it must be there and writable."""
-    url = env.get("CTXBUILD_REMOTE_CACHE")
-    if not url or env.get("CTXBUILD_NO_CACHE") == "1" or env.get("CTXBUILD_REMOTE_READ_ONLY") == "1":
+    url = settings.REMOTE_CACHE.get(env)
+    if not url or settings.NO_CACHE.get(env) or settings.REMOTE_READ_ONLY.get(env):
         raise UsageError("--executor needs a writable remote cache: it is how inputs and outputs travel",
                          "add --remote-cache URL (or cache.remote in _defaults.yaml), without --no-cache "
                          "or --remote-read-only")
     # Without user:password: the request travels through Dask; each worker reads its own ~/.netrc or token.
-    return {"url": RemoteStore(url).url, "token_env": env.get("CTXBUILD_REMOTE_TOKEN_ENV", "CTXBUILD_REMOTE_TOKEN"),
-            "timeout": float(env.get("CTXBUILD_REMOTE_TIMEOUT", "10")),
-            "max_download": int(env.get("CTXBUILD_REMOTE_MAX_DOWNLOAD", MAX_DOWNLOAD))}
+    return {"url": open_remote(url).url, "token_env": settings.REMOTE_TOKEN_ENV.get(env),
+            "timeout": settings.REMOTE_TIMEOUT.get(env), "max_download": settings.REMOTE_MAX_DOWNLOAD.get(env)}
 
 
 def check_address(address: str) -> None:
@@ -106,7 +105,7 @@ def running(address: str, *, store: dict[str, Any], build_id: str, fallback: str
                                       f"{type(e).__name__}: {str(e)[:200]}",
                                       "install ctxbuild[farm] (same version) on every worker") from None
         gateway = _Gateway(client, address, store, build_id)
-        yield Farm({FARM_ENV: gateway.path, **({FALLBACK_ENV: fallback} if fallback else {})},
+        yield Farm({settings.FARM.name: gateway.path, **({settings.EXECUTOR_FALLBACK.name: fallback} if fallback else {})},
                    resources.slots(gateway.workers()))
     finally:
         if gateway is not None:

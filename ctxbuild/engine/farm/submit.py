@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.plan.action import Action
+from ctxbuild import settings
 from ctxbuild.errors import ActionError
 from ctxbuild.engine.farm import wire
 
-FARM_ENV = "CTXBUILD_FARM"  # the gateway's socket; the driver sets it when a build has an executor
-FALLBACK_ENV = "CTXBUILD_EXECUTOR_FALLBACK"
 
 
 @dataclass
@@ -27,7 +26,7 @@ class FarmRun:
 def run_on_farm(action: Action, key: str, components: dict[str, Any], discovered: dict[str, Path],
                 cache: Any, out: Path) -> FarmRun | None:
     """None: no executor for this build, or the cluster is gone and the user asked for local fallback."""
-    sock = os.environ.get(FARM_ENV)
+    sock = settings.FARM.get()
     if not sock:
         return None
     if cache is None or cache.remote is None:  # the driver refuses this; a hand-run edge might not
@@ -38,7 +37,7 @@ def run_on_farm(action: Action, key: str, components: dict[str, Any], discovered
         cache.remote.put_blob(digest, Path(path))  # HEAD first: present blobs (earlier outputs) are not re-sent
     reply = _ask(sock, {"action": action.to_spec(), "key": key, "fingerprint": components["toolchain"],
                         "files": files, "input_bytes": sum(os.stat(p).st_size for p, _ in files), "out": str(out)})
-    if reply["status"] == "unavailable" and os.environ.get(FALLBACK_ENV) == "local":
+    if reply["status"] == "unavailable" and settings.EXECUTOR_FALLBACK.get() == "local":
         print(f"ctxbuild: warning: {reply['cause']}; running {action.id} locally (--executor-fallback local)",
               file=sys.stderr)
         return None

@@ -24,13 +24,13 @@ from typing import Any
 
 from distributed import WorkerPlugin, get_worker
 
+from ctxbuild import settings
 from ctxbuild.plan import actionkey
-from ctxbuild.cache import Cache, LocalStore, RemoteStore
-from ctxbuild.engine.client import ENV as WORKER_ENV, run_via_worker
+from ctxbuild.cache.backends import open_cache
+from ctxbuild.engine.client import run_via_worker
 from ctxbuild.errors import CacheError
-from ctxbuild.layout import STATE, cache_dir, record_path, spec_name
+from ctxbuild.layout import STATE, record_path, spec_name
 from ctxbuild.engine.farm.resources import TOOLCHAIN_CAPACITY, toolchain_resource
-from ctxbuild.engine.farm.submit import FALLBACK_ENV, FARM_ENV
 
 PLUGIN_NAME = "ctxbuild-farm"
 LOG_TAIL_BYTES = 64 << 10
@@ -39,7 +39,8 @@ _RECORD_FIELDS = frozenset({"id", "kind", "recipes", "target", "build_id", "star
                             "source", "cache_origin", "outputs", "status", "warnings", "cache_warnings", "seconds",
                             "finished", "log", "result", "graph_names", "cause"})
 # Variables of the submitting side that must not reach the worker's runner (it would submit again).
-_DROP_ENV = (FARM_ENV, FALLBACK_ENV, "CTXBUILD_NO_CACHE", "CTXBUILD_REMOTE_READ_ONLY", WORKER_ENV)
+_DROP_ENV = tuple(s.name for s in (settings.FARM, settings.EXECUTOR_FALLBACK, settings.NO_CACHE,
+                                    settings.REMOTE_READ_ONLY, settings.WORKER))
 
 _lock = threading.Lock()
 _servers: dict[str | None, dict[str, Any]] = {}  # this worker process's fork servers, one per toolchain in use:
@@ -120,15 +121,24 @@ def run_action(req: dict[str, Any]) -> dict[str, Any]:
 
 def _run_in(task_dir: Path, req: dict[str, Any], root: Path) -> dict[str, Any]:
     store = req["store"]
-    remote = RemoteStore(store["url"], token=os.environ.get(store["token_env"]) or None,
-                         timeout=store["timeout"], max_download=store["max_download"])
-    local = LocalStore(cache_dir())  # this host's cache: an input shared by several actions is fetched once
+    env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}  # the runner's, and this task's cache's
+    env.update({settings.REMOTE_CACHE.name: store["url"], settings.REMOTE_TOKEN_ENV.name: store["token_env"],
+                settings.REMOTE_TIMEOUT.name: str(store["timeout"]),
+                settings.REMOTE_MAX_DOWNLOAD.name: str(store["max_download"]),
+                settings.BUILD_ID.name: req.get("build_id") or ""})
+    # This host's local cache in front of the remote: an input shared by several actions is fetched once. No
+    # breaker shared with other tasks: each one tries the server again.
+    cache = open_cache(env, shared_breaker=False)
+    assert cache is not None and cache.local is not None  # CTXBUILD_NO_CACHE is not passed on
+    if cache.remote is None:  # e.g. a proxy setting of this host's that the remote cache cannot go through
+        return {"status": "error", "cause": "; ".join(cache.warnings)}
+    local, remote = cache.local, cache.remote
     inputs = task_dir / "in"
     placed: dict[str, str] = {}
     for path, digest in req["files"]:
         dst = inputs / path.lstrip("/")  # mirrored: a model's external data and a _ctx.onnx's bin stay beside it
         dst.parent.mkdir(parents=True, exist_ok=True)
-        if not (local.fetch_into(digest, partial(remote.fetch_blob, digest)) and local.copy_out(digest, dst)):
+        if not (local.fetch_into(digest, partial(remote.fetch_blob, digest)) and local.fetch_blob(digest, dst)):
             return {"status": "error", "cause": f"input {path} (sha256 {digest[:12]}) is not in the remote cache "
                                                 f"{remote.url}"}
         placed[path] = str(dst)
@@ -142,9 +152,6 @@ def _run_in(task_dir: Path, req: dict[str, Any], root: Path) -> dict[str, Any]:
     spec = out / STATE / "actions" / spec_name(action["id"])
     spec.parent.mkdir(parents=True)
     spec.write_text(json.dumps(action))
-    env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}
-    env.update(CTXBUILD_REMOTE_CACHE=store["url"], CTXBUILD_REMOTE_TOKEN_ENV=store["token_env"],
-               CTXBUILD_REMOTE_TIMEOUT=str(store["timeout"]), CTXBUILD_BUILD_ID=req.get("build_id") or "")
     with open(task_dir / "console.txt", "wb") as console:
         code = run_via_worker(str(spec), _fork_server(root, action.get("toolchain")),
                               fds=(console.fileno(), console.fileno()), env=env)
@@ -162,7 +169,6 @@ def _run_in(task_dir: Path, req: dict[str, Any], root: Path) -> dict[str, Any]:
     if record["key"] != req["key"]:  # same content, same toolchain: a path leaked into the key somewhere
         return {"status": "failed", "cause": f"the worker computed action key {record['key'][:16]}, the submitting "
                                              f"side {req['key'][:16]}: {json.dumps(record['key_detail'])[:500]}"}
-    cache = Cache(local, remote)
     uploaded = record.get("source") == "run" and not record.get("cache_warnings")  # the runner stored it remotely
     if not uploaded and not cache.publish(record["key"]):
         return {"status": "error", "cause": "could not upload the outputs to the remote cache: "

@@ -1,0 +1,187 @@
+"""The end of a build: records -> what the last build did, --explain, the outputs a failure left stale,
+a failed verification's artifacts set aside, manifest and report, the deploy gate, and the last lines."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ctxbuild import machine, settings
+from ctxbuild.atomic import write_bytes, write_if_changed
+from ctxbuild.engine import ninja
+from ctxbuild.engine.options import BuildOptions
+from ctxbuild.layout import STATE, cache_dir, record_path
+from ctxbuild.toolchain import installed as toolchain
+
+
+def finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, started: float, *,
+            noop: bool = False) -> int:
+    """Records -> summary, --explain, invalidation after failures, manifest and report."""
+    from ctxbuild.outputs.manifest import read_records, write as write_manifest
+
+    records = read_records(opts.out)
+    ran = [r for r in records.values() if r.get("build_id") == build_id]
+    write_summary(opts.out, ran)
+    if opts.explain:
+        for r in sorted(ran, key=lambda r: (r.get("started") or 0, r["id"])):
+            print(f"explain: {r['id']}: {_explain(r)}")
+    failed = [r for r in ran if r.get("status") == "failed"]
+    _invalidate_downstream(opts.out, state, {r["id"] for r in failed})
+    # `ctxbuild build` only: `ctxbuild verify` (and --layers, which reads them next) checks what a build placed.
+    aside = [] if opts.verify_only or not opts.set_aside_failed else _set_aside_unverified(opts.out, state, {r["id"] for r in failed})
+    for kept in sorted({p.parent for p in aside}):
+        print(f"ctxbuild: failed verification: what it verified is in {kept}, out of the deliverable tree "
+              "(OUT/<target>/)", file=sys.stderr)
+    manifest = write_manifest(opts.out, ninja.read_state(opts.out, "plan.json") or state, toolchain.summary(opts.out / STATE))
+    from ctxbuild.outputs.report import write_report  # OUT/report.html + report.json; never fails the build
+    write_report(opts.out, build_id=build_id, returncode=rc, wall_seconds=time.monotonic() - started,
+                 driver_peak_rss=machine.peak_rss(children=False))  # not ninja's, not the worker's
+    _note_summarized(opts.out)
+    if opts.summary and not opts.console.quiet and not opts.console.json:
+        from ctxbuild.outputs.summary import rewrites
+
+        for line in rewrites(ran):  # one per model legalization rewrote in this build
+            print(line)
+    if rc != 0:
+        for r in failed:  # each failure once: ninja's FAILED header and the action's own error line are not shown
+            print(f"ctxbuild: FAILED {r['id']}: {r.get('cause', 'see log')} (log: {opts.out / r['log']})",
+                  file=sys.stderr)
+        if not failed:
+            print("ctxbuild: ninja failed before running an action (see above)", file=sys.stderr)
+        return conclude(opts, 1, noop=noop)
+    return conclude(opts, deploy_gate(opts.out, manifest), noop=noop)
+
+
+def deploy_gate(out: Path, manifest: dict[str, Any] | None) -> int:
+    """At the end, after everything is built: 1 if a wrapper will not load on a runtime its recipe declares."""
+    from ctxbuild.outputs.gate import blocked
+
+    if manifest is None:
+        try:
+            manifest = json.loads((out / "manifest.json").read_text())
+        except (OSError, ValueError):
+            return 0
+    lines = blocked(manifest)
+    for line in lines:
+        print(f"ctxbuild: FAILED deploy gate: {line}", file=sys.stderr)
+    return 1 if lines else 0
+
+
+def conclude(opts: BuildOptions, rc: int, *, noop: bool) -> int:
+    """The summary (last lines: accuracy per graph, the report's path), or with --json the results document."""
+    from ctxbuild.outputs import summary
+
+    if opts.console.json:
+        print(json.dumps(summary.document(opts.out, rc, noop=noop), indent=2))
+    elif opts.summary and not opts.console.quiet:
+        sys.stderr.flush()
+        for line in summary.text(summary.document(opts.out, rc, noop=noop)):
+            print(line)
+    return rc
+
+
+def _explain(r: dict[str, Any]) -> str:
+    if r.get("status") == "failed":
+        return f"failed: {r.get('cause')}"
+    if r.get("source") == "cache":
+        src = "restored from cache" + (" (remote)" if r.get("cache_origin") == "remote" else "")
+    elif r.get("cache_origin") == "farm":
+        src = f"ran on {r.get('farm', {}).get('worker')}: not in cache"
+    elif r.get("cache_origin") == "off":
+        src = "ran: cache disabled"
+    else:
+        src = "ran: not in cache"
+    return f"{src}; {r.get('why', '')}"
+
+
+def _invalidate_downstream(out: Path, state: dict[str, Any], failed: set[str]) -> None:
+    """Outputs downstream of a failed action were not rebuilt and are stale: remove them and their records."""
+    consumers: dict[str, list[str]] = {}
+    for a in state["actions"]:
+        for d in a["deps"]:
+            consumers.setdefault(d, []).append(a["id"])
+    by_id = {a["id"]: a for a in state["actions"]}
+    todo, seen = list(failed), set(failed)
+    while todo:
+        for c in consumers.get(todo.pop(), []):
+            if c not in seen:
+                seen.add(c)
+                todo.append(c)
+                for p in by_id[c]["outputs"]:
+                    Path(p).unlink(missing_ok=True)
+                record_path(out, c).unlink(missing_ok=True)
+
+
+def _set_aside_unverified(out: Path, state: dict[str, Any], failed: set[str]) -> list[Path]:
+    """The deliverables a failed verification checked (its compile's wrapper and binary) move from
+    OUT/<target>/ to OUT/.ctxbuild/failed/<target>/: a packaging step copying OUT/<target>/ must not ship
+    them. The next build restores them by key (cheap) and verifies again. Returns where they went."""
+    from ctxbuild.plan import kinds
+
+    by_id = {a["id"]: a for a in state["actions"]}
+    moved = []
+    for action_id in sorted(failed):
+        a = by_id.get(action_id)
+        if a is None or not kinds.get(a["kind"]).verification:
+            continue
+        for dep in a["deps"]:
+            if not kinds.get(by_id[dep]["kind"]).deliverable:
+                continue
+            for p in map(Path, by_id[dep]["outputs"]):
+                if p.is_file() and p.is_relative_to(out) and not p.is_relative_to(out / STATE):
+                    dest = out / STATE / "failed" / p.relative_to(out)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(p, dest)
+                    moved.append(dest)
+    return moved
+
+
+_SUMMARIES = ("manifest.json", "report.json", "report.html")
+
+
+def _summary_inputs(out: Path) -> list[int]:
+    """What manifest and report are made of, as stamps: records (a record written or removed changes the
+    directory's mtime) and the plan."""
+    stamps = []
+    for p in (out / STATE / "records", out / STATE / "plan.json"):
+        try:
+            stamps.append(os.stat(p).st_mtime_ns)
+        except OSError:
+            stamps.append(0)
+    return stamps
+
+
+def summaries_current(out: Path) -> bool:
+    """True if manifest and report were written from the records and plan as they are now."""
+    if not all((out / name).is_file() for name in _SUMMARIES):
+        return False
+    return ninja.read_state(out, "summarized.json") == {"inputs": _summary_inputs(out)}
+
+
+def _note_summarized(out: Path) -> None:
+    write_if_changed(out / STATE / "summarized.json", json.dumps({"inputs": _summary_inputs(out)}).encode(),
+                     durable=False)
+
+
+def write_summary(out: Path, ran: list[dict[str, Any]]) -> None:
+    """What the last build did (cache hits, failures): read by `cache stats` and the report. A copy goes
+    into the cache dir, so `ctxbuild cache stats` needs no OUT."""
+    summary = {"ran": len(ran), "from_cache": sum(r.get("source") == "cache" for r in ran),
+               "executed": sum(r.get("source") == "run" for r in ran),
+               "failed": sum(r.get("status") == "failed" for r in ran),
+               "actions": {r["id"]: r.get("source") or r.get("status") for r in ran}}
+    write_if_changed(out / STATE / "last_build.json", json.dumps(summary).encode(), durable=False)
+    if settings.NO_CACHE.get() or not ran:  # a no-op keeps the last real build's figures
+        return
+    hits = [r for r in ran if r.get("source") == "cache"]
+    cached = {**summary, "out": str(out), "finished": time.time(), "hits": len(hits),
+              "hits_local": sum(r.get("cache_origin") != "remote" for r in hits),
+              "hits_remote": sum(r.get("cache_origin") == "remote" for r in hits),
+              "misses": sum(r.get("source") == "run" and r.get("cache_origin") != "off" for r in ran)}
+    try:
+        write_bytes(cache_dir() / "last_build.json", json.dumps(cached).encode())
+    except OSError:  # a read-only or full cache dir: the actions already warned about it
+        pass
