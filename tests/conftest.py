@@ -29,10 +29,24 @@ EXAMPLES_IGNORE = shutil.ignore_patterns("models", "llm_*.yaml")
 E2E_FIXTURES = {"ctxbuild", "tree", "example_models"}
 
 
+# The rest of the end-to-end suite (marker `full`, `make test-full`, run by CI after `make test`): farm, faults,
+# caches across builds and machines, big models, bundles, LoRA, older toolchains. Chosen by measured time (the
+# whole suite took 46 min on the 2-core machine under load, these files 34 of it) so that `make test` stays
+# under 10 minutes; a test moves here by its file's name.
+FULL_FILES = frozenset({
+    "test_farm", "test_farm_netns", "test_safety", "test_big_model", "test_bundle", "test_faults", "test_llm_lora",
+    "test_cache_build", "test_search", "test_fastpath", "test_never_stale", "test_lora", "test_reproducible",
+    "test_external_data", "test_reapi", "test_cache_big_blobs", "test_quantized_io", "test_toolchains",
+    "test_full_cache", "test_gate",
+})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
+        if item.path.stem in FULL_FILES:
+            item.add_marker(pytest.mark.full)
     # Real-model tests take minutes: they run only when -m names them (`pytest -m slow`), whatever else
     # -m says (addopts' -m would be overridden by `make unit`'s own).
     if "slow" not in (config.getoption("markexpr") or ""):
