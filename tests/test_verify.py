@@ -135,3 +135,32 @@ def test_coverage_counts_cpu_fallback_nodes(tree: Path, tmp_path: Path, ctxbuild
     (row,) = [r for r in json.loads((out / "report.json").read_text())["rows"] if r["recipe"] == "det"]
     assert row["coverage"]["partitions"] == 2 and row["coverage"]["cpu_macs_share"] == 0.0
     assert "2 NPU partitions, 0.0% of MACs on the CPU" in (out / "report.html").read_text()
+
+
+def _files(d: Path) -> list[str]:
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()) if d.is_dir() else []
+
+
+def test_what_ships_passed(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """With -k 1 the first failed verification stops the build: the other SoC's binary was compiled but never
+    verified, so it must not stay deliverable either (it stayed in OUT/SM8750/, and `check` said it loads). Once
+    the recipe passes, both SoCs ship and the set-aside copies go."""
+    keep_only(tree)
+    recipe = ("model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: int8\n"
+              "calibration: {dir: models/calib/tiny_cnn}\ntargets: [SM8650, SM8750]\n")
+    (tree / "strict.yaml").write_text(recipe + "verify: {min_snr_db: 119}\n")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), "-k", "1", "-j", "1")
+    assert r.code == 1, r.text
+    assert _files(out / "SM8650") == [] and _files(out / "SM8750") == [], (_files(out / "SM8650"), _files(out / "SM8750"))
+    aside = _files(out / ".ctxbuild" / "failed")
+    assert "SM8650/strict/strict_ctx.onnx" in aside and "SM8750/strict/strict_ctx.onnx" in aside, aside
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert not [a for a in manifest["artifacts"] if a["recipe"] == "strict"], manifest["artifacts"]
+
+    (tree / "strict.yaml").write_text(recipe)
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    for soc in ("SM8650", "SM8750"):
+        assert "strict/strict_ctx.onnx" in _files(out / soc)
+    assert _files(out / ".ctxbuild" / "failed") == []

@@ -19,6 +19,9 @@ def main(paths: list[Path], out: Path, recipe: str, targets: list[str], *, sampl
     from ctxbuild.verify import diagnose
     from ctxbuild.engine import ninja
     from ctxbuild.engine.build import build
+    from ctxbuild.engine.finish import ship_only_verified
+    from ctxbuild.outputs.manifest import write as write_manifest
+    from ctxbuild.toolchain import installed as toolchain
     from ctxbuild.engine.options import BuildOptions
     from ctxbuild.outputs.report import write_report
 
@@ -53,6 +56,8 @@ def main(paths: list[Path], out: Path, recipe: str, targets: list[str], *, sampl
         diagnose.write(dst, result)
         print(diagnose.format_text(result))
         print(f"  written: {dst}")
+    ship_only_verified(out, state, pending=set())  # the build left the failed graph in place for the diagnosis
+    write_manifest(out, state, toolchain.summary(out / STATE))
     write_report(out)
     return rc
 

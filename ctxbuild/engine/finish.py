@@ -1,9 +1,11 @@
 """The end of a build: records -> what the last build did, --explain, the outputs a failure left stale,
-a failed verification's artifacts set aside, manifest and report, the deploy gate, and the last lines."""
+what was not verified set aside (OUT/<target>/ holds what passed), manifest and report, the deploy gate, and the last lines."""
 from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,7 +15,7 @@ from ctxbuild import machine, settings
 from ctxbuild.atomic import write_bytes, write_if_changed
 from ctxbuild.engine import ninja
 from ctxbuild.engine.options import BuildOptions
-from ctxbuild.layout import STATE, cache_dir, record_path
+from ctxbuild.layout import STATE, cache_dir, record_path, spec_name
 from ctxbuild.toolchain import installed as toolchain
 
 
@@ -30,11 +32,8 @@ def finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, st
             print(f"explain: {r['id']}: {_explain(r)}")
     failed = [r for r in ran if r.get("status") == "failed"]
     _invalidate_downstream(opts.out, state, {r["id"] for r in failed})
-    # `ctxbuild build` only: `ctxbuild verify` (and --layers, which reads them next) checks what a build placed.
-    aside = [] if opts.verify_only or not opts.set_aside_failed else _set_aside_unverified(opts.out, state, {r["id"] for r in failed})
-    for kept in sorted({p.parent for p in aside}):
-        print(f"ctxbuild: failed verification: what it verified is in {kept}, out of the deliverable tree "
-              "(OUT/<target>/)", file=sys.stderr)
+    if opts.set_aside_failed:  # --layers sets aside after its diagnosis, which reads the failed graph's files
+        ship_only_verified(opts.out, state, pending=set() if rc == 0 else pending_actions(opts.out))
     manifest = write_manifest(opts.out, ninja.read_state(opts.out, "plan.json") or state, toolchain.summary(opts.out / STATE))
     from ctxbuild.outputs.report import write_report  # OUT/report.html + report.json; never fails the build
     write_report(opts.out, build_id=build_id, returncode=rc, wall_seconds=time.monotonic() - started,
@@ -115,28 +114,54 @@ def _invalidate_downstream(out: Path, state: dict[str, Any], failed: set[str]) -
                 record_path(out, c).unlink(missing_ok=True)
 
 
-def _set_aside_unverified(out: Path, state: dict[str, Any], failed: set[str]) -> list[Path]:
-    """The deliverables a failed verification checked (its compile's wrapper and binary) move from
-    OUT/<target>/ to OUT/.ctxbuild/failed/<target>/: a packaging step copying OUT/<target>/ must not ship
-    them. The next build restores them by key (cheap) and verifies again. Returns where they went."""
+def pending_actions(out: Path) -> set[str]:
+    """The actions ninja would still run in OUT (after a failed or stopped build: what did not run and is not up to
+    date), read from `ninja -n -v`'s commands, which name each action's spec file."""
+    p = subprocess.run([ninja.ninja_binary(), "-n", "-v", "-k", "0"], cwd=out, capture_output=True, text=True,
+                       check=False)
+    names = set(re.findall(r"actions/(\S+?\.json)", p.stdout))
+    state = ninja.read_state(out, "plan.json") or {"actions": []}
+    return {a["id"] for a in state["actions"] if spec_name(a["id"]) in names}
+
+
+def ship_only_verified(out: Path, state: dict[str, Any], *, pending: set[str]) -> None:
+    """OUT/<target>/ holds only deliverables whose verification passed: one whose verification failed, or did not
+    run (the build stopped first: `pending`), moves to OUT/.ctxbuild/failed/<target>/, where a packaging step
+    copying OUT/<target>/ cannot ship it; the next build restores it by key (cheap) and verifies it. A deliverable
+    that passed drops any copy an earlier failure left there. Deliverables with no verification planned (verify
+    off) stay: the manifest says so."""
     from ctxbuild.plan import kinds
 
     by_id = {a["id"]: a for a in state["actions"]}
-    moved = []
-    for action_id in sorted(failed):
-        a = by_id.get(action_id)
-        if a is None or not kinds.get(a["kind"]).verification:
-            continue
-        for dep in a["deps"]:
-            if not kinds.get(by_id[dep]["kind"]).deliverable:
+    judges: dict[str, list[str]] = {}
+    for a in state["actions"]:
+        if kinds.get(a["kind"]).verdict or kinds.get(a["kind"]).picks_candidate:
+            for dep in [a["id"], *a["deps"]]:
+                if dep in by_id and kinds.get(by_id[dep]["kind"]).deliverable:
+                    judges.setdefault(dep, []).append(a["id"])
+    moved: set[Path] = set()
+    for deliverable, verifiers in sorted(judges.items()):
+        passed = all(v not in pending and (_read(record_path(out, v)) or {}).get("status") == "ok" for v in verifiers)
+        for p in map(Path, by_id[deliverable]["outputs"]):
+            if not p.is_relative_to(out) or p.is_relative_to(out / STATE):
                 continue
-            for p in map(Path, by_id[dep]["outputs"]):
-                if p.is_file() and p.is_relative_to(out) and not p.is_relative_to(out / STATE):
-                    dest = out / STATE / "failed" / p.relative_to(out)
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(p, dest)
-                    moved.append(dest)
-    return moved
+            aside = out / STATE / "failed" / p.relative_to(out)
+            if passed:
+                aside.unlink(missing_ok=True)
+            elif p.is_file():
+                aside.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(p, aside)
+                moved.add(aside.parent)
+    for kept in sorted(moved):
+        print(f"ctxbuild: not verified in this build (failed or not run): what it built is in {kept}, out of the "
+              "deliverable tree (OUT/<target>/)", file=sys.stderr)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 _SUMMARIES = ("manifest.json", "report.json", "report.html")
