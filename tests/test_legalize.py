@@ -101,7 +101,7 @@ def test_gathernd_constant_indices(tmp_path: Path) -> None:
 def test_gathernd_out_of_range_indices_are_left(tmp_path: Path) -> None:
     """onnxruntime refuses a GatherND index past the data's axis; as a flat position it would read another
     element (the rule used to make it a valid read). Left as written, with the reason."""
-    idx = np.array([[0, 4], [1, 5]], np.int64)  # data [2, 5, 3]: 5 is out of range on axis 1
+    idx = np.array([[0, 4], [0, 5]], np.int64)  # data [2, 5, 3]: 5 is out of range on axis 1 (flat: [1, 0])
     m = _model([helper.make_node("GatherND", ["x", "idx"], ["y"])], {"x": [2, 5, 3]}, {"y": [2, 3]}, {"idx": idx})
     done = legalize(m)
     assert done.rewrites == {} and m.graph.node[0].op_type == "GatherND"
@@ -218,14 +218,15 @@ def test_dynamic_int8_per_channel(tmp_path: Path) -> None:
 
 def _rms(square: str, axes: list[int], shape: list[int], scale: np.ndarray) -> onnx.ModelProto:
     """x / sqrt(mean(x^2 over axes) + eps) * scale, written out as exporters do (Pow or Mul(x, x))."""
-    sq = helper.make_node("Pow", ["x", "two"], ["sq"]) if square == "Pow" else helper.make_node("Mul", ["x", "x"], ["sq"])
+    sq = (helper.make_node("Pow", ["x", "two"], ["sq"]) if square == "Pow"
+          else helper.make_node("Mul", ["x", "x"], ["sq"]))
     nodes = [sq, helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1),
              helper.make_node("Add", ["ms", "eps"], ["mse"]), helper.make_node("Sqrt", ["mse"], ["rms"]),
              helper.make_node("Div", ["one", "rms"], ["inv"]), helper.make_node("Mul", ["x", "inv"], ["xn"]),
              helper.make_node("Mul", ["weight", "xn"], ["y"])]
     return _model(nodes, {"x": shape}, {"y": shape},
-                  {"two": np.array(2.0, np.float32), "axes": np.array(axes, np.int64), "eps": np.array(1e-6, np.float32),
-                   "one": np.array(1.0, np.float32), "weight": scale}, opset=18)
+                  {"two": np.array(2.0, np.float32), "axes": np.array(axes, np.int64),
+                   "eps": np.array(1e-6, np.float32), "one": np.array(1.0, np.float32), "weight": scale}, opset=18)
 
 
 def test_rmsnorm_only_over_the_last_axis() -> None:
@@ -589,30 +590,38 @@ def test_verification_compares_with_the_users_model(tmp_path: Path, ctxbuild) ->
 
 def test_rewrite_that_changes_the_outputs_is_withdrawn(tmp_path: Path, ctxbuild) -> None:
     """An additive mask (Where(mask, 0, -inf) added to the scores: the form mask_fill rewrites) over scores that
-    span +-900: a masked score 100 above the kept ones takes the weight at -100. The graph cannot show that; the
-    sample check after the rules can: the rewrite is withdrawn, and the prepare record, the prepared model's
-    metadata and one console line say why; the model builds and verifies as the user wrote it."""
-    recipe = _masked(tmp_path, [helper.make_node("Mul", ["x", "gain"], ["s"]),
+    span hundreds: a masked score 100 above the kept ones takes the weight at -100. The graph cannot show that;
+    the sample check after the rules can. With an Einsum before the scores, all rules at once move the output,
+    so they are checked one at a time: einsum is kept, mask_fill withdrawn (its step reuses the model with both),
+    and the prepare record, the prepared model's metadata and one console line say why; the model builds and
+    verifies against the model as given."""
+    recipe = _masked(tmp_path, [helper.make_node("Einsum", ["x", "w"], ["xw"], equation="abcd,de->abce"),
+                                helper.make_node("Mul", ["xw", "gain"], ["s"]),
                                 helper.make_node("Where", ["mask", "zero", "fill"], ["bias"]),
                                 helper.make_node("Add", ["s", "bias"], ["l"])],
-                     {"gain": np.array(300.0, np.float32), "zero": np.array(0.0, np.float32),
-                      "fill": np.array(-np.inf, np.float32)})
+                     {"w": rng().standard_normal((8, 8)).astype(np.float32), "gain": np.array(100.0, np.float32),
+                      "zero": np.array(0.0, np.float32), "fill": np.array(-np.inf, np.float32)})
     rewritten = onnx.load(str(tmp_path / "masked.onnx"))
-    assert legalize(rewritten).rewrites == {"mask_fill": 1}  # statically, the form the rule rewrites
+    assert legalize(rewritten).rewrites == {"einsum": 1, "mask_fill": 1}  # statically, both apply
     out = tmp_path / "out"
     r = ctxbuild("build", str(recipe), "-o", str(out))
     assert r.code == 0, r.text
     records = out / ".ctxbuild" / "records"
     (prepare,) = [json.loads(p.read_text()) for p in records.glob("prepare.*.json")]
-    assert "rewrites" not in prepare, prepare
+    assert prepare["rewrites"] == {"einsum": 1}, prepare
     why = prepare["withdrawn"]["mask_fill"]
-    assert why.startswith("output 'y' moved by") and why.endswith("on 2 verification samples"), why
-    assert prepare["rewrite_check"]["models_run"] == 2, prepare
+    assert why.startswith("output 'y' moved by") and why.endswith("(tolerance 0.0001) on 2 verification samples"), why
+    check = prepare["rewrite_check"]
+    assert check["models_run"] == 3 and check["moved"]["einsum"] < 1e-5 and check["moved"]["mask_fill"] > 0.1, check
     (prepared,) = (out / ".ctxbuild" / "work").glob("*/prepared.onnx")
-    meta = {p.key: p.value for p in onnx.load(str(prepared), load_external_data=False).metadata_props}
-    assert json.loads(meta["ctxbuild.withdrawn"]) == {"mask_fill": why} and "ctxbuild.rewrites" not in meta
-    assert "Where" in {n.op_type for n in onnx.load(str(prepared), load_external_data=False).graph.node}
+    model = onnx.load(str(prepared), load_external_data=False)
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert json.loads(meta["ctxbuild.withdrawn"]) == {"mask_fill": why}
+    assert json.loads(meta["ctxbuild.rewrites"]) == {"einsum": 1}
+    ops = {n.op_type for n in model.graph.node}
+    assert {"Where", "MatMul"} <= ops and "Einsum" not in ops, ops
     line = f"ctxbuild: masked: rewrite withdrawn by the sample check: mask_fill: {why} (docs/legalization.md)"
     assert r.out.splitlines().count(line) == 1, r.out
+    assert "ctxbuild: masked: rewritten for the HTP: 1 einsum (docs/legalization.md)" in r.out, r.out
     verify = json.loads((records / "verify.masked@SM8650.json").read_text())["result"]
     assert verify["passed"] and verify["reference"] == "original", verify

@@ -126,7 +126,8 @@ def _rms_graph(r: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.nd
                   helper.make_node("ReduceMean", ["x", "last"], ["mu"]), helper.make_node("Sub", ["x", "mu"], ["xc"])]
         inits["last"] = np.array([-1], np.int64)
         x = "xc"
-    nodes.append(helper.make_node("Pow", [x, "two"], ["sq"]) if r.integers(2) else helper.make_node("Mul", [x, x], ["sq"]))
+    square = helper.make_node("Pow", [x, "two"], ["sq"]) if r.integers(2) else helper.make_node("Mul", [x, x], ["sq"])
+    nodes.append(square)
     if opset < 18:
         nodes.append(helper.make_node("ReduceMean", ["sq"], ["ms"], axes=axes, keepdims=keepdims))
     else:

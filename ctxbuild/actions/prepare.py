@@ -160,8 +160,8 @@ def _legalize(ctx: Any, dst: Path, inputs: Callable[[], tuple[list[dict[str, np.
             _stamp(dst, {KEPT_KEY: first.kept})
         return
     start = time.monotonic()
-    chosen, withdrawn, checks = _checked(ctx, dst, first, *inputs())
-    ctx.facts["rewrite_check"] = {"seconds": round(time.monotonic() - start, 3), "models_run": checks}
+    chosen, withdrawn, facts = _checked(ctx, dst, first, *inputs())
+    ctx.facts["rewrite_check"] = {"seconds": round(time.monotonic() - start, 3), **facts}
     if chosen is not None:
         for f in (chosen.path, data_path(chosen.path)):
             os.replace(f, dst.parent / f.name)
@@ -169,47 +169,58 @@ def _legalize(ctx: Any, dst: Path, inputs: Callable[[], tuple[list[dict[str, np.
 
 
 def _checked(ctx: Any, dst: Path, first: Candidate, samples: list[dict[str, np.ndarray]], on: str
-             ) -> tuple[Candidate | None, dict[str, str], int]:
-    """The rewritten model to keep (None: none), why each withdrawn rule was, and how many models ran, on
-    `samples` (`on` says what they are). All rules at once first, at the tightest tolerance among them; when that
-    fails, rule by rule, each against the model with the rules kept before it (so each is measured alone, at its
-    own tolerance)."""
-    from ctxbuild.graph.legalize.check import difference, tolerance
+             ) -> tuple[Candidate | None, dict[str, str], dict[str, Any]]:
+    """The rewritten model to keep (None: none), why each withdrawn rule was, and what the check measured (for
+    the record), on `samples` (`on` says what they are). All rules at once first, at the tightest tolerance among
+    them; when that fails, rule by rule, each against the model with the rules kept before it (so each is
+    measured alone, at its own tolerance; the last step reuses the first model when nothing was withdrawn)."""
+    from ctxbuild.graph.legalize.check import moved, tolerance
     from ctxbuild.verify.measure import cpu_outputs
 
-    def outputs(model: Path) -> dict[str, np.ndarray] | str:
+    facts: dict[str, Any] = {"models_run": 0, "moved": {}}
+
+    def run(model: Path) -> dict[str, np.ndarray] | str:
+        facts["models_run"] += 1
         try:
             return cpu_outputs(model, samples)
         except MemoryError:
             raise
         except Exception as e:  # noqa: BLE001 - onnxruntime's (and the shape check's) errors: the reason recorded
-            return f"onnxruntime's CPU EP could not run it ({(str(e).strip().splitlines() or [type(e).__name__])[0][:200]})"
+            first_line = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            return f"onnxruntime's CPU EP could not run it ({first_line})"
 
-    before = outputs(dst)
+    def why(label: str, reference: dict[str, np.ndarray], after: dict[str, np.ndarray] | str, tol: float
+            ) -> str | None:
+        if isinstance(after, str):
+            return f"the rewritten model: {after}"
+        worst, what = moved(reference, after)
+        facts["moved"][label] = float(f"{worst:.3g}") if worst < float("inf") else None  # JSON has no inf
+        return None if worst <= tol else f"{what} (tolerance {tol:g}) {on}"
+
+    before = run(dst)
     if isinstance(before, str):
-        return None, {r: f"not checked: the model before the rewrites: {before}" for r in first.rewrites}, 1
-    after = outputs(first.path)
-    why = after if isinstance(after, str) else difference(before, after, min(map(tolerance, first.rewrites)))
-    if why is None:
-        return first, {}, 2
+        return None, {rule: f"not checked: the model before the rewrites: {before}" for rule in first.rewrites}, facts
+    first_after = run(first.path)
+    if (found := why("all rules", before, first_after, min(map(tolerance, first.rewrites)))) is None:
+        return first, {}, facts
     if len(first.rewrites) == 1:
-        return None, {rule: f"{why} {on}" for rule in first.rewrites}, 2
+        return None, {rule: found for rule in first.rewrites}, facts
     kept: Candidate | None = None
-    reference: dict[str, np.ndarray] = before
-    withdrawn, runs = {}, 2
+    reference, withdrawn = before, {}
     for rule in first.rewrites:
-        trial = _rewritten(dst, ctx.tmp / f"rewritten-{rule}", ctx.action.params["optimize"],
-                           (list(kept.rewrites) if kept else []) + [rule])
-        if rule not in trial.rewrites:  # it rewrote only what a withdrawn rule made
-            continue
-        after = outputs(trial.path)
-        runs += 1
-        why = after if isinstance(after, str) else difference(reference, after, tolerance(rule))
-        if why is None:
+        rules = (list(kept.rewrites) if kept else []) + [rule]
+        if rules == list(first.rewrites):
+            trial, after = first, first_after
+        else:
+            trial = _rewritten(dst, ctx.tmp / f"rewritten-{rule}", ctx.action.params["optimize"], rules)
+            if rule not in trial.rewrites:  # it rewrote only what a withdrawn rule made
+                continue
+            after = run(trial.path)
+        if (found := why(rule, reference, after, tolerance(rule))) is None:
             kept, reference = trial, after  # type: ignore[assignment]
         else:
-            withdrawn[rule] = f"{why} {on}"
-    return kept, withdrawn, runs
+            withdrawn[rule] = found
+    return kept, withdrawn, facts
 
 
 @dataclass

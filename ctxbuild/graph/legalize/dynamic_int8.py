@@ -20,6 +20,12 @@ NAME = "dynamic_int8"
 OPS = ("MatMulInteger", "DynamicQuantizeLinear", "DequantizeLinear")
 WHAT = "DynamicQuantizeLinear + MatMulInteger, int8 tables + DequantizeLinear -> float MatMul / float tables"
 MOVES = ("Gather", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Slice")  # value-preserving
+# The sample check's bound (check.py): the rewrite drops the export's per-run activation quantization, so it moves
+# the outputs by that quantization's error by design (measured on a small MLP: 0.4% of the largest output per
+# tensor, 9% per channel; a T5 encoder export: 92%, cosine 0.55). 25% still catches a misread scale or weight
+# (they move outputs by their whole size; exactness is the unit tests'); how close the result must come to the
+# user's model is verification's call, with the recipe's thresholds.
+TOLERANCE = 0.25
 
 
 def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
