@@ -625,3 +625,21 @@ def test_rewrite_that_changes_the_outputs_is_withdrawn(tmp_path: Path, ctxbuild)
     assert "ctxbuild: masked: rewritten for the HTP: 1 einsum (docs/legalization.md)" in r.out, r.out
     verify = json.loads((records / "verify.masked@SM8650.json").read_text())["result"]
     assert verify["passed"] and verify["reference"] == "original", verify
+
+
+def test_sample_check_measures_relative_movement() -> None:
+    """check.moved: the largest max abs difference over the larger of the two outputs' magnitudes; a change of
+    shape, NaNs in new places or changed integers are infinitely far; the same infinities are equal."""
+    from ctxbuild.graph.legalize.check import moved, tolerance
+
+    a = np.array([[1.0, -4.0, np.inf, np.nan]], np.float32)
+    assert moved({"y": a}, {"y": a.copy()})[0] == 0.0
+    b = a.copy()
+    b[0, 0] = 1.0004
+    worst, what = moved({"y": a}, {"y": b})
+    assert worst == pytest.approx(1e-4, rel=1e-2) and what.startswith("output 'y' moved by 0.0004"), what
+    for other in (a[:, :3], np.where(np.isnan(a), 0, a), a.astype(np.float16)):
+        assert moved({"y": a}, {"y": other})[0] == float("inf")
+    ids = np.array([1, 2], np.int64)
+    assert moved({"i": ids}, {"i": ids + 1}) == (float("inf"), "output 'i' changed in 2 of 2 values")
+    assert tolerance("einsum") == 1e-4 and tolerance("dynamic_int8") == 0.25

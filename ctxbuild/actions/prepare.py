@@ -148,7 +148,8 @@ def summarize(action: Action) -> dict[str, Any]:
 
 def _legalize(ctx: Any, dst: Path, inputs: Callable[[], tuple[list[dict[str, np.ndarray]], str]]) -> None:
     """Rewrite what the HTP cannot run (rules in ctxbuild.graph.legalize), then check the rewrites on `inputs`;
-    the weights are loaded only when a rule's op is present. dst is left as it is when no rewrite is kept."""
+    the weights are loaded only when a rule's op is present. dst keeps the folded model when no rewrite is kept
+    (its metadata then says why)."""
     from ctxbuild.graph.legalize import KEPT_KEY, WITHDRAWN_KEY, wanted
 
     optimize, only = ctx.action.params["optimize"], _only(ctx.action.params)
