@@ -54,7 +54,7 @@ def _check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rule: str, op: 
     (False) or either (None), and the copy compiled."""
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
-    counts = legalize(rewritten)
+    counts = legalize(rewritten).rewrites
     assert rule in counts, counts
     if rule != "rmsnorm":  # SimplifiedLayerNormalization is onnxruntime's op: onnx's checker has no schema
         onnx.checker.check_model(rewritten, full_check=True)
@@ -85,7 +85,7 @@ def test_einsum(tmp_path: Path, eq: str, a: list[int], b: list[int], refused: bo
 
 def test_einsum_left_alone_when_not_a_matmul() -> None:
     m = _model([helper.make_node("Einsum", ["a"], ["y"], equation="ii->i")], {"a": [3, 3]}, {"y": [3]}, {})
-    assert legalize(m) == {} and m.graph.node[0].op_type == "Einsum"
+    assert legalize(m).rewrites == {} and m.graph.node[0].op_type == "Einsum"
 
 
 def test_gathernd_constant_indices(tmp_path: Path) -> None:
@@ -98,6 +98,19 @@ def test_gathernd_constant_indices(tmp_path: Path) -> None:
     _check(m, {"x": rng().standard_normal((2, 5, 3)).astype(np.float32)}, "gathernd", "GatherND", tmp_path, 0.0)
 
 
+def test_gathernd_out_of_range_indices_are_left(tmp_path: Path) -> None:
+    """onnxruntime refuses a GatherND index past the data's axis; as a flat position it would read another
+    element (the rule used to make it a valid read). Left as written, with the reason."""
+    idx = np.array([[0, 4], [0, 5]], np.int64)  # data [2, 5, 3]: 5 is out of range on axis 1 (flat: [1, 0])
+    m = _model([helper.make_node("GatherND", ["x", "idx"], ["y"])], {"x": [2, 5, 3]}, {"y": [2, 3]}, {"idx": idx})
+    done = legalize(m)
+    assert done.rewrites == {} and m.graph.node[0].op_type == "GatherND"
+    assert done.kept == {"gathernd": ["'y' (GatherND): indices out of range for data of shape [2, 5, 3] (onnxruntime "
+                                      "refuses them; as flat positions they would read other elements)"]}
+    with pytest.raises(Exception, match="out of bounds|invalid"):
+        _run(m, {"x": rng().standard_normal((2, 5, 3)).astype(np.float32)})
+
+
 def test_clip_with_a_runtime_min(tmp_path: Path) -> None:
     """A clamp whose floor is computed (a mel front end's max(x, max(x) - 80 dB))."""
     nodes = [helper.make_node("ReduceMax", ["x"], ["top"], keepdims=0),
@@ -106,6 +119,37 @@ def test_clip_with_a_runtime_min(tmp_path: Path) -> None:
     m = _model(nodes, {"x": [1, 16, 20]}, {"y": [1, 16, 20]},
                {"range": np.array(8.0, np.float32), "ceil": np.array(30.0, np.float32)})
     _check(m, {"x": (rng().standard_normal((1, 16, 20)) * 10).astype(np.float32)}, "clip", "Clip", tmp_path, 0.0)
+
+
+def test_clip_with_a_nan_runtime_bound(tmp_path: Path) -> None:
+    """onnxruntime's Clip leaves x where a bound is NaN (and keeps a NaN x NaN); Max(x, NaN) made every output NaN.
+    The rewrite is the comparison Clip makes, Where(x < min, min, x): equal, NaN and all."""
+    nodes = [helper.make_node("Clip", ["x", "lo", "hi"], ["y"])]
+    m = _model(nodes, {"x": [6], "lo": [], "hi": []}, {"y": [6]}, {})
+    bounds = {"lo": np.array(-1, np.float32), "hi": np.array(1, np.float32)}
+    rewritten = _check(m, {"x": np.zeros(6, np.float32), **bounds}, "clip", "Clip", tmp_path, 0.0, refused=None)
+    x = np.array([-3, -0.5, 0, 0.5, 3, np.nan], np.float32)
+    for lo, hi in ((np.nan, 1.0), (-1.0, np.nan), (np.nan, np.nan), (2.0, 1.0)):  # min > max: max everywhere
+        feeds = {"x": x, "lo": np.array(lo, np.float32), "hi": np.array(hi, np.float32)}
+        (a,), (b,) = _run(m, feeds), _run(rewritten, feeds)
+        assert np.array_equal(a, b, equal_nan=True), (lo, hi, a, b)
+
+
+def test_clip_one_element_bounds_keep_the_output_shape() -> None:
+    """Clip takes [1]-shaped bounds and keeps x's shape; Max(x, [1]) would give a scalar x a dimension: such a
+    bound is rewritten only where x has a rank at least its own."""
+    for x_shape, rewritten in (([], False), ([3], True)):
+        m = _model([helper.make_node("Clip", ["x", "lo"], ["y"])], {"x": x_shape, "lo": [1]}, {"y": x_shape}, {})
+        copy = onnx.ModelProto()
+        copy.CopyFrom(m)
+        done = legalize(copy)
+        assert (done.rewrites == {"clip": 1}) is rewritten, done
+        if not rewritten:
+            assert done.kept == {"clip": ["'y' (Clip): bound 'lo' is not known to be a scalar ([] or [1]) of rank "
+                                          "at most the input's"]}
+        feeds = {"x": rng().standard_normal(x_shape).astype(np.float32), "lo": np.array([0.1], np.float32)}
+        (a,), (b,) = _run(m, feeds), _run(copy, feeds)
+        assert a.shape == b.shape == tuple(x_shape) and np.array_equal(a, b)
 
 
 def _float_mlp() -> onnx.ModelProto:
@@ -135,7 +179,7 @@ def test_dynamic_int8(tmp_path: Path) -> None:
     feeds = {"ids": rng().integers(0, 100, (1, 12)).astype(np.int64)}
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(int8)
-    assert legalize(rewritten) == {"dynamic_int8": 2}  # two MatMuls, the first reading the int8 table
+    assert legalize(rewritten).rewrites == {"dynamic_int8": 2}  # two MatMuls, the first reading the int8 table
     ops = {n.op_type for n in rewritten.graph.node}
     assert not ops & {"DynamicQuantizeLinear", "MatMulInteger", "DequantizeLinear"}, ops
     (ref,), (q,), (f,) = _run(float_model, feeds), _run(int8, feeds), _run(rewritten, feeds)
@@ -152,6 +196,61 @@ def test_dynamic_int8(tmp_path: Path) -> None:
     assert np.abs(f - q).max() < 0.05 * np.abs(ref).max()
     assert not _compiles(int8, tmp_path, "int8")
     assert _compiles(rewritten, tmp_path, "rewritten")
+
+
+def test_dynamic_int8_per_channel(tmp_path: Path) -> None:
+    """quantize_dynamic with per_channel=True: one scale and zero point per weight column (prepare used to stop on
+    numpy's "inhomogeneous shape"). The rewrite equals the float model with each column's int8 values dequantized."""
+    onnx.save(_float_mlp(), str(tmp_path / "float.onnx"))
+    quantize_dynamic(tmp_path / "float.onnx", tmp_path / "int8.onnx", weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["MatMul", "Gather"], per_channel=True)
+    rewritten = onnx.load(str(tmp_path / "int8.onnx"))
+    weights = {t.name: numpy_helper.to_array(t) for t in rewritten.graph.initializer}
+    assert weights["w1_scale"].shape == (128,)  # per column
+    assert legalize(rewritten).rewrites == {"dynamic_int8": 2}
+    same = _float_mlp()
+    for t in same.graph.initializer:
+        q8 = weights[f"{t.name}_quantized"].astype(np.float32) - weights[f"{t.name}_zero_point"].astype(np.float32)
+        t.CopyFrom(numpy_helper.from_array(q8 * weights[f"{t.name}_scale"], t.name))
+    feeds = {"ids": rng().integers(0, 100, (1, 12)).astype(np.int64)}
+    assert np.abs(_run(rewritten, feeds)[0] - _run(same, feeds)[0]).max() < 1e-5
+
+
+def _rms(square: str, axes: list[int], shape: list[int], scale: np.ndarray) -> onnx.ModelProto:
+    """x / sqrt(mean(x^2 over axes) + eps) * scale, written out as exporters do (Pow or Mul(x, x))."""
+    sq = (helper.make_node("Pow", ["x", "two"], ["sq"]) if square == "Pow"
+          else helper.make_node("Mul", ["x", "x"], ["sq"]))
+    nodes = [sq, helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1),
+             helper.make_node("Add", ["ms", "eps"], ["mse"]), helper.make_node("Sqrt", ["mse"], ["rms"]),
+             helper.make_node("Div", ["one", "rms"], ["inv"]), helper.make_node("Mul", ["x", "inv"], ["xn"]),
+             helper.make_node("Mul", ["weight", "xn"], ["y"])]
+    return _model(nodes, {"x": shape}, {"y": shape},
+                  {"two": np.array(2.0, np.float32), "axes": np.array(axes, np.int64),
+                   "eps": np.array(1e-6, np.float32), "one": np.array(1.0, np.float32), "weight": scale}, opset=18)
+
+
+def test_rmsnorm_only_over_the_last_axis() -> None:
+    """SimplifiedLayerNormalization normalizes over every axis from `axis` on: an RMSNorm-shaped mean over the
+    channels of [N, C, T] used to be fused into one over channels and time (other values), a mean over two axes
+    stopped prepare (onnxruntime's fusion reads the axes array as a truth value), and so did a square written
+    Mul(x, x). Only a mean over the last axis alone is fused; the others are left, with the reason."""
+    x = rng().standard_normal((1, 16, 20)).astype(np.float32) * 50
+    scale = rng().uniform(0.5, 2, (16, 1)).astype(np.float32)
+    for axes in ([1], [1, 2]):
+        m = _rms("Pow", axes, [1, 16, 20], scale)
+        copy = onnx.ModelProto()
+        copy.CopyFrom(m)
+        done = legalize(copy)
+        assert done.rewrites == {} and done.kept == {"rmsnorm": [
+            f"'ms' (ReduceMean): the mean is over axes {axes} of [1, 16, 20], not the last one alone"]}, done
+        assert np.array_equal(_run(m, {"x": x})[0], _run(copy, {"x": x})[0])
+    m = _rms("Mul", [-1], [1, 16, 20], rng().uniform(0.5, 2, 20).astype(np.float32))
+    copy = onnx.ModelProto()
+    copy.CopyFrom(m)
+    assert legalize(copy).rewrites == {"rmsnorm": 1}
+    assert "Sqrt" not in {n.op_type for n in copy.graph.node}
+    (a,), (b,) = _run(m, {"x": x}), _run(copy, {"x": x})
+    assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
 
 
 def test_rmsnorm_in_fp16(tmp_path: Path) -> None:
@@ -235,7 +334,7 @@ def test_erf_gelu_once_quantized(tmp_path: Path) -> None:
     samples = [{"x": r.standard_normal((1, 16, 64)).astype(np.float32)} for _ in range(4)]
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(m)
-    assert legalize(rewritten) == {"gelu": 1}
+    assert legalize(rewritten).rewrites == {"gelu": 1}
     assert "Erf" not in {n.op_type for n in rewritten.graph.node}
     for s in samples:
         assert np.abs(_run(m, s)[0] - _run(rewritten, s)[0]).max() < 1e-5
@@ -263,7 +362,7 @@ def test_mask_fill_once_quantized(tmp_path: Path) -> None:
     samples = [{"q": (r.standard_normal((1, 2, 16, 32)) * 2).astype(np.float32)} for _ in range(4)]
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(m)
-    assert legalize(rewritten) == {"mask_fill": 1}
+    assert legalize(rewritten).rewrites == {"mask_fill": 1}
     for s in samples:
         assert np.abs(_run(m, s)[0] - _run(rewritten, s)[0]).max() < 1e-6
     ref = _run(m, samples[0])[0]
@@ -273,6 +372,25 @@ def test_mask_fill_once_quantized(tmp_path: Path) -> None:
         assert ctx is not None
         found[name] = cosine(qnn_session(ctx, cpu_fallback=True, **TARGET).run(None, samples[0])[0], ref)
     assert found["original"] < 0.9 and found["rewritten"] > 0.999, found
+
+
+def test_mask_fill_leaves_a_fill_that_replaces_the_scores() -> None:
+    """Where(mask, scores, -inf) -> Softmax with the kept scores below -100: at -100 the masked positions would
+    take the weight (the rule used to rewrite it: cosine 0.00 against the model). The fill replaces the scores
+    rather than being added to them, so nothing on the graph bounds them: left as written, with the reason."""
+    nodes = [helper.make_node("Add", ["x", "shift"], ["s"]), helper.make_node("Where", ["mask", "s", "fill"], ["l"]),
+             helper.make_node("Softmax", ["l"], ["y"], axis=-1)]
+    m = _model(nodes, {"x": [1, 4, 8]}, {"y": [1, 4, 8]},
+               {"shift": np.array(-300.0, np.float32), "fill": np.array(-np.inf, np.float32)})
+    m.graph.input.append(helper.make_tensor_value_info("mask", TensorProto.BOOL, [1, 4, 8]))
+    copy = onnx.ModelProto()
+    copy.CopyFrom(m)
+    done = legalize(copy)
+    assert done.rewrites == {} and list(done.kept) == ["mask_fill"], done
+    mask = np.arange(8) < 5
+    feeds = {"x": rng().standard_normal((1, 4, 8)).astype(np.float32), "mask": np.broadcast_to(mask, (1, 4, 8))}
+    (a,), (b,) = _run(m, feeds), _run(copy, feeds)
+    assert np.array_equal(a, b) and (a[..., 5:] == 0).all()
 
 
 def test_grouped_convtranspose_output_padding(tmp_path: Path) -> None:
@@ -285,7 +403,7 @@ def test_grouped_convtranspose_output_padding(tmp_path: Path) -> None:
     x = rng().standard_normal((1, 16, 20, 8)).astype(np.float32)
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(m)
-    assert legalize(rewritten) == {"convtranspose": 1}
+    assert legalize(rewritten).rewrites == {"convtranspose": 1}
     (ref,), (cpu,) = _run(m, {"x": x}), _run(rewritten, {"x": x})
     assert np.array_equal(ref, cpu)
     for model, name in ((m, "original"), (rewritten, "rewritten")):
@@ -427,29 +545,101 @@ def test_fallback_hint_measures_the_cost(tmp_path: Path, ctxbuild) -> None:
            "of the model's MACs) on the CPU" in r.err, r.err
 
 
-def test_verification_compares_with_the_users_model(tmp_path: Path, ctxbuild) -> None:
-    """A rewrite that changes the model's values cannot pass verification: the reference is the model as the
-    user gave it. Here the kept attention scores lie below the mask fill's -100 (the mask_fill rule assumes they
-    do not), so after the rewrite the masked positions take the weight; against the prepared model the build
-    would verify at cosine 1.0, against the original it fails."""
-    mask = np.ones((1, 1, 4, 8), bool)
-    mask[..., 5:] = False
-    nodes = [helper.make_node("Add", ["x", "shift"], ["s"]),
-             helper.make_node("Where", ["mask", "s", "fill"], ["l"]),
-             helper.make_node("Softmax", ["l"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+def _masked(tmp_path: Path, nodes: list, inits: dict[str, np.ndarray], extra: str = "") -> Path:
+    """An attention over 8 keys with the mask an input (as an export's attention_mask: constant folding would
+    take a constant one), written to `masked.onnx` with 2 verification samples (the last 3 keys masked) and its
+    fp16 recipe (`extra`: more verify fields); returns the recipe."""
     v = np.arange(8 * 4, dtype=np.float32).reshape(1, 1, 8, 4)
-    m = _model(nodes, {"x": [1, 1, 4, 8]}, {"y": [1, 1, 4, 4]},
-               {"shift": np.array(-300.0, np.float32), "mask": mask,
-                "fill": np.array(-np.inf, np.float32), "v": v})
+    nodes = nodes + [helper.make_node("Softmax", ["l"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    m = _model(nodes, {"x": [1, 1, 4, 8]}, {"y": [1, 1, 4, 4]}, {"v": v, **inits})
+    m.graph.input.append(helper.make_tensor_value_info("mask", TensorProto.BOOL, [1, 1, 4, 8]))
     onnx.save(m, tmp_path / "masked.onnx")
     (tmp_path / "s").mkdir()
+    mask = np.ones((1, 1, 4, 8), bool)
+    mask[..., 5:] = False
     for i in range(2):
-        np.save(tmp_path / "s" / f"{i}.npy", rng().standard_normal((1, 1, 4, 8)).astype(np.float32))
-    (tmp_path / "masked.yaml").write_text("model: masked.onnx\nprecision: fp16\ntargets: [SM8650]\nverify: {dir: s}\n")
+        x = np.random.default_rng(i).standard_normal((1, 1, 4, 8)).astype(np.float32)
+        np.savez(tmp_path / "s" / f"{i}.npz", x=x, mask=mask)
+    recipe = tmp_path / "masked.yaml"
+    recipe.write_text("model: masked.onnx\nprecision: fp16\ntargets: [SM8650]\nverify: {dir: s" + extra + "}\n")
+    return recipe
+
+
+def test_verification_compares_with_the_users_model(tmp_path: Path, ctxbuild) -> None:
+    """The reference is the model as the user gave it. Here the kept attention scores lie below the mask fill's
+    -100 (Where(mask, scores, -inf) -> Softmax): the mask_fill rule used to fill -100 and give the masked positions
+    the weight (the build then failed verification, SNR -4 dB, against the original). The fill replaces the scores,
+    not added to them, so the rule leaves it and the prepare record says why; the build verifies against the
+    original. (fp16 holds scores near -300 to 0.25: 29 dB, so the recipe asks 25 dB.)"""
+    recipe = _masked(tmp_path, [helper.make_node("Add", ["x", "shift"], ["s"]),
+                                helper.make_node("Where", ["mask", "s", "fill"], ["l"])],
+                     {"shift": np.array(-300.0, np.float32), "fill": np.array(-np.inf, np.float32)},
+                     ", min_snr_db: 25")
     out = tmp_path / "out"
-    r = ctxbuild("build", str(tmp_path / "masked.yaml"), "-o", str(out))
-    result = json.loads((out / ".ctxbuild" / "records" / "verify.masked@SM8650.json").read_text())["result"]
-    assert result["reference"] == "original", result
-    assert r.code == 1 and result["passed"] is False, r.text
-    assert result["outputs"]["y"]["snr_db"] < 0, result["outputs"]
-    assert not [p for p in (out / "SM8650").rglob("*") if p.is_file()]  # what failed is not deliverable
+    r = ctxbuild("build", str(recipe), "-o", str(out))
+    assert r.code == 0, r.text
+    records = out / ".ctxbuild" / "records"
+    result = json.loads((records / "verify.masked@SM8650.json").read_text())["result"]
+    assert result["reference"] == "original" and result["passed"], result
+    (prepare,) = [json.loads(p.read_text()) for p in records.glob("prepare.*.json")]
+    assert "rewrites" not in prepare and "withdrawn" not in prepare, prepare
+    (why,) = prepare["kept"]["mask_fill"]
+    assert why.startswith("'l' (Where): the fill replaces the scores on their way to the Softmax"), why
+    assert "rewritten for the HTP" not in r.out
+
+
+def test_rewrite_that_changes_the_outputs_is_withdrawn(tmp_path: Path, ctxbuild) -> None:
+    """An additive mask (Where(mask, 0, -inf) added to the scores: the form mask_fill rewrites) over scores that
+    span hundreds: a masked score 100 above the kept ones takes the weight at -100. The graph cannot show that;
+    the sample check after the rules can. With an Einsum before the scores, all rules at once move the output,
+    so they are checked one at a time: einsum is kept, mask_fill withdrawn (its step reuses the model with both),
+    and the prepare record, the prepared model's metadata and one console line say why; the model builds and
+    verifies against the model as given."""
+    recipe = _masked(tmp_path, [helper.make_node("Einsum", ["x", "w"], ["xw"], equation="abcd,de->abce"),
+                                helper.make_node("Mul", ["xw", "gain"], ["s"]),
+                                helper.make_node("Where", ["mask", "zero", "fill"], ["bias"]),
+                                helper.make_node("Add", ["s", "bias"], ["l"])],
+                     {"w": rng().standard_normal((8, 8)).astype(np.float32), "gain": np.array(100.0, np.float32),
+                      "zero": np.array(0.0, np.float32), "fill": np.array(-np.inf, np.float32)})
+    rewritten = onnx.load(str(tmp_path / "masked.onnx"))
+    assert legalize(rewritten).rewrites == {"einsum": 1, "mask_fill": 1}  # statically, both apply
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(recipe), "-o", str(out))
+    assert r.code == 0, r.text
+    records = out / ".ctxbuild" / "records"
+    (prepare,) = [json.loads(p.read_text()) for p in records.glob("prepare.*.json")]
+    assert prepare["rewrites"] == {"einsum": 1}, prepare
+    why = prepare["withdrawn"]["mask_fill"]
+    assert why.startswith("output 'y' moved by") and why.endswith("(tolerance 0.0001) on 2 verification samples"), why
+    check = prepare["rewrite_check"]
+    assert check["models_run"] == 3 and check["moved"]["einsum"] < 1e-5 and check["moved"]["mask_fill"] > 0.1, check
+    (prepared,) = (out / ".ctxbuild" / "work").glob("*/prepared.onnx")
+    model = onnx.load(str(prepared), load_external_data=False)
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert json.loads(meta["ctxbuild.withdrawn"]) == {"mask_fill": why}
+    assert json.loads(meta["ctxbuild.rewrites"]) == {"einsum": 1}
+    ops = {n.op_type for n in model.graph.node}
+    assert {"Where", "MatMul"} <= ops and "Einsum" not in ops, ops
+    line = f"ctxbuild: masked: rewrite withdrawn by the sample check: mask_fill: {why} (docs/legalization.md)"
+    assert r.out.splitlines().count(line) == 1, r.out
+    assert "ctxbuild: masked: rewritten for the HTP: 1 einsum (docs/legalization.md)" in r.out, r.out
+    verify = json.loads((records / "verify.masked@SM8650.json").read_text())["result"]
+    assert verify["passed"] and verify["reference"] == "original", verify
+
+
+def test_sample_check_measures_relative_movement() -> None:
+    """check.moved: the largest max abs difference over the larger of the two outputs' magnitudes; a change of
+    shape, NaNs in new places or changed integers are infinitely far; the same infinities are equal."""
+    from ctxbuild.graph.legalize.check import moved, tolerance
+
+    a = np.array([[1.0, -4.0, np.inf, np.nan]], np.float32)
+    assert moved({"y": a}, {"y": a.copy()})[0] == 0.0
+    b = a.copy()
+    b[0, 0] = 1.0004
+    worst, what = moved({"y": a}, {"y": b})
+    assert worst == pytest.approx(1e-4, rel=1e-2) and what.startswith("output 'y' moved by 0.0004"), what
+    for other in (a[:, :3], np.where(np.isnan(a), 0, a), a.astype(np.float16)):
+        assert moved({"y": a}, {"y": other})[0] == float("inf")
+    ids = np.array([1, 2], np.int64)
+    assert moved({"i": ids}, {"i": ids + 1}) == (float("inf"), "output 'i' changed in 2 of 2 values")
+    assert tolerance("einsum") == 1e-4 and tolerance("dynamic_int8") == 0.25

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -20,7 +21,9 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def _build(tmp_path: Path, ctxbuild, name: str, precision: str = "fp16", extra: str = "") -> tuple[Path, Path, dict]:
+def _run(tmp_path: Path, ctxbuild, name: str, precision: str = "fp16", extra: str = "", code: int = 0
+         ) -> tuple[Path, Any, dict]:
+    """Build `name` into tmp_path/out (the exit code `code`): the model, the build's result, prepare's record."""
     root = tmp_path / "recipes"
     root.mkdir()
     try:
@@ -32,15 +35,19 @@ def _build(tmp_path: Path, ctxbuild, name: str, precision: str = "fp16", extra: 
     shapes = ", ".join(f"{k}: {list(v)}" for k, v in MODELS[name].inputs.items())
     (root / f"{name}.yaml").write_text(f"model: {model}\ninputs: {{{shapes}}}\nprecision: {precision}\ntargets: [SM8650]\n"
                                        "calibration: {dir: cal}\nverify: {dir: verify, timeout_s: 600}\n" + extra)
+    r = ctxbuild("build", str(root), "-o", str(tmp_path / "out"), timeout=600)
+    assert r.code == code, r.text
+    (prepare,) = [json.loads(p.read_text()) for p in (tmp_path / "out" / ".ctxbuild" / "records").glob("prepare.*.json")]
+    return model, r, prepare
+
+
+def _build(tmp_path: Path, ctxbuild, name: str, precision: str = "fp16", extra: str = "") -> tuple[Path, Path, dict]:
+    model, _, prepare = _run(tmp_path, ctxbuild, name, precision, extra)
     out = tmp_path / "out"
-    r = ctxbuild("build", str(root), "-o", str(out), timeout=600)
-    assert r.code == 0, r.text
-    records = out / ".ctxbuild" / "records"
-    (prepare,) = [json.loads(p.read_text()) for p in records.glob("prepare.*.json")]
-    verify = json.loads((records / f"verify.{name}@SM8650.json").read_text())["result"]
+    verify = json.loads((out / ".ctxbuild" / "records" / f"verify.{name}@SM8650.json").read_text())["result"]
     assert (out / "SM8650" / name / f"{name}_ctx.onnx").is_file()
     prepared = next(p for p in (out / ".ctxbuild" / "work").glob("*/prepared.onnx"))
-    return model, prepared, {"rewrites": prepare["rewrites"], "verify": verify, "samples": root / "verify"}
+    return model, prepared, {"rewrites": prepare["rewrites"], "verify": verify, "samples": tmp_path / "recipes" / "verify"}
 
 
 def _against_export(model: Path, prepared: Path, samples: Path) -> list[tuple[float, float]]:
@@ -86,15 +93,17 @@ def test_deepfilternet_einsum(tmp_path: Path, ctxbuild) -> None:
 
 
 def test_t5_dynamic_int8(tmp_path: Path, ctxbuild) -> None:
-    """A T5 encoder from onnxruntime's quantize_dynamic: 56 MatMulInteger and an int8 embedding table become
-    float, its 17 RMSNorms SimplifiedLayerNormalization (written out, their squares overflow fp16).
-
-    Against the int8 export the float model differs by design: the export quantizes each activation per run
-    to uint8 and T5's feed-forward inputs span +-2.4e3 (a step of ~19), which the float model no longer does."""
-    model, prepared, got = _build(tmp_path, ctxbuild, "t5_encoder")
-    assert got["rewrites"] == {"dynamic_int8": 57, "rmsnorm": 17}
-    assert all(cos > 0.5 for _, cos in _against_export(model, prepared, got["samples"]))
-    assert _min_cosine(got["verify"]) > 0.999
+    """A T5 encoder from onnxruntime's quantize_dynamic (56 MatMulInteger, an int8 embedding table). The float
+    model the rule makes differs from the export by design: the export quantizes each activation per run to uint8
+    and T5's feed-forward inputs span +-2.4e3 (a step of ~19). That moves the output by 92% of its range (cosine
+    0.55), where the HTP build verified at 0.9996 against the float model: against the model as given, the sample
+    check withdraws the rule. Its RMSNorms are fused (16: the first reads the embedding through two copies of its
+    DequantizeLinear), and the compile names the int8 nodes QNN cannot run."""
+    _, r, prepare = _run(tmp_path, ctxbuild, "t5_encoder", code=1)
+    assert prepare["rewrites"] == {"rmsnorm": 16} and list(prepare["withdrawn"]) == ["dynamic_int8"], prepare
+    assert prepare["withdrawn"]["dynamic_int8"].startswith("output 'last_hidden_state' moved by"), prepare
+    assert "ctxbuild: t5_encoder: rewrite withdrawn by the sample check: dynamic_int8: output" in r.out, r.out
+    assert "QNN cannot run 36 node(s)" in r.err and "(DynamicQuantizeLinear)" in r.err, r.err
 
 
 def test_a_qnn_compiler_crash_fails_only_its_action(tmp_path: Path, ctxbuild) -> None:
@@ -131,10 +140,16 @@ def test_a_qnn_compiler_crash_fails_only_its_action(tmp_path: Path, ctxbuild) ->
 
 def test_t5_decoder_dynamic_int8(tmp_path: Path, ctxbuild) -> None:
     """The T5 decoder of the same export (self- and cross-attention, LM head over 32128 tokens), on encoder
-    states computed on the CPU: 90 dynamic-int8 rewrites, 25 RMSNorms."""
-    _, _, got = _build(tmp_path, ctxbuild, "t5_decoder")
-    assert got["rewrites"] == {"dynamic_int8": 90, "rmsnorm": 25}
-    assert _min_cosine(got["verify"]) > 0.999
+    states computed on the CPU: 90 dynamic-int8 rewrites, 25 RMSNorms. Its logits move less under the rewrite
+    than the encoder's output (within dynamic_int8's tolerance: kept), and the HTP build verified at 1.0000 /
+    54.6 dB against that float model; against the int8 export as given it is cosine 0.9989, 26.6 dB: below fp16's
+    30 dB, by the export's own per-run quantization."""
+    _, _, prepare = _run(tmp_path, ctxbuild, "t5_decoder", code=1)
+    assert prepare["rewrites"] == {"dynamic_int8": 90, "rmsnorm": 25} and "withdrawn" not in prepare, prepare
+    assert prepare["rewrite_check"]["moved"]["dynamic_int8"] <= 0.25, prepare
+    records = tmp_path / "out" / ".ctxbuild" / "records"
+    verify = json.loads((records / "verify.t5_decoder@SM8650.json").read_text())["result"]
+    assert verify["reference"] == "original" and 0.998 < _min_cosine(verify) < 0.999, verify
 
 
 def test_deepfilternet_df_decoder(tmp_path: Path, ctxbuild) -> None:

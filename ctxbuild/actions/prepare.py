@@ -1,20 +1,29 @@
 """prepare: fix input shapes, stamp an IR version onnxruntime reads, reject control flow, fold with ORT's basic optimizer,
-legalize ops the HTP does not run (ctxbuild.graph.legalize: Einsum, GatherND, dynamic int8, runtime Clip bounds).
+legalize ops the HTP does not run (ctxbuild.graph.legalize: Einsum, GatherND, dynamic int8, runtime Clip bounds,
+...) and check the rewrites on samples: the model before and after them on the CPU EP, rule by rule when they
+differ; a rule that moves the outputs is withdrawn, and the prepared model's metadata says which and why.
 
 The output's weights always go to external data (`prepared.onnx.data`): models over the 2 GB protobuf
 limit then flow like any other, and the weights are never loaded into Python memory here."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import add_defaults, make_slots
 from ctxbuild.errors import ActionError
 from ctxbuild.graph.modelio import data_path, external_data_files, graph_inputs, load, save_external, save_with_data
+from ctxbuild.graph.samples import for_verification, input_spec, list_samples
+
+if TYPE_CHECKING:  # imported where used: keying and summaries need no numpy
+    import numpy as np
 
 # Measured: onnxruntime 1.31 loads IR <= 13; onnx 1.23 writes 14 by default. Stamp down to what ORT reads.
 ORT_MAX_IR_VERSION = 13
@@ -43,8 +52,25 @@ def rules_digest(directory: Path) -> str:
 
 
 def discover_inputs(action: Action) -> dict[str, Path]:
+    """The model's external data, and the samples the rewrites are checked on when a rule may apply."""
     path = Path(action.inputs["model"])
-    return external_data_files(load(path, external_data=False), path)
+    model = load(path, external_data=False)
+    return external_data_files(model, path) | sample_files(action, model)
+
+
+def sample_files(action: Action, model: Any) -> dict[str, Path]:
+    """The recipe's samples (verify.dir, else calibration.dir), when the model has an op some rule in use looks
+    at: a model no rule can touch does not re-prepare when its samples change."""
+    from ctxbuild.graph.legalize import may_apply
+
+    if not action.watch or not may_apply(model, _only(action.params)):
+        return {}
+    return list_samples(Path(action.watch[0]), action.params["check"]["samples"], action.recipe_files[0])
+
+
+def _only(params: dict[str, Any]) -> list[str] | None:
+    rules = params.get("rewrite", True)
+    return None if rules is True else rules or []
 
 
 def run(ctx: Any) -> None:
@@ -70,9 +96,8 @@ def run(ctx: Any) -> None:
         _optimize(model, src, dst, ctx.tmp / "staged")
     else:
         save_external(model, src.parent, dst)
-    rules = ctx.action.params.get("rewrite", True)
-    if rules:
-        _legalize(dst, ctx.tmp, ctx.action.params["optimize"], None if rules is True else rules)
+    if ctx.action.params.get("rewrite", True):
+        _legalize(ctx, dst, lambda: _check_inputs(ctx, model, dst, defaults if slots else {}))
     if slots:  # the float reference: the same graph with the defaults as overridable initializers
         reference = onnx.load(str(dst))
         add_defaults(reference, defaults)
@@ -112,37 +137,154 @@ def _fix_shapes(model: Any, src: Path, shapes: dict[str, list[int]], recipe: str
 
 
 def summarize(action: Action) -> dict[str, Any]:
-    """The rewrites legalization made ({} when none), from the prepared model's metadata."""
-    from ctxbuild.graph.legalize import METADATA_KEY
+    """The rewrites legalization made, the rules the sample check withdrew and the patterns left as written
+    (each absent when none), from the prepared model's metadata."""
+    from ctxbuild.graph.legalize import KEPT_KEY, METADATA_KEY, WITHDRAWN_KEY
 
-    model = load(Path(action.outputs["model"]), external_data=False)
-    found = next((p.value for p in model.metadata_props if p.key == METADATA_KEY), None)
-    return {"rewrites": json.loads(found)} if found else {}
+    props = {p.key: p.value for p in load(Path(action.outputs["model"]), external_data=False).metadata_props}
+    return {field: json.loads(props[key]) for field, key in (("rewrites", METADATA_KEY), ("withdrawn", WITHDRAWN_KEY),
+                                                             ("kept", KEPT_KEY)) if key in props}
 
 
-def _legalize(dst: Path, tmp: Path, optimize: bool, only: list[str] | None) -> None:
-    """Rewrite what the HTP cannot run (rules in ctxbuild.graph.legalize); the weights are loaded only when a
-    rule's op is present. After a rewrite the optimizer runs again: it folds the Transposes of weights."""
-    import onnx
+def _legalize(ctx: Any, dst: Path, inputs: Callable[[], tuple[list[dict[str, np.ndarray]], str]]) -> None:
+    """Rewrite what the HTP cannot run (rules in ctxbuild.graph.legalize), then check the rewrites on `inputs`;
+    the weights are loaded only when a rule's op is present. dst keeps the folded model when no rewrite is kept
+    (its metadata then says why)."""
+    from ctxbuild.graph.legalize import KEPT_KEY, WITHDRAWN_KEY, wanted
 
-    from ctxbuild.graph.legalize import METADATA_KEY, legalize, wanted
-
+    optimize, only = ctx.action.params["optimize"], _only(ctx.action.params)
     if not wanted(load(dst, external_data=False), only):
         return
+    first = _rewritten(dst, ctx.tmp / "rewritten", optimize, only)
+    if not first.rewrites:
+        if first.kept:
+            _stamp(dst, {KEPT_KEY: first.kept})
+        return
+    start = time.monotonic()
+    chosen, withdrawn, facts = _checked(ctx, dst, first, *inputs())
+    ctx.facts["rewrite_check"] = {"seconds": round(time.monotonic() - start, 3), **facts}
+    if chosen is not None:
+        for f in (chosen.path, data_path(chosen.path)):
+            os.replace(f, dst.parent / f.name)
+    _stamp(dst, {KEPT_KEY: first.kept, WITHDRAWN_KEY: withdrawn})
+
+
+def _checked(ctx: Any, dst: Path, first: Candidate, samples: list[dict[str, np.ndarray]], on: str
+             ) -> tuple[Candidate | None, dict[str, str], dict[str, Any]]:
+    """The rewritten model to keep (None: none), why each withdrawn rule was, and what the check measured (for
+    the record), on `samples` (`on` says what they are). All rules at once first, at the tightest tolerance among
+    them; when that fails, rule by rule, each against the model with the rules kept before it (so each is
+    measured alone, at its own tolerance; the last step reuses the first model when nothing was withdrawn)."""
+    from ctxbuild.graph.legalize.check import moved, tolerance
+    from ctxbuild.verify.measure import cpu_outputs
+
+    facts: dict[str, Any] = {"models_run": 0, "moved": {}}
+
+    def run(model: Path) -> dict[str, np.ndarray] | str:
+        facts["models_run"] += 1
+        try:
+            return cpu_outputs(model, samples)
+        except MemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - onnxruntime's (and the shape check's) errors: the reason recorded
+            first_line = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            return f"onnxruntime's CPU EP could not run it ({first_line})"
+
+    def why(label: str, reference: dict[str, np.ndarray], after: dict[str, np.ndarray] | str, tol: float
+            ) -> str | None:
+        if isinstance(after, str):
+            return f"the rewritten model: {after}"
+        worst, what = moved(reference, after)
+        facts["moved"][label] = float(f"{worst:.3g}") if worst < float("inf") else None  # JSON has no inf
+        return None if worst <= tol else f"{what} (tolerance {tol:g}) {on}"
+
+    before = run(dst)
+    if isinstance(before, str):
+        return None, {rule: f"not checked: the model before the rewrites: {before}" for rule in first.rewrites}, facts
+    first_after = run(first.path)
+    if (found := why("all rules", before, first_after, min(map(tolerance, first.rewrites)))) is None:
+        return first, {}, facts
+    if len(first.rewrites) == 1:
+        return None, {rule: found for rule in first.rewrites}, facts
+    kept: Candidate | None = None
+    reference, withdrawn = before, {}
+    for rule in first.rewrites:
+        rules = (list(kept.rewrites) if kept else []) + [rule]
+        if rules == list(first.rewrites):
+            trial, after = first, first_after
+        else:
+            trial = _rewritten(dst, ctx.tmp / f"rewritten-{rule}", ctx.action.params["optimize"], rules)
+            if rule not in trial.rewrites:  # it rewrote only what a withdrawn rule made
+                continue
+            after = run(trial.path)
+        if (found := why(rule, reference, after, tolerance(rule))) is None:
+            kept, reference = trial, after  # type: ignore[assignment]
+        else:
+            withdrawn[rule] = found
+    return kept, withdrawn, facts
+
+
+@dataclass
+class Candidate:
+    """A rewritten model written out, what made it, and what its rules left as written."""
+
+    path: Path
+    rewrites: dict[str, int]
+    kept: dict[str, list[str]]
+
+
+def _rewritten(dst: Path, d: Path, optimize: bool, only: list[str] | None) -> Candidate:
+    """dst rewritten by the rules `only` (None: all) into `d`/<dst's name> (+ data), optimized again after a
+    rewrite (the optimizer folds the Transposes of weights); nothing is written when no rule rewrote."""
+    from ctxbuild.graph.legalize import METADATA_KEY, legalize
+
     model = load(dst)
-    counts = legalize(model, only)
-    if not counts:
-        return
+    done = legalize(model, only)
+    path = d / dst.name
+    if done.rewrites:
+        _set_props(model, {METADATA_KEY: done.rewrites})
+        d.mkdir()
+        if optimize:
+            legal = d / "legal" / "legal.onnx"
+            legal.parent.mkdir()
+            save_with_data(model, legal)
+            del model
+            _optimize(load(legal, external_data=False), legal, path, d / "restaged")
+            shutil.rmtree(legal.parent)
+        else:
+            save_with_data(model, path)
+    return Candidate(path, done.rewrites, done.kept)
+
+
+def _stamp(path: Path, props: dict[str, Any]) -> None:
+    """Add the non-empty `props` to the model's metadata (JSON values); only the proto is rewritten."""
+    import onnx
+
+    if props := {k: v for k, v in props.items() if v}:
+        model = load(path, external_data=False)
+        _set_props(model, props)
+        onnx.save(model, str(path))
+
+
+def _set_props(model: Any, props: dict[str, Any]) -> None:
+    import onnx
+
     onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props},
-                                        METADATA_KEY: json.dumps(counts)})
-    if not optimize:
-        save_with_data(model, dst)
-        return
-    legal = tmp / "legal" / "legal.onnx"
-    legal.parent.mkdir()
-    save_with_data(model, legal)
-    del model
-    _optimize(load(legal, external_data=False), legal, dst, tmp / "restaged")
+                                        **{k: json.dumps(v) for k, v in props.items()}})
+
+
+def _check_inputs(ctx: Any, model: Any, dst: Path, fixed: dict[str, np.ndarray]
+                  ) -> tuple[list[dict[str, np.ndarray]], str]:
+    """What the rewrites are checked on, and what that is ("on 2 verification samples"): the samples discovered
+    (seeded random inputs when there are none, or when the user's model had no op a rule looks at and something
+    folded became one), with the LoRA slots at their defaults."""
+    check = ctx.action.params["check"]
+    spec = {k: v for k, v in input_spec(load(dst, external_data=False)).items() if k not in fixed}
+    files = sample_files(ctx.action, model)
+    params = check if files else {**check, "sample_source": "random"}
+    samples = [s | fixed for s in for_verification(spec, params, lambda: files, ctx.action.recipe_files[0])]
+    what = f"{params['sample_source']} samples" if files else "seeded random inputs"
+    return samples, f"on {len(samples)} {what}"
 
 
 def _optimize(model: Any, src: Path, dst: Path, stage: Path) -> None:

@@ -83,12 +83,19 @@ def _checked(r: dict[str, Any]) -> str:
 
 
 def rewrites(records: list[dict[str, Any]]) -> list[str]:
-    """One line per model prepare rewrote in this build (its record's legalization counts), by its recipes."""
+    """Per model prepare ran in this build, by its recipes: one line with the rewrites legalization made, one
+    with the rules its sample check withdrew and why (each when there are any)."""
     lines = []
     for r in sorted(records, key=lambda r: r["id"]):
-        if r.get("kind") == "prepare" and r.get("status") == "ok" and r.get("rewrites"):
+        if r.get("kind") != "prepare" or r.get("status") != "ok":
+            continue
+        who = ", ".join(r.get("recipes") or [r["id"]])
+        if r.get("rewrites"):
             made = ", ".join(f"{n} {rule}" for rule, n in r["rewrites"].items())
-            lines.append(f"ctxbuild: {', '.join(r.get('recipes') or [r['id']])}: rewritten for the HTP: {made} "
+            lines.append(f"ctxbuild: {who}: rewritten for the HTP: {made} (docs/legalization.md)")
+        if r.get("withdrawn"):
+            why = "; ".join(f"{rule}: {reason}" for rule, reason in r["withdrawn"].items())
+            lines.append(f"ctxbuild: {who}: rewrite withdrawn by the sample check: {why} "
                          "(docs/legalization.md)")
     return lines
 

@@ -117,15 +117,17 @@ class _PrepareRequired(TypedDict):
 class PrepareParams(_PrepareRequired, total=False):
     adapter_slots: dict[str, Any]  # LoRA: slot patterns and scaling input; slots become optional inputs
     rewrite: bool | list[str]  # prepare.rewrite: False or the legalization rules to apply (absent: all)
+    check: dict[str, Any]  # what the rewrites are checked on: samples (how many), sample_source (as verify's)
 
 
 class Prepare(Kind):
-    """Fix input shapes, stamp an IR version onnxruntime reads, reject control flow, fold."""
+    """Fix input shapes, stamp an IR version onnxruntime reads, reject control flow, fold, legalize, check."""
     name = "prepare"
     implementation = "ctxbuild.actions.prepare"
     params = PrepareParams
-    discovers_inputs = True  # external data files
-    inputs_follow_model = True
+    # external data files, and the samples the rewrites are checked on (watch: the recipe's sample directory),
+    # so what it discovers is not a function of the model alone (no inputs_follow_model)
+    discovers_inputs = True
     # ORT's optimizer holds the weights about once (1.08x); without it (qdq) external tensors are copied range by range
     memory = MemoryModel(1.3, ("model",), user_model=True, unoptimized_factor=0.1)
 

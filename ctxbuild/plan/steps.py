@@ -69,15 +69,19 @@ def prepare_action(recipe: Recipe, g: Graph, work: Path) -> tuple[str, Action]:
         params["rewrite"] = sorted(recipe.rewrite) if recipe.rewrite else False
     if recipe.adapters:  # LoRA: slots become optional inputs; "reference" keeps their defaults
         params["adapter_slots"] = {"patterns": list(recipe.adapters.slots), "scaling": recipe.adapters.scaling}
+    watch: list[str] = []
+    if recipe.rewrite is not False:  # the rewrites are checked on the samples verification reads (prepare.py)
+        sampling, watch = verify_samples(recipe, g)
+        params["check"] = {k: sampling[k] for k in ("samples", "sample_source")}
     # Named by model and content, not recipe: recipes preparing one model the same way share the node.
-    h = short_hash(["prepare", params, str(g.model)])
+    h = short_hash(["prepare", params, str(g.model), watch])
     stem = g.model.stem
     path = str(work / f"{stem}-{h}" / "prepared.onnx")
     outputs = model_files("model", path)
     if recipe.adapters:
         outputs.update(model_files("reference", str(Path(path).with_name("reference.onnx"))))
     a = Action(id=f"prepare/{stem}-{h}", kind="prepare", description=f"prepare {stem}",
-               inputs={"model": str(g.model)}, outputs=outputs, params=params, **common_params(recipe))
+               inputs={"model": str(g.model)}, outputs=outputs, params=params, watch=watch, **common_params(recipe))
     return path, a
 
 def model_files(role: str, path: str) -> dict[str, str]:

@@ -3,10 +3,15 @@ it does, one small rule per pattern (docs/legalization.md lists them).
 
 Each rule module has NAME, OPS (the op types that make it look), WHAT (one line for docs and summaries),
 `apply(view, shapes) -> count` and optionally `wanted(view) -> bool`, a finer check on the graph alone (the
-weights are loaded only when some rule wants them: a transformer has ReduceMean and Where everywhere). prepare runs them after fixing shapes and folding constants (indices that
-were Shape chains are constants by then); `tests/test_legalize.py` proves each on onnxruntime's CPU EP."""
+weights are loaded only when some rule wants them: a transformer has ReduceMean and Where everywhere), and
+TOLERANCE when its rewrite is not meant to keep the outputs to float precision (check.py). A rule rewrites only
+where the conditions its rewrite is exact under hold on the graph; where its pattern is found without them it
+leaves the node and says why (GraphView.keep). prepare runs the rules after fixing shapes and folding constants
+(indices that were Shape chains are constants by then), then checks the rewritten model against the model before
+on samples (check.py); `tests/test_legalize.py` proves each rule on onnxruntime's CPU EP."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Collection
 
 from ctxbuild.graph.legalize import clip, convtranspose, dynamic_int8, einsum, gathernd, gelu, mask_fill, rmsnorm
@@ -14,6 +19,21 @@ from ctxbuild.graph.legalize.graphview import GraphView
 
 RULES = (dynamic_int8, einsum, gathernd, clip, rmsnorm, gelu, mask_fill, convtranspose)
 METADATA_KEY = "ctxbuild.rewrites"
+KEPT_KEY = "ctxbuild.kept"  # rule -> the patterns left as written and why
+WITHDRAWN_KEY = "ctxbuild.withdrawn"  # rule -> why the sample check withdrew its rewrites
+KEPT_LISTED = 5  # per rule: a model with a hundred such nodes lists the first ones and the count
+
+
+@dataclass
+class Legalized:
+    rewrites: dict[str, int] = field(default_factory=dict)  # rule -> rewrites made
+    kept: dict[str, list[str]] = field(default_factory=dict)  # rule -> "'node' (Op): why" for patterns left alone
+
+
+def may_apply(model: Any, only: Collection[str] | None = None) -> bool:
+    """Whether the model has an op some rule (of `only`, if given) looks at."""
+    present = {n.op_type for n in model.graph.node}
+    return any(set(r.OPS) & present for r in _rules(only))
 
 
 def wanted(model: Any, only: Collection[str] | None = None) -> bool:
@@ -23,20 +43,24 @@ def wanted(model: Any, only: Collection[str] | None = None) -> bool:
     return any(set(r.OPS) & present and getattr(r, "wanted", lambda g: True)(view) for r in _rules(only))
 
 
-def legalize(model: Any, only: Collection[str] | None = None) -> dict[str, int]:
-    """Rewrite `model` (weights loaded) in place with every rule, or those named in `only` (prepare.rewrite);
-    returns {rule name: rewrites} for the rules that applied."""
+def legalize(model: Any, only: Collection[str] | None = None) -> Legalized:
+    """Rewrite `model` (weights loaded) in place with every rule, or those named in `only` (prepare.rewrite):
+    the rewrites made and the patterns left as written, by rule."""
     shapes = _shapes(model)
     view = GraphView(model)
-    counts = {}
+    done = Legalized()
     for rule in _rules(only):
         n = rule.apply(view, shapes)
+        if view.kept:
+            more = len(view.kept) - KEPT_LISTED
+            done.kept[rule.NAME] = view.kept[:KEPT_LISTED] + ([f"and {more} more"] if more > 0 else [])
+            view.kept = []
         if n:
-            counts[rule.NAME] = n
+            done.rewrites[rule.NAME] = n
             view.prune()
-    if counts:
+    if done.rewrites:
         del model.graph.value_info[:]  # rewired tensors may change type (int8 -> float): onnxruntime re-infers
-    return counts
+    return done
 
 
 def _rules(only: Collection[str] | None) -> tuple[Any, ...]:

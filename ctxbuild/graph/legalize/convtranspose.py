@@ -42,9 +42,11 @@ def _attrs(n: Any) -> dict[str, Any]:
 
 
 def _movable(n: Any) -> bool:
-    """Grouped, explicit pads whose end covers output_padding (nothing to add beyond the full output)."""
+    """Grouped, explicit pads whose end covers output_padding (nothing to add beyond the full output), and
+    output_padding below the stride (onnxruntime refuses the others; moved into pads they would run)."""
     a = _attrs(n)
     op, pads = list(a.get("output_padding") or []), list(a.get("pads") or [])
+    strides = list(a.get("strides") or [1] * len(op))
     return (a.get("group", 1) > 1 and any(op) and a.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET")
-            and "output_shape" not in a and len(pads) == 2 * len(op)
-            and all(e >= p for e, p in zip(pads[len(op):], op)))
+            and "output_shape" not in a and len(pads) == 2 * len(op) == 2 * len(strides)
+            and all(e >= p for e, p in zip(pads[len(op):], op)) and all(p < s for p, s in zip(op, strides)))

@@ -9,6 +9,7 @@ scale). Two patterns, as `quantize_dynamic` writes them:
 The recipe's precision then quantizes the float model statically, like any other export."""
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,12 @@ NAME = "dynamic_int8"
 OPS = ("MatMulInteger", "DynamicQuantizeLinear", "DequantizeLinear")
 WHAT = "DynamicQuantizeLinear + MatMulInteger, int8 tables + DequantizeLinear -> float MatMul / float tables"
 MOVES = ("Gather", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Slice")  # value-preserving
+# The sample check's bound (check.py): the rewrite drops the export's per-run activation quantization, so it moves
+# the outputs by that quantization's error by design (measured on a small MLP: 0.4% of the largest output per
+# tensor, 9% per channel; a T5 encoder export: 92%, cosine 0.55). 25% still catches a misread scale or weight
+# (they move outputs by their whole size; exactness is the unit tests'); how close the result must come to the
+# user's model is verification's call, with the recipe's thresholds.
+TOLERANCE = 0.25
 
 
 def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
@@ -49,11 +56,25 @@ def _matmuls(g: GraphView) -> int:
             x = mm.input[0]  # now the table's (q - zero point) in float, moved as before
         if w_scale is None:
             continue
-        w = (wq.astype(np.float32) - wzp.astype(np.float32)) * w_scale.astype(np.float32)
+        scale_c, zp_c = _per_column(w_scale, wq), _per_column(wzp, wq)
+        if scale_c is None or zp_c is None:
+            g.keep(mm, f"weight scale {list(w_scale.shape)} / zero point {list(wzp.shape)} are neither per tensor "
+                       f"nor per column of the {list(wq.shape)} weight")
+            continue
+        w = (wq.astype(np.float32) - zp_c.astype(np.float32)) * scale_c.astype(np.float32)
         y = g.node("MatMul", [x, g.add_const(f"{mm.input[1]}_float", w)], f"{mm.name or 'matmul'}_float")
         g.replace_uses(mul.output[0], y.output[0])
         done += 1
     return done
+
+
+def _per_column(v: np.ndarray, wq: np.ndarray) -> np.ndarray | None:
+    """`v` (a weight scale or zero point) as a scalar or one value per column of the weight `wq` [K, N]
+    (quantize_dynamic's per-channel MatMul), else None."""
+    if v.size == 1:
+        return v.reshape(())
+    n = wq.shape[-1] if wq.ndim else 0
+    return v.reshape(n) if v.size == n and v.shape[-1] == n else None
 
 
 def _zero_point(g: GraphView, node: Any, k: int, like: np.ndarray | None) -> np.ndarray | None:
@@ -82,7 +103,7 @@ def _other_factor(g: GraphView, product: str, known: str | None) -> np.ndarray |
     values = [g.const(i) for i in node.input if i != known]
     if not values or any(v is None for v in values):
         return None
-    return np.prod(values, axis=0) if len(values) > 1 else values[0]
+    return functools.reduce(np.multiply, values)  # a per-tensor and a per-column factor broadcast
 
 
 def _tables(g: GraphView) -> int:

@@ -2,7 +2,8 @@
 
 Exporters write GatherND for index grids computed from shapes (a BERT-style embedder's attention-mask
 expansion); once prepare fixed the input shapes and folded constants, the indices are a constant. The
-gathered leading axes are flattened into one and the index tuples become flat positions."""
+gathered leading axes are flattened into one and the index tuples become flat positions. Only indices in range
+of the data's static shape: onnxruntime refuses the others, and as flat positions they would read valid data."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,6 +25,10 @@ def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
             continue
         k = idx.shape[-1]
         lead = np.array(shape[:k], np.int64)
+        if k > len(shape) or ((idx < -lead) | (idx >= lead)).any():
+            g.keep(node, f"indices out of range for data of shape {shape} (onnxruntime refuses them; as flat "
+                         "positions they would read other elements)")
+            continue
         idx = np.where(idx < 0, idx + lead, idx).astype(np.int64)  # GatherND takes negative indices
         strides = np.cumprod(np.concatenate([lead[1:], [1]])[::-1])[::-1]
         flat = (idx * strides).sum(-1)

@@ -1,7 +1,8 @@
 """An editable view of an ONNX graph for the legalization rules: producers, consumers, constants, fresh names.
 
 The rules only ever add nodes and rewire consumers; `prune` then drops what no output needs, so a rule never
-has to prove a node dead itself."""
+has to prove a node dead itself. A rule that finds its pattern but not a condition its rewrite is exact under
+leaves the node as written and says why (`keep`): legalize records it."""
 from __future__ import annotations
 
 from typing import Any
@@ -16,6 +17,7 @@ class GraphView:
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
         self._names = {n.name for n in self.graph.node} | {t for n in self.graph.node for t in n.output}
         self._names |= {i.name for i in self.graph.initializer} | {i.name for i in self.graph.input}
+        self.kept: list[str] = []  # "'node' (Op): why", for the patterns left as written
         self.reindex()
 
     def replace(self, model: Any) -> None:
@@ -31,6 +33,10 @@ class GraphView:
             for i in n.input:
                 self.consumers.setdefault(i, []).append(n)
         self.outputs = {o.name for o in self.graph.output}
+
+    def keep(self, node: Any, why: str) -> None:
+        """`node` matches a rule's pattern but not a condition of its exactness: left as written, for `why`."""
+        self.kept.append(f"'{node.name or node.output[0]}' ({node.op_type}): {why}")
 
     def fresh(self, base: str) -> str:
         name, k = base, 0

@@ -2,12 +2,17 @@
 
 Not an op the HTP refuses, an op it gets wrong in fp16: T5-style residual streams reach ~6e4 and their
 square overflows fp16 (a T5 encoder verified at cosine -0.003 on the simulator). The fused op is QNN's RmsNorm,
-which the EP maps whole. The fusion is onnxruntime's own (its transformer optimizer's). A LayerNorm written out
-has the same tail after its mean is subtracted; those are left alone: centred values do not overflow, and the
-quantizer's opset conversion knows no SimplifiedLayerNormalization (a ViT at int16 would stop there)."""
+which the EP maps whole; it is onnxruntime's (its transformer optimizer fuses the same patterns). The op
+normalizes over every axis from `axis` on, so only a mean over the last axis alone is fused (one over channels of
+a [N, C, T] tensor would become one over channels and time), with a scale of one value per element of that axis,
+and only when nothing else reads the pattern's intermediate values. A LayerNorm written out has the same tail
+after its mean is subtracted; those are left alone: centred values do not overflow, and the quantizer's opset
+conversion knows no SimplifiedLayerNormalization (a ViT at int16 would stop there)."""
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from ctxbuild.graph.legalize.graphview import GraphView
 
@@ -18,31 +23,119 @@ WHAT = "RMSNorm written out with Pow/ReduceMean/Sqrt -> SimplifiedLayerNormaliza
 
 def wanted(g: GraphView) -> bool:
     """A ReduceMean of a square (Pow, or Mul(x, x)) of an input that is not centred, then Add and Sqrt."""
-    for mean in (n for n in g.graph.node if n.op_type == "ReduceMean"):
-        sq = g.producer.get(mean.input[0])
-        uses = g.consumers.get(mean.output[0], [])
-        if sq is not None and sq.op_type in ("Pow", "Mul") and not _centred(sq.input[0], g.producer) and \
-                any(u.op_type == "Add" and any(v.op_type == "Sqrt" for v in g.consumers.get(u.output[0], []))
-                    for u in uses):
-            return True
-    return False
+    return any(_square_root(g, mean) is not None for mean in g.graph.node if mean.op_type == "ReduceMean")
 
 
 def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
-    from onnxruntime.transformers.fusion_simplified_layernorm import FusionSimplifiedLayerNormalization
-    from onnxruntime.transformers.onnx_model import OnnxModel
+    done = 0
+    for mean in [n for n in g.graph.node if n.op_type == "ReduceMean"]:
+        match = _match(g, mean)
+        if match is None:
+            continue
+        x, eps, scale, nodes = match
+        why = _inexact(g, mean, x, scale, nodes, shapes)
+        if why:
+            g.keep(mean, why)
+            continue
+        y = g.node("SimplifiedLayerNormalization", [x, scale], f"{mean.name or 'rmsnorm'}_rmsnorm", axis=-1,
+                   epsilon=eps, stash_type=1).output[0]
+        g.replace_uses(nodes[-1].output[0], y)
+        done += 1
+    if done:
+        g.reindex()
+    return done
 
-    class RmsOnly(FusionSimplifiedLayerNormalization):
-        def fuse(self, node: Any, input_name_to_nodes: dict, output_name_to_node: dict) -> None:
-            removed, added = len(self.nodes_to_remove), len(self.nodes_to_add)
-            super().fuse(node, input_name_to_nodes, output_name_to_node)
-            if len(self.nodes_to_add) > added and _centred(self.nodes_to_add[-1].input[0], output_name_to_node):
-                del self.nodes_to_remove[removed:], self.nodes_to_add[added:]
 
-    before = sum(n.op_type == "SimplifiedLayerNormalization" for n in g.graph.node)
-    RmsOnly(OnnxModel(g.model)).apply()
-    g.reindex()
-    return sum(n.op_type == "SimplifiedLayerNormalization" for n in g.graph.node) - before
+def _square_root(g: GraphView, mean: Any) -> tuple[Any, Any] | None:
+    """(the square, the Sqrt) around `mean` = ReduceMean(x*x) -> Add -> Sqrt, x not centred; else None."""
+    sq = g.producer.get(mean.input[0])
+    if sq is None or _squared(g, sq) is None or _centred(sq.input[0], g.producer):
+        return None
+    add = _only_use(g, mean.output[0], "Add")
+    sqrt = _only_use(g, add.output[0], "Sqrt") if add is not None else None
+    return (sq, sqrt) if sqrt is not None else None
+
+
+def _match(g: GraphView, mean: Any) -> tuple[str, float, str, list[Any]] | None:
+    """The pattern onnxruntime's fusion knows, from its ReduceMean: (x, epsilon, scale, its nodes in order, the
+    last one's output the result), else None. Tails: Div(1, rms) or Reciprocal(rms), then Mul(x, .); or Div(x, rms);
+    then Mul(., scale)."""
+    found = _square_root(g, mean)
+    if found is None:
+        return None
+    sq, sqrt = found
+    x = sq.input[0]
+    add = g.consumers[mean.output[0]][0]
+    eps = _other_const(g, add, mean.output[0])
+    if eps is None or eps.size != 1 or not 0 <= float(eps.item()) < np.inf:
+        return None
+    tail = [_only_use(g, sqrt.output[0], op) for op in ("Div", "Reciprocal")]
+    div = tail[0] or tail[1]
+    if div is None:
+        return None
+    chain = [sq, mean, add, sqrt, div]
+    if div.op_type == "Div" and list(div.input) == [x, sqrt.output[0]]:
+        normed = div
+    else:
+        one = _other_const(g, div, sqrt.output[0]) if div.op_type == "Div" else np.ones(())
+        normed = _only_use(g, div.output[0], "Mul")
+        if one is None or one.size != 1 or float(one.item()) != 1.0 or div.input[-1] != sqrt.output[0] or \
+                normed is None or x not in normed.input:
+            return None
+        chain.append(normed)
+    out = _only_use(g, normed.output[0], "Mul")
+    if out is None:
+        return None
+    scale = next((i for i in out.input if i != normed.output[0]), None)
+    return (x, float(eps.item()), scale, chain + [out]) if scale is not None else None
+
+
+def _inexact(g: GraphView, mean: Any, x: str, scale: str, nodes: list[Any], shapes: dict[str, list[int]]) -> str | None:
+    """Why fusing this RMSNorm into SimplifiedLayerNormalization(axis=-1) would change what it computes, or None."""
+    from onnx import helper
+
+    shape = shapes.get(x)
+    if shape is None:
+        return "the input's shape is not known statically"
+    attrs = {a.name: helper.get_attribute_value(a) for a in mean.attribute}
+    axes = attrs.get("axes")
+    if axes is None and len(mean.input) > 1 and mean.input[1]:
+        value = g.const(mean.input[1])
+        axes = None if value is None else [int(a) for a in value.ravel()]
+    if axes is None or sorted(a % len(shape) for a in axes) != [len(shape) - 1]:
+        return f"the mean is over axes {axes if axes is not None else 'all'} of {shape}, not the last one alone"
+    if not attrs.get("keepdims", 1):
+        return "the mean drops the reduced axis (keepdims=0)"
+    value = g.const(scale)
+    scale_shape = list(value.shape) if value is not None else shapes.get(scale)
+    if scale_shape != shape[-1:]:
+        return f"the scale's shape {scale_shape} is not [{shape[-1]}], one value per element of the last axis"
+    inside = {o for n in nodes[:-1] for o in n.output}
+    if any(o in g.outputs or any(u not in nodes for u in g.consumers.get(o, [])) for o in inside):
+        return "a value inside the pattern is read elsewhere too"
+    return None
+
+
+def _squared(g: GraphView, sq: Any) -> str | None:
+    """x, when `sq` is Pow(x, 2) or Mul(x, x)."""
+    if sq.op_type == "Mul" and len(sq.input) == 2 and sq.input[0] == sq.input[1]:
+        return sq.input[0]
+    if sq.op_type == "Pow":
+        two = g.const(sq.input[1])
+        if two is not None and two.size == 1 and float(two.item()) == 2.0:
+            return sq.input[0]
+    return None
+
+
+def _only_use(g: GraphView, name: str, op: str) -> Any | None:
+    uses = g.consumers.get(name, [])
+    return uses[0] if len(uses) == 1 and uses[0].op_type == op else None
+
+
+def _other_const(g: GraphView, node: Any, name: str) -> np.ndarray | None:
+    """The constant value of `node`'s other input (a binary op reading `name`), or None."""
+    others = [i for i in node.input if i != name]
+    return g.const(others[0]) if len(others) == 1 else None
 
 
 def _centred(name: str, producer: dict) -> bool:
@@ -61,7 +154,6 @@ def unfuse(model: Any) -> int:
     place; returns how many. For the quantizer: it moves 16-bit models to opset 21 and onnx's converter has no
     schema for onnxruntime's op, and quantized activations have a scale, not fp16's range, so the written-out
     form does not overflow there."""
-    import numpy as np
     from onnx import helper, numpy_helper
 
     g = GraphView(model)
@@ -95,7 +187,6 @@ def unfuse(model: Any) -> int:
 
 
 def _axes(g: GraphView, name: str, axes: list[int]) -> str:
-    import numpy as np
     from onnx import numpy_helper
 
     t = g.fresh(f"{name}_axes")
