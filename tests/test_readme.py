@@ -76,11 +76,11 @@ def test_quick_start_and_makefile_snippet(tmp_path: Path) -> None:
 
 
 def test_developer_commands_exist() -> None:
-    """`make build` and `make test` name real targets (a dry run: running the suite from the suite would
+    """`make build`, `make test`, `make test-full` and `make unit` name real targets (a dry run: running the suite from the suite would
     recurse); the install block installs from the clone (`pip install .`), which .ci/wheel-check runs."""
     dev = _block("", "make build")
-    targets = re.findall(r"^make (\w+)", dev, re.M)
-    assert targets == ["build", "test"]
+    targets = re.findall(r"^make ([\w-]+)", dev, re.M)
+    assert targets == ["build", "test", "test-full", "unit"]
     r = subprocess.run(["make", "-n", *targets], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     install = _block("", "pip install")

@@ -29,7 +29,7 @@ from ctxbuild import settings
 from ctxbuild.cache.backends import open_cache
 from ctxbuild.atomic import write_bytes
 from ctxbuild.digests import DigestMemo
-from ctxbuild.layout import STATE, log_path, memo_dir, record_path, rel, spec_name
+from ctxbuild.layout import STATE, log_path, record_path, rel, spec_name
 
 # I/O and hashing release the GIL, the keying around them does not: more threads than cores mostly trade the
 # GIL back and forth (2 cores, 150 actions: median 0.65 s with 2 threads, 0.97 s with 4, 1.0 s with 8).
@@ -143,7 +143,7 @@ class _Restorer:
         action = load_spec(out / STATE / "actions" / spec_name(aid))
         memo = self._memo()
         cache = open_cache()
-        key, components = runner.action_key(action, out, memo, self._discovered(action, memo))
+        key, components = runner.action_key(action, out, memo, runner.discover(action, memo))
         hit = cache.lookup(key)
         outputs = {r: Path(p) for r, p in action.outputs.items()}
         before = [_identity(p) for p in outputs.values()]
@@ -179,26 +179,6 @@ class _Restorer:
         if memo is None:
             memo = self._local.memo = DigestMemo(self.out / STATE / "digests.sqlite")
         return memo
-
-    def _discovered(self, action: Any, memo: DigestMemo) -> dict[str, Path] | None:
-        """prepare finds a model's external data files by parsing it (importing onnx, ~0.1 s): a pure function
-        of the model's bytes and place (kinds: inputs_follow_model), memoized in the user cache by the model's
-        digest. None: other kinds (the runner's key function discovers theirs)."""
-        if not kinds.get(action.kind).inputs_follow_model:
-            return None
-        model = Path(action.inputs["model"])
-        memo_file = memo_dir("discovered") / f"{memo.digest(model)}.json"
-        try:
-            return {name: (model.parent / rel).resolve() for name, rel in json.loads(memo_file.read_bytes()).items()}
-        except (OSError, ValueError, AttributeError, TypeError):
-            pass
-        found = kinds.get(action.kind).hook("discover_inputs")(action)
-        try:
-            write_bytes(memo_file, json.dumps({k: os.path.relpath(p, model.parent) for k, p in found.items()}).encode(),
-                        durable=False)
-        except OSError:
-            pass
-        return found
 
     def _write_record(self, action: Any, key: str, components: dict[str, Any], cache: Any, hit: Any,
                       memo: DigestMemo, previous: dict[str, Any] | None, t: float) -> list[str]:

@@ -12,8 +12,9 @@ that the rest of ctxbuild reads instead of keeping lists of kind names:
   join its key (plan/actionkey.py);
 - `deliverable`: its outputs under OUT/<target>/ are artifacts (manifest, report rows); its outputs in
   the work dir are verification twins (plan.Plan.artifacts, report.py);
-- `inputs_follow_model`: what it discovers is a function of its `model` input's bytes and place (external
-  data beside it): prerestore.py memoizes it by the model's digest instead of parsing the model;
+- `discovery_follows`: the input role (a model file) whose bytes and place, with the action's params and the
+  listing of its watched directories, decide what it discovers (external data beside the model, samples):
+  prerestore.py memoizes the discovery by those instead of parsing the model;
 - `verification`: it checks accuracy (`ctxbuild verify` runs these edges; the report shows them per row);
   a deliverable that is also a verification (select) verified what it delivers itself;
 - `verdict`: its result is the manifest's verdict on the deliverables it reads (their `verified_by`);
@@ -54,7 +55,7 @@ class Kind:
     implementation: ClassVar[str]  # module with run(ctx) and optional hooks (ctxbuild/actions/__init__.py)
     params: ClassVar[type]  # a TypedDict: the keys every action of this kind carries in `params`
     discovers_inputs: ClassVar[bool] = False
-    inputs_follow_model: ClassVar[bool] = False
+    discovery_follows: ClassVar[str | None] = None
     uses_qnn: ClassVar[bool] = False
     deliverable: ClassVar[bool] = False
     verification: ClassVar[bool] = False
@@ -125,9 +126,8 @@ class Prepare(Kind):
     name = "prepare"
     implementation = "ctxbuild.actions.prepare"
     params = PrepareParams
-    # external data files, and the samples the rewrites are checked on (watch: the recipe's sample directory),
-    # so what it discovers is not a function of the model alone (no inputs_follow_model)
-    discovers_inputs = True
+    discovers_inputs = True  # external data files, and the samples the rewrites are checked on (watch)
+    discovery_follows = "model"
     # ORT's optimizer holds the weights about once (1.08x); without it (qdq) external tensors are copied range by range
     memory = MemoryModel(1.3, ("model",), user_model=True, unoptimized_factor=0.1)
 
@@ -241,6 +241,7 @@ class Verify(Kind):
     name = "verify"
     implementation = "ctxbuild.actions.verify"
     params = VerifyParams
+    discovery_follows = "original"  # its external data; and the samples (watch)
     discovers_inputs = True  # verification samples
     uses_qnn = True
     verification = True
@@ -260,6 +261,7 @@ class Screen(Kind):
     name = "screen"
     implementation = "ctxbuild.actions.screen"
     params = ScreenParams
+    discovery_follows = "original"  # its external data; and the samples (watch)
     discovers_inputs = True  # verification samples
     memory = MemoryModel(3.0, ("reference", "model"))
 
@@ -325,6 +327,7 @@ class VerifyAdapter(Kind):
     name = "verify_adapter"
     implementation = "ctxbuild.actions.verify_adapter"
     params = VerifyAdapterParams
+    discovery_follows = "original"  # its external data; and the samples (watch)
     discovers_inputs = True
     uses_qnn = True
     verification = True
