@@ -7,6 +7,11 @@ from ctxbuild import settings
 
 STATE = ".ctxbuild"  # OUT/.ctxbuild: action specs, records, logs, depfiles, work files, plan state
 OUT_FILES = ("build.ninja", "manifest.json", "report.json", "report.html")  # besides the artifacts and STATE
+PACKAGES = "packages"  # OUT/packages/<recipe>/: onnxruntime model packages (`package: true`), beside OUT/<target>/
+
+
+def package_dir(out: Path, name: str) -> Path:
+    return out / PACKAGES / name
 
 
 def spec_name(action_id: str) -> str:

@@ -18,6 +18,7 @@ from ctxbuild.engine import ninja
 from ctxbuild.recipes import recipe
 from ctxbuild.toolchain import installed as toolchain
 from ctxbuild.plan.planner import Plan, make_plan
+from ctxbuild.errors import RecipeError
 from tests.fake_tree import fake_tree
 
 GOLDEN = Path(__file__).parent / "golden" / "build.ninja"
@@ -85,7 +86,8 @@ def test_edges_follow_files_and_order_is_topological(plan: Plan) -> None:
 
 def test_artifacts_are_the_deliverables_outside_the_work_dir(plan: Plan) -> None:
     arts = plan.artifacts()
-    assert {a["action"].split("/")[0] for a in arts} == kinds.names(deliverable=True) - {"prebuilt", "select"}
+    assert {a["action"].split("/")[0] for a in arts} == kinds.names(deliverable=True) - {"prebuilt", "select",
+                                                                                         "model_package"}
     assert not any(".ctxbuild" in a["path"] for a in arts)
     bundle = [a for a in arts if a["action"] == "bundle/lm_bundle@SM8650"]
     assert {a["role"] for a in bundle} == {"ctx:prefill", "ctx:decode", "bin"}
@@ -137,3 +139,72 @@ def test_fp16_verifies_on_the_calibration_samples(tmp_path: Path) -> None:
     assert verifies and all(a.params["sample_source"] == "calibration" for a in verifies)
     assert all(a.watch == [str(tree / "models" / "calib" / "mlp")] for a in verifies)
     assert not [a for a in make_plan(recipe.load([tree]), tmp_path / "out").actions if a.kind == "quantize"]
+
+
+def _packaged(tmp_path: Path, *names: str) -> tuple[Path, Path]:
+    """The fake tree with only `names`, each with `package: true`."""
+    from tests.conftest import keep_only
+
+    tree = fake_tree(tmp_path / "recipes")
+    keep_only(tree, *names)
+    for name in names:
+        (tree / name).write_text((tree / name).read_text() + "package: true\n")
+    return tree, (tmp_path / "out").resolve()
+
+
+def test_a_package_is_planned_over_every_variant(tmp_path: Path) -> None:
+    """`package: true`: one package_variant per deliverable, after its verifications, and one model_package over
+    them; a bundle's graphs are components whose variants name one directory."""
+    tree, out = _packaged(tmp_path, "tiny_cnn.yaml", "lm_bundle.yaml")
+    plan = make_plan(recipe.load([tree]), out)
+    acts = {a.id: a for a in plan.actions}
+    for a in acts.values():
+        assert set(kinds.get(a.kind).params.__required_keys__) <= set(a.params) <= required_or_optional(
+            kinds.get(a.kind).params), a.id
+    tiny = acts["model_package/tiny_cnn"]
+    assert [(v["component"], v["variant"]) for v in tiny.params["variants"]] == [
+        ("tiny_cnn", "SM8650"), ("tiny_cnn", "SM8750"), ("tiny_cnn", "SC8380XP")]  # the recipe's target order
+    assert tiny.outputs == {"package": str(out / "packages" / "tiny_cnn" / "manifest.json")}
+    copy = acts["package_variant/tiny_cnn@SM8650"]
+    d = out / "packages" / "tiny_cnn" / "SM8650"
+    assert copy.outputs == {"ctx": str(d / "tiny_cnn_ctx.onnx"), "bin": str(d / "tiny_cnn_ctx_qnn.bin")}
+    assert set(plan.graph.predecessors(copy.id)) == {"compile/tiny_cnn@SM8650", "verify/tiny_cnn@SM8650"}
+    bundle = acts["model_package/lm_bundle"]
+    assert [(v["component"], v["variant"], v["shares_context"]) for v in bundle.params["variants"]] == [
+        ("prefill", "SM8650", True), ("decode", "SM8650", True),
+        ("prefill", "SM8750", True), ("decode", "SM8750", True)]
+    decode = bundle.params["variants"][1]
+    assert [bundle.inputs[r] for r in decode["verified"]] == [acts["verify/lm_bundle.decode@SM8650"].outputs["result"]]
+    assert bundle.inputs[decode["model"]] == str(out / "packages" / "lm_bundle" / "SM8650" / "decode_ctx.onnx")
+    [row] = [a for a in plan.artifacts() if a["action"] == "model_package/tiny_cnn"]
+    assert row["target"] is None and row["path"] == "packages/tiny_cnn/manifest.json"
+    # --no-verify: packaged all the same, after nothing
+    unverified = {a.id: a for a in make_plan(recipe.load([tree]), out, verify=False).actions}
+    assert not [r for r in unverified["package_variant/tiny_cnn@SM8650"].inputs if r.startswith("verified:")]
+
+
+@pytest.mark.parametrize("name, extra, says", [
+    ("lora_mlp.yaml", "", "lora_mlp.yaml:21: package: a model package does not carry LoRA adapters (`adapters`) yet"),
+    ("llm_tiny.yaml", "", "llm_tiny.yaml:14: `package` does not apply to an `llm:` recipe"),
+    ("tiny_cnn.yaml", "targets: [{name: packages, soc_model: 57, htp_arch: 75}]\n",
+     "custom target name 'packages' is one of OUT's own files or directories"),
+])
+def test_what_a_package_cannot_hold_is_a_recipe_error(tmp_path: Path, name: str, extra: str, says: str) -> None:
+    tree, _ = _packaged(tmp_path, name)
+    (tree / name).write_text((tree / name).read_text().replace("targets:", "#targets:") + extra if extra
+                             else (tree / name).read_text())
+    with pytest.raises(RecipeError) as e:
+        recipe.load([tree])
+    assert says in e.value.message, e.value.message
+
+
+def test_a_default_package_leaves_llm_recipes_out(tmp_path: Path) -> None:
+    """`package: true` in _defaults.yaml packages what it can: an llm: recipe runs from its genai_config.json."""
+    from tests.conftest import keep_only
+
+    tree = fake_tree(tmp_path / "recipes")
+    keep_only(tree, "tiny_cnn.yaml", "llm_tiny.yaml")
+    (tree / "_defaults.yaml").write_text((tree / "_defaults.yaml").read_text().replace("defaults:\n",
+                                                                                       "defaults:\n  package: true\n"))
+    plan = make_plan(recipe.load([tree]), tmp_path / "out")
+    assert {a.id for a in plan.actions if a.kind == "model_package"} == {"model_package/tiny_cnn"}

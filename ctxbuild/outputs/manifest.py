@@ -1,5 +1,5 @@
 """OUT/manifest.json: every artifact with its recipe, target, kind, path, sha256, size and the toolchain (and the
-rewrites prepare made in its model, when it made any)."""
+rewrites prepare made in its model, when it made any); a model package's manifest.json with its variants."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ from ctxbuild.outputs.lineage import rewrites
 from ctxbuild.toolchain.runtimes import Runtime, runtime
 
 MANIFEST_VERSION = 1
-KINDS = {"ctx": "epcontext_model", "bin": "context_binary"}
+KINDS = {"ctx": "epcontext_model", "bin": "context_binary", "package": "model_package"}
 
 
 def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, str]) -> dict[str, Any]:
@@ -32,6 +32,11 @@ def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, s
         if not path.is_file() or record is None or record.get("status") != "ok":
             continue
         role = art["role"]
+        if art["target"] is None:  # a model package's manifest.json: its variants are the artifacts beside it
+            artifacts.append({"recipe": art["recipe"], "target": None, "kind": KINDS[role], "path": art["path"],
+                              "sha256": memo.digest(path), "size": path.stat().st_size, "toolchain": "installed",
+                              "variants": _package_variants(path)})
+            continue
         entry = {
             "recipe": art["recipe"], "target": art["target"], "kind": KINDS.get(role.split(":")[0], role),
             "path": art["path"], "sha256": memo.digest(path), "size": path.stat().st_size,
@@ -78,6 +83,12 @@ def _serves(target: dict[str, Any]) -> list[dict[str, str]]:
     if len(names) != len(socs):
         names = [target["name"]] * len(socs)
     return [{"name": n, "soc_model": s, "htp_arch": h} for n, s, h in zip(names, socs, arches)]
+
+
+def _package_variants(path: Path) -> dict[str, list[str]]:
+    """Component -> its variants, in the order onnxruntime breaks ties in (the package's manifest.json)."""
+    components = (_read(path) or {}).get("components", {})
+    return {c: list(body.get("variants", {})) for c, body in components.items() if isinstance(body, dict)}
 
 
 def _verification(out: Path, verifiers: list[str]) -> dict[str, Any] | None:

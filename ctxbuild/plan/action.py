@@ -28,6 +28,10 @@ class Action:
     def spec_name(self) -> str:
         return layout.spec_name(self.id)
 
+    def delivered(self, out: Path) -> bool:
+        """Deliverables live under OUT/<target>/ (and OUT/packages/); verification twins live in the work dir."""
+        return not Path(next(iter(self.outputs.values()))).is_relative_to(out / layout.STATE)
+
     def identity(self) -> Any:
         """What makes two actions the same work (for dedupe across recipes)."""
         return [self.kind, self.params, sorted(self.inputs.items()), sorted(self.outputs.items()), self.toolchain]

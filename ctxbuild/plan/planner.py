@@ -12,6 +12,7 @@ from ctxbuild.plan.action import Action
 from ctxbuild.layout import spec_name
 from ctxbuild.errors import PlanError
 from ctxbuild.plan.adapters import adapter_actions, section_actions
+from ctxbuild.plan.packages import package_actions
 from ctxbuild.recipes.objects import Recipe, RecipeSet
 from ctxbuild.plan.steps import (QUANTIZED, Built, bundle_action, compile_action, multi_soc_target, prebuilt_action,
                                  prepare_action, quantize_action, verification_enabled, verification_note,
@@ -33,7 +34,7 @@ class Plan:
         them and, for bundles, the single-graph twins whose sizes measure the weight-sharing savings."""
         rows = []
         for a in self.actions:
-            if not kinds.get(a.kind).deliverable or not _delivered(a, self.out):
+            if not kinds.get(a.kind).deliverable or not a.delivered(self.out):
                 continue
             kind = kinds.get(a.kind)
             # a deliverable that is a verification (a precision search's select) verified its winner itself
@@ -63,17 +64,14 @@ class Plan:
         return next(r for r in self.recipes.recipes if r.name == name)
 
 
-def _delivered(a: Action, out: Path) -> bool:
-    """Deliverables live under OUT/<target>/; verification twins live in the work dir."""
-    return not Path(next(iter(a.outputs.values()))).is_relative_to(out / ".ctxbuild")
-
-
 def make_plan(recipes: RecipeSet, out: Path, *, verify: bool = True) -> Plan:
     out = out.resolve()
     actions: dict[str, Action] = {}
     for recipe in recipes.recipes:
         for a in _recipe_actions(recipe, out, verify):
             _add(actions, a)
+    for a in package_actions(recipes.recipes, list(actions.values()), out):
+        _add(actions, a)
     _check_name_lengths(actions.values(), out)
     graph = _graph(actions)
     return Plan(out, graph, recipes)

@@ -8,7 +8,7 @@ from typing import Any
 
 from ctxbuild.errors import RecipeError, UsageError
 from ctxbuild.graph.signature import quantize_nodes
-from ctxbuild.layout import OUT_FILES
+from ctxbuild.layout import OUT_FILES, PACKAGES
 from ctxbuild.recipes import quantization as quant
 from ctxbuild.recipes import targets as soc_table
 from ctxbuild.recipes import toolchains
@@ -21,6 +21,10 @@ from ctxbuild.recipes.objects import PRECISIONS, Calibration, CompileOptions, Gr
 from ctxbuild.recipes.paths import named_path
 from ctxbuild.recipes.targets import Target
 from ctxbuild.recipes.yamlsrc import LineDict, line_of
+from ctxbuild.toolchain.installed import version
+from ctxbuild.toolchain.runtimes import fmt, parse_version
+
+MODEL_PACKAGE_ORT = (1, 32)  # model packages written and opened through its Python API (older releases: not tried)
 
 
 def parse_recipe(f: Path, data: LineDict, merged: dict[str, Any], groups: dict[str, list]) -> Recipe:
@@ -101,6 +105,7 @@ def parse_recipe(f: Path, data: LineDict, merged: dict[str, Any], groups: dict[s
     return Recipe(name=name, file=f, precision=precision, graphs=graphs, targets=recipe_targets,
                   compile=compile_opts, is_bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False),
                   verify=verify, quantization=quantization, adapters=adapters, runtimes=parse_runtimes(f, data, merged),
+                  package=_package(f, data, merged, name, "adapters" if adapters else None),
                   **toolchains.parse(f, data, merged, group_toolchains, {
                       "bundle": at("bundle") if "bundle" in merged else None,
                       "multi_soc": at("multi_soc") if merged.get("multi_soc") else None}),
@@ -144,17 +149,20 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
     targets = _targets(f, data, merged["targets"], groups, group_toolchains)
     return Recipe(name=name, file=f, precision="prebuilt", graphs=[], targets=targets,
                   runtimes=parse_runtimes(f, data, merged), **toolchains.parse(f, data, merged, group_toolchains, {}),
+                  package=_package(f, data, merged, name, "prebuilt.adapters" if "adapters" in spec else None),
                   compile=CompileOptions(embed=copts.get("embed", False)), verify={"enabled": False},
                   prebuilt=Prebuilt(binary, graphs, spec.get("quantized_io", False),
                                     parse_sections(f, data, spec) if "adapters" in spec else None))
 
 
 def _llm_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], groups: dict[str, list]) -> Recipe:
-    other = [k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "adapters") if k in data]
+    other = [k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "adapters", "package")
+             if k in data]
     if other:
         raise RecipeError(f"{f}:{line_of(data, [other[0]])}: `{other[0]}` does not apply to an `llm:` recipe",
                           "move it inside the llm: block (llm.adapters)" if other[0] == "adapters" else
-                          "set precision and prompts inside the llm: block (docs/llm.md)")
+                          "onnxruntime-genai runs it from the genai_config.json beside its parts (docs/llm.md)"
+                          if other[0] == "package" else "set precision and prompts inside the llm: block (docs/llm.md)")
     group_toolchains: dict[str, tuple[Any, str]] = {}
     targets = _targets(f, data, merged["targets"], groups, group_toolchains)
     # every part is a weight-shared bundle: the toolchains must build bundles (MIN_QNN_EP)
@@ -168,6 +176,23 @@ def _llm_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], grou
     verify = {"enabled": verify} if isinstance(verify, bool) else dict(verify)
     return Recipe(name=name, file=f, precision=spec.precision, graphs=[], targets=targets, compile=compile_opts,
                   verify=verify, llm=spec, adapters=spec.adapters, runtimes=parse_runtimes(f, data, merged), **chosen)
+
+
+def _package(f: Path, data: LineDict, merged: dict[str, Any], name: str, adapters: str | None) -> str | None:
+    """`package: true`: the model package's name (the recipe's, shared by its toolchain variants), else None.
+    `adapters`: the recipe's adapters field, if it has one (a package would not carry them)."""
+    if not merged.get("package"):
+        return None
+    at = f"{f}:{line_of(data, ['package'] if 'package' in data else [])}"
+    if adapters:
+        raise RecipeError(f"{at}: package: a model package does not carry LoRA adapters (`{adapters}`) yet",
+                          "set package: false in this recipe, or build the adapters without a package")
+    have = version("onnxruntime")
+    if (parse_version(have) or (0,)) < MODEL_PACKAGE_ORT:
+        raise RecipeError(f"{at}: package: onnxruntime {have} has no model package API "
+                          f"({fmt(MODEL_PACKAGE_ORT)} or newer writes them)",
+                          f"install onnxruntime>={fmt(MODEL_PACKAGE_ORT)}, or remove `package`")
+    return name
 
 
 def _split_outputs(v: bool | list[str]) -> bool | tuple[str, ...]:
@@ -227,10 +252,10 @@ def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list],
                                   f"{builtin.name} (soc_model {builtin.soc_model}, htp_arch {builtin.htp_arch}); "
                                   f"its outputs would mix with {builtin.name}'s under OUT",
                                   f"give it another name, or use '{builtin.name}' as is")
-            if spec["name"].lower() in OUT_FILES:
-                raise RecipeError(f"{where}: custom target name '{spec['name']}' is one of OUT's own files "
-                                  f"({', '.join(OUT_FILES)}): its outputs would replace it or fail",
-                                  "give the target another name")
+            if spec["name"].lower() in (*OUT_FILES, PACKAGES):
+                raise RecipeError(f"{where}: custom target name '{spec['name']}' is one of OUT's own files or "
+                                  f"directories ({', '.join(OUT_FILES)}, {PACKAGES}): its outputs would replace "
+                                  "them or fail", "give the target another name")
             t = Target(spec["name"], str(spec["soc_model"]), str(spec["htp_arch"]), spec.get("vtcm_mb"))
             check_vtcm(where, "vtcm_mb", t.vtcm_mb, t)
         elif spec in groups:
