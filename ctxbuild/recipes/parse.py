@@ -102,7 +102,6 @@ def parse_recipe(f: Path, data: LineDict, merged: dict[str, Any], groups: dict[s
                   compile=compile_opts, is_bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False),
                   verify=verify, quantization=quantization, adapters=adapters, runtimes=parse_runtimes(f, data, merged),
                   **toolchains.parse(f, data, merged, group_toolchains, {
-                      "bundle": at("bundle") if "bundle" in merged else None,
                       "multi_soc": at("multi_soc") if merged.get("multi_soc") else None}),
                   rewrite=(merged.get("prepare") or {}).get("rewrite", True))
 
@@ -157,8 +156,7 @@ def _llm_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], grou
                           "set precision and prompts inside the llm: block (docs/llm.md)")
     group_toolchains: dict[str, tuple[Any, str]] = {}
     targets = _targets(f, data, merged["targets"], groups, group_toolchains)
-    # every part is a weight-shared bundle: the toolchains must build bundles (MIN_QNN_EP)
-    chosen = toolchains.parse(f, data, merged, group_toolchains, {"bundle": f"{f}:{line_of(data, ['llm'])}: llm"})
+    chosen = toolchains.parse(f, data, merged, group_toolchains, {})  # its bundles build on every release
     spec = parse_llm(f, data, merged["llm"], targets)
     copts = merged.get("compile", {})
     compile_opts = CompileOptions(optimization_mode=copts.get("optimization_mode"), vtcm_mb=copts.get("vtcm_mb"),

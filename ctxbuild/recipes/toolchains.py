@@ -13,7 +13,10 @@ from ctxbuild.toolchain.choose import INSTALLED, by_name, choose
 from ctxbuild.toolchain.installed import version
 from ctxbuild.toolchain.runtimes import PUBLISHED
 
-MIN_QNN_EP = {"bundle": (2, 7), "multi_soc": (2, 7)}  # onnxruntime-qnn releases that can build these
+# The oldest onnxruntime-qnn release that builds each feature. Weight-shared bundles (and so `llm:` recipes) are
+# not listed: every published release builds them with the same session options (bench/toolchain_capabilities.py,
+# docs/deploy.md). multi_soc: not measured on releases before 2.7.
+MIN_QNN_EP = {"multi_soc": (2, 7)}
 
 
 def parse(f: Any, data: LineDict, merged: dict[str, Any], by_group: dict[str, tuple[Any, str]],
