@@ -1,5 +1,5 @@
 """What each published onnxruntime-qnn release can build, measured: weight-shared bundles (several graphs in one
-context binary), and with which options. What ctxbuild/recipes/toolchains.py (MIN_QNN_EP) and
+context binary), with which options, and multi-SoC binaries. What ctxbuild/recipes/toolchains.py (MIN_QNN_EP) and
 ctxbuild/actions/bundle.py rely on and the capability table in docs/deploy.md come from this; rerun it when a
 release is added.
 
@@ -13,6 +13,8 @@ For each release (provisioned on demand, as a build would: ~100 MB from PyPI per
   loaded on the HTP simulator in that toolchain. Controls: the first graph alone, and the same graph with
   `<graph>__`-prefixed I/O mapped back by `io_name_overrides` (as the bundle action writes its wrappers), both
   run on the simulator against numpy.
+- multi_soc: the first graph compiled with `soc_model 57,69` and `htp_arch 75,79` (SM8650 and SM8750): is the
+  wrapper marked `is_multi_soc_ep_context`?
 - recipe (--recipes): `ctxbuild build` of recipes/lm_bundle.yaml (int16) with `toolchain: "X.Y.Z"`, then
   `ctxbuild inspect` of its binary and `ctxbuild check OUT --runtime onnxruntime-qnn=X.Y.Z`.
 
@@ -135,6 +137,23 @@ def child_renamed(d: Path) -> dict[str, Any]:
     return {"compiled": True}
 
 
+def child_multi_soc(d: Path) -> dict[str, Any]:
+    """The first graph compiled for two SoCs at once (SM8650 and SM8750 as lists): does the release write a
+    multi-SoC container (`is_multi_soc_ep_context`), or ignore the list?"""
+    import onnx
+
+    from ctxbuild.toolchain.installed import compile_model
+
+    dst = d / "prefill_ctx.onnx"
+    try:
+        compile_model(_models(d / "src")["prefill"], dst, {**PROVIDER, "soc_model": "57,69", "htp_arch": "75,79"},
+                      embed=False, cpu_fallback=False)
+    except Exception as e:  # noqa: BLE001
+        return {"compiled": False, "error": str(e).strip().splitlines()[0][:300]}
+    flags = [a.i for n in onnx.load(dst).graph.node for a in n.attribute if a.name == "is_multi_soc_ep_context"]
+    return {"compiled": True, "multi_soc": bool(flags and flags[0]), "bytes": (d / "prefill_ctx_qnn.bin").stat().st_size}
+
+
 # --- the driver -------------------------------------------------------------------------------------------
 
 def _env(plugin: str) -> dict[str, str]:
@@ -160,7 +179,8 @@ def _binary(env: dict[str, str], path: Path) -> dict[str, Any]:
     p = subprocess.run([sys.executable, "-m", "ctxbuild.qnn.system", str(path)], capture_output=True, text=True,
                        env=env, cwd=ROOT, timeout=300)
     info = json.loads(p.stdout)
-    return {"graphs": len(info["graphs"]), "build_id": info["build_id"], "bytes": path.stat().st_size}
+    return {"graphs": len(info["graphs"]), "build_id": info["build_id"], "bytes": path.stat().st_size,
+            "socs": [f"{t['soc_name']} v{t['htp_arch']}" for t in info.get("targets") or []]}
 
 
 def measure_ep(plugin: str, work: Path) -> dict[str, Any]:
@@ -172,6 +192,9 @@ def measure_ep(plugin: str, work: Path) -> dict[str, Any]:
     rows: dict[str, Any] = {"single_graph_bytes": (single / "prefill_ctx_qnn.bin").stat().st_size,
                             "single_graph_runs": _in(env, "--run", str(single / "prefill_ctx.onnx"), "16"),
                             "renamed_io": _in(env, "--renamed", str(renamed))}
+    rows["multi_soc"] = _in(env, "--multi-soc", str(work / "multi_soc"))
+    if rows["multi_soc"].get("compiled") and not rows["multi_soc"]["multi_soc"]:  # then for which SoC?
+        rows["multi_soc"]["socs"] = _binary(env, work / "multi_soc" / "prefill_ctx_qnn.bin")["socs"]
     if rows["renamed_io"].get("compiled"):
         rows["renamed_io"]["runs"] = _in(env, "--run", str(renamed / "prefill_ctx.onnx"), "16")
     first_bin = None
@@ -246,19 +269,27 @@ def _recipe_cell(rec: dict[str, Any] | None) -> str:
             f"check exit {rec['check_exit']}")
 
 
+def _multi_soc_cell(r: dict[str, Any]) -> str:
+    if not r.get("compiled"):
+        return f"fails: {r.get('error') or r.get('crashed')}"
+    return (f"a multi-SoC container, {r['bytes']:,} B" if r["multi_soc"] else
+            f"the list ignored: a plain binary for {', '.join(r['socs'])} only, {r['bytes']:,} B")
+
+
 def table(results: dict[str, Any]) -> str:
     """The table in docs/deploy.md: one row per release."""
     plain, extra = OPTION_SETS
     lines = ["| onnxruntime-qnn (QAIRT) | two graphs, session options only | .bin files (named by both wrappers) "
              "| graphs in it, build id | bytes (prefill alone) | + `enable_htp_weight_sharing 1` "
              "| x86 simulator loads the bundle | renamed I/O (`io_name_overrides`) on the simulator "
-             "| lm_bundle: build, inspect, check |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| lm_bundle: build, inspect, check | one graph for SM8650 and SM8750 at once (multi_soc) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for plugin, rows in results.items():
         ep, r, x = rows["ep"], rows["ep"][plain], rows["ep"][extra]
         head = f"| {plugin} ({PUBLISHED[plugin]}) |"
         if not r.get("compiled"):
-            lines.append(f"{head} no: {r.get('error') or r.get('crashed')} | | | | | | | {_recipe_cell(rows.get('recipe'))} |")
+            lines.append(f"{head} no: {r.get('error') or r.get('crashed')} | | | | | | | {_recipe_cell(rows.get('recipe'))} "
+                         f"| {_multi_soc_cell(ep['multi_soc'])} |")
             continue
         one = len(set(r["wrappers_name"].values())) == 1
         same = ("same bytes" if x.get("same_bytes_as_first_set") else "other bytes") if x.get("compiled") else \
@@ -268,13 +299,17 @@ def table(results: dict[str, Any]) -> str:
         lines.append(f"{head} {'yes, the weight stored once' if r.get('weights_once') else 'yes, the weight per graph'} | "
                      f"{len(r['bins'])}{' (yes)' if one else ' (no)'} | {r.get('graphs', '-')}, {r.get('build_id', '-')} "
                      f"| {r.get('bytes', 0):,} ({ep['single_graph_bytes']:,}) | {same} | {loads} | "
-                     f"{_outcome(ren.get('runs', ren))} | {_recipe_cell(rows.get('recipe'))} |")
+                     f"{_outcome(ren.get('runs', ren))} | {_recipe_cell(rows.get('recipe'))} | "
+                     f"{_multi_soc_cell(ep['multi_soc'])} |")
     return "\n".join(lines)
 
 
 def main() -> int:
     if sys.argv[1:2] == ["--compile"]:
         print(json.dumps(child_compile(Path(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4:])))
+        return 0
+    if sys.argv[1:2] == ["--multi-soc"]:
+        print(json.dumps(child_multi_soc(Path(sys.argv[2]))))
         return 0
     if sys.argv[1:2] == ["--renamed"]:
         print(json.dumps(child_renamed(Path(sys.argv[2]))))
