@@ -41,7 +41,7 @@ def _timed(args: list[str], env: dict[str, str]) -> float:
 def _tree(dst: Path, two: bool) -> Path:
     tree = dst / "recipes"
     shutil.copytree(HERE.parent / "recipes", tree, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
-    if two:  # every recipe for the installed toolchain and for QAIRT 2.47 (bundles need 2.7: they stay single)
+    if two:  # the single-graph recipes for the installed toolchain and for QAIRT 2.47, as in docs/deploy.md
         for f in tree.glob("*.yaml"):
             if f.name != "_defaults.yaml" and "bundle:" not in f.read_text() and "multi_soc" not in f.read_text():
                 f.write_text(f.read_text() + '\ntoolchain: [installed, "2.3.0"]\n')

@@ -1,5 +1,9 @@
 """bundle: several graphs compiled into one weight-shared context binary (one `_ctx.onnx` per graph).
 
+The session config entries below are all it takes on every published onnxruntime-qnn release (2.3.0 to 2.7.0):
+each stores a shared weight once, and the provider option `enable_htp_weight_sharing` changes no byte
+(measured: bench/toolchain_capabilities.py, docs/deploy.md).
+
 QNN stores a weight once only when every graph holds it with identical quantized values and encodings;
 that is checked here before compiling, so a silent doubling of flash/RAM becomes a clear error.
 

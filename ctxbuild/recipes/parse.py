@@ -107,7 +107,6 @@ def parse_recipe(f: Path, data: LineDict, merged: dict[str, Any], groups: dict[s
                   verify=verify, quantization=quantization, adapters=adapters, runtimes=parse_runtimes(f, data, merged),
                   package=_package(f, data, merged, name, "adapters" if adapters else None),
                   **toolchains.parse(f, data, merged, group_toolchains, {
-                      "bundle": at("bundle") if "bundle" in merged else None,
                       "multi_soc": at("multi_soc") if merged.get("multi_soc") else None}),
                   rewrite=(merged.get("prepare") or {}).get("rewrite", True))
 
@@ -165,8 +164,7 @@ def _llm_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], grou
                           if other[0] == "package" else "set precision and prompts inside the llm: block (docs/llm.md)")
     group_toolchains: dict[str, tuple[Any, str]] = {}
     targets = _targets(f, data, merged["targets"], groups, group_toolchains)
-    # every part is a weight-shared bundle: the toolchains must build bundles (MIN_QNN_EP)
-    chosen = toolchains.parse(f, data, merged, group_toolchains, {"bundle": f"{f}:{line_of(data, ['llm'])}: llm"})
+    chosen = toolchains.parse(f, data, merged, group_toolchains, {})  # its bundles build on every release
     spec = parse_llm(f, data, merged["llm"], targets)
     copts = merged.get("compile", {})
     compile_opts = CompileOptions(optimization_mode=copts.get("optimization_mode"), vtcm_mb=copts.get("vtcm_mb"),

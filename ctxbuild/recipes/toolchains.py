@@ -13,7 +13,11 @@ from ctxbuild.toolchain.choose import INSTALLED, by_name, choose
 from ctxbuild.toolchain.installed import version
 from ctxbuild.toolchain.runtimes import PUBLISHED
 
-MIN_QNN_EP = {"bundle": (2, 7), "multi_soc": (2, 7)}  # onnxruntime-qnn releases that can build these
+# The oldest onnxruntime-qnn release that builds each feature. Weight-shared bundles (and so `llm:` recipes) are
+# not listed: every published release builds them with the same session options (bench/toolchain_capabilities.py,
+# docs/deploy.md). multi_soc: 2.3.0 and 2.4.0 ignore the SoC list (a plain binary for the first SoC, no error);
+# 2.5.0 and 2.6.0 write a multi-SoC container, but no multi_soc recipe was built and checked with them yet.
+MIN_QNN_EP = {"multi_soc": (2, 7)}
 
 
 def parse(f: Any, data: LineDict, merged: dict[str, Any], by_group: dict[str, tuple[Any, str]],
