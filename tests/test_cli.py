@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ctxbuild.cli.main import _parser
+from ctxbuild.cli.main import parser
 from ctxbuild.toolchain.installed import version
 
 INTERNAL = ("action", "worker", "regenerate")
@@ -34,7 +34,7 @@ def test_help_lists_public_commands_only(ctxbuild) -> None:
 
 
 def _all_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
-    todo, seen = [("ctxbuild", _parser())], []
+    todo, seen = [("ctxbuild", parser())], []
     while todo:
         name, p = todo.pop()
         seen.append((name, p))
