@@ -40,13 +40,15 @@ def paths_out(p: argparse.ArgumentParser) -> None:
 
 
 def jobs(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-j", "--jobs", type=count(0), help="parallel actions (0: no limit; default: make's jobserver, else ninja's)")
+    p.add_argument("-j", "--jobs", type=count(0), help="parallel actions (0: no limit; default: make's jobserver, "
+                   "else ninja's, about CPUs + 2)")
 
 
 def cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache", action="store_true", help="bypass the action cache")
     cache_dir(p)
-    p.add_argument("--remote-cache", metavar="URL", help="HTTP cache with /ac and /cas (or $CTXBUILD_REMOTE_CACHE)")
+    p.add_argument("--remote-cache", metavar="URL", help="HTTP cache with /ac and /cas (default: $CTXBUILD_REMOTE_CACHE, "
+                   "else cache.remote in _defaults.yaml, else none)")
     p.add_argument("--remote-read-only", action="store_true", help="never upload (untrusted builds)")
     p.add_argument("--remote-max-download", metavar="SIZE", help="the most one remote blob download may bring, "
                    "e.g. 64G (default 32GiB; or cache.max_download)")

@@ -73,7 +73,8 @@ def build(commands: Sequence[Command]) -> Parser:
 def _common(p: argparse.ArgumentParser, *, default: Any) -> None:
     """-C, -v, -q: accepted before the command (`ctxbuild -q build`) and after it (`ctxbuild build -q`)."""
     p.add_argument("-C", dest="directory", type=Path, metavar="DIR", default=default,
-                   help="change to DIR before doing anything (as make -C, git -C, ninja -C)")
+                   help="change to DIR before doing anything (as make -C, git -C, ninja -C; default: stay in the current "
+                        "directory)")
     p.add_argument("-v", "--verbose", action="store_true", default=default,
                    help="more output: the commands ninja runs, failed edges' command lines")
     p.add_argument("-q", "--quiet", action="store_true", default=default,

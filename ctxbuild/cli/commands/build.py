@@ -18,11 +18,12 @@ EXAMPLES = """examples:
 def arguments(p: argparse.ArgumentParser) -> None:
     options.paths_out(p)
     options.jobs(p)
-    p.add_argument("-k", "--keep-going", type=options.count(0), default=1, metavar="N", help="go on until N failures (0: all)")
-    p.add_argument("--target", action="append", default=[], metavar="NAME", help="only this target (repeatable)")
-    p.add_argument("--only", action="append", default=[], metavar="RECIPE", help="only this recipe (repeatable)")
+    p.add_argument("-k", "--keep-going", type=options.count(0), default=1, metavar="N", help="go on until N failures (0: all; default: %(default)s)")
+    p.add_argument("--target", action="append", default=[], metavar="NAME", help="only this target (repeatable; default: every target the recipes name)")
+    p.add_argument("--only", action="append", default=[], metavar="RECIPE", help="only this recipe (repeatable; default: every recipe)")
     p.add_argument("--dry-run", "-n", action="store_true", help="show what would run")
-    p.add_argument("--compile-jobs", type=options.count(1), help="max concurrent compiles (default: from CPUs and memory)")
+    p.add_argument("--compile-jobs", type=options.count(1), help="max concurrent compiles "
+                   "(default: min(CPUs, RAM / 4 GB), at least 1)")
     p.add_argument("--memory-budget", metavar="SIZE", help="memory concurrent actions may use, e.g. 16G "
                    "(default: what is available when the build starts)")
     p.add_argument("--explain", action="store_true", help="say why each action ran or was restored")

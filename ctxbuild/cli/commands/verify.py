@@ -15,8 +15,9 @@ EXAMPLES = """examples:
 def arguments(p: argparse.ArgumentParser) -> None:
     options.paths_out(p)
     options.jobs(p)
-    p.add_argument("--layers", metavar="RECIPE", help="diagnose RECIPE per layer: quantization vs HTP loss")
-    p.add_argument("--target", action="append", default=[], metavar="NAME", help="with --layers: only this target")
+    p.add_argument("--layers", metavar="RECIPE", help="diagnose RECIPE per layer: quantization vs HTP loss "
+                   "(default: no diagnosis, verify every recipe)")
+    p.add_argument("--target", action="append", default=[], metavar="NAME", help="with --layers: only this target (repeatable; default: every target)")
     p.add_argument("--samples", type=options.count(1), metavar="N", help="with --layers: samples to run (default: verify's)")
     p.add_argument("--json", action="store_true", help="print one JSON document with the results on stdout")
     options.cache_args(p)
