@@ -14,7 +14,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ctxbuild.engine.outdir import clean
 
-    clean(args.out)
+    if not clean(args.out) and not args.quiet:  # as a second `make clean`: done, nothing to say but that
+        print(f"ctxbuild: nothing to clean in {args.out} (no ctxbuild output there)")
     return 0
 
 
