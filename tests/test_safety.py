@@ -227,9 +227,13 @@ def test_clean_removes_only_what_ctxbuild_wrote(tree: Path, tmp_path: Path, ctxb
     (out / "notes.txt").write_text("mine")
     (out / "SM8650" / "keep.txt").write_text("mine too")
     r = ctxbuild("clean", "-o", str(out))
-    assert r.code == 0, r.text
+    assert r.code == 0 and r.out == "", r.text
     left = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
     assert left == ["SM8650", "SM8650/keep.txt", "notes.txt"], left
+    r = ctxbuild("clean", "-o", str(out))  # again, as a second `make clean`: nothing to do is no error (issue 33)
+    assert r.code == 0 and r.out == f"ctxbuild: nothing to clean in {out} (no ctxbuild output there)\n", r.text
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == left
+    assert ctxbuild("clean", "-q", "-o", str(tmp_path / "never")).text == ""
     # An OUT that an older ctxbuild was allowed to share with the recipes: clean keeps the recipes.
     (tmp_path / ".ctxbuild").mkdir()
     r = ctxbuild("clean", "-o", ".", cwd=tmp_path)
