@@ -1,8 +1,10 @@
 """The entry point: parse the command line (the table in cli/commands/), run the command, turn its errors into
-one line and its exit code. Exit codes: 0 ok, 1 build failed, 2 bad input, 130 interrupted."""
+one line and its exit code. Exit codes: 0 ok, 1 build failed, 2 bad input, 130 interrupted. Under --json an
+error is a JSON document on stdout as well: `{"ok": false, "exit_code": N, "error": {file, line, message, hint}}`."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -20,8 +22,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    as_json = "--json" in argv  # until the command line parses: its own mistakes answer in JSON too
     try:
         args = parser().parse_args(argv)
+        as_json = bool(getattr(args, "json", False))
         if args.directory is not None:
             _chdir(args.directory)
         if args.command.ctrl_c:
@@ -30,29 +35,41 @@ def main(argv: list[str] | None = None) -> int:
             if not p.exists():
                 raise UsageError(f"{p}: no such file or directory", "give recipe files or directories")
         code = args.command.run(args)
-        return _interrupted() if interrupted() else code  # a Ctrl-C whose KeyboardInterrupt was lost
+        # A Ctrl-C whose KeyboardInterrupt was lost: the command finished, its --json document is out already.
+        return _interrupted(as_json=False) if interrupted() else code
     except KeyboardInterrupt:
-        return _interrupted()
+        return _interrupted(as_json)
     except CtxbuildError as e:
         if interrupted():  # e.g. a failure caused by the interrupt itself
-            return _interrupted()
-        print(f"ctxbuild: error: {e}", file=sys.stderr)
-        return e.exit_code
+            return _interrupted(as_json)
+        return _error(e.exit_code, str(e), e.fields(), as_json)
     except BrokenPipeError:  # `ctxbuild targets | head`: entry() handles it
         raise
     except OSError as e:  # a full or read-only OUT, outside any action: one line, not a traceback
         if interrupted():
-            return _interrupted()
-        line = machine_limit(e) or f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}"
-        print(f"ctxbuild: error: {line}", file=sys.stderr)
-        return 1
+            return _interrupted(as_json)
+        if line := machine_limit(e):
+            return _error(1, line, _fields(line), as_json)
+        return _error(1, f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}",
+                      _fields(str(e.strerror or e), file=None if e.filename is None else str(e.filename)), as_json)
     except Exception as e:
         if interrupted():  # an interrupt inside an import can surface as ImportError
-            return _interrupted()
+            return _interrupted(as_json)
         if line := machine_limit(e):  # e.g. the toolchain probe's compile under `ulimit -f`
-            print(f"ctxbuild: error: {line}", file=sys.stderr)
-            return 1
+            return _error(1, line, _fields(line), as_json)
         raise
+
+
+def _error(code: int, line: str, fields: dict[str, Any], as_json: bool) -> int:
+    """The one line on stderr; under --json the document on stdout too (nothing else was printed there)."""
+    print(f"ctxbuild: error: {line}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"ok": False, "exit_code": code, "error": fields}, indent=2))
+    return code
+
+
+def _fields(message: str, *, file: str | None = None) -> dict[str, Any]:
+    return {"file": file, "line": None, "message": message, "hint": None}
 
 
 def catch_ctrl_c() -> None:
@@ -85,8 +102,10 @@ def _on_sigint(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _interrupted() -> int:
+def _interrupted(as_json: bool) -> int:
     print("ctxbuild: interrupted", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"ok": False, "exit_code": 130, "error": _fields("interrupted")}, indent=2))
     return 130
 
 

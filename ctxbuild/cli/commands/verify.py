@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         from ctxbuild.cli.layers import main as layers
 
         return layers(args.paths, args.out, args.layers, args.target, samples=args.samples,
-                      cache_env=options.cache_env(args))
+                      cache_env=options.cache_env(args), as_json=args.json)
     from ctxbuild.engine.build import build
     from ctxbuild.engine.options import BuildOptions
 
