@@ -3,6 +3,7 @@ no process of the build left behind after a Ctrl-C. (A second `clean`: tests/tes
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,30 @@ def test_json_from_verify_layers(tree: Path, tmp_path: Path, ctxbuild) -> None:
     written = out / "SM8650" / "mlp_fp16" / "mlp_fp16_layers.json"
     assert diagnosis.pop("written") == str(written) and diagnosis == json.loads(written.read_text())
     assert diagnosis["where"] == "htp" and "compile mlp_fp16@SM8650" in r.err  # progress on stderr
+
+
+def _snapshot(out: Path) -> dict[str, int]:
+    return {str(p.relative_to(out)): p.stat().st_mtime_ns for p in sorted(out.rglob("*"))}
+
+
+def test_dry_run_of_a_built_out_writes_nothing(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """OUT's plan current: ninja's answer, and the directories ninja -n makes for what it would run are gone
+    again. Recipes changed since: the new plan in memory, build.ninja untouched."""
+    keep_only(tree, "mlp_fp16.yaml")
+    out = tmp_path / "out"
+    only = ("--target", "SM8650", "--no-verify")
+    r = ctxbuild("build", str(tree), "-o", str(out), *only)
+    assert r.code == 0, r.text
+    r = ctxbuild("build", str(tree), "-o", str(out), *only, "-n")
+    assert r.code == 0 and r.out == "ninja: no work to do.\n", r.text
+    shutil.rmtree(out / "SM8650")
+    before = _snapshot(out)
+    r = ctxbuild("build", str(tree), "-o", str(out), *only, "-n", "--json")
+    assert r.code == 0, r.text
+    assert [a["id"] for a in _json(r)["would_run"]] == ["compile/mlp_fp16@SM8650"]
+    assert r.err == "[1/1] compile mlp_fp16@SM8650\n"
+    assert _snapshot(out) == before  # ninja made OUT/SM8650/mlp_fp16/ for it; removed again
+    (tree / "mlp_fp16.yaml").write_text((tree / "mlp_fp16.yaml").read_text() + "# edited: OUT's plan is stale\n")
+    r = ctxbuild("build", str(tree), "-o", str(out), *only, "-n")
+    assert r.code == 0 and r.out.splitlines()[-1] == "[2/2] compile mlp_fp16@SM8650", r.text
+    assert _snapshot(out) == before

@@ -4,6 +4,7 @@ per layer (diagnose.py), print the worst nodes and write `<graph>_layers.json` b
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,13 +25,15 @@ def main(paths: list[Path], out: Path, recipe: str, targets: list[str], *, sampl
     from ctxbuild.engine.finish import ship_only_verified
     from ctxbuild.outputs.manifest import write as write_manifest
     from ctxbuild.toolchain import installed as toolchain
-    from ctxbuild.engine.options import BuildOptions
+    from ctxbuild.engine.options import BuildOptions, make_dry_run
     from ctxbuild.outputs.report import write_report
 
     out = out.resolve()
     rc = build(BuildOptions(paths=paths, out=out, only=[recipe], only_flag="--layers", targets=targets,
                             cache_env=cache_env, set_aside_failed=False,  # the diagnosis reads the failed graph's artifacts
                             summary=False, console=Console(json=as_json)))  # the diagnosis follows instead
+    if make_dry_run(os.environ.get("MAKEFLAGS", "")):  # under `make -n` the build only said what it would run
+        return rc
     state = ninja.read_state(out, "plan.json") or {"actions": []}
     verifies = [load_spec(out / STATE / "actions" / spec_name(a["id"])) for a in state["actions"]
                 if a["kind"] == "verify" and recipe in a["recipes"]
