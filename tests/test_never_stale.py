@@ -76,14 +76,13 @@ def test_input_edited_while_its_action_runs_is_not_stored(tree: Path, tmp_path: 
     """The real prepare action runs in this process; the model is rewritten after it read it, before the
     runner stores the outputs. Nothing may be stored under the old content's key, nothing placed."""
     from ctxbuild.engine import runner
-    from ctxbuild.engine.build import BuildOptions, ensure_planned
     from ctxbuild.plan import kinds
-    from tests.conftest import records
+    from tests.conftest import plan_only, records
 
     keep_only(tree, "mlp_fp16.yaml")
     out = tmp_path / "out"
     monkeypatch.setenv("CTXBUILD_CACHE_DIR", str(cache_dir))
-    ensure_planned(BuildOptions(paths=[tree], out=out, verify=False))  # as the build with ONLY plans: specs, no run
+    plan_only([tree], out, verify=False)  # as the build with ONLY plans it
     spec = next((out / ".ctxbuild" / "actions").glob("prepare.*.json"))
     model = tree / "models" / "mlp.onnx"
     prepare = kinds.get("prepare").module()
