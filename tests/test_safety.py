@@ -595,7 +595,8 @@ def test_a_lost_ctrl_c_still_stops_ninja(tree: Path, tmp_path: Path, cache_dir: 
     """The handler's KeyboardInterrupt, raised while the driver forked ninja, once vanished in logging's
     at-fork hook: ninja built everything and the driver exited 0. The interrupt is remembered; ninja is
     stopped at once and the driver raises it."""
-    from ctxbuild.engine import ninja, procs
+    from ctxbuild import procs
+    from ctxbuild.engine import ninja
 
     _keep(tree, "mlp_fp16.yaml")
     out = tmp_path / "out"
