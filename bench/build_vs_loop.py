@@ -26,7 +26,7 @@ from bench import models  # noqa: E402
 BENCHMARK = "cold ctxbuild build vs an in-process onnxruntime loop, -j1 and -j2"
 TARGETS = ["SM8650", "SM8750"]
 # The driver run in-process so its own peak RSS (not ninja's or the actions') can be read afterwards.
-DRIVER = ("import resource, sys; from ctxbuild.cli import main; rc = main(sys.argv[1:]); "
+DRIVER = ("import resource, sys; from ctxbuild.cli.main import main; rc = main(sys.argv[1:]); "
           "print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)")
 
 

@@ -2,7 +2,12 @@
 from __future__ import annotations
 
 import errno
+import re
 import resource
+from typing import Any
+
+# A recipe error's `file:line: ` (or a whole file's `file.yaml: `), as editors and compilers print them.
+_LOCATED = re.compile(r"(?P<file>[^\s:][^:\n]*?)(?::(?P<line>\d+))?: (?P<message>.*)", re.S)
 
 
 class CtxbuildError(Exception):
@@ -17,6 +22,14 @@ class CtxbuildError(Exception):
 
     def __str__(self) -> str:
         return f"{self.message} ({self.hint})" if self.hint else self.message
+
+    def fields(self) -> dict[str, Any]:
+        """The error as `--json` reports it: file and line apart when the message starts with them."""
+        located = _LOCATED.fullmatch(self.message)
+        if located is None or located["line"] is None and not located["file"].endswith((".yaml", ".yml")):
+            return {"file": None, "line": None, "message": self.message, "hint": self.hint}
+        return {"file": located["file"], "line": None if located["line"] is None else int(located["line"]),
+                "message": located["message"], "hint": self.hint}
 
 
 class UsageError(CtxbuildError):

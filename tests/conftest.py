@@ -103,6 +103,15 @@ def ctxbuild(tmp_path: Path, cache_dir: Path):
     return run
 
 
+def plan_only(paths: list[Path], out: Path, **options: Any) -> dict[str, Any]:
+    """Plan into OUT as a build does (build.ninja, action specs, plan.json) and run nothing: what a dry run did
+    before it wrote nothing. Point CTXBUILD_CACHE_DIR at the test's cache first (the plan cache lives there)."""
+    from ctxbuild.engine.options import BuildOptions
+    from ctxbuild.engine.replan import ensure_planned
+
+    return ensure_planned(BuildOptions(paths=paths, out=out.resolve(), **options))
+
+
 def keep_only(tree: Path, *names: str) -> None:
     """Delete the example recipes of `tree` except `names` (directory defaults stay)."""
     for p in tree.glob("*.yaml"):

@@ -56,6 +56,7 @@ FP16 = "precision: fp16\ntargets: [SM8650]\n"
     ("model: models/mlp.onnx\nprecision: fp32\ntargets: [SM8650]\n", [":2:", "'fp32' is not one of"]),
     ("- model: models/mlp.onnx\n", [":1:", "must be a YAML mapping"]),
     ("model: [unclosed\n", ["invalid YAML"]),
+    ("model: models/mlp.onnx\nmodel: models/tiny_cnn.onnx\n" + FP16, ["bad.yaml:2: duplicate key 'model'"]),
     ("model: models/nope.onnx\n" + FP16, [":1:", "model 'models/nope.onnx' not found"]),
     ("name: ../escape\nmodel: models/mlp.onnx\n" + FP16, [":1:", "not a valid name"]),
     ("model: models/tiny_cnn.onnx\nprecision: int16\ntargets: [SM8650]\n", ["needs calibration data", "calibration.random"]),

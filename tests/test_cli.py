@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 import pytest
 
-from ctxbuild.cli.main import _parser
+from ctxbuild.cli.main import parser
 from ctxbuild.toolchain.installed import version
 
 INTERNAL = ("action", "worker", "regenerate")
@@ -34,7 +35,7 @@ def test_help_lists_public_commands_only(ctxbuild) -> None:
 
 
 def _all_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
-    todo, seen = [("ctxbuild", _parser())], []
+    todo, seen = [("ctxbuild", parser())], []
     while todo:
         name, p = todo.pop()
         seen.append((name, p))
@@ -49,6 +50,26 @@ def test_every_argument_has_help(name: str, parser: argparse.ArgumentParser) -> 
     missing = [a.dest for a in parser._actions
                if not isinstance(a, argparse._SubParsersAction) and a.help in (None, "", argparse.SUPPRESS)]
     assert not missing, f"{name}: no help for {missing}"
+
+
+@pytest.mark.parametrize("name,parser", _all_parsers(), ids=lambda x: x if isinstance(x, str) else "")
+def test_every_option_states_its_default(name: str, parser: argparse.ArgumentParser) -> None:
+    """Issue 33: `--help` says what each option that takes a value does when it is not given (-k, -j, -o...)."""
+    formatter = parser._get_formatter()
+    silent = [a.option_strings[0] if a.option_strings else a.dest for a in parser._actions
+              if not isinstance(a, argparse._SubParsersAction) and not a.required and a.nargs != 0
+              and (a.option_strings or a.nargs in ("*", "?"))
+              and "default" not in formatter._expand_help(a)]
+    assert not silent, f"{name}: --help does not state the default of {silent}"
+
+
+def test_keep_going_help_states_the_real_default(capsys: pytest.CaptureFixture[str]) -> None:
+    from ctxbuild.engine.options import BuildOptions
+
+    with pytest.raises(SystemExit):
+        parser().parse_args(["build", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"go on until N failures (0: all; default: {BuildOptions([], Path()).keep_going})" in help_text
 
 
 def test_mistyped_command_is_one_line_with_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:

@@ -56,8 +56,8 @@ def test_make_dry_run_builds_nothing(tree: Path, tmp_path: Path, cache_dir: Path
     env.pop("MAKEFLAGS", None)
     p = subprocess.run(["make", "-n", "-C", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "compile mlp_fp16@SM8650" in p.stdout and not records(out)
-    assert not list(out.glob("*/mlp_fp16/*_ctx.onnx"))
+    assert "compile mlp_fp16@SM8650" in p.stdout
+    assert not out.exists()  # nothing at all: no build.ninja, no state, no empty SoC directories (issue 33)
 
 
 @pytest.mark.parametrize("flags,dry", [("n -j2 --jobserver-auth=3,4", True), ("kns", True), ("n", True),

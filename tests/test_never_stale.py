@@ -77,12 +77,12 @@ def test_input_edited_while_its_action_runs_is_not_stored(tree: Path, tmp_path: 
     runner stores the outputs. Nothing may be stored under the old content's key, nothing placed."""
     from ctxbuild.engine import runner
     from ctxbuild.plan import kinds
-    from tests.conftest import records
+    from tests.conftest import plan_only, records
 
     keep_only(tree, "mlp_fp16.yaml")
     out = tmp_path / "out"
-    r = ctxbuild("build", str(tree), "-o", str(out), *ONLY, "--dry-run")  # plans: specs, no action run
-    assert r.code == 0, r.text
+    monkeypatch.setenv("CTXBUILD_CACHE_DIR", str(cache_dir))
+    plan_only([tree], out, verify=False)  # as the build with ONLY plans it
     spec = next((out / ".ctxbuild" / "actions").glob("prepare.*.json"))
     model = tree / "models" / "mlp.onnx"
     prepare = kinds.get("prepare").module()
@@ -93,7 +93,6 @@ def test_input_edited_while_its_action_runs_is_not_stored(tree: Path, tmp_path: 
         reweighted(model, model, 7)  # the user saves a retrained model while the action runs
 
     monkeypatch.setattr(prepare, "run", run_then_edit)
-    monkeypatch.setenv("CTXBUILD_CACHE_DIR", str(cache_dir))
     assert runner.main(str(spec)) == 1
     rec = next(r for r in records(out).values() if r["kind"] == "prepare")
     assert rec["status"] == "failed" and "changed while it ran" in rec["cause"], rec

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests._procs import in_group, live_processes, wait_for
-from tests.conftest import Result, last_build, records, small_tmpfs
+from tests.conftest import Result, last_build, plan_only, records, small_tmpfs
 
 ODD = "sp ace $dollar #hash :colon é"
 NINJA = str(Path(ninja_pkg.BIN_DIR) / "ninja")
@@ -227,9 +227,13 @@ def test_clean_removes_only_what_ctxbuild_wrote(tree: Path, tmp_path: Path, ctxb
     (out / "notes.txt").write_text("mine")
     (out / "SM8650" / "keep.txt").write_text("mine too")
     r = ctxbuild("clean", "-o", str(out))
-    assert r.code == 0, r.text
+    assert r.code == 0 and r.out == "", r.text
     left = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
     assert left == ["SM8650", "SM8650/keep.txt", "notes.txt"], left
+    r = ctxbuild("clean", "-o", str(out))  # again, as a second `make clean`: nothing to do is no error (issue 33)
+    assert r.code == 0 and r.out == f"ctxbuild: nothing to clean in {out} (no ctxbuild output there)\n", r.text
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == left
+    assert ctxbuild("clean", "-q", "-o", str(tmp_path / "never")).text == ""
     # An OUT that an older ctxbuild was allowed to share with the recipes: clean keeps the recipes.
     (tmp_path / ".ctxbuild").mkdir()
     r = ctxbuild("clean", "-o", ".", cwd=tmp_path)
@@ -586,23 +590,25 @@ def test_ctrl_c_inside_a_weakref_callback_is_quiet_and_still_an_interrupt() -> N
     assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr
 
 
-def test_a_lost_ctrl_c_still_stops_ninja(tree: Path, tmp_path: Path, ctxbuild, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lost_ctrl_c_still_stops_ninja(tree: Path, tmp_path: Path, cache_dir: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The handler's KeyboardInterrupt, raised while the driver forked ninja, once vanished in logging's
     at-fork hook: ninja built everything and the driver exited 0. The interrupt is remembered; ninja is
     stopped at once and the driver raises it."""
-    from ctxbuild.engine import ninja, procs
+    from ctxbuild import procs
+    from ctxbuild.engine import ninja
 
     _keep(tree, "mlp_fp16.yaml")
     out = tmp_path / "out"
-    r = ctxbuild("build", str(tree), "-o", str(out), "--dry-run")
-    assert r.code == 0 and (out / "build.ninja").is_file(), r.text
+    monkeypatch.setenv("CTXBUILD_CACHE_DIR", str(cache_dir))
+    plan_only([tree], out)
     monkeypatch.setattr(procs, "_interrupted", True)
     with pytest.raises(KeyboardInterrupt):
         ninja.run(out, ["all"], jobs=1, keep_going=1, dry_run=False)
     assert not list(out.glob("SM*/mlp_fp16/*_ctx.onnx"))
 
 
-def test_ctrl_c_handed_to_another_thread_stops_ninja(tree: Path, tmp_path: Path, ctxbuild, cache_dir: Path,
+def test_ctrl_c_handed_to_another_thread_stops_ninja(tree: Path, tmp_path: Path, cache_dir: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernel may give a process-directed SIGINT to any thread of the driver. Given to another thread, it
     once left the main thread in waitpid until ninja had built everything; now ninja is stopped at once."""
@@ -612,10 +618,8 @@ def test_ctrl_c_handed_to_another_thread_stops_ninja(tree: Path, tmp_path: Path,
     from ctxbuild.engine import ninja
 
     out = tmp_path / "out"
-    r = ctxbuild("build", str(tree), "-o", str(out), "--dry-run")
-    assert r.code == 0, r.text
-    planned = len(json.loads((out / ".ctxbuild" / "plan.json").read_text())["actions"])
     monkeypatch.setenv("CTXBUILD_CACHE_DIR", str(cache_dir))
+    planned = len(plan_only([tree], out)["actions"])
 
     def interrupt_this_thread() -> None:
         time.sleep(1.0)  # ninja is building by now (one job at a time: the build takes many seconds)

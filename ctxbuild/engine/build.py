@@ -15,7 +15,7 @@ from ctxbuild import machine, settings
 from ctxbuild.engine import edited, links, ninja, outdir, toolchains
 from ctxbuild.engine.finish import conclude, deploy_gate, finish, summaries_current, write_summary
 from ctxbuild.engine.options import BuildOptions, make_dry_run, ninja_targets
-from ctxbuild.engine.replan import ensure_planned
+from ctxbuild.engine.replan import current, ensure_planned, invocation
 from ctxbuild.errors import CtxbuildError
 from ctxbuild.layout import STATE
 
@@ -29,6 +29,8 @@ def build(opts: BuildOptions) -> int:
     bad recipe stopped leaves nothing behind."""
     opts.out = opts.out.resolve()
     outdir.check_placement(opts.out, outdir.recipe_dirs(opts.paths), "recipe directory")
+    if opts.dry_run or make_dry_run(os.environ.get("MAKEFLAGS", "")):
+        return _dry_run(opts)
     fresh = not opts.out.exists()
     had_state = (opts.out / STATE).exists()
     try:
@@ -43,9 +45,28 @@ def build(opts: BuildOptions) -> int:
         raise
 
 
+def _dry_run(opts: BuildOptions) -> int:
+    """What the build would run, written nowhere (engine/dryrun.py): ninja's answer if OUT's plan is current,
+    else every action a plan made in memory holds for the targets."""
+    from ctxbuild.engine import dryrun
+
+    os.environ.update(opts.cache_env)  # as in a build: the planner's memos follow --cache-dir
+    state = ninja.read_state(opts.out, "plan.json")
+    _executor(opts, state)  # a bad address is a usage error here too; the compile pool follows the cluster
+    inv = invocation(opts)
+    planned = current(opts.out, inv, state)
+    plan = state if state is not None and planned else dryrun.plan_in_memory(opts.out, inv)
+    targets = ninja_targets(plan, opts)
+    _warn_remote(_cache_settings(plan.get("cache", {}), {}))
+    actions = dryrun.out_of_date(opts.out, plan, targets) if planned else dryrun.needed(plan, targets)
+    if actions is None:  # ninja cannot read build.ninja: its own message says why
+        ninja.run(opts.out, targets, jobs=opts.jobs, keep_going=opts.keep_going, dry_run=True, console=opts.console)
+        return 1
+    return dryrun.show(opts.out, actions, opts.console)
+
+
 def _build(opts: BuildOptions) -> int:
     started = time.monotonic()
-    opts.dry_run = opts.dry_run or make_dry_run(os.environ.get("MAKEFLAGS", ""))
     os.environ.update(opts.cache_env)  # the driver's own cache lookups (toolchain memo) follow the flags too
     os.environ[settings.MEMORY_BUDGET.name] = str(opts.memory_budget or machine.default_budget())  # for the worker
     build_id = os.urandom(16).hex()
@@ -59,14 +80,7 @@ def _build(opts: BuildOptions) -> int:
             state = ensure_planned(opts)
         targets = ninja_targets(state, opts)
         env.update(_cache_settings(state.get("cache", {}), env))
-        if settings.REMOTE_CACHE.get(given := {**os.environ, **env}):  # the cache's modules load only then
-            from ctxbuild.cache.backends import remote_warnings
-
-            for w in remote_warnings(given):  # a malformed URL: exit 2, here, once
-                print(f"ctxbuild: warning: {w}", file=sys.stderr)
-        if opts.dry_run:
-            return 0 if ninja.run(opts.out, targets, jobs=opts.jobs, keep_going=opts.keep_going, dry_run=True,
-                                  env=env, console=opts.console) == 0 else 1
+        _warn_remote(env)
         if address is not None:  # before ninja's dry run (it makes output directories): a dead farm leaves none
             state, jobs_default = _start_farm(opts, address, stack, env, build_id, state)
             opts.jobs = opts.jobs or jobs_default
@@ -131,6 +145,16 @@ def _start_farm(opts: BuildOptions, address: str, stack: ExitStack, env: dict[st
         return ensure_planned(opts), None
     env.update(farm.env)
     return state, farm.slots
+
+
+def _warn_remote(env: dict[str, str]) -> None:
+    """A remote cache's warnings (a bad token, a server skipped lately), once per build; a malformed URL is a
+    usage error (exit 2), here. The cache's modules load only when there is a remote."""
+    if settings.REMOTE_CACHE.get(given := {**os.environ, **env}):
+        from ctxbuild.cache.backends import remote_warnings
+
+        for w in remote_warnings(given):
+            print(f"ctxbuild: warning: {w}", file=sys.stderr)
 
 
 def _cache_settings(defaults: dict[str, Any], env: dict[str, str]) -> dict[str, str]:

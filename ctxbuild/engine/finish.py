@@ -73,7 +73,7 @@ def conclude(opts: BuildOptions, rc: int, *, noop: bool) -> int:
     """The summary (last lines: accuracy per graph, the report's path), or with --json the results document."""
     from ctxbuild.outputs import summary
 
-    if opts.console.json:
+    if opts.console.json and opts.summary:  # without the summary (--layers) the caller prints the document
         print(json.dumps(summary.document(opts.out, rc, noop=noop), indent=2))
     elif opts.summary and not opts.console.quiet:
         sys.stderr.flush()

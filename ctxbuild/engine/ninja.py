@@ -51,7 +51,6 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
     """Write build.ninja, the action specs and plan state, each only if changed (ninja sees no new mtime)."""
     from ctxbuild.digests import canonical_json
     from ctxbuild.plan import adapters as plan_adapters
-    from ctxbuild.plan.search import candidate_actions
 
     out = plan.out
     state = out / STATE
@@ -93,8 +92,6 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
             stale.unlink()
 
     generator_deps = generator_inputs(plan)
-    by_id = {a.id: a for a in plan.actions}
-    producer = {p: a.id for a in plan.actions for p in a.outputs.values()}
     text = environment(keep_trailing_newline=True).get_template("build.ninja.j2").render(
         version=__version__, recipe_roots=ninja_value(", ".join(invocation["paths"])), compile_jobs=compile_jobs,
         # a plain script without site (-S): the edge client's start-up is paid once per action
@@ -106,11 +103,7 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
     write_if_changed(state / "plan.json", canonical_json({
         "artifacts": plan.artifacts(),
         "adapters": plan_adapters.adapter_rows(plan.actions, plan.graph.successors),
-        "actions": [{"id": a.id, "kind": a.kind, "recipes": a.recipes, "target": a.target, "toolchain": a.toolchain,
-                     "description": a.description, "outputs": list(a.outputs.values()),
-                     "deps": sorted(plan.graph.predecessors(a.id)),
-                     **({"candidates": candidate_actions(a, by_id, producer)} if kinds.get(a.kind).picks_candidate else {})}
-                    for a in plan.actions],
+        "actions": action_rows(plan),
         "generator_deps": generator_deps,  # the driver's staleness check stats exactly the generator edge's inputs
         "toolchain_deps": [str(p) for p in _toolchain_files()],  # the plan cache stats these, hashes the rest
         "links": linked_inputs(plan.actions, out),  # outside inputs through a symlink: the driver stamps them
@@ -119,6 +112,20 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
     if not write_if_changed(out / "build.ninja", text.encode(), durable=False):
         os.utime(out / "build.ninja")  # the generator edge's output must end newer than its inputs, or it loops
     clean_dead(out, {a.id for a in plan.actions})
+
+
+def action_rows(plan: Plan) -> list[dict[str, Any]]:
+    """plan.json's actions, upstream first: what the driver, the report and a dry run read without the planner."""
+    from ctxbuild.plan.search import candidate_actions
+
+    actions = plan.actions  # a topological sort per call
+    by_id = {a.id: a for a in actions}
+    producer = {p: a.id for a in actions for p in a.outputs.values()}
+    return [{"id": a.id, "kind": a.kind, "recipes": a.recipes, "target": a.target, "toolchain": a.toolchain,
+             "description": a.description, "outputs": list(a.outputs.values()),
+             "deps": sorted(plan.graph.predecessors(a.id)),
+             **({"candidates": candidate_actions(a, by_id, producer)} if kinds.get(a.kind).picks_candidate else {})}
+            for a in actions]
 
 
 def clean_dead(out: Path, planned: set[str]) -> None:

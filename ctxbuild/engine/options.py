@@ -31,7 +31,7 @@ class BuildOptions:
     executor_fallback: str | None = None  # "local": build here when the scheduler is unreachable
     set_aside_failed: bool = True  # a failed verification's artifacts leave OUT/<target>/ (not for --layers)
     console: Console = field(default_factory=Console)  # -q, -v, --json
-    summary: bool = True  # end with the summary (built/restored/failed, accuracy, report path)
+    summary: bool = True  # end with the summary (built/restored/failed, accuracy, report path) or --json's document
 
 
 def default_compile_jobs() -> int:

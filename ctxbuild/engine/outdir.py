@@ -71,13 +71,12 @@ def locked(out: Path, *, wait: bool = True) -> Iterator[None]:
         os.close(fd)
 
 
-def clean(out: Path) -> None:
+def clean(out: Path) -> bool:
     """Remove what ctxbuild wrote into OUT (artifacts it planned or built, its state, manifest, reports, and
-    directories left empty by that); anything else in OUT stays."""
-    if not out.exists():
-        return
+    directories left empty by that); anything else in OUT stays. False if there was nothing to clean: no OUT,
+    or one without ctxbuild's state (cleaned before, or never an OUT), where nothing is known to be ours."""
     if not (out / STATE).is_dir() and not (out / "build.ninja").is_file():
-        raise UsageError(f"{out} does not look like a ctxbuild output directory; not removing it")
+        return False
     out = out.resolve()
     with locked(out, wait=False):
         files = {out / name for name in WRITTEN} | {out / p for p in _artifacts(out)}
@@ -92,6 +91,7 @@ def clean(out: Path) -> None:
         shutil.rmtree(out / STATE, ignore_errors=True)
     if not any(out.iterdir()):
         out.rmdir()
+    return True
 
 
 def _artifacts(out: Path) -> set[str]:

@@ -24,11 +24,16 @@ def ensure_planned(opts: BuildOptions) -> dict[str, Any]:
     inv = invocation(opts)
     out = opts.out
     state = ninja.read_state(out, "plan.json")
-    if state is None or ninja.read_state(out, "invocation.json") != inv or _stale(out, state):
+    if not current(out, inv, state):
         plan_and_render(out, inv)
         state = ninja.read_state(out, "plan.json")
         assert state is not None
     return state
+
+
+def current(out: Path, inv: dict[str, Any], state: dict[str, Any] | None) -> bool:
+    """OUT's plan (`state`) was made for this invocation from the recipes as they are now."""
+    return state is not None and ninja.read_state(out, "invocation.json") == inv and not _stale(out, state)
 
 
 def _stale(out: Path, state: dict[str, Any]) -> bool:

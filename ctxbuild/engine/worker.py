@@ -264,7 +264,41 @@ def _check_client(pid: int, children: dict[int, tuple[socket.socket, int]]) -> N
     except OSError:
         alive = b""
     if not alive:
-        os.kill(pid, signal.SIGKILL)
+        _kill_tree(pid)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL an action and every process under it. What it forked (an isolated compile, simulator runs) would
+    otherwise finish its work first: seen running for seconds after an interrupted build had exited. Stopped
+    first, so that it forks nothing new while its tree is read."""
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        return
+    for p in [*_descendants(pid), pid]:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes under `pid` (children, theirs, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    parent = int(f.read().rpartition(b")")[2].split()[1])
+            except (OSError, ValueError, IndexError):  # gone meanwhile
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
 
 
 def _exit_with_parent() -> int:

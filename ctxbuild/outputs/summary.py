@@ -20,7 +20,7 @@ def document(out: Path, returncode: int, *, noop: bool = False) -> dict[str, Any
         artifacts = json.loads((out / "manifest.json").read_text()).get("artifacts", [])
     except (OSError, ValueError):
         artifacts = []
-    return {"ok": returncode == 0, "exit_code": returncode, "out": str(out), "up_to_date": noop,
+    return {"ok": returncode == 0, "exit_code": returncode, "error": None, "out": str(out), "up_to_date": noop,
             "actions": actions, "wall_seconds": None if noop else b.get("wall_seconds"),
             "accuracy": accuracy(report.get("rows") or []),
             "failures": [{k: f.get(k) for k in ("id", "cause", "log")} for f in report.get("failures") or []

@@ -1,11 +1,14 @@
 """`ctxbuild cache stats|gc|clear`: look after the local cache (ccache's -s / --evict / -C)."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from ctxbuild.cli import options
+from ctxbuild.cli.parser import Command, Parser
 from ctxbuild.errors import UsageError
 from ctxbuild.layout import cache_dir
 from ctxbuild.units import fmt_size, parse_size
@@ -17,7 +20,18 @@ def resolve_dir(given: Path | None) -> Path:
     return given.expanduser().resolve() if given else cache_dir()
 
 
-def main(args: Any) -> int:
+def arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="cache_cmd", required=True, parser_class=Parser)
+    stats = sub.add_parser("stats", help="entries, size, and the last build's hits and misses")
+    stats.add_argument("--json", action="store_true", help="print JSON instead of text")
+    gc = sub.add_parser("gc", help="evict least recently used entries down to a size")
+    gc.add_argument("--max-size", required=True, metavar="SIZE", help="e.g. 500M, 2G, 1GiB or a byte count")
+    clear = sub.add_parser("clear", help="remove every entry")
+    for c in (stats, gc, clear):
+        options.cache_dir(c)
+
+
+def run(args: argparse.Namespace) -> int:
     from ctxbuild.cache import LocalStore
     from ctxbuild.cache.local import GRACE_SECONDS
 
@@ -79,3 +93,6 @@ def _read(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+COMMAND = Command("cache", "local cache: stats, gc, clear", arguments, run)

@@ -1,16 +1,26 @@
 """`ctxbuild toolchain list|provision`: what is provisioned, and provisioning ahead of a build (offline use)."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
-from argparse import Namespace
 
-from ctxbuild.toolchain import choose, provision
-from ctxbuild.toolchain.installed import version
-from ctxbuild.toolchain.runtimes import PUBLISHED
+from ctxbuild.cli.parser import Command, Parser
 
 
-def main(args: Namespace) -> int:
+def arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="toolchain_cmd", required=True, parser_class=Parser)
+    listing = sub.add_parser("list", help="the provisioned toolchains and the published releases")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    provision = sub.add_parser("provision", help="provision a toolchain now (pip; $CTXBUILD_WHEELHOUSE for offline)")
+    provision.add_argument("spec", help="an onnxruntime-qnn release (2.3.0) or qairt=2.47")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ctxbuild.toolchain import choose, provision
+    from ctxbuild.toolchain.installed import version
+    from ctxbuild.toolchain.runtimes import PUBLISHED
+
     if args.toolchain_cmd == "provision":
         spec: str | dict[str, str] = args.spec  # 2.3.0, or KEY=VERSION[,...] as `check --runtime` takes
         if "=" in args.spec:
@@ -40,3 +50,6 @@ def main(args: Namespace) -> int:
                  if row.get("damaged") else f"provisioned, {row['bytes'] / 2**20:.0f} MiB, {row['path']}")
         print(f"{plugin:<16} {qairt:<9} {state}")
     return 0
+
+
+COMMAND = Command("toolchain", "toolchains: list those provisioned, provision one ahead (offline use)", arguments, run)

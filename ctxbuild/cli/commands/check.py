@@ -1,0 +1,30 @@
+"""`ctxbuild check OUT --runtime ...`: the deploy gate, will OUT's wrappers load on a device runtime
+(outputs/gate.py). Exit 1 if one will not."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ctxbuild.cli.parser import Command
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", type=Path, help="a build's output directory (its manifest.json), or one _ctx.onnx")
+    p.add_argument("--runtime", action="append", required=True, metavar="KEY=VERSION[,...]",
+                   help="the devices' runtime: qairt=2.47 or onnxruntime-qnn=2.3.0, optionally ,onnxruntime=1.24.4 "
+                        "(default: 1.24, the oldest the QNN EP runs on); repeatable")
+    p.add_argument("--soc", metavar="NAME", help="the devices' SoC (default: the SoCs each artifact was built for)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ctxbuild.outputs.gate import WILL_NOT_LOAD, check, table
+    from ctxbuild.toolchain.runtimes import parse_cli
+
+    rows = check(args.path, [parse_cli(r) for r in args.runtime], args.soc)
+    print(json.dumps(rows, indent=2) if args.json else table(rows))
+    return 1 if any(r["verdict"] == WILL_NOT_LOAD for r in rows) else 0
+
+
+COMMAND = Command("check", "deploy gate: will OUT's wrappers load on a device runtime (and SoC)?", arguments, run)
