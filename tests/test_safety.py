@@ -439,14 +439,15 @@ def test_soc_memo_answers_only_for_its_bytes_and_qnn_build(tree: Path, tmp_path:
     out = tmp_path / "out"
     r = ctxbuild("build", str(tree), "-o", str(out), "--no-verify", "--target", "SM8650")
     assert r.code == 0, r.text
-    memos = list((cache_dir / "memo" / "soc").glob("*.json"))
-    assert len(memos) == 1 and json.loads(memos[0].read_text()) == [["57", "75"]], memos
+    memos = list((cache_dir / "memo" / "binary-facts").glob("*.json"))
+    facts = json.loads(memos[0].read_text()) if len(memos) == 1 else None
+    assert facts and facts["targets"] == [[57, 75]] and facts["build_id"].startswith("v2."), memos
     monkeypatch.setenv("CTXBUILD_CACHE_DIR", str(cache_dir))
     action = load_spec(out / ".ctxbuild" / "actions" / spec_name("compile/mlp_fp16@SM8650"))
     outputs = {role: Path(p) for role, p in action.outputs.items()}
     soccheck.check_outputs(action, outputs)
 
-    memos[0].write_text(json.dumps([["69", "79"]]))
+    memos[0].write_text(json.dumps({**facts, "targets": [[69, 79]]}))
     with pytest.raises(ActionError, match="built for soc_model 69 / HTP v79"):
         soccheck.check_outputs(action, outputs)
     monkeypatch.setattr(toolchain, "quick_stamp", lambda: ["another QNN install"])
