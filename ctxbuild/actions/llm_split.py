@@ -76,8 +76,9 @@ def run(ctx: Any) -> None:
         del run_cpu
     print(f"{len(prompts)} prompts: the static graphs reproduce the original's {tokens} greedy tokens at CL "
           f"{', '.join(map(str, cls))}")
-    Layout(shape.layers, shape.kv_heads, shape.head_dim, shape.vocab, shape.hidden, ranges, graphs, reference).write(
-        ctx.tmp_output("layout"))
+    export = export_config.read(src)
+    Layout(shape.layers, shape.kv_heads, shape.head_dim, shape.vocab, shape.hidden, ranges, graphs, reference,
+           export.special, export.search).write(ctx.tmp_output("layout"))
 
 
 def summarize(action: Action) -> dict[str, Any]:

@@ -26,6 +26,7 @@ class ExportConfig:
     kv_heads: int | None = None
     vocab: int | None = None
     special: dict[str, Any] = field(default_factory=dict)  # bos/eos/pad_token_id -> id (eos may be a list)
+    search: dict[str, Any] = field(default_factory=dict)  # genai_config.json's `search` (decoding options)
     source: dict[str, str] = field(default_factory=dict)  # field -> the file it came from
 
 
@@ -69,7 +70,8 @@ def read(model: Path) -> ExportConfig:
         take(key, "config.json", hf.get(key))
         take(key, "tokenizer_config.json", _token_id(found.get("tokenizer_config.json", {}), key.removesuffix("_id")))
     special = {k: values.pop(k) for k in SPECIAL if k in values}
-    return ExportConfig(values.get("head_dim"), values.get("kv_heads"), values.get("vocab"), special, source)
+    search = found.get("genai_config.json", {}).get("search", {})
+    return ExportConfig(values.get("head_dim"), values.get("kv_heads"), values.get("vocab"), special, search, source)
 
 
 def _token_id(tok: dict[str, Any], key: str) -> int | None:

@@ -69,6 +69,23 @@ def checkpoint(arch: str, out: Path) -> None:
     model.eval().save_pretrained(out)
 
 
+PROMPTS = [  # one shorter than the recipes' prompt window (AR 16), one longer (two windows)
+    "The static graphs.",
+    "Every build checks it: the float model decodes the prompts, and the parts on the CPU.",
+]
+
+
+def prompts(dst: Path) -> None:
+    """The prompts as token ids (the export's own tokenizer.json, with its special tokens), `prompts/NN.npy`."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(dst / "tokenizer.json"))
+    (dst / "prompts").mkdir(exist_ok=True)
+    for i, text in enumerate(PROMPTS):
+        np.save(dst / "prompts" / f"{i:02d}.npy", np.array(tok.encode(text).ids, np.int64))
+
+
 def main() -> None:
     for arch in ARCHS:
         dst = HERE / f"{arch}_builder"
@@ -84,6 +101,7 @@ def main() -> None:
                 shutil.copy2(f, dst / f.name)
             for name in ("config.json", "generation_config.json"):  # what the builder read, for the record
                 shutil.copy2(ckpt / name, dst / name)
+        prompts(dst)
         print(dst, json.dumps(sorted(p.name for p in dst.iterdir())))
 
 
