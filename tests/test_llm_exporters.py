@@ -146,3 +146,23 @@ def test_a_pad_id_of_zero_changes_the_tokens(built: tuple[str, Path], tmp_path: 
     assert prompt[0] == 0
     assert _genai_tokens(model, prompt, cl) != pipeline.reference_generate(EXPORTS / f"{arch}_builder" / "model.onnx", prompt,
                                                                           GENERATE).tokens
+
+
+def test_a_symbolic_dim_with_no_config_beside_the_model_is_refused(tmp_path: Path) -> None:
+    """The builder's export without the files it wrote beside it: exit 2, one line naming the recipe line, the
+    open dim and what to do."""
+    export = tmp_path / "export"
+    export.mkdir()
+    for name in ("model.onnx", "model.onnx.data"):
+        shutil.copy(EXPORTS / "qwen2_builder" / name, export / name)
+    shutil.copytree(EXPORTS / "qwen2_builder" / "prompts", export / "prompts")
+    (tmp_path / "q.yaml").write_text(json.dumps({"name": "q", "targets": ["SM8650"], "llm": {
+        "model": "export/model.onnx", "sequence_lengths": [16, 1], "context_lengths": [64],
+        "prompts": {"dir": "export/prompts"}}}))
+    env = {**os.environ, "CTXBUILD_CACHE_DIR": str(tmp_path / "cache")}
+    p = subprocess.run([sys.executable, "-m", "ctxbuild", "build", "q.yaml", "-o", "out"], capture_output=True,
+                       text=True, env=env, cwd=tmp_path, timeout=300)
+    assert p.returncode == 2, p.stdout + p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{tmp_path / 'q.yaml'}:1: model.onnx: head_dim ('kv_cache_dim')" in lines[0]
+    assert "keep the exporter's genai_config.json or config.json beside the model" in lines[0]

@@ -39,7 +39,7 @@ def _json(path: Path) -> dict[str, Any]:
     try:
         d = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise BadExportConfig(f"{path}: not readable JSON ({e})") from None
+        raise BadExportConfig(f"{path}: not readable JSON ({e}): fix it, or remove it") from None
     return d if isinstance(d, dict) else {}
 
 
