@@ -37,7 +37,7 @@ FULL_FILES = frozenset({
     "test_farm", "test_farm_netns", "test_safety", "test_big_model", "test_bundle", "test_faults", "test_llm_lora",
     "test_cache_build", "test_search", "test_fastpath", "test_never_stale", "test_lora", "test_reproducible",
     "test_external_data", "test_reapi", "test_cache_big_blobs", "test_quantized_io", "test_toolchains",
-    "test_full_cache", "test_gate", "test_model_package", "test_old_toolchain_bundles",
+    "test_full_cache", "test_gate", "test_model_package", "test_old_toolchain_bundles", "test_llm_exporters",
 })
 
 

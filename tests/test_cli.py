@@ -69,7 +69,9 @@ def test_keep_going_help_states_the_real_default(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         parser().parse_args(["build", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert f"go on until N failures (0: all; default: {BuildOptions([], Path()).keep_going})" in help_text
+    default = BuildOptions([], Path()).keep_going
+    assert default == 0 and "stop after N failed actions (0: never;" in help_text
+    assert f"default: {default}, every SoC's verdict)" in help_text
 
 
 def test_mistyped_command_is_one_line_with_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:

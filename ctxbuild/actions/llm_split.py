@@ -3,11 +3,13 @@ that makes the rewrite trustworthy: chained on the CPU, the static graphs decode
 original model on the recipe's prompts, at every context length."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 from ctxbuild.errors import ActionError
 from ctxbuild.graph.modelio import external_data_files, load
+from ctxbuild.llm import export_config
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.prompts import load_prompts, prompt_files
 from ctxbuild.lora.adapters import slot_defaults_of
@@ -16,8 +18,24 @@ from ctxbuild.plan.action import Action
 
 def discover_inputs(action: Action) -> dict[str, Path]:
     path = Path(action.inputs["model"])
-    return {**external_data_files(load(path, external_data=False), path),
+    return {**external_data_files(load(path, external_data=False), path, follow_links=True),
+            **{f"export:{n}": p for n, p in export_config.files(path).items()},  # they fix dims and token ids
             **prompt_files(Path(action.watch[0]), action.params["check"]["prompts"])}
+
+
+def readable(src: Path, into: Path) -> Path:
+    """`src` as onnx and onnxruntime read it: both refuse external data that is a symlink out of the model's
+    directory (a Hugging Face cache's snapshot layout), and onnx a hardlinked one too, so such a model is read
+    from copies in `into` (the action's private directory, removed after it), its exporter configs beside it."""
+    data = external_data_files(load(src, external_data=False), src, follow_links=True)
+    if not any(p.is_symlink() for p in data.values()):
+        return src
+    names = {src.name: src, **export_config.files(src), **{r.removeprefix("external:"): p for r, p in data.items()}}
+    for name, path in names.items():
+        dst = into / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dst)
+    return into / src.name
 
 
 def run(ctx: Any) -> None:
@@ -25,14 +43,15 @@ def run(ctx: Any) -> None:
     from ctxbuild.llm.canonical import NotADecoder
 
     a, p = ctx.action, ctx.action.params
-    src = Path(a.inputs["model"])
+    given = Path(a.inputs["model"])
+    src = readable(given, ctx.tmp / "source")
     ars, cls = p["sequence_lengths"], p["context_lengths"]
     graphs = static.specs(p["parts"], ars, cls)
     dst = {g.name: ctx.tmp_output(f"model:{g.name}") for g in graphs}
     try:
         shape = static.write_static_graphs(src, p["parts"], ars, cls, dst, p.get("adapter_slots"))
     except NotADecoder as e:
-        raise ActionError(f"{src}: {e}") from None
+        raise ActionError(f"{given}: {e}") from None
     # LoRA slots the model takes as inputs: the original is checked with their defaults (zeros), as the graphs hold them
     slots = {n: v for path in dst.values() for n, v in slot_defaults_of(path).items()} if p.get("adapter_slots") else {}
     ranges = static.part_ranges(shape.layers, p["parts"])
@@ -51,14 +70,15 @@ def run(ctx: Any) -> None:
                                   "use shorter prompts, fewer llm.generate tokens or larger context_lengths") from None
             if got != want:
                 first = next(k for k, (x, y) in enumerate(zip(got, want)) if x != y)
-                raise ActionError(f"{src}: the static graphs at CL {cl} decode prompt {i} differently from the "
+                raise ActionError(f"{given}: the static graphs at CL {cl} decode prompt {i} differently from the "
                                   f"original model from token {first} on ({got[first]} vs {want[first]})",
                                   "the model is not in the convention ctxbuild rewrites (docs/llm.md); report it")
         del run_cpu
     print(f"{len(prompts)} prompts: the static graphs reproduce the original's {tokens} greedy tokens at CL "
           f"{', '.join(map(str, cls))}")
-    Layout(shape.layers, shape.kv_heads, shape.head_dim, shape.vocab, shape.hidden, ranges, graphs, reference).write(
-        ctx.tmp_output("layout"))
+    export = export_config.read(src)
+    Layout(shape.layers, shape.kv_heads, shape.head_dim, shape.vocab, shape.hidden, ranges, graphs, reference,
+           export.special, export.search).write(ctx.tmp_output("layout"))
 
 
 def summarize(action: Action) -> dict[str, Any]:

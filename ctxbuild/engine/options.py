@@ -16,7 +16,7 @@ class BuildOptions:
     paths: list[Path]
     out: Path
     jobs: int | None = None
-    keep_going: int = 1
+    keep_going: int = 0  # ninja -k: 0 never stops, so a multi-SoC build gives every SoC's verdict
     targets: list[str] = field(default_factory=list)
     only: list[str] = field(default_factory=list)
     only_flag: str = "--only"  # the flag that named them, for messages (`verify --layers` passes one)

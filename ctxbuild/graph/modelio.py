@@ -29,7 +29,9 @@ def graph_inputs(model: Any) -> list[Any]:
     return [i for i in model.graph.input if i.name not in inits]
 
 
-def external_data_files(model: Any, model_path: Path) -> dict[str, Path]:
+def external_data_files(model: Any, model_path: Path, follow_links: bool = False) -> dict[str, Path]:
+    """role `external:<location>` -> the file; `follow_links`: a location that is a symlink beside the model
+    (a Hugging Face cache's layout) is taken, as its target; its reader must not hand the model to onnx as is."""
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
     files: dict[str, Path] = {}
@@ -37,17 +39,22 @@ def external_data_files(model: Any, model_path: Path) -> dict[str, Path]:
         if uses_external_data(t):
             loc = next((e.value for e in t.external_data if e.key == "location"), None)
             if loc:
-                files[f"external:{loc}"] = _checked_location(model_path, t.name, loc)
+                files[f"external:{loc}"] = _checked_location(model_path, t.name, loc, follow_links)
     return files
 
 
-def _checked_location(model_path: Path, tensor: str, loc: str) -> Path:
+def _checked_location(model_path: Path, tensor: str, loc: str, follow_links: bool) -> Path:
     """Before anything reads it: inside the model's directory (no absolute path, no '..' out, no symlink
-    out) and a regular file (not /dev/zero, a fifo or a directory)."""
+    out unless `follow_links`) and a regular file (not /dev/zero, a fifo or a directory)."""
+    import os
     import stat
 
-    base = model_path.resolve().parent
-    path = (base / loc).resolve()
+    if follow_links:  # the names as the model's directory lays them out, symlinks not resolved
+        base = Path(os.path.abspath(model_path)).parent
+        path = Path(os.path.normpath(base / loc))
+    else:
+        base = model_path.resolve().parent
+        path = (base / loc).resolve()
     where = f"{model_path}: tensor '{tensor}': external data location '{loc}'"
     if Path(loc).is_absolute() or not path.is_relative_to(base):
         raise ActionError(f"{where} is outside the model's directory",
@@ -71,9 +78,10 @@ def weight_bytes(path: Path) -> int:
         return size
     try:
         model = load(path, external_data=False)
+        files = external_data_files(model, path, follow_links=True)
     except ActionError:
         return size  # the action reports the broken model with its own error
-    return size + sum(p.stat().st_size for p in set(external_data_files(model, path).values()) if p.is_file())
+    return size + sum(p.stat().st_size for p in set(files.values()) if p.is_file())
 
 
 def data_path(model: Path) -> Path:

@@ -4,13 +4,15 @@ registry's business (llm/exporters/); other contrib attention ops are refused.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 from pathlib import Path
 from typing import Any
 
 from ctxbuild.graph.signature import memoized_by_stat
-from ctxbuild.llm import exporters
+from ctxbuild.llm import export_config, exporters
 from ctxbuild.llm.canonical import FIRST, LAST, LAYER, PAST, DecoderShape, NotADecoder
 
 REFUSED_OPS = {"RotaryEmbedding", "MultiHeadAttention", "Attention", "PackedAttention", "SparseAttention",
@@ -39,18 +41,47 @@ def check_decoder(model: Any) -> DecoderShape:
                 raise NotADecoder(f"layer {i}: past_key_values.{i}.{kv} or present.{i}.{kv} is missing")
     dims = [d for d in inputs["past_key_values.0.key"].type.tensor_type.shape.dim]
     logits = [d for d in outputs["logits"].type.tensor_type.shape.dim]
-    if len(dims) != 4 or not dims[1].dim_value or not dims[3].dim_value or not logits or not logits[-1].dim_value:
-        raise NotADecoder("past_key_values.0.key must be [batch, kv_heads, past, head_dim] with kv_heads and "
-                          "head_dim fixed, and logits' last dim (vocabulary) fixed")
+    if len(dims) != 4 or not logits:
+        raise NotADecoder("past_key_values.0.key must be [batch, kv_heads, past, head_dim] and logits [.., vocab]")
+    open_dims = [f"{what} ('{d.dim_param}')" for what, d in (("kv_heads", dims[1]), ("head_dim", dims[3]),
+                                                            ("the vocabulary", logits[-1])) if not d.dim_value]
+    if open_dims:
+        raise NotADecoder(f"{', '.join(open_dims)} of the KV cache / logits is symbolic and no exporter config beside "
+                          "the model gives it: keep the exporter's genai_config.json or config.json beside the model")
+    hidden = _embedding_width(model)
+    if hidden is None:
+        raise NotADecoder("no embedding: expected a Gather by input_ids of a [vocab, hidden] weight (or of its "
+                          "Transpose, a tied LM head)")
+    return DecoderShape(len(layers), dims[1].dim_value, dims[3].dim_value, logits[-1].dim_value, hidden)
+
+
+def _embedding_width(model: Any) -> int | None:
+    """The hidden width of the table input_ids gathers: a [vocab, hidden] weight, or Transpose([hidden, vocab]),
+    as the model builder writes a tied embedding (`Gather(Transpose(lm_head.MatMul.weight))`)."""
     inits = {t.name: t for t in model.graph.initializer}
-    embed = next((inits[n.input[0]] for n in model.graph.node
-                  if n.op_type == "Gather" and n.input[1] == "input_ids" and n.input[0] in inits), None)
-    if embed is None or len(embed.dims) != 2:
-        raise NotADecoder("no embedding: expected a Gather of a [vocab, hidden] weight by input_ids")
-    return DecoderShape(len(layers), dims[1].dim_value, dims[3].dim_value, logits[-1].dim_value, embed.dims[1])
+    producers = {o: n for n in model.graph.node for o in n.output}
+    for n in model.graph.node:
+        if n.op_type != "Gather" or n.input[1] != "input_ids":
+            continue
+        if n.input[0] in inits and len(inits[n.input[0]].dims) == 2:
+            return int(inits[n.input[0]].dims[1])
+        t = producers.get(n.input[0])
+        if t is not None and t.op_type == "Transpose" and t.input[0] in inits and len(inits[t.input[0]].dims) == 2:
+            return int(inits[t.input[0]].dims[0])
+    return None
 
 
-MEMO = "memo/llm-decoder-4"  # bump when what check_decoder accepts changes: old verdicts are then not read
+def load_decoder(path: Path) -> Any:
+    """The decoder's graph without its external data, the dims its graph leaves symbolic taken from the exporter's
+    config beside it (llm/export_config.py)."""
+    import onnx
+
+    model = onnx.load(os.fspath(path), load_external_data=False)
+    export_config.fix_symbolic_dims(model, export_config.read(path))
+    return model
+
+
+MEMO = "memo/llm-decoder-5"  # bump when what check_decoder accepts changes: old verdicts are then not read
 
 
 def decoder_facts(model: Path) -> dict[str, Any] | None:
@@ -59,15 +90,19 @@ def decoder_facts(model: Path) -> dict[str, Any] | None:
     layer, FIRST for the embedding, LAST for what follows the layers), "inputs": graph input names, "readers":
     {initializer or input: the wheres of the nodes reading it} (where an adapter slot lands)} or {"error": why};
     None if the file does not parse as ONNX (llm_split reports it)."""
-    return memoized_by_stat(model, MEMO, lambda: _facts(model))
+    # the exporter's configs beside it are part of the verdict (they fix symbolic dims): their stats key the memo
+    configs = [[n, p.stat().st_size, p.stat().st_mtime_ns] for n, p in export_config.files(model).items()]
+    key = hashlib.sha256(json.dumps(configs).encode()).hexdigest()[:16]
+    return memoized_by_stat(model, f"{MEMO}/{key}", lambda: _facts(model))
 
 
 def _facts(model: Path) -> dict[str, Any] | None:
-    import onnx
     from google.protobuf.message import DecodeError
 
     try:
-        m = onnx.load(os.fspath(model), load_external_data=False)
+        m = load_decoder(model)
+    except export_config.BadExportConfig as e:
+        return {"error": str(e)}
     except (DecodeError, ValueError, RuntimeError, OSError):
         return None
     try:
@@ -77,19 +112,25 @@ def _facts(model: Path) -> dict[str, Any] | None:
         return {"error": str(e)}
 
 
-def _where(node: Any) -> int:
+def _where(node: Any, embedding: set[str]) -> int:
+    """`embedding`: the outputs the input_ids Gather reads (a tied table's Transpose is the embedding's too)."""
     m = LAYER.search(node.name)
-    return int(m.group(1)) if m else FIRST if "input_ids" in node.input else LAST
+    return int(m.group(1)) if m else FIRST if "input_ids" in node.input or embedding & set(node.output) else LAST
+
+
+def _gathered(model: Any) -> set[str]:
+    return {n.input[0] for n in model.graph.node if n.op_type == "Gather" and n.input[1] == "input_ids"}
 
 
 def readers(model: Any) -> dict[str, list[int]]:
     """Initializer or graph input -> the wheres (layer, FIRST, LAST; see weight_sizes) of the nodes reading it."""
     names = {t.name for t in model.graph.initializer} | {i.name for i in model.graph.input}
     out: dict[str, set[int]] = {}
+    embedding = _gathered(model)
     for n in model.graph.node:
         for i in n.input:
             if i in names:
-                out.setdefault(i, set()).add(_where(n))
+                out.setdefault(i, set()).add(_where(n, embedding))
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 
@@ -102,6 +143,7 @@ def weight_sizes(model: Any) -> list[tuple[str, int, int]]:
     inits = {t.name: t for t in model.graph.initializer
              if len(t.dims) >= 2 and t.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)}
     out = set()
+    embedding = _gathered(model)
     for n in model.graph.node:
-        out.update((i, math.prod(inits[i].dims), _where(n)) for i in n.input if i in inits)
+        out.update((i, math.prod(inits[i].dims), _where(n, embedding)) for i in n.input if i in inits)
     return sorted(out)

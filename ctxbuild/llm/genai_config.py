@@ -25,7 +25,9 @@ from ctxbuild.llm.canonical import MASK_NEG
 from ctxbuild.llm.layout import Layout
 
 MASK_2D = "attention_mask_2d"  # genai's mask; the graphs' 4-D one keeps the name `attention_mask`
-PAD_TOKEN = 0  # genai pads the prompt with it and masks every slot holding it: no prompt token may be 0
+# genai pads the prompt with the pad id and masks every slot holding it. The export's own id is used; only a model
+# with no exporter config beside it (no id to read) gets 0, and then no prompt token may be 0.
+PAD_TOKEN = 0
 OPSET, IR = 17, 8  # the stages are plain ONNX, readable by any onnxruntime genai ships with
 
 
@@ -135,9 +137,11 @@ def pipeline_config(layout: Layout, cl: int, parts: dict[tuple[int, int], tuple[
                        _stage(Path(filename).stem, filename, ins, outs, ar, window, session_options),
                        _stage(f"kv_out_{tag}", f"kv_out_{tag}.onnx", [i.name for i in back.graph.input],
                               [o.name for o in back.graph.output], ar, window)]
+    pad = layout.special.get("pad_token_id", PAD_TOKEN)
+    ids = {k: layout.special[k] for k in ("bos_token_id", "eos_token_id") if k in layout.special}
     return {
         "model": {
-            "type": "decoder-pipeline", "context_length": cl, "vocab_size": layout.vocab, "pad_token_id": PAD_TOKEN,
+            "type": "decoder-pipeline", "context_length": cl, "vocab_size": layout.vocab, **ids, "pad_token_id": pad,
             "decoder": {
                 "head_size": layout.head_dim, "hidden_size": layout.hidden,
                 "num_attention_heads": layout.hidden // layout.head_dim, "num_key_value_heads": layout.kv_heads,
@@ -146,12 +150,14 @@ def pipeline_config(layout: Layout, cl: int, parts: dict[tuple[int, int], tuple[
                            "past_key_names": "cache.%d.key", "past_value_names": "cache.%d.value"},
                 "outputs": {"logits": "logits", "present_key_names": "cache_present.%d.key",
                             "present_value_names": "cache_present.%d.value"},
-                "sliding_window": {"window_size": window, "pad_value": 0, "alignment": "right",
+                "sliding_window": {"window_size": window, "pad_value": pad, "alignment": "right",
                                    "slide_key_value_cache": False},  # genai's default cache, not its uint8 one
                 "pipeline": stages,
             },
         },
-        "search": {"max_length": cl, "do_sample": False, "past_present_share_buffer": True},
+        # the export's decoding options; the cache and length are the static graphs'
+        "search": {**layout.search, "max_length": cl, "do_sample": layout.search.get("do_sample", False),
+                   "past_present_share_buffer": True},
     }
 
 

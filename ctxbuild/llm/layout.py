@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ctxbuild.llm.static import GraphSpec
 
@@ -18,6 +19,8 @@ class Layout:
     parts: list[tuple[int, int]]  # layer ranges [start, stop)
     graphs: list[GraphSpec]
     reference_tokens: list[list[int]]  # the original model's greedy continuation per check prompt
+    special: dict[str, Any] = field(default_factory=dict)  # bos/eos/pad_token_id from the export's configs
+    search: dict[str, Any] = field(default_factory=dict)  # the export's genai_config.json `search` options
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True))
@@ -26,7 +29,8 @@ class Layout:
     def read(cls, path: Path) -> "Layout":
         d = json.loads(path.read_text())
         return cls(d["layers"], d["kv_heads"], d["head_dim"], d["vocab"], d["hidden"], [tuple(r) for r in d["parts"]],
-                   [GraphSpec(**g) for g in d["graphs"]], d["reference_tokens"])
+                   [GraphSpec(**g) for g in d["graphs"]], d["reference_tokens"], d.get("special", {}),
+                   d.get("search", {}))
 
     def models(self, role: str, files: dict[str, str], cl: int | None = None) -> dict[tuple[int, int, int], Path]:
         """(part, ar, cl) -> the file of each graph under `role:<graph>` in `files` (only context length `cl`'s)."""

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ctxbuild.llm import export_config
 from ctxbuild.llm.canonical import MASK_NEG
 
 Runner = Callable[[int, int, int, dict[str, np.ndarray]], dict[str, np.ndarray]]
@@ -121,7 +122,13 @@ def reference_generate(model: Path, prompt: np.ndarray, new_tokens: int, slots: 
     s = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in s.get_outputs()]
     past_inputs = [i for i in s.get_inputs() if i.name.startswith("past_key_values.")]
-    feeds = {i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32) for i in past_inputs}
+    cfg = export_config.read(model)  # for the dims the graph leaves symbolic (the model builder's head_dim)
+
+    def dim(d: int | str, given: int | None) -> int:
+        return d if isinstance(d, int) else given or 0
+
+    feeds = {i.name: np.zeros((1, dim(i.shape[1], cfg.kv_heads), 0, dim(i.shape[3], cfg.head_dim)), np.float32)
+             for i in past_inputs}
     ids, n, out = prompt[None].astype(np.int64), 0, Decoded([])
     for s_ in range(new_tokens):
         total = n + ids.shape[1]

@@ -19,7 +19,7 @@ from typing import Any
 
 from ctxbuild.llm import exporters
 from ctxbuild.llm.canonical import LAYER, DecoderShape, NotADecoder
-from ctxbuild.llm.convention import check_decoder
+from ctxbuild.llm.convention import check_decoder, load_decoder
 
 
 
@@ -185,12 +185,10 @@ def write_static_graphs(src: Path, parts: int, ars: list[int], cls: list[int], d
     graph structure (plus inline weights) whatever the model's size, and no protobuf nears its 2 GB limit.
     `adapter_slots` ({patterns, scaling}): those weights become graph inputs, each with its default (the base's
     value) as an initializer of the same name, so the graph runs without an adapter and an adapter overrides them."""
-    import onnx
-
     from ctxbuild.graph.modelio import save_external
     from ctxbuild.lora.adapters import add_defaults, make_slots
 
-    model = onnx.load(str(src), load_external_data=False)
+    model = load_decoder(src)
     shape = check_decoder(model)
     model = exporters.detect(model).to_canonical(model, str(src.parent))
     if parts > shape.layers:

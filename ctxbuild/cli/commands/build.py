@@ -18,7 +18,10 @@ EXAMPLES = """examples:
 def arguments(p: argparse.ArgumentParser) -> None:
     options.paths_out(p)
     options.jobs(p)
-    p.add_argument("-k", "--keep-going", type=options.count(0), default=1, metavar="N", help="go on until N failures (0: all; default: %(default)s)")
+    # 0 by default: a multi-SoC build gives every SoC's verdict (what a failure stops is only what depends on it)
+    p.add_argument("-k", "--keep-going", type=options.count(0), default=0, metavar="N",
+                   help="stop after N failed actions (0: never; what depends on a failure is not run either; "
+                        "default: %(default)s, every SoC's verdict)")
     p.add_argument("--target", action="append", default=[], metavar="NAME", help="only this target (repeatable; default: every target the recipes name)")
     p.add_argument("--only", action="append", default=[], metavar="RECIPE", help="only this recipe (repeatable; default: every recipe)")
     p.add_argument("--dry-run", "-n", action="store_true", help="show what would run")

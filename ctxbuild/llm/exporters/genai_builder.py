@@ -25,8 +25,8 @@ _LAYER = re.compile(r"^(/model/layers\.\d+)/")
 
 
 class _Emit:
-    def __init__(self, g: Any) -> None:
-        self.g, self.nodes, self.n = g, [], 0
+    def __init__(self, g: Any, opset: int) -> None:
+        self.g, self.nodes, self.n, self.opset = g, [], 0, opset
         self.inits = {t.name for t in g.initializer}
 
     def const(self, name: str, value: Any) -> str:
@@ -47,7 +47,12 @@ class _Emit:
         return outs[0]
 
     def rms(self, x: str, gain: str, eps: float, scope: str, out: str | None = None) -> str:
-        mean = self.op("ReduceMean", [self.op("Mul", [x, x], scope)], scope, axes=[-1], keepdims=1)
+        square = self.op("Mul", [x, x], scope)
+        if self.opset >= 18:  # ReduceMean takes its axes as an input from opset 18 on (the builder writes 21+)
+            mean = self.op("ReduceMean", [square, self.const("lowered_axes_m1", np.array([-1], np.int64))], scope,
+                           keepdims=1)
+        else:
+            mean = self.op("ReduceMean", [square], scope, axes=[-1], keepdims=1)
         rms = self.op("Sqrt", [self.op("Add", [mean, self.const(f"{scope}/eps", np.float32(eps))], scope)], scope)
         return self.op("Mul", [self.op("Div", [x, rms], scope), gain], scope, [out] if out else None)
 
@@ -89,7 +94,7 @@ def lower(model: Any, base_dir: str = "") -> Any:
                     del inits[name].external_data[:]
     past = next(i for i in g.input if i.name == "past_key_values.0.key")
     hd = past.type.tensor_type.shape.dim[3].dim_value
-    e = _Emit(g)
+    e = _Emit(g, next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")))
     s = "/model/attn_mask"
     total = e.op("Gather", [e.op("Shape", ["attention_mask"], s), e.const("lowered_one", np.int64(1))], s, axis=0)
     key_pos = e.op("Reshape", [e.op("Range", [e.const("lowered_zero", np.int64(0)), total, "lowered_one"], s),

@@ -1,0 +1,109 @@
+"""Make the exports tests/test_llm_exporters.py builds: tiny random-weight Hugging Face checkpoints (Llama and
+Qwen2 architectures, each with its own small BPE tokenizer) run through onnxruntime-genai's model builder, as a
+user would. Run once, by hand (it needs torch and transformers, which CI does not install); its outputs, a few
+hundred KB, are committed beside it. README.md names the versions used.
+
+    python tests/exports/make_exports.py            # writes tests/exports/<arch>_builder/
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# Text the tokenizers are trained on (any English prose does; this one is in the repository's own docs).
+CORPUS = HERE.parents[1] / "docs" / "llm.md"
+VOCAB = 384
+ARCHS = {
+    # BOS is id 0 in both (as in the issue): a runtime config that pads with id 0 masks the BOS.
+    "llama": dict(special=["<s>", "</s>", "<unk>"], bos="<s>", eos="</s>", add_bos=True),
+    "qwen2": dict(special=["<|endoftext|>", "<|im_start|>", "<|im_end|>"], bos="<|endoftext|>",
+                  eos="<|im_end|>", add_bos=False),
+}
+SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5)
+
+
+def tokenizer(arch: str, out: Path) -> dict[str, int]:
+    """Train a byte-level BPE on CORPUS and save it as a transformers fast tokenizer; the special tokens' ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    spec = ARCHS[arch]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train([str(CORPUS)], trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=spec["special"],
+                                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    ids = {t: tok.token_to_id(t) for t in spec["special"]}
+    if spec["add_bos"]:
+        bos = spec["bos"]
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, ids[bos])])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=spec["bos"], eos_token=spec["eos"],
+                                   unk_token=spec["special"][2] if arch == "llama" else None)
+    fast.save_pretrained(out)
+    return {"bos": ids[spec["bos"]], "eos": ids[spec["eos"]], "vocab": tok.get_vocab_size()}
+
+
+def checkpoint(arch: str, out: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    ids = tokenizer(arch, out)
+    torch.manual_seed(0)
+    # Weights larger than the usual 0.02 init, so greedy decoding has clear winners (not float-noise ties).
+    common = dict(SHAPE, vocab_size=ids["vocab"], bos_token_id=ids["bos"], eos_token_id=ids["eos"],
+                  initializer_range=0.1, torch_dtype="float32")
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common, tie_word_embeddings=False))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=True))
+        with torch.no_grad():  # Qwen2's Q/K/V biases start at zero, which the builder would drop: make them real
+            for name, p in model.named_parameters():
+                if name.endswith("_proj.bias"):
+                    p.normal_(0.0, 0.1)
+    model.eval().save_pretrained(out)
+
+
+PROMPTS = [  # one shorter than the recipes' prompt window (AR 16), one longer (two windows)
+    "The static graphs.",
+    "Every build checks it: the float model decodes the prompts, and the parts on the CPU.",
+]
+
+
+def prompts(dst: Path) -> None:
+    """The prompts as token ids (the export's own tokenizer.json, with its special tokens), `prompts/NN.npy`."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(dst / "tokenizer.json"))
+    (dst / "prompts").mkdir(exist_ok=True)
+    for i, text in enumerate(PROMPTS):
+        np.save(dst / "prompts" / f"{i:02d}.npy", np.array(tok.encode(text).ids, np.int64))
+
+
+def main() -> None:
+    for arch in ARCHS:
+        dst = HERE / f"{arch}_builder"
+        with tempfile.TemporaryDirectory() as tmp:
+            ckpt, built = Path(tmp) / "hf", Path(tmp) / "onnx"
+            checkpoint(arch, ckpt)
+            subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(ckpt),
+                            "-o", str(built), "-p", "fp32", "-e", "cpu", "-c", str(Path(tmp) / "cache")],
+                           check=True)
+            shutil.rmtree(dst, ignore_errors=True)
+            dst.mkdir()
+            for f in sorted(built.iterdir()):
+                shutil.copy2(f, dst / f.name)
+            for name in ("config.json", "generation_config.json"):  # what the builder read, for the record
+                shutil.copy2(ckpt / name, dst / name)
+        prompts(dst)
+        print(dst, json.dumps(sorted(p.name for p in dst.iterdir())))
+
+
+if __name__ == "__main__":
+    main()
