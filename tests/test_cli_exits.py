@@ -177,3 +177,39 @@ def test_interrupt_ends_the_worker_and_what_its_actions_forked(tmp_path: Path, c
     while (left := _build_processes(out)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left, f"still running a second after the build ended: {left}"
+
+
+def test_a_killed_action_is_a_failed_action_with_its_record(tmp_path: Path, cache_dir: Path) -> None:
+    """#30: an action process killed by a signal (here SIGKILL, as the OOM killer sends it, while the simulator
+    verifies) wrote no record: the build said "ninja failed before running an action" and "0 failed". Now the
+    fork server writes its failed record: the build names the action, the signal and its log."""
+    from tests._big_models import matmul_chain
+
+    tree = tmp_path / "recipes"
+    tree.mkdir()
+    matmul_chain(tree / "chain.onnx", dim=2048, layers=8, precision="fp16")
+    (tree / "chain.yaml").write_text("model: chain.onnx\nprecision: fp16\ntargets: [SM8650]\n")
+    out = tmp_path / "out"
+    env = {**os.environ, "CTXBUILD_CACHE_DIR": str(cache_dir)}
+    env.pop("MAKEFLAGS", None)
+    driver = subprocess.Popen([sys.executable, "-m", "ctxbuild", "build", str(tree), "-o", str(out)],
+                              env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        compiled = out / ".ctxbuild" / "records" / "compile.chain@SM8650.json"
+        deadline = time.monotonic() + 300
+        while not (compiled.exists() and _forked_by_an_action(out)):  # the verify action is running
+            assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
+            time.sleep(0.05)
+        pids = set(_build_processes(out))
+        parents = {p: int(Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()[1]) for p in pids}
+        (action,) = [p for p, parent in parents.items() if parent in pids and parents[parent] not in pids]
+        os.kill(action, signal.SIGKILL)
+        stdout, stderr = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 1, stderr
+    assert "ctxbuild: FAILED verify/chain@SM8650: the action process was killed by SIGKILL" in stderr, stderr
+    assert "ninja failed before running an action" not in stderr and ", 1 failed" in stdout, stdout
+    record = json.loads((out / ".ctxbuild" / "records" / "verify.chain@SM8650.json").read_text())
+    assert record["status"] == "failed" and record["signal"] == "SIGKILL" and (out / record["log"]).is_file()

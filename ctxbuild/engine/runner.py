@@ -188,6 +188,28 @@ def _memory_estimate(action: Action) -> int:
     return memory.estimate(action) if given is None else given
 
 
+def record_crash(spec: Path, build_id: str | None, signum: int) -> None:
+    """The failed record of an action whose process a signal killed before it wrote its own (the fork server
+    calls this): the signal, what likely sent it, and the log the action had written so far."""
+    import signal
+
+    out = out_dir_of(spec)
+    action = load_spec(spec)
+    record_file = record_path(out, action.id)
+    mine = _read_json(record_file)
+    if mine and mine.get("build_id") == build_id and mine.get("status"):
+        return  # it got as far as writing its record: the signal came after
+    name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else f"signal {signum}"
+    hint = ("the kernel's OOM killer, or a kill from outside: check the machine's free memory, lower -j or "
+            "--memory-budget" if signum == signal.SIGKILL else
+            "a crash in native code (QNN, onnxruntime): the log's last lines show where; report it with the model")
+    record = {**new_record(action, build_id), "status": "failed", "signal": name, "finished": time.time(),
+              "cause": f"the action process was killed by {name} ({hint})",
+              "log": str(log_path(out, action.id).relative_to(out))}
+    write_bytes(record_file, canonical_json(record), durable=False)
+    _remove_outputs(action)
+
+
 def new_record(action: Action, build_id: str | None) -> dict[str, Any]:
     return {"id": action.id, "kind": action.kind, "recipes": action.recipes, "target": action.target,
             "build_id": build_id, "started": time.time()}

@@ -183,7 +183,7 @@ def serve(listen_fd: int) -> None:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     sel.register(wake_r, selectors.EVENT_READ, ("wake", None))
-    children: dict[int, tuple[socket.socket, int]] = {}  # pid -> (client conn, pidfd)
+    children: dict[int, tuple[socket.socket, int, dict]] = {}  # pid -> (client conn, pidfd, request)
     tokens = memory.Scheduler(machine.budget())  # requests wait here until their memory estimate fits
 
     def start(ready: list[tuple[int, tuple[socket.socket, list[int], dict]]]) -> None:
@@ -192,7 +192,7 @@ def serve(listen_fd: int) -> None:
             child = _spawn(conn, fds, req, srv)
             tokens.started(child, need)
             pidfd = os.pidfd_open(child)
-            children[child] = (conn, pidfd)
+            children[child] = (conn, pidfd, req)
             sel.register(pidfd, selectors.EVENT_READ, ("exit", child))
             sel.register(conn, selectors.EVENT_READ, ("client", child))
 
@@ -242,14 +242,20 @@ def _preload() -> None:
         toolchain.version(dist)
 
 
-def _reap(pid: int, sel: selectors.BaseSelector, children: dict[int, tuple[socket.socket, int]]) -> None:
-    """The child exited: tell its client the exit code."""
-    conn, pidfd = children.pop(pid)
+def _reap(pid: int, sel: selectors.BaseSelector, children: dict[int, tuple[socket.socket, int, dict]]) -> None:
+    """The child exited: tell its client the exit code. Killed by a signal (a crash in native code, the OOM
+    killer) while its client still waits, it wrote no record: write the failed one for it, so the build names
+    the action, the signal and its log instead of "ninja failed before running an action"."""
+    conn, pidfd, req = children.pop(pid)
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     try:
         conn.sendall(struct.pack("!i", code))
-    except OSError:
+        if code < 0:
+            from ctxbuild.engine.runner import record_crash
+
+            record_crash(Path(req["cwd"]) / req["spec"], req["env"].get(settings.BUILD_ID.name), -code)
+    except OSError:  # the client is gone (an interrupted build): its action was stopped on purpose
         pass
     for obj in (pidfd, conn):
         sel.unregister(obj)
@@ -257,7 +263,7 @@ def _reap(pid: int, sel: selectors.BaseSelector, children: dict[int, tuple[socke
     conn.close()
 
 
-def _check_client(pid: int, children: dict[int, tuple[socket.socket, int]]) -> None:
+def _check_client(pid: int, children: dict[int, tuple[socket.socket, int, dict]]) -> None:
     """The client died (ninja interrupted, kill -9): its action must not run on unattended."""
     try:
         alive = children[pid][0].recv(1, socket.MSG_PEEK)
