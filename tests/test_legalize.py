@@ -496,13 +496,19 @@ def test_rmsnorm_unfused_matches_the_fused_op() -> None:
 
 
 def test_rule_names_in_the_schema() -> None:
-    """prepare.rewrite's list is checked by the JSON Schema: its enum is the rules' names."""
-    from ctxbuild.graph.legalize import RULES
-    from ctxbuild.recipes.recipe import SCHEMA_PATH
+    """prepare.rewrite's list is checked by the JSON Schema: its enum is the rules' names, filled in from RULES
+    (`ctxbuild schema` prints it so)."""
+    import subprocess
+    import sys
 
-    schema = json.loads(SCHEMA_PATH.read_text())
-    (_, listed) = schema["properties"]["prepare"]["properties"]["rewrite"]["oneOf"]
-    assert listed["items"]["enum"] == [r.NAME for r in RULES]
+    from ctxbuild.graph.legalize import RULES
+    from ctxbuild.recipes.recipe import schema
+
+    (_, listed) = schema()["properties"]["prepare"]["properties"]["rewrite"]["oneOf"]
+    assert listed["items"] == {"$ref": "#/$defs/rule"} and schema()["$defs"]["rule"]["enum"] == [r.NAME for r in RULES]
+    printed = json.loads(subprocess.run([sys.executable, "-m", "ctxbuild", "schema"], capture_output=True,
+                                        text=True, check=True).stdout)
+    assert printed == schema()
 
 
 def test_rewrite_switch(tmp_path: Path, ctxbuild) -> None:

@@ -24,7 +24,13 @@ SCHEMA_PATH = Path(__file__).with_name("recipe.schema.json")
 
 @lru_cache(maxsize=1)
 def schema() -> dict[str, Any]:
-    return json.loads(SCHEMA_PATH.read_text())
+    """recipe.schema.json completed: the legalization rules' names (prepare.rewrite) come from the rules
+    themselves, so adding a rule touches its module and RULES only."""
+    from ctxbuild.graph.legalize import RULES
+
+    loaded = json.loads(SCHEMA_PATH.read_text())
+    loaded["$defs"]["rule"]["enum"] = [r.NAME for r in RULES]
+    return loaded
 
 
 def load(paths: list[Path]) -> RecipeSet:

@@ -12,9 +12,11 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ctxbuild.recipes.recipe import SCHEMA_PATH
+    import json
 
-    sys.stdout.write(SCHEMA_PATH.read_text())
+    from ctxbuild.recipes.recipe import schema
+
+    sys.stdout.write(json.dumps(schema(), indent=2) + "\n")
     return 0
 
 
