@@ -88,3 +88,22 @@ def test_summary_lists_each_verification_once_by_recipe() -> None:
     lines = summary.text(doc)
     assert lines[2].split() == ["chat", "tokens", "CL", "64,128", "SM8650", "0.9990", "27.4", "ok"]
     assert lines[3].split()[0] == "other" and len(lines) == 5
+
+
+def test_a_cache_warning_is_said_once(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """An unusable local cache is one warning for the build, not one per action (24 lines in one build before),
+    and the build goes on without it."""
+    _one_recipe(tree)
+    (tmp_path / "not-a-dir").write_text("")
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"), env={"CTXBUILD_CACHE_DIR": str(tmp_path / "not-a-dir")})
+    assert r.code == 0, r.text
+    lines = [ln for ln in r.err.splitlines() if "local cache" in ln and "unavailable" in ln]
+    assert len(lines) == 1, r.err
+
+
+def test_bad_out_and_inspect_paths_are_usage_lines(tmp_path: Path, ctxbuild) -> None:
+    (tmp_path / "afile").write_text("")
+    r = ctxbuild("build", "-o", str(tmp_path / "afile"))
+    assert r.code == 2 and "is a file, not an output directory" in r.err and len(r.err.strip().splitlines()) == 1
+    r = ctxbuild("inspect", str(tmp_path))
+    assert "a directory (give a context binary (.bin) or an EPContext model (_ctx.onnx))" in r.err, r.text

@@ -27,6 +27,14 @@ def count(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def out_dir(text: str) -> Path:
+    """An argparse type: OUT, which must not be an existing file (a usage error, exit 2, not a failed build)."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not an output directory")
+    return path
+
+
 def size(text: str | None, flag: str) -> int | None:
     from ctxbuild.units import parse_size
 
@@ -36,7 +44,7 @@ def size(text: str | None, flag: str) -> int | None:
 def paths_out(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="*", type=Path, default=[Path("recipes")], metavar="PATHS",
                    help="recipe files or directories (searched for *.yaml; default: recipes)")
-    p.add_argument("-o", "--out", type=Path, default=Path("out"), help="output directory (default: out)")
+    p.add_argument("-o", "--out", type=out_dir, default=Path("out"), help="output directory (default: out)")
 
 
 def jobs(p: argparse.ArgumentParser) -> None:

@@ -39,6 +39,9 @@ def finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, st
     write_report(opts.out, build_id=build_id, returncode=rc, wall_seconds=time.monotonic() - started,
                  driver_peak_rss=machine.peak_rss(children=False))  # not ninja's, not the worker's
     _note_summarized(opts.out)
+    if not opts.console.json:
+        for w in dict.fromkeys(w for r in ran for w in r.get("cache_warnings") or []):
+            print(f"ctxbuild: warning: {w}", file=sys.stderr)
     if opts.summary and not opts.console.quiet and not opts.console.json:
         from ctxbuild.outputs.summary import rewrites
 

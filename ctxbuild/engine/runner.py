@@ -70,7 +70,10 @@ def main(spec_arg: str) -> int:
             if cache:
                 cache.warnings += carried_warnings(out, action.id, record["build_id"])
             known, summary = _restore_or_run(action, kind, out, tmp, log, memo, cache, previous, record)
-        for w in complete_record(action, out, record, known, memo, cache, summary):
+        shown = complete_record(action, out, record, known, memo, cache, summary)
+        if cache and not settings.BUILD_ID.get():  # run alone (plain `ninja`, `ctxbuild action`): no driver prints them
+            shown += record["cache_warnings"]
+        for w in shown:
             print(f"ctxbuild: warning: {w}", file=sys.stderr)
     except CtxbuildError as e:
         record.update(status="failed", cause=str(e))
@@ -281,11 +284,9 @@ def complete_record(action: Action, out: Path, record: dict[str, Any], known: An
     record.update(kinds.get(action.kind).hook("summarize")(action) if summary is None else summary)
     record["status"] = "ok"
     record["warnings"] = kinds.get(action.kind).hook("warnings")(action)
-    shown = list(record["warnings"])
-    if cache:
+    if cache:  # the driver prints each distinct one once at the end (one per action was 24 lines of the same)
         record["cache_warnings"] = cache.warnings
-        shown += cache.warnings
-    return shown
+    return list(record["warnings"])
 
 
 def carried_warnings(out: Path, action_id: str, build_id: str | None, warnings: list[str] | None = None) -> list[str]:

@@ -146,6 +146,8 @@ def describe(path: Path, *, timeout: float = CHILD_TIMEOUT_S) -> dict[str, Any]:
     `wrapper` (onnx only) lists the model I/O, the EPContext nodes with their attributes (an
     embedded blob shows as its size), metadata and problems onnxruntime-qnn would trip on."""
     path = Path(path)
+    if path.is_dir():
+        raise InspectError(f"{path}: a directory", "give a context binary (.bin) or an EPContext model (_ctx.onnx)")
     if not path.is_file():
         raise InspectError(f"{path}: no such file", "check the path")
     if path.suffix.lower() == ".onnx":

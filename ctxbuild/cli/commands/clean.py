@@ -4,11 +4,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ctxbuild.cli import options
 from ctxbuild.cli.parser import Command
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-o", "--out", type=Path, default=Path("out"), help="output directory (default: out)")
+    p.add_argument("-o", "--out", type=options.out_dir, default=Path("out"), help="output directory (default: out)")
 
 
 def run(args: argparse.Namespace) -> int:
