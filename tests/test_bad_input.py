@@ -109,6 +109,18 @@ def test_missing_and_corrupt_onnx(tree: Path, tmp_path: Path, ctxbuild) -> None:
     assert r.code == 1 and "truncated.onnx: not a valid ONNX model" in r.err, r.text
 
 
+def test_cpu_fallback_when_qnn_takes_no_node(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """Following the hint (compile.cpu_fallback) on a model of which QNN takes nothing: one line saying so (it
+    ended in "[Errno 2] No such file ... _ctx_qnn.bin")."""
+    _only(tree, "bad.yaml")
+    m = _model([helper.make_node("NonZero", ["x"], ["y"], name="find_nonzero")], [_vi("x", [1, 8])],
+               [_vi("y", None, TensorProto.INT64)])
+    _save(m, tree / "models" / "nz_only.onnx")
+    _recipe(tree, "bad", "model: models/nz_only.onnx\n" + FP16 + "compile: {cpu_fallback: true}\n")
+    r = _build(ctxbuild, tree, tmp_path)
+    assert r.code == 1 and "QNN took none of the model's nodes" in r.err and "Errno" not in r.err, r.text
+
+
 def test_unsupported_ops_name_the_nodes(tree: Path, tmp_path: Path, ctxbuild) -> None:
     _only(tree, "bad.yaml")
     m = _model([helper.make_node("Relu", ["x"], ["r"], name="relu0"),

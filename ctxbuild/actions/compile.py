@@ -15,6 +15,7 @@ from typing import Any
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import add_wrapper_defaults
 from ctxbuild.errors import ActionError
+from ctxbuild.graph.protowire import wrapper_facts
 from ctxbuild.qnn.staging import fixed_dir, link_model, stage_name
 from ctxbuild.qnn import fallback, soccheck
 from ctxbuild.qnn.compile import QnnCompileFailed, compile_error, compile_graph
@@ -71,6 +72,11 @@ def run(ctx: Any) -> None:
             ctx.tmp_output(role).write_bytes(b"")
         ctx.tmp_output("status").write_text(json.dumps(status, indent=2, sort_keys=True))
         return
+    if not wrapper_facts(dst)["binaries"]:  # with cpu_fallback QNN may take no node at all: no context to ship
+        raise ActionError("QNN took none of the model's nodes: with compile.cpu_fallback every node would run on "
+                          "the CPU and there is no context binary to build",
+                          "nothing in this model runs on the NPU as it is (the log names the unsupported nodes): "
+                          "run it with onnxruntime's CPU EP, or export the model with ops the HTP runs")
     if "status" in a.outputs:
         ctx.tmp_output("status").write_text(json.dumps({"compiled": True}, indent=2, sort_keys=True))
     if is_multi_soc(a):
