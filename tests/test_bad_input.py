@@ -245,3 +245,14 @@ def test_malformed_remote_cache_url_is_a_usage_error(tree: Path, tmp_path: Path,
     r = _build(ctxbuild, tree, tmp_path, "--remote-cache", "ftp://cache.example/x")
     assert r.code == 2 and "remote cache URL 'ftp://cache.example/x' is not http(s)://host[:port][/path]" in r.err
     assert not (tmp_path / "out" / "SM8650").exists()
+
+
+def test_a_garbage_prebuilt_is_named_as_given(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """The error names the user's file, not the staged copy under OUT/.ctxbuild/tmp that was read."""
+    _only(tree, "junk.yaml")
+    (tree / "junk.bin").write_bytes(bytes(range(256)) * 20)
+    _recipe(tree, "junk", "prebuilt: {bin: junk.bin}\ntargets: [SM8650]\n")
+    r = _build(ctxbuild, tree, tmp_path)
+    line = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED prebuilt/junk@SM8650"))
+    assert r.code == 1 and f"{tree / 'junk.bin'}: not a readable QNN context binary" in line, line
+    assert ".ctxbuild/tmp" not in line.split("(log:")[0], line

@@ -28,8 +28,8 @@ def run(ctx: Any) -> None:
             raise ActionError(f"{src}: the binary holds {len(info['graphs'])} graph(s), the recipe names "
                               f"{len(p['graphs'])}", "list one name per graph in prebuilt.graphs, in the binary's order")
         wrappers = wrap_binary(staged, staged.parent, embed=p["embed"], quantized_io=p["quantized_io"])
-    except InspectError as e:
-        raise ActionError(str(e)) from None
+    except InspectError as e:  # named as the user gave it, not by the staged copy that was read
+        raise ActionError(str(e).replace(str(staged), str(src))) from None
     roles = ["ctx"] if "ctx" in a.outputs else [f"ctx:{g}" for g in p["graphs"]]
     for role, w in zip(roles, wrappers):
         os.replace(w, ctx.tmp_output(role))
