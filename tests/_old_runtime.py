@@ -16,7 +16,7 @@ QAIRT = "2.47"
 
 # Opens `argv[1]` on the QNN EP (no CPU fallback), runs it once on ones (the simulator), and prints one JSON
 # line: {"ok": bool, "error": str, "outputs": [sum of each output]}.
-_LOAD = """
+LOAD_SCRIPT = """
 import json, sys
 import numpy as np
 import onnxruntime as ort, onnxruntime_qnn
@@ -54,6 +54,6 @@ def old_runtime_python() -> Path:
 
 def load(python: Path, wrapper: Path) -> dict[str, object]:
     """Create an InferenceSession for `wrapper` in that runtime and run it once: {"ok", "error", "outputs"}."""
-    r = subprocess.run([str(python), "-c", _LOAD, str(wrapper)], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([str(python), "-c", LOAD_SCRIPT, str(wrapper)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
