@@ -148,3 +148,20 @@ def test_diagnosis_names_the_injected_culprit(culprit: str, tmp_path: Path, ctxb
     assert before and all(n["quant_snr_db"] > 35 for n in before), worst
     assert d["where"] == "quantization" and f"{culprit} (Conv+Relu)" in d["hint"]
     assert "16-bit activations already" in d["hint"]  # not advised for a recipe at 16 bits
+
+
+def test_long_node_names_keep_their_ends() -> None:
+    """`verify --layers` rows of an exporter's graph share long scopes: the table keeps each name's end, so the
+    rows tell the nodes apart (cut at the right, every row read '/model/layers.0/self_attn/...')."""
+    from ctxbuild.verify.diagnose import format_text
+
+    def row(node: str) -> dict:
+        return {"node": node, "op_type": "MatMul", "weight_snr_db": 40.0, "quant_snr_db": 20.0, "quant_added_db": 3.0,
+                "htp_snr_db": 19.0, "htp_added_db": 1.0}
+
+    names = [f"/model/layers.0/self_attn/{p}_proj/MatMul" for p in ("q", "k", "v")]
+    d = {"graph": "g", "target": "SM8650", "where": "quantization", "samples": 2, "outputs": {}, "hint": "h",
+         "worst_quantization": [row(n) for n in names], "worst_htp": []}
+    text = format_text(d)
+    shown = [next(line.split()[0] for line in text.splitlines() if n[-20:] in line) for n in names]
+    assert len(set(shown)) == 3 and all(s.endswith("_proj/MatMul") for s in shown), text

@@ -146,10 +146,16 @@ def format_text(d: dict[str, Any]) -> str:
     for title, rows in (("worst in quantization (float vs QDQ on CPU)", d["worst_quantization"]),
                         ("worst on the HTP (HTP simulator vs QDQ on CPU)", d["worst_htp"])):
         lines += [f" {title}:", head]
-        lines += [f"  {r['node'][:36]:<36} {r['op_type'][:14]:<14} {_f(r['weight_snr_db']):>6} {_f(r['quant_snr_db']):>9} "
+        lines += [f"  {_tail(r['node'], 36):<36} {r['op_type'][:14]:<14} {_f(r['weight_snr_db']):>6} {_f(r['quant_snr_db']):>9} "
                   f"{_f(r['quant_added_db']):>8} {_f(r['htp_snr_db']):>8} {_f(r['htp_added_db']):>8}" for r in rows]
     lines.append(f" hint: {d['hint']}")
     return "\n".join(lines)
+
+
+def _tail(name: str, width: int) -> str:
+    """A node name cut to `width` from the left: exporters' names share long scopes (/model/layers.3/self_attn/...),
+    so their ends tell rows apart (cut at the right, every row read the same prefix)."""
+    return name if len(name) <= width else "…" + name[-(width - 1):]
 
 
 def _f(x: float | None) -> str:
