@@ -97,7 +97,7 @@ def test_auto_picks_first_passing_candidate_and_redecides_without_recompiling(tr
     assert r.code == 1, r.text
     assert _compiled(out) == set()
     line = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED select/auto@SM8650"))
-    assert "no quantization candidate meets" in line and "a16w8 rejected on CPU" in line
+    assert "no precision candidate meets" in line and "a16w8 rejected on CPU" in line
     for name, verdict in (("a16w8", "rejected on CPU"), ("a16w8-pc", "rejected on CPU"), ("a16w16", "below threshold")):
         assert any(ln.startswith(name + " ") and verdict in ln for ln in r.text.splitlines()), r.text
     assert not (out / "SM8650" / "auto" / "auto_ctx_qnn.bin").exists()
@@ -198,7 +198,7 @@ def test_candidate_qnn_will_not_compile_drops_out(tree: Path, tmp_path: Path, ct
     _only(tree, {"auto": MLP + "quantization:\n" + REFUSED})  # nothing else on the ladder: the build fails
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 1, r.text
-    assert "no quantization candidate meets" in r.err and "w1-uint16 did not compile (QNN cannot run" in r.err, r.err
+    assert "no precision candidate meets" in r.err and "w1-uint16 did not compile (QNN cannot run" in r.err, r.err
 
 
 def test_no_winner_names_the_failing_slice_not_the_whole_output() -> None:
