@@ -38,8 +38,8 @@ def test_auto_picks_first_passing_candidate_and_redecides_without_recompiling(tr
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 0, r.text
     s = _search(out)
-    assert [c["name"] for c in s["candidates"]] == ["a16w8", "a16w8-pc", "a16w16"]
-    assert [c["state"] for c in s["candidates"]] == ["failed", "passed", "not_run"]
+    assert [c["name"] for c in s["candidates"]] == ["a16w8", "a16w8-pc", "a16w16", "fp16"]
+    assert [c["state"] for c in s["candidates"]] == ["failed", "passed", "not_run", "not_run"]
     assert s["winner"] == "a16w8-pc"
     d = out / "SM8650" / "auto"
     work = out / ".ctxbuild" / "work" / "search" / "SM8650" / "auto"
@@ -67,7 +67,7 @@ def test_auto_picks_first_passing_candidate_and_redecides_without_recompiling(tr
             assert c["bin_size"] > 0 and c["total_seconds"] > 0
             assert all(c["seconds"][k] > 0 for k in ("quantize", "compile", "verify"))
     row = next(x for x in json.loads((out / "report.json").read_text())["rows"] if x["recipe"] == "auto")
-    assert row["precision"] == "auto: a16w8-pc" and len(row["search"]["candidates"]) == 3
+    assert row["precision"] == "auto: a16w8-pc" and len(row["search"]["candidates"]) == 4
     html = (out / "report.html").read_text()
     assert "precision search" in html and "not run: a16w8-pc passed" in html
 
@@ -92,13 +92,14 @@ def test_auto_picks_first_passing_candidate_and_redecides_without_recompiling(tr
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 0 and _compiled(out) == set() and _search(out)["winner"] == "a16w8-pc", r.text
 
-    (tree / "auto.yaml").write_text(AUTO % 80)  # nothing passes: the build fails with the table
+    (tree / "auto.yaml").write_text(AUTO % 80)  # nothing passes, fp16 last: the build fails with the table
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 1, r.text
-    assert _compiled(out) == set()
+    assert _compiled(out) == {"compile/auto.fp16@SM8650"}
     line = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED select/auto@SM8650"))
-    assert "no quantization candidate meets" in line and "a16w8 rejected on CPU" in line
-    for name, verdict in (("a16w8", "rejected on CPU"), ("a16w8-pc", "rejected on CPU"), ("a16w16", "below threshold")):
+    assert "no precision candidate meets" in line and "a16w8 rejected on CPU" in line
+    for name, verdict in (("a16w8", "rejected on CPU"), ("a16w8-pc", "rejected on CPU"), ("a16w16", "below threshold"),
+                          ("fp16", "below threshold")):
         assert any(ln.startswith(name + " ") and verdict in ln for ln in r.text.splitlines()), r.text
     assert not (out / "SM8650" / "auto" / "auto_ctx_qnn.bin").exists()
     assert records(out)["select/auto@SM8650"]["result"]["search"]["winner"] is None
@@ -126,15 +127,17 @@ def test_ladder_in_the_recipe_and_candidates_an_arch_cannot_run(tree: Path, ctxb
     assert r.code == 0, r.text
     acts = {a["id"]: a for a in json.loads(r.out)["actions"]}
     sel = acts["select/custom@SM8650"]["params"]
-    assert [c["name"] for c in sel["candidates"]] == ["cheap", "a16w16-percentile"]
+    assert [c["name"] for c in sel["candidates"]] == ["cheap", "a16w16-percentile", "fp16"]
     assert sel["thresholds"] == {"min_cosine": 0.99, "min_snr_db": 20.0}
     assert "thresholds" not in acts["verify/custom.cheap@SM8650"]["params"]  # a threshold never recompiles
     assert "thresholds" not in acts["compile/custom.cheap@SM8650"]["params"]
     old = acts["select/refined@SM8350"]["params"]
-    assert [c["name"] for c in old["candidates"]] == ["a16w8", "a16w8-pc"]  # v68 cannot run int16 weights
+    assert [c["name"] for c in old["candidates"]] == ["a16w8", "a16w8-pc", "fp16"]  # v68 cannot run int16 weights
     assert old["skipped"][0]["name"] == "a16w16" and "v73" in old["skipped"][0]["reason"]
-    assert [c["name"] for c in acts["select/refined@SM8650"]["params"]["candidates"]] == ["a16w8", "a16w8-pc", "a16w16"]
-    assert all(c["quantization"]["samples"] == 4 for c in old["candidates"])
+    assert [c["name"] for c in acts["select/refined@SM8650"]["params"]["candidates"]] == [
+        "a16w8", "a16w8-pc", "a16w16", "fp16"]
+    assert all(c["quantization"]["samples"] == 4 for c in old["candidates"][:-1])
+    assert old["candidates"][-1] == {"name": "fp16", "precision": "fp16"}
 
 
 def test_auto_refuses_bundles_and_disabled_verification(tree: Path, tmp_path: Path, ctxbuild) -> None:
@@ -180,8 +183,8 @@ def test_candidate_qnn_will_not_compile_drops_out(tree: Path, tmp_path: Path, ct
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 0, r.text
     s = json.loads((out / "SM8650" / "auto" / "auto_search.json").read_text())
-    refused, plain = s["candidates"]
-    assert s["winner"] == "plain" and plain["passed"] and not refused["passed"]
+    refused, plain, fp16 = s["candidates"]
+    assert s["winner"] == "plain" and plain["passed"] and not refused["passed"] and fp16["state"] == "not_run"
     assert "fc1" in refused["compile_refused"]["error"] and refused["bin_size"] is None, refused
     assert records(out)["compile/auto.w1-uint16@SM8650"]["compile_refused"]["error"] == refused["compile_refused"]["error"]
     assert "QNN would not compile it: QNN cannot run 1 node(s): fc1" in (out / "report.html").read_text()
@@ -195,10 +198,11 @@ def test_candidate_qnn_will_not_compile_drops_out(tree: Path, tmp_path: Path, ct
     assert (fresh / "SM8650" / "auto" / "auto_search.json").read_bytes() == \
         (out / "SM8650" / "auto" / "auto_search.json").read_bytes()
 
-    _only(tree, {"auto": MLP + "quantization:\n" + REFUSED})  # nothing else on the ladder: the build fails
+    # nothing else on the ladder (fp16 left out: it passes on the MLP): the build fails
+    _only(tree, {"auto": MLP + "auto: {fp16: false}\nquantization:\n" + REFUSED})
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 1, r.text
-    assert "no quantization candidate meets" in r.err and "w1-uint16 did not compile (QNN cannot run" in r.err, r.err
+    assert "no precision candidate meets" in r.err and "w1-uint16 did not compile (QNN cannot run" in r.err, r.err
 
 
 def test_no_winner_names_the_failing_slice_not_the_whole_output() -> None:
@@ -226,7 +230,7 @@ def test_candidate_rejected_on_cpu_never_compiles(tree: Path, tmp_path: Path, ct
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 0, r.text
     s = _search(out)
-    assert [c["state"] for c in s["candidates"]] == ["rejected_cpu", "failed", "passed"]
+    assert [c["state"] for c in s["candidates"]] == ["rejected_cpu", "failed", "passed", "not_run"]
     assert s["candidates"][0]["note"].startswith("rejected on CPU (34.") and s["candidates"][0]["bin_size"] is None
     recs = records(out)
     assert recs["compile/auto.a16w8@SM8650"]["skipped"] and recs["verify/auto.a16w8@SM8650"]["result"] == {"skipped": True}
@@ -258,10 +262,10 @@ def test_hopeless_search_stops_at_the_first_refusal(tree: Path, tmp_path: Path, 
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 1, r.text
     search = records(out)["select/nz@SM8650"]["result"]["search"]
-    assert [c["state"] for c in search["candidates"]] == ["refused", "not_run", "not_run"]
+    assert [c["state"] for c in search["candidates"]] == ["refused", "not_run", "not_run", "not_run"]
     assert search["candidates"][1]["note"] == "not run: the search stopped at a16w8: QNN cannot run NonZero at any precision"
     recs = records(out)
-    assert all(recs[f"compile/nz.{c}@SM8650"]["skipped"] for c in ("a16w8-pc", "a16w16"))
+    assert all(recs[f"compile/nz.{c}@SM8650"]["skipped"] for c in ("a16w8-pc", "a16w16", "fp16"))
     assert _compiled(out) == {"compile/nz.a16w8@SM8650"}
     line = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED select/nz@SM8650"))
     assert "compile.cpu_fallback: true" in line, line

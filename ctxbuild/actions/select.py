@@ -12,6 +12,7 @@ from typing import Any
 from ctxbuild.plan.action import Action
 from ctxbuild.errors import ActionError
 from ctxbuild.actions.compile import partition_names
+from ctxbuild.recipes.quantization import FP16_RUNG
 from ctxbuild.verify.ladder import walk
 from ctxbuild.verify.measure import failures
 
@@ -27,12 +28,12 @@ def run(ctx: Any) -> None:
     thr = a.params["thresholds"]
     names = [c["name"] for c in a.params["candidates"]]
     read = {n: json.loads(Path(a.inputs[f"{n}.result"]).read_text()) for n in names}
-    screens = {n: json.loads(Path(a.inputs[f"{n}.screen"]).read_text()) for n in names}
+    screens = {n: json.loads(Path(a.inputs[f"{n}.screen"]).read_text()) for n in names if f"{n}.screen" in a.inputs}
     walked = {r["name"]: r for r in walk(names, screens, read, thr, a.params["cpu_margin_db"])}
     rows = []
     for c in a.params["candidates"]:
         name, res, step = c["name"], read[c["name"]], walked[c["name"]]
-        row = {"name": name, "quantization": c["quantization"], "state": step["state"]}
+        row = {"name": name, **{k: c[k] for k in ("quantization", "precision") if k in c}, "state": step["state"]}
         if step["state"] in ("rejected_cpu", "not_run"):  # never compiled: the walk says why
             rows.append({**row, "passed": False, "failures": [step["why"]], "note": step["why"], "bin_size": None,
                          "outputs": {}, **({"cpu_screen": screens[name]["outputs"]} if step["state"] == "rejected_cpu" else {})})
@@ -78,13 +79,15 @@ def no_winner(target: str, search: dict[str, Any]) -> ActionError:
     sliced = any("slice" in r.get("worst", {}).get("where", "") and not r["passed"] for r in rows)
     hint = ("add a stronger candidate (weights: int16, per-node overrides) to the ladder, "
             "or lower verify.min_cosine/min_snr_db if the model tolerates it")
+    if not any(r["name"] == FP16_RUNG["name"] for r in rows):  # left out by the recipe
+        hint = "remove `auto: {fp16: false}` to let the search try fp16; or " + hint
     if stopped := next((r["note"] for r in rows if r.get("state") == "not_run" and "stopped" in r["note"]), None):
         hint = (f"{stopped.removeprefix('not run: the search stopped at ')}: rewrite those nodes in the model, or "
                 "set compile.cpu_fallback: true to run them on the CPU")
     elif sliced:
         hint = ("a slice of a concatenated output fails: compile.split_outputs: true gives each part its own scale "
                 "(as a search dimension: put it in the recipe and every candidate compiles split); or " + hint)
-    return ActionError(f"{target}: no quantization candidate meets min cosine {thr['min_cosine']} / min SNR "
+    return ActionError(f"{target}: no precision candidate meets min cosine {thr['min_cosine']} / min SNR "
                        f"{thr['min_snr_db']} dB: " + "; ".join(f"{r['name']} {_worst(r)}" for r in rows),
                        details={"passed": False, "search": search}, hint=hint)
 

@@ -10,16 +10,21 @@ verify run). An action whose gate is closed writes placeholders in milliseconds.
 ninja keeps -j parallelism across models and targets, a rebuild is a no-op and everything restores from
 the cache. Thresholds are parameters of the steps, the candidate verifies (early stop) and select only:
 a threshold change never recompiles what ran; it may open a gate that was closed. See docs/recipes.md.
+
+The ladder ends with the fp16 rung (recipes/quantization.FP16_RUNG, unless `auto: {fp16: false}`): the prepared
+model compiled with enable_htp_fp16_precision, with no quantize, no screen and no `need` step; its `admit` gates
+open only when every integer candidate before it failed on that target.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ctxbuild.plan.action import Action
 from ctxbuild.plan.steps import (Built, common_params, compile_action, model_files, prepare_action, quantize_action,
                                  thresholds, verify_action, verify_samples)
-from ctxbuild.recipes.quantization import problem
+from ctxbuild.recipes.quantization import is_fp16, problem
 from ctxbuild.recipes.objects import Recipe
 from ctxbuild.recipes.targets import Target
 
@@ -54,6 +59,15 @@ def search_actions(recipe: Recipe, out: Path) -> list[Action]:
         if not users:
             continue
         upto = {t.name: ladders[t.name][:ladders[t.name].index(n) + 1] for t in users}
+        if is_fp16(s):
+            for t in users:
+                d = work / "search" / t.name / recipe.name / n
+                c, v, admit = _fp16_candidate(recipe, Built(g, prepared, prepared), t, out, d, upto[t.name],
+                                              screens, verifies, thr)
+                verifies[(t.name, n)] = v
+                acts += [*admit, c, v]
+                candidates[t.name].append((s, c, v))
+            continue
         need = None
         if any(len(lad) > 1 for lad in upto.values()):  # first for no target: needed unless an earlier one passes
             need = _step(recipe, "need", n, upto, screens, verifies, thr, work / "search-cpu" / recipe.name / n)
@@ -78,6 +92,22 @@ def search_actions(recipe: Recipe, out: Path) -> list[Action]:
     return acts
 
 
+def _fp16_candidate(recipe: Recipe, built: Built, t: Target, out: Path, d: Path, ladder: list[str],
+                    screens: dict[str, Action], verifies: dict[tuple[str, str], Action],
+                    thr: dict[str, float]) -> tuple[Action, Action, list[Action]]:
+    """The fp16 rung on target `t`: the prepared model compiled and verified as `precision: fp16` plans it
+    (plan/steps.py), gated by an `admit` over the integer candidates before it (none: it is the whole ladder)."""
+    fp16 = replace(recipe, precision="fp16")  # enable_htp_fp16_precision, and fp16's memory model
+    c = compile_action(fp16, built, t, d, candidate=ladder[-1])
+    v = verify_action(fp16, built, t, c, out, method="direct", candidate=ladder[-1])
+    v.params["early_stop"] = thr
+    if len(ladder) == 1:
+        return c, v, []
+    admit = _step(recipe, "admit", ladder[-1], {t.name: ladder}, screens, verifies, thr, d, t)
+    c.inputs["gate"] = v.inputs["gate"] = admit.outputs["gate"]
+    return c, v, [admit]
+
+
 def raise_no_candidate(recipe: Recipe, t: Target, skipped: list[dict[str, str]]) -> None:
     from ctxbuild.errors import RecipeError
 
@@ -94,7 +124,8 @@ def _step(recipe: Recipe, mode: str, n: str, ladders: dict[str, list[str]], scre
         for j in ladder[:-1]:
             inputs[f"verify.{target}.{j}"] = verifies[(target, j)].outputs["result"]
         for j in ladder if mode == "admit" else ladder[:-1]:
-            inputs[f"screen.{j}"] = screens[j].outputs["result"]
+            if j in screens:  # not the fp16 rung: it has no screen
+                inputs[f"screen.{j}"] = screens[j].outputs["result"]
     where = f"@{t.name}" if t else ""
     params = {"mode": mode, "candidate": n, "ladders": ladders, "thresholds": thr, "cpu_margin_db": CPU_MARGIN_DB}
     return Action(id=f"search_step/{recipe.name}.{n}{where}", kind="search_step",
@@ -127,10 +158,12 @@ def _select(recipe: Recipe, t: Target, out: Path, candidates: list[tuple[dict[st
     for s, c, v in candidates:
         n = s["name"]
         inputs[f"{n}.result"] = v.outputs["result"]
-        inputs[f"{n}.screen"] = screens[n].outputs["result"]
+        if n in screens:
+            inputs[f"{n}.screen"] = screens[n].outputs["result"]
         inputs.update({f"{n}.{role}": p for role, p in c.outputs.items()})
         # No action ids here: they hash paths (OUT, the model's), and params are the select's key.
-        table.append({"name": n, "quantization": {k: x for k, x in s.items() if k != "name"}})
+        table.append({"name": n, **({"precision": "fp16"} if is_fp16(s) else
+                                    {"quantization": {k: x for k, x in s.items() if k != "name"}})})
     params = {"thresholds": thr, "cpu_margin_db": CPU_MARGIN_DB, "candidates": table,
               "skipped": skipped, "graphs": [recipe.graphs[0].name], "precision": "auto"}
     return Action(id=f"select/{recipe.name}@{t.name}", kind="select",
@@ -145,8 +178,9 @@ def candidate_actions(select: Any, actions: dict[str, Any], producer: dict[str, 
     for c in select.params["candidates"]:
         n = c["name"]
         compiled = producer[select.inputs[f"{n}.ctx"]]
-        found[n] = {"quantize": producer[actions[compiled].inputs["model"]], "compile": compiled,
-                    "verify": producer[select.inputs[f"{n}.result"]]}
+        # the fp16 rung compiles the prepared model: no quantize of its own
+        quantize = {} if "precision" in c else {"quantize": producer[actions[compiled].inputs["model"]]}
+        found[n] = {**quantize, "compile": compiled, "verify": producer[select.inputs[f"{n}.result"]]}
         if f"{n}.screen" in select.inputs:
             found[n]["screen"] = producer[select.inputs[f"{n}.screen"]]
     return found

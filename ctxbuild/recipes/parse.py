@@ -94,7 +94,7 @@ def parse_recipe(f: Path, data: LineDict, merged: dict[str, Any], groups: dict[s
                           "give a directory of .npz/.npy samples, relative to the recipe")
     if precision == "auto":
         check_auto(at, "bundle" in merged, merged.get("multi_soc", False), verify)
-    quantization = quant.from_recipe(precision, merged.get("quantization"), recipe_targets, at)
+    quantization = quant.from_recipe(precision, merged.get("quantization"), recipe_targets, at, merged.get("auto"))
     adapters = parse_adapters(f, data, merged["adapters"], precision) if "adapters" in merged else None
     if adapters and merged.get("multi_soc"):
         raise RecipeError(f"{at('adapters')}: adapters cannot be combined with multi_soc yet",

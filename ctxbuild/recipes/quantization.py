@@ -33,6 +33,16 @@ DEFAULT_LADDER: list[dict[str, Any]] = [
 # int16 weights compile on v73, v75, v79, v81 and fail on v68/v69 (Conv); int16 weights with 8-bit activations,
 # and uint16 (asymmetric 16-bit) weights, fail on every arch. The schema only offers uint8/uint16 activations.
 INT16_WEIGHTS_MIN_ARCH = 73
+# precision: auto's last rung: the float model compiled with enable_htp_fp16_precision. No quantize, no CPU screen;
+# the largest binary, so it runs only when no integer candidate passed (a T5 encoder and decoder pass at fp16
+# while every integer candidate misses). `auto: {fp16: false}` leaves it out.
+# Its name is reserved (no quantization candidate may take it): the search's walk knows the rung by it.
+FP16_RUNG: dict[str, Any] = {"name": "fp16", "precision": "fp16"}
+
+
+def is_fp16(s: dict[str, Any]) -> bool:
+    """Whether a ladder entry is the fp16 rung (not quantized: no quantize, no screen)."""
+    return s.get("precision") == "fp16"
 
 
 def settings(block: dict[str, Any]) -> dict[str, Any]:
@@ -74,6 +84,8 @@ def describe(precision: str, s: dict[str, Any]) -> str:
 
 def problem(s: dict[str, Any], target: Target) -> str | None:
     """Why `target` cannot run these settings (measured, see INT16_WEIGHTS_MIN_ARCH), or None."""
+    if is_fp16(s):
+        return None
     if s["weights"] == "int16":
         if s["activations"] != "uint16":
             return "int16 weights need uint16 activations (with 8-bit activations they fail to compile)"
@@ -87,9 +99,13 @@ def problem(s: dict[str, Any], target: Target) -> str | None:
     return None
 
 
-def from_recipe(precision: str, spec: Any, targets: list[Target], at: Callable[..., str]) -> list[dict[str, Any]]:
-    """The recipe's quantization: one settings dict for int16/int8, the ladder for auto, none otherwise.
-    `at(*path)` gives `file:line` for a path under the recipe, for errors."""
+def from_recipe(precision: str, spec: Any, targets: list[Target], at: Callable[..., str],
+                auto: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The recipe's quantization: one settings dict for int16/int8, the ladder for auto (FP16_RUNG last unless
+    `auto: {fp16: false}`), none otherwise. `at(*path)` gives `file:line` for a path under the recipe, for errors."""
+    if auto is not None and precision != "auto":
+        raise RecipeError(f"{at('auto')}: `auto` has no effect with precision {precision}",
+                          "remove it, or set precision: auto")
     if precision not in SHORTHANDS and precision != "auto":
         if spec is not None:
             raise RecipeError(f"{at('quantization')}: `quantization` has no effect with precision {precision}",
@@ -122,6 +138,11 @@ def from_recipe(precision: str, spec: Any, targets: list[Target], at: Callable[.
                                       "use weights: uint8 (per_channel: true recovers most of the accuracy), "
                                       "or drop the older targets")
         ladder.append({"name": name, **s})
+    if precision == "auto" and (auto or {}).get("fp16", True):
+        if FP16_RUNG["name"] in names:
+            raise RecipeError(f"{at('quantization')}: a quantization candidate is named 'fp16', the name of the "
+                              "ladder's fp16 rung", "rename it, or set auto: {fp16: false}")
+        ladder.append(dict(FP16_RUNG))
     return ladder
 
 

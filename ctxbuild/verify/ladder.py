@@ -5,12 +5,14 @@ this one function over the results known so far, so they cannot disagree.
 Row states: `passed`, `failed` (measured on the simulator), `rejected_cpu` (the QDQ model on the CPU EP
 already missed the thresholds by more than plan/search.CPU_MARGIN_DB: never compiled), `refused` (QNN would not compile
 it), `not_run` (an earlier candidate passed, or the search stopped as hopeless), `pending` (the walk has
-reached a candidate whose results are not known yet: the gates' question).
+reached a candidate whose results are not known yet: the gates' question). The fp16 rung, last, has no
+CPU screen: its rows come from its simulator run alone.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from ctxbuild.recipes.quantization import FP16_RUNG
 from ctxbuild.verify.gates import is_skipped
 from ctxbuild.verify.measure import failures
 
@@ -56,10 +58,11 @@ def walk(names: list[str], screens: dict[str, Any], verifies: dict[str, Any], th
         if stop:
             rows.append({"name": n, "state": "not_run", "why": stop})
             continue
-        if n not in screens:
+        if n not in screens and n != FP16_RUNG["name"]:  # the fp16 rung is not quantized: it has no screen
             rows.append({"name": n, "state": "pending", "why": "needs its CPU screen"})
             break
-        if screens[n] is not None and not is_skipped(screens[n]) and (why := cpu_rejection(screens[n], thr, margin_db)):
+        screen = screens.get(n)
+        if screen is not None and not is_skipped(screen) and (why := cpu_rejection(screen, thr, margin_db)):
             rows.append({"name": n, "state": "rejected_cpu", "why": why})
             continue
         if n not in verifies:
