@@ -284,7 +284,7 @@ class SearchStep(Kind):
 class SelectParams(TypedDict):
     thresholds: dict[str, float]
     cpu_margin_db: float
-    candidates: list[dict[str, Any]]  # ladder order: name, quantization, the candidate's action ids
+    candidates: list[dict[str, Any]]  # ladder order: name, quantization (or precision: fp16 for the last rung), action ids
     skipped: list[dict[str, str]]
     graphs: list[str]
     precision: str
