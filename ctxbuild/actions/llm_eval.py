@@ -22,7 +22,7 @@ from typing import Any
 
 from ctxbuild.errors import ActionError
 from ctxbuild.llm.layout import Layout
-from ctxbuild.llm.prompts import load_prompts, prompt_files
+from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
 from ctxbuild.lora.adapters import read_onnx_adapter, slot_defaults_of
 from ctxbuild.plan.action import Action
 
@@ -42,7 +42,7 @@ def run(ctx: Any) -> None:
 
     a, p = ctx.action, ctx.action.params
     layout = Layout.read(Path(a.inputs["layout"]))
-    prompts = load_prompts(discover_inputs(a))
+    prompts = load_prompts(discover_inputs(a), p["prompts"], tokenizer_of(a))
     references = layout.models("reference", a.inputs)
     defaults = {k: slot_defaults_of(path) for k, path in references.items()}
     bindings = {(g.part, g.ar, g.cl): Path(a.inputs[f"binding:{g.name}"]) for g in layout.graphs

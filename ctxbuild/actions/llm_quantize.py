@@ -22,7 +22,7 @@ from ctxbuild.errors import ActionError
 from ctxbuild.graph.modelio import data_path, load
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.pipeline import Bound
-from ctxbuild.llm.prompts import load_prompts, prompt_files
+from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
 from ctxbuild.plan.action import Action
 
 WEIGHTS = {"w4a16": "QInt4", "w8a16": "QInt8"}
@@ -65,7 +65,7 @@ def run(ctx: Any) -> None:
     a, p = ctx.action, ctx.action.params
     layout = Layout.read(Path(a.inputs["layout"]))
     floats = layout.models("model", a.inputs)
-    prompts = load_prompts(discover_inputs(a))
+    prompts = load_prompts(discover_inputs(a), p["samples"], tokenizer_of(a))
     defaults, variants = adapter_variants(a.inputs, floats, p.get("adapters") or {})
     feeds: dict[tuple[int, int, int], list[dict[str, np.ndarray]]] = {}
     try:

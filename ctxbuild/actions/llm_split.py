@@ -11,7 +11,7 @@ from ctxbuild.errors import ActionError
 from ctxbuild.graph.modelio import external_data_files, load
 from ctxbuild.llm import export_config
 from ctxbuild.llm.layout import Layout
-from ctxbuild.llm.prompts import load_prompts, prompt_files
+from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
 from ctxbuild.lora.adapters import slot_defaults_of
 from ctxbuild.plan.action import Action
 
@@ -56,7 +56,8 @@ def run(ctx: Any) -> None:
     slots = {n: v for path in dst.values() for n, v in slot_defaults_of(path).items()} if p.get("adapter_slots") else {}
     ranges = static.part_ranges(shape.layers, p["parts"])
     tokens = p["check"]["tokens"]
-    prompts = load_prompts(prompt_files(Path(a.watch[0]), p["check"]["prompts"]))
+    prompts = load_prompts(prompt_files(Path(a.watch[0]), p["check"]["prompts"]), p["check"]["prompts"],
+                           tokenizer_of(a))
     # one set of sessions at a time (the original's, then each CL's graphs): peak memory stays near two copies
     # of the weights however many CLs there are
     reference = [pipeline.reference_generate(src, prompt, tokens, slots).tokens for prompt in prompts]

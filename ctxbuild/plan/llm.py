@@ -64,7 +64,8 @@ def _split(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], work: Path) -
         outputs.update(model_files(f"model:{g.name}", str(d / f"{g.name}.onnx")))
     # sorted: the depfile names the outputs in the order the spec file (sorted JSON) gives them, which must be ninja's
     return Action(id=f"llm_split/{recipe.name}-{h}", kind="llm_split",
-                  description=f"static graphs of {spec.model.name} ({len(graphs)})", inputs={"model": str(spec.model)},
+                  description=f"static graphs of {spec.model.name} ({len(graphs)})",
+                  inputs={"model": str(spec.model), **prompt_tokenizer(spec)},
                   outputs=dict(sorted(outputs.items())), params=params, watch=[str(spec.prompts)], **common_params(recipe))
 
 
@@ -73,7 +74,7 @@ def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int,
     params = {"part": part, "graphs": mine, "precision": spec.precision, "kv_cache": spec.kv_cache,
               "keep_8bit": list(spec.keep_8bit), "samples": spec.calibration_prompts, "tokens": spec.generate,
               "context_lengths": list(spec.context_lengths)}
-    inputs = dict(split.outputs)
+    inputs = {**split.outputs, **prompt_tokenizer(spec)}
     if spec.adapters:  # calibrated over no adapter + the `calibrate` set: a change there re-quantizes
         params["adapters"], files = calibration_inputs(spec.adapters)
         inputs.update(files)
@@ -139,6 +140,7 @@ def _eval(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], split: Action,
                            f"qdq:{g.name}.data": compiled[f"model:{g.name}.data"]})
     for p, b in enumerate(bundles):  # re-verified whenever a deliverable changes
         inputs.update({f"bundle{p + 1}.{k}": v for k, v in b.outputs.items()})
+    inputs.update(prompt_tokenizer(spec))
     params = {"graphs": [g.name for g in graphs], "context_lengths": list(spec.context_lengths),
               "precision": spec.precision, "prompts": spec.verify_prompts,
               "generate": spec.generate, "timeout_s": recipe.verify.get("timeout_s", 600),
@@ -193,3 +195,8 @@ def _package(recipe: Recipe, spec: LlmSpec, bundles: list[Action], split: Action
     return Action(id=f"llm_package/{recipe.name}@{t.name}", kind="llm_package",
                   description=f"genai_config.json {recipe.name}@{t.name}", inputs=inputs, outputs=outputs, params=params,
                   target=t.as_dict(), **common_params(recipe))
+
+
+def prompt_tokenizer(spec: LlmSpec) -> dict[str, str]:
+    """The tokenizer.json text prompts are read with, as an input of every action reading the prompts."""
+    return {"prompt_tokenizer": str(spec.prompt_tokenizer)} if spec.prompt_tokenizer else {}

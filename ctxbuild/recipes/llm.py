@@ -9,6 +9,7 @@ from typing import Any
 
 from ctxbuild.errors import RecipeError
 from ctxbuild.recipes.adapters import Adapters, parse_adapters
+from ctxbuild.llm.prompts import has_text
 from ctxbuild.recipes.paths import named_path, outside
 from ctxbuild.recipes.targets import Target
 from ctxbuild.recipes.yamlsrc import LineDict, line_of
@@ -34,6 +35,7 @@ class LlmSpec:
     adapters: Adapters | None = None  # LoRA (llm.adapters): slots kept as inputs of every graph reading them
     slot_parts: tuple[int, ...] = ()  # llm.adapters: the parts (0-based) whose graphs read slots
     tokenizer: tuple[Path, ...] = ()  # files copied beside genai_config.json
+    prompt_tokenizer: Path | None = None  # the tokenizer.json text prompts are tokenized with
 
 
 def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Target]) -> LlmSpec:
@@ -94,6 +96,14 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
         raise RecipeError(f"{at('prompts', 'dir')}: llm.prompts.dir '{spec['prompts']['dir']}' is not a directory "
                           f"(looked in {prompts})", "a directory of token-id .npy files, relative to the recipe")
     tokenizer = _tokenizer_files(f, model.parent, spec.get("tokenizer", []), at)
+    prompt_tokenizer = None
+    if has_text(prompts):  # the export's own tokenizer: listed for the runtime, else beside the model
+        prompt_tokenizer = next((p for p in tokenizer if p.name == "tokenizer.json"), None) or (
+            model.parent / "tokenizer.json" if (model.parent / "tokenizer.json").is_file() else None)
+        if prompt_tokenizer is None:
+            raise RecipeError(f"{at('prompts', 'dir')}: llm.prompts.dir holds text prompts and there is no "
+                              "tokenizer.json to tokenize them with",
+                              "list the export's tokenizer.json under llm.tokenizer, or keep it beside the model")
     adapters, slot_parts = None, ()
     if "adapters" in spec:
         adapters, wheres = _adapters(f, data, spec, precision, facts, model.name)
@@ -103,7 +113,7 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
                    calibration_prompts=spec["prompts"].get("samples", 4), verify_prompts=spec["prompts"].get("verify", 2),
                    generate=spec.get("generate", 8), min_token_agreement=spec.get("min_token_agreement", 0.75),
                    min_cosine=spec.get("min_cosine", 0.95), adapters=adapters, slot_parts=slot_parts,
-                   tokenizer=tokenizer)
+                   tokenizer=tokenizer, prompt_tokenizer=prompt_tokenizer)
 
 
 # what llm_package writes into the same directory (its stage files are *.onnx, wrappers *_ctx.onnx)
