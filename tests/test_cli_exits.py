@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,12 +140,9 @@ def _forked_by_an_action(out: Path) -> bool:
     return False
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_interrupt_ends_the_worker_and_what_its_actions_forked(tmp_path: Path, cache_dir: Path, sig: int) -> None:
-    """Issue 33: a worker outlived Ctrl-C by 5-10 s. The worker's action processes were killed, but a compile
-    or simulator run they had forked finished first (seen: 2-3.5 s for this 128 MB model). The signal to the
-    driver while the simulator verifies: Ctrl-C exits 130 with --json's document, SIGTERM ends it (Python's
-    default), and nothing of the build is left a second later."""
+def _verifying_build(tmp_path: Path, cache_dir: Path, *args: str, **popen: Any) -> tuple[subprocess.Popen, Path]:
+    """A build of a 128 MB fp16 chain started in the background, returned once its verify action runs the simulator
+    in a child of its own (the process tree an interrupt or a kill meets)."""
     from tests._big_models import matmul_chain
 
     tree = tmp_path / "recipes"
@@ -154,15 +152,26 @@ def test_interrupt_ends_the_worker_and_what_its_actions_forked(tmp_path: Path, c
     out = tmp_path / "out"
     env = {**os.environ, "CTXBUILD_CACHE_DIR": str(cache_dir)}
     env.pop("MAKEFLAGS", None)
-    driver = subprocess.Popen([sys.executable, "-m", "ctxbuild", "build", str(tree), "-o", str(out), "--json"],
-                              env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    driver = subprocess.Popen([sys.executable, "-m", "ctxbuild", "build", str(tree), "-o", str(out), *args],
+                              env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    compiled = out / ".ctxbuild" / "records" / "compile.chain@SM8650.json"
+    deadline = time.monotonic() + 300
+    while not (compiled.exists() and _forked_by_an_action(out)):  # the simulator runs in the verify's child
+        if driver.poll() is not None or time.monotonic() > deadline:
+            driver.kill()
+            pytest.fail(f"the build did not reach verification: {driver.communicate()}")
+        time.sleep(0.05)
+    return driver, out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_ends_the_worker_and_what_its_actions_forked(tmp_path: Path, cache_dir: Path, sig: int) -> None:
+    """Issue 33: a worker outlived Ctrl-C by 5-10 s. The worker's action processes were killed, but a compile
+    or simulator run they had forked finished first (seen: 2-3.5 s for this 128 MB model). The signal to the
+    driver while the simulator verifies: Ctrl-C exits 130 with --json's document, SIGTERM ends it (Python's
+    default), and nothing of the build is left a second later."""
+    driver, out = _verifying_build(tmp_path, cache_dir, "--json", start_new_session=True)
     try:
-        compiled = out / ".ctxbuild" / "records" / "compile.chain@SM8650.json"
-        deadline = time.monotonic() + 300
-        while not (compiled.exists() and _forked_by_an_action(out)):  # the simulator runs in the verify's child
-            assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
-            time.sleep(0.05)
         driver.send_signal(sig)
         stdout, stderr = driver.communicate(timeout=60)
     finally:
@@ -183,23 +192,8 @@ def test_a_killed_action_is_a_failed_action_with_its_record(tmp_path: Path, cach
     """#30: an action process killed by a signal (here SIGKILL, as the OOM killer sends it, while the simulator
     verifies) wrote no record: the build said "ninja failed before running an action" and "0 failed". Now the
     fork server writes its failed record: the build names the action, the signal and its log."""
-    from tests._big_models import matmul_chain
-
-    tree = tmp_path / "recipes"
-    tree.mkdir()
-    matmul_chain(tree / "chain.onnx", dim=2048, layers=8, precision="fp16")
-    (tree / "chain.yaml").write_text("model: chain.onnx\nprecision: fp16\ntargets: [SM8650]\n")
-    out = tmp_path / "out"
-    env = {**os.environ, "CTXBUILD_CACHE_DIR": str(cache_dir)}
-    env.pop("MAKEFLAGS", None)
-    driver = subprocess.Popen([sys.executable, "-m", "ctxbuild", "build", str(tree), "-o", str(out)],
-                              env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    driver, out = _verifying_build(tmp_path, cache_dir)
     try:
-        compiled = out / ".ctxbuild" / "records" / "compile.chain@SM8650.json"
-        deadline = time.monotonic() + 300
-        while not (compiled.exists() and _forked_by_an_action(out)):  # the verify action is running
-            assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
-            time.sleep(0.05)
         pids = set(_build_processes(out))
         parents = {p: int(Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()[1]) for p in pids}
         (action,) = [p for p, parent in parents.items() if parent in pids and parents[parent] not in pids]
