@@ -265,7 +265,7 @@ def test_cache_stats_gc_clear(tree: Path, tmp_path: Path, ctxbuild, cache_dir: P
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.text
 
     build(ctxbuild, tree, tmp_path / "c", "--only", "mlp_fp16")
-    assert {p.name for p in (cache_dir / "memo").iterdir()} >= {"plans", "soc"}
+    assert {p.name for p in (cache_dir / "memo").iterdir()} >= {"plans", "binary-facts"}
     r = ctxbuild("cache", "clear")
     assert r.code == 0 and r.out.startswith("removed "), r.text
     assert not (cache_dir / "memo").exists()  # derived facts (plans, SoCs read...) go too

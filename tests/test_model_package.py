@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ctxbuild.toolchain.installed import qnn_devices
 from ctxbuild.graph.protowire import wrapper_facts
 
 TINY = """model: models/tiny_cnn.onnx
@@ -202,7 +203,6 @@ def test_onnxruntime_selects_a_variant_and_runs_it_on_the_simulator(built: Path,
 
 def test_toolchain_variants_are_variants_of_one_component(built: Path, example_models: Path) -> None:
     import onnxruntime as ort
-    import onnxruntime_qnn
 
     root = built / "out" / "packages" / "fleet"
     [component] = _info(root)["components"]
@@ -225,17 +225,13 @@ def test_toolchain_variants_are_variants_of_one_component(built: Path, example_m
     # Every variant runs on this simulator (QAIRT 2.51 loads 2.47's binaries: forward only), opened where the
     # package says its model is.
     package = ort.ModelPackage.open(str(root))
-    ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
-    try:
-        devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
-        for name, v in variants.items():
-            model = package.resolve_string_ref(json.loads(v["executor_info"]["ort"])["model_file"],
-                                               v["variant_directory"], True)
-            so = ort.SessionOptions()
-            so.add_provider_for_devices(devices, {"backend_type": "htp"})
-            _close(ort.InferenceSession(model, so).run(None, dict(np.load(sample))), want)
-    finally:
-        ort.unregister_execution_provider_library("QNNExecutionProvider")
+    devices = qnn_devices()  # registered once per process: other tests here use it too (no unregistering)
+    for name, v in variants.items():
+        model = package.resolve_string_ref(json.loads(v["executor_info"]["ort"])["model_file"],
+                                           v["variant_directory"], True)
+        so = ort.SessionOptions()
+        so.add_provider_for_devices(devices, {"backend_type": "htp"})
+        _close(ort.InferenceSession(model, so).run(None, dict(np.load(sample))), want)
 
 
 def test_a_bundle_stores_its_binary_once(built: Path) -> None:
