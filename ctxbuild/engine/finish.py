@@ -133,9 +133,11 @@ def ship_only_verified(out: Path, state: dict[str, Any], *, pending: set[str]) -
     copying OUT/<target>/ cannot ship it; the next build restores it by key (cheap) and verifies it. A deliverable
     that passed drops any copy an earlier failure left there. Deliverables with no verification planned (verify
     off) stay: the manifest says so."""
+    from ctxbuild.outputs.manifest import read_records
     from ctxbuild.plan import kinds
 
     by_id = {a["id"]: a for a in state["actions"]}
+    status = {i: r.get("status") for i, r in read_records(out).items()}  # read after the stale ones went
     judges: dict[str, list[str]] = {}
     for a in state["actions"]:
         if kinds.get(a["kind"]).verdict or kinds.get(a["kind"]).picks_candidate:
@@ -144,7 +146,7 @@ def ship_only_verified(out: Path, state: dict[str, Any], *, pending: set[str]) -
                     judges.setdefault(dep, []).append(a["id"])
     moved: set[Path] = set()
     for deliverable, verifiers in sorted(judges.items()):
-        passed = all(v not in pending and (_read(record_path(out, v)) or {}).get("status") == "ok" for v in verifiers)
+        passed = all(v not in pending and status.get(v) == "ok" for v in verifiers)
         for p in map(Path, by_id[deliverable]["outputs"]):
             if not p.is_relative_to(out) or p.is_relative_to(out / STATE):
                 continue
@@ -158,13 +160,6 @@ def ship_only_verified(out: Path, state: dict[str, Any], *, pending: set[str]) -
     for kept in sorted(moved):
         print(f"ctxbuild: not verified in this build (failed or not run): what it built is in {kept}, out of the "
               "deliverable tree (OUT/<target>/)", file=sys.stderr)
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 _SUMMARIES = ("manifest.json", "report.json", "report.html")

@@ -202,7 +202,10 @@ def record_crash(spec: Path, build_id: str | None, signum: int) -> None:
     mine = _read_json(record_file)
     if mine and mine.get("build_id") == build_id and mine.get("status"):
         return  # it got as far as writing its record: the signal came after
-    name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else f"signal {signum}"
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:  # a real-time signal has no name
+        name = f"signal {signum}"
     hint = ("the kernel's OOM killer, or a kill from outside: check the machine's free memory, lower -j or "
             "--memory-budget" if signum == signal.SIGKILL else
             "a crash in native code (QNN, onnxruntime): the log's last lines show where; report it with the model")
