@@ -17,10 +17,14 @@ from ctxbuild.plan.action import Action
 
 
 def discover_inputs(action: Action) -> dict[str, Path]:
-    path = Path(action.inputs["model"])
-    return {**external_data_files(load(path, external_data=False), path, follow_links=True),
-            **{f"export:{n}": p for n, p in export_config.files(path).items()},  # they fix dims and token ids
-            **prompt_files(Path(action.watch[0]), action.params["check"]["prompts"])}
+    return {**export_files(Path(action.inputs["model"])), **prompt_files(Path(action.watch[0]), action.params["check"]["prompts"])}
+
+
+def export_files(model: Path) -> dict[str, Path]:
+    """What reading the user's export reads beside `model`: its external data and its exporter's config files
+    (they fix dims and token ids)."""
+    return {**external_data_files(load(model, external_data=False), model, follow_links=True),
+            **{f"export:{n}": p for n, p in export_config.files(model).items()}}
 
 
 def readable(src: Path, into: Path) -> Path:

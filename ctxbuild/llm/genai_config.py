@@ -10,14 +10,15 @@ as both past and present. The part graphs take a 4-D additive float mask and CL 
 the AR new positions, so around them run small CPU stages: a mask stage per AR (`mask_model`) and a KV stage into
 and out of each part graph (`kv_models`: the buffer is a shift register of the last CL positions, which is the
 layout genai's mask describes). genai's own mask and cache get names of their own (MASK_2D, `cache.N.*`).
-The device config names the compiled wrappers (QNN EP per stage); `cpu_twin` writes the same pipeline with CPU
-graphs in their place, which is how tests/test_llm_genai.py runs it on a PC.
+The device config names the compiled wrappers (QNN EP per stage); `twin_config` / `write_twin` make its CPU twin:
+the shipped config with CPU graphs in their place, which the build runs (actions/llm_genai.py) and writes out.
 """
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -161,21 +162,41 @@ def pipeline_config(layout: Layout, cl: int, parts: dict[tuple[int, int], tuple[
     }
 
 
-def cpu_twin(layout: Layout, cl: int, parts: dict[tuple[int, int], Path], dst: Path) -> Path:
-    """A directory genai runs on a PC (CPU EP): the device config's stages with `parts[(part, ar)]` (the float
-    or QDQ graphs, copied with their data) in place of the compiled wrappers."""
-    import shutil
+def twin_config(shipped: dict[str, Any], graphs: dict[str, str]) -> dict[str, Any]:
+    """The CPU twin of a shipped config: each stage whose file is a key of `graphs` (a compiled part's wrapper) runs
+    that graph file instead, on the CPU EP (its `session_options` go); everything else (ids, search options, the
+    helper stages, every stage's inputs and outputs) is the shipped config's, untouched."""
+    config = copy.deepcopy(shipped)
+    replaced = set()
+    for entry in config["model"]["decoder"]["pipeline"]:
+        for stage in entry.values():
+            if stage["filename"] in graphs:
+                replaced.add(stage["filename"])
+                stage["filename"] = graphs[stage["filename"]]
+                stage.pop("session_options", None)
+    if missing := sorted(set(graphs) - replaced):
+        raise ValueError(f"the config names no stage running {', '.join(missing)}")
+    return config
 
-    import onnx
 
-    io = {}
-    for key, src in parts.items():
-        shutil.copy(src, dst / src.name)
-        if src.with_name(src.name + ".data").exists():
-            shutil.copy(src.with_name(src.name + ".data"), dst / (src.name + ".data"))
-        m = onnx.load(str(src), load_external_data=False)
-        io[key] = (src.name, [i.name for i in m.graph.input], [o.name for o in m.graph.output])
-    for name, m in helper_models(layout, cl).items():
-        onnx.save(m, str(dst / name))
-    (dst / "genai_config.json").write_text(json.dumps(pipeline_config(layout, cl, io, None), indent=2) + "\n")
+def write_twin(shipped: Path, graphs: dict[str, Path], dst: Path, place: Callable[[Path, Path], None]) -> Path:
+    """`dst` as a directory onnxruntime-genai runs on a PC: twin_config of the config at `shipped`, the helper stages
+    it names copied from beside it, and each graph of `graphs` (shipped wrapper file name -> graph) put there with
+    the external data files it names by `place(src, dst)` (a copy, or a link for a private directory)."""
+    from ctxbuild.graph.modelio import external_data_files, load
+
+    dst.mkdir(parents=True, exist_ok=True)
+    config = twin_config(json.loads(shipped.read_text()), {w: g.name for w, g in graphs.items()})
+    for entry in config["model"]["decoder"]["pipeline"]:
+        for stage in entry.values():
+            if stage["filename"] not in {g.name for g in graphs.values()}:
+                place(shipped.parent / stage["filename"], dst / stage["filename"])
+    for graph in graphs.values():
+        files = {graph.name: graph, **{r.removeprefix("external:"): p for r, p in
+                                      external_data_files(load(graph, external_data=False), graph).items()}}
+        for name, src in files.items():
+            if not (dst / name).exists():  # a data file several graphs share is placed once
+                (dst / name).parent.mkdir(parents=True, exist_ok=True)
+                place(src, dst / name)
+    (dst / "genai_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return dst

@@ -445,6 +445,27 @@ class LlmPackage(Kind):
     deliverable = True
 
 
+class LlmGenaiParams(TypedDict):
+    prompts: int  # verification prompts
+    tokens: int  # greedy tokens compared per prompt (32, or llm.generate when the recipe sets it)
+    wrappers: dict[str, str]  # the shipped config's part stage files (compiled wrappers) -> their graphs
+    twin: str  # what cpu_twin/ runs in their place: "qdq" or "float" (fp16: what was compiled)
+
+
+class LlmGenai(Kind):
+    """The shipped genai_config.json run by onnxruntime-genai on its CPU twin (each compiled part's float static
+    graph in place of its wrapper) against the original export's greedy tokens; cpu_twin/ written out."""
+    name = "llm_genai"
+    implementation = "ctxbuild.actions.llm_genai"
+    params = LlmGenaiParams
+    discovers_inputs = True  # the export's external data and config files, the prompt files
+    verification = True
+    verdict = True  # a config decoding other tokens does not ship
+    # the original's session, then genai's sessions over the largest CL's float graphs (one per AR): not measured
+    # at size; counted as 2.5x the user's model
+    memory = MemoryModel(2.5, ("model",), user_model=True)
+
+
 # --- onnxruntime model packages (`package: true`, plan/packages.py) -----------------------------------------
 
 class PackageVariantParams(TypedDict):

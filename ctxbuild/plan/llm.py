@@ -1,5 +1,6 @@
 """An `llm:` recipe's actions: split once, quantize once per part (over all its AR x CL graphs), then per target
-one weight-shared `bundle` per part, single-graph twins for the simulator, `llm_eval` and `llm_package`.
+one weight-shared `bundle` per part, single-graph twins for the simulator, `llm_eval`, `llm_package` and `llm_genai`
+(the shipped genai_config.json run by onnxruntime-genai on its CPU twin).
 
 A CL added re-runs the split (it writes every graph) and the quantizes, but the other graphs' bytes stay the same,
 so their twins restore from the cache; the bundles re-run (their graph lists change). Measured in
@@ -46,7 +47,10 @@ def llm_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
             acts += twins + [_eval(recipe, spec, graphs, split, compiled, twins, bundles, t, out)]
         if spec.adapters:
             acts += _adapters(recipe, spec, graphs, split, compiled, twins, bundles, t, out)
-        acts.append(_package(recipe, spec, bundles, split, t, out))
+        package = _package(recipe, spec, bundles, split, t, out)
+        acts.append(package)
+        if verify:
+            acts.append(_genai(recipe, spec, graphs, split, compiled, bundles, package, t, out))
     return acts
 
 
@@ -195,6 +199,37 @@ def _package(recipe: Recipe, spec: LlmSpec, bundles: list[Action], split: Action
     return Action(id=f"llm_package/{recipe.name}@{t.name}", kind="llm_package",
                   description=f"genai_config.json {recipe.name}@{t.name}", inputs=inputs, outputs=outputs, params=params,
                   target=t.as_dict(), **common_params(recipe))
+
+
+def _genai(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], split: Action, compiled: dict[str, str],
+           bundles: list[Action], package: Action, t: Target, out: Path) -> Action:
+    """The shipped config run by onnxruntime-genai on its CPU twin (the largest CL's float static graphs in place of
+    the wrappers it names) against the original export; cpu_twin/ with the graphs that were compiled, for a PC."""
+    cl = max(spec.context_lengths)
+    mine = [g for g in graphs if g.cl == cl]
+    wrapper = {g.name: Path(b.outputs[f"ctx:{g.name}"]).name for b in bundles for g in mine if f"ctx:{g.name}" in b.outputs}
+    d = out / t.name / recipe.name / "cpu_twin"
+    inputs = {"model": str(spec.model), "config": package.outputs["config"], **prompt_tokenizer(spec)}
+    outputs = {"result": str(out / t.name / recipe.name / "genai_verify.json"), "config": str(d / "genai_config.json")}
+    for role, path in package.outputs.items():
+        if role.startswith(("stage:", "tokenizer:")):  # the helper stages as shipped; the tokenizer for the twin
+            inputs[role] = path
+            outputs[role] = str(d / Path(path).name)
+    # the twin's parts: what was compiled, except that LoRA slots are required inputs of the QDQ graphs, which the
+    # config does not feed (the wrappers hold their defaults): the float graphs keep them as initializers
+    twin = split.outputs if spec.precision == "fp16" or spec.adapters else compiled
+    for g in mine:
+        inputs.update({f"float:{g.name}": split.outputs[f"model:{g.name}"],
+                       f"float:{g.name}.data": split.outputs[f"model:{g.name}.data"],
+                       f"twin:{g.name}": twin[f"model:{g.name}"], f"twin:{g.name}.data": twin[f"model:{g.name}.data"]})
+        outputs.update({f"graph:{g.name}": str(d / Path(twin[f"model:{g.name}"]).name),
+                        f"graph:{g.name}.data": str(d / Path(twin[f"model:{g.name}.data"]).name)})
+    params = {"prompts": spec.verify_prompts, "tokens": spec.genai_tokens,
+              "wrappers": {wrapper[g.name]: g.name for g in mine}, "twin": "qdq" if twin is compiled else "float"}
+    return Action(id=f"llm_genai/{recipe.name}@{t.name}", kind="llm_genai",
+                  description=f"verify {recipe.name}@{t.name} (genai_config.json on onnxruntime-genai)",
+                  inputs=inputs, outputs=outputs, params=params, target=t.as_dict(), watch=[str(spec.prompts)],
+                  **{**common_params(recipe), "toolchain": None})  # genai runs beside the installed onnxruntime
 
 
 def prompt_tokenizer(spec: LlmSpec) -> dict[str, str]:

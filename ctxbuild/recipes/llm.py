@@ -14,6 +14,7 @@ from ctxbuild.recipes.paths import named_path, outside
 from ctxbuild.recipes.targets import Target
 from ctxbuild.recipes.yamlsrc import LineDict, line_of
 
+GENAI_TOKENS = 32  # the runtime check's tokens per prompt unless llm.generate says (actions/llm_genai.py)
 INT4_MIN_ARCH = 73  # int4 weights compiled and ran on the simulator for v73, v75, v79 (QNN-NOTES); older not measured
 
 
@@ -30,6 +31,7 @@ class LlmSpec:
     calibration_prompts: int
     verify_prompts: int
     generate: int
+    genai_tokens: int  # tokens the shipped genai_config.json's check compares per prompt (llm.generate if set)
     min_token_agreement: float
     min_cosine: float
     adapters: Adapters | None = None  # LoRA (llm.adapters): slots kept as inputs of every graph reading them
@@ -111,13 +113,14 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
     return LlmSpec(model=model, sequence_lengths=ars, context_lengths=cls, parts=parts, precision=precision,
                    kv_cache=spec.get("kv_cache", "uint16"), keep_8bit=keep_8bit, prompts=prompts,
                    calibration_prompts=spec["prompts"].get("samples", 4), verify_prompts=spec["prompts"].get("verify", 2),
-                   generate=spec.get("generate", 8), min_token_agreement=spec.get("min_token_agreement", 0.75),
+                   generate=spec.get("generate", 8), genai_tokens=spec.get("generate", GENAI_TOKENS),
+                   min_token_agreement=spec.get("min_token_agreement", 0.75),
                    min_cosine=spec.get("min_cosine", 0.95), adapters=adapters, slot_parts=slot_parts,
                    tokenizer=tokenizer, prompt_tokenizer=prompt_tokenizer)
 
 
-# what llm_package writes into the same directory (its stage files are *.onnx, wrappers *_ctx.onnx)
-PACKAGE_FILES = ("genai_config.json", "llm_verify.json")
+# what llm_package, llm_eval and llm_genai write into the same directory (its stage files are *.onnx, wrappers *_ctx.onnx)
+PACKAGE_FILES = ("genai_config.json", "llm_verify.json", "genai_verify.json", "cpu_twin")
 
 
 COPIED_HINT = ("what a build reads into OUT and the cache must come from the project: keep it beside the recipe or "
