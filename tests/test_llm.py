@@ -107,8 +107,18 @@ def test_example_builds_bundles_per_part_verified_with_a_genai_config(tree: Path
             f"{k}_cl128_{p}_of_2_ctx.onnx" for p in (1, 2) for k in ("prompt_ar16", "token_ar1")]
         assert all((d / s["filename"]).is_file() for s in stages)  # the mask and KV stages beside it (test_llm_genai.py)
         assert config["model"]["context_length"] == 128 and config["model"]["decoder"]["num_hidden_layers"] == 4
+        # the build ran that config with onnxruntime-genai (float CPU twin): the original's tokens (generate: 8 set)
+        genai = json.loads((d / "genai_verify.json").read_text())
+        assert genai["passed"] and genai["tokens_compared"] == [8, 8] and genai["cpu_twin"]["graphs"] == "qdq"
+        assert (d / "cpu_twin" / "genai_config.json").is_file()
+        assert wrapper["verification"]["status"] == "passed"
+        package = next(a for a in manifest["artifacts"] if a["path"] == f"{target}/llm_tiny/genai_config.json")
+        assert package["verification"]["status"] == "passed" and "onnxruntime-genai" in package["verification"]["method"]
     report = json.loads((out / "report.json").read_text())
     assert any(o["name"] == "logits@cl128" for row in report["rows"] for v in row["verify"] for o in v["outputs"])
+    checks = {(a["target"], a["graph"]): a["passed"] for a in json.loads(ctxbuild("build", str(tree), "-o", str(out),
+                                                                                   "--json").out)["accuracy"]}
+    assert checks[("SM8650", "genai_config.json")] is True and checks[("SM8750", "genai_config.json")] is True
     # a no-op rebuild runs nothing
     again = ctxbuild("build", str(tree), "-o", str(out))
     assert again.code == 0 and "ctxbuild: up to date" in again.out, again.text

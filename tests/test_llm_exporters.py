@@ -1,6 +1,7 @@
 """Decoders as the real exporters write them (tests/exports/: onnxruntime-genai 0.18.0's model builder run on
-tiny Llama and Qwen2 checkpoints, committed as written) built unedited by an `llm:` recipe on two SoCs, and the
-genai_config.json the build ships run by onnxruntime-genai on its CPU twin against the original export's tokens.
+tiny Llama and Qwen2 checkpoints, committed as written) built unedited by an `llm:` recipe on two SoCs; the build
+runs the genai_config.json it ships with onnxruntime-genai on its CPU twin against the original export's tokens
+(actions/llm_genai.py), writes that twin out, and fails on a config with a wrong special-token id.
 
 The Llama export's `model.onnx.data` is a symlink into another directory (a Hugging Face cache's layout), which
 onnx and onnxruntime refuse to read directly."""
@@ -14,15 +15,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnxruntime_genai as og
 import pytest
 
-og = pytest.importorskip("onnxruntime_genai")
 pytestmark = pytest.mark.e2e
 
 EXPORTS = Path(__file__).parent / "exports"
 ARCHS = ("llama", "qwen2")
 SOCS = ["SM8650", "SM8750"]
-GENERATE = 8
+WINDOW, CL = 16, 64
 
 
 def _lay_out(arch: str, d: Path) -> Path:
@@ -37,22 +38,26 @@ def _lay_out(arch: str, d: Path) -> Path:
     return export / "model.onnx"
 
 
+def _build(arch: str, model: Path, d: Path, socs: list[str]) -> subprocess.CompletedProcess[str]:
+    """The recipe a user writes beside the export (llm.generate unset: genai's check compares 32 tokens)."""
+    recipe = {"name": arch, "targets": socs,
+              "llm": {"model": str(model), "sequence_lengths": [WINDOW, 1], "context_lengths": [CL], "parts": 2,
+                      "precision": "w8a16", "prompts": {"dir": str(model.parent / "prompts"), "samples": 2, "verify": 2},
+                      "tokenizer": [str(model.parent / "tokenizer.json"), str(model.parent / "tokenizer_config.json")]}}
+    (d / f"{arch}.yaml").write_text(json.dumps(recipe))
+    env = {**os.environ, "CTXBUILD_CACHE_DIR": str(d / "cache")}
+    env.pop("MAKEFLAGS", None)
+    return subprocess.run([sys.executable, "-m", "ctxbuild", "build", str(d / f"{arch}.yaml"), "-o", str(d / "out")],
+                          capture_output=True, text=True, env=env, cwd=d, timeout=900)
+
+
 @pytest.fixture(scope="module", params=ARCHS)
 def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     arch = request.param
     d = tmp_path_factory.mktemp(arch)
-    model = _lay_out(arch, d)
-    recipe = {"name": arch, "targets": SOCS,
-              "llm": {"model": str(model), "sequence_lengths": [16, 1], "context_lengths": [64], "parts": 2,
-                      "precision": "w8a16", "prompts": {"dir": str(model.parent / "prompts"), "samples": 2, "verify": 2},
-                      "generate": GENERATE, "tokenizer": [str(model.parent / "tokenizer.json"),
-                                                          str(model.parent / "tokenizer_config.json")]}}
-    (d / f"{arch}.yaml").write_text(json.dumps(recipe))
-    env = {**os.environ, "CTXBUILD_CACHE_DIR": str(d / "cache")}
-    env.pop("MAKEFLAGS", None)
-    p = subprocess.run([sys.executable, "-m", "ctxbuild", "build", str(d / f"{arch}.yaml"), "-o", str(d / "out")],
-                       capture_output=True, text=True, env=env, cwd=d, timeout=900)
+    p = _build(arch, _lay_out(arch, d), d, SOCS)
     assert p.returncode == 0, p.stdout + p.stderr
+    (d / "console.txt").write_text(p.stdout)
     return arch, d
 
 
@@ -80,72 +85,94 @@ def test_shipped_config_carries_the_exports_own_ids(built: tuple[str, Path]) -> 
     assert export["model"]["bos_token_id"] == 0 != export["model"]["pad_token_id"] or arch == "qwen2"
 
 
-def _twin(d: Path, arch: str, dst: Path) -> tuple[Path, int]:
-    from ctxbuild.llm import genai_config
-    from ctxbuild.llm.layout import Layout
-
-    work = d / "out" / ".ctxbuild" / "work" / "llm"
-    split = next(p for p in work.glob(f"{arch}-*") if "-q" not in p.name)
-    layout = Layout.read(split / "layout.json")
-    cl = max(g.cl for g in layout.graphs)
-    parts = {(g.part, g.ar): split / f"{g.name}.onnx" for g in layout.graphs if g.cl == cl}
-    return genai_config.cpu_twin(layout, cl, parts, dst), cl
-
-
-def _genai_tokens(model: object, prompt: np.ndarray, cl: int) -> list[int]:
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=cl)
-    gen = og.Generator(model, params)
+def _genai_tokens(model: object, prompt: np.ndarray, n: int) -> list[int]:
+    gen = og.Generator(model, og.GeneratorParams(model))
     gen.append_tokens(prompt.astype(np.int32))
     start = len(gen.get_sequence(0))  # genai's sequence holds the prompt padded to whole windows
-    while not gen.is_done() and len(gen.get_sequence(0)) < start + GENERATE:
+    while not gen.is_done() and len(gen.get_sequence(0)) < start + n:
         gen.generate_next_token()
     return [int(t) for t in gen.get_sequence(0)[start:]]
 
 
-def test_genai_runs_the_shipped_config_and_gives_the_exports_tokens(built: tuple[str, Path], tmp_path: Path) -> None:
-    """The shipped config's pipeline on the float static graphs (CPU EP), run by onnxruntime-genai: its greedy
-    tokens are the original export's (onnxruntime on the builder's model.onnx), for a prompt inside one prompt
-    window and one of three windows."""
+def _prompts(arch: str) -> list[np.ndarray]:
+    prompts = [np.load(f) for f in sorted((EXPORTS / f"{arch}_builder" / "prompts").glob("*.npy"))]
+    assert min(len(p) for p in prompts) < WINDOW < 2 * WINDOW < max(len(p) for p in prompts)  # 1 and 3 windows
+    return prompts
+
+
+def test_the_build_runs_the_shipped_config_through_genai(built: tuple[str, Path]) -> None:
+    """The build's llm_genai check: onnxruntime-genai, the shipped config on its float CPU twin, gives the original
+    export's first 32 greedy tokens for the one-window prompt and as many as CL 64 leaves (16) for the three-window
+    one; the summary has its row per SoC."""
     from ctxbuild.llm import pipeline
 
     arch, d = built
-    twin_dir, cl = _twin(d, arch, tmp_path)
-    shipped = json.loads((d / "out" / SOCS[0] / arch / "genai_config.json").read_text())
-    twin = json.loads((twin_dir / "genai_config.json").read_text())
-    assert {k: v for k, v in twin["model"].items() if k != "decoder"} == \
-        {k: v for k, v in shipped["model"].items() if k != "decoder"}
-    assert twin["search"] == shipped["search"]
-    model = og.Model(str(twin_dir))
-    prompts = [np.load(f) for f in sorted((EXPORTS / f"{arch}_builder" / "prompts").glob("*.npy"))]
-    assert min(len(p) for p in prompts) < 16 < 2 * 16 < max(len(p) for p in prompts)
-    eos = shipped["model"]["eos_token_id"]
+    for soc in SOCS:
+        result = json.loads((d / "out" / soc / arch / "genai_verify.json").read_text())
+        assert result["passed"] and result["first_difference"] is None, result
+        assert result["tokens_per_prompt"] == 32 and result["tokens_compared"] == [32, 16], result
+        shipped = json.loads((d / "out" / soc / arch / "genai_config.json").read_text())["model"]
+        assert result["ids"] == {k: shipped[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+        assert any(line.split()[1:3] == ["genai_config.json", soc] and line.endswith(" ok")
+                   for line in (d / "console.txt").read_text().splitlines() if line.startswith("  ")), soc
+    # what the check compared against, decoded here independently: the original export's own greedy tokens
     seen = set()
-    for prompt in prompts:
-        want = pipeline.reference_generate(EXPORTS / f"{arch}_builder" / "model.onnx", prompt, GENERATE).tokens
-        stop = next((i + 1 for i, t in enumerate(want) if t in (eos if isinstance(eos, list) else [eos])), GENERATE)
-        assert _genai_tokens(model, prompt, cl) == want[:stop]
-        seen.update(want)
+    for prompt, n in zip(_prompts(arch), result["tokens_compared"]):
+        seen.update(pipeline.reference_generate(EXPORTS / f"{arch}_builder" / "model.onnx", prompt, n).tokens)
     assert len(seen) > 2  # random weights: a continuation may repeat one token, not every one
 
 
-def test_a_pad_id_of_zero_changes_the_tokens(built: tuple[str, Path], tmp_path: Path) -> None:
-    """What the config's ids protect: with the old default pad 0 (= the Llama export's BOS), genai masks the BOS
-    and decodes other tokens, so the check above is not vacuous."""
-    from ctxbuild.llm import pipeline
+def test_the_cpu_twin_is_written_and_runs_on_a_pc(built: tuple[str, Path]) -> None:
+    """OUT/<SoC>/<recipe>/cpu_twin/: the shipped config with the QDQ part graphs (what was compiled) in place of the
+    wrappers, the helper stages and the tokenizer; onnxruntime-genai opens it and decodes what the build recorded."""
+    import onnx
 
+    arch, d = built
+    twin = d / "out" / SOCS[0] / arch / "cpu_twin"
+    config = json.loads((twin / "genai_config.json").read_text())
+    shipped = json.loads((d / "out" / SOCS[0] / arch / "genai_config.json").read_text())
+    assert {k: v for k, v in config["model"].items() if k != "decoder"} == \
+        {k: v for k, v in shipped["model"].items() if k != "decoder"} and config["search"] == shipped["search"]
+    parts = [s["filename"] for st in config["model"]["decoder"]["pipeline"] for s in st.values()
+             if s["filename"].endswith("_of_2.onnx") and not s["filename"].startswith(("kv_", "mask_"))]
+    assert len(parts) == 4 and not any("session_options" in s for st in config["model"]["decoder"]["pipeline"]
+                                       for s in st.values())
+    assert all(any(n.op_type == "DequantizeLinear" for n in onnx.load(twin / f, load_external_data=False).graph.node)
+               for f in parts)
+    model = og.Model(str(twin))
+    assert og.Tokenizer(model).encode("hello world").size > 0  # the export's tokenizer files came along
+    recorded = json.loads((d / "out" / SOCS[0] / arch / "genai_verify.json").read_text())["cpu_twin"]
+    assert recorded["graphs"] == "qdq"
+    assert _genai_tokens(model, _prompts(arch)[0], 32) == recorded["tokens"]
+
+
+def test_a_wrong_special_token_id_fails_the_build(built: tuple[str, Path], tmp_path: Path) -> None:
+    """The export's own genai_config.json says pad = BOS (id 0, what the old default wrote): genai pads the prompt
+    with it and masks the BOS, so the shipped config decodes other tokens. The build fails (exit 1) naming the
+    prompt, the position and both ids, the config is set aside, the summary's row says FAILED."""
     arch, d = built
     if arch != "llama":
         pytest.skip("the Qwen2 export's pad id is 0 itself (and its prompts carry no BOS)")
-    twin_dir, cl = _twin(d, arch, tmp_path)
-    config = json.loads((twin_dir / "genai_config.json").read_text())
-    config["model"]["pad_token_id"] = config["model"]["decoder"]["sliding_window"]["pad_value"] = 0
-    (twin_dir / "genai_config.json").write_text(json.dumps(config))
-    model = og.Model(str(twin_dir))
-    prompt = np.load(sorted((EXPORTS / "llama_builder" / "prompts").glob("*.npy"))[-1])
-    assert prompt[0] == 0
-    assert _genai_tokens(model, prompt, cl) != pipeline.reference_generate(EXPORTS / f"{arch}_builder" / "model.onnx", prompt,
-                                                                          GENERATE).tokens
+    model = _lay_out(arch, tmp_path)
+    config = json.loads((model.parent / "genai_config.json").read_text())
+    assert config["model"]["bos_token_id"] == 0 != config["model"]["pad_token_id"]
+    config["model"]["pad_token_id"] = 0
+    (model.parent / "genai_config.json").write_text(json.dumps(config))
+    shutil.copytree(d / "cache", tmp_path / "cache")  # the bundles and twins restore; the ids re-run the split
+    p = _build(arch, model, tmp_path, SOCS[:1])
+    assert p.returncode == 1, p.stdout + p.stderr
+    line = next(x for x in p.stderr.splitlines() if x.startswith(f"ctxbuild: FAILED llm_genai/{arch}@{SOCS[0]}"))
+    assert "(bos/eos/pad ids 0/1/0) decodes prompt 0 differently from the original export from token 0 on (genai id" in line
+    record = json.loads(next((tmp_path / "out" / ".ctxbuild" / "records").glob("llm_genai*.json")).read_text())
+    assert record["status"] == "failed" and record["result"]["first_difference"]["position"] == 0
+    diff = record["result"]["first_difference"]
+    assert f"(genai id {diff['genai']}, the export's {diff['original']})" in line and diff["genai"] != diff["original"]
+    out = tmp_path / "out" / SOCS[0] / arch
+    assert not (out / "genai_config.json").exists() and not (out / "cpu_twin" / "genai_config.json").exists()
+    assert (tmp_path / "out" / ".ctxbuild" / "failed" / SOCS[0] / arch / "genai_config.json").is_file()
+    assert any(line.split()[1:3] == ["genai_config.json", SOCS[0]] and "FAILED" in line for line in p.stdout.splitlines())
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert not any(a["path"].endswith("genai_config.json") for a in manifest["artifacts"])
 
 
 def test_a_symbolic_dim_with_no_config_beside_the_model_is_refused(tmp_path: Path) -> None:

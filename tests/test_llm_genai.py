@@ -1,23 +1,26 @@
-"""onnxruntime-genai (0.18.0, the `test` extra) against the genai_config.json an `llm:` build writes.
+"""onnxruntime-genai (0.18.0, a dependency) against the genai_config.json an `llm:` build writes.
 
 genai parses the config the build writes; its Linux x86 wheel has no QNN EP, so the proof runs the config's CPU
-twin (ctxbuild.llm.genai_config.cpu_twin: the same stages, the float static graphs or the QDQ parts in place of
-the compiled wrappers) and compares genai's greedy tokens with the original model's and ctxbuild's own decoder's.
+twin (ctxbuild.llm.genai_config.write_twin: the shipped config with the float static graphs or the QDQ parts in
+place of the compiled wrappers) and compares genai's greedy tokens with the original model's and ctxbuild's own
+decoder's. The build runs the float one itself (actions/llm_genai.py, tests/test_llm_exporters.py); this module
+builds without verification and checks the runtime directly, at prompt lengths around the window.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import onnxruntime_genai as og
 import pytest
 
 from tests.conftest import RECIPES
 
-og = pytest.importorskip("onnxruntime_genai")
 pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
@@ -52,16 +55,19 @@ def test_genai_parses_the_generated_config(built: Path, tmp_path: Path) -> None:
         og.Model(config)
 
 
-def _split_and_parts(built: Path, qdq: bool) -> tuple[object, dict[tuple[int, int], Path]]:
-    """The layout and, at the largest CL, each (part, AR)'s float static graph or QDQ graph."""
+def _twin(built: Path, qdq: bool, dst: Path) -> tuple[Path, int]:
+    """The shipped config's CPU twin with, at the largest CL, each part's float static graph or QDQ graph."""
+    from ctxbuild.llm import genai_config
     from ctxbuild.llm.layout import Layout
 
     work = built / "out" / ".ctxbuild" / "work" / "llm"
     split = next(d for d in work.glob("llama-*") if "-q" not in d.name)
     layout = Layout.read(split / "layout.json")
     cl = max(g.cl for g in layout.graphs)
-    return layout, {(g.part, g.ar): (next(work.glob(f"llama-q{g.part + 1}-*")) if qdq else split) / f"{g.name}.onnx"
-                    for g in layout.graphs if g.cl == cl}
+    graphs = {f"{g.name}_ctx.onnx": (next(work.glob(f"llama-q{g.part + 1}-*")) if qdq else split) / f"{g.name}.onnx"
+              for g in layout.graphs if g.cl == cl}
+    return genai_config.write_twin(built / "out" / "SM8650" / "llama" / "genai_config.json", graphs, dst,
+                                   shutil.copyfile), cl
 
 
 def _genai_tokens(model: object, prompt: np.ndarray, n: int, cl: int) -> list[int]:
@@ -84,18 +90,19 @@ def test_genai_runs_the_config_on_the_float_parts_and_gives_the_original_tokens(
                                                                                length: int) -> None:
     """The device config's pipeline with the float static graphs in place of the wrappers (CPU EP): genai's
     greedy tokens are the ORIGINAL dynamic model's."""
-    from ctxbuild.llm import genai_config, pipeline
+    from ctxbuild.llm import pipeline
 
-    layout, parts = _split_and_parts(built, qdq=False)
-    cl = max(g.cl for g in layout.graphs)
-    model = og.Model(str(genai_config.cpu_twin(layout, cl, parts, tmp_path)))
+    twin, cl = _twin(built, False, tmp_path)
+    model = og.Model(str(twin))
     device = json.loads((built / "out" / "SM8650" / "llama" / "genai_config.json").read_text())
-    twin = json.loads((tmp_path / "genai_config.json").read_text())
-    # the same stages, names and I/O as the device config; only the part graphs' files and EP differ
-    strip = [{k: {f: v for f, v in s.items() if f not in ("filename", "session_options")} for k, s in st.items()}
-             for st in device["model"]["decoder"]["pipeline"]]
-    assert [{k.removesuffix("_ctx"): s for k, s in st.items()} for st in strip] == \
-        [{k: {f: v for f, v in s.items() if f != "filename"} for k, s in st.items()} for st in twin["model"]["decoder"]["pipeline"]]
+    config = json.loads((twin / "genai_config.json").read_text())
+    # the device config as shipped, but for the part stages' files and EP
+    parts = [s for st in device["model"]["decoder"]["pipeline"] for s in st.values() if "session_options" in s]
+    assert len(parts) == 4
+    for s in parts:
+        s["filename"] = s["filename"].replace("_ctx.onnx", ".onnx")
+        del s["session_options"]
+    assert config == device
     for prompt in _prompts(built, length):
         want = pipeline.reference_generate(built / "models" / "llama_tiny.onnx", prompt, 8).tokens
         assert _genai_tokens(model, prompt, 8, cl) == want
@@ -105,12 +112,13 @@ def test_genai_runs_the_config_on_the_float_parts_and_gives_the_original_tokens(
 def test_genai_runs_the_qdq_parts_like_ctxbuilds_own_decoder(built: Path, tmp_path: Path) -> None:
     """The QDQ parts (what was compiled, same I/O as the wrappers) under genai decode the same greedy tokens as
     ctxbuild's verification decoder (pipeline.py) over the same graphs."""
-    from ctxbuild.llm import genai_config, pipeline
+    from ctxbuild.llm import pipeline
+    from ctxbuild.llm.layout import Layout
 
-    layout, parts = _split_and_parts(built, qdq=True)
-    cl = max(g.cl for g in layout.graphs)
-    model = og.Model(str(genai_config.cpu_twin(layout, cl, parts, tmp_path)))
-    run = pipeline.cpu_runner({(p, ar, cl): f for (p, ar), f in parts.items()})
+    twin, cl = _twin(built, True, tmp_path)
+    model = og.Model(str(twin))
+    layout = Layout.read(next(p for p in (built / "out" / ".ctxbuild" / "work" / "llm").glob("llama-*/layout.json")))
+    run = pipeline.cpu_runner({(g.part, g.ar, cl): twin / f"{g.name}.onnx" for g in layout.graphs if g.cl == cl})
     for prompt in _prompts(built, 24):
         ours = pipeline.generate(run, layout.parts, (layout.kv_heads, layout.head_dim), prompt, 8, cl, 16).tokens
         assert _genai_tokens(model, prompt, 8, cl) == ours

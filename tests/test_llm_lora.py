@@ -60,25 +60,13 @@ def simulate(twins: Path, bindings: Path, prompt: np.ndarray, forced: list[int],
                              forced=forced).logits
 
 
-def genai_runs_the_base(out: Path, dst: Path, prompt: np.ndarray, want: list[int]) -> None:
-    """onnxruntime-genai (the `test` extra) runs the LoRA recipe's pipeline config (its CPU twin: the float static
-    graphs, slots and all, in place of the wrappers) and decodes the base model's tokens."""
-    try:
-        import onnxruntime_genai as og
-    except ImportError:
-        return
-    from ctxbuild.llm import genai_config
-    from ctxbuild.llm.layout import Layout
+def genai_runs_the_base(out: Path, prompt: np.ndarray, want: list[int]) -> None:
+    """onnxruntime-genai runs the CPU twin the LoRA recipe's build writes (cpu_twin/: the shipped config with the
+    float static graphs, slots and all, in place of the wrappers) and decodes the base model's tokens."""
+    import onnxruntime_genai as og
 
-    work = out / ".ctxbuild" / "work" / "llm"
-    split = next(d for d in work.glob("llm_lora-*") if "-q" not in d.name)
-    layout = Layout.read(split / "layout.json")
-    dst.mkdir()
-    model = og.Model(str(genai_config.cpu_twin(layout, 64, {(g.part, g.ar): split / f"{g.name}.onnx"
-                                                            for g in layout.graphs}, dst)))
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=64)
-    gen = og.Generator(model, params)
+    model = og.Model(str(out / "SM8650" / "llm_lora" / "cpu_twin"))
+    gen = og.Generator(model, og.GeneratorParams(model))
     gen.append_tokens(prompt.astype(np.int32))
     for _ in want:
         gen.generate_next_token()
@@ -149,7 +137,7 @@ def test_adapters_bind_per_graph_verified_and_rebuild_alone(lora: Path, tree: Pa
         assert error(unbound, want.logits) > 2 * error(got, want.logits), (name, error(unbound, want.logits),
                                                                           error(got, want.logits))
 
-    genai_runs_the_base(out, tmp_path / "genai", prompt, plain.tokens)
+    genai_runs_the_base(out, prompt, plain.tokens)
 
     # an adapter outside the calibration set changes: its files and its verification run, nothing else
     summarize = tree / "models" / "adapters" / "llama_lora" / "summarize.safetensors"

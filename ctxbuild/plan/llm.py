@@ -226,10 +226,11 @@ def _genai(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], split: Action
                         f"graph:{g.name}.data": str(d / Path(twin[f"model:{g.name}.data"]).name)})
     params = {"prompts": spec.verify_prompts, "tokens": spec.genai_tokens,
               "wrappers": {wrapper[g.name]: g.name for g in mine}, "twin": "qdq" if twin is compiled else "float"}
+    # sorted: the depfile names the outputs in the spec file's (sorted) order, which must be ninja's
     return Action(id=f"llm_genai/{recipe.name}@{t.name}", kind="llm_genai",
                   description=f"verify {recipe.name}@{t.name} (genai_config.json on onnxruntime-genai)",
-                  inputs=inputs, outputs=outputs, params=params, target=t.as_dict(), watch=[str(spec.prompts)],
-                  **{**common_params(recipe), "toolchain": None})  # genai runs beside the installed onnxruntime
+                  inputs=inputs, outputs=dict(sorted(outputs.items())), params=params, target=t.as_dict(),
+                  watch=[str(spec.prompts)], **{**common_params(recipe), "toolchain": None})  # genai runs beside the installed onnxruntime
 
 
 def prompt_tokenizer(spec: LlmSpec) -> dict[str, str]:
