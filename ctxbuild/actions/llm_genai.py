@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,7 @@ def run(ctx: Any) -> None:
     want = [w[:next((i + 1 for i, t in enumerate(w) if t in eos), len(w))] for w in want]  # genai stops at an EOS
 
     float_twin = genai_config.write_twin(shipped, {w: Path(a.inputs[f"float:{g}"]) for w, g in p["wrappers"].items()},
-                                         ctx.tmp / "float", _link)
+                                         ctx.tmp / "float")  # linked, not copied
     got = _decode(og, float_twin, prompts, p["tokens"])
     compared = [min(len(w), room) for w, (_, room) in zip(want, got)]
     diff = next(((i, k, toks[k] if k < len(toks) else None, w[k])
@@ -78,9 +79,8 @@ def run(ctx: Any) -> None:
         "passed": diff is None and sum(compared) > 0, "outputs": {}}
 
     if result["passed"]:  # the twin a user runs: the compiled graphs, copied out; run once to show it loads and decodes
-        copy = lambda src, dst: copy_hashing(src, dst, durable=False)  # noqa: E731 - reflinked where the disk can
         twin = genai_config.write_twin(shipped, {w: Path(a.inputs[f"twin:{g}"]) for w, g in p["wrappers"].items()},
-                                       ctx.tmp / "cpu_twin", copy)
+                                       ctx.tmp / "cpu_twin", partial(copy_hashing, durable=False))  # reflinks if it can
         for role in a.outputs:
             if role.startswith("tokenizer:"):
                 shutil.copyfile(a.inputs[role], twin / Path(a.outputs[role]).name)
@@ -95,8 +95,9 @@ def run(ctx: Any) -> None:
         raise ActionError(f"{a.recipes[0]}@{a.target['name']}: onnxruntime-genai running the shipped genai_config.json "
                           f"(bos/eos/pad ids {ids['bos_token_id']}/{ids['eos_token_id']}/{ids['pad_token_id']}) decodes "
                           f"prompt {i} differently from the original export from token {k} on (genai id {g}, the export's {w})",
-                          "the ids come from the export's genai_config.json, generation_config.json, config.json or "
-                          "tokenizer_config.json beside the model: correct the wrong one (docs/llm.md)", details=result)
+                          "check those ids: they come from the export's genai_config.json, generation_config.json, "
+                          "config.json or tokenizer_config.json beside the model; if they are right, the pipeline's "
+                          "stages are at fault: report it (docs/llm.md)", details=result)
     if not result["passed"]:
         raise ActionError(f"{a.recipes[0]}@{a.target['name']}: no token to compare: every prompt padded to whole "
                           f"windows fills the context length {config['search']['max_length']}",
@@ -126,11 +127,3 @@ def _decode(og: Any, twin: Path, prompts: list[Any], tokens: int) -> list[tuple[
         del gen
     del model
     return out
-
-
-def _link(src: Path, dst: Path) -> None:
-    """A hard link in the action's private directory (onnx refuses symlinked external data), else a copy."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)

@@ -162,10 +162,10 @@ def pipeline_config(layout: Layout, cl: int, parts: dict[tuple[int, int], tuple[
     }
 
 
-def twin_config(shipped: dict[str, Any], graphs: dict[str, str]) -> dict[str, Any]:
+def twin_config(shipped: dict[str, Any], graphs: dict[str, str], stages: str = "") -> dict[str, Any]:
     """The CPU twin of a shipped config: each stage whose file is a key of `graphs` (a compiled part's wrapper) runs
-    that graph file instead, on the CPU EP (its `session_options` go); everything else (ids, search options, the
-    helper stages, every stage's inputs and outputs) is the shipped config's, untouched."""
+    that graph file instead, on the CPU EP (its `session_options` go); the other stages' files get the prefix
+    `stages`. Everything else (ids, search options, every stage's inputs and outputs) is the shipped config's."""
     config = copy.deepcopy(shipped)
     replaced = set()
     for entry in config["model"]["decoder"]["pipeline"]:
@@ -174,29 +174,43 @@ def twin_config(shipped: dict[str, Any], graphs: dict[str, str]) -> dict[str, An
                 replaced.add(stage["filename"])
                 stage["filename"] = graphs[stage["filename"]]
                 stage.pop("session_options", None)
+            else:
+                stage["filename"] = stages + stage["filename"]
     if missing := sorted(set(graphs) - replaced):
         raise ValueError(f"the config names no stage running {', '.join(missing)}")
     return config
 
 
-def write_twin(shipped: Path, graphs: dict[str, Path], dst: Path, place: Callable[[Path, Path], None]) -> Path:
-    """`dst` as a directory onnxruntime-genai runs on a PC: twin_config of the config at `shipped`, the helper stages
-    it names copied from beside it, and each graph of `graphs` (shipped wrapper file name -> graph) put there with
-    the external data files it names by `place(src, dst)` (a copy, or a link for a private directory)."""
+def write_twin(shipped: Path, graphs: dict[str, Path], dst: Path,
+               copy_file: Callable[[Path, Path], Any] | None = None) -> Path:
+    """`dst` as a directory onnxruntime-genai runs on a PC: twin_config of the config at `shipped` with `graphs`
+    (shipped wrapper file name -> graph). With `copy_file(src, dst)`, the helper stages beside `shipped` and each
+    graph with the external data files it names are copied in: a directory of its own. Without, `dst` holds only
+    the config and a symbolic link per directory holding those files: genai takes only paths under its config's
+    directory, and onnx refuses a weight file that is a symlink or has a second hard link (one would break any
+    other action reading the same graph meanwhile), while a linked directory is followed."""
     from ctxbuild.graph.modelio import external_data_files, load
 
     dst.mkdir(parents=True, exist_ok=True)
-    config = twin_config(json.loads(shipped.read_text()), {w: g.name for w, g in graphs.items()})
-    for entry in config["model"]["decoder"]["pipeline"]:
-        for stage in entry.values():
-            if stage["filename"] not in {g.name for g in graphs.values()}:
-                place(shipped.parent / stage["filename"], dst / stage["filename"])
-    for graph in graphs.values():
-        files = {graph.name: graph, **{r.removeprefix("external:"): p for r, p in
-                                      external_data_files(load(graph, external_data=False), graph).items()}}
-        for name, src in files.items():
-            if not (dst / name).exists():  # a data file several graphs share is placed once
-                (dst / name).parent.mkdir(parents=True, exist_ok=True)
-                place(src, dst / name)
+    shipped_config = json.loads(shipped.read_text())
+    if copy_file is None:
+        dirs = {d: f"d{i}" for i, d in enumerate(dict.fromkeys([shipped.parent, *(g.parent for g in graphs.values())]))}
+        for d, name in dirs.items():
+            (dst / name).symlink_to(d.resolve(), target_is_directory=True)
+        config = twin_config(shipped_config, {w: f"{dirs[g.parent]}/{g.name}" for w, g in graphs.items()},
+                             f"{dirs[shipped.parent]}/")
+    else:
+        config = twin_config(shipped_config, {w: g.name for w, g in graphs.items()})
+        for entry in config["model"]["decoder"]["pipeline"]:
+            for stage in entry.values():
+                if stage["filename"] not in {g.name for g in graphs.values()}:
+                    copy_file(shipped.parent / stage["filename"], dst / stage["filename"])
+        for graph in graphs.values():
+            files = {graph.name: graph, **{r.removeprefix("external:"): p for r, p in
+                                          external_data_files(load(graph, external_data=False), graph).items()}}
+            for name, src in files.items():
+                if not (dst / name).exists():  # a data file several graphs share is copied once
+                    (dst / name).parent.mkdir(parents=True, exist_ok=True)
+                    copy_file(src, dst / name)
     (dst / "genai_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return dst
