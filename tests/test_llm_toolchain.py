@@ -24,8 +24,11 @@ def _tree(tmp_path: Path, line: str) -> Path:
 def test_the_toolchain_reaches_every_llm_action(tmp_path: Path, line: str) -> None:
     plan = make_plan(recipe.load([_tree(tmp_path, line)]), tmp_path / "out")
     kinds = {a.kind for a in plan.actions}
-    assert {"llm_split", "llm_quantize", "bundle", "compile", "llm_eval", "llm_package"} <= kinds
-    assert {a.toolchain for a in plan.actions if a.recipes == ["llm_tiny"]} == {"onnxruntime-qnn-2.3.0"}
+    assert {"llm_split", "llm_quantize", "bundle", "compile", "llm_eval", "llm_package", "llm_genai"} <= kinds
+    assert {a.toolchain for a in plan.actions if a.recipes == ["llm_tiny"] and a.kind != "llm_genai"} == \
+        {"onnxruntime-qnn-2.3.0"}
+    # onnxruntime-genai runs the config's CPU twin beside the installed onnxruntime it needs (>= 1.31)
+    assert {a.toolchain for a in plan.actions if a.kind == "llm_genai"} == {None}
 
 
 def test_the_installed_toolchain_plans_as_before(tmp_path: Path) -> None:
