@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import add_defaults, make_slots
-from ctxbuild.errors import ActionError
+from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.graph.modelio import data_path, external_data_files, graph_inputs, load, save_external, save_with_data
 from ctxbuild.graph.samples import for_verification, input_spec, list_samples
 
@@ -187,7 +187,7 @@ def _checked(ctx: Any, dst: Path, first: Candidate, samples: list[dict[str, np.n
         except MemoryError:
             raise
         except Exception as e:  # noqa: BLE001 - onnxruntime's (and the shape check's) errors: the reason recorded
-            first_line = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            first_line = cause_line(e, limit=200)
             return f"onnxruntime's CPU EP could not run it ({first_line})"
 
     def why(label: str, reference: dict[str, np.ndarray], after: dict[str, np.ndarray] | str, tol: float
@@ -313,5 +313,5 @@ def _optimize(model: Any, src: Path, dst: Path, stage: Path) -> None:
         if free < model.ByteSize():  # ORT reports a write that ran out of space as INVALID_PROTOBUF
             raise ActionError(f"no space left to write the prepared model under {dst.parent} ({free:,} bytes free, "
                               f"it needs about {model.ByteSize():,})", "free disk space where OUT is") from None
-        raise ActionError(f"onnxruntime rejected the model: {str(e).splitlines()[0][:300]}") from None
+        raise ActionError(f"onnxruntime rejected the model: {cause_line(e)}") from None
     data_path(dst).touch()  # ORT writes no data file when no initializer is that big; the plan declares one

@@ -22,7 +22,7 @@ from ctxbuild.atomic import write_bytes
 from ctxbuild.cache.backends import open_cache
 from ctxbuild.capture import captured
 from ctxbuild.digests import DigestMemo, canonical_json, sha256_file
-from ctxbuild.errors import ActionError, CtxbuildError, machine_limit
+from ctxbuild.errors import ActionError, cause_line, CtxbuildError, machine_limit
 from ctxbuild.layout import STATE, depfile_path, log_path, memo_dir, record_path, rel, spec_name
 from ctxbuild.engine.ninjaquote import depfile_path as depfile_quote
 
@@ -87,8 +87,7 @@ def main(spec_arg: str) -> int:
                     traceback.print_exc(file=f)
         except OSError:  # a full disk: the cause below still says what happened
             pass
-        record.update(status="failed", cause=cause or f"{type(e).__name__}: "
-                                                      f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+        record.update(status="failed", cause=cause or f"{type(e).__name__}: {cause_line(e)}")
     finally:
         record["seconds"] = round(time.monotonic() - start, 3)
         record["peak_rss"] = machine.peak_rss()
