@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxbuild import __version__
 from ctxbuild.plan import kinds
-from ctxbuild.atomic import write_if_changed
+from ctxbuild.atomic import read_json, write_if_changed
 from ctxbuild.layout import STATE, depfile_path, log_path, rel
 from ctxbuild.engine.links import linked_inputs
 from ctxbuild.engine.console import Console
@@ -248,7 +248,4 @@ def pending(out: Path, targets: list[str]) -> list[str] | None:
 
 
 def read_state(out: Path, name: str) -> dict[str, Any] | None:
-    try:
-        return json.loads((out / STATE / name).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_json(out / STATE / name)
