@@ -41,3 +41,19 @@ def test_a_verification_the_build_did_not_reach_shows_no_earlier_figures(tree: P
     assert json.loads((out / "manifest.json").read_text())["artifacts"] == []
     r = ctxbuild("build", str(tree), "-o", str(out), "-k", "1", "-j", "1")
     assert r.code == 1 and "not run (the build stopped first)" in r.out, r.text
+
+
+def test_a_diagnosis_of_an_earlier_artifact_goes_when_the_graph_is_verified_again(tree: Path, tmp_path: Path,
+                                                                                   ctxbuild) -> None:
+    keep_only(tree)
+    out = tmp_path / "out"
+    strict = "verify:\n  min_snr_db: 90\n"  # neither precision meets it: both builds fail verification
+    (tree / "t.yaml").write_text(RECIPE.format(precision="int16").replace("SM8650, SM8750", "SM8650") + strict)
+    assert ctxbuild("build", str(tree), "-o", str(out)).code == 1
+    assert ctxbuild("verify", str(tree), "-o", str(out), "--layers", "t").code == 1
+    layers = out / "SM8650" / "t" / "t_layers.json"
+    assert layers.is_file()
+    (tree / "t.yaml").write_text(RECIPE.format(precision="fp16").replace("SM8650, SM8750", "SM8650") + strict)
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 1 and "FAILED (min cosine" in r.out, r.text
+    assert not layers.exists()

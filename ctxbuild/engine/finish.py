@@ -31,6 +31,7 @@ def finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, st
     if opts.explain:
         for r in sorted(ran, key=lambda r: (r.get("started") or 0, r["id"])):
             print(f"explain: {r['id']}: {_explain(r)}")
+    _drop_stale_diagnoses(state, ran)
     failed = [r for r in ran if r.get("status") == "failed"]
     _invalidate_downstream(opts.out, state, {r["id"] for r in failed})
     if opts.set_aside_failed:  # --layers sets aside after its diagnosis, which reads the failed graph's files
@@ -144,6 +145,23 @@ def forget_pending(out: Path, state: dict[str, Any], pending: set[str], build_id
         for p in map(Path, a["outputs"]):
             if p.is_relative_to(out) and not p.is_relative_to(out / STATE):
                 p.unlink(missing_ok=True)
+
+
+def _drop_stale_diagnoses(state: dict[str, Any], ran: list[dict[str, Any]]) -> None:
+    """A `<graph>_layers.json` that `verify --layers` wrote before the graph was verified again in this build
+    describes another artifact (an int16 diagnosis beside fp16 files): it goes."""
+    from ctxbuild.layout import layers_path
+
+    by_id = {a["id"]: a for a in state["actions"]}
+    for r in ran:
+        result = (by_id.get(r["id"]) or {}).get("outputs") or []
+        if r.get("kind") == "verify" and result:
+            layers = layers_path(result[0])
+            try:
+                if layers.stat().st_mtime < (r.get("finished") or 0):
+                    layers.unlink()
+            except OSError:
+                pass
 
 
 def ship_only_verified(out: Path, state: dict[str, Any], *, pending: set[str]) -> None:
