@@ -12,7 +12,6 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -29,26 +28,6 @@ if TYPE_CHECKING:  # imported where used: keying and summaries need no numpy
 ORT_MAX_IR_VERSION = 13
 CONTROL_FLOW = ("If", "Loop", "Scan")
 EXTERNAL_MIN_BYTES = 1024  # onnx's own default threshold for external data
-
-
-def key_extras(action: Action) -> dict[str, Any]:
-    """The legalization rules' own code, keyed: a rule added or changed re-prepares what it may rewrite (and
-    everything after it) without an ACTION_SCHEMA_VERSION bump, which rules added under one version missed."""
-    return {} if action.params.get("rewrite", True) is False else {"legalize": rules_digest(RULES_DIR)}
-
-
-RULES_DIR = Path(__file__).resolve().parent.parent / "graph" / "legalize"
-
-
-@lru_cache(maxsize=None)
-def rules_digest(directory: Path) -> str:
-    """sha256 over the rule modules' source (read, not imported: a restore imports no onnx)."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for f in sorted(directory.glob("*.py")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:16]
 
 
 def discover_inputs(action: Action) -> dict[str, Path]:
