@@ -1,6 +1,7 @@
 """The fix the numbers point at: where the loss is (quantization or the HTP), which nodes, and what to change
 (per-channel or 16-bit weights, 16-bit activations, calibration like the real inputs, split_outputs for a weak
-slice, moving nodes off the NPU). Also verify's hint on a failure, from the cheap CPU half of the diagnosis."""
+slice, per-node overrides in quantization.nodes, fp16 for nodes without weights), and what an fp16 build's
+float values hold that fp16 cannot. Also verify's hint on a failure, from the cheap CPU half of the diagnosis."""
 from __future__ import annotations
 
 import tempfile
@@ -152,7 +153,7 @@ def failure_hint(reference: Path, compiled: Path, samples: list[dict[str, np.nda
         if all(_passes(m, t) for m in quant.values()):
             snr = min(m["snr_db"] for m in quant.values())
             return (f"the QDQ model on the CPU passes (SNR {snr:.1f} dB): the loss is on the HTP; {more} "
-                    "(candidates to move off the NPU)")
+                    "(its nodes are candidates for quantization.nodes overrides)")
         with tempfile.TemporaryDirectory(prefix="ctxbuild-hint-") as tmp:  # one sample: a hint, not the diagnosis
             cpu = cpu_side(reference, compiled, samples[:1], Path(tmp))
         from ctxbuild.graph.modelio import load
