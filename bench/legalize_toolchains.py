@@ -167,7 +167,7 @@ def convtranspose() -> tuple[Any, dict[str, Any]]:
 # rule -> (probe, the precisions where the rule matters: where the HTP refuses the pattern or computes it wrongly)
 PROBES: dict[str, tuple[Callable[[], tuple[Any, dict[str, Any]]], tuple[str, ...]]] = {
     "einsum": (einsum, ("fp16",)), "gathernd": (gathernd, ("fp16",)), "clip": (clip, ("fp16", "int16")),
-    "dynamic_int8": (dynamic_int8, ("fp16",)), "rmsnorm": (rmsnorm, ("fp16",)), "gelu": (gelu, ("int16",)),
+    "dynamic_int8": (dynamic_int8, ("fp16",)), "rmsnorm": (rmsnorm, ("fp16",)), "gelu": (gelu, ("int16", "int8")),
     "mask_fill": (mask_fill, ("int16",)), "convtranspose": (convtranspose, ("fp16",)),
 }
 
@@ -272,6 +272,9 @@ def main() -> int:
             results[release] = measure(release, args.rules, Path(tmp) / release)
             print(f"{release}: {json.dumps(results[release])}", flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
+    if args.json.exists():  # a partial run (--rules, --releases) keeps the other measurements
+        old = json.loads(args.json.read_text())
+        results = {r: {**old.get(r, {}), **results.get(r, {})} for r in PUBLISHED if r in old or r in results}
     args.json.write_text(json.dumps(results, indent=1))
     print(table(results))
     print(json.dumps(off_table(results), indent=1))

@@ -18,7 +18,7 @@ OFF: dict[str, dict[str, str]] = {
     # min/max" is not this pattern)
     "dynamic_int8": dict.fromkeys(MEASURED, "refused"),  # fp16, quantize_dynamic's MatMulInteger and int8 Gather
     "rmsnorm": dict.fromkeys(MEASURED, "fails (cosine 0.994)"),  # fp16, squares past 65504
-    "gelu": {**dict.fromkeys(MEASURED, "refused"),  # int16: QAIRT 2.47 runs the quantized Erf, 2.48 on refuse it
+    "gelu": {**dict.fromkeys(MEASURED, "refused"),  # int16, int8: QAIRT 2.47 runs the quantized Erf, 2.48 on not
              "2.3.0": "passes (cosine 1.000)"},
     "mask_fill": dict.fromkeys(MEASURED, "fails (cosine 0.426)"),  # int16: the fill takes the logits' range
     "convtranspose": dict.fromkeys(MEASURED, "fails (cosine -0.104)"),  # fp16, grouped with output_padding
