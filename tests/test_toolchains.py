@@ -61,7 +61,7 @@ def test_bad_toolchains_are_recipe_errors(tree: Path, ctxbuild, tmp_path: Path) 
     for extra, says in [('toolchain: {qairt: "2.40"}\n', "tiny.yaml:8: toolchain: QAIRT 2.40 is older than the oldest"),
                         ('toolchain: [installed, "1.0.0"]\n', "tiny.yaml:8: toolchain: onnxruntime-qnn 1.0.0 is not"),
                         ("toolchain: 2.3\n", "tiny.yaml:8: toolchain"),
-                        ('toolchain: "2.3.0"\nmulti_soc: true\n', "tiny.yaml:8: toolchain: multi_soc needs onnxruntime-qnn 2.7 or newer; this toolchain has 2.3.0")]:
+                        ('toolchain: "2.3.0"\nmulti_soc: true\n', "tiny.yaml:8: toolchain: multi_soc needs onnxruntime-qnn 2.5.0 or newer: 2.3.0 (QAIRT 2.47.0) ignores the SoC list")]:
         (tree / "tiny.yaml").write_text(RECIPE.replace("[SM8650]", "[SM8650, SM8750]") + extra)
         r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"), "-n")
         assert r.code == 2 and says in r.err and len(r.err.strip().splitlines()) == 1, (extra, r.text)

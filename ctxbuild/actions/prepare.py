@@ -47,9 +47,37 @@ def sample_files(action: Action, model: Any) -> dict[str, Path]:
     return list_samples(Path(action.watch[0]), action.params["check"]["samples"], action.recipe_files[0])
 
 
-def _only(params: dict[str, Any]) -> list[str] | None:
+def _only(params: dict[str, Any]) -> list[str]:
+    """The rules to run: those the recipe lists, else (`rewrite: true`) every rule the toolchain needs."""
+    from ctxbuild.graph.legalize import RULES
+    from ctxbuild.graph.legalize.toolchains import decide
+
     rules = params.get("rewrite", True)
-    return None if rules is True else rules or []
+    if rules is not True:
+        return rules or []
+    return [r.NAME for r in RULES if decide(r.NAME, _plugin(params))[0]]
+
+
+def _plugin(params: dict[str, Any]) -> str:
+    """The onnxruntime-qnn release this prepare runs for (its toolchain's, else the installed one)."""
+    from ctxbuild.toolchain.choose import by_name
+    from ctxbuild.toolchain.installed import version
+
+    return by_name(params["toolchain"]).plugin if "toolchain" in params else version("onnxruntime-qnn")
+
+
+def _rule_reasons(params: dict[str, Any], model: Any) -> dict[str, str]:
+    """Per rule whose pattern the model has, whether it ran for this toolchain and why (the prepare record's
+    `rules`); a recipe's own list of rules is its reason."""
+    from ctxbuild.graph.legalize import RULES, wanted
+    from ctxbuild.graph.legalize.toolchains import decide
+
+    present = [r.NAME for r in RULES if wanted(model, [r.NAME])]
+    if params.get("rewrite", True) is not True:
+        chosen = params["rewrite"] or []
+        return {rule: "named in prepare.rewrite" if rule in chosen else "not named in prepare.rewrite"
+                for rule in present}
+    return {rule: decide(rule, _plugin(params))[1] for rule in present}
 
 
 def run(ctx: Any) -> None:
@@ -132,7 +160,10 @@ def _legalize(ctx: Any, dst: Path, inputs: Callable[[], tuple[list[dict[str, np.
     from ctxbuild.graph.legalize import KEPT_KEY, WITHDRAWN_KEY, wanted
 
     optimize, only = ctx.action.params["optimize"], _only(ctx.action.params)
-    if not wanted(load(dst, external_data=False), only):
+    folded = load(dst, external_data=False)
+    if reasons := _rule_reasons(ctx.action.params, folded):
+        ctx.facts["rules"] = reasons
+    if not wanted(folded, only):
         return
     first = _rewritten(dst, ctx.tmp / "rewritten", optimize, only)
     if not first.rewrites:
@@ -212,8 +243,8 @@ class Candidate:
     kept: dict[str, list[str]]
 
 
-def _rewritten(dst: Path, d: Path, optimize: bool, only: list[str] | None) -> Candidate:
-    """dst rewritten by the rules `only` (None: all) into `d`/<dst's name> (+ data), optimized again after a
+def _rewritten(dst: Path, d: Path, optimize: bool, only: list[str]) -> Candidate:
+    """dst rewritten by the rules `only` into `d`/<dst's name> (+ data), optimized again after a
     rewrite (the optimizer folds the Transposes of weights); nothing is written when no rule rewrote."""
     from ctxbuild.graph.legalize import METADATA_KEY, legalize
 
