@@ -68,17 +68,20 @@ def test_exports_build_unedited_on_two_socs(built: tuple[str, Path]) -> None:
 
 def test_shipped_config_carries_the_exports_own_ids(built: tuple[str, Path]) -> None:
     """bos/eos/pad, vocabulary and decoding options are the export's own (BOS is id 0 here: a pad id of 0 would
-    mask it): the builder's genai_config.json; optimum writes none, so config.json / generation_config.json, and
-    the pad is the EOS (what transformers pads with when a model names no pad)."""
+    mask it): the builder's genai_config.json; optimum writes none, so config.json / generation_config.json, the
+    pad from tokenizer_config.json's `pad_token` (Qwen2's tokenizer names one), else the EOS (what transformers
+    pads with when a model names no pad: the Llama export)."""
     arch, d = built
     if arch.endswith("_builder"):
         export = json.loads((EXPORTS / arch / "genai_config.json").read_text())
     else:
         hf = {**json.loads((EXPORTS / arch / "config.json").read_text()),
               **json.loads((EXPORTS / arch / "generation_config.json").read_text())}
-        assert "pad_token_id" not in hf
+        tok = json.loads((EXPORTS / arch / "tokenizer_config.json").read_text())
+        named = [int(i) for i, t in tok.get("added_tokens_decoder", {}).items() if t["content"] == tok.get("pad_token")]
+        assert "pad_token_id" not in hf and len(named) == (arch == "qwen2_optimum")
         export = {"model": {**{k: hf[k] for k in ("bos_token_id", "eos_token_id", "vocab_size")},
-                            "pad_token_id": hf["eos_token_id"]}, "search": {}}
+                            "pad_token_id": named[0] if named else hf["eos_token_id"]}, "search": {}}
     for soc in SOCS:
         shipped = json.loads((d / "out" / soc / arch / "genai_config.json").read_text())
         for key in ("bos_token_id", "eos_token_id", "pad_token_id", "vocab_size"):
@@ -86,7 +89,7 @@ def test_shipped_config_carries_the_exports_own_ids(built: tuple[str, Path]) -> 
         assert shipped["model"]["decoder"]["sliding_window"]["pad_value"] == export["model"]["pad_token_id"]
         assert shipped["search"].get("top_k") == export["search"].get("top_k")
         assert shipped["search"]["max_length"] == 64  # the static graphs' cache, not the export's 128
-    assert export["model"]["bos_token_id"] == 0 != export["model"]["pad_token_id"] or arch == "qwen2_builder"
+    assert export["model"]["bos_token_id"] == 0 != export["model"]["pad_token_id"] or arch.startswith("qwen2")
 
 
 def _twin(d: Path, arch: str, dst: Path) -> tuple[Path, int]:

@@ -55,8 +55,6 @@ class TorchOnnx(Exporter):
             add.input[i] = mask
             _scale_scores(e, g, add.input[1 - i])
         _drop_nan_guards(g)
-        nodes = list(e.nodes)
-        e.nodes = []
         producers = _producers(g)
         scope = "/model/rotary_emb"
         for name, (table, lead) in _rotary_tables(model, base_dir, positions).items():
@@ -66,7 +64,7 @@ class TorchOnnx(Exporter):
             if lead > 1:  # the export's tensor has more leading unit dims than position_ids: [B, 1, .., S, hd]
                 e.op("Unsqueeze", [rows, e.const(f"lowered_axes_1_to_{lead - 1}", np.arange(1, lead, dtype=np.int64))],
                      scope, [name])
-        g.node.extend(nodes + e.nodes)
+        g.node.extend(e.nodes)
         _topological(g)
         _prune(g)
         del g.value_info[:]
@@ -250,7 +248,7 @@ def _rotary_tables(model: Any, base_dir: str, positions: int) -> dict[str, tuple
     out = {}
     for w, a, b in zip(wanted, full, one):
         axes = [k for k, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y] if a.ndim == b.ndim else []
-        if positions == 1 or len(axes) != 1 or axes[0] < 1 or any(d != 1 for d in a.shape[:axes[0]]):
+        if len(axes) != 1 or axes[0] < 1 or any(d != 1 for d in a.shape[:axes[0]]):
             raise NotADecoder(f"rotary tensor '{w}' {list(a.shape)} is not [1, .., positions, ...]: ctxbuild cannot "
                               "make a table of it; report the exporter and its version")
         out[w] = (a.reshape(a.shape[axes[0]:]), axes[0])
