@@ -11,7 +11,8 @@ What torch's exporter writes that the static pass cannot cut or the HTP cannot r
 - shape arithmetic (Shape/Gather/Concat/Range/Where/Expand of shapes, ...) -> constants, per static graph, where
   every shape is fixed (`fold_static`); Identity of a weight (torch shares equal initializers that way) and Casts
   to the type a tensor already has -> the tensor itself.
-Every rewrite is in ops of the model's own opset (Gather, Unsqueeze: opset 13+ forms below)."""
+Every rewrite is in ops of the model's own opset (opset 13 and later: Unsqueeze's axes are an input; an older
+export is refused at plan time)."""
 from __future__ import annotations
 
 from typing import Any
@@ -44,16 +45,20 @@ class TorchOnnx(Exporter):
 
     @classmethod
     def check(cls, model: Any) -> None:
+        if _opset(model) < 13:
+            raise NotADecoder(f"opset {_opset(model)}: the rewrite of torch.onnx decoders writes opset-13 forms "
+                              "(Unsqueeze's axes as an input); export with opset 14 or later (optimum-cli --opset)")
         _mask_operands(model.graph)  # raises naming the attention whose mask it cannot tell from its scores
 
     @classmethod
     def to_canonical(cls, model: Any, base_dir: str, positions: int) -> Any:
         g = model.graph
-        e = Emit(g, next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")))
+        e = Emit(g, _opset(model))
         mask = e.mask()
+        producers, consts = _producers(g), _constants(g)
         for add, i in _mask_operands(g).values():
             add.input[i] = mask
-            _scale_scores(e, g, add.input[1 - i])
+            _scale_scores(e, producers, consts, add.input[1 - i])
         _drop_nan_guards(g)
         producers = _producers(g)
         scope = "/model/rotary_emb"
@@ -82,6 +87,10 @@ class TorchOnnx(Exporter):
             del model.graph.value_info[:]
             model = onnx.shape_inference.infer_shapes(model, data_prop=True)
         return model
+
+
+def _opset(model: Any) -> int:
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
 
 def _producers(g: Any) -> dict[str, Any]:
@@ -155,7 +164,7 @@ def _mask_operands(g: Any) -> dict[str, tuple[Any, int]]:
         if len(masks) != 1:
             raise NotADecoder(f"attention Softmax '{n.name}': cannot tell its mask from its scores (one operand of "
                               f"'{add.name}' must be computed from attention_mask alone); export with optimum-cli's "
-                              "text-generation-with-past task")
+                              "text-generation-with-past task (SDPA attention), or report the exporter and version")
         out[n.name] = (add, masks[0])
     return out
 
@@ -171,16 +180,14 @@ def _constants(g: Any) -> dict[str, np.ndarray]:
     return out
 
 
-def _scale_scores(e: Emit, g: Any, scores: str) -> None:
+def _scale_scores(e: Emit, producers: dict[str, Any], consts: dict[str, np.ndarray], scores: str) -> None:
     """MatMul(Mul(q, c), Mul(kT, c')) (torch's SDPA scales both by the root of the scale) -> Mul(MatMul(q, kT),
     c c'), as the other conventions write it: the HTP simulator crashes on the quantized prompt graphs with the
     q-side Mul (onnxruntime-qnn 2.7.0, measured). Exact for powers of two (head_dim 16: 0.5 each), else to fp32
     rounding."""
-    producers = _producers(g)
     mm = producers.get(scores)
     if mm is None or mm.op_type != "MatMul":
         return
-    consts = _constants(g)
     sides = []
     for t in mm.input:
         mul = producers.get(t)
