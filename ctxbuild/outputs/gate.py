@@ -188,8 +188,10 @@ def _changed(out: Path, rel: str, binaries: list[str], expected: dict[str, str |
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The human table: one line per wrapper x runtime x SoC, then a count."""
-    head = ("artifact", "runtime", "soc", "verdict", "why")
-    body = [(r["path"], r["runtime"], r["soc"], r["verdict"], r["reason"]) for r in rows]
+    ep = any("ep_verdict" in r for r in rows)  # `check` asked the EP too (outputs/epverdict.py)
+    head = ("artifact", "runtime", "soc", "verdict", *(("EP says",) if ep else ()), "why")
+    body = [(r["path"], r["runtime"], r["soc"], r["verdict"], *((r.get("ep_verdict") or "-",) if ep else ()),
+             r["reason"]) for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1] for row in (head, *body)]
     bad = sum(r["verdict"] == WILL_NOT_LOAD for r in rows)
