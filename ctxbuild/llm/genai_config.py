@@ -163,19 +163,34 @@ def pipeline_config(layout: Layout, cl: int, parts: dict[tuple[int, int], tuple[
 
 def cpu_twin(layout: Layout, cl: int, parts: dict[tuple[int, int], Path], dst: Path) -> Path:
     """A directory genai runs on a PC (CPU EP): the device config's stages with `parts[(part, ar)]` (the float
-    or QDQ graphs, copied with their data) in place of the compiled wrappers."""
+    or QDQ graphs, copied; their parts' weight files linked, no copy where `dst` is on their filesystem) in place
+    of the compiled wrappers."""
     import shutil
 
     import onnx
 
+    from ctxbuild.graph.modelio import external_data_files
+
     io = {}
     for key, src in parts.items():
         shutil.copy(src, dst / src.name)
-        if src.with_name(src.name + ".data").exists():
-            shutil.copy(src.with_name(src.name + ".data"), dst / (src.name + ".data"))
         m = onnx.load(str(src), load_external_data=False)
+        for role, data in external_data_files(m, src).items():
+            if not (dst / role.removeprefix("external:")).exists():  # a part's graphs share one
+                _link_or_copy(data, dst / role.removeprefix("external:"))
         io[key] = (src.name, [i.name for i in m.graph.input], [o.name for o in m.graph.output])
     for name, m in helper_models(layout, cl).items():
         onnx.save(m, str(dst / name))
     (dst / "genai_config.json").write_text(json.dumps(pipeline_config(layout, cl, io, None), indent=2) + "\n")
     return dst
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link (onnxruntime refuses external data that is a symlink out of the model's directory), else a copy."""
+    import os
+    import shutil
+
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem
+        shutil.copyfile(src, dst)
