@@ -119,9 +119,28 @@ def test_example_builds_bundles_per_part_verified_with_a_genai_config(tree: Path
         assert config["model"]["context_length"] == 128 and config["model"]["decoder"]["num_hidden_layers"] == 4
     report = json.loads((out / "report.json").read_text())
     assert any(o["name"] == "logits@cl128" for row in report["rows"] for v in row["verify"] for o in v["outputs"])
+    _weights_stored_once(out, RECIPES / "models" / "llama_tiny.onnx")
     # a no-op rebuild runs nothing
     again = ctxbuild("build", str(tree), "-o", str(out))
     assert again.code == 0 and "ctxbuild: up to date" in again.out, again.text
+
+
+def _weights_stored_once(out: Path, model: Path) -> None:
+    """Each part's float graphs and its QDQ graphs (every AR x CL) point into one weight file of their own, and the
+    weight files in OUT hold the model's bytes about once: the float copy (+ the tied head folded beside the
+    embedding) and the int8 one; 8 graphs with a copy each held 6.6x here."""
+    from ctxbuild.graph.modelio import weight_bytes
+
+    work = out / ".ctxbuild" / "work" / "llm"
+    dirs = [d for d in work.iterdir() if d.name != "twins"]
+    assert len(dirs) == 3  # the split, a quantize per part
+    for d in dirs:
+        for graph in d.glob("*.onnx"):
+            part = graph.stem.rsplit("_", 3)[-3]
+            files = external_data_files(onnx.load(graph, load_external_data=False), graph)
+            assert set(files) == {f"external:weights_{part}_of_2.data"}, (graph, files)
+    held = sum(f.stat().st_size for f in work.rglob("*.data"))
+    assert held <= 2 * weight_bytes(model), (held, weight_bytes(model))
 
 
 def test_w4a16_puts_int4_weights_in_the_part_models(decoder: Path, tmp_path: Path, ctxbuild) -> None:
