@@ -163,8 +163,9 @@ def pipeline_config(layout: Layout, cl: int, parts: dict[tuple[int, int], tuple[
 
 def cpu_twin(layout: Layout, cl: int, parts: dict[tuple[int, int], Path], dst: Path) -> Path:
     """A directory genai runs on a PC (CPU EP): the device config's stages with `parts[(part, ar)]` (the float
-    or QDQ graphs, copied; their parts' weight files linked, no copy where `dst` is on their filesystem) in place
-    of the compiled wrappers."""
+    or QDQ graphs, copied with their part's one weight file) in place of the compiled wrappers. Copied, not linked:
+    onnx refuses external data with more than one hard link, so a link would break every later read of the build's
+    own file, and onnxruntime a symlink out of the model's directory."""
     import shutil
 
     import onnx
@@ -177,20 +178,10 @@ def cpu_twin(layout: Layout, cl: int, parts: dict[tuple[int, int], Path], dst: P
         m = onnx.load(str(src), load_external_data=False)
         for role, data in external_data_files(m, src).items():
             if not (dst / role.removeprefix("external:")).exists():  # a part's graphs share one
-                _link_or_copy(data, dst / role.removeprefix("external:"))
+                shutil.copyfile(data, dst / role.removeprefix("external:"))
         io[key] = (src.name, [i.name for i in m.graph.input], [o.name for o in m.graph.output])
     for name, m in helper_models(layout, cl).items():
         onnx.save(m, str(dst / name))
     (dst / "genai_config.json").write_text(json.dumps(pipeline_config(layout, cl, io, None), indent=2) + "\n")
     return dst
 
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    """A hard link (onnxruntime refuses external data that is a symlink out of the model's directory), else a copy."""
-    import os
-    import shutil
-
-    try:
-        os.link(src, dst)
-    except OSError:  # another filesystem
-        shutil.copyfile(src, dst)
