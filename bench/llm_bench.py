@@ -3,8 +3,9 @@
 A generated Llama-style decoder (recipes/models/llm_decoder.py; default hidden 256, 4 layers, vocab 2048),
 2 parts x AR {32, 1} x CL {128, 256}, one SoC, built with the real CLI into a private cache. Reports per action
 kind the seconds and peak RSS against the estimate (from the records), the parts' .bin bytes against the same
-graphs compiled one by one (the verification twins: no sharing), the no-op build time, which actions re-run
-when CL 512 is added, and the token-level verification. Writes bench/results/llm_bench.json.
+graphs compiled one by one (the verification twins: no sharing), the bytes on disk after the cold build (OUT and
+the cache, by what holds them, against the model's), the no-op build time, which actions re-run when CL 512 is
+added, and the token-level verification. Writes bench/results/llm_bench.json.
 
     python bench/llm_bench.py [--hidden 256 --layers 4 --vocab 2048 --precision w8a16]
     # the ~1B shape (Llama-3.2-1B: hidden 2048, 16 layers, 32/8 heads, MLP 8192, vocab 128256):
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -61,8 +63,7 @@ def main() -> None:
     ap.add_argument("--ar", type=int, nargs="+", default=[32, 1], help="sequence lengths")
     ap.add_argument("--cl", type=int, nargs="+", default=[128, 256], help="context lengths of the cold build")
     ap.add_argument("--add-cl", type=int, default=512,
-                    help="the context length added after the cold build (0: skip that step; each static graph holds "
-                         "its part's float weights, so at LLM sizes every CL costs disk: docs/llm.md)")
+                    help="the context length added after the cold build (0: skip that step)")
     ap.add_argument("--parts", type=int, default=2)
     ap.add_argument("--precision", default="w8a16")
     ap.add_argument("--target", default="SM8650")
@@ -119,6 +120,7 @@ def run(args: argparse.Namespace, cfg: llm_decoder.Config, work: Path) -> dict:
     unshared = sum(p.stat().st_size for p in (out / ".ctxbuild" / "work" / "llm" / "twins").rglob("*_qnn.bin"))
     weights = sum(part_weight_bytes(facts, args.parts, args.precision, None))
     verify = json.loads((bins / "llm_verify.json").read_text())["by_cl"]
+    disk = disk_bytes(src / "llama.onnx", out, work / "cache")
     noop = sorted(build(src, out, env, args.memory_budget) for _ in range(3))[1]
     added, ran = None, {}
     if args.add_cl:
@@ -132,7 +134,30 @@ def run(args: argparse.Namespace, cfg: llm_decoder.Config, work: Path) -> dict:
             "bin_bytes_shared": shared, "bin_bytes_unshared": unshared,
             "shared_over_unshared": round(shared / unshared, 3),
             "weight_bytes_estimate": int(weights), "shared_over_weights": round(shared / weights, 3),
-            "by_kind": kinds, "verify": verify}
+            "disk_after_cold": disk, "by_kind": kinds, "verify": verify}
+
+
+def disk_bytes(model: Path, out: Path, cache: Path) -> dict[str, int | float]:
+    """Bytes on disk (st_blocks, a file linked twice counted once) of OUT by what holds them and of the cache,
+    and (OUT + cache) / the model's bytes (.onnx + external data)."""
+    from ctxbuild.graph.modelio import weight_bytes
+
+    seen: set[tuple[int, int]] = set()
+
+    def du(root: Path, pattern: str = "*") -> int:
+        total = 0
+        for p in root.rglob(pattern):
+            st = p.lstat()
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+        return total
+
+    work = out / ".ctxbuild" / "work" / "llm"
+    parts = {"twins": du(work / "twins"), "qdq": du(work, "*-q[0-9]*-*/*"), "static_float": du(work),
+             "rest_of_out": du(out), "cache": du(cache)}  # each file counted under the first that holds it
+    model_bytes = weight_bytes(model)
+    return {"model": model_bytes, **parts, "out_and_cache_over_model": round(sum(parts.values()) / model_bytes, 2)}
 
 
 if __name__ == "__main__":

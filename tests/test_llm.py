@@ -14,6 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from ctxbuild.graph.modelio import external_data_files
 from tests.conftest import RECIPES, keep_only, records
 
 sys.path.insert(0, str(RECIPES / "models"))
@@ -39,7 +40,8 @@ def test_static_graphs_reproduce_the_original_greedy_tokens(decoder: Path, tmp_p
 
     graphs = static.specs(2, [8, 1], [24, 32])
     dst = {g.name: tmp_path / f"{g.name}.onnx" for g in graphs}
-    shape = static.write_static_graphs(decoder / model, 2, [8, 1], [24, 32], dst)
+    weights = [tmp_path / static.weights_name(p, 2) for p in range(2)]
+    shape = static.write_static_graphs(decoder / model, 2, [8, 1], [24, 32], dst, weights)
     assert static.part_ranges(shape.layers, 2) == [(0, 2), (2, 3)]
     # static: batch 1, AR new tokens, CL - AR past positions, only the new positions out, a 4-D additive mask in
     token = onnx.load(dst["token_ar1_cl32_1_of_2"])
@@ -49,6 +51,14 @@ def test_static_graphs_reproduce_the_original_greedy_tokens(decoder: Path, tmp_p
     assert dims["attention_mask"] == [1, 1, 1, 32] and dims["hidden_states.2"] == [1, 1, SMALL.hidden]
     ops = {n.op_type for n in token.graph.node}
     assert not ops & {"Range", "Shape", "Where", "GroupQueryAttention", "SkipSimplifiedLayerNormalization"}, ops
+    # a part's AR x CL graphs name one weight file, the same range for a weight, and that file holds it once
+    for p, w in enumerate(weights):
+        mine = [onnx.load(dst[g.name], load_external_data=False) for g in graphs if g.part == p]
+        assert {f for m in mine for f in external_data_files(m, dst[graphs[0].name])} == {f"external:{w.name}"}
+        ranges = [{t.name: [(e.key, e.value) for e in t.external_data] for t in m.graph.initializer} for m in mine]
+        assert all(r == ranges[0] for r in ranges)
+        held = {(d["offset"], d["length"]) for d in map(dict, ranges[0].values()) if d}
+        assert w.stat().st_size == sum(int(n) for _, n in held) > 0
     models = {(g.part, g.ar, g.cl): dst[g.name] for g in graphs}
     for prompt in (np.load(p) for p in sorted((decoder / "prompts").glob("*.npy"))):
         want = pipeline.reference_generate(decoder / model, prompt, 10)
@@ -119,9 +129,28 @@ def test_example_builds_bundles_per_part_verified_with_a_genai_config(tree: Path
     checks = {(a["target"], a["graph"]): a["passed"] for a in json.loads(ctxbuild("build", str(tree), "-o", str(out),
                                                                                    "--json").out)["accuracy"]}
     assert checks[("SM8650", "genai_config.json")] is True and checks[("SM8750", "genai_config.json")] is True
+    _weights_stored_once(out, RECIPES / "models" / "llama_tiny.onnx")
     # a no-op rebuild runs nothing
     again = ctxbuild("build", str(tree), "-o", str(out))
     assert again.code == 0 and "ctxbuild: up to date" in again.out, again.text
+
+
+def _weights_stored_once(out: Path, model: Path) -> None:
+    """Each part's float graphs and its QDQ graphs (every AR x CL) point into one weight file of their own, and the
+    weight files in OUT hold the model's bytes about once: the float copy (+ the tied head folded beside the
+    embedding) and the int8 one; 8 graphs with a copy each held 6.6x here."""
+    from ctxbuild.graph.modelio import weight_bytes
+
+    work = out / ".ctxbuild" / "work" / "llm"
+    dirs = [d for d in work.iterdir() if d.name != "twins"]
+    assert len(dirs) == 3  # the split, a quantize per part
+    for d in dirs:
+        for graph in d.glob("*.onnx"):
+            part = graph.stem.rsplit("_", 3)[-3]
+            files = external_data_files(onnx.load(graph, load_external_data=False), graph)
+            assert set(files) == {f"external:weights_{part}_of_2.data"}, (graph, files)
+    held = sum(f.stat().st_size for f in work.rglob("*.data"))
+    assert held <= 2 * weight_bytes(model), (held, weight_bytes(model))
 
 
 def test_w4a16_puts_int4_weights_in_the_part_models(decoder: Path, tmp_path: Path, ctxbuild) -> None:

@@ -221,7 +221,8 @@ def test_static_graphs_keep_each_parts_slots_and_decode_the_merged_model(tmp_pat
     graphs = static.specs(2, [8, 1], [32])
     dst = {g.name: tmp_path / f"{g.name}.onnx" for g in graphs}
     slots = {"patterns": ["*.lora_A.weight", "*.lora_B.weight"], "scaling": "lora_scaling"}
-    shape = static.write_static_graphs(tmp_path / "lora.onnx", 2, [8, 1], [32], dst, slots)
+    weights = [tmp_path / static.weights_name(p, 2) for p in range(2)]
+    shape = static.write_static_graphs(tmp_path / "lora.onnx", 2, [8, 1], [32], dst, weights, slots)
     for g in graphs:
         m = onnx.load(dst[g.name])
         optional = {t.name for t in m.graph.initializer} & {i.name for i in m.graph.input}
@@ -257,7 +258,8 @@ def test_slots_exported_as_inputs_default_to_zeros(tmp_path: Path) -> None:
     onnx.save(model, tmp_path / "inputs.onnx")
     graphs = static.specs(1, [8, 1], [32])
     dst = {g.name: tmp_path / f"{g.name}.onnx" for g in graphs}
-    shape = static.write_static_graphs(tmp_path / "inputs.onnx", 1, [8, 1], [32], dst, {"patterns": ["*lora*"], "scaling": None})
+    shape = static.write_static_graphs(tmp_path / "inputs.onnx", 1, [8, 1], [32], dst, [tmp_path / "weights.data"],
+                                       {"patterns": ["*lora*"], "scaling": None})
     m = onnx.load(dst["token_ar1_cl32_1_of_1"])
     defaults = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer if ".lora_" in t.name}
     assert set(defaults) == {t.name for t in lora} and not any(v.any() for v in defaults.values())

@@ -3,7 +3,9 @@
 Calibration data is what the part really sees: the float static graphs are chained over the recipe's prompts
 (prompt chunks, then greedy token steps, at every CL) and each call's inputs to this part's graphs are recorded.
 Weights are per-channel symmetric (int4 for w4a16, int8 for w8a16), so every AR x CL graph of the part gets the
-same quantized weights and encodings: the bundle stores them once. The KV-cache I/O takes the recipe's type.
+same quantized weights and encodings: the bundle stores them once, and so does the part's one QDQ weight file
+(each graph is quantized alone, then all of them are saved into it, a tensor's bytes once). The KV-cache I/O takes
+the recipe's type.
 
 LoRA (llm.adapters): the float graphs carry each slot's default as an initializer; the quantizer gets them as plain
 inputs (activations, like the other recipes' slots), calibrated over the decode with no adapter and with each
@@ -19,10 +21,11 @@ from typing import Any
 import numpy as np
 
 from ctxbuild.errors import ActionError
-from ctxbuild.graph.modelio import data_path, load
+from ctxbuild.graph.modelio import SharedData, data_path, load
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.pipeline import Bound
 from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
+from ctxbuild.llm.static import weights_role
 from ctxbuild.plan.action import Action
 
 WEIGHTS = {"w4a16": "QInt4", "w8a16": "QInt8"}
@@ -76,9 +79,8 @@ def run(ctx: Any) -> None:
         raise ActionError(f"{a.recipe_files[0]}: calibration: {e}",
                           "use shorter prompts, fewer llm.generate tokens or larger context_lengths") from None
     kv = getattr(QuantType, {"uint16": "QUInt16", "uint8": "QUInt8"}[p["kv_cache"]])
-    for g in layout.graphs:
-        if g.name not in p["graphs"]:
-            continue
+    mine = [g for g in layout.graphs if g.name in p["graphs"]]
+    for g in mine:
         model = floats[(g.part, g.ar, g.cl)]
         samples = feeds.get((g.part, g.ar, g.cl), [])
         # a private copy beside the model: onnxruntime writes scratch files beside its input
@@ -94,12 +96,23 @@ def run(ctx: Any) -> None:
                                         weight_type=getattr(QuantType, WEIGHTS[p["precision"]]), per_channel=True,
                                         init_overrides=overrides or None)
             config.use_external_data_format = True
-            dst = ctx.tmp_output(f"model:{g.name}")
-            quantize(str(src), str(dst), config)
-            data_path(dst).touch()
+            quantize(str(src), str(ctx.tmp_output(f"model:{g.name}")), config)
         finally:
             src.unlink()
         print(f"{g.name}: calibrated on {len(samples)} calls")
+    share_weights([ctx.tmp_output(f"model:{g.name}") for g in mine], ctx.tmp_output(weights_role(p["part"])))
+
+
+def share_weights(models: list[Path], weights: Path) -> None:
+    """Save the quantized `models` (each with its own data file, as the quantizer wrote it) into the one file
+    `weights`: a tensor the graphs hold with the same bytes (the weights, their scales) is stored once."""
+    with SharedData(weights) as data:
+        for m in models:
+            data.save(load(m, external_data=False), m.parent, m)
+    per_graph = sum(data_path(m).stat().st_size for m in models if data_path(m).exists())
+    for m in models:
+        data_path(m).unlink(missing_ok=True)
+    print(f"{weights.name}: {weights.stat().st_size} bytes for {len(models)} graphs ({per_graph} apart)")
 
 
 def adapter_variants(inputs: dict[str, str], floats: dict[tuple[int, int, int], Path], cal: dict[str, Any]

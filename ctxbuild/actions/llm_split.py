@@ -52,8 +52,9 @@ def run(ctx: Any) -> None:
     ars, cls = p["sequence_lengths"], p["context_lengths"]
     graphs = static.specs(p["parts"], ars, cls)
     dst = {g.name: ctx.tmp_output(f"model:{g.name}") for g in graphs}
+    weights = [ctx.tmp_output(static.weights_role(part)) for part in range(p["parts"])]
     try:
-        shape = static.write_static_graphs(src, p["parts"], ars, cls, dst, p.get("adapter_slots"))
+        shape = static.write_static_graphs(src, p["parts"], ars, cls, dst, weights, p.get("adapter_slots"))
     except NotADecoder as e:
         raise ActionError(f"{given}: {e}") from None
     # LoRA slots the model takes as inputs: the original is checked with their defaults (zeros), as the graphs hold them

@@ -1,6 +1,7 @@
 """Reading ONNX models with errors that name the file, and describing their graph inputs."""
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -104,30 +105,77 @@ def save_external(model: Any, src_dir: Path, dst: Path, inline_max: int | None =
     every external tensor copied into `data_path(dst)`: streamed range by range, never whole in memory.
     With `inline_max`, inline tensors larger than that many bytes move there too (weights a rewrite made).
     The data file is written even when empty, so the action always has the outputs the plan declares."""
-    import onnx
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+    with SharedData(data_path(dst), dedupe=False) as data:
+        data.save(model, src_dir, dst, inline_max)
 
-    data = data_path(dst)
-    with open(data, "wb") as out:
+
+class SharedData:
+    """One external data file that several models in one directory point into (an LLM part's graphs at every
+    AR x CL differ in shapes only): with `dedupe`, a tensor's bytes are written once and every model saved
+    through it names that one range. Tensors are the same when they come from the same range of the same file,
+    else when their bytes hash the same. The file is written where it is to stay: callers write into an
+    action's temporary directory, which the runner moves into OUT whole."""
+
+    def __init__(self, path: Path, dedupe: bool = True) -> None:
+        self.path, self.dedupe = path, dedupe
+        self._out = open(path, "wb")
+        self._ranges: dict[tuple[str, int, int | None], tuple[int, int]] = {}  # source range -> (offset, length)
+        self._digests: dict[str, tuple[int, int]] = {}  # sha256 of the bytes -> (offset, length)
+
+    def __enter__(self) -> "SharedData":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._out.close()
+
+    def save(self, model: Any, src_dir: Path, dst: Path, inline_max: int | None = None) -> None:
+        """Save `model` as `dst` (beside this file) with its external tensors (read from `src_dir`) and its inline
+        ones over `inline_max` bytes in this file."""
+        import onnx
+        from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
         for t in _get_all_tensors(model):
-            start = out.tell()
-            if not uses_external_data(t):
-                if inline_max is None or not t.HasField("raw_data") or len(t.raw_data) <= inline_max:
-                    continue
-                out.write(t.raw_data)
-                copied = len(t.raw_data)
+            if uses_external_data(t):
+                start, length = self._external(t, src_dir)
+            elif inline_max is not None and t.HasField("raw_data") and len(t.raw_data) > inline_max:
+                start, length = self._inline(t.raw_data)
                 t.ClearField("raw_data")
                 t.data_location = onnx.TensorProto.EXTERNAL
             else:
-                info = {e.key: e.value for e in t.external_data}
-                offset, length = int(info.get("offset", 0)), info.get("length")
-                with open(src_dir / info["location"], "rb") as f:
-                    f.seek(offset)
-                    copied = _copy_range(f, out, int(length) if length is not None else None)
+                continue
             del t.external_data[:]
-            for k, v in (("location", data.name), ("offset", str(start)), ("length", str(copied))):
+            for k, v in (("location", self.path.name), ("offset", str(start)), ("length", str(length))):
                 t.external_data.add(key=k, value=v)
-    onnx.save(model, str(dst))
+        self._out.flush()
+        onnx.save(model, str(dst))
+
+    def _external(self, t: Any, src_dir: Path) -> tuple[int, int]:
+        info = {e.key: e.value for e in t.external_data}
+        source = (src_dir / info["location"]).resolve()
+        offset, length = int(info.get("offset", 0)), int(info["length"]) if "length" in info else None
+        where = (str(source), offset, length)
+        if not self.dedupe or where not in self._ranges:
+            digest = _range_digest(source, offset, length) if self.dedupe else None
+            if digest not in self._digests:
+                start = self._out.tell()
+                with open(source, "rb") as f:
+                    f.seek(offset)
+                    self._written(digest, start, _copy_range(f, self._out, length))
+            self._ranges[where] = self._digests[digest] if digest else (start, self._out.tell() - start)
+        return self._ranges[where]
+
+    def _inline(self, data: bytes) -> tuple[int, int]:
+        digest = hashlib.sha256(data).hexdigest() if self.dedupe else None
+        if digest in self._digests:
+            return self._digests[digest]
+        start = self._out.tell()
+        self._out.write(data)
+        self._written(digest, start, len(data))
+        return start, len(data)
+
+    def _written(self, digest: str | None, start: int, length: int) -> None:
+        if digest is not None:
+            self._digests[digest] = (start, length)
 
 
 def _copy_range(src: Any, dst: Any, length: int | None) -> int:
@@ -144,7 +192,6 @@ def _copy_range(src: Any, dst: Any, length: int | None) -> int:
 def initializer_digests(path: Path) -> dict[str, tuple[int, int, str]]:
     """name -> (data type, element count, sha256 of its little-endian bytes) for every initializer, with
     external data hashed in 1 MB reads: comparing the weights of multi-GB models costs no memory."""
-    import hashlib
     import math
 
     from onnx import numpy_helper
@@ -152,16 +199,23 @@ def initializer_digests(path: Path) -> dict[str, tuple[int, int, str]]:
 
     out = {}
     for t in load(path, external_data=False).graph.initializer:
-        h = hashlib.sha256()
         if uses_external_data(t):
             info = {e.key: e.value for e in t.external_data}
-            with open(path.parent / info["location"], "rb") as f:
-                f.seek(int(info.get("offset", 0)))
-                _copy_range(f, _Hasher(h), int(info["length"]) if "length" in info else None)
+            digest = _range_digest(path.parent / info["location"], int(info.get("offset", 0)),
+                                   int(info["length"]) if "length" in info else None)
         else:
-            h.update(t.raw_data if t.HasField("raw_data") else numpy_helper.to_array(t).tobytes())
-        out[t.name] = (t.data_type, math.prod(t.dims), h.hexdigest())
+            digest = hashlib.sha256(t.raw_data if t.HasField("raw_data") else numpy_helper.to_array(t).tobytes()).hexdigest()
+        out[t.name] = (t.data_type, math.prod(t.dims), digest)
     return out
+
+
+def _range_digest(path: Path, offset: int, length: int | None) -> str:
+    """sha256 of `length` bytes of `path` from `offset` (to the end if None), read 1 MB at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(offset)
+        _copy_range(f, _Hasher(h), length)
+    return h.hexdigest()
 
 
 class _Hasher:

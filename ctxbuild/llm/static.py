@@ -35,6 +35,16 @@ def graph_name(part: int, parts: int, ar: int, cl: int) -> str:
     return f"{'token' if ar == 1 else 'prompt'}_ar{ar}_cl{cl}_{part + 1}_of_{parts}"
 
 
+def weights_name(part: int, parts: int) -> str:
+    """The external data file every graph of a part points into (its AR x CL graphs differ in shapes only)."""
+    return f"weights_{part + 1}_of_{parts}.data"
+
+
+def weights_role(part: int) -> str:
+    """That file's role among the outputs of llm_split (float) and of the part's llm_quantize (QDQ)."""
+    return f"weights:part{part + 1}"
+
+
 def part_ranges(layers: int, parts: int) -> list[tuple[int, int]]:
     """Layer ranges [start, stop) of nearly equal size, earlier parts one layer larger."""
     base, extra = divmod(layers, parts)
@@ -182,13 +192,14 @@ def _rename(g: Any, old: str, new: str) -> None:
 
 
 def write_static_graphs(src: Path, parts: int, ars: list[int], cls: list[int], dst: dict[str, Path],
-                        adapter_slots: dict[str, Any] | None = None) -> DecoderShape:
-    """Every (part, AR, CL) graph of `src` to `dst[graph name]` (+ `<path>.data`). The model is read without its
-    external data and each graph's weights are streamed from `src`'s files as it is saved: memory stays at the
-    graph structure (plus inline weights) whatever the model's size, and no protobuf nears its 2 GB limit.
+                        weights: list[Path], adapter_slots: dict[str, Any] | None = None) -> DecoderShape:
+    """Every (part, AR, CL) graph of `src` to `dst[graph name]`, all of part p's weights in one file `weights[p]`
+    beside them (each tensor once, however many graphs read it). The model is read without its external data and
+    the weights are streamed from `src`'s files as they are saved: memory stays at the graph structure (plus inline
+    weights) whatever the model's size, and no protobuf nears its 2 GB limit.
     `adapter_slots` ({patterns, scaling}): those weights become graph inputs, each with its default (the base's
     value) as an initializer of the same name, so the graph runs without an adapter and an adapter overrides them."""
-    from ctxbuild.graph.modelio import save_external
+    from ctxbuild.graph.modelio import SharedData
     from ctxbuild.lora.adapters import add_defaults, make_slots
 
     model = load_decoder(src)
@@ -203,13 +214,16 @@ def write_static_graphs(src: Path, parts: int, ars: list[int], cls: list[int], d
         scaling = adapter_slots["scaling"]
         _load_data(model, adapter_slots["patterns"] + ([scaling] if scaling else []), src.parent)
         defaults = make_slots(model, adapter_slots["patterns"], scaling)
-    for s in specs(parts, ars, cls):
-        sub = static_graph(model, shape, ranges, s.part, s.ar, s.cl, str(src.parent), tuple(defaults),
-                           convention.fold_static)
-        mine = {i.name for i in sub.graph.input}
-        add_defaults(sub, {k: v for k, v in defaults.items() if k in mine})
-        # small tensors (shape constants) stay inline: shape inference needs their values
-        save_external(sub, src.parent, dst[s.name], inline_max=1023)
+    graphs = specs(parts, ars, cls)
+    for part in range(parts):
+        with SharedData(weights[part]) as data:
+            for s in [g for g in graphs if g.part == part]:
+                sub = static_graph(model, shape, ranges, s.part, s.ar, s.cl, str(src.parent), tuple(defaults),
+                                   convention.fold_static)
+                mine = {i.name for i in sub.graph.input}
+                add_defaults(sub, {k: v for k, v in defaults.items() if k in mine})
+                # small tensors (shape constants) stay inline: shape inference needs their values
+                data.save(sub, src.parent, dst[s.name], inline_max=1023)
     return shape
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from ctxbuild.llm.genai_config import helper_names
 from ctxbuild.recipes.llm import LlmSpec
-from ctxbuild.llm.static import GraphSpec, specs
+from ctxbuild.llm.static import GraphSpec, specs, weights_name, weights_role
 from ctxbuild.plan.adapters import adapter_actions, calibration_inputs
 from ctxbuild.digests import short_hash
 from ctxbuild.plan.action import Action
-from ctxbuild.plan.steps import common_params, model_files, provider_options
+from ctxbuild.plan.steps import common_params, provider_options
 from ctxbuild.recipes.objects import Recipe
 from ctxbuild.recipes.targets import Target
 
@@ -64,8 +64,8 @@ def _split(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], work: Path) -
     h = short_hash(["llm_split", params, str(spec.model)])
     d = work / f"{recipe.name}-{h}"
     outputs = {"layout": str(d / "layout.json")}
-    for g in graphs:
-        outputs.update(model_files(f"model:{g.name}", str(d / f"{g.name}.onnx")))
+    outputs.update({f"model:{g.name}": str(d / f"{g.name}.onnx") for g in graphs})
+    outputs.update({weights_role(p): str(d / weights_name(p, spec.parts)) for p in range(spec.parts)})
     # sorted: the depfile names the outputs in the order the spec file (sorted JSON) gives them, which must be ninja's
     return Action(id=f"llm_split/{recipe.name}-{h}", kind="llm_split",
                   description=f"static graphs of {spec.model.name} ({len(graphs)})",
@@ -78,13 +78,16 @@ def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int,
     params = {"part": part, "graphs": mine, "precision": spec.precision, "kv_cache": spec.kv_cache,
               "keep_8bit": list(spec.keep_8bit), "samples": spec.calibration_prompts, "tokens": spec.generate,
               "context_lengths": list(spec.context_lengths)}
-    inputs = {**split.outputs, **prompt_tokenizer(spec)}
+    inputs = {"layout": split.outputs["layout"], **prompt_tokenizer(spec)}
+    for g in graphs:  # calibration runs every part's float graphs
+        inputs.update(graph_files(split.outputs, g, f"model:{g.name}"))
     if spec.adapters:  # calibrated over no adapter + the `calibrate` set: a change there re-quantizes
         params["adapters"], files = calibration_inputs(spec.adapters)
         inputs.update(files)
     h = short_hash(["llm_quantize", params, split.id])
     d = work / f"{recipe.name}-q{part + 1}-{h}"
-    outputs = {k: v for g in mine for k, v in model_files(f"model:{g}", str(d / f"{g}.onnx")).items()}
+    outputs = {f"model:{g}": str(d / f"{g}.onnx") for g in mine}
+    outputs[weights_role(part)] = str(d / weights_name(part, spec.parts))
     return Action(id=f"llm_quantize/{recipe.name}.part{part + 1}-{h}", kind="llm_quantize",
                   description=f"quantize {recipe.name} part {part + 1} ({spec.precision})",
                   inputs=inputs, outputs=dict(sorted(outputs.items())), params=params, watch=[str(spec.prompts)],
@@ -104,9 +107,7 @@ def _bundle(recipe: Recipe, graphs: list[GraphSpec], compiled: dict[str, str], s
     part, parts = graphs[0].part + 1, graphs[0].name.rsplit("_", 1)[-1]
     inputs = {}
     for g in graphs:
-        inputs.update({f"model:{g.name}": compiled[f"model:{g.name}"], f"model:{g.name}.data": compiled[f"model:{g.name}.data"],
-                       f"reference:{g.name}": split.outputs[f"model:{g.name}"],
-                       f"reference:{g.name}.data": split.outputs[f"model:{g.name}.data"]})
+        inputs.update({**graph_files(compiled, g, f"model:{g.name}"), **graph_files(split.outputs, g, f"reference:{g.name}")})
     outputs = {f"ctx:{g.name}": str(d / f"{g.name}_ctx.onnx") for g in graphs}
     outputs["bin"] = str(d / f"{recipe.name}_{part}_of_{parts}_qnn.bin")
     params = {"provider_options": _options(recipe, t), "cpu_fallback": False, "precision": recipe.precision,
@@ -122,9 +123,9 @@ def _bundle(recipe: Recipe, graphs: list[GraphSpec], compiled: dict[str, str], s
 def _twin(recipe: Recipe, g: GraphSpec, compiled: dict[str, str], split: Action, t: Target, d: Path) -> Action:
     params = {"provider_options": _options(recipe, t), "embed": False, "cpu_fallback": False,
               "precision": recipe.precision, "graphs": [g.name]}
-    inputs = model_files("model", compiled[f"model:{g.name}"])
+    inputs = graph_files(compiled, g, "model")
     if recipe.adapters:  # its wrapper carries the slots' defaults too: an adapter binds to it as to the bundle's
-        inputs.update(model_files("reference", split.outputs[f"model:{g.name}"]))
+        inputs.update(graph_files(split.outputs, g, "reference"))
     return Action(id=f"compile/{recipe.name}.{g.name}@{t.name}", kind="compile",
                   description=f"compile {recipe.name}.{g.name}@{t.name} (verification twin)",
                   inputs=inputs,
@@ -136,12 +137,10 @@ def _eval(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], split: Action,
           twins: list[Action], bundles: list[Action], t: Target, out: Path) -> Action:
     inputs = {"layout": split.outputs["layout"]}
     for g, twin in zip(graphs, twins):
-        inputs.update({f"reference:{g.name}": split.outputs[f"model:{g.name}"],
-                       f"reference:{g.name}.data": split.outputs[f"model:{g.name}.data"],
+        inputs.update({**graph_files(split.outputs, g, f"reference:{g.name}"),
                        f"twin:{g.name}": twin.outputs["ctx"], f"twin:{g.name}.bin": twin.outputs["bin"]})
         if spec.precision != "fp16":
-            inputs.update({f"qdq:{g.name}": compiled[f"model:{g.name}"],
-                           f"qdq:{g.name}.data": compiled[f"model:{g.name}.data"]})
+            inputs.update(graph_files(compiled, g, f"qdq:{g.name}"))
     for p, b in enumerate(bundles):  # re-verified whenever a deliverable changes
         inputs.update({f"bundle{p + 1}.{k}": v for k, v in b.outputs.items()})
     inputs.update(prompt_tokenizer(spec))
@@ -219,11 +218,9 @@ def _genai(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], split: Action
     # config does not feed (the wrappers hold their defaults): the float graphs keep them as initializers
     twin = split.outputs if spec.precision == "fp16" or spec.adapters else compiled
     for g in mine:
-        inputs.update({f"float:{g.name}": split.outputs[f"model:{g.name}"],
-                       f"float:{g.name}.data": split.outputs[f"model:{g.name}.data"],
-                       f"twin:{g.name}": twin[f"model:{g.name}"], f"twin:{g.name}.data": twin[f"model:{g.name}.data"]})
-        outputs.update({f"graph:{g.name}": str(d / Path(twin[f"model:{g.name}"]).name),
-                        f"graph:{g.name}.data": str(d / Path(twin[f"model:{g.name}.data"]).name)})
+        inputs.update({**graph_files(split.outputs, g, f"float:{g.name}"), **graph_files(twin, g, f"twin:{g.name}")})
+        outputs[f"graph:{g.name}"] = str(d / Path(twin[f"model:{g.name}"]).name)
+        outputs[f"weights:{g.part}"] = str(d / Path(twin[weights_role(g.part)]).name)  # the part's graphs share it
     params = {"prompts": spec.verify_prompts, "tokens": spec.genai_tokens,
               "wrappers": {wrapper[g.name]: g.name for g in mine}, "twin": "qdq" if twin is compiled else "float"}
     # sorted: the depfile names the outputs in the spec file's (sorted) order, which must be ninja's
@@ -231,6 +228,12 @@ def _genai(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], split: Action
                   description=f"verify {recipe.name}@{t.name} (genai_config.json on onnxruntime-genai)",
                   inputs=inputs, outputs=dict(sorted(outputs.items())), params=params, target=t.as_dict(),
                   watch=[str(spec.prompts)], **{**common_params(recipe), "toolchain": None})  # genai runs beside the installed onnxruntime
+
+
+def graph_files(outputs: dict[str, str], g: GraphSpec, role: str) -> dict[str, str]:
+    """Graph `g` of a split's or quantize's `outputs` as input `role`, its part's weight file as `role.data`: the
+    part's graphs name one file (a role each, so memory estimates count it once per graph a process loads)."""
+    return {role: outputs[f"model:{g.name}"], f"{role}.data": outputs[weights_role(g.part)]}
 
 
 def prompt_tokenizer(spec: LlmSpec) -> dict[str, str]:
