@@ -54,8 +54,8 @@ def likely_fix(where: str, worst: list[dict[str, Any]], weights: dict[str, float
     listed = ", ".join(f"{n['node']} ({n['op_type']})" for n in worst[:3]) or "none measured"
     if where == "htp":
         return (f"the QDQ model meets the thresholds on the CPU; the HTP's own arithmetic loses it, most at "
-                f"{listed}: move those nodes off the NPU (compile.cpu_fallback with them kept in float), "
-                "or build them at higher precision")
+                f"{listed}: keep them in float with quantization.nodes: {{{', '.join(f'{n}: fp16' for n in names) or '<node>: fp16'}}} "
+                "(the HTP runs them in fp16), or let precision: auto's mixed rung choose them")
     clipped = sorted((snr, node) for node, snr in (biases or {}).items() if snr < WEAK_WEIGHT_DB)
     if clipped:  # a bias's int32 scale is input scale x weight scale: a too-narrow input range clips it
         shown = ", ".join(f"{node} {snr:.0f} dB" for snr, node in clipped[:3])
