@@ -44,6 +44,8 @@ def test_a_failing_slice_is_recovered_by_a_mixed_candidate_and_the_answer_pins(t
     assert pinned == yaml.safe_load(s["pin"]) == {
         "precision": "auto", "quantization": [{"activations": "uint8", "nodes": {"head_concat": "fp16"}}],
         "auto": {"mixed": False, "fp16": False}}
+    html = (out / "report.html").read_text()
+    assert "the answer keeps head_concat at higher precision" in html and "head_concat: fp16" in html
     (tree / "det.yaml").write_text("model: det.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\n" + s["pin"])
     out2 = tmp_path / "out2"
     r = ctxbuild("build", str(tree), "-o", str(out2))
