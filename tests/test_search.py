@@ -67,7 +67,7 @@ def test_auto_picks_first_passing_candidate_and_redecides_without_recompiling(tr
             assert c["bin_size"] > 0 and c["total_seconds"] > 0
             assert all(c["seconds"][k] > 0 for k in ("quantize", "compile", "verify"))
     row = next(x for x in json.loads((out / "report.json").read_text())["rows"] if x["recipe"] == "auto")
-    assert row["precision"] == "auto: a16w8-pc" and len(row["search"]["candidates"]) == 4
+    assert row["precision"] == "auto: a16w8-pc" and len(row["search"]["candidates"]) == 5
     html = (out / "report.html").read_text()
     assert "precision search" in html and "not run: a16w8-pc passed" in html
 
@@ -135,8 +135,12 @@ def test_ladder_in_the_recipe_and_candidates_an_arch_cannot_run(tree: Path, ctxb
     assert [c["name"] for c in old["candidates"]] == ["a16w8", "a16w8-pc", "mixed", "fp16"]  # v68: no int16 weights
     assert old["skipped"][0]["name"] == "a16w16" and "v73" in old["skipped"][0]["reason"]
     assert [c["name"] for c in acts["select/refined@SM8650"]["params"]["candidates"]] == [
-        "a16w8", "a16w8-pc", "a16w16", "fp16"]
-    assert all(c["quantization"]["samples"] == 4 for c in old["candidates"][:-1])
+        "a16w8", "a16w8-pc", "a16w16", "mixed", "fp16"]
+    assert all(c["quantization"]["samples"] == 4 for c in old["candidates"][:-2])
+    assert old["candidates"][-2] == {"name": "mixed", "precision": "mixed"}  # its settings: decided by culprits
+    mixed_quantize = next(a for a in acts.values() if a["kind"] == "quantize" and "mixed" in a["description"]
+                          and a["recipes"] == ["refined"])
+    assert mixed_quantize["params"]["samples"] == 4  # calibrated as the candidates it is made from
     assert old["candidates"][-1] == {"name": "fp16", "precision": "fp16"}
 
 

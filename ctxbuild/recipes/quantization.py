@@ -153,12 +153,13 @@ def from_recipe(precision: str, spec: Any, targets: list[Target], at: Callable[.
                                       "or drop the older targets")
         ladder.append({"name": name, **s})
     if precision == "auto":
-        ladder += _rungs(auto or {}, names, at)
+        ladder += _rungs(auto or {}, names, at, {s["samples"] for s in ladder})
     return ladder
 
 
-def _rungs(auto: dict[str, Any], names: set[str], at: Callable[..., str]) -> list[dict[str, Any]]:
-    """The rungs after the quantization candidates: mixed, then fp16 (each unless `auto` leaves it out)."""
+def _rungs(auto: dict[str, Any], names: set[str], at: Callable[..., str], samples: set[int | None]) -> list[dict[str, Any]]:
+    """The rungs after the quantization candidates: mixed, then fp16 (each unless `auto` leaves it out).
+    `samples`: the candidates' calibration sample counts (the mixed rung calibrates like them when they agree)."""
     rungs = []
     for rung, key in ((MIXED_RUNG, "mixed"), (FP16_RUNG, "fp16")):
         if not auto.get(key, True):
@@ -166,7 +167,7 @@ def _rungs(auto: dict[str, Any], names: set[str], at: Callable[..., str]) -> lis
         if rung["name"] in names:
             raise RecipeError(f"{at('quantization')}: a quantization candidate is named '{rung['name']}', the name "
                               f"of the ladder's {key} rung", f"rename it, or set auto: {{{key}: false}}")
-        rungs.append(dict(rung))
+        rungs.append({**rung, "samples": samples.pop()} if key == "mixed" and len(samples) == 1 else dict(rung))
     return rungs
 
 
