@@ -18,8 +18,13 @@ For each release (provisioned on demand, as a build would: ~100 MB from PyPI per
 - recipe (--recipes): `ctxbuild build` of recipes/lm_bundle.yaml (int16) with `toolchain: "X.Y.Z"`, then
   `ctxbuild inspect` of its binary and `ctxbuild check OUT --runtime onnxruntime-qnn=X.Y.Z`.
 
-Usage: python bench/toolchain_capabilities.py [--releases 2.3.0 2.7.0] [--recipes] [--json FILE]
-Prints a markdown table and writes bench/results/toolchain_capabilities.json.
+- features (--features, or --only-features without the rest): recipes/tiny_cnn_flex.yaml (multi_soc),
+  recipes/lora_mlp.yaml and tiny_cnn with compile.quantized_io built by ctxbuild with `toolchain: "X.Y.Z"`:
+  `inspect` of the multi-SoC binary, every verification on the release's simulator, `ctxbuild check` per wrapper.
+
+Usage: python bench/toolchain_capabilities.py [--releases 2.3.0 2.7.0] [--recipes] [--features] [--json FILE]
+Prints the markdown tables and writes bench/results/toolchain_capabilities.json (a partial run keeps the
+other measurements in it).
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from ctxbuild.toolchain import provision  # noqa: E402 - after the path insert
 from ctxbuild.toolchain.choose import Toolchain  # noqa: E402
 from ctxbuild.toolchain.installed import version  # noqa: E402
+from ctxbuild.recipes.toolchains import MIN_QNN_EP  # noqa: E402
 from ctxbuild.toolchain.runtimes import PUBLISHED  # noqa: E402
 
 PROVIDER = {"soc_model": "57", "htp_arch": "75", "enable_htp_fp16_precision": "1"}  # SM8650
@@ -250,6 +256,103 @@ def measure_recipe(plugin: str, work: Path) -> dict[str, Any]:
             "check_exit": c.returncode}
 
 
+QIO = ("targets: [phones, laptops]", "targets: [SM8650]\ncompile:\n  quantized_io: true")  # on recipes/tiny_cnn.yaml
+
+
+def _build(tree: Path, out: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ctxbuild", "build", str(tree), "-o", str(out), "-k", "0"],
+                          capture_output=True, text=True, env=env, timeout=3600)
+
+
+def _verdicts(out: Path) -> dict[str, Any]:
+    """Every verification the build ran: passed, method, worst cosine (from the records)."""
+    found = {}
+    for f in sorted((out / ".ctxbuild" / "records").glob("verify*.json")):
+        rec = json.loads(f.read_text())
+        if res := rec.get("result"):
+            found[rec["id"]] = {"passed": res["passed"], "method": res.get("method"),
+                                "cosine": min(o["cosine"] for o in res["outputs"].values())}
+    return found
+
+
+def measure_features(plugin: str, work: Path) -> dict[str, Any]:
+    """multi_soc (recipes/tiny_cnn_flex.yaml), LoRA adapters (recipes/lora_mlp.yaml, SM8650) and quantized I/O
+    (tiny_cnn int16 with compile.quantized_io, SM8650) built by ctxbuild with `toolchain: "X.Y.Z"`: exit, what
+    `inspect` reads from the multi-SoC binary, each verification on the release's simulator, and
+    `ctxbuild check` of every wrapper for the release's own runtime."""
+    _env(plugin)  # provisioned
+    env = {**os.environ, "CTXBUILD_CACHE_DIR": str(work / "cache")}
+    env.pop("MAKEFLAGS", None)
+    pin = f'toolchain: "{plugin}"\n'
+    rows: dict[str, Any] = {}
+    for name, recipes in (("multi_soc", {"tiny_cnn_flex.yaml": (ROOT / "recipes" / "tiny_cnn_flex.yaml").read_text()}),
+                          ("lora_qio", {"lora_mlp.yaml": (ROOT / "recipes" / "lora_mlp.yaml").read_text().replace(
+                              "precision: int16\n", "precision: int16\ntargets: [SM8650]\n"),
+                                        "tiny_cnn_qio.yaml": (ROOT / "recipes" / "tiny_cnn.yaml").read_text().replace(*QIO)})):
+        tree, out = work / name / "recipes", work / name / "out"
+        shutil.copytree(ROOT / "recipes" / "models", tree / "models",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+        for file, text in recipes.items():
+            (tree / file).write_text(text + pin)
+        b = _build(tree, out, env)
+        r: dict[str, Any] = {"build_exit": b.returncode}
+        if b.returncode == 2:
+            r["error"] = (b.stderr.strip().splitlines() or [""])[-1][:400]
+            rows[name] = r
+            continue
+        r["verified"] = _verdicts(out)
+        wrappers = sorted(w for w in out.glob("*/*/*_ctx.onnx"))
+        r["check_exit"] = {str(w.relative_to(out)): subprocess.run(
+            [sys.executable, "-m", "ctxbuild", "check", str(w), "--runtime", f"onnxruntime-qnn={plugin}"],
+            capture_output=True, text=True, env=env, timeout=300).returncode for w in wrappers}
+        for binary in out.glob("*+*/*/*_qnn.bin"):  # the multi-SoC one
+            i = subprocess.run([sys.executable, "-m", "ctxbuild", "inspect", "--json", str(binary)],
+                               capture_output=True, text=True, env=env, timeout=300)
+            info = json.loads(i.stdout)["binaries"][0]
+            r["inspect"] = {"format": info["format"], "build_id": info["build_id"], "bytes": binary.stat().st_size,
+                            "socs": [f"{t['soc_name']} v{t['htp_arch']}" for t in info["targets"]]}
+        rows[name] = r
+    return rows
+
+
+def _verdict_cell(r: dict[str, Any], prefix: str) -> str:
+    mine = {k: v for k, v in r["verified"].items() if k.split("/", 1)[1].startswith(prefix)}
+    if not mine:
+        return "not verified"
+    ok = all(v["passed"] for v in mine.values())
+    return (f"{len(mine)} verification{'s' if len(mine) > 1 else ''} {'pass' if ok else 'FAIL'} on its simulator "
+            f"(cosine >= {min(v['cosine'] for v in mine.values()):.4f})")
+
+
+def features_table(results: dict[str, Any]) -> str:
+    """The second table in docs/deploy.md: multi-SoC, LoRA and quantized I/O recipes per release."""
+    lines = ["| onnxruntime-qnn (QAIRT) | multi_soc (tiny_cnn_flex: SC8380XP + SM8750) | LoRA (lora_mlp, 3 adapters) "
+             "| quantized I/O (tiny_cnn int16) |", "|---|---|---|---|"]
+    for plugin, rows in results.items():
+        f = rows.get("features")
+        if f is None:
+            continue
+        ms, lq = f["multi_soc"], f["lora_qio"]
+        if ms["build_exit"] == 2:
+            said = ms["error"].split(": toolchain: ", 1)[-1].split(f" ({MIN_QNN_EP['multi_soc'][2]}", 1)[0]  # no hint
+            ms_cell = f"refused (exit 2): {said}"
+        elif ms["build_exit"]:
+            ms_cell = f"build exit {ms['build_exit']}"
+        else:
+            i = ms["inspect"]
+            checks = ms["check_exit"].values()
+            ms_cell = (f"{i['format'].replace('_', '-')} binary, {i['bytes']:,} B, {', '.join(i['socs'])}, "
+                       f"{i['build_id'].rsplit('.', 1)[0]}; single-SoC twin: {_verdict_cell(ms, 'tiny_cnn_flex')}; "
+                       f"check exit {max(checks)}")
+        cells = []
+        for prefix in ("lora_mlp", "tiny_cnn_qio"):
+            checks = [v for k, v in lq.get("check_exit", {}).items() if k.split("/")[1] == prefix]
+            cells.append(f"build exit {lq['build_exit']}; {_verdict_cell(lq, prefix)}; check exit {max(checks)}"
+                         if checks else f"build exit {lq['build_exit']}")
+        lines.append(f"| {plugin} ({PUBLISHED[plugin]}) | {ms_cell} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
 def _outcome(r: dict[str, Any]) -> str:
     if r.get("ran"):
         return f"runs (max abs error {r['max_abs_error']:.3f})"
@@ -320,18 +423,28 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--releases", nargs="*", default=list(PUBLISHED))
     ap.add_argument("--recipes", action="store_true", help="also build recipes/lm_bundle.yaml with each release")
+    ap.add_argument("--features", action="store_true", help="also build multi_soc, LoRA and quantized I/O recipes")
+    ap.add_argument("--only-features", action="store_true", help="only the --features builds (no EP measurements)")
     ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "toolchain_capabilities.json")
     args = ap.parse_args()
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ctxbuild-capabilities-") as tmp:
         for plugin in args.releases:
-            results[plugin] = {"ep": measure_ep(plugin, Path(tmp) / plugin / "ep")}
+            results[plugin] = {} if args.only_features else {"ep": measure_ep(plugin, Path(tmp) / plugin / "ep")}
+            if args.features or args.only_features:
+                results[plugin]["features"] = measure_features(plugin, Path(tmp) / plugin / "features")
             if args.recipes:
                 results[plugin]["recipe"] = measure_recipe(plugin, Path(tmp) / plugin / "recipe")
             print(f"{plugin}: {json.dumps(results[plugin])}", flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
+    if args.json.exists():  # a partial run (--only-features, --releases) keeps the other measurements
+        old = json.loads(args.json.read_text())
+        results = {p: {**old.get(p, {}), **results.get(p, {})} for p in {**old, **results}}
+        results = {p: results[p] for p in PUBLISHED if p in results}
     args.json.write_text(json.dumps(results, indent=1))
-    print(table(results))
+    if all("ep" in rows for rows in results.values()):
+        print(table(results))
+    print(features_table(results))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Atomic file writes: a temp file in the destination directory, fsync, then rename over the target.
+"""Atomic file writes (and the matching JSON read): a temp file in the destination directory, fsync, then rename over the target.
 
 `durable=False` skips the fsync (3-10 ms per file here, hundreds per fresh OUT) for OUT's own state
 (.ctxbuild: plan, specs, records), which the next build re-derives from recipes and the cache. The write is
@@ -6,8 +6,10 @@ atomic either way: an interrupted build leaves the old file or the new one, neve
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 
 def write_bytes(path: Path, data: bytes, tmp_dir: Path | None = None, *, durable: bool = True) -> None:
@@ -45,3 +47,12 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file as written above; None if it is missing, unreadable or not JSON (the state files and
+    records are re-derivable: a damaged one counts as absent)."""
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None

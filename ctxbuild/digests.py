@@ -22,6 +22,15 @@ def short_hash(data: Any, n: int = 10) -> str:
     return hashlib.sha256(canonical_json(data)).hexdigest()[:n]
 
 
+def source_digest(directory: Path) -> str:
+    """sha256 over a package directory's Python sources (read, not imported), for code whose changes must
+    rebuild what it made (the legalization rules)."""
+    h = hashlib.sha256()
+    for f in sorted(directory.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def hash_stream(f: BinaryIO) -> tuple[str, int]:
     """sha256 hex digest and byte count of the rest of `f` (the one file hasher of ctxbuild)."""
     start = f.tell()

@@ -84,6 +84,25 @@ class CorruptEntry(CacheError):
         self.digest = digest  # the bad blob's name: the rebuilt content is uploaded over it
 
 
+# onnxruntime prefixes its messages with where in its source they were raised:
+# "/onnxruntime_src/.../x.cc:393 virtual std::unique_ptr<...> f(...) [ONNXRuntimeError] : 1 : FAIL : <the cause>".
+_ORT_PREFIX = re.compile(r"^.*?\[ONNXRuntimeError\] : \d+ : \w+ : ")
+
+
+def cause_line(e: BaseException | str, last: bool = False, limit: int = 300) -> str:
+    """One line of an exception's (or a tool's output's) text for a message: the first line (the last with
+    `last`, where tools print the cause at the end), onnxruntime's source-location prefix dropped, at most
+    `limit` characters cut at a word with "..." (the whole text stays in the action's log)."""
+    text = e if isinstance(e, str) else str(e)
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "no output" if isinstance(e, str) else type(e).__name__
+    line = _ORT_PREFIX.sub("", lines[-1] if last else lines[0])
+    if len(line) <= limit:
+        return line
+    return line[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " ..."
+
+
 def machine_limit(e: BaseException) -> str | None:
     """One line for a failure the machine caused, not the build (a full disk, a quota, a file-size limit),
     which gets no traceback; None for anything else. A library that hides the OSError behind its own
@@ -93,7 +112,7 @@ def machine_limit(e: BaseException) -> str | None:
     if isinstance(e, OSError) and e.errno in (errno.EFBIG, errno.ENOSPC, errno.EDQUOT):
         where = f"{e.filename}: " if e.filename else ""
         return f"{where}{e.strerror}{note if e.errno == errno.EFBIG else ''}"
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    text = cause_line(e)
     if note and "write" in text.lower():
         return f"{type(e).__name__}: {text}{note}"
     return None

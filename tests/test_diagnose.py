@@ -150,18 +150,60 @@ def test_diagnosis_names_the_injected_culprit(culprit: str, tmp_path: Path, ctxb
     assert "16-bit activations already" in d["hint"]  # not advised for a recipe at 16 bits
 
 
-def test_long_node_names_keep_their_ends() -> None:
-    """`verify --layers` rows of an exporter's graph share long scopes: the table keeps each name's end, so the
-    rows tell the nodes apart (cut at the right, every row read '/model/layers.0/self_attn/...')."""
+def test_long_node_names_are_shown_whole() -> None:
+    """`verify --layers` rows of an exporter's graph share long scopes: the table shows each name whole, as the
+    user's model has it (cut at the right, every row read '/model/layers.0/self_attn/...'; cut at the left, a
+    name matched nothing in the model)."""
     from ctxbuild.verify.diagnose import format_text
 
     def row(node: str) -> dict:
         return {"node": node, "op_type": "MatMul", "weight_snr_db": 40.0, "quant_snr_db": 20.0, "quant_added_db": 3.0,
                 "htp_snr_db": 19.0, "htp_added_db": 1.0}
 
-    names = [f"/model/layers.0/self_attn/{p}_proj/MatMul" for p in ("q", "k", "v")]
+    names = [f"jax2tf_get_logits_/pjit_get_logits_/MagikaV2/layers.0/self_attn/{p}_proj/MatMul" for p in "qkv"]
     d = {"graph": "g", "target": "SM8650", "where": "quantization", "samples": 2, "outputs": {}, "hint": "h",
-         "worst_quantization": [row(n) for n in names], "worst_htp": []}
-    text = format_text(d)
-    shown = [next(line.split()[0] for line in text.splitlines() if n[-20:] in line) for n in names]
-    assert len(set(shown)) == 3 and all(s.endswith("_proj/MatMul") for s in shown), text
+         "worst_quantization": [row(n) for n in names], "worst_htp": [row("short")]}
+    rows = [line.split() for line in format_text(d).splitlines() if "MatMul" in line]
+    assert [r[0] for r in rows] == names + ["short"], rows
+    assert len({line.index("MatMul  ") for line in format_text(d).splitlines() if "MatMul  " in line}) == 1
+
+
+def test_hint_for_weightless_nodes_names_no_weights() -> None:
+    """The loss at nodes without weights (Magika's softmax: Exp, Max, Tanh) at 16-bit activations: the hint
+    used to say "16-bit weights for nodes Exp, Max, Tanh"; now it says they have none, and the field that
+    keeps their range (precision: fp16); a weighted node among them gets the quantization.nodes line."""
+    from ctxbuild.verify.advice import likely_fix
+
+    worst = [{"node": "/softmax/Exp", "op_type": "Exp"}, {"node": "/softmax/Max", "op_type": "Max"},
+             {"node": "/head/MatMul", "op_type": "MatMul"}]
+    hint = likely_fix("quantization", worst, {}, {}, 16)
+    assert "'/softmax/Exp': {weights" not in hint and "'/softmax/Max': {weights" not in hint, hint
+    assert "/softmax/Exp, /softmax/Max have no weights: fp16 (precision: fp16)" in hint, hint
+    assert "quantization.nodes: {'/head/MatMul': {weights: int16}}" in hint, hint
+    only = likely_fix("quantization", worst[:2], {}, {}, 16)
+    assert "weights: int16" not in only and "per-channel" not in only, only
+    htp = likely_fix("htp", worst[:2], {}, {}, 8)
+    assert "quantization.nodes: {'/softmax/Exp': {activations: uint16}, '/softmax/Max': {activations: uint16}}" in htp
+    assert "weights" not in htp and "cpu_fallback" not in htp, htp
+
+
+def test_fp16_cause_names_the_overflow_and_the_huge_constant() -> None:
+    """The float values of the model say what fp16 cannot hold: the first node whose values pass 65504 (a sum
+    of squares), else a worst node reading an infinite constant (a softmax's Max(-inf, m))."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ctxbuild.verify.advice import fp16_cause
+
+    nodes = [helper.make_node("Mul", ["x", "x"], ["sq"], name="square"),
+             helper.make_node("ReduceSum", ["sq"], ["s"], name="sum_of_squares", keepdims=1),
+             helper.make_node("Max", ["neg_inf", "s"], ["y"], name="floor")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])],
+                              [numpy_helper.from_array(np.array(-np.inf, np.float32), "neg_inf")])
+    model = helper.make_model(graph)
+    acts = {"sq": [np.full(512, 400.0 ** 2 / 10)], "s": [np.array([8.2e6])], "y": [np.array([8.2e6])]}
+    assert fp16_cause(model, acts, []) == ("fp16 overflow: sum_of_squares (ReduceSum) computes values up to 8.2e+06 "
+                                           "in float, beyond fp16's 65504")
+    small = {k: [v[0] / 1e3] for k, v in acts.items()}
+    assert fp16_cause(model, small, []) is None
+    assert fp16_cause(model, small, ["floor"]) == "floor (Max) reads the constant neg_inf = -inf, beyond fp16's 65504"

@@ -82,27 +82,36 @@ def test_multi_soc_compiles_key_the_reproducible_build_time(tmp_path: Path, monk
     assert after[0] == before[0] and after[1] != before[1]
 
 
-def test_prepare_keys_the_legalization_rules_code(tmp_path: Path) -> None:
-    """A rule added or edited changes prepare's key (no ACTION_SCHEMA_VERSION bump needed); `rewrite: false`
-    prepares do not depend on the rules."""
+def test_prepare_keys_the_legalization_rules_code(tmp_path: Path, example_models: Path) -> None:
+    """A rule added or edited changes prepare's spec and key (no ACTION_SCHEMA_VERSION bump needed) and
+    re-plans (the rules are generator inputs: ninja re-runs the prepare in an existing OUT, which it did not when
+    the digest was computed only at run time); `rewrite: false` prepares do not depend on the rules."""
     import shutil
 
-    from ctxbuild.actions.prepare import RULES_DIR, key_extras, rules_digest
+    from ctxbuild.digests import source_digest
+    from ctxbuild.engine.ninja import _planner_files
+    from ctxbuild.graph import LEGALIZE_DIR
+    from ctxbuild.plan.steps import prepare_action
+    from ctxbuild.recipes.recipe import load
 
     rules = tmp_path / "legalize"
-    shutil.copytree(RULES_DIR, rules, ignore=shutil.ignore_patterns("__pycache__"))
-    before = rules_digest(rules)
-    assert before == rules_digest(RULES_DIR)
+    shutil.copytree(LEGALIZE_DIR, rules, ignore=shutil.ignore_patterns("__pycache__"))
+    before = source_digest(rules)
+    assert before == source_digest(LEGALIZE_DIR)
     edited = tmp_path / "edited"
     shutil.copytree(rules, edited)
     (edited / "clip.py").write_text((edited / "clip.py").read_text() + "\n# changed\n")
     added = tmp_path / "added"
     shutil.copytree(rules, added)
     (added / "new_rule.py").write_text('"""a new rule"""\n')
-    assert len({before, rules_digest(edited), rules_digest(added)}) == 3
+    assert len({before, source_digest(edited), source_digest(added)}) == 3
+    assert set(LEGALIZE_DIR.glob("*.py")) <= set(_planner_files())
 
-    prepare = Action(id="prepare/m", kind="prepare", description="prepare m", inputs={}, outputs={},
-                     params={"inputs": {}, "optimize": True})
-    assert key_extras(prepare) == {"legalize": before}
-    prepare.params["rewrite"] = False
-    assert key_extras(prepare) == {}
+    (tmp_path / "r.yaml").write_text("model: m.onnx\nprecision: fp16\ntargets: [SM8650]\n")
+    shutil.copy(example_models / "mlp.onnx", tmp_path / "m.onnx")
+    recipe = load([tmp_path / "r.yaml"]).recipes[0]
+    _, prepare = prepare_action(recipe, recipe.graphs[0], tmp_path / "work")
+    assert prepare.params["legalize_code"] == before
+    recipe.rewrite = False
+    _, plain = prepare_action(recipe, recipe.graphs[0], tmp_path / "work")
+    assert "legalize_code" not in plain.params

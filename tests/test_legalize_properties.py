@@ -155,6 +155,51 @@ def test_rmsnorm_property() -> None:
     _tally(results, "rmsnorm")
 
 
+def _moment(r: np.random.Generator, v: str, out: str, axes: list[int], keepdims: int, n: int, opset: int,
+            inits: dict[str, Any]) -> list:
+    """`out` = a mean of `v` over `axes` as exports write it: ReduceMean, or ReduceSum times 1/N or over N (now
+    and then a factor that is not 1/N)."""
+    inits["axes"] = np.array(axes, np.int64)
+    form = int(r.integers(3))
+    if form == 0:
+        mean = (helper.make_node("ReduceMean", [v], [out], axes=axes, keepdims=keepdims) if opset < 18 else
+                helper.make_node("ReduceMean", [v, "axes"], [out], keepdims=keepdims))
+        return [mean]
+    count = float(n if r.random() < 0.85 else n + 1)
+    inits[f"{out}_k"] = np.array(1 / count if form == 1 else count, np.float32)
+    return [helper.make_node("ReduceSum", [v, "axes"], [f"{out}_sum"], keepdims=keepdims),
+            helper.make_node("Mul" if form == 1 else "Div", [f"{out}_sum", f"{out}_k"], [out])]
+
+
+def test_variance_property() -> None:
+    """E[x*x] - E[x]^2 over random axes of rank 2-4 tensors, keepdims 0 or 1, ReduceMean or ReduceSum times 1/N
+    (or over N; now and then not N), squares as Mul or Pow, now and then the two moments over different axes
+    or of different tensors, values offset up to 30 from 0 (the moments form's cancellation in float32 grows
+    with the offset: there the centred form is the closer one)."""
+    results = []
+    for case in range(CASES):
+        r = _rng("variance", case)
+        rank = int(r.integers(2, 5))
+        shape = [int(d) for d in r.integers(2, 6, rank)]
+        axes = sorted(r.choice(rank, int(r.integers(1, rank + 1)), replace=False).tolist())
+        axes = [a - rank if r.integers(2) else a for a in axes]
+        keepdims, opset = int(r.integers(2)), int(r.choice([13, 18]))
+        n = math.prod(shape[a] for a in axes)
+        inits: dict[str, Any] = {"two": np.array(2.0, np.float32)}
+        other = "z" if r.random() < 0.1 else "x"  # the second moment of another tensor: not a variance
+        nodes = _moment(r, "x", "m", axes, keepdims, n, opset, inits)
+        nodes.append(helper.make_node("Pow", [other, "two"], ["sq"]) if r.integers(2) else
+                     helper.make_node("Mul", [other, other], ["sq"]))
+        nodes += _moment(r, "sq", "m2", axes, keepdims, n, opset, inits)
+        nodes += [helper.make_node("Mul", ["m", "m"], ["mm"]), helper.make_node("Sub", ["m2", "mm"], ["y"])]
+        x = (r.standard_normal(shape) * r.choice([1, 10]) + r.choice([0, 3, 30])).astype(np.float32)
+        z = (r.standard_normal(shape) * 2).astype(np.float32)
+        model = _model(nodes, {"x": (shape, F), "z": (shape, F)}, ["y"], inits, opset)
+        # the moments form loses digits to cancellation in float32 (at offset 30, ~1e-4 of the variance)
+        results.append(_same_after(model, {"x": x, "z": z}, "variance", bound=1e-3))
+    _tally(results, "variance")
+
+
 def test_gathernd_property() -> None:
     """GatherND on [2-5]^1-4 data with constant indices of 1 to rank components, in and out of range, negative,
     batch_dims 0 or 1."""

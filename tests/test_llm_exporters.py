@@ -1,6 +1,7 @@
-"""Decoders as the real exporters write them (tests/exports/: onnxruntime-genai 0.18.0's model builder run on
-tiny Llama and Qwen2 checkpoints, committed as written) built unedited by an `llm:` recipe on two SoCs, and the
-genai_config.json the build ships run by onnxruntime-genai on its CPU twin against the original export's tokens.
+"""Decoders as the real exporters write them (tests/exports/: onnxruntime-genai 0.18.0's model builder and
+optimum-onnx 0.1.0's `optimum-cli export onnx --task text-generation-with-past` (torch.onnx) run on tiny Llama and
+Qwen2 checkpoints, committed as written) built unedited by an `llm:` recipe on two SoCs, and the genai_config.json
+the build ships run by onnxruntime-genai on its CPU twin against the original export's tokens.
 
 The Llama export's `model.onnx.data` is a symlink into another directory (a Hugging Face cache's layout), which
 onnx and onnxruntime refuse to read directly."""
@@ -20,16 +21,16 @@ og = pytest.importorskip("onnxruntime_genai")
 pytestmark = pytest.mark.e2e
 
 EXPORTS = Path(__file__).parent / "exports"
-ARCHS = ("llama", "qwen2")
+EXPORTERS = ("llama_builder", "qwen2_builder", "llama_optimum", "qwen2_optimum")  # tests/exports/<arch>_<exporter>
 SOCS = ["SM8650", "SM8750"]
 GENERATE = 8
 
 
 def _lay_out(arch: str, d: Path) -> Path:
-    """The export as a user has it: the Llama one with its weights behind a symlink."""
+    """The export as a user has it: the Llama builder's with its weights behind a symlink."""
     export = d / "export"
-    shutil.copytree(EXPORTS / f"{arch}_builder", export)
-    if arch == "llama":
+    shutil.copytree(EXPORTS / arch, export)
+    if arch == "llama_builder":
         blobs = d / "blobs"
         blobs.mkdir()
         (export / "model.onnx.data").rename(blobs / "0f3a")
@@ -37,7 +38,7 @@ def _lay_out(arch: str, d: Path) -> Path:
     return export / "model.onnx"
 
 
-@pytest.fixture(scope="module", params=ARCHS)
+@pytest.fixture(scope="module", params=EXPORTERS)
 def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     arch = request.param
     d = tmp_path_factory.mktemp(arch)
@@ -56,7 +57,7 @@ def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     return arch, d
 
 
-def test_builder_exports_build_unedited_on_two_socs(built: tuple[str, Path]) -> None:
+def test_exports_build_unedited_on_two_socs(built: tuple[str, Path]) -> None:
     arch, d = built
     for soc in SOCS:
         out = d / "out" / soc / arch
@@ -66,18 +67,29 @@ def test_builder_exports_build_unedited_on_two_socs(built: tuple[str, Path]) -> 
 
 
 def test_shipped_config_carries_the_exports_own_ids(built: tuple[str, Path]) -> None:
-    """bos/eos/pad, vocabulary and decoding options are the export's own genai_config.json's (BOS is id 0 here:
-    a pad id of 0 would mask it)."""
+    """bos/eos/pad, vocabulary and decoding options are the export's own (BOS is id 0 here: a pad id of 0 would
+    mask it): the builder's genai_config.json; optimum writes none, so config.json / generation_config.json, the
+    pad from tokenizer_config.json's `pad_token` (Qwen2's tokenizer names one), else the EOS (what transformers
+    pads with when a model names no pad: the Llama export)."""
     arch, d = built
-    export = json.loads((EXPORTS / f"{arch}_builder" / "genai_config.json").read_text())
+    if arch.endswith("_builder"):
+        export = json.loads((EXPORTS / arch / "genai_config.json").read_text())
+    else:
+        hf = {**json.loads((EXPORTS / arch / "config.json").read_text()),
+              **json.loads((EXPORTS / arch / "generation_config.json").read_text())}
+        tok = json.loads((EXPORTS / arch / "tokenizer_config.json").read_text())
+        named = [int(i) for i, t in tok.get("added_tokens_decoder", {}).items() if t["content"] == tok.get("pad_token")]
+        assert "pad_token_id" not in hf and len(named) == (arch == "qwen2_optimum")
+        export = {"model": {**{k: hf[k] for k in ("bos_token_id", "eos_token_id", "vocab_size")},
+                            "pad_token_id": named[0] if named else hf["eos_token_id"]}, "search": {}}
     for soc in SOCS:
         shipped = json.loads((d / "out" / soc / arch / "genai_config.json").read_text())
         for key in ("bos_token_id", "eos_token_id", "pad_token_id", "vocab_size"):
             assert shipped["model"][key] == export["model"][key], key
         assert shipped["model"]["decoder"]["sliding_window"]["pad_value"] == export["model"]["pad_token_id"]
-        assert shipped["search"]["top_k"] == export["search"]["top_k"]
+        assert shipped["search"].get("top_k") == export["search"].get("top_k")
         assert shipped["search"]["max_length"] == 64  # the static graphs' cache, not the export's 128
-    assert export["model"]["bos_token_id"] == 0 != export["model"]["pad_token_id"] or arch == "qwen2"
+    assert export["model"]["bos_token_id"] == 0 != export["model"]["pad_token_id"] or arch.startswith("qwen2")
 
 
 def _twin(d: Path, arch: str, dst: Path) -> tuple[Path, int]:
@@ -117,16 +129,44 @@ def test_genai_runs_the_shipped_config_and_gives_the_exports_tokens(built: tuple
         {k: v for k, v in shipped["model"].items() if k != "decoder"}
     assert twin["search"] == shipped["search"]
     model = og.Model(str(twin_dir))
-    prompts = [np.load(f) for f in sorted((EXPORTS / f"{arch}_builder" / "prompts").glob("*.npy"))]
+    prompts = [np.load(f) for f in sorted((EXPORTS / arch / "prompts").glob("*.npy"))]
     assert min(len(p) for p in prompts) < 16 < 2 * 16 < max(len(p) for p in prompts)
     eos = shipped["model"]["eos_token_id"]
     seen = set()
     for prompt in prompts:
-        want = pipeline.reference_generate(EXPORTS / f"{arch}_builder" / "model.onnx", prompt, GENERATE).tokens
+        want = pipeline.reference_generate(EXPORTS / arch / "model.onnx", prompt, GENERATE).tokens
         stop = next((i + 1 for i, t in enumerate(want) if t in (eos if isinstance(eos, list) else [eos])), GENERATE)
         assert _genai_tokens(model, prompt, cl) == want[:stop]
         seen.update(want)
     assert len(seen) > 2  # random weights: a continuation may repeat one token, not every one
+
+
+def test_optimum_static_graphs_are_constant_shaped_and_decode_as_the_export(built: tuple[str, Path]) -> None:
+    """torch.onnx's per-layer masks, run-time rotary (Sin/Cos) and shape arithmetic are gone from the static
+    graphs (rotary is a Gather from a table by position_ids), and the float graphs chained on the CPU decode the
+    export's own greedy tokens, logits within 1e-4."""
+    import onnx
+
+    from ctxbuild.llm import pipeline
+    from ctxbuild.llm.layout import Layout
+
+    arch, d = built
+    if not arch.endswith("_optimum"):
+        pytest.skip("the builder's exports are checked by the tests above")
+    split = next(p for p in (d / "out" / ".ctxbuild" / "work" / "llm").glob(f"{arch}-*") if "-q" not in p.name)
+    layout = Layout.read(split / "layout.json")
+    for g in layout.graphs:
+        ops = {n.op_type for n in onnx.load(str(split / f"{g.name}.onnx"), load_external_data=False).graph.node}
+        assert not ops & {"Shape", "Sin", "Cos", "Range", "ConstantOfShape", "IsNaN", "Where", "Equal", "Cast",
+                          "Identity", "Constant"}, (g.name, ops)
+    run = pipeline.cpu_runner({(g.part, g.ar, g.cl): split / f"{g.name}.onnx" for g in layout.graphs})
+    ranges, kv = layout.parts, (layout.kv_heads, layout.head_dim)
+    for f in sorted((EXPORTS / arch / "prompts").glob("*.npy")):
+        prompt = np.load(f)
+        want = pipeline.reference_generate(EXPORTS / arch / "model.onnx", prompt, GENERATE)
+        got = pipeline.generate(run, ranges, kv, prompt, GENERATE, 64, 16)
+        assert got.tokens == want.tokens
+        assert max(float(np.abs(a - b).max()) for a, b in zip(got.logits, want.logits)) < 1e-4
 
 
 def test_a_pad_id_of_zero_changes_the_tokens(built: tuple[str, Path], tmp_path: Path) -> None:
@@ -135,8 +175,8 @@ def test_a_pad_id_of_zero_changes_the_tokens(built: tuple[str, Path], tmp_path: 
     from ctxbuild.llm import pipeline
 
     arch, d = built
-    if arch != "llama":
-        pytest.skip("the Qwen2 export's pad id is 0 itself (and its prompts carry no BOS)")
+    if arch != "llama_builder":
+        pytest.skip("shown once, on the Llama builder export (Qwen2's pad id is 0 itself, its prompts carry no BOS)")
     twin_dir, cl = _twin(d, arch, tmp_path)
     config = json.loads((twin_dir / "genai_config.json").read_text())
     config["model"]["pad_token_id"] = config["model"]["decoder"]["sliding_window"]["pad_value"] = 0
@@ -144,7 +184,7 @@ def test_a_pad_id_of_zero_changes_the_tokens(built: tuple[str, Path], tmp_path: 
     model = og.Model(str(twin_dir))
     prompt = np.load(sorted((EXPORTS / "llama_builder" / "prompts").glob("*.npy"))[-1])
     assert prompt[0] == 0
-    assert _genai_tokens(model, prompt, cl) != pipeline.reference_generate(EXPORTS / f"{arch}_builder" / "model.onnx", prompt,
+    assert _genai_tokens(model, prompt, cl) != pipeline.reference_generate(EXPORTS / arch / "model.onnx", prompt,
                                                                           GENERATE).tokens
 
 
@@ -166,3 +206,27 @@ def test_a_symbolic_dim_with_no_config_beside_the_model_is_refused(tmp_path: Pat
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{tmp_path / 'q.yaml'}:1: model.onnx: head_dim ('kv_cache_dim')" in lines[0]
     assert "keep the exporter's genai_config.json or config.json beside the model" in lines[0]
+
+
+def test_an_attention_whose_mask_cannot_be_told_is_refused(tmp_path: Path) -> None:
+    """An optimum export whose first attention adds its scores to themselves (no operand from attention_mask
+    alone): exit 2 at plan time, one line naming the recipe, the Softmax and what to do."""
+    import onnx
+
+    export = tmp_path / "export"
+    shutil.copytree(EXPORTS / "llama_optimum", export)
+    m = onnx.load(str(export / "model.onnx"))
+    add = next(n for n in m.graph.node if n.name == "/model/layers.0/self_attn/Add_2")
+    add.input[1] = add.input[0]
+    onnx.save(m, str(export / "model.onnx"))
+    (tmp_path / "q.yaml").write_text(json.dumps({"name": "q", "targets": ["SM8650"], "llm": {
+        "model": "export/model.onnx", "sequence_lengths": [16, 1], "context_lengths": [64],
+        "prompts": {"dir": "export/prompts"}}}))
+    env = {**os.environ, "CTXBUILD_CACHE_DIR": str(tmp_path / "cache")}
+    p = subprocess.run([sys.executable, "-m", "ctxbuild", "build", "q.yaml", "-o", "out"], capture_output=True,
+                       text=True, env=env, cwd=tmp_path, timeout=300)
+    assert p.returncode == 2, p.stdout + p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{tmp_path / 'q.yaml'}:1: model.onnx: attention Softmax " \
+        "'/model/layers.0/self_attn/Softmax': cannot tell its mask from its scores" in lines[0], lines
+    assert "export with optimum-cli" in lines[0]

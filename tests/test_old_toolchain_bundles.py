@@ -6,16 +6,13 @@ simulator in its verification."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import onnx
 import pytest
 
-from tests.conftest import RECIPES, keep_only
+from tests.conftest import build_with_toolchains, RECIPES, keep_only
 
 OLD = 'toolchain: {qairt: "2.47"}\n'
 
@@ -31,13 +28,7 @@ def old_out(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> P
         (RECIPES / "lm_bundle.yaml").read_text().replace("targets: [phones]", "targets: [SM8650]") + OLD)
     (tree / "llm_tiny.yaml").write_text(
         (RECIPES / "llm_tiny.yaml").read_text().replace("targets: [phones]", "targets: [SM8650]") + OLD)
-    env = {**os.environ, "CTXBUILD_CACHE_DIR": str(root / "cache")}
-    env.pop("MAKEFLAGS", None)
-    p = subprocess.run([sys.executable, "-m", "ctxbuild", "build", str(tree), "-o", str(root / "out")],
-                       capture_output=True, text=True, env=env, timeout=1800)
-    if p.returncode != 0 and "cannot provision toolchain" in p.stderr:
-        pytest.skip(f"onnxruntime-qnn 2.3.0 cannot be provisioned here (offline?): {p.stderr[-300:]}")
-    assert p.returncode == 0, p.stdout + p.stderr
+    build_with_toolchains(tree, root / "out", root / "cache")
     return root / "out"
 
 

@@ -24,6 +24,11 @@ HEAD = "model: models/mlp.onnx\nprecision: fp16\n"
     ("targets:\n  - {name: mine, soc_model: 4294967296, htp_arch: 75}\n", [":4:", "soc_model", "4294967295"]),
     ("targets:\n  - {name: mine, soc_model: 57, htp_arch: 75, vtcm_mb: 64}\n", [":4:", "vtcm_mb 64", "SM8650", "8 MB"]),
     ("targets: [SM8650]\ncompile:\n  vtcm_mb: 16\n", [":5:", "compile.vtcm_mb 16", "SM8650", "8 MB"]),
+    # issue 30: another backend failed every node with a cpu_fallback hint; backend_path with ctxbuild's
+    # backend_type ended in onnxruntime's message cut at "Only one of 'backe"
+    ("targets: [SM8650]\ncompile:\n  provider_options: {backend_type: gpu}\n", [":5:", "backend_type", "remove it"]),
+    ("targets: [SM8650]\ncompile:\n  provider_options: {backend_path: /x/libQnnHtp.so}\n",
+     [":5:", "backend_path", "remove it"]),
 ])
 def test_bad_field_is_one_line(tree: Path, tmp_path: Path, ctxbuild, body: str, expect: list[str]) -> None:
     keep_only(tree)

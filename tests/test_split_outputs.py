@@ -91,3 +91,21 @@ def test_failed_verification_keeps_artifacts_out_of_the_deliverable_tree(tmp_pat
     kept = out / ".ctxbuild" / "failed" / "SM8650" / "det"
     assert (kept / "det_ctx.onnx").is_file() and (kept / "det_ctx_qnn.bin").is_file()
     assert str(kept) in r.err, r.err
+
+
+def test_split_outputs_with_nothing_to_split() -> None:
+    """split_outputs: true on a model without a final Concat used to compile it unchanged, silently (a detector
+    whose outputs are separate already); now the compile says so, naming the outputs and their last ops."""
+    import pytest
+
+    from ctxbuild.errors import ActionError
+    from ctxbuild.qnn.split_outputs import cut
+    from tests._qnn_models import conv_model
+
+    model = conv_model()
+    with pytest.raises(ActionError) as e:
+        cut(model, None)
+    out = model.graph.output[0].name
+    assert str(e.value).startswith("compile.split_outputs: true, but no output is made by a final Concat: nothing "
+                                   f"to split (outputs: '{out}' ({model.graph.node[-1].op_type}))"), e.value
+    assert "remove compile.split_outputs" in e.value.hint

@@ -61,7 +61,7 @@ def test_bad_toolchains_are_recipe_errors(tree: Path, ctxbuild, tmp_path: Path) 
     for extra, says in [('toolchain: {qairt: "2.40"}\n', "tiny.yaml:8: toolchain: QAIRT 2.40 is older than the oldest"),
                         ('toolchain: [installed, "1.0.0"]\n', "tiny.yaml:8: toolchain: onnxruntime-qnn 1.0.0 is not"),
                         ("toolchain: 2.3\n", "tiny.yaml:8: toolchain"),
-                        ('toolchain: "2.3.0"\nmulti_soc: true\n', "tiny.yaml:8: toolchain: multi_soc needs onnxruntime-qnn 2.7 or newer; this toolchain has 2.3.0")]:
+                        ('toolchain: "2.3.0"\nmulti_soc: true\n', "tiny.yaml:8: toolchain: multi_soc needs onnxruntime-qnn 2.5.0 or newer: 2.3.0 (QAIRT 2.47.0) ignores the SoC list")]:
         (tree / "tiny.yaml").write_text(RECIPE.replace("[SM8650]", "[SM8650, SM8750]") + extra)
         r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"), "-n")
         assert r.code == 2 and says in r.err and len(r.err.strip().splitlines()) == 1, (extra, r.text)
@@ -113,8 +113,15 @@ def test_the_gate_and_the_old_runtime_agree(two_toolchains: Path, ctxbuild) -> N
     out = two_toolchains / "out"
     r = ctxbuild("check", str(out), "--runtime", "qairt=2.47", "--json")
     assert r.code == 1, r.text
-    verdicts = {row["path"]: row["verdict"] for row in json.loads(r.out)}
+    rows = json.loads(r.out)
+    verdicts = {row["path"]: row["verdict"] for row in rows}
     assert verdicts == {OLD: "loads", NEW: "will not load"}
+    # beside it, the EP's own verdict from the runtime's toolchain (2.3.0, provisioned by the build): it reads the
+    # V1 string 2.3.0 wrote, and does not judge the V2 string 2.7.0 writes (EP_NOT_APPLICABLE)
+    assert {row["path"]: (row["ep_verdict"], row["ep_runtime"]) for row in rows} == {
+        OLD: ("loads", "2.3.0"), NEW: ("n/a", "2.3.0")}
+    r = ctxbuild("check", str(out), "--runtime", "qairt=2.47", "--no-ep")
+    assert r.code == 1 and "EP says" not in r.out, r.text
     python = old_runtime_python()  # its own virtualenv, not ctxbuild's provisioned toolchain
     old, new = load(python, out / OLD), load(python, out / NEW)
     assert old["ok"] and len(old["outputs"]) == 1, old["error"]

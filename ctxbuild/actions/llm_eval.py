@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ctxbuild.errors import ActionError
+from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
 from ctxbuild.lora.adapters import read_onnx_adapter, slot_defaults_of
@@ -162,4 +162,4 @@ def _child(layout: Layout, twins: dict[tuple[int, int, int], Path], bindings: di
 
         send.send(tokens.forced_logits(layout, run, prompts, ref, cl))
     except Exception as e:  # noqa: BLE001 - ORT's message to the parent as one line
-        send.send(str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__)
+        send.send(cause_line(e, last=True))

@@ -12,13 +12,12 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import add_defaults, make_slots
-from ctxbuild.errors import ActionError
+from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.graph.modelio import data_path, external_data_files, graph_inputs, load, save_external, save_with_data
 from ctxbuild.graph.samples import for_verification, input_spec, list_samples
 
@@ -29,26 +28,6 @@ if TYPE_CHECKING:  # imported where used: keying and summaries need no numpy
 ORT_MAX_IR_VERSION = 13
 CONTROL_FLOW = ("If", "Loop", "Scan")
 EXTERNAL_MIN_BYTES = 1024  # onnx's own default threshold for external data
-
-
-def key_extras(action: Action) -> dict[str, Any]:
-    """The legalization rules' own code, keyed: a rule added or changed re-prepares what it may rewrite (and
-    everything after it) without an ACTION_SCHEMA_VERSION bump, which rules added under one version missed."""
-    return {} if action.params.get("rewrite", True) is False else {"legalize": rules_digest(RULES_DIR)}
-
-
-RULES_DIR = Path(__file__).resolve().parent.parent / "graph" / "legalize"
-
-
-@lru_cache(maxsize=None)
-def rules_digest(directory: Path) -> str:
-    """sha256 over the rule modules' source (read, not imported: a restore imports no onnx)."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for f in sorted(directory.glob("*.py")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:16]
 
 
 def discover_inputs(action: Action) -> dict[str, Path]:
@@ -68,9 +47,37 @@ def sample_files(action: Action, model: Any) -> dict[str, Path]:
     return list_samples(Path(action.watch[0]), action.params["check"]["samples"], action.recipe_files[0])
 
 
-def _only(params: dict[str, Any]) -> list[str] | None:
+def _only(params: dict[str, Any]) -> list[str]:
+    """The rules to run: those the recipe lists, else (`rewrite: true`) every rule the toolchain needs."""
+    from ctxbuild.graph.legalize import RULES
+    from ctxbuild.graph.legalize.toolchains import decide
+
     rules = params.get("rewrite", True)
-    return None if rules is True else rules or []
+    if rules is not True:
+        return rules or []
+    return [r.NAME for r in RULES if decide(r.NAME, _plugin(params))[0]]
+
+
+def _plugin(params: dict[str, Any]) -> str:
+    """The onnxruntime-qnn release this prepare runs for (its toolchain's, else the installed one)."""
+    from ctxbuild.toolchain.choose import by_name
+    from ctxbuild.toolchain.installed import version
+
+    return by_name(params["toolchain"]).plugin if "toolchain" in params else version("onnxruntime-qnn")
+
+
+def _rule_reasons(params: dict[str, Any], model: Any) -> dict[str, str]:
+    """Per rule whose pattern the model has, whether it ran for this toolchain and why (the prepare record's
+    `rules`); a recipe's own list of rules is its reason."""
+    from ctxbuild.graph.legalize import RULES, wanted
+    from ctxbuild.graph.legalize.toolchains import decide
+
+    present = [r.NAME for r in RULES if wanted(model, [r.NAME])]
+    if params.get("rewrite", True) is not True:
+        chosen = params["rewrite"] or []
+        return {rule: "named in prepare.rewrite" if rule in chosen else "not named in prepare.rewrite"
+                for rule in present}
+    return {rule: decide(rule, _plugin(params))[1] for rule in present}
 
 
 def run(ctx: Any) -> None:
@@ -153,7 +160,10 @@ def _legalize(ctx: Any, dst: Path, inputs: Callable[[], tuple[list[dict[str, np.
     from ctxbuild.graph.legalize import KEPT_KEY, WITHDRAWN_KEY, wanted
 
     optimize, only = ctx.action.params["optimize"], _only(ctx.action.params)
-    if not wanted(load(dst, external_data=False), only):
+    folded = load(dst, external_data=False)
+    if reasons := _rule_reasons(ctx.action.params, folded):
+        ctx.facts["rules"] = reasons
+    if not wanted(folded, only):
         return
     first = _rewritten(dst, ctx.tmp / "rewritten", optimize, only)
     if not first.rewrites:
@@ -187,7 +197,7 @@ def _checked(ctx: Any, dst: Path, first: Candidate, samples: list[dict[str, np.n
         except MemoryError:
             raise
         except Exception as e:  # noqa: BLE001 - onnxruntime's (and the shape check's) errors: the reason recorded
-            first_line = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            first_line = cause_line(e, limit=200)
             return f"onnxruntime's CPU EP could not run it ({first_line})"
 
     def why(label: str, reference: dict[str, np.ndarray], after: dict[str, np.ndarray] | str, tol: float
@@ -233,8 +243,8 @@ class Candidate:
     kept: dict[str, list[str]]
 
 
-def _rewritten(dst: Path, d: Path, optimize: bool, only: list[str] | None) -> Candidate:
-    """dst rewritten by the rules `only` (None: all) into `d`/<dst's name> (+ data), optimized again after a
+def _rewritten(dst: Path, d: Path, optimize: bool, only: list[str]) -> Candidate:
+    """dst rewritten by the rules `only` into `d`/<dst's name> (+ data), optimized again after a
     rewrite (the optimizer folds the Transposes of weights); nothing is written when no rule rewrote."""
     from ctxbuild.graph.legalize import METADATA_KEY, legalize
 
@@ -313,5 +323,5 @@ def _optimize(model: Any, src: Path, dst: Path, stage: Path) -> None:
         if free < model.ByteSize():  # ORT reports a write that ran out of space as INVALID_PROTOBUF
             raise ActionError(f"no space left to write the prepared model under {dst.parent} ({free:,} bytes free, "
                               f"it needs about {model.ByteSize():,})", "free disk space where OUT is") from None
-        raise ActionError(f"onnxruntime rejected the model: {str(e).splitlines()[0][:300]}") from None
+        raise ActionError(f"onnxruntime rejected the model: {cause_line(e)}") from None
     data_path(dst).touch()  # ORT writes no data file when no initializer is that big; the plan declares one

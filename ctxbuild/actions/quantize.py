@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import CalibrationSet
-from ctxbuild.errors import ActionError
+from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.recipes.quantization import FP16_NODE, QUANT_TYPES, get_qnn_qdq_kwargs
 from ctxbuild.graph.modelio import data_path, load
 from ctxbuild.verify import gates
@@ -77,7 +77,7 @@ def _quantize(ctx: Any, src: Path) -> None:
         config.use_external_data_format = True  # weights to `<output>.data`: no 2 GB protobuf limit
         quantize(str(src), str(dst), config)
     except ValueError as e:  # onnxruntime's checks of the overrides (unknown tensor, bad axis...)
-        raise ActionError(f"{a.recipe_files[0]}: quantization: {str(e).strip().splitlines()[0][:300]}",
+        raise ActionError(f"{a.recipe_files[0]}: quantization: {cause_line(e)}",
                           "fix the recipe's quantization overrides") from None
     except RuntimeError as e:
         if (op := re.search(r"no registered schema.*?([A-Z][A-Za-z]+)\d*$", str(e).strip())) is None:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ctxbuild.errors import ActionError
+from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.graph.modelio import load
 from ctxbuild.actions import verify
 from ctxbuild.graph.samples import for_verification, input_spec
@@ -39,7 +39,7 @@ def run(ctx: Any) -> None:
     except (ActionError, MemoryError):
         raise
     except Exception as e:  # noqa: BLE001 - onnxruntime's exceptions are untyped: the candidate drops out, said why
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        why = cause_line(e)
         print(f"candidate {a.id} dropped out: onnxruntime's CPU EP cannot run its QDQ model: {why}")
         result = {"samples": len(samples), "outputs": {}, "error": f"onnxruntime's CPU EP cannot run it: {why}"}
     ctx.facts.update(qdq_cpu_seconds=round(time.monotonic() - start, 3), memo_hits=memo.hits, memo_keys=memo.keys)

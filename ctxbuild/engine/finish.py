@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 from ctxbuild import machine, settings
 from ctxbuild.atomic import write_bytes, write_if_changed
 from ctxbuild.engine import ninja
-from ctxbuild.engine.options import BuildOptions
+from ctxbuild.engine.options import BuildOptions, ninja_targets
 from ctxbuild.layout import STATE, cache_dir, record_path, spec_name
 from ctxbuild.toolchain import installed as toolchain
 
@@ -24,16 +23,19 @@ def finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, st
     """Records -> summary, --explain, invalidation after failures, manifest and report."""
     from ctxbuild.outputs.manifest import read_records, write as write_manifest
 
+    pending = set() if rc == 0 else pending_actions(opts.out, ninja_targets(state, opts))
+    forget_pending(opts.out, ninja.read_state(opts.out, "plan.json") or state, pending, build_id)
     records = read_records(opts.out)
     ran = [r for r in records.values() if r.get("build_id") == build_id]
     write_summary(opts.out, ran)
     if opts.explain:
         for r in sorted(ran, key=lambda r: (r.get("started") or 0, r["id"])):
             print(f"explain: {r['id']}: {_explain(r)}")
+    _drop_stale_diagnoses(state, ran)
     failed = [r for r in ran if r.get("status") == "failed"]
     _invalidate_downstream(opts.out, state, {r["id"] for r in failed})
     if opts.set_aside_failed:  # --layers sets aside after its diagnosis, which reads the failed graph's files
-        ship_only_verified(opts.out, state, pending=set() if rc == 0 else pending_actions(opts.out))
+        ship_only_verified(opts.out, state, pending=pending)
     manifest = write_manifest(opts.out, ninja.read_state(opts.out, "plan.json") or state, toolchain.summary(opts.out / STATE))
     from ctxbuild.outputs.report import write_report  # OUT/report.html + report.json; never fails the build
     write_report(opts.out, build_id=build_id, returncode=rc, wall_seconds=time.monotonic() - started,
@@ -117,14 +119,49 @@ def _invalidate_downstream(out: Path, state: dict[str, Any], failed: set[str]) -
                 record_path(out, c).unlink(missing_ok=True)
 
 
-def pending_actions(out: Path) -> set[str]:
-    """The actions ninja would still run in OUT (after a failed or stopped build: what did not run and is not up to
-    date), read from `ninja -n -v`'s commands, which name each action's spec file."""
-    p = subprocess.run([ninja.ninja_binary(), "-n", "-v", "-k", "0"], cwd=out, capture_output=True, text=True,
-                       check=False)
-    names = set(re.findall(r"actions/(\S+?\.json)", p.stdout))
+def pending_actions(out: Path, targets: list[str]) -> set[str]:
+    """The actions a build of `targets` would still run in OUT (after a failed or stopped build: what did not
+    run and is not up to date), read from ninja's dry run, whose commands name each action's spec file."""
+    names = set(re.findall(r"actions/(\S+?\.json)", "\n".join(ninja.pending(out, targets) or [])))
     state = ninja.read_state(out, "plan.json") or {"actions": []}
     return {a["id"] for a in state["actions"] if spec_name(a["id"]) in names}
+
+
+def forget_pending(out: Path, state: dict[str, Any], pending: set[str], build_id: str) -> None:
+    """What the build stopped before is not a result of it: an earlier build's record (its figures, its
+    "ok") and its result files beside the deliverables (a verify's JSON, a diagnosis) would be shown as this
+    build's. Their records go, and their outputs outside OUT/.ctxbuild/ except deliverables, which
+    ship_only_verified sets aside (the next build restores them by key). Actions that failed in this build
+    are pending too: their records stay."""
+    from ctxbuild.outputs.manifest import read_record
+    from ctxbuild.plan import kinds
+
+    for a in state["actions"]:
+        if a["id"] not in pending or (read_record(out, a["id"]) or {}).get("build_id") == build_id:
+            continue
+        record_path(out, a["id"]).unlink(missing_ok=True)
+        if kinds.get(a["kind"]).deliverable:
+            continue
+        for p in map(Path, a["outputs"]):
+            if p.is_relative_to(out) and not p.is_relative_to(out / STATE):
+                p.unlink(missing_ok=True)
+
+
+def _drop_stale_diagnoses(state: dict[str, Any], ran: list[dict[str, Any]]) -> None:
+    """A `<graph>_layers.json` that `verify --layers` wrote before the graph was verified again in this build
+    describes another artifact (an int16 diagnosis beside fp16 files): it goes."""
+    from ctxbuild.layout import layers_path
+
+    by_id = {a["id"]: a for a in state["actions"]}
+    for r in ran:
+        result = (by_id.get(r["id"]) or {}).get("outputs") or []
+        if r.get("kind") == "verify" and result:
+            layers = layers_path(result[0])
+            try:
+                if layers.stat().st_mtime < (r.get("finished") or 0):
+                    layers.unlink()
+            except OSError:
+                pass
 
 
 def ship_only_verified(out: Path, state: dict[str, Any], *, pending: set[str]) -> None:
@@ -157,6 +194,10 @@ def ship_only_verified(out: Path, state: dict[str, Any], *, pending: set[str]) -
                 aside.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(p, aside)
                 moved.add(aside.parent)
+    for d in sorted({p.parent for a in by_id.values() for p in map(Path, a["outputs"])}, reverse=True):
+        while d.is_relative_to(out) and d != out and d.is_dir() and not any(d.iterdir()):
+            d.rmdir()  # a target dir whose every deliverable moved aside
+            d = d.parent
     for kept in sorted(moved):
         print(f"ctxbuild: not verified in this build (failed or not run): what it built is in {kept}, out of the "
               "deliverable tree (OUT/<target>/)", file=sys.stderr)

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from ctxbuild import __version__
 from ctxbuild.plan import kinds
-from ctxbuild.atomic import write_if_changed
+from ctxbuild.graph import LEGALIZE_DIR
+from ctxbuild.atomic import read_json, write_if_changed
 from ctxbuild.layout import STATE, depfile_path, log_path, rel
 from ctxbuild.engine.links import linked_inputs
 from ctxbuild.engine.console import Console
@@ -165,10 +166,12 @@ def generator_inputs(plan: Plan) -> list[str]:
 
 
 def _planner_files() -> list[Path]:
-    """The planner's own code (plan/, recipes/, the SoC table targets resolve against, this module, the template):
-    a new ctxbuild re-plans (meson does the same on a version change)."""
+    """The planner's own code (plan/, recipes/, the SoC table targets resolve against, this module, the template)
+    and the legalization rules, whose digest is in prepare's spec: a new ctxbuild re-plans (meson does the same
+    on a version change)."""
     pkg = Path(__file__).resolve().parents[1]
     return [*sorted((pkg / "plan").glob("*.py")), *sorted((pkg / "recipes").glob("*.py")),
+            *sorted(LEGALIZE_DIR.glob("*.py")),
             pkg / "recipes" / "recipe.schema.json", pkg / "qnn" / "socs.py", Path(__file__).resolve(),
             template_file("build.ninja.j2")]
 
@@ -248,7 +251,4 @@ def pending(out: Path, targets: list[str]) -> list[str] | None:
 
 
 def read_state(out: Path, name: str) -> dict[str, Any] | None:
-    try:
-        return json.loads((out / STATE / name).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_json(out / STATE / name)

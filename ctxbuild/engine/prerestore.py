@@ -10,7 +10,6 @@ to ninja; the first miss starts the worker so it imports while the rest is resto
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -27,7 +26,7 @@ from ctxbuild.digests import canonical_json
 from ctxbuild.plan.action import load_spec
 from ctxbuild import settings
 from ctxbuild.cache.backends import open_cache
-from ctxbuild.atomic import write_bytes
+from ctxbuild.atomic import read_json, write_bytes
 from ctxbuild.digests import DigestMemo
 from ctxbuild.layout import STATE, log_path, record_path, rel, spec_name
 
@@ -151,7 +150,7 @@ class _Restorer:
             if cache.warnings:  # e.g. a corrupt blob, now deleted: the runner's record must still say so
                 runner.carried_warnings(out, aid, self.build_id, cache.warnings)
             return None
-        previous = _read_json(record_path(out, aid))
+        previous = read_json(record_path(out, aid))
         wrote = before != [_identity(p) for p in outputs.values()]
         ran = (runs or wrote or previous is None or previous.get("key") != key
                or previous.get("status") != "ok")
@@ -214,9 +213,3 @@ def _identity(p: Path) -> tuple[int, int] | None:
         return None
     return st.st_ino, st.st_mtime_ns
 
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return None

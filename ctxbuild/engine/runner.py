@@ -18,11 +18,11 @@ from typing import Any
 from ctxbuild import machine, settings
 from ctxbuild.plan import actionkey, kinds, memory
 from ctxbuild.plan.action import Action, load_spec
-from ctxbuild.atomic import write_bytes
+from ctxbuild.atomic import read_json, write_bytes
 from ctxbuild.cache.backends import open_cache
 from ctxbuild.capture import captured
 from ctxbuild.digests import DigestMemo, canonical_json, sha256_file
-from ctxbuild.errors import ActionError, CtxbuildError, machine_limit
+from ctxbuild.errors import ActionError, cause_line, CtxbuildError, machine_limit
 from ctxbuild.layout import STATE, depfile_path, log_path, memo_dir, record_path, rel, spec_name
 from ctxbuild.engine.ninjaquote import depfile_path as depfile_quote
 
@@ -60,7 +60,7 @@ def main(spec_arg: str) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     record = new_record(action, settings.BUILD_ID.get())
-    previous = _read_json(record_file)
+    previous = read_json(record_file)
     memo = DigestMemo(out / STATE / "digests.sqlite")
     tmp = out / STATE / "tmp" / f"{action.spec_name[:-5]}.{os.getpid()}"
     cache = None
@@ -87,8 +87,7 @@ def main(spec_arg: str) -> int:
                     traceback.print_exc(file=f)
         except OSError:  # a full disk: the cause below still says what happened
             pass
-        record.update(status="failed", cause=cause or f"{type(e).__name__}: "
-                                                      f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+        record.update(status="failed", cause=cause or f"{type(e).__name__}: {cause_line(e)}")
     finally:
         record["seconds"] = round(time.monotonic() - start, 3)
         record["peak_rss"] = machine.peak_rss()
@@ -199,7 +198,7 @@ def record_crash(spec: Path, build_id: str | None, signum: int) -> None:
     out = out_dir_of(spec)
     action = load_spec(spec)
     record_file = record_path(out, action.id)
-    mine = _read_json(record_file)
+    mine = read_json(record_file)
     if mine and mine.get("build_id") == build_id and mine.get("status"):
         return  # it got as far as writing its record: the signal came after
     try:
@@ -299,7 +298,7 @@ def carried_warnings(out: Path, action_id: str, build_id: str | None, warnings: 
     if warnings is not None:
         write_bytes(path, canonical_json({"build_id": build_id, "warnings": warnings}), durable=False)
         return warnings
-    data = _read_json(path)
+    data = read_json(path)
     path.unlink(missing_ok=True)
     return data["warnings"] if data and data.get("build_id") == build_id else []
 
@@ -378,11 +377,3 @@ def _print_failure(action: Action, log_path: Path, cause: str) -> None:
     if not settings.BUILD_ID.get():  # under `ctxbuild build` the driver names the failure, once
         print(f"error: {action.description}: {cause}", file=sys.stderr)
 
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    import json
-
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None

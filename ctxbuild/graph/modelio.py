@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ctxbuild.errors import ActionError
+from ctxbuild.errors import ActionError, cause_line
 
 
 def load(path: Path, *, external_data: bool = True) -> Any:
@@ -16,7 +16,7 @@ def load(path: Path, *, external_data: bool = True) -> Any:
     try:
         return onnx.load(str(path), load_external_data=external_data)
     except (DecodeError, ValueError, RuntimeError) as e:
-        raise ActionError(f"{path}: not a valid ONNX model ({str(e).splitlines()[0][:120] or type(e).__name__})",
+        raise ActionError(f"{path}: not a valid ONNX model ({cause_line(e, limit=120)})",
                           "re-export the model; the file may be truncated or not ONNX") from None
     except FileNotFoundError as e:
         raise ActionError(f"{path}: external data file missing: {e.filename}",

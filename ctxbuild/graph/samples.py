@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from ctxbuild.errors import ActionError
+from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.graph.modelio import graph_inputs
 
 RANDOM_SEED = 0
@@ -74,10 +74,10 @@ def read_arrays(path: Path, what: str) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-        cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        cause = cause_line(e, limit=200)
         if "pickle" in cause:  # numpy's message advises allow_pickle=True: never
             cause = "it holds Python objects (pickled), which ctxbuild never loads"
-        raise ActionError(f"{path}: cannot read {what}: {cause[:200]}",
+        raise ActionError(f"{path}: cannot read {what}: {cause}",
                           "save plain numeric arrays with numpy.savez / numpy.save") from None
 
 

@@ -25,7 +25,8 @@ def check_decoder(model: Any) -> DecoderShape:
                           "with optimum (plain ONNX ops) or onnxruntime-genai's builder (GroupQueryAttention) in fp32")
     inputs = {i.name: i for i in model.graph.input}
     outputs = {o.name: o for o in model.graph.output}
-    needed = exporters.detect(model).inputs
+    convention = exporters.detect(model)
+    needed = convention.inputs
     missing = [n for n in needed if n not in inputs]
     missing += [n for n in ("logits",) if n not in outputs]
     if missing:
@@ -48,6 +49,7 @@ def check_decoder(model: Any) -> DecoderShape:
     if open_dims:
         raise NotADecoder(f"{', '.join(open_dims)} of the KV cache / logits is symbolic and no exporter config beside "
                           "the model gives it: keep the exporter's genai_config.json or config.json beside the model")
+    convention.check(model)
     hidden = _embedding_width(model)
     if hidden is None:
         raise NotADecoder("no embedding: expected a Gather by input_ids of a [vocab, hidden] weight (or of its "
@@ -81,7 +83,7 @@ def load_decoder(path: Path) -> Any:
     return model
 
 
-MEMO = "memo/llm-decoder-5"  # bump when what check_decoder accepts changes: old verdicts are then not read
+MEMO = "memo/llm-decoder-6"  # bump when what check_decoder accepts changes: old verdicts are then not read
 
 
 def decoder_facts(model: Path) -> dict[str, Any] | None:

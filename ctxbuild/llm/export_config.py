@@ -70,6 +70,10 @@ def read(model: Path) -> ExportConfig:
         take(key, "config.json", hf.get(key))
         take(key, "tokenizer_config.json", _token_id(found.get("tokenizer_config.json", {}), key.removesuffix("_id")))
     special = {k: values.pop(k) for k in SPECIAL if k in values}
+    if "pad_token_id" not in special and "eos_token_id" in special:  # Hugging Face exports often name no pad:
+        eos = special["eos_token_id"]  # transformers' generate pads with the EOS then, never with id 0 (maybe BOS)
+        special["pad_token_id"] = eos[0] if isinstance(eos, list) else eos
+        source["pad_token_id"] = source["eos_token_id"]
     search = found.get("genai_config.json", {}).get("search", {})
     return ExportConfig(values.get("head_dim"), values.get("kv_heads"), values.get("vocab"), special, search, source)
 

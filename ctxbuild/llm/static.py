@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ctxbuild.llm import exporters
 from ctxbuild.llm.canonical import LAYER, DecoderShape, NotADecoder
@@ -51,11 +51,12 @@ def specs(parts: int, ars: list[int], cls: list[int]) -> list[GraphSpec]:
 
 
 def static_graph(model: Any, shape: DecoderShape, ranges: list[tuple[int, int]], part: int, ar: int, cl: int,
-                 base_dir: str = "", slots: tuple[str, ...] = ()) -> Any:
+                 base_dir: str = "", slots: tuple[str, ...] = (), fold: Callable[[Any], Any] | None = None) -> Any:
     """The static graph of one part at (AR, CL); `model` is left unchanged. `model` may be loaded without its
     external data (`base_dir`: where it lives): the graph work needs shapes only, so a decoder of any size is
     rewritten without its weights in memory; they are copied when the graph is saved. `slots`: LoRA slot inputs of
-    `model`; the part keeps those its nodes read as inputs."""
+    `model`; the part keeps those its nodes read as inputs. `fold`: the exporter's rewrite of the whole model with
+    these shapes fixed, before the part is cut (exporters/base.py, fold_static)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -96,6 +97,8 @@ def static_graph(model: Any, shape: DecoderShape, ranges: list[tuple[int, int]],
         for i in range(shape.layers) for kv in ("key", "value")])
     del g.value_info[:]
     m = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    if fold is not None:
+        m = fold(m)
 
     ins = (["input_ids"] if part == 0 else [f"hidden_states.{start}"]) + ["attention_mask", "position_ids"]
     ins += [f"past_key_values.{i}.{kv}" for i in range(start, stop) for kv in ("key", "value")]
@@ -190,7 +193,8 @@ def write_static_graphs(src: Path, parts: int, ars: list[int], cls: list[int], d
 
     model = load_decoder(src)
     shape = check_decoder(model)
-    model = exporters.detect(model).to_canonical(model, str(src.parent))
+    convention = exporters.detect(model)
+    model = convention.to_canonical(model, str(src.parent), max(cls))
     if parts > shape.layers:
         raise NotADecoder(f"{parts} parts for a model of {shape.layers} layers: at most one part per layer")
     ranges = part_ranges(shape.layers, parts)
@@ -200,7 +204,8 @@ def write_static_graphs(src: Path, parts: int, ars: list[int], cls: list[int], d
         _load_data(model, adapter_slots["patterns"] + ([scaling] if scaling else []), src.parent)
         defaults = make_slots(model, adapter_slots["patterns"], scaling)
     for s in specs(parts, ars, cls):
-        sub = static_graph(model, shape, ranges, s.part, s.ar, s.cl, str(src.parent), tuple(defaults))
+        sub = static_graph(model, shape, ranges, s.part, s.ar, s.cl, str(src.parent), tuple(defaults),
+                           convention.fold_static)
         mine = {i.name for i in sub.graph.input}
         add_defaults(sub, {k: v for k, v in defaults.items() if k in mine})
         # small tensors (shape constants) stay inline: shape inference needs their values

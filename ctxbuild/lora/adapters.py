@@ -14,7 +14,7 @@ import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ctxbuild.errors import ActionError
+from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.graph.samples import read_arrays
 
 FORMATS = (".onnx_adapter", ".safetensors", ".npz")  # adapter files a recipe may name
@@ -133,7 +133,7 @@ def read_file(path: Path) -> dict[str, np.ndarray]:
 
             return dict(load_file(str(path)))
     except Exception as e:  # noqa: BLE001 - each reader raises its own types for a corrupt file
-        raise ActionError(f"{path}: cannot read adapter file: {str(e).strip().splitlines()[0][:200]}",
+        raise ActionError(f"{path}: cannot read adapter file: {cause_line(e, limit=200)}",
                           "re-export the adapter") from None
     if path.suffix == ".npz":
         return read_arrays(path, "adapter file")

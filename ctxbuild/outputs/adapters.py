@@ -2,11 +2,11 @@
 verification. Built from plan.json's "adapters" rows (plan_adapters.adapter_rows) and the action records."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
 from ctxbuild.digests import DigestMemo
+from ctxbuild.atomic import read_json
 from ctxbuild.layout import record_path
 
 # Why a LoRAv2 section has no verification (measured here; see docs/bundles-and-lora.md).
@@ -18,7 +18,7 @@ def adapter_entries(out: Path, rows: list[dict[str, Any]], memo: DigestMemo,
                     verification: Callable[[Path, list[str]], dict[str, Any] | None]) -> list[dict[str, Any]]:
     entries = []
     for row in rows:
-        record = _read(record_path(out, row["action"]))
+        record = read_json(record_path(out, row["action"]))
         paths = [Path(p) for p in row["files"]]
         if record is None or record.get("status") != "ok" or not all(p.is_file() for p in paths):
             continue  # failed or not built: nothing to ship
@@ -37,9 +37,3 @@ def adapter_entries(out: Path, rows: list[dict[str, Any]], memo: DigestMemo,
         entries.append(entry)
     return entries
 
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None

@@ -25,13 +25,13 @@ _VERDICT = {compat.Compatibility.OPTIMAL: LOADS, compat.Compatibility.PREFER_REC
 _HTP = compat.BACKEND_HTP
 
 
-def facts(wrapper: Path) -> dict[str, Any]:
+def facts(wrapper: Path, f: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the gate needs from a wrapper (and what the manifest records): the EP's compatibility info (None for
     wrappers of binaries made elsewhere), the ONNX IR version, the QNN SDK build the wrapper names, and what its
     context binary's own header says (`binary`: targets, build id, backend; or `binary_error`), read as `inspect`
     reads it: the verdicts go by the binary, the wrapper's string is only a cross-check (onnxruntime-qnn 2.3.0-2.6.0
-    write another arch there than they compile for: v68, or 0)."""
-    f = wrapper_facts(wrapper)
+    write another arch there than they compile for: v68, or 0). `f`: the wrapper's facts, when read already."""
+    f = f or wrapper_facts(wrapper)
     sdk = sorted(set(f["ep_sdk_versions"]))
     found: dict[str, Any] = {"ep_compatibility_info": f["metadata"].get(compat.METADATA_KEY),
                              "ir_version": f["ir_version"], "qnn_sdk": sdk[0] if len(sdk) == 1 else sdk or None}
@@ -146,8 +146,9 @@ def check(path: Path, runtimes: list[Runtime], soc_name: str | None) -> list[dic
         raise UsageError(f"{path}: no such file or directory", "give OUT (a build's output directory) or a _ctx.onnx")
     rows = []
     for wrapper, art in arts:
-        fact = facts(wrapper) if wrapper.is_file() else {"ir_version": 0, "changed": f"{art['path']} is missing"}
-        if changed := _changed(path, art["path"], fact, expected):
+        wf = wrapper_facts(wrapper) if wrapper.is_file() else None
+        fact = facts(wrapper, wf) if wf else {"ir_version": 0, "changed": f"{art['path']} is missing"}
+        if changed := _changed(path, art["path"], wf["binaries"] if wf else [], expected):
             fact["changed"] = changed
         for rt in runtimes:
             for v in judge(fact, art.get("serves") or [], rt, soc):
@@ -172,14 +173,12 @@ def _manifest_artifacts(out: Path) -> list[dict[str, Any]]:
     return arts
 
 
-def _changed(out: Path, rel: str, fact: dict[str, Any], expected: dict[str, str | None]) -> str | None:
-    """Why the wrapper `rel` or the binary it names differs from what the build made, or None (single files given
-    to `check` have no manifest to compare with)."""
+def _changed(out: Path, rel: str, binaries: list[str], expected: dict[str, str | None]) -> str | None:
+    """Why the wrapper `rel` or the binaries it names (`binaries`, beside it) differ from what the build made, or
+    None (single files given to `check` have no manifest to compare with)."""
     if not expected:
         return None
-    wrapper = out / rel
-    binaries = [str(Path(rel).parent / b) for b in wrapper_facts(wrapper)["binaries"] if b] if wrapper.is_file() else []
-    for f in [rel, *binaries]:
+    for f in [rel, *(str(Path(rel).parent / b) for b in binaries if b)]:
         if not (out / f).is_file():
             return f"{f} is missing"
         if f in expected and expected[f] and sha256_file(out / f) != expected[f]:
@@ -189,8 +188,10 @@ def _changed(out: Path, rel: str, fact: dict[str, Any], expected: dict[str, str 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The human table: one line per wrapper x runtime x SoC, then a count."""
-    head = ("artifact", "runtime", "soc", "verdict", "why")
-    body = [(r["path"], r["runtime"], r["soc"], r["verdict"], r["reason"]) for r in rows]
+    ep = any("ep_verdict" in r for r in rows)  # `check` asked the EP too (outputs/epverdict.py)
+    head = ("artifact", "runtime", "soc", "verdict", *(("EP says",) if ep else ()), "why")
+    body = [(r["path"], r["runtime"], r["soc"], r["verdict"], *((r.get("ep_verdict") or "-",) if ep else ()),
+             r["reason"]) for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1] for row in (head, *body)]
     bad = sum(r["verdict"] == WILL_NOT_LOAD for r in rows)

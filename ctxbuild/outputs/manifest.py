@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ctxbuild.atomic import write_if_changed
+from ctxbuild.atomic import read_json, write_if_changed
 from ctxbuild.digests import DigestMemo
 from ctxbuild.layout import STATE, record_path
 from ctxbuild.outputs.search_table import search_of, with_costs
@@ -28,7 +28,7 @@ def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, s
     artifacts = []
     for art in plan_state["artifacts"]:
         path = out / art["path"]
-        record = _read(record_path(out, art["action"]))
+        record = read_record(out, art["action"])
         if not path.is_file() or record is None or record.get("status") != "ok":
             continue
         role = art["role"]
@@ -43,11 +43,11 @@ def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, s
             "serves": _serves(art["target"]), "verification": _verification(out, art["verified_by"]),
             "toolchain": art.get("toolchain") or "installed",  # which one made it (`toolchains` below)
         }
-        if art["action"] in by_id and (made := rewrites(art["action"], by_id, lambda i: _read(record_path(out, i)))):
+        if art["action"] in by_id and (made := rewrites(art["action"], by_id, lambda i: read_record(out, i))):
             entry["rewrites"] = made  # prepare's legalization (docs/legalization.md): rule -> count
         if search := search_of(record):  # precision: auto: which candidate won, every candidate's figures
             entry["precision_search"] = with_costs(search, searches.get(art["action"], {}),
-                                                   lambda i: _read(record_path(out, i)))
+                                                   lambda i: read_record(out, i))
         names = record.get("graph_names", {})
         if role.startswith("ctx"):  # an EPContext model names one graph of its binary
             graph = role.split(":", 1)[1] if ":" in role else art["graphs"][0]
@@ -87,14 +87,14 @@ def _serves(target: dict[str, Any]) -> list[dict[str, str]]:
 
 def _package_variants(path: Path) -> dict[str, list[str]]:
     """Component -> its variants, in the order onnxruntime breaks ties in (the package's manifest.json)."""
-    components = (_read(path) or {}).get("components", {})
+    components = (read_json(path) or {}).get("components", {})
     return {c: list(body.get("variants", {})) for c, body in components.items() if isinstance(body, dict)}
 
 
 def _verification(out: Path, verifiers: list[str]) -> dict[str, Any] | None:
     if not verifiers:
         return None
-    results = [_read(record_path(out, v)) for v in verifiers]
+    results = [read_record(out, v) for v in verifiers]
     if any(r is None or r.get("status") not in ("ok", "failed") for r in results):
         return {"status": "not run"}
     passed = all(r.get("status") == "ok" for r in results)  # type: ignore[union-attr]
@@ -111,7 +111,7 @@ def _sharing(out: Path, twins: list[str], bundle_size: int) -> dict[str, Any] | 
     """Bundle .bin size against the same graphs compiled apart (the verification twins), measured."""
     sizes = {}
     for t in twins:
-        r = _read(record_path(out, t))
+        r = read_record(out, t)
         if r is None or r.get("status") != "ok" or "bin" not in r.get("outputs", {}):
             return None
         sizes[t] = r["outputs"]["bin"]["size"]
@@ -119,11 +119,10 @@ def _sharing(out: Path, twins: list[str], bundle_size: int) -> dict[str, Any] | 
     return {"separate_bin_size": separate, "bundle_bin_size": bundle_size, "saved_bytes": separate - bundle_size}
 
 
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+
+def read_record(out: Path, action_id: str) -> dict[str, Any] | None:
+    """An action's record in OUT (None if it has none)."""
+    return read_json(record_path(out, action_id))
 
 
 def read_records(out: Path) -> dict[str, dict[str, Any]]:

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ctxbuild.plan import kinds, memory
-from ctxbuild.atomic import write_if_changed
+from ctxbuild.atomic import read_json, write_if_changed
 from ctxbuild.layout import STATE, layers_path, record_path, spec_name
 from ctxbuild.outputs.search_table import search_of, with_costs
 from ctxbuild.outputs.gate import WILL_NOT_LOAD
@@ -53,17 +53,17 @@ def write_report(out: Path, *, build_id: str | None = None, returncode: int = 0,
 # ---- data -------------------------------------------------------------------------------------------------
 
 def _read_records(out: Path, report: dict[str, Any]) -> dict[str, Any]:
-    return {n["id"]: _read(record_path(out, n["id"])) for n in report["graph"]["nodes"]}
+    return {n["id"]: read_json(record_path(out, n["id"])) for n in report["graph"]["nodes"]}
 
 
 def collect(out: Path, *, build_id: str | None = None, returncode: int = 0,
             wall_seconds: float | None = None) -> dict[str, Any]:
     """The report as plain data (what report.json holds and the template renders)."""
-    plan = _read(out / STATE / "plan.json") or {"actions": []}
-    manifest = _read(out / "manifest.json") or {}
-    last = _read(out / STATE / "last_build.json") or {}
+    plan = read_json(out / STATE / "plan.json") or {"actions": []}
+    manifest = read_json(out / "manifest.json") or {}
+    last = read_json(out / STATE / "last_build.json") or {}
     actions = plan.get("actions", [])
-    records = {a["id"]: _read(record_path(out, a["id"])) for a in actions}
+    records = {a["id"]: read_json(record_path(out, a["id"])) for a in actions}
     if build_id is not None:
         this_build = {i for i, r in records.items() if r and r.get("build_id") == build_id}
     else:
@@ -126,7 +126,7 @@ def _rows(out: Path, plan: dict[str, Any], manifest: dict[str, Any], records: di
     for a in actions:
         if a["id"] not in deliverables or not a.get("target"):
             continue
-        spec = _read(out / STATE / "actions" / spec_name(a["id"])) or {}
+        spec = read_json(out / STATE / "actions" / spec_name(a["id"])) or {}
         for recipe in a["recipes"]:
             pair = (recipe, a["target"]["name"])
             rows.append(_row(a, recipe, spec, records, status, by_id, failed_up, verifies.get(pair, []), sizes,
@@ -186,7 +186,8 @@ def _row(a: dict[str, Any], recipe: str, spec: dict[str, Any], records: dict[str
     st = status[a["id"]]
     tname = a["target"]["name"]
     params = spec.get("params") or {}
-    verify = [_verify(v, records[v["id"]], status[v["id"]]) for v in verify_actions]
+    verify = [_verify(v, records[v["id"]], status[v["id"]]) | {"blocked_by": failed_up.get(v["id"])}
+              for v in verify_actions]
     ctx, bins = sizes.get((recipe, tname, "ctx"), []), sizes.get((recipe, tname, "bin"), [])
     # Compiles that exist only for verification (a bundle member or a multi-SoC binary built alone) count
     # as verify time; they are the verify actions' compile/bundle deps other than this deliverable.
@@ -290,7 +291,7 @@ def _layers(a: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any] | None:
             return None
     except OSError:
         return None
-    d = _read(path)
+    d = read_json(path)
     if not isinstance(d, dict):
         return None
     worst = d.get("worst_quantization" if d.get("where") == "quantization" else "worst_htp") or []
@@ -375,9 +376,3 @@ def _own_cause(aid: str, rec: dict[str, Any]) -> str | None:
 def _href(log: str | None) -> str | None:
     return quote(log, safe="/@+-_.~") if log else None
 
-
-def _read(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None

@@ -44,7 +44,7 @@ def accuracy(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             result.append({"recipe": row.get("recipe"), "graph": v.get("graph"), "adapter": v.get("adapter"),
                            "context_lengths": v.get("context_lengths"), "sample_source": v.get("sample_source"),
                            "target": (row.get("target") or {}).get("name"), "status": v.get("status"),
-                           "passed": v.get("passed"),
+                           "passed": v.get("passed"), "blocked_by": v.get("blocked_by"),
                            "cosine": min((o["cosine"] for o in outs), default=None),
                            "snr_db": min((o["snr_db"] for o in outs), default=None),
                            "thresholds": v.get("thresholds")})
@@ -121,6 +121,8 @@ def _verdict(r: dict[str, Any]) -> str:
     if r["passed"]:
         return "ok"
     t = r.get("thresholds") or {}
+    if r.get("status") == "not built":  # a failure upstream, or the build stopped first (-k, Ctrl-C)
+        return f"not run: {r['blocked_by']} failed" if r.get("blocked_by") else "not run (the build stopped first)"
     if r["cosine"] is None:
         return "FAILED (see above)"
     return f"FAILED (min cosine {t.get('min_cosine')}, min SNR {t.get('min_snr_db')} dB)"

@@ -119,6 +119,7 @@ class PrepareParams(_PrepareRequired, total=False):
     adapter_slots: dict[str, Any]  # LoRA: slot patterns and scaling input; slots become optional inputs
     rewrite: bool | list[str]  # prepare.rewrite: False or the legalization rules to apply (absent: all)
     check: dict[str, Any]  # what the rewrites are checked on: samples (how many), sample_source (as verify's)
+    legalize_code: str  # digest of the rules' source (plan/steps.py): a rule added or changed re-prepares
 
 
 class Prepare(Kind):

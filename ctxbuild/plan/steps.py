@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ctxbuild.digests import short_hash
+from ctxbuild.digests import short_hash, source_digest
+from ctxbuild.graph import LEGALIZE_DIR
 from ctxbuild.plan.action import Action
 from ctxbuild.recipes.quantization import describe
 from ctxbuild.recipes.objects import Graph, Recipe
@@ -75,6 +76,9 @@ def prepare_action(recipe: Recipe, g: Graph, work: Path) -> tuple[str, Action]:
         params["check"] = {k: sampling[k] for k in ("samples", "sample_source")}
     # Named by model and content, not recipe: recipes preparing one model the same way share the node.
     h = short_hash(["prepare", params, str(g.model), watch])
+    if recipe.rewrite is not False:  # a rule added or changed re-prepares (the spec changes: ninja re-runs it;
+        # the key changes: no stale cache hit), without an ACTION_SCHEMA_VERSION bump; not in the node's name
+        params["legalize_code"] = source_digest(LEGALIZE_DIR)
     stem = g.model.stem
     path = str(work / f"{stem}-{h}" / "prepared.onnx")
     outputs = model_files("model", path)

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from ctxbuild.errors import ActionError
+from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.qnn import fallback, isolated
 from ctxbuild.toolchain import installed as toolchain
 
@@ -127,4 +127,4 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_o
             f" (measured: {probed.describe()}; verify tells whether the accuracy survives the cuts)"
             if probed and cost else "")
         return UnsupportedNodes(f"QNN cannot run {len(nodes)} node(s): {listed}", hint, nodes)
-    return ActionError(f"QNN compile failed: {str(exc).strip().splitlines()[-1][:300]}")
+    return ActionError(f"QNN compile failed: {cause_line(exc, last=True)}")

@@ -49,6 +49,11 @@ def concat_outputs(model: Any) -> dict[str, Join]:
     return joins
 
 
+def _producer_op(model: Any, tensor: str) -> str:
+    """The op type computing `tensor` ('input' for a graph input)."""
+    return next((n.op_type for n in model.graph.node if tensor in n.output), "input")
+
+
 def _shapes(model: Any) -> dict[str, tuple[int, ...]]:
     vis = list(model.graph.value_info) + list(model.graph.output) + list(model.graph.input)
     return {v.name: tuple(d.dim_value for d in v.type.tensor_type.shape.dim) for v in vis
@@ -72,8 +77,10 @@ def cut(model: Any, outputs: list[str] | None) -> tuple[Any, list[Join]]:
                               f"(outputs made by a Concat: {', '.join(joins) or 'none'})",
                               "list only outputs whose last op is a Concat, or use split_outputs: true")
         joins = {o: joins[o] for o in outputs}
-    if not joins:
-        return model, []
+    if not joins:  # split_outputs: true on a model whose outputs no final Concat makes: it would change nothing
+        outs = ", ".join(f"'{o.name}' ({_producer_op(model, o.name)})" for o in model.graph.output)
+        raise ActionError(f"compile.split_outputs: true, but no output is made by a final Concat: nothing to split "
+                          f"(outputs: {outs})", "remove compile.split_outputs: it changes nothing for this model")
     inferred = onnx.shape_inference.infer_shapes(model)
     infos = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
     producer = {o: n for n in model.graph.node for o in n.output}

@@ -105,6 +105,18 @@ def _zip_entries(data: bytes | mmap.mmap, label: str) -> list[tuple[str, bytes]]
     return entries
 
 
+def _cache_names(entries: list[tuple[str, bytes]], label: str) -> set[str]:
+    """The per-SoC context members a container's index lists (empty without an index)."""
+    for name, body in entries:
+        if name.startswith("dlc.metadata"):
+            try:
+                return {c["cacheName"] for c in json.loads(body)["cacheList"]}
+            except (ValueError, KeyError, TypeError) as e:
+                raise InspectError(f"{label}: unreadable index {name} in the multi-SoC container ({e})",
+                                   "rebuild it") from None
+    return set()
+
+
 def binary_info_from_bytes(data: bytes | mmap.mmap, label: str = "<bytes>") -> dict[str, Any]:
     """Metadata of a context binary given as bytes (see `binary_info`)."""
     if not data:
@@ -114,10 +126,12 @@ def binary_info_from_bytes(data: bytes | mmap.mmap, label: str = "<bytes>") -> d
         common = {k: flat.pop(k) for k in _COMMON_KEYS}
         return {"format": "context_binary", "file_size": len(data), **common,
                 "targets": [{"entry": None, **flat}], "entries": None}
-    # Multi-SoC ("flexible") binary: a zip of one plain context per SoC (`<backend>.cache.<soc>.<n>`),
-    # shared weights and a JSON index; libQnnSystem reads the per-SoC caches, not the container.
+    # Multi-SoC ("flexible") binary: a zip of one plain context per SoC, shared weights and a JSON index
+    # (`dlc.metadata<version>`) whose cacheList names the per-SoC members: `htp.cache.sm8650.0` from
+    # onnxruntime-qnn 2.6.0, `backend.metadata0` from 2.5.0. libQnnSystem reads those members, not the container.
     entries = _zip_entries(data, label)
-    caches = [(name, body) for name, body in entries if name.split(".")[1:2] == ["cache"]]
+    listed = _cache_names(entries, label)
+    caches = [(name, body) for name, body in entries if name in listed]
     if not caches:
         raise InspectError(f"{label}: zip file without QNN context caches", "pass a QNN context binary")
     targets, common = [], {}

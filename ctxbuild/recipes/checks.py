@@ -29,6 +29,11 @@ def check_provider_options(f: Path, data: LineDict, copts: CompileOptions, targe
     """soc_model/htp_arch select the SoC: a provider option saying otherwise than the target would ship a
     binary for another SoC under this target's name."""
     for key, value in copts.provider_options:
+        if key in ("backend_type", "backend_path"):  # onnxruntime refuses both together; any other backend
+            # is not the NPU's (and its failure reads as "QNN cannot run every node")
+            raise RecipeError(f"{f}:{line_of(data, ['compile', 'provider_options', key])}: compile.provider_options."
+                              f"{key} is ctxbuild's to set: it builds context binaries for the HTP (the NPU) "
+                              "backend", "remove it from provider_options")
         if key not in ("soc_model", "htp_arch"):
             continue
         soc = soc_table.lookup(value) if key == "soc_model" else None  # QNN takes "SM8750" as well as "69"

@@ -13,11 +13,14 @@ from ctxbuild.toolchain.choose import INSTALLED, by_name, choose
 from ctxbuild.toolchain.installed import version
 from ctxbuild.toolchain.runtimes import PUBLISHED
 
-# The oldest onnxruntime-qnn release that builds each feature. Weight-shared bundles (and so `llm:` recipes) are
-# not listed: every published release builds them with the same session options (bench/toolchain_capabilities.py,
-# docs/deploy.md). multi_soc: 2.3.0 and 2.4.0 ignore the SoC list (a plain binary for the first SoC, no error);
-# 2.5.0 and 2.6.0 write a multi-SoC container, but no multi_soc recipe was built and checked with them yet.
-MIN_QNN_EP = {"multi_soc": (2, 7)}
+# The oldest onnxruntime-qnn release that builds each feature, and what the older ones do instead (measured by
+# bench/toolchain_capabilities.py, table in docs/deploy.md). Weight-shared bundles (and so `llm:` recipes), LoRA
+# adapters and quantized I/O are not listed: every published release builds them.
+# feature -> (oldest release, what an older one does, what the user can do instead)
+MIN_QNN_EP = {
+    "multi_soc": ("2.5.0", "ignores the SoC list and writes a plain binary for the first SoC only (measured)",
+                  "build one binary per SoC (drop `multi_soc`)"),
+}
 
 
 def parse(f: Any, data: LineDict, merged: dict[str, Any], by_group: dict[str, tuple[Any, str]],
@@ -49,11 +52,11 @@ def _resolve(spec: Any, where: str, features: dict[str, str | None], named: bool
         raise RecipeError(e.message, e.hint) from None
     plugin = tc.plugin if tc is not None else installed
     for feature, used_at in features.items():
-        need = MIN_QNN_EP[feature]
-        if used_at is not None and _version_tuple(plugin) < need:
-            raise RecipeError(f"{where if named else used_at}: {feature} needs onnxruntime-qnn "
-                              f"{'.'.join(map(str, need))} or newer; this toolchain has {plugin}",
-                              "choose a newer toolchain (`toolchain:`), or build the graphs one by one")
+        oldest, why, instead = MIN_QNN_EP[feature]
+        if used_at is not None and _version_tuple(plugin) < _version_tuple(oldest):
+            raise RecipeError(f"{where if named else used_at}: {feature} needs onnxruntime-qnn {oldest} or newer: "
+                              f"{plugin} (QAIRT {PUBLISHED.get(plugin, '?')}) {why}",
+                              f"{instead}, or choose a toolchain from {oldest} on (`toolchain: \"{oldest}\"`)")
     return tc.name if tc is not None else None
 
 

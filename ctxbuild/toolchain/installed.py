@@ -130,11 +130,11 @@ def _probe_sdk_build_id(site: str | None) -> str:
         raise ActionError(f"the QNN SDK version probe did not run: {e}") from None
     lines = p.stdout.split()
     if p.returncode != 0 or not lines:  # never memoized: the next build probes again
-        from ctxbuild.errors import machine_limit
+        from ctxbuild.errors import cause_line, machine_limit
 
-        tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        tail = cause_line(p.stderr, last=True)
         limited = machine_limit(RuntimeError(tail))  # a file-size limit the child met: say so, one line
-        raise ActionError(f"the QNN SDK version probe failed (exit {p.returncode}): {limited or tail[:300]}")
+        raise ActionError(f"the QNN SDK version probe failed (exit {p.returncode}): {limited or tail}")
     return lines[-1]
 
 

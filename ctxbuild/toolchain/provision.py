@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from ctxbuild import settings
 from ctxbuild.atomic import write_bytes
-from ctxbuild.errors import UsageError
+from ctxbuild.errors import cause_line, UsageError
 from ctxbuild.procs import die_with_parent
 from ctxbuild.toolchain.choose import Toolchain, by_name
 
@@ -127,7 +127,7 @@ def _provision(tc: Toolchain) -> dict[str, Any]:
     # pip dies with this process (a kill -9 of the build included): no orphan keeps writing into the directory
     p = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=die_with_parent)
     if p.returncode != 0:
-        tail = " ".join((p.stderr.strip().splitlines() or ["no output"])[-2:])[:400]
+        tail = cause_line(" ".join(p.stderr.strip().splitlines()[-2:]), limit=400)
         raise UsageError(f"cannot provision toolchain {tc.label}: pip failed: {tail}",
                          f"check the network or proxy, or set ${settings.WHEELHOUSE.name} to a directory holding "
                          f"{' and '.join(tc.pins)} wheels, or run `ctxbuild toolchain provision {tc.plugin}` where "
@@ -145,7 +145,7 @@ def check(tc: Toolchain) -> dict[str, Any]:
     p = subprocess.run([sys.executable, "-c", _CHECK], capture_output=True, text=True, env=env_for(tc), timeout=300)
     lines = p.stdout.strip().splitlines()
     if p.returncode != 0 or not lines:
-        tail = (p.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        tail = cause_line(p.stderr, last=True)
         raise UsageError(f"toolchain {tc.label} does not import: {tail}", f"remove {root() / tc.name} and build again")
     got = json.loads(lines[-1])
     wrong = [f"{k} {got[k]} (want {want})" for k, want in (("onnxruntime", tc.onnxruntime),

@@ -1,6 +1,7 @@
 """The fix the numbers point at: where the loss is (quantization or the HTP), which nodes, and what to change
 (per-channel or 16-bit weights, 16-bit activations, calibration like the real inputs, split_outputs for a weak
-slice, moving nodes off the NPU). Also verify's hint on a failure, from the cheap CPU half of the diagnosis."""
+slice, per-node overrides in quantization.nodes, fp16 for nodes without weights), and what an fp16 build's
+float values hold that fp16 cannot. Also verify's hint on a failure, from the cheap CPU half of the diagnosis."""
 from __future__ import annotations
 
 import tempfile
@@ -9,12 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from ctxbuild.verify.layerloss import Graph, cpu_side, node_losses
+from ctxbuild.verify.layerloss import Graph, activations, cpu_side, node_losses
 
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 # Below this a weight tensor is coarse: uint8 per-tensor weights of the examples measure 41-44 dB, the
 # PP-OCRv4 recognizer's worst 14-27 dB (outlier channels stretch one scale over the whole tensor).
 WEAK_WEIGHT_DB = 30.0
+HINT_MAX_BYTES = 256 << 20  # verify's fp16 hint runs the float model with every tensor an output up to this size
 
 
 def weights_per_node(model: Any, weight_snr: dict[str, float], role: int = 1) -> dict[str, float]:
@@ -47,15 +49,25 @@ def weak_slice_fix(outputs: dict[str, Any], t: dict[str, float]) -> str | None:
 
 
 def likely_fix(where: str, worst: list[dict[str, Any]], weights: dict[str, float] | None = None,
-               biases: dict[str, float] | None = None, activation_bits: int = 8) -> str:
+               biases: dict[str, float] | None = None, activation_bits: int = 8, cause: str | None = None) -> str:
     """The fix the numbers point at. `weights`, `biases`: node -> SNR of its quantized weight / bias;
-    `activation_bits`: what the QDQ model quantizes activations to (16: do not advise 16-bit activations)."""
+    `activation_bits`: what the QDQ model quantizes activations to (0: not quantized, an fp16 build; 16: do not
+    advise 16-bit activations); `cause`: what the float values show (fp16_cause), said first."""
     names = [n["node"] for n in worst[:3]]
     listed = ", ".join(f"{n['node']} ({n['op_type']})" for n in worst[:3]) or "none measured"
+    weighted = [n["node"] for n in worst[:3] if n["op_type"].split("+")[0] in WEIGHTED_OPS]
+    weightless = [n for n in names if n not in weighted]
     if where == "htp":
+        if activation_bits == 0:
+            return (f"{cause}: {FP16_FIX}; the HTP's fp16 arithmetic loses it, most at {listed}" if cause else
+                    f"the HTP's fp16 arithmetic loses it, most at {listed}: {FP16_FIX}")
+        fix = (f"16-bit activations on them ({_nodes_field(names, 'activations: uint16')})" if activation_bits < 16
+               else "they have 16-bit activations already: keep them in float, the HTP runs them in fp16 ("
+               + "quantization.nodes: {" + ", ".join(f"'{n}': fp16" for n in names) + "})")
+        if weighted:
+            fix += f", 16-bit weights ({_nodes_field(weighted, 'weights: int16')})"
         return (f"the QDQ model meets the thresholds on the CPU; the HTP's own arithmetic loses it, most at "
-                f"{listed}: keep them in float with quantization.nodes: {{{', '.join(f'{n}: fp16' for n in names) or '<node>: fp16'}}} "
-                "(the HTP runs them in fp16), or let precision: auto's mixed rung choose them")
+                f"{listed}: {fix}")
     clipped = sorted((snr, node) for node, snr in (biases or {}).items() if snr < WEAK_WEIGHT_DB)
     if clipped:  # a bias's int32 scale is input scale x weight scale: a too-narrow input range clips it
         shown = ", ".join(f"{node} {snr:.0f} dB" for snr, node in clipped[:3])
@@ -68,11 +80,55 @@ def likely_fix(where: str, worst: list[dict[str, Any]], weights: dict[str, float
         return (f"quantization loses it: {len(coarse)} weight tensor(s) keep less than {WEAK_WEIGHT_DB:.0f} dB "
                 f"(worst: {shown}): use per-channel weights or 16-bit weights; the noise grows most at {listed} "
                 f"(candidates for 16-bit overrides)")
+    said = f"{cause}; " if cause else ""
     if activation_bits >= 16:  # the activations have their range already: the weights are what is left
-        return (f"quantization loses it, most at {listed}, with 16-bit activations already: per-channel weights "
-                f"(quantization.per_channel) or 16-bit weights for nodes {', '.join(names)}, or move them off the NPU")
-    return (f"quantization loses it, most at {listed}: their activations need more range: 16-bit activations, "
-            f"or overrides for nodes {', '.join(names)}, or move them off the NPU")
+        fixes = []
+        if weighted:
+            fixes.append(f"per-channel weights (quantization.per_channel) or 16-bit weights for "
+                         f"{_nodes_field(weighted, 'weights: int16')}")
+        if weightless:  # no weights to widen: 16-bit weights would change nothing there
+            fixes.append(f"{', '.join(weightless)} have no weights: fp16 (precision: fp16) keeps their range")
+        return f"{said}quantization loses it, most at {listed}, with 16-bit activations already: {'; '.join(fixes)}"
+    return (f"{said}quantization loses it, most at {listed}: their activations need more range: 16-bit activations "
+            f"(quantization.activations: uint16, or for these nodes {_nodes_field(names, 'activations: uint16')})")
+
+
+def _nodes_field(names: list[str], what: str) -> str:
+    """The recipe field that sets `what` on these nodes alone: quantization.nodes, by the model's node names."""
+    return "quantization.nodes: {" + ", ".join(f"'{n}': {{{what}}}" for n in names) + "}"
+
+
+FP16_MAX = 65504.0  # the largest finite float16
+FP16_FIX = "build at int16 (precision: int16), whose scale follows the values where fp16's range is fixed"
+
+
+def fp16_cause(model: Any, float_acts: dict[str, list[np.ndarray]], among: list[str]) -> str | None:
+    """What the float model's own values show fp16 cannot hold, on one line, or None: the first node (in the
+    graph's order) whose values pass 65504, else a node of `among` reading an infinite or huge constant."""
+    from onnx import numpy_helper
+
+    for n in model.graph.node:
+        for o in n.output:
+            values = [np.asarray(v) for v in float_acts.get(o, []) if np.asarray(v).dtype.kind == "f"]
+            top = max((float(np.abs(v[np.isfinite(v)]).max(initial=0)) for v in values), default=0.0)
+            if top > FP16_MAX:
+                return (f"fp16 overflow: {n.name or o} ({n.op_type}) computes values up to {top:.3g} in float, beyond "
+                        f"fp16's {FP16_MAX:g}")
+    consts = {i.name: i for i in model.graph.initializer}
+    consts.update({n.output[0]: a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute
+                   if a.name == "value"})
+    for n in model.graph.node:
+        if n.name not in among:
+            continue
+        for i in n.input:
+            value = numpy_helper.to_array(consts[i]) if i in consts else None
+            if value is not None and value.dtype.kind == "f" and value.size and \
+                    (not np.isfinite(value).all() or float(np.abs(value).max()) > FP16_MAX):
+                flat = value.ravel().astype(np.float64)
+                shown = flat[np.argmax(np.where(np.isnan(flat), 0, np.abs(flat)))]
+                return (f"{n.name} ({n.op_type}) reads the constant {i} = {float(shown):g}, beyond fp16's "
+                        f"{FP16_MAX:g}")
+    return None
 
 
 def failure_hint(reference: Path, compiled: Path, samples: list[dict[str, np.ndarray]],
@@ -87,6 +143,9 @@ def failure_hint(reference: Path, compiled: Path, samples: list[dict[str, np.nda
     if weak and not split:  # one scale over slices of very different ranges: the cure is known, no diagnosis needed
         return weak
     if compiled.resolve() == reference.resolve():
+        cause = _float_cause(reference, samples[:1]) if precision == "fp16" else None
+        if cause:
+            return f"the {precision} model loses accuracy on the HTP itself: {cause}: {FP16_FIX}; {more}"
         return f"the {precision} model loses accuracy on the HTP itself; {more}"
     try:
         qdq_out = cpu_outputs(compiled, samples)
@@ -95,7 +154,7 @@ def failure_hint(reference: Path, compiled: Path, samples: list[dict[str, np.nda
         if all(_passes(m, t) for m in quant.values()):
             snr = min(m["snr_db"] for m in quant.values())
             return (f"the QDQ model on the CPU passes (SNR {snr:.1f} dB): the loss is on the HTP; {more} "
-                    "(candidates to move off the NPU)")
+                    "(its nodes are candidates for quantization.nodes overrides)")
         with tempfile.TemporaryDirectory(prefix="ctxbuild-hint-") as tmp:  # one sample: a hint, not the diagnosis
             cpu = cpu_side(reference, compiled, samples[:1], Path(tmp))
         from ctxbuild.graph.modelio import load
@@ -106,6 +165,23 @@ def failure_hint(reference: Path, compiled: Path, samples: list[dict[str, np.nda
                           weights_per_node(model, cpu.weight_snr, role=2), cpu.activation_bits) + f"; {more}"
     except Exception as e:  # noqa: BLE001 - a hint must never hide the verification failure itself
         return f"{more} (no quick diagnosis: {type(e).__name__})"
+
+
+def _float_cause(reference: Path, samples: list[dict[str, np.ndarray]]) -> str | None:
+    """fp16_cause from one CPU run of the float model with every tensor an output; None for a model over
+    HINT_MAX_BYTES (a hint must not cost an LLM's worth of activations) or when the run fails."""
+    from ctxbuild.graph.modelio import external_data_files, load
+
+    model = load(reference, external_data=False)
+    size = reference.stat().st_size + sum(p.stat().st_size for p in external_data_files(model, reference).values())
+    if size > HINT_MAX_BYTES:
+        return None
+    try:
+        with tempfile.TemporaryDirectory(prefix="ctxbuild-hint-") as tmp:
+            acts = activations(reference, samples, Path(tmp), "float")
+    except Exception:  # noqa: BLE001 - a hint must never hide the verification failure itself
+        return None
+    return fp16_cause(model, acts, [])
 
 
 def _passes(m: dict[str, Any], t: dict[str, float]) -> bool:

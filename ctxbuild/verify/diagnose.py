@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from ctxbuild.verify import slices as output_slices
-from ctxbuild.verify.advice import likely_fix, weak_slice_fix, weights_per_node, where_lost, worst_nodes
+from ctxbuild.verify.advice import (fp16_cause, likely_fix, weak_slice_fix, weights_per_node, where_lost,
+                                    worst_nodes)
 from ctxbuild.verify.layerloss import CAP, CpuSide, Graph, activations, cpu_side, node_losses, noise, snr_db
 from ctxbuild.verify.probe import htp_run
 
@@ -123,11 +124,13 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
     where = where_lost(outputs, thresholds)
     worst_q = worst_nodes(nodes, "quant_added_db", top)
     worst_h = worst_nodes(nodes, "htp_added_db", top)
+    # fp16 (the model compiled as given): what its float values show fp16 cannot hold
+    cause = None if quantized else fp16_cause(float_model, cpu.float_acts, [n["node"] for n in worst_h])
     return {"samples": len(samples), "thresholds": thresholds, "outputs": outputs, "where": where,
             "worst_quantization": worst_q, "worst_htp": worst_h, "nodes": len(nodes), "probe_runs": runs,
             "hint": weak_slice_fix(outputs, thresholds)
             or likely_fix(where, worst_q if where == "quantization" else worst_h, weights_of,
-                          weights_per_node(float_model, cpu.weight_snr, role=2), cpu.activation_bits)}
+                          weights_per_node(float_model, cpu.weight_snr, role=2), cpu.activation_bits, cause)}
 
 
 def _cat(x: list[np.ndarray], shape: list[int | None] | None) -> np.ndarray:
@@ -142,20 +145,17 @@ def format_text(d: dict[str, Any]) -> str:
                  + "".join(f" [{x['slice']} {x['snr_db']:.1f} dB]" for x in v.get("slices") or []) for k, v in row.items()]
         lines.append(f"  output {o}: " + "; ".join(parts))
     lines.append("  (SNR: of the node's output; added: the noise the node itself adds, dB relative to its signal)")
-    head = f"  {'node':<36} {'op':<14} {'w SNR':>6} {'quant SNR':>9} {'q added':>8} {'HTP SNR':>8} {'h added':>8}"
+    # full names, the column as wide as the longest: the user's model has these names (exporters' share long
+    # scopes, so a cut name at either end can read the same on several rows, or match nothing in the model)
+    w = max([36] + [len(r["node"]) for r in d["worst_quantization"] + d["worst_htp"]])
+    head = f"  {'node':<{w}} {'op':<14} {'w SNR':>6} {'quant SNR':>9} {'q added':>8} {'HTP SNR':>8} {'h added':>8}"
     for title, rows in (("worst in quantization (float vs QDQ on CPU)", d["worst_quantization"]),
                         ("worst on the HTP (HTP simulator vs QDQ on CPU)", d["worst_htp"])):
         lines += [f" {title}:", head]
-        lines += [f"  {_tail(r['node'], 36):<36} {r['op_type'][:14]:<14} {_f(r['weight_snr_db']):>6} {_f(r['quant_snr_db']):>9} "
+        lines += [f"  {r['node']:<{w}} {r['op_type'][:14]:<14} {_f(r['weight_snr_db']):>6} {_f(r['quant_snr_db']):>9} "
                   f"{_f(r['quant_added_db']):>8} {_f(r['htp_snr_db']):>8} {_f(r['htp_added_db']):>8}" for r in rows]
     lines.append(f" hint: {d['hint']}")
     return "\n".join(lines)
-
-
-def _tail(name: str, width: int) -> str:
-    """A node name cut to `width` from the left: exporters' names share long scopes (/model/layers.3/self_attn/...),
-    so their ends tell rows apart (cut at the right, every row read the same prefix)."""
-    return name if len(name) <= width else "…" + name[-(width - 1):]
 
 
 def _f(x: float | None) -> str:

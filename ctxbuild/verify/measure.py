@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ctxbuild.errors import ActionError
+from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.qnn import quantized_io
 from ctxbuild.toolchain import installed as toolchain
 
@@ -214,4 +214,4 @@ def _simulate_child(ctx_model: Path, samples: list[dict[str, np.ndarray]], cpu_f
             send.send(("sample", {n: quantized_io.dequantize(v, enc[n]) if n in enc else v for n, v in got.items()}))
         send.send(("done", {"load": loaded - start, "run": time.monotonic() - loaded}))
     except Exception as e:  # noqa: BLE001 - report ORT's message to the parent as one line
-        send.send(str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__)
+        send.send(cause_line(e, last=True))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ctxbuild import settings
 from ctxbuild.digests import canonical_json
-from ctxbuild.errors import ActionError
+from ctxbuild.errors import ActionError, cause_line
 
 if TYPE_CHECKING:  # imported where used: a verify cache hit needs no numpy
     import numpy as np
@@ -97,7 +97,7 @@ def float_reference(ctx: Any, samples: list[dict[str, np.ndarray]], memo: Output
     except (ActionError, MemoryError):
         raise
     except Exception as e:  # noqa: BLE001 - onnxruntime's exceptions are untyped
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        why = cause_line(e)
         ctx.facts["reference"] = f"prepared model (onnxruntime's CPU EP cannot run the original as given: {why})"
     reference = memo.get_or_compute("reference", [inputs["reference"], inputs.get("reference.data"), sample_id,
                                                    key["toolchain"]["onnxruntime"]],

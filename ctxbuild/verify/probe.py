@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ctxbuild.errors import ActionError
+from ctxbuild.errors import ActionError, cause_line
 
 
 def probe_model(qdq: Any, tensors: list[str], shapes: dict[str, Any]) -> tuple[Any, dict[str, str]]:
@@ -67,7 +67,7 @@ def htp_run(qdq_path: Path, tensors: list[str], shapes: dict[str, Any], samples:
         raise
     except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped
         raise ActionError(f"the debug build with {len(probes)} probe outputs did not compile: "
-                          f"{str(e).strip().splitlines()[-1][:200]}") from None
+                          f"{cause_line(e, last=True, limit=200)}") from None
     got = simulate(ctx, samples, cpu_fallback=True, timeout=timeout)
     wrapper = onnx.load(str(ctx), load_external_data=False)
     facts = {"probes": len(probes), "partitions": sum(n.op_type == "EPContext" for n in wrapper.graph.node),

@@ -1,12 +1,17 @@
 """Make the exports tests/test_llm_exporters.py builds: tiny random-weight Hugging Face checkpoints (Llama and
-Qwen2 architectures, each with its own small BPE tokenizer) run through onnxruntime-genai's model builder, as a
-user would. Run once, by hand (it needs torch and transformers, which CI does not install); its outputs, a few
-hundred KB, are committed beside it. README.md names the versions used.
+Qwen2 architectures, each with its own small BPE tokenizer) run through onnxruntime-genai's model builder and
+through optimum's ONNX exporter, as a user would. Run once, by hand (it needs torch and transformers, which CI does
+not install); its outputs, a few hundred KB each, are committed beside it. README.md names the versions used.
 
-    python tests/exports/make_exports.py            # writes tests/exports/<arch>_builder/
+    python tests/exports/make_exports.py builder                 # writes tests/exports/<arch>_builder/
+    python tests/exports/make_exports.py optimum --optimum-cli ENV/bin/optimum-cli   # <arch>_optimum/
+
+optimum-onnx 0.1.0 needs transformers < 4.58, so its CLI lives in an environment of its own; the checkpoints are
+made here (the same seed, so the same weights as the builder's) with the builder exports' committed tokenizers.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
@@ -49,11 +54,23 @@ def tokenizer(arch: str, out: Path) -> dict[str, int]:
     return {"bos": ids[spec["bos"]], "eos": ids[spec["eos"]], "vocab": tok.get_vocab_size()}
 
 
-def checkpoint(arch: str, out: Path) -> None:
+def committed_tokenizer(arch: str, out: Path) -> dict[str, int]:
+    """The builder export's tokenizer files (CORPUS has changed since: training again gives other merges)."""
+    from tokenizers import Tokenizer
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(HERE / f"{arch}_builder" / name, out / name)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    spec = ARCHS[arch]
+    return {"bos": tok.token_to_id(spec["bos"]), "eos": tok.token_to_id(spec["eos"]), "vocab": tok.get_vocab_size()}
+
+
+def checkpoint(arch: str, out: Path, reuse_tokenizer: bool = False) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    ids = tokenizer(arch, out)
+    out.mkdir(parents=True, exist_ok=True)
+    ids = committed_tokenizer(arch, out) if reuse_tokenizer else tokenizer(arch, out)
     torch.manual_seed(0)
     # Weights larger than the usual 0.02 init, so greedy decoding has clear winners (not float-noise ties).
     common = dict(SHAPE, vocab_size=ids["vocab"], bos_token_id=ids["bos"], eos_token_id=ids["eos"],
@@ -86,7 +103,7 @@ def prompts(dst: Path) -> None:
         np.save(dst / "prompts" / f"{i:02d}.npy", np.array(tok.encode(text).ids, np.int64))
 
 
-def main() -> None:
+def builder() -> None:
     for arch in ARCHS:
         dst = HERE / f"{arch}_builder"
         with tempfile.TemporaryDirectory() as tmp:
@@ -103,6 +120,39 @@ def main() -> None:
                 shutil.copy2(ckpt / name, dst / name)
         prompts(dst)
         print(dst, json.dumps(sorted(p.name for p in dst.iterdir())))
+
+
+def optimum(cli: str) -> None:
+    """`optimum-cli export onnx --task text-generation-with-past`, every file it writes kept as written. For Llama
+    it writes no tokenizer files (transformers 4.57 cannot read the checkpoint's tokenizer_config.json, which
+    transformers 5 wrote): the checkpoint's are copied beside the model, as a user keeps them."""
+    for arch in ARCHS:
+        dst = HERE / f"{arch}_optimum"
+        with tempfile.TemporaryDirectory() as tmp:
+            ckpt, built = Path(tmp) / "hf", Path(tmp) / "onnx"
+            checkpoint(arch, ckpt, reuse_tokenizer=True)
+            subprocess.run([cli, "export", "onnx", "--model", str(ckpt), "--task", "text-generation-with-past",
+                            str(built)], check=True)
+            shutil.rmtree(dst, ignore_errors=True)
+            dst.mkdir()
+            for f in sorted(built.iterdir()):
+                shutil.copy2(f, dst / f.name)
+            for name in ("tokenizer.json", "tokenizer_config.json"):
+                if not (dst / name).exists():
+                    shutil.copy2(ckpt / name, dst / name)
+        prompts(dst)
+        print(dst, json.dumps(sorted(p.name for p in dst.iterdir())))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("exporter", choices=["builder", "optimum"])
+    ap.add_argument("--optimum-cli", default="optimum-cli", help="optimum-cli of an environment with optimum-onnx")
+    args = ap.parse_args()
+    if args.exporter == "builder":
+        builder()
+    else:
+        optimum(args.optimum_cli)
 
 
 if __name__ == "__main__":

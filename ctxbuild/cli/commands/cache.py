@@ -11,6 +11,7 @@ from ctxbuild.cli import options
 from ctxbuild.cli.parser import Command, Parser
 from ctxbuild.errors import UsageError
 from ctxbuild.layout import cache_dir
+from ctxbuild.atomic import read_json
 from ctxbuild.units import fmt_size, parse_size
 
 SUMMARY = "last_build.json"  # the driver's summary of the most recent build that used this cache
@@ -66,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
 def _stats(store: Any, as_json: bool) -> int:
     root: Path = store.root
     stats = store.stats() if root.is_dir() else {"entries": 0, "blobs": 0, "bytes": 0, "last_gc": None}
-    last = _read(root / SUMMARY)
+    last = read_json(root / SUMMARY)
+    last = last if isinstance(last, dict) else None
     info = {"cache_dir": str(root), **stats, "last_build": last}
     if as_json:
         print(json.dumps(info, indent=2, sort_keys=True))
@@ -86,13 +88,6 @@ def _stats(store: Any, as_json: bool) -> int:
     sys.stdout.flush()
     return 0
 
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 COMMAND = Command("cache", "local cache: stats, gc, clear", arguments, run)

@@ -15,6 +15,9 @@ def arguments(p: argparse.ArgumentParser) -> None:
                    help="the devices' runtime: qairt=2.47 or onnxruntime-qnn=2.3.0, optionally ,onnxruntime=1.24.4 "
                         "(default: 1.24, the oldest the QNN EP runs on); repeatable")
     p.add_argument("--soc", metavar="NAME", help="the devices' SoC (default: the SoCs each artifact was built for)")
+    p.add_argument("--no-ep", action="store_true",
+                   help="do not ask the EP's own verdict (by default it is asked in each runtime's toolchain when "
+                        "that toolchain is here: a child process per runtime, a few seconds)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -22,7 +25,12 @@ def run(args: argparse.Namespace) -> int:
     from ctxbuild.outputs.gate import WILL_NOT_LOAD, check, table
     from ctxbuild.toolchain.runtimes import parse_cli
 
-    rows = check(args.path, [parse_cli(r) for r in args.runtime], args.soc)
+    runtimes = [parse_cli(r) for r in args.runtime]
+    rows = check(args.path, runtimes, args.soc)
+    if not args.no_ep:
+        from ctxbuild.outputs.epverdict import add_ep_verdicts
+
+        add_ep_verdicts(rows, runtimes)
     print(json.dumps(rows, indent=2) if args.json else table(rows))
     return 1 if any(r["verdict"] == WILL_NOT_LOAD for r in rows) else 0
 

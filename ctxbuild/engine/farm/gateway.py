@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ctxbuild.errors import ExecutorUnavailable, UsageError
+from ctxbuild.errors import cause_line, ExecutorUnavailable, UsageError
 from ctxbuild import settings
 from ctxbuild.cache.backends import open_remote
 from ctxbuild.engine.farm import resources, wire
@@ -80,7 +80,7 @@ def running(address: str, *, store: dict[str, Any], build_id: str, fallback: str
         _probe(address)
         client = Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
     except (OSError, TimeoutError, ValueError) as e:
-        reason = f"the Dask scheduler at {address} is unreachable ({str(e).splitlines()[0][:200]})"
+        reason = f"the Dask scheduler at {address} is unreachable ({cause_line(e, limit=200)})"
         if fallback == "local":
             print(f"ctxbuild: warning: {reason}; building locally (--executor-fallback local)", file=sys.stderr)
             yield None

@@ -30,6 +30,7 @@ from ctxbuild.cache.backends import open_cache
 from ctxbuild.engine.client import run_via_worker
 from ctxbuild.errors import CacheError
 from ctxbuild.layout import STATE, record_path, spec_name
+from ctxbuild.atomic import read_json
 from ctxbuild.engine.farm.resources import TOOLCHAIN_CAPACITY, toolchain_resource
 
 PLUGIN_NAME = "ctxbuild-farm"
@@ -155,7 +156,7 @@ def _run_in(task_dir: Path, req: dict[str, Any], root: Path) -> dict[str, Any]:
     with open(task_dir / "console.txt", "wb") as console:
         code = run_via_worker(str(spec), _fork_server(root, action.get("toolchain")),
                               fds=(console.fileno(), console.fileno()), env=env)
-    record = _read_json(record_path(out, action["id"]))
+    record = read_json(record_path(out, action["id"]))
 
     def as_submitted(text: str) -> str:  # messages name the submitter's paths, not this scratch dir's
         return text.replace(str(inputs), "").replace(str(out), req["out"])
@@ -191,9 +192,3 @@ def _tail(path: Path) -> str:
     except OSError:
         return ""
 
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None

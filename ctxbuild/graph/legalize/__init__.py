@@ -14,10 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Collection
 
-from ctxbuild.graph.legalize import clip, convtranspose, dynamic_int8, einsum, gathernd, gelu, mask_fill, rmsnorm
+from ctxbuild.graph.legalize import (clip, convtranspose, dynamic_int8, einsum, gathernd, gelu, mask_fill, rmsnorm,
+                                     variance)
 from ctxbuild.graph.legalize.graphview import GraphView
 
-RULES = (dynamic_int8, einsum, gathernd, clip, rmsnorm, gelu, mask_fill, convtranspose)
+RULES = (dynamic_int8, einsum, gathernd, clip, rmsnorm, variance, gelu, mask_fill, convtranspose)
 METADATA_KEY = "ctxbuild.rewrites"
 KEPT_KEY = "ctxbuild.kept"  # rule -> the patterns left as written and why
 WITHDRAWN_KEY = "ctxbuild.withdrawn"  # rule -> why the sample check withdrew its rewrites

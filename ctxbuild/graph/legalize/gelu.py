@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ctxbuild.errors import ActionError
+from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.graph.legalize.graphview import GraphView
 
 NAME = "gelu"
@@ -77,6 +77,6 @@ def _convert(g: GraphView) -> None:
         converted = version_converter.convert_version(g.model, GELU_OPSET)
     except Exception as e:  # noqa: BLE001 - the converter raises untyped errors naming the op
         raise ActionError(f"legalize rule gelu: onnx could not convert the model from opset {g.opset} to "
-                          f"{GELU_OPSET} for the Gelu op ({str(e).splitlines()[0][:200]})",
+                          f"{GELU_OPSET} for the Gelu op ({cause_line(e, limit=200)})",
                           "export the model at opset 20 or later") from None
     g.replace(converted)

@@ -58,6 +58,16 @@ class GraphView:
             return numpy_helper.to_array(attr.t) if attr is not None else None
         return None
 
+    def squared(self, node: Any) -> str | None:
+        """x, when `node` is Mul(x, x) or Pow(x, 2)."""
+        if node.op_type == "Mul" and len(node.input) == 2 and node.input[0] == node.input[1]:
+            return node.input[0]
+        if node.op_type == "Pow":
+            two = self.const(node.input[1])
+            if two is not None and two.size == 1 and float(two.item()) == 2.0:
+                return node.input[0]
+        return None
+
     def add_const(self, base: str, value: np.ndarray) -> str:
         from onnx import numpy_helper
 

@@ -49,7 +49,7 @@ def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
 def _square_root(g: GraphView, mean: Any) -> tuple[Any, Any] | None:
     """(the square, the Sqrt) around `mean` = ReduceMean(x*x) -> Add -> Sqrt, x not centred; else None."""
     sq = g.producer.get(mean.input[0])
-    if sq is None or _squared(g, sq) is None or _centred(sq.input[0], g.producer):
+    if sq is None or g.squared(sq) is None or _centred(sq.input[0], g.producer):
         return None
     add = _only_use(g, mean.output[0], "Add")
     sqrt = _only_use(g, add.output[0], "Sqrt") if add is not None else None
@@ -113,17 +113,6 @@ def _inexact(g: GraphView, mean: Any, x: str, scale: str, nodes: list[Any], shap
     inside = {o for n in nodes[:-1] for o in n.output}
     if any(o in g.outputs or any(u not in nodes for u in g.consumers.get(o, [])) for o in inside):
         return "a value inside the pattern is read elsewhere too"
-    return None
-
-
-def _squared(g: GraphView, sq: Any) -> str | None:
-    """x, when `sq` is Pow(x, 2) or Mul(x, x)."""
-    if sq.op_type == "Mul" and len(sq.input) == 2 and sq.input[0] == sq.input[1]:
-        return sq.input[0]
-    if sq.op_type == "Pow":
-        two = g.const(sq.input[1])
-        if two is not None and two.size == 1 and float(two.item()) == 2.0:
-            return sq.input[0]
     return None
 
 

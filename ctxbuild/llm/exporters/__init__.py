@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ctxbuild.llm.exporters import genai_builder, optimum  # noqa: F401 - importing a plug-in registers it
+from ctxbuild.llm.exporters import genai_builder, optimum, torch_onnx  # noqa: F401 - importing a plug-in registers it
 from ctxbuild.llm.exporters.base import REGISTRY, Exporter
 
 

@@ -25,9 +25,20 @@ class Exporter:
         raise NotImplementedError
 
     @classmethod
-    def to_canonical(cls, model: Any, base_dir: str) -> Any:
+    def check(cls, model: Any) -> None:
+        """Raise NotADecoder (saying what to do) if `to_canonical` would refuse `model`: the plan-time check."""
+
+    @classmethod
+    def to_canonical(cls, model: Any, base_dir: str, positions: int) -> Any:
         """The canonical-form equivalent of `model` (may modify it in place); `base_dir`: where its external data
-        lives, for plug-ins that must read a tensor's values."""
+        lives, for plug-ins that must read a tensor's values; `positions`: the largest context length the static
+        graphs serve (position ids stay below it)."""
+        return model
+
+    @classmethod
+    def fold_static(cls, model: Any) -> Any:
+        """The canonical model with one static graph's shapes fixed (and inferred), before its parts are cut: what
+        fixed shapes allow the convention (shape arithmetic folded to constants)."""
         return model
 
 

@@ -18,43 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from ctxbuild.llm.canonical import MASK_NEG, NotADecoder
+from ctxbuild.llm.canonical import NotADecoder
 from ctxbuild.llm.exporters.base import Exporter
+from ctxbuild.llm.exporters.emit import Emit
 
 _LAYER = re.compile(r"^(/model/layers\.\d+)/")
-
-
-class _Emit:
-    def __init__(self, g: Any, opset: int) -> None:
-        self.g, self.nodes, self.n, self.opset = g, [], 0, opset
-        self.inits = {t.name for t in g.initializer}
-
-    def const(self, name: str, value: Any) -> str:
-        from onnx import numpy_helper
-
-        if name not in self.inits:
-            self.g.initializer.append(numpy_helper.from_array(np.asarray(value), name))
-            self.inits.add(name)
-        return name
-
-    def op(self, op: str, inputs: list[str], scope: str, outputs: list[str] | None = None, **attrs: Any) -> str:
-        from onnx import helper
-
-        self.n += 1
-        name = f"{scope}/{op}_lowered_{self.n}"
-        outs = outputs or [name + "_output_0"]
-        self.nodes.append(helper.make_node(op, inputs, outs, name=name, **attrs))
-        return outs[0]
-
-    def rms(self, x: str, gain: str, eps: float, scope: str, out: str | None = None) -> str:
-        square = self.op("Mul", [x, x], scope)
-        if self.opset >= 18:  # ReduceMean takes its axes as an input from opset 18 on (the builder writes 21+)
-            mean = self.op("ReduceMean", [square, self.const("lowered_axes_m1", np.array([-1], np.int64))], scope,
-                           keepdims=1)
-        else:
-            mean = self.op("ReduceMean", [square], scope, axes=[-1], keepdims=1)
-        rms = self.op("Sqrt", [self.op("Add", [mean, self.const(f"{scope}/eps", np.float32(eps))], scope)], scope)
-        return self.op("Mul", [self.op("Div", [x, rms], scope), gain], scope, [out] if out else None)
 
 
 class GenaiBuilder(Exporter):
@@ -67,7 +35,7 @@ class GenaiBuilder(Exporter):
         return any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
 
     @classmethod
-    def to_canonical(cls, model: Any, base_dir: str) -> Any:
+    def to_canonical(cls, model: Any, base_dir: str, positions: int) -> Any:
         return lower(model, base_dir)
 
 
@@ -94,15 +62,8 @@ def lower(model: Any, base_dir: str = "") -> Any:
                     del inits[name].external_data[:]
     past = next(i for i in g.input if i.name == "past_key_values.0.key")
     hd = past.type.tensor_type.shape.dim[3].dim_value
-    e = _Emit(g, next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")))
-    s = "/model/attn_mask"
-    total = e.op("Gather", [e.op("Shape", ["attention_mask"], s), e.const("lowered_one", np.int64(1))], s, axis=0)
-    key_pos = e.op("Reshape", [e.op("Range", [e.const("lowered_zero", np.int64(0)), total, "lowered_one"], s),
-                               e.const("lowered_shape_1_1_1_m1", np.array([1, 1, 1, -1], np.int64))], s)
-    causal = e.op("LessOrEqual", [key_pos, e.op("Unsqueeze", ["position_ids", e.const("lowered_axes_1_3", np.array([1, 3], np.int64))], s)], s)
-    valid = e.op("Equal", [e.op("Unsqueeze", ["attention_mask", e.const("lowered_axes_1_2", np.array([1, 2], np.int64))], s), "lowered_one"], s)
-    mask = e.op("Where", [e.op("And", [causal, valid], s), e.const("lowered_mask_zero", np.float32(0)),
-                          e.const("lowered_mask_neg", np.float32(MASK_NEG))], s)
+    e = Emit(g, next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")))
+    mask = e.mask()
     head_nodes, rotary = list(e.nodes), {}
     producers = {o: n for n in g.node for o in n.output}
     new_nodes = head_nodes
@@ -131,7 +92,7 @@ def lower(model: Any, base_dir: str = "") -> Any:
     return model
 
 
-def _attention(e: _Emit, node: Any, hd: int, mask: str, inits: dict[str, Any], rotary: dict[str, tuple[str, str]]) -> None:
+def _attention(e: Emit, node: Any, hd: int, mask: str, inits: dict[str, Any], rotary: dict[str, tuple[str, str]]) -> None:
     from onnx import numpy_helper
 
     heads, kvh = _attr(node, "num_heads", 0), _attr(node, "kv_num_heads", 0)
