@@ -37,7 +37,8 @@ def run(ctx: Any) -> None:
         print(f"{a.id}: no candidate before it was measured: nothing to diagnose")
         return
     target, base = picked
-    spec = input_spec(load(Path(a.inputs["reference"]), external_data=False))
+    graph = load(Path(a.inputs["reference"]), external_data=False)
+    spec = input_spec(graph)
     samples = for_verification(spec, p, lambda: verify.sample_files(a), a.recipe_files[0])[:p["diagnose_samples"]]
     from ctxbuild.verify.diagnose import diagnose
 
@@ -46,8 +47,8 @@ def run(ctx: Any) -> None:
                  {"provider_options": p["provider_options"][target]}, p["thresholds"], slices=p.get("slices"),
                  timeout=p["timeout_s"])
     settings = p["settings"][base]
-    graph = load(Path(a.inputs["reference"]), external_data=False).graph
-    ends = {o: n.name for n in graph.node for o in n.output if o in {x.name for x in graph.output}}
+    outputs = {o.name for o in graph.graph.output}
+    ends = {o: n.name for n in graph.graph.node for o in n.output if o in outputs}  # output -> its node
     nodes = node_overrides(d, settings, ends, int16_weights=target not in p["no_int16_weights"])
     ctx.facts.update(diagnose_seconds=round(time.monotonic() - started, 1))
     decided = {"run": nodes != settings["nodes"], "base": base, "target": target, "where": d["where"],
@@ -56,7 +57,7 @@ def run(ctx: Any) -> None:
                "worst": d["worst_htp" if d["where"] == "htp" else "worst_quantization"],
                "outputs": d["outputs"], "samples": d["samples"]}
     print(f"{a.id}: base {base}, loss mostly in {d['where']} on {target}; keeping at higher precision: "
-          + ", ".join(f"{n} ({nodes[n] if isinstance(nodes[n], str) else nodes[n]})" for n in decided["blamed"]))
+          + ", ".join(f"{n} ({nodes[n]})" for n in decided["blamed"]))
     ctx.tmp_output("gate").write_text(json.dumps(decided, indent=2, sort_keys=True))
 
 
