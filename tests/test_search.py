@@ -95,7 +95,7 @@ def test_auto_picks_first_passing_candidate_and_redecides_without_recompiling(tr
     (tree / "auto.yaml").write_text(AUTO % 80)  # nothing passes, fp16 last: the build fails with the table
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 1, r.text
-    assert _compiled(out) == {"compile/auto.fp16@SM8650"}
+    assert _compiled(out) == {"compile/auto.mixed@SM8650", "compile/auto.fp16@SM8650"}  # mixed: diagnosed, then fp16
     line = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED select/auto@SM8650"))
     assert "no precision candidate meets" in line and "a16w8 rejected on CPU" in line
     for name, verdict in (("a16w8", "rejected on CPU"), ("a16w8-pc", "rejected on CPU"), ("a16w16", "below threshold"),
