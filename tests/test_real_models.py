@@ -76,3 +76,4 @@ def test_split_outputs_on_a_real_yolo_detector(tmp_path: Path, ctxbuild) -> None
     result = json.loads((out / ".ctxbuild" / "records" / "verify.fall_yolov8@SM8650.json").read_text())["result"]
     (measured,) = result["outputs"].values()
     assert [s["stop"] - s["start"] for s in measured["slices"]] == [4, 2], measured  # boxes and scores, each measured
+

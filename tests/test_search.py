@@ -38,8 +38,8 @@ def test_auto_picks_first_passing_candidate_and_redecides_without_recompiling(tr
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 0, r.text
     s = _search(out)
-    assert [c["name"] for c in s["candidates"]] == ["a16w8", "a16w8-pc", "a16w16", "fp16"]
-    assert [c["state"] for c in s["candidates"]] == ["failed", "passed", "not_run", "not_run"]
+    assert [c["name"] for c in s["candidates"]] == ["a16w8", "a16w8-pc", "a16w16", "mixed", "fp16"]
+    assert [c["state"] for c in s["candidates"]] == ["failed", "passed", "not_run", "not_run", "not_run"]
     assert s["winner"] == "a16w8-pc"
     d = out / "SM8650" / "auto"
     work = out / ".ctxbuild" / "work" / "search" / "SM8650" / "auto"
@@ -67,7 +67,7 @@ def test_auto_picks_first_passing_candidate_and_redecides_without_recompiling(tr
             assert c["bin_size"] > 0 and c["total_seconds"] > 0
             assert all(c["seconds"][k] > 0 for k in ("quantize", "compile", "verify"))
     row = next(x for x in json.loads((out / "report.json").read_text())["rows"] if x["recipe"] == "auto")
-    assert row["precision"] == "auto: a16w8-pc" and len(row["search"]["candidates"]) == 4
+    assert row["precision"] == "auto: a16w8-pc" and len(row["search"]["candidates"]) == 5
     html = (out / "report.html").read_text()
     assert "precision search" in html and "not run: a16w8-pc passed" in html
 
@@ -95,7 +95,7 @@ def test_auto_picks_first_passing_candidate_and_redecides_without_recompiling(tr
     (tree / "auto.yaml").write_text(AUTO % 80)  # nothing passes, fp16 last: the build fails with the table
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 1, r.text
-    assert _compiled(out) == {"compile/auto.fp16@SM8650"}
+    assert _compiled(out) == {"compile/auto.mixed@SM8650", "compile/auto.fp16@SM8650"}  # mixed: diagnosed, then fp16
     line = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED select/auto@SM8650"))
     assert "no precision candidate meets" in line and "a16w8 rejected on CPU" in line
     for name, verdict in (("a16w8", "rejected on CPU"), ("a16w8-pc", "rejected on CPU"), ("a16w16", "below threshold"),
@@ -127,16 +127,20 @@ def test_ladder_in_the_recipe_and_candidates_an_arch_cannot_run(tree: Path, ctxb
     assert r.code == 0, r.text
     acts = {a["id"]: a for a in json.loads(r.out)["actions"]}
     sel = acts["select/custom@SM8650"]["params"]
-    assert [c["name"] for c in sel["candidates"]] == ["cheap", "a16w16-percentile", "fp16"]
+    assert [c["name"] for c in sel["candidates"]] == ["cheap", "a16w16-percentile", "mixed", "fp16"]
     assert sel["thresholds"] == {"min_cosine": 0.99, "min_snr_db": 20.0}
     assert "thresholds" not in acts["verify/custom.cheap@SM8650"]["params"]  # a threshold never recompiles
     assert "thresholds" not in acts["compile/custom.cheap@SM8650"]["params"]
     old = acts["select/refined@SM8350"]["params"]
-    assert [c["name"] for c in old["candidates"]] == ["a16w8", "a16w8-pc", "fp16"]  # v68 cannot run int16 weights
+    assert [c["name"] for c in old["candidates"]] == ["a16w8", "a16w8-pc", "mixed", "fp16"]  # v68: no int16 weights
     assert old["skipped"][0]["name"] == "a16w16" and "v73" in old["skipped"][0]["reason"]
     assert [c["name"] for c in acts["select/refined@SM8650"]["params"]["candidates"]] == [
-        "a16w8", "a16w8-pc", "a16w16", "fp16"]
-    assert all(c["quantization"]["samples"] == 4 for c in old["candidates"][:-1])
+        "a16w8", "a16w8-pc", "a16w16", "mixed", "fp16"]
+    assert all(c["quantization"]["samples"] == 4 for c in old["candidates"][:-2])
+    assert old["candidates"][-2] == {"name": "mixed", "precision": "mixed"}  # its settings: decided by culprits
+    mixed_quantize = next(a for a in acts.values() if a["kind"] == "quantize" and "mixed" in a["description"]
+                          and a["recipes"] == ["refined"])
+    assert mixed_quantize["params"]["samples"] == 4  # calibrated as the candidates it is made from
     assert old["candidates"][-1] == {"name": "fp16", "precision": "fp16"}
 
 
@@ -183,7 +187,7 @@ def test_candidate_qnn_will_not_compile_drops_out(tree: Path, tmp_path: Path, ct
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 0, r.text
     s = json.loads((out / "SM8650" / "auto" / "auto_search.json").read_text())
-    refused, plain, fp16 = s["candidates"]
+    refused, plain, _, fp16 = s["candidates"]
     assert s["winner"] == "plain" and plain["passed"] and not refused["passed"] and fp16["state"] == "not_run"
     assert "fc1" in refused["compile_refused"]["error"] and refused["bin_size"] is None, refused
     assert records(out)["compile/auto.w1-uint16@SM8650"]["compile_refused"]["error"] == refused["compile_refused"]["error"]
@@ -230,7 +234,7 @@ def test_candidate_rejected_on_cpu_never_compiles(tree: Path, tmp_path: Path, ct
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 0, r.text
     s = _search(out)
-    assert [c["state"] for c in s["candidates"]] == ["rejected_cpu", "failed", "passed", "not_run"]
+    assert [c["state"] for c in s["candidates"]] == ["rejected_cpu", "failed", "passed", "not_run", "not_run"]
     assert s["candidates"][0]["note"].startswith("rejected on CPU (34.") and s["candidates"][0]["bin_size"] is None
     recs = records(out)
     assert recs["compile/auto.a16w8@SM8650"]["skipped"] and recs["verify/auto.a16w8@SM8650"]["result"] == {"skipped": True}
@@ -262,10 +266,10 @@ def test_hopeless_search_stops_at_the_first_refusal(tree: Path, tmp_path: Path, 
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 1, r.text
     search = records(out)["select/nz@SM8650"]["result"]["search"]
-    assert [c["state"] for c in search["candidates"]] == ["refused", "not_run", "not_run", "not_run"]
+    assert [c["state"] for c in search["candidates"]] == ["refused", "not_run", "not_run", "not_run", "not_run"]
     assert search["candidates"][1]["note"] == "not run: the search stopped at a16w8: QNN cannot run NonZero at any precision"
     recs = records(out)
-    assert all(recs[f"compile/nz.{c}@SM8650"]["skipped"] for c in ("a16w8-pc", "a16w16", "fp16"))
+    assert all(recs[f"compile/nz.{c}@SM8650"]["skipped"] for c in ("a16w8-pc", "a16w16", "mixed", "fp16"))
     assert _compiled(out) == {"compile/nz.a16w8@SM8650"}
     line = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED select/nz@SM8650"))
     assert "compile.cpu_fallback: true" in line, line

@@ -39,8 +39,9 @@ def test_auto_ends_at_fp16_when_every_integer_candidate_fails(tree: Path, tmp_pa
     assert r.code == 0, r.text
     s = json.loads((out / "SM8650" / "logs" / "logs_search.json").read_text())
     assert [(c["name"], c["state"]) for c in s["candidates"]] == [
-        ("a16w8", "rejected_cpu"), ("a16w8-pc", "rejected_cpu"), ("a16w16", "rejected_cpu"), ("fp16", "passed")]
-    fp16 = s["candidates"][3]
+        ("a16w8", "rejected_cpu"), ("a16w8-pc", "rejected_cpu"), ("a16w16", "rejected_cpu"),
+        ("mixed", "rejected_cpu"), ("fp16", "passed")]  # mixed: diagnosed, quantized, rejected on the CPU too
+    fp16 = s["candidates"][4]
     assert s["winner"] == "fp16" and fp16["precision"] == "fp16" and "quantization" not in fp16
     assert fp16["worst"]["snr_db"] >= 40 and fp16["bin_size"] > 0
     assert _compiled(out) == {"compile/logs.fp16@SM8650"}  # the integer candidates never compiled
@@ -51,12 +52,12 @@ def test_auto_ends_at_fp16_when_every_integer_candidate_fails(tree: Path, tmp_pa
     verdict = json.loads((out / "SM8650" / "logs" / "logs_verify.json").read_text())
     assert verdict["passed"] and verdict["candidate"] == "fp16"
     ps = next(a for a in json.loads((out / "manifest.json").read_text())["artifacts"] if "precision_search" in a)
-    row = ps["precision_search"]["candidates"][3]
+    row = ps["precision_search"]["candidates"][4]
     assert row["winner"] and set(row["seconds"]) == {"compile", "verify"} and row["total_seconds"] > 0
     log = (out / ".ctxbuild" / "logs" / "select.logs@SM8650.log").read_text()
     assert any(ln.startswith("fp16 ") and ln.endswith("WINNER") for ln in log.splitlines()), log
     row = next(x for x in json.loads((out / "report.json").read_text())["rows"] if x["recipe"] == "logs")
-    assert row["precision"] == "auto: fp16" and len(row["search"]["candidates"]) == 4
+    assert row["precision"] == "auto: fp16" and len(row["search"]["candidates"]) == 5
 
     _only(tree, {"logs": LOGS + "auto: {fp16: false}\n"})  # integer candidates only: nothing passes
     r = ctxbuild("build", str(tree), "-o", str(out))
@@ -73,8 +74,8 @@ def test_fp16_gate_stays_closed_when_an_integer_candidate_passes(tree: Path, tmp
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 0, r.text
     s = _search(out)
-    assert [(c["name"], c["state"]) for c in s["candidates"]][::3] == [("a16w8", "passed"), ("fp16", "not_run")]
-    assert s["candidates"][3]["note"] == "not run: a16w8 passed"
+    assert [(c["name"], c["state"]) for c in s["candidates"]][::4] == [("a16w8", "passed"), ("fp16", "not_run")]
+    assert s["candidates"][4]["note"] == s["candidates"][3]["note"] == "not run: a16w8 passed"
     recs = records(out)
     gate = out / ".ctxbuild" / "work" / "search" / "SM8650" / "auto" / "fp16" / "admit.json"
     assert recs["search_step/auto.fp16@SM8650"]["outputs"]["gate"]["path"] == str(gate.relative_to(out))

@@ -1,6 +1,7 @@
 """Realistic inputs, rendered locally and seeded: text lines and pages drawn with PIL's built-in FreeType
-font on paper-like backgrounds (gradient, noise, slight blur), normalized the way each model's own
-package preprocesses them (PP-OCR det / PicoDet: ImageNet mean/std; PP-OCR rec: (x - 0.5) / 0.5)."""
+font on paper-like backgrounds (gradient, noise, slight blur), and indoor scenes with people standing, sitting
+and lying on the floor; normalized the way each model's own package preprocesses them (PP-OCR det / PicoDet:
+ImageNet mean/std; PP-OCR rec: (x - 0.5) / 0.5; YOLOv8: x / 255)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -66,6 +67,66 @@ def text_page(rng: np.random.Generator, h: int, w: int, *, blocks: bool = False)
     return img.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.2, 0.6))))
 
 
+def _person(draw: "ImageDraw.ImageDraw", rng: np.random.Generator, x: float, y: float, size: float,
+            lying: bool) -> None:
+    """A clothed figure with its feet at (x, y), `size` px tall: head, torso and limbs bent at the joints;
+    lying: the same body along the floor."""
+    skin = tuple(int(c) for c in rng.choice([(224, 172, 140), (198, 134, 96), (141, 85, 54), (255, 205, 170)]))
+    shirt, trousers = (tuple(int(c) for c in rng.integers(20, 230, 3)) for _ in range(2))
+    angle = float(rng.uniform(1.35, 1.75)) if lying else float(rng.uniform(-0.12, 0.12))
+    c, s = np.cos(angle), np.sin(angle)
+
+    def at(u: float, v: float) -> tuple[float, float]:  # body coordinates (u across, v up from the feet)
+        return (x + u * c + v * s, y - v * c + u * s)
+
+    def limb(points: list[tuple[float, float]], width: float, fill: tuple[int, ...]) -> None:
+        pts = [at(u, v) for u, v in points]
+        draw.line(pts, fill=fill, width=max(2, int(width)), joint="curve")
+        for p in pts:
+            draw.ellipse([p[0] - width / 2, p[1] - width / 2, p[0] + width / 2, p[1] + width / 2], fill=fill)
+
+    w = size * 0.11
+    swing = [float(rng.uniform(-0.15, 0.15)) * size for _ in range(4)]
+    for side in (-1, 1):  # legs: hip, knee, foot
+        limb([(side * w * 0.5, size * 0.5), (side * w * 0.6 + swing[side], size * 0.26), (side * w * 0.7, 0)],
+             w * 0.9, trousers)
+    limb([(0, size * 0.5), (0, size * 0.78)], w * 2.2, shirt)  # torso
+    for side in (-1, 1):  # arms: shoulder, elbow, hand
+        elbow = (side * w * 1.6 + swing[side + 1] * 0.5, size * 0.62)
+        limb([(side * w * 1.1, size * 0.76), elbow, (side * w * 1.4 + swing[side + 1], size * 0.48)], w * 0.7,
+             shirt)
+    hx, hy = at(0, size * 0.89)
+    r = size * 0.07
+    draw.ellipse([hx - r, hy - r * 1.2, hx + r, hy + r * 1.2], fill=skin)
+
+
+def scene(rng: np.random.Generator, h: int, w: int) -> "Image.Image":
+    """A room: wall and floor in two tones, a window or a piece of furniture, one to three people (some lying,
+    as a fall detector is meant to see), lit unevenly, with sensor noise and a slight blur."""
+    from PIL import Image, ImageDraw, ImageFilter
+
+    horizon = int(h * rng.uniform(0.45, 0.65))
+    wall, floor = (rng.integers(90, 230, 3), rng.integers(40, 170, 3))
+    img = np.empty((h, w, 3), np.float32)
+    img[:horizon], img[horizon:] = wall, floor
+    draw_img = Image.fromarray(img.astype(np.uint8))
+    draw = ImageDraw.Draw(draw_img)
+    x0 = int(rng.integers(0, w // 2))
+    if rng.random() < 0.5:  # a window
+        draw.rectangle([x0, int(h * 0.1), x0 + int(w * 0.25), int(horizon * 0.7)], fill=(200, 220, 240),
+                       outline=(60, 50, 40), width=6)
+    else:  # a table
+        draw.rectangle([x0, horizon - int(h * 0.12), x0 + int(w * 0.3), horizon], fill=tuple(int(c) for c in
+                       rng.integers(60, 140, 3)))
+    for _ in range(int(rng.integers(1, 4))):
+        size = float(rng.uniform(0.3, 0.7)) * h
+        lying = bool(rng.random() < 0.5)
+        _person(draw, rng, float(rng.uniform(0.05, 0.7)) * w, float(rng.uniform(horizon, h * 0.97)), size, lying)
+    light = np.linspace(rng.uniform(0.6, 1.0), rng.uniform(0.8, 1.2), w)[None, :, None]
+    out = np.asarray(draw_img, np.float32) * light + rng.normal(0, 5, (h, w, 3))
+    return Image.fromarray(np.clip(out, 0, 255).astype(np.uint8)).filter(ImageFilter.GaussianBlur(0.8))
+
+
 def render(name: str, seed: int) -> np.ndarray:
     """One NCHW float32 sample for model `name`."""
     m = MODELS[name]
@@ -74,6 +135,8 @@ def render(name: str, seed: int) -> np.ndarray:
     if m.kind == "text_line":
         x = np.asarray(text_line(rng, h, w), np.float32) / 255.0
         x = (x - 0.5) / 0.5
+    elif m.kind == "scene":
+        x = np.asarray(scene(rng, h, w), np.float32) / 255.0
     else:
         x = np.asarray(text_page(rng, h, w, blocks=m.kind == "document"), np.float32) / 255.0
         x = (x - _MEAN) / _STD

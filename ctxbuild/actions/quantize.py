@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import CalibrationSet
 from ctxbuild.errors import ActionError, cause_line
-from ctxbuild.recipes.quantization import QUANT_TYPES, get_qnn_qdq_kwargs
+from ctxbuild.recipes.quantization import FP16_NODE, QUANT_TYPES, get_qnn_qdq_kwargs
 from ctxbuild.graph.modelio import data_path, load
 from ctxbuild.verify import gates
 from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
@@ -55,7 +55,7 @@ def _quantize(ctx: Any, src: Path) -> None:
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     a = ctx.action
-    s = a.params["quantization"]
+    s = gates.decided_settings(a.inputs) or a.params["quantization"]  # the mixed rung's: decided by the search
     model = load(src, external_data=False)
     spec = input_spec(model)
     lora = CalibrationSet.of(a)  # LoRA: the slots' values come from the calibration adapters
@@ -70,6 +70,7 @@ def _quantize(ctx: Any, src: Path) -> None:
     dst = ctx.tmp_output("model")
     try:
         config = get_qnn_qdq_config(str(src), _Reader(samples), init_overrides=overrides or None,
+                                    nodes_to_exclude=fp16_nodes(model, s, a.recipe_files[0]) or None,
                                     **get_qnn_qdq_kwargs(s))
         if s["percentile"] is not None:
             config.extra_options["CalibPercentile"] = s["percentile"]
@@ -119,14 +120,11 @@ def tensor_overrides(model: Any, s: dict[str, Any], recipe: str) -> dict[str, li
     out: dict[str, list[dict[str, Any]]] = {}
     if s["nodes"]:
         inits = {i.name for i in model.graph.initializer}
-        nodes = {n.name: n for n in model.graph.node}
+        nodes = named_nodes(model, s, recipe)
         for name, o in s["nodes"].items():
-            node = nodes.get(name)
-            if node is None:
-                close = difflib.get_close_matches(name, list(nodes), n=1)
-                raise ActionError(f"{recipe}: quantization.nodes: '{name}' is not a node of the model",
-                                  f"did you mean '{close[0]}'?" if close else "use the node names `ctxbuild inspect` "
-                                  "or Netron show for the prepared model")
+            if o == FP16_NODE:  # not quantized at all: fp16_nodes
+                continue
+            node = nodes[name]
             for i, t in enumerate(node.input):
                 if t in inits and "weights" in o and i != _BIAS_INPUT.get(node.op_type):
                     out[t] = [{"quant_type": qtype(o["weights"]), "symmetric": o["weights"].startswith("int")}]
@@ -144,6 +142,24 @@ def tensor_overrides(model: Any, s: dict[str, Any], recipe: str) -> dict[str, li
             entry["rmin"], entry["rmax"] = np.array(o["rmin"], np.float32), np.array(o["rmax"], np.float32)
         out[name] = [entry]
     return out
+
+
+def named_nodes(model: Any, s: dict[str, Any], recipe: str) -> dict[str, Any]:
+    """The model's nodes by name, after checking that every node quantization.nodes names is one of them."""
+    nodes = {n.name: n for n in model.graph.node}
+    for name in s["nodes"]:
+        if name not in nodes:
+            close = difflib.get_close_matches(name, list(nodes), n=1)
+            raise ActionError(f"{recipe}: quantization.nodes: '{name}' is not a node of the model",
+                              f"did you mean '{close[0]}'?" if close else "use the node names `ctxbuild inspect` "
+                              "or Netron show for the prepared model")
+    return nodes
+
+
+def fp16_nodes(model: Any, s: dict[str, Any], recipe: str) -> list[str]:
+    """The nodes quantization.nodes keeps in float (onnxruntime's nodes_to_exclude): no Q/DQ around them."""
+    named_nodes(model, s, recipe)
+    return [n for n, o in s["nodes"].items() if o == FP16_NODE]
 
 
 class _Reader:

@@ -12,7 +12,7 @@ from typing import Any
 from ctxbuild.plan.action import Action
 from ctxbuild.errors import ActionError
 from ctxbuild.actions.compile import partition_names
-from ctxbuild.recipes.quantization import FP16_RUNG
+from ctxbuild.recipes.quantization import FP16_RUNG, settings as quantization_settings
 from ctxbuild.verify.ladder import walk
 from ctxbuild.verify.measure import failures
 
@@ -33,7 +33,8 @@ def run(ctx: Any) -> None:
     rows = []
     for c in a.params["candidates"]:
         name, res, step = c["name"], read[c["name"]], walked[c["name"]]
-        row = {"name": name, **{k: c[k] for k in ("quantization", "precision") if k in c}, "state": step["state"]}
+        row = {"name": name, **{k: c[k] for k in ("quantization", "precision") if k in c}, "state": step["state"],
+               **decided(a.inputs, name)}
         if step["state"] in ("rejected_cpu", "not_run"):  # never compiled: the walk says why
             rows.append({**row, "passed": False, "failures": [step["why"]], "note": step["why"], "bin_size": None,
                          "outputs": {}, **({"cpu_screen": screens[name]["outputs"]} if step["state"] == "rejected_cpu" else {})})
@@ -47,6 +48,8 @@ def run(ctx: Any) -> None:
                      **({"early_stop": res["early_stop"]} if "early_stop" in res else {})})
     winner = next((r["name"] for r in rows if r["passed"]), None)
     search = {"thresholds": thr, "winner": winner, "candidates": rows, "skipped": a.params["skipped"]}
+    if winner is not None:
+        search["pin"] = pin(next(r for r in rows if r["name"] == winner))
     ctx.tmp_output("search").write_text(json.dumps(search, indent=2, sort_keys=True))
     print(table(search))
     if winner is None:
@@ -57,6 +60,27 @@ def run(ctx: Any) -> None:
     result = {**read[winner], "thresholds": thr, "passed": True, "candidate": winner,
               "method": f"direct (precision search: {winner})"}
     ctx.tmp_output("result").write_text(json.dumps(result, indent=2, sort_keys=True))
+
+
+def decided(inputs: dict[str, str], name: str) -> dict[str, Any]:
+    """The mixed rung's settings and what the diagnosis blamed, as its culprits action decided them."""
+    if f"{name}.settings" not in inputs:
+        return {}
+    d = json.loads(Path(inputs[f"{name}.settings"]).read_text())
+    return {k: d[k] for k in ("quantization", "base", "blamed", "where") if k in d}
+
+
+def pin(row: dict[str, Any]) -> str:
+    """The recipe lines that build the winner again without the search: a one-rung ladder (its compile and
+    verify keep their action keys, so a build of the pinned recipe restores them from the cache)."""
+    import yaml
+
+    if row.get("precision") == "fp16":
+        return "precision: fp16\n"
+    default = quantization_settings({})
+    s = {k: v for k, v in row["quantization"].items() if k == "nodes" and v or k != "nodes" and v != default.get(k)}
+    return yaml.safe_dump({"precision": "auto", "quantization": [s], "auto": {"mixed": False, "fp16": False}},
+                          sort_keys=False, width=200)
 
 
 def measured_row(res: dict[str, Any], thr: dict[str, float]) -> dict[str, Any]:

@@ -100,6 +100,21 @@ def rewrites(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def pins(records: list[dict[str, Any]]) -> list[str]:
+    """Per precision search this build decided with a mixed-precision answer: the recipe lines that pin it
+    (settings the recipe does not hold, decided from the diagnosis)."""
+    lines = []
+    for r in sorted(records, key=lambda r: r["id"]):
+        search = r.get("search") or {}
+        winner = next((c for c in search.get("candidates", []) if c["name"] == search.get("winner")), None)
+        if r.get("kind") != "select" or not winner or winner.get("precision") != "mixed" or not search.get("pin"):
+            continue
+        lines.append(f"ctxbuild: {r['id'].removeprefix('select/')}: the search's answer keeps "
+                     f"{', '.join(winner.get('blamed') or [])} at higher precision; to pin it, put in the recipe:")
+        lines += ["    " + ln for ln in search["pin"].splitlines()]
+    return lines
+
+
 def _verdict(r: dict[str, Any]) -> str:
     if r["passed"] and r.get("sample_source") == "random":
         return "unverified: random inputs (give verify.dir or calibration.dir)"

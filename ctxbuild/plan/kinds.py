@@ -282,6 +282,34 @@ class SearchStep(Kind):
     params = SearchStepParams
 
 
+class CulpritsParams(ScreenParams):  # the verification samples, as a screen's
+    candidate: str  # the mixed rung's name
+    bases: list[str]  # the quantization candidates before it, ladder order
+    settings: dict[str, dict[str, Any]]  # base -> its quantization settings
+    ladders: dict[str, list[str]]  # target -> its candidates up to the mixed rung
+    thresholds: dict[str, float]
+    cpu_margin_db: float
+    provider_options: dict[str, dict[str, str]]  # target -> its compile's (the diagnosis's debug builds)
+    no_int16_weights: list[str]  # targets whose arch cannot run 16-bit weights
+    diagnose_samples: int
+    timeout_s: float
+
+
+class CulpritsParamsOpt(CulpritsParams, total=False):
+    slices: dict[str, Any]
+
+
+class Culprits(Kind):
+    """precision: auto: the mixed-precision candidate's settings, from the per-node diagnosis of a failed one."""
+    name = "culprits"
+    implementation = "ctxbuild.actions.culprits"
+    params = CulpritsParamsOpt
+    discovery_follows = "original"  # its external data; and the samples (watch)
+    discovers_inputs = True  # verification samples
+    uses_qnn = True  # the diagnosis compiles and simulates debug builds
+    memory = MemoryModel(3.0, ("reference", "model."))
+
+
 class SelectParams(TypedDict):
     thresholds: dict[str, float]
     cpu_margin_db: float

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.plan.action import Action
-from ctxbuild.plan.steps import (Built, common_params, compile_action, model_files, prepare_action, quantize_action,
-                                 thresholds, verify_action, verify_samples)
-from ctxbuild.recipes.quantization import is_fp16, problem
+from ctxbuild.plan.steps import (Built, common_params, compile_action, model_files, prepare_action, provider_options,
+                                 quantize_action, thresholds, verify_action, verify_samples)
+from ctxbuild.recipes.quantization import is_fp16, is_mixed, problem, settings
 from ctxbuild.recipes.objects import Recipe
 from ctxbuild.recipes.targets import Target
 
@@ -32,6 +32,8 @@ from ctxbuild.recipes.targets import Target
 # The HTP runs the QDQ model's math with its own rounding: on three PP-OCR models its SNR was 0.6 dB above to
 # 22 dB below the CPU EP's (docs/measured.md, "Precision search"); the margin covers "above" tenfold.
 CPU_MARGIN_DB = 6.0
+# Samples the mixed rung's per-node diagnosis runs (each is a simulator run of a debug build per probe round).
+DIAGNOSE_SAMPLES = 2
 
 
 def search_actions(recipe: Recipe, out: Path) -> list[Action]:
@@ -53,6 +55,8 @@ def search_actions(recipe: Recipe, out: Path) -> list[Action]:
     screens: dict[str, Action] = {}
     verifies: dict[tuple[str, str], Action] = {}
     candidates: dict[str, list[tuple[dict[str, Any], Action, Action]]] = {t.name: [] for t in recipe.targets}
+    models: dict[str, str] = {}  # quantization candidate -> its QDQ model
+    settings_of: dict[str, str] = {}  # the mixed rung -> the file holding its settings (culprits)
     for s in recipe.quantization:
         n = s["name"]
         users = [t for t in recipe.targets if n in ladders[t.name]]
@@ -73,7 +77,14 @@ def search_actions(recipe: Recipe, out: Path) -> list[Action]:
             need = _step(recipe, "need", n, upto, screens, verifies, thr, work / "search-cpu" / recipe.name / n)
             acts.append(need)
         gate = need.outputs["gate"] if need else None
+        if is_mixed(s):  # its settings: the culprits action's answer, which gates its quantize and screen
+            assert gate is not None  # the mixed rung follows at least one quantization candidate
+            decided = _culprits(recipe, Built(g, prepared, prepared), n, upto, screens, models, verifies, thr, gate,
+                                work / "search-cpu" / recipe.name / n)
+            acts.append(decided)
+            gate = settings_of[n] = decided.outputs["gate"]
         model, q = quantize_action(recipe, g, prepared, work, s, gate=gate)
+        models[n] = model
         built = Built(g, prepared, model)
         screens[n] = _screen(recipe, built, work / "search-cpu" / recipe.name / n, gate)
         acts += [q, screens[n]]
@@ -88,8 +99,36 @@ def search_actions(recipe: Recipe, out: Path) -> list[Action]:
             acts += [admit, c, v]
             candidates[t.name].append((s, c, v))
     for t in recipe.targets:
-        acts.append(_select(recipe, t, out, candidates[t.name], skipped[t.name], screens, thr))
+        acts.append(_select(recipe, t, out, candidates[t.name], skipped[t.name], screens, thr, settings_of))
     return acts
+
+
+def _culprits(recipe: Recipe, b: Built, n: str, ladders: dict[str, list[str]], screens: dict[str, Action],
+              models: dict[str, str], verifies: dict[tuple[str, str], Action], thr: dict[str, float],
+              need: str, d: Path) -> Action:
+    """The mixed rung's decision (actions/culprits.py): the per-node diagnosis of a failed candidate, from
+    every quantization candidate's QDQ model, CPU screen and verifies before it."""
+    bases = [s["name"] for s in recipe.quantization if s["name"] in models]
+    sampling, watch = verify_samples(recipe, b.graph)
+    inputs = {**model_files("reference", b.reference), "original": str(b.graph.model)}
+    for j in bases:
+        inputs.update({**model_files(f"model.{j}", models[j]), f"screen.{j}": screens[j].outputs["result"]})
+        inputs.update({f"verify.{t}.{j}": verifies[(t, j)].outputs["result"] for t in ladders if (t, j) in verifies})
+    inputs["gate"] = need
+    targets = {t.name: t for t in recipe.targets if t.name in ladders}
+    params = {"candidate": n, "bases": bases, "ladders": ladders, "thresholds": thr, "cpu_margin_db": CPU_MARGIN_DB,
+              "settings": {s["name"]: {k: v for k, v in s.items() if k != "name"} for s in recipe.quantization
+                           if s["name"] in models},
+              "provider_options": {name: provider_options(recipe, t) for name, t in targets.items()},
+              "no_int16_weights": sorted(name for name, t in targets.items()
+                                         if problem({**settings({"weights": "int16"}), "name": ""}, t)),
+              "diagnose_samples": DIAGNOSE_SAMPLES, "timeout_s": recipe.verify.get("timeout_s", 300), **sampling}
+    if recipe.verify.get("slices"):
+        params["slices"] = recipe.verify["slices"]
+    return Action(id=f"culprits/{recipe.name}", kind="culprits",
+                  description=f"search {recipe.name}: which nodes the {n} candidate keeps at higher precision",
+                  inputs=inputs, outputs={"gate": str(d / "culprits.json")}, params=params, watch=watch,
+                  **common_params(recipe))
 
 
 def _fp16_candidate(recipe: Recipe, built: Built, t: Target, out: Path, d: Path, ladder: list[str],
@@ -146,7 +185,8 @@ def _screen(recipe: Recipe, b: Built, d: Path, gate: str | None) -> Action:
 
 
 def _select(recipe: Recipe, t: Target, out: Path, candidates: list[tuple[dict[str, Any], Action, Action]],
-            skipped: list[dict[str, str]], screens: dict[str, Action], thr: dict[str, float]) -> Action:
+            skipped: list[dict[str, str]], screens: dict[str, Action], thr: dict[str, float],
+            settings_of: dict[str, str]) -> Action:
     d = out / t.name / recipe.name
     outputs = {"ctx": str(d / f"{recipe.name}_ctx.onnx")}
     if not recipe.compile.embed:
@@ -160,9 +200,11 @@ def _select(recipe: Recipe, t: Target, out: Path, candidates: list[tuple[dict[st
         inputs[f"{n}.result"] = v.outputs["result"]
         if n in screens:
             inputs[f"{n}.screen"] = screens[n].outputs["result"]
+        if n in settings_of:  # the mixed rung: its settings as decided
+            inputs[f"{n}.settings"] = settings_of[n]
         inputs.update({f"{n}.{role}": p for role, p in c.outputs.items()})
         # No action ids here: they hash paths (OUT, the model's), and params are the select's key.
-        table.append({"name": n, **({"precision": "fp16"} if is_fp16(s) else
+        table.append({"name": n, **({"precision": s["precision"]} if is_fp16(s) or is_mixed(s) else
                                     {"quantization": {k: x for k, x in s.items() if k != "name"}})})
     params = {"thresholds": thr, "cpu_margin_db": CPU_MARGIN_DB, "candidates": table,
               "skipped": skipped, "graphs": [recipe.graphs[0].name], "precision": "auto"}
@@ -179,7 +221,7 @@ def candidate_actions(select: Any, actions: dict[str, Any], producer: dict[str, 
         n = c["name"]
         compiled = producer[select.inputs[f"{n}.ctx"]]
         # the fp16 rung compiles the prepared model: no quantize of its own
-        quantize = {} if "precision" in c else {"quantize": producer[actions[compiled].inputs["model"]]}
+        quantize = {} if c.get("precision") == "fp16" else {"quantize": producer[actions[compiled].inputs["model"]]}
         found[n] = {**quantize, "compile": compiled, "verify": producer[select.inputs[f"{n}.result"]]}
         if f"{n}.screen" in select.inputs:
             found[n]["screen"] = producer[select.inputs[f"{n}.screen"]]

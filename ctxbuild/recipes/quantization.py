@@ -38,11 +38,23 @@ INT16_WEIGHTS_MIN_ARCH = 73
 # while every integer candidate misses). `auto: {fp16: false}` leaves it out.
 # Its name is reserved (no quantization candidate may take it): the search's walk knows the rung by it.
 FP16_RUNG: dict[str, Any] = {"name": "fp16", "precision": "fp16"}
+# quantization.nodes' value for a node left out of quantization (onnxruntime's nodes_to_exclude): between the
+# quantized nodes, the HTP runs it in fp16 (measured: a QDQ model with a float Sigmoid compiles and runs on v75).
+FP16_NODE = "fp16"
+# precision: auto's rung after the quantization candidates (unless `auto: {mixed: false}`): the first failed
+# candidate with the nodes the per-node diagnosis blames kept at higher precision (quantization.nodes), decided
+# by the search's `culprits` action when every candidate before it failed. Its name is reserved, as fp16's.
+MIXED_RUNG: dict[str, Any] = {"name": "mixed", "precision": "mixed", "samples": None}
 
 
 def is_fp16(s: dict[str, Any]) -> bool:
     """Whether a ladder entry is the fp16 rung (not quantized: no quantize, no screen)."""
     return s.get("precision") == "fp16"
+
+
+def is_mixed(s: dict[str, Any]) -> bool:
+    """Whether a ladder entry is the mixed rung (its settings are decided at build time)."""
+    return s.get("precision") == "mixed"
 
 
 def settings(block: dict[str, Any]) -> dict[str, Any]:
@@ -59,7 +71,7 @@ def settings(block: dict[str, Any]) -> dict[str, Any]:
         "percentile": float(block.get("percentile", DEFAULT_PERCENTILE)) if method == "percentile" else None,
         "samples": block.get("samples"),  # None: the graph's calibration.samples
         "tensors": {k: dict(v) for k, v in sorted(block.get("tensors", {}).items())},
-        "nodes": {k: dict(v) for k, v in sorted(block.get("nodes", {}).items())},
+        "nodes": {k: v if v == FP16_NODE else dict(v) for k, v in sorted(block.get("nodes", {}).items())},
     }
 
 
@@ -78,13 +90,15 @@ def label(s: dict[str, Any]) -> str:
 
 def describe(precision: str, s: dict[str, Any]) -> str:
     """The precision's name when `s` is just its shorthand, else the settings' label."""
+    if is_mixed(s):
+        return "mixed: nodes from the diagnosis"
     shorthand = {**settings(SHORTHANDS.get(precision, {})), "name": s.get("name")}
     return precision if precision in SHORTHANDS and {**s, "samples": None} == shorthand else label(s)
 
 
 def problem(s: dict[str, Any], target: Target) -> str | None:
     """Why `target` cannot run these settings (measured, see INT16_WEIGHTS_MIN_ARCH), or None."""
-    if is_fp16(s):
+    if is_fp16(s) or is_mixed(s):  # the mixed rung checks what it decides itself (culprits)
         return None
     if s["weights"] == "int16":
         if s["activations"] != "uint16":
@@ -94,7 +108,7 @@ def problem(s: dict[str, Any], target: Target) -> str | None:
             return (f"int16 weights need HTP v{INT16_WEIGHTS_MIN_ARCH} or newer; target {target.name} is "
                     f"v{', v'.join(old)}")
     for name, node in s["nodes"].items():
-        if node.get("weights") == "int16" and node.get("activations", s["activations"]) != "uint16":
+        if node != FP16_NODE and node.get("weights") == "int16" and node.get("activations", s["activations"]) != "uint16":
             return f"node '{name}': int16 weights need uint16 activations"
     return None
 
@@ -138,12 +152,23 @@ def from_recipe(precision: str, spec: Any, targets: list[Target], at: Callable[.
                                       "use weights: uint8 (per_channel: true recovers most of the accuracy), "
                                       "or drop the older targets")
         ladder.append({"name": name, **s})
-    if precision == "auto" and (auto or {}).get("fp16", True):
-        if FP16_RUNG["name"] in names:
-            raise RecipeError(f"{at('quantization')}: a quantization candidate is named 'fp16', the name of the "
-                              "ladder's fp16 rung", "rename it, or set auto: {fp16: false}")
-        ladder.append(dict(FP16_RUNG))
+    if precision == "auto":
+        ladder += _rungs(auto or {}, names, at, {s["samples"] for s in ladder})
     return ladder
+
+
+def _rungs(auto: dict[str, Any], names: set[str], at: Callable[..., str], samples: set[int | None]) -> list[dict[str, Any]]:
+    """The rungs after the quantization candidates: mixed, then fp16 (each unless `auto` leaves it out).
+    `samples`: the candidates' calibration sample counts (the mixed rung calibrates like them when they agree)."""
+    rungs = []
+    for rung, key in ((MIXED_RUNG, "mixed"), (FP16_RUNG, "fp16")):
+        if not auto.get(key, True):
+            continue
+        if rung["name"] in names:
+            raise RecipeError(f"{at('quantization')}: a quantization candidate is named '{rung['name']}', the name "
+                              f"of the ladder's {key} rung", f"rename it, or set auto: {{{key}: false}}")
+        rungs.append({**rung, "samples": samples.pop()} if key == "mixed" and len(samples) == 1 else dict(rung))
+    return rungs
 
 
 def _check_block(block: dict[str, Any], where: str) -> None:

@@ -62,7 +62,8 @@ def likely_fix(where: str, worst: list[dict[str, Any]], weights: dict[str, float
             return (f"{cause}: {FP16_FIX}; the HTP's fp16 arithmetic loses it, most at {listed}" if cause else
                     f"the HTP's fp16 arithmetic loses it, most at {listed}: {FP16_FIX}")
         fix = (f"16-bit activations on them ({_nodes_field(names, 'activations: uint16')})" if activation_bits < 16
-               else "they have 16-bit activations already: build them at fp16 (precision: fp16)")
+               else "they have 16-bit activations already: keep them in float, the HTP runs them in fp16 ("
+               + "quantization.nodes: {" + ", ".join(f"'{n}': fp16" for n in names) + "})")
         if weighted:
             fix += f", 16-bit weights ({_nodes_field(weighted, 'weights: int16')})"
         return (f"the QDQ model meets the thresholds on the CPU; the HTP's own arithmetic loses it, most at "

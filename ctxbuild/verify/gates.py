@@ -1,4 +1,5 @@
-"""The precision search's gate files: `{"run": true}` or `{"run": false}`, nothing else.
+"""The precision search's gate files: `{"run": true}` or `{"run": false}`; the mixed rung's gate (written by
+its `culprits` action) also holds the settings its quantize uses, and the figures behind them.
 
 A `search_step` action writes one per candidate (per target, or for the candidate's shared quantize and CPU
 screen); the candidate's heavy actions (quantize, screen, compile, verify) take it as their `gate` input.
@@ -26,6 +27,13 @@ def closed(inputs: dict[str, str]) -> bool:
     if ROLE not in inputs:
         return False
     return not json.loads(Path(inputs[ROLE]).read_text())["run"]
+
+
+def decided_settings(inputs: dict[str, str]) -> dict[str, Any] | None:
+    """The quantization settings a mixed rung's gate holds (None: not a mixed rung's gate)."""
+    if ROLE not in inputs:
+        return None
+    return json.loads(Path(inputs[ROLE]).read_text()).get("quantization")
 
 
 def write_skipped(ctx: Any) -> None:

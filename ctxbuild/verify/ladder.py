@@ -62,7 +62,10 @@ def walk(names: list[str], screens: dict[str, Any], verifies: dict[str, Any], th
             rows.append({"name": n, "state": "pending", "why": "needs its CPU screen"})
             break
         screen = screens.get(n)
-        if screen is not None and not is_skipped(screen) and (why := cpu_rejection(screen, thr, margin_db)):
+        if is_skipped(screen):  # its gate closed though the walk reached it: the mixed rung found nothing to change
+            rows.append({"name": n, "state": "not_run", "why": "not run: the diagnosis blamed no node"})
+            continue
+        if screen is not None and (why := cpu_rejection(screen, thr, margin_db)):
             rows.append({"name": n, "state": "rejected_cpu", "why": why})
             continue
         if n not in verifies:

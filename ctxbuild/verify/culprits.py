@@ -1,0 +1,63 @@
+"""Which nodes a mixed-precision candidate keeps at higher precision, from the per-node diagnosis
+(diagnose.py) of a failed quantization candidate.
+
+Where the HTP itself loses what the QDQ model keeps on the CPU (an HTP-only loss), the nodes whose own added
+noise on the HTP is worst are left out of quantization (`fp16`: the HTP runs them in fp16 between the
+quantized nodes). Where quantization loses it, the worst nodes get 16-bit weights when they have weights the
+base candidate holds in 8 bits, else `fp16` too. The answer is a `quantization.nodes` mapping of the prepared
+model's node names, a fused group (Conv+Relu) named node by node.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ctxbuild.recipes.quantization import FP16_NODE
+
+MAX_NODES = 8  # at most this many blamed nodes (each with its fused group)
+# A node is blamed when the noise it adds alone is within this many dB of the worst node's: the few that
+# dominate, not the long tail every quantized node adds.
+WITHIN_DB = 10.0
+
+
+def blamed(rows: list[dict[str, Any]], key: str, min_snr_db: float) -> list[dict[str, Any]]:
+    """The diagnosis rows (worst first) whose own noise `key` is near the worst and above what the thresholds
+    allow (a node adding less noise than -min_snr_db cannot be why the output misses min_snr_db)."""
+    ranked = [r for r in rows if r.get(key) is not None]
+    if not ranked:
+        return []
+    top = max(r[key] for r in ranked)
+    return [r for r in ranked if r[key] >= top - WITHIN_DB and r[key] >= -min_snr_db][:MAX_NODES]
+
+
+def weak_ends(diagnosis: dict[str, Any], ends: dict[str, str]) -> list[str]:
+    """The nodes computing outputs that pass whole but fail in a slice where the loss is (a score slice of a
+    concatenated output): the per-node figures are of whole tensors and cannot see it, the output's own
+    quantization (one scale over both parts) loses it. `ends`: output -> the node computing it."""
+    t, side = diagnosis["thresholds"], "htp" if diagnosis["where"] == "htp" else "quantization"
+
+    def passes(m: dict[str, Any]) -> bool:
+        return m["cosine"] >= t["min_cosine"] and m["snr_db"] >= t["min_snr_db"]
+
+    return [ends[o] for o, row in diagnosis["outputs"].items() if o in ends and side in row
+            and not all(passes(s) for s in row[side].get("slices") or [])]
+
+
+def node_overrides(diagnosis: dict[str, Any], base: dict[str, Any], ends: dict[str, str], *,
+                   int16_weights: bool) -> dict[str, Any]:
+    """quantization.nodes for the mixed candidate on top of `base`'s (its settings). `ends`: output -> the
+    node computing it; `int16_weights`: the target runs 16-bit weights (recipes/quantization.problem)."""
+    min_snr = diagnosis["thresholds"]["min_snr_db"]
+    htp = diagnosis["where"] == "htp"
+    rows = blamed(diagnosis["worst_htp" if htp else "worst_quantization"],
+                  "htp_added_db" if htp else "quant_added_db", min_snr)
+    wide = not htp and int16_weights and base["weights"] != "int16" and base["activations"] == "uint16"
+    nodes = dict(base["nodes"])
+    for r in rows:
+        if wide and r.get("weight_snr_db") is not None:  # coarse weights: 16-bit ones, the rest stays quantized
+            nodes[r["node"]] = {"weights": "int16"}
+            continue
+        for name in [r["node"], *r["fused"]]:
+            nodes[name] = FP16_NODE
+    for name in weak_ends(diagnosis, ends):
+        nodes[name] = FP16_NODE
+    return dict(sorted(nodes.items()))

@@ -1,0 +1,121 @@
+"""precision: auto's mixed rung: when every quantization candidate fails, the per-node diagnosis names the nodes
+to keep at higher precision (quantization.nodes), the mixed candidate is verified like any other, and the
+search's answer is printed as recipe lines that pin it (restored from the cache)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import yaml
+
+from tests._sliced_model import BOXES, SCORES, write_tree
+from tests.conftest import last_build, records
+from ctxbuild.verify.culprits import node_overrides
+from ctxbuild.recipes.quantization import settings
+
+RECIPE = ("model: det.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\nprecision: auto\n"
+          "quantization: [{activations: uint8}]\nauto: {fp16: false}\n")
+
+
+def test_a_failing_slice_is_recovered_by_a_mixed_candidate_and_the_answer_pins(tmp_path: Path, ctxbuild) -> None:
+    """One uint8 scale over boxes (0-320) and scores (0-1) loses the score slice; the diagnosis sees whole
+    tensors pass, so the mixed rung keeps the output's Concat in float (fp16 on the HTP): the slice recovers."""
+    tree = write_tree(tmp_path / "recipes", {})
+    (tree / "det.yaml").write_text(RECIPE)
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    s = json.loads((out / "SM8650" / "det" / "det_search.json").read_text())
+    first, mixed = s["candidates"]
+    assert first["state"] == "failed" and "slice 4:10 (scores_flat)" in first["worst"]["where"]
+    assert (mixed["name"], mixed["state"], s["winner"]) == ("mixed", "passed", "mixed")
+    assert mixed["base"] == first["name"] and mixed["blamed"] == ["head_concat"]
+    assert mixed["quantization"] == {**first["quantization"], "nodes": {"head_concat": "fp16"}}
+    assert mixed["worst"]["snr_db"] > 40 > 20 > first["worst"]["snr_db"]
+    nodes = {n.name for n in onnx.load(str(tree / "det.onnx")).graph.node}
+    assert set(mixed["blamed"]) <= nodes  # names the user's model has
+
+    # the summary prints the recipe lines; pasted, they build the same binary and restore compile and verify
+    head = next(i for i, ln in enumerate(r.out.splitlines()) if "the search's answer keeps head_concat" in ln)
+    lines = r.out.splitlines()[head + 1:]
+    pinned = yaml.safe_load("\n".join(ln[4:] for ln in lines[:next(i for i, ln in enumerate(lines)
+                                                                      if not ln.startswith("    "))]))
+    assert pinned == yaml.safe_load(s["pin"]) == {
+        "precision": "auto", "quantization": [{"activations": "uint8", "nodes": {"head_concat": "fp16"}}],
+        "auto": {"mixed": False, "fp16": False}}
+    html = (out / "report.html").read_text()
+    assert "the answer keeps head_concat at higher precision" in html and "head_concat: fp16" in html
+    (tree / "det.yaml").write_text("model: det.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\n" + s["pin"])
+    out2 = tmp_path / "out2"
+    r = ctxbuild("build", str(tree), "-o", str(out2))
+    assert r.code == 0, r.text
+    ran = last_build(out2)
+    assert {k.split("/")[0]: v for k, v in ran.items() if k.startswith(("compile/", "verify/"))} == {
+        "compile": "cache", "verify": "cache"}, ran
+    assert (out2 / "SM8650" / "det" / "det_ctx_qnn.bin").read_bytes() == (
+        out / "SM8650" / "det" / "det_ctx_qnn.bin").read_bytes()
+
+
+def test_mixed_rung_costs_nothing_when_a_candidate_passes(tmp_path: Path, ctxbuild) -> None:
+    tree = write_tree(tmp_path / "recipes", {})
+    (tree / "det.yaml").write_text(RECIPE.replace("{activations: uint8}", "{}"))
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    s = json.loads((out / "SM8650" / "det" / "det_search.json").read_text())
+    assert [(c["name"], c["state"]) for c in s["candidates"]] == [("a16w8", "passed"), ("mixed", "not_run")]
+    assert json.loads((out / ".ctxbuild" / "work" / "search-cpu" / "det" / "mixed" / "culprits.json").read_text()) == {
+        "run": False}
+    assert "to pin it" not in r.out
+    recs = records(out)
+    assert recs["compile/det.mixed@SM8650"]["seconds"] < 2  # a placeholder behind a closed gate
+
+
+def test_nodes_field_keeps_a_node_in_fp16_and_names_are_checked(tmp_path: Path, ctxbuild) -> None:
+    tree = write_tree(tmp_path / "recipes", {
+        "kept": "quantization: {nodes: {head_concat: fp16}}\nverify: {slices: {detections: {axis: 1, sizes: [4, 6]}}}\n",
+        "typo": "quantization: {nodes: {head_conact: fp16}}\nverify: false\n"})
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), "-k", "0")
+    assert r.code == 1, r.text
+    recs = records(out)
+    assert recs["verify/kept@SM8650"]["result"]["passed"] is True  # int8 with the output Concat in float
+    cause = recs[next(k for k in recs if k.startswith("quantize/") and recs[k]["status"] == "failed")]["cause"]
+    assert "quantization.nodes: 'head_conact' is not a node of the model" in cause and "head_concat" in cause
+    (tree / "bad.yaml").write_text("model: det.onnx\nprecision: int8\ncalibration: {dir: cal}\ntargets: [SM8650]\n"
+                                   "quantization: {nodes: {head_concat: fp32}}\n")
+    r = ctxbuild("plan", str(tree / "bad.yaml"))
+    assert r.code == 2 and "bad.yaml:5" in r.err, r.err
+
+
+def _diagnosis(where: str, worst: list[dict], slices: list[dict] | None = None) -> dict:
+    side = {"cosine": 0.9999, "snr_db": 45.0, **({"slices": slices} if slices else {})}
+    return {"where": where, "thresholds": {"min_cosine": 0.99, "min_snr_db": 20.0},
+            "outputs": {"y": {"quantization": side, "htp": side}},
+            "worst_htp" if where == "htp" else "worst_quantization": worst}
+
+
+def _row(node: str, added: float, weights: float | None = None, fused: tuple[str, ...] = ()) -> dict:
+    return {"node": node, "op_type": "Conv", "fused": list(fused), "weight_snr_db": weights,
+            "htp_added_db": added, "quant_added_db": added}
+
+
+def test_culprits_from_the_diagnosis() -> None:
+    base = {**settings({"activations": "uint16"}), "nodes": {"keep": {"weights": "int16"}}}
+    # HTP-only loss: the dominant nodes (within 10 dB of the worst, above -20 dB) in fp16, a fused group whole
+    d = _diagnosis("htp", [_row("sig", -3.0, fused=("mul",)), _row("conv", -11.0, 40.0), _row("tail", -14.0),
+                           _row("quiet", -30.0)])
+    assert node_overrides(d, base, {}, int16_weights=True) == {
+        "conv": "fp16", "keep": {"weights": "int16"}, "mul": "fp16", "sig": "fp16"}
+    # quantization loss: 16-bit weights where there are weights and the target runs them, else fp16
+    d = _diagnosis("quantization", [_row("conv", -8.0, 25.0), _row("exp", -9.0)])
+    assert node_overrides(d, base, {}, int16_weights=True) == {
+        "conv": {"weights": "int16"}, "exp": "fp16", "keep": {"weights": "int16"}}
+    assert node_overrides(d, base, {}, int16_weights=False)["conv"] == "fp16"
+    # nothing near the thresholds and no weak slice: nothing to change
+    assert node_overrides(_diagnosis("htp", [_row("a", -40.0)]), base, {"y": "cat"}, int16_weights=True) == base["nodes"]
+    # a weak slice in a passing output: the node computing the output
+    weak = [{"slice": "scores", "cosine": 0.7, "snr_db": 1.5, "start": BOXES, "stop": BOXES + SCORES}]
+    assert node_overrides(_diagnosis("htp", [_row("a", -40.0)], weak), base, {"y": "cat"}, int16_weights=True)[
+        "cat"] == "fp16"
