@@ -102,10 +102,7 @@ def run(ctx: Any) -> None:
         "outputs": compare(reference, got),
         "coverage": coverage(Path(a.inputs["ctx.ctx"]), Path(a.inputs["compiled"])),
     }
-    for name, s in output_slices.find(ref_proto, p.get("slices")).items():
-        per_slice = output_slices.measure(reference[name], got[name], s, metrics) if name in reference else None
-        if per_slice:
-            result["outputs"][name]["slices"] = per_slice
+    output_slices.annotate(result["outputs"], ref_proto, p.get("slices"), reference, got, metrics)
     if stop is not None and stop.proof:
         result["early_stop"] = {"of": len(samples), "proof": stop.proof}
     if "bundle.ctx" in a.inputs:

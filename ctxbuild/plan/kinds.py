@@ -250,10 +250,14 @@ class Verify(Kind):
     memory = MemoryModel(3.0, ("reference", "ctx.bin"), {"fp16": 1.2, "int8": 1.2, "int16": 1.2})
 
 
-class ScreenParams(TypedDict):
+class _ScreenRequired(TypedDict):
     samples: int
     sample_source: str
     inputs: Shape
+
+
+class ScreenParams(_ScreenRequired, total=False):
+    slices: dict[str, Any]  # recipe-declared output slices, measured as verify does
 
 
 class Screen(Kind):
@@ -271,7 +275,7 @@ class SearchStepParams(TypedDict):
     candidate: str
     ladders: dict[str, list[str]]  # target -> its candidates in ladder order
     thresholds: dict[str, float]
-    cpu_margin_db: float
+    predict: dict[str, Any]  # the skipping rules' parameters (verify/predict.rules)
 
 
 class SearchStep(Kind):
@@ -283,7 +287,7 @@ class SearchStep(Kind):
 
 class SelectParams(TypedDict):
     thresholds: dict[str, float]
-    cpu_margin_db: float
+    predict: dict[str, Any]  # the skipping rules' parameters (verify/predict.rules)
     candidates: list[dict[str, Any]]  # ladder order: name, quantization (or precision: fp16 for the last rung), action ids
     skipped: list[dict[str, str]]
     graphs: list[str]

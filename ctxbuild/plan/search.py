@@ -27,12 +27,7 @@ from ctxbuild.plan.steps import (Built, common_params, compile_action, model_fil
 from ctxbuild.recipes.quantization import is_fp16, problem
 from ctxbuild.recipes.objects import Recipe
 from ctxbuild.recipes.targets import Target
-
-# How far below the thresholds the CPU EP's QDQ run may be and the candidate still gets a simulator run.
-# The HTP runs the QDQ model's math with its own rounding: on three PP-OCR models its SNR was 0.6 dB above to
-# 22 dB below the CPU EP's (docs/measured.md, "Precision search"); the margin covers "above" tenfold.
-CPU_MARGIN_DB = 6.0
-
+from ctxbuild.verify.predict import rules
 
 def search_actions(recipe: Recipe, out: Path) -> list[Action]:
     g = recipe.graphs[0]  # recipe validation: auto has one graph (no bundle)
@@ -127,7 +122,8 @@ def _step(recipe: Recipe, mode: str, n: str, ladders: dict[str, list[str]], scre
             if j in screens:  # not the fp16 rung: it has no screen
                 inputs[f"screen.{j}"] = screens[j].outputs["result"]
     where = f"@{t.name}" if t else ""
-    params = {"mode": mode, "candidate": n, "ladders": ladders, "thresholds": thr, "cpu_margin_db": CPU_MARGIN_DB}
+    params = {"mode": mode, "candidate": n, "ladders": ladders, "thresholds": thr,
+              "predict": rules(recipe.quantization)}
     return Action(id=f"search_step/{recipe.name}.{n}{where}", kind="search_step",
                   description=f"search {recipe.name}{where}: {mode} {n}?", inputs=inputs,
                   outputs={"gate": str(d / f"{mode}.json")}, params=params,
@@ -137,6 +133,8 @@ def _step(recipe: Recipe, mode: str, n: str, ladders: dict[str, list[str]], scre
 def _screen(recipe: Recipe, b: Built, d: Path, gate: str | None) -> Action:
     """The candidate's QDQ model on the CPU EP, on the samples its verifies use (same parameters)."""
     params, watch = verify_samples(recipe, b.graph)
+    if recipe.verify.get("slices"):  # measured per slice as the verify does
+        params["slices"] = recipe.verify["slices"]
     inputs = {**model_files("reference", b.reference), **model_files("model", b.model), "original": str(b.graph.model)}
     if gate:
         inputs["gate"] = gate
@@ -164,7 +162,7 @@ def _select(recipe: Recipe, t: Target, out: Path, candidates: list[tuple[dict[st
         # No action ids here: they hash paths (OUT, the model's), and params are the select's key.
         table.append({"name": n, **({"precision": "fp16"} if is_fp16(s) else
                                     {"quantization": {k: x for k, x in s.items() if k != "name"}})})
-    params = {"thresholds": thr, "cpu_margin_db": CPU_MARGIN_DB, "candidates": table,
+    params = {"thresholds": thr, "predict": rules(recipe.quantization), "candidates": table,
               "skipped": skipped, "graphs": [recipe.graphs[0].name], "precision": "auto"}
     return Action(id=f"select/{recipe.name}@{t.name}", kind="select",
                   description=f"select {recipe.name}@{t.name} ({len(candidates)} candidates)", inputs=inputs,

@@ -61,3 +61,12 @@ def measure(ref: np.ndarray, got: np.ndarray, s: Slices,
         return None
     return [{"slice": label, "start": int(a), "stop": int(b), "axis": axis, "range": rng, **metrics(r, g)}
             for label, a, b, rng, (r, g) in zip(s.labels, bounds[:-1], bounds[1:], ranges, parts)]
+
+
+def annotate(outputs: dict[str, dict[str, Any]], model: Any, declared: dict[str, dict[str, Any]] | None,
+             reference: dict[str, np.ndarray], got: dict[str, np.ndarray],
+             metrics: Callable[[np.ndarray, np.ndarray], dict[str, Any]]) -> None:
+    """Adds `slices` (measure's list) to the figures of each output of `model` that has them."""
+    for name, s in find(model, declared).items():
+        if name in reference and (per_slice := measure(reference[name], got[name], s, metrics)):
+            outputs[name]["slices"] = per_slice
