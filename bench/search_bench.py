@@ -113,12 +113,85 @@ def cpu_vs_htp(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def replay(out: Path) -> dict[str, Any]:
+    """Counting mode: this tree's search walked over a base run's measurements, without a simulator. Its screens
+    are measured again with this tree's screen (per output and slice, on the same samples); the walk then asks
+    for results in gate order, and a verify it asks for counts with the simulator seconds the base run recorded.
+    Valid while this tree runs a subset of the base's candidates: a result the base never made is `missing`."""
+    import numpy as np
+
+    from ctxbuild.graph.modelio import load
+    from ctxbuild.verify import slices
+    from ctxbuild.verify.ladder import walk
+    from ctxbuild.verify.measure import compare, cpu_outputs, metrics
+    from ctxbuild.verify.predict import rules
+
+    specs = [json.loads(f.read_text()) for f in (out / ".ctxbuild" / "actions").glob("*.json")]
+    by_output = {o: s for s in specs for o in s["outputs"].values()}
+    recs = {json.loads(f.read_text())["id"]: json.loads(f.read_text()) for f in (out / ".ctxbuild" / "records").glob("*.json")}
+    screened: dict[str, dict[str, Any]] = {}
+
+    def screen(spec: dict[str, Any]) -> dict[str, Any] | None:
+        base = (recs.get(spec["id"]) or {}).get("result") or {}
+        if not (base.get("outputs") or base.get("error")):
+            return None  # the base never screened it (or is still at it)
+        if spec["id"] not in screened:
+            feeds = [dict(np.load(p)) for p in sorted(Path(spec["watch"][0]).glob("*.npz"))[:VERIFY]]
+            ref, got = cpu_outputs(Path(spec["inputs"]["original"]), feeds), cpu_outputs(Path(spec["inputs"]["model"]), feeds)
+            res = {"outputs": compare(ref, got)}
+            slices.annotate(res["outputs"], load(Path(spec["inputs"]["reference"]), external_data=False), None, ref, got, metrics)
+            screened[spec["id"]] = res
+        return screened[spec["id"]]
+
+    targets = {}
+    for sel in (s for s in specs if s["kind"] == "select"):
+        names = [c["name"] for c in sel["params"]["candidates"]]
+        ladder = [{"name": c["name"], **c.get("quantization", {}), **({"precision": c["precision"]} if "precision" in c else {})}
+                  for c in sel["params"]["candidates"]]
+        thr, predict = sel["params"]["thresholds"], rules(ladder)
+        known_s: dict[str, Any] = {}
+        known_v: dict[str, Any] = {}
+        runs, seconds, missing = [], 0.0, None
+        while missing is None:
+            rows = walk(names, known_s, known_v, thr, predict)
+            pending = next((r for r in rows if r["state"] == "pending"), None)
+            if pending is None:
+                break
+            n = pending["name"]
+            if pending["why"] == "needs its CPU screen":
+                got = screen(by_output[sel["inputs"][f"{n}.screen"]])
+                missing = None if got else f"screen of {n}"
+                known_s[n] = got
+                continue
+            v = recs.get(by_output[sel["inputs"][f"{n}.result"]]["id"]) or {}
+            if v.get("simulator_seconds") is None and not (v.get("result") or {}).get("compile_refused"):
+                missing = f"simulator run of {n}"
+                break
+            known_v[n] = v["result"]
+            runs.append(n)
+            seconds += v.get("simulator_seconds") or 0.0
+        winner = next((r["name"] for r in rows if r["state"] == "passed"), None)
+        targets[sel["id"]] = {"winner": winner, "simulator_runs": runs, "simulator_s": round(seconds, 1),
+                              "states": {r["name"]: r["state"] for r in rows}, "missing": missing,
+                              "skipped": {r["name"]: r["why"] for r in rows if r["state"] in ("rejected_cpu", "predicted_fail")}}
+    return {"targets": targets, "simulator_runs": sum(len(t["simulator_runs"]) for t in targets.values()),
+            "simulator_s": round(sum(t["simulator_s"] for t in targets.values()), 1),
+            "winners": {k: t["winner"] for k, t in targets.items()}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--base", default="main", help="the code compared with (97436d3: before the staged search)")
     ap.add_argument("--workdir", help="keep the runs here; reuse a base run already here")
+    ap.add_argument("--replay", metavar="OUT", help="counting mode: this tree's search over the base run in OUT "
+                    "(its measurements, no simulator), against what the base ran; prints both and exits")
     args = ap.parse_args()
+    if args.replay:
+        base_counts, now = counts(Path(args.replay)), replay(Path(args.replay))
+        print(json.dumps({"base": {k: base_counts[k] for k in ("simulator_runs", "simulator_s", "winners", "states")},
+                          "this tree": now}, indent=1))
+        return 0
     names = args.models.split(",")
     try:
         for n in names:
