@@ -37,6 +37,34 @@ def test_a_stop_is_a_proof_and_a_pass_is_never_stopped() -> None:
     assert stops > 50 and passes > 50  # both kinds of case were exercised
 
 
+def test_a_slice_stop_is_a_proof_too() -> None:
+    """Outputs whose scores (0-1) sit beside boxes (0-300): the slice is bounded on its own, so a run whose
+    score slice cannot pass stops although its whole output would; a run that passes every part never stops."""
+    from ctxbuild.verify.slices import Slices, measure
+
+    rng = np.random.default_rng(3)
+    s = Slices(axis=1, sizes=(4, 6), labels=("boxes", "scores"), declared=False)
+    stops = slice_stops = passes = 0
+    for trial in range(400):
+        n = int(rng.integers(2, 6))
+        ref = np.concatenate([rng.uniform(0, 300, (n, 4)), rng.uniform(0, 1, (n, 6))], axis=1).astype(np.float32)
+        noise = rng.choice([0.0, 0.001, 0.01, 0.1, 0.5], (n, 2))
+        got = [ref[i:i + 1] + np.concatenate([rng.standard_normal((1, 4)) * noise[i, 0] * 300,
+                                              rng.standard_normal((1, 6)) * noise[i, 1]], axis=1).astype(np.float32)
+               for i in range(n)]
+        whole = metrics(ref, np.concatenate(got))
+        parts = measure(ref, np.concatenate(got), s, metrics)
+        passed = not failures({"outputs": {"y": {**whole, "slices": parts}}, "thresholds": THR})
+        stop = EarlyStop({"y": ref}, n, **THR, slices={"y": [(1, 0, 4), (1, 4, 10)]})
+        stopped_at = next((i for i in range(1, n) if stop([{"y": g} for g in got[:i]])), None)
+        if stopped_at is not None:
+            stops += 1
+            assert not passed, (trial, noise, whole, parts)
+            slice_stops += "slice 4:10" in stop.proof and not failures({"outputs": {"y": whole}, "thresholds": THR})
+        passes += passed
+    assert stops > 50 and passes > 50 and slice_stops > 10, (stops, passes, slice_stops)
+
+
 def test_one_bad_sample_the_aggregate_absorbs_does_not_stop() -> None:
     rng = np.random.default_rng(1)
     ref = rng.standard_normal((8, 100)).astype(np.float32)

@@ -74,7 +74,8 @@ def run(ctx: Any) -> None:
     start = time.monotonic()
     timing: dict[str, float] = {}
     # A search candidate stops once its samples prove it fails (early_stop.py); the thresholds are in its key.
-    stop = EarlyStop(reference, len(samples), **p["early_stop"]) if p.get("early_stop") else None
+    stop = EarlyStop(reference, len(samples), **p["early_stop"],
+                     slices=output_slices.stop_parts(ref_proto, p.get("slices"), reference)) if p.get("early_stop") else None
     # split_outputs: the wrapper re-joins the parts with a Concat on the CPU.
     cpu_fallback = p["cpu_fallback"] or bool(p.get("split_outputs"))
 

@@ -25,7 +25,8 @@ ACTION_SCHEMA_VERSION = 9  # 2: verify checks output slices; 3: models carry <mo
 # prepare's rules rmsnorm, gelu, mask_fill (added within 5: caches hold prepares without them), quantize writes
 # fused RMSNorms out again; 7: llm_package writes the genai pipeline's mask and KV stages beside genai_config.json,
 # llm_split streams each graph's weights (the tied LM head now folded after the cut); 8: the last part no longer
-# carries the tied embedding beside its folded head; 9: a precision search's CPU screen measures output slices
+# carries the tied embedding beside its folded head; 9: a precision search's CPU screen measures output slices,
+# a candidate's verify stops early on an output slice too
 
 
 def fingerprint(kind: str, out_state: Path, toolchain: str | None = None) -> dict[str, Any]:
