@@ -5,8 +5,8 @@ first candidate meeting the thresholds and places its files at the normal output
 Candidates are staged, not all run: ninja cannot skip an edge on another's result, so every candidate's
 heavy actions take a gate file (verify/gates.py) that a `search_step` action writes from the results of the
 candidates before it (verify/ladder.py): `need` (any target still needs this candidate: quantize and
-screen run) and `admit` per target (still needed there and not rejected by the CPU screen: compile and
-verify run). An action whose gate is closed writes placeholders in milliseconds. The edges are static, so
+screen run) and `admit` per target (still needed there and not skipped as unable to pass, verify/predict.py:
+compile and verify run). An action whose gate is closed writes placeholders in milliseconds. The edges are static, so
 ninja keeps -j parallelism across models and targets, a rebuild is a no-op and everything restores from
 the cache. Thresholds are parameters of the steps, the candidate verifies (early stop) and select only:
 a threshold change never recompiles what ran; it may open a gate that was closed. See docs/recipes.md.
