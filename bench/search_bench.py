@@ -113,11 +113,13 @@ def cpu_vs_htp(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def replay(out: Path) -> dict[str, Any]:
+def replay(out: Path, earlier: list[Path]) -> dict[str, Any]:
     """Counting mode: this tree's search walked over a base run's measurements, without a simulator. Its screens
     are measured again with this tree's screen (per output and slice, on the same samples); the walk then asks
-    for results in gate order, and a verify it asks for counts with the simulator seconds the base run recorded.
-    Valid while this tree runs a subset of the base's candidates: a result the base never made is `missing`."""
+    for results in gate order, and a verify it asks for counts with the simulator seconds the base run recorded
+    (for a verify the base restored from its cache: those of the run with the same key in an `earlier` OUT).
+    Valid while this tree runs a subset of the base's candidates: a result the base never made is `missing`.
+    Also returns the base's own simulator runs, counted the same way."""
     import numpy as np
 
     from ctxbuild.graph.modelio import load
@@ -129,6 +131,13 @@ def replay(out: Path) -> dict[str, Any]:
     specs = [json.loads(f.read_text()) for f in (out / ".ctxbuild" / "actions").glob("*.json")]
     by_output = {o: s for s in specs for o in s["outputs"].values()}
     recs = {json.loads(f.read_text())["id"]: json.loads(f.read_text()) for f in (out / ".ctxbuild" / "records").glob("*.json")}
+    simulated = {r["key"]: r["simulator_seconds"] for d in [out, *earlier] for f in (d / ".ctxbuild" / "records").glob("verify.*")
+                 if (r := json.loads(f.read_text())).get("simulator_seconds") is not None}
+
+    def simulator_s(rec: dict[str, Any]) -> float | None:
+        """The seconds of a real simulator run behind a verify record, None if there was none."""
+        return simulated.get(rec.get("key")) if (rec.get("result") or {}).get("outputs") else None
+
     screened: dict[str, dict[str, Any]] = {}
 
     def screen(spec: dict[str, Any]) -> dict[str, Any] | None:
@@ -164,19 +173,21 @@ def replay(out: Path) -> dict[str, Any]:
                 known_s[n] = got
                 continue
             v = recs.get(by_output[sel["inputs"][f"{n}.result"]]["id"]) or {}
-            if v.get("simulator_seconds") is None and not (v.get("result") or {}).get("compile_refused"):
+            if simulator_s(v) is None and not (v.get("result") or {}).get("compile_refused"):
                 missing = f"simulator run of {n}"
                 break
             known_v[n] = v["result"]
             runs.append(n)
-            seconds += v.get("simulator_seconds") or 0.0
+            seconds += simulator_s(v) or 0.0
         winner = next((r["name"] for r in rows if r["state"] == "passed"), None)
         targets[sel["id"]] = {"winner": winner, "simulator_runs": runs, "simulator_s": round(seconds, 1),
                               "states": {r["name"]: r["state"] for r in rows}, "missing": missing,
                               "skipped": {r["name"]: r["why"] for r in rows if r["state"] in ("rejected_cpu", "predicted_fail")}}
+    base = [x for r in recs.values() if r["kind"] == "verify" and (x := simulator_s(r)) is not None]
     return {"targets": targets, "simulator_runs": sum(len(t["simulator_runs"]) for t in targets.values()),
             "simulator_s": round(sum(t["simulator_s"] for t in targets.values()), 1),
-            "winners": {k: t["winner"] for k, t in targets.items()}}
+            "winners": {k: t["winner"] for k, t in targets.items()},
+            "base": {"simulator_runs": len(base), "simulator_s": round(sum(base), 1)}}
 
 
 def main() -> int:
@@ -184,13 +195,13 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--base", default="main", help="the code compared with (97436d3: before the staged search)")
     ap.add_argument("--workdir", help="keep the runs here; reuse a base run already here")
-    ap.add_argument("--replay", metavar="OUT", help="counting mode: this tree's search over the base run in OUT "
-                    "(its measurements, no simulator), against what the base ran; prints both and exits")
+    ap.add_argument("--replay", metavar="OUT[,OUT...]", help="counting mode: this tree's search over the base run in "
+                    "the first OUT (its measurements, no simulator; the others: earlier runs whose cache it restored), "
+                    "against what the base ran; prints both and exits")
     args = ap.parse_args()
     if args.replay:
-        base_counts, now = counts(Path(args.replay)), replay(Path(args.replay))
-        print(json.dumps({"base": {k: base_counts[k] for k in ("simulator_runs", "simulator_s", "winners", "states")},
-                          "this tree": now}, indent=1))
+        out, *earlier = [Path(d) for d in args.replay.split(",")]
+        print(json.dumps({"base winners": counts(out)["winners"], **replay(out, earlier)}, indent=1))
         return 0
     names = args.models.split(",")
     try:
