@@ -2,12 +2,16 @@
 worktree of a base commit, default: main) against this tree, side by side in one run.
 
 Per implementation: a fresh cache and OUT, `ctxbuild build -j2` of one `precision: auto` recipe per model
-(default ladder a16w8 -> a16w8-pc -> a16w16, default thresholds), wall time, the seconds of every action
-kind (from the action records), how many actions ran and how many simulator runs were real. The winners must
-be the same (asserted). For the CPU screen's margin it also measures, on the base run's candidates, the QDQ
-model on the CPU EP against the float model, next to the simulator's figures for the same candidate.
+(default ladder a16w8 -> a16w8-pc -> a16w16 -> fp16, default thresholds), wall time, the seconds of every action
+kind (from the action records), how many actions ran, how many verify actions ran the simulator and the
+simulator seconds they recorded (per action: on a loaded machine compare these, not the wall), and each
+target's candidate states. The winners must be the same (asserted). For the CPU screen's margin it also
+measures, on the base run's candidates, the QDQ model on the CPU EP against the float model, next to the
+simulator's figures for the same candidate.
 
-Usage: python bench/search_bench.py [--models ppocr_cls,ppocr_rec,ppocr_det] [--base 97436d3]
+Usage: python bench/search_bench.py [--models ppocr_cls,...] [--base main] [--workdir DIR]
+(default: every model of bench/real_models/models.py). With --workdir the runs stay in DIR and a base run
+already there (DIR/old.json) is reused: the base's cold build is the long half.
 Writes bench/results/search_bench.json. Needs the real-model packages (bench/real_models/models.py).
 """
 from __future__ import annotations
@@ -29,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from bench.real_models.inputs import write_samples  # noqa: E402
 from bench.real_models.models import MODELS, MissingModel, locate  # noqa: E402
 
-BENCHMARK = "cold precision search, every candidate (old code) vs staged (this tree), real models x 2 SoCs"
+BENCHMARK = "cold precision search, base commit's search vs this tree's, real models x 2 SoCs"
 
 TARGETS = ["SM8650", "SM8750"]
 CALIBRATION, VERIFY = 8, 4
@@ -55,22 +59,28 @@ def build(src: Path, recipes: Path, out: Path, cache: Path) -> dict[str, Any]:
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "ctxbuild", "build", str(recipes), "-o", str(out), "-j2", "-k", "0"],
                        capture_output=True, text=True, env=env, cwd=src)
-    wall = time.perf_counter() - t
+    return {"returncode": p.returncode, "wall_s": round(time.perf_counter() - t, 1),
+            "tail": p.stdout.strip().splitlines()[-3:] + p.stderr.strip().splitlines()[-3:]}
+
+
+def counts(out: Path) -> dict[str, Any]:
+    """What a build's action records say: seconds per kind, actions, simulator runs and seconds, winners, states."""
     recs = [json.loads(f.read_text()) for f in (out / ".ctxbuild" / "records").glob("*.json")]
     by_kind: dict[str, float] = {}
     for r in recs:
         by_kind[r["kind"]] = round(by_kind.get(r["kind"], 0.0) + (r.get("seconds") or 0.0), 2)
-    winners = {}
+    winners, states = {}, {}
     for r in recs:
         if r["kind"] == "select":
             search = r.get("search") or (r.get("result") or {}).get("search") or {}
             winners[r["id"]] = search.get("winner")
+            states[r["id"]] = {c["name"]: c.get("state") for c in search.get("candidates", [])}
     simulated = [r for r in recs if r["kind"] == "verify" and r.get("simulator_seconds") is not None]
-    return {"returncode": p.returncode, "wall_s": round(wall, 1), "seconds_by_kind": by_kind,
-            "actions_run": sum(r.get("source") == "run" for r in recs), "actions": len(recs),
-            "simulator_runs": len(simulated), "early_stopped": sum("early_stop" in (r.get("result") or {}) for r in simulated),
+    return {"seconds_by_kind": by_kind, "actions_run": sum(r.get("source") == "run" for r in recs), "actions": len(recs),
+            "simulator_runs": len(simulated), "simulator_s": round(sum(r["simulator_seconds"] for r in simulated), 1),
+            "early_stopped": sum("early_stop" in (r.get("result") or {}) for r in simulated), "states": states,
             "compiles_real": sum(r["kind"] == "compile" and not r.get("skipped") and r.get("source") == "run" for r in recs),
-            "winners": winners, "tail": p.stdout.strip().splitlines()[-3:] + p.stderr.strip().splitlines()[-3:]}
+            "winners": winners}
 
 
 def cpu_vs_htp(out: Path) -> list[dict[str, Any]]:
@@ -103,12 +113,96 @@ def cpu_vs_htp(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def replay(out: Path, earlier: list[Path]) -> dict[str, Any]:
+    """Counting mode: this tree's search walked over a base run's measurements, without a simulator. Its screens
+    are measured again with this tree's screen (per output and slice, on the same samples); the walk then asks
+    for results in gate order, and a verify it asks for counts with the simulator seconds the base run recorded
+    (for a verify the base restored from its cache: those of the run with the same key in an `earlier` OUT).
+    Valid while this tree runs a subset of the base's candidates: a result the base never made is `missing`.
+    Also returns the base's own simulator runs, counted the same way."""
+    import numpy as np
+
+    from ctxbuild.graph.modelio import load
+    from ctxbuild.verify import slices
+    from ctxbuild.verify.ladder import walk
+    from ctxbuild.verify.measure import compare, cpu_outputs, metrics
+    from ctxbuild.verify.predict import rules
+
+    specs = [json.loads(f.read_text()) for f in (out / ".ctxbuild" / "actions").glob("*.json")]
+    by_output = {o: s for s in specs for o in s["outputs"].values()}
+    recs = {json.loads(f.read_text())["id"]: json.loads(f.read_text()) for f in (out / ".ctxbuild" / "records").glob("*.json")}
+    simulated = {r["key"]: r["simulator_seconds"] for d in [out, *earlier] for f in (d / ".ctxbuild" / "records").glob("verify.*")
+                 if (r := json.loads(f.read_text())).get("simulator_seconds") is not None}
+
+    def simulator_s(rec: dict[str, Any]) -> float | None:
+        """The seconds of a real simulator run behind a verify record, None if there was none."""
+        return simulated.get(rec.get("key")) if (rec.get("result") or {}).get("outputs") else None
+
+    screened: dict[str, dict[str, Any]] = {}
+
+    def screen(spec: dict[str, Any]) -> dict[str, Any] | None:
+        base = (recs.get(spec["id"]) or {}).get("result") or {}
+        if not (base.get("outputs") or base.get("error")):
+            return None  # the base never screened it (or is still at it)
+        if spec["id"] not in screened:
+            feeds = [dict(np.load(p)) for p in sorted(Path(spec["watch"][0]).glob("*.npz"))[:VERIFY]]
+            ref, got = cpu_outputs(Path(spec["inputs"]["original"]), feeds), cpu_outputs(Path(spec["inputs"]["model"]), feeds)
+            res = {"outputs": compare(ref, got)}
+            slices.annotate(res["outputs"], load(Path(spec["inputs"]["reference"]), external_data=False), None, ref, got, metrics)
+            screened[spec["id"]] = res
+        return screened[spec["id"]]
+
+    targets = {}
+    for sel in (s for s in specs if s["kind"] == "select"):
+        names = [c["name"] for c in sel["params"]["candidates"]]
+        ladder = [{"name": c["name"], **c.get("quantization", {}), **({"precision": c["precision"]} if "precision" in c else {})}
+                  for c in sel["params"]["candidates"]]
+        thr, predict = sel["params"]["thresholds"], rules(ladder)
+        known_s: dict[str, Any] = {}
+        known_v: dict[str, Any] = {}
+        runs, seconds, missing = [], 0.0, None
+        while missing is None:
+            rows = walk(names, known_s, known_v, thr, predict)
+            pending = next((r for r in rows if r["state"] == "pending"), None)
+            if pending is None:
+                break
+            n = pending["name"]
+            if pending["why"] == "needs its CPU screen":
+                got = screen(by_output[sel["inputs"][f"{n}.screen"]])
+                missing = None if got else f"screen of {n}"
+                known_s[n] = got
+                continue
+            v = recs.get(by_output[sel["inputs"][f"{n}.result"]]["id"]) or {}
+            if simulator_s(v) is None and not (v.get("result") or {}).get("compile_refused"):
+                missing = f"simulator run of {n}"
+                break
+            known_v[n] = v["result"]
+            runs.append(n)
+            seconds += simulator_s(v) or 0.0
+        winner = next((r["name"] for r in rows if r["state"] == "passed"), None)
+        targets[sel["id"]] = {"winner": winner, "simulator_runs": runs, "simulator_s": round(seconds, 1),
+                              "states": {r["name"]: r["state"] for r in rows}, "missing": missing,
+                              "skipped": {r["name"]: r["why"] for r in rows if r["state"] in ("rejected_cpu", "predicted_fail")}}
+    base = [x for r in recs.values() if r["kind"] == "verify" and (x := simulator_s(r)) is not None]
+    return {"targets": targets, "simulator_runs": sum(len(t["simulator_runs"]) for t in targets.values()),
+            "simulator_s": round(sum(t["simulator_s"] for t in targets.values()), 1),
+            "winners": {k: t["winner"] for k, t in targets.items()},
+            "base": {"simulator_runs": len(base), "simulator_s": round(sum(base), 1)}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="ppocr_cls,ppocr_rec,ppocr_det")
-    ap.add_argument("--base", default="97436d3", help="the code compared with (default: the last commit before "
-                    "the staged search)")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--base", default="main", help="the code compared with (97436d3: before the staged search)")
+    ap.add_argument("--workdir", help="keep the runs here; reuse a base run already here")
+    ap.add_argument("--replay", metavar="OUT[,OUT...]", help="counting mode: this tree's search over the base run in "
+                    "the first OUT (its measurements, no simulator; the others: earlier runs whose cache it restored), "
+                    "against what the base ran; prints both and exits")
     args = ap.parse_args()
+    if args.replay:
+        out, *earlier = [Path(d) for d in args.replay.split(",")]
+        print(json.dumps({"base winners": counts(out)["winners"], **replay(out, earlier)}, indent=1))
+        return 0
     names = args.models.split(",")
     try:
         for n in names:
@@ -117,19 +211,23 @@ def main() -> int:
         print(f"search_bench: skipped: {e}")
         return 0
     with tempfile.TemporaryDirectory(prefix="search_bench-") as tmp:
-        root = Path(tmp)
-        base = root / "base"
+        root = Path(args.workdir or tmp)
+        base = Path(tmp) / "base"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), args.base], check=True,
                        capture_output=True)
         try:
-            recipes = write_tree(root, names)
+            recipes = root / "recipes" if (root / "recipes").is_dir() else write_tree(root, names)
             commit = subprocess.run(["git", "-C", str(base), "rev-parse", "--short", "HEAD"], capture_output=True,
                                     text=True).stdout.strip()
             results: dict[str, Any] = {"models": names, "targets": TARGETS, "base": f"{args.base} ({commit})",
                                        "load_before": os.getloadavg(), "cores": os.cpu_count()}
-            results["old"] = build(base, recipes, root / "out-old", root / "cache-old")
+            kept = root / "old.json"
+            ran = json.loads(kept.read_text()) if kept.is_file() else build(
+                base, recipes, root / "out-old", root / "cache-old")
+            kept.write_text(json.dumps(ran))
+            results["old"] = {**ran, **counts(root / "out-old")}
             print("old:", json.dumps(results["old"], indent=1), flush=True)
-            results["new"] = build(ROOT, recipes, root / "out-new", root / "cache-new")
+            results["new"] = {**build(ROOT, recipes, root / "out-new", root / "cache-new"), **counts(root / "out-new")}
             print("new:", json.dumps(results["new"], indent=1), flush=True)
             results["load_after"] = os.getloadavg()
             results["cpu_vs_htp"] = cpu_vs_htp(root / "out-old")
@@ -138,6 +236,7 @@ def main() -> int:
     old, new = results["old"], results["new"]
     assert old["winners"] == new["winners"], (old["winners"], new["winners"])
     results["ratios"] = {"verify": round(new["seconds_by_kind"].get("verify", 0) / old["seconds_by_kind"].get("verify", 1), 3),
+                         "simulator": round(new["simulator_s"] / max(old["simulator_s"], 1e-9), 3),
                          "wall": round(new["wall_s"] / old["wall_s"], 3)}
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "search_bench.json").write_text(json.dumps(results, indent=2))

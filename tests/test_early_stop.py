@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from ctxbuild.verify.early_stop import EarlyStop
-from ctxbuild.plan.search import CPU_MARGIN_DB
-from ctxbuild.verify.ladder import cpu_rejection, hopeless, state_of, walk
+from ctxbuild.verify.ladder import hopeless, state_of, walk
 from ctxbuild.verify.measure import failures, metrics
+from ctxbuild.verify.predict import CPU_MARGIN_DB, cpu_rejection, rules
 
 THR = {"min_cosine": 0.99, "min_snr_db": 20.0}
+PREDICT = rules([])  # the margins, no weights-only variants
 
 
 def _case(rng: np.random.Generator, n: int, noise: list[float]) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -36,6 +37,34 @@ def test_a_stop_is_a_proof_and_a_pass_is_never_stopped() -> None:
     assert stops > 50 and passes > 50  # both kinds of case were exercised
 
 
+def test_a_slice_stop_is_a_proof_too() -> None:
+    """Outputs whose scores (0-1) sit beside boxes (0-300): the slice is bounded on its own, so a run whose
+    score slice cannot pass stops although its whole output would; a run that passes every part never stops."""
+    from ctxbuild.verify.slices import Slices, measure
+
+    rng = np.random.default_rng(3)
+    s = Slices(axis=1, sizes=(4, 6), labels=("boxes", "scores"), declared=False)
+    stops = slice_stops = passes = 0
+    for trial in range(400):
+        n = int(rng.integers(2, 6))
+        ref = np.concatenate([rng.uniform(0, 300, (n, 4)), rng.uniform(0, 1, (n, 6))], axis=1).astype(np.float32)
+        noise = rng.choice([0.0, 0.001, 0.01, 0.1, 0.5], (n, 2))
+        got = [ref[i:i + 1] + np.concatenate([rng.standard_normal((1, 4)) * noise[i, 0] * 300,
+                                              rng.standard_normal((1, 6)) * noise[i, 1]], axis=1).astype(np.float32)
+               for i in range(n)]
+        whole = metrics(ref, np.concatenate(got))
+        parts = measure(ref, np.concatenate(got), s, metrics)
+        passed = not failures({"outputs": {"y": {**whole, "slices": parts}}, "thresholds": THR})
+        stop = EarlyStop({"y": ref}, n, **THR, slices={"y": [(1, 0, 4), (1, 4, 10)]})
+        stopped_at = next((i for i in range(1, n) if stop([{"y": g} for g in got[:i]])), None)
+        if stopped_at is not None:
+            stops += 1
+            assert not passed, (trial, noise, whole, parts)
+            slice_stops += "slice 4:10" in stop.proof and not failures({"outputs": {"y": whole}, "thresholds": THR})
+        passes += passed
+    assert stops > 50 and passes > 50 and slice_stops > 10, (stops, passes, slice_stops)
+
+
 def test_one_bad_sample_the_aggregate_absorbs_does_not_stop() -> None:
     rng = np.random.default_rng(1)
     ref = rng.standard_normal((8, 100)).astype(np.float32)
@@ -48,15 +77,17 @@ def test_one_bad_sample_the_aggregate_absorbs_does_not_stop() -> None:
 
 def test_walk_stops_at_the_first_pass_and_rejects_on_cpu() -> None:
     good = {"outputs": {"y": {"cosine": 0.9999, "snr_db": 40.0}}}
-    bad = {"outputs": {"y": {"cosine": 0.98, "snr_db": 15.0}}}
+    bad = {"outputs": {"y": {"cosine": 0.985, "snr_db": 20.0 - CPU_MARGIN_DB + 0.5}}}
     far = {"outputs": {"y": {"cosine": 0.9, "snr_db": 20.0 - CPU_MARGIN_DB - 1}}}
-    rows = walk(["a", "b", "c", "d"], {"a": far, "b": good, "c": good, "d": good}, {"b": bad, "c": good}, THR, CPU_MARGIN_DB)
+    rows = walk(["a", "b", "c", "d"], {"a": far, "b": good, "c": good, "d": good}, {"b": bad, "c": good}, THR, PREDICT)
     assert [r["state"] for r in rows] == ["rejected_cpu", "failed", "passed", "not_run"]
-    assert rows[3]["why"] == "not run: c passed" and rows[0]["why"].startswith("rejected on CPU (13.0 dB")
+    assert rows[3]["why"] == "not run: c passed"
+    assert rows[0]["why"] == (f"skipped: CPU screen {19 - CPU_MARGIN_DB:.1f} dB, cosine 0.9000 at output 'y' "
+                              f"< 20 dB, 0.99 - {CPU_MARGIN_DB:g} dB margin")
     # the gates' questions: what is not known yet is pending, and the walk goes no further
-    assert state_of(walk(["a", "b"], {"a": good}, {}, THR, CPU_MARGIN_DB), "a") == "pending"
-    assert state_of(walk(["a", "b"], {"a": good}, {}, THR, CPU_MARGIN_DB), "b") == "unknown"
-    assert cpu_rejection(bad, THR, CPU_MARGIN_DB) is None  # 5 dB short on the CPU: within the margin, the simulator decides
+    assert state_of(walk(["a", "b"], {"a": good}, {}, THR, PREDICT), "a") == "pending"
+    assert state_of(walk(["a", "b"], {"a": good}, {}, THR, PREDICT), "b") == "unknown"
+    assert cpu_rejection(bad, THR, CPU_MARGIN_DB) is None  # short on the CPU within the margin: the simulator decides
 
 
 def test_a_candidate_onnxruntime_cannot_run_drops_out() -> None:
@@ -64,9 +95,9 @@ def test_a_candidate_onnxruntime_cannot_run_drops_out() -> None:
     the walk goes on to the next (it ended the build with a traceback before)."""
     broke = {"outputs": {}, "error": "onnxruntime's CPU EP cannot run it: [ONNXRuntimeError] : 1 : FAIL : bad scale"}
     good = {"outputs": {"y": {"cosine": 0.9999, "snr_db": 40.0}}}
-    rows = walk(["a", "b"], {"a": broke, "b": good}, {"b": good}, THR, CPU_MARGIN_DB)
+    rows = walk(["a", "b"], {"a": broke, "b": good}, {"b": good}, THR, PREDICT)
     assert [r["state"] for r in rows] == ["rejected_cpu", "passed"]
-    assert rows[0]["why"] == f"rejected on CPU ({broke['error']})"
+    assert rows[0]["why"] == f"skipped: onnxruntime's CPU EP cannot run its QDQ model ({broke['error']})"
 
 
 def test_a_refusal_no_rung_changes_stops_the_search() -> None:
@@ -76,7 +107,103 @@ def test_a_refusal_no_rung_changes_stops_the_search() -> None:
              "outputs": {}}
     good = {"outputs": {"y": {"cosine": 1.0, "snr_db": 60.0}}}
     assert hopeless(stuck["compile_refused"]) and not hopeless(other["compile_refused"])
-    rows = walk(["a", "b"], {"a": good, "b": good}, {"a": stuck}, THR, CPU_MARGIN_DB)
+    rows = walk(["a", "b"], {"a": good, "b": good}, {"a": stuck}, THR, PREDICT)
     assert [r["state"] for r in rows] == ["refused", "not_run"] and "NonZero at any precision" in rows[1]["why"]
-    rows = walk(["a", "b"], {"a": good, "b": good}, {"a": other, "b": good}, THR, CPU_MARGIN_DB)
+    rows = walk(["a", "b"], {"a": good, "b": good}, {"a": other, "b": good}, THR, PREDICT)
     assert [r["state"] for r in rows] == ["refused", "passed"]
+
+
+def _figures(rng: np.random.Generator, parts: list[str], snr: dict[str, float]) -> dict:
+    """A result with one output `y` and, when asked, its slice `s`; cosine as a noise of that SNR gives."""
+    def m(x: float) -> dict:
+        return {"snr_db": round(x, 3), "cosine": round(1 - 0.5 * 10 ** (-x / 10), 6)}
+    out = {"y": m(snr["y"])}
+    if "s" in parts:
+        out["y"]["slices"] = [{"slice": "s", "start": 4, "stop": 6, "range": 1.0, **m(snr["s"])}]
+    return {"outputs": out}
+
+
+def _case_ladder(rng: np.random.Generator) -> tuple[list[dict], dict, dict]:
+    """A random ladder and the figures a model obeying the measured bounds gives: the HTP at most CPU_MARGIN_DB
+    above the CPU on every part, and a weights-only variant's HTP shortfall at most HTP_RECOVERY_DB smaller than
+    an earlier variant's (both with room: the bounds are the rules' own constants)."""
+    from ctxbuild.verify.predict import HTP_RECOVERY_DB
+
+    parts = ["y", "s"] if rng.random() < 0.5 else ["y"]
+    ladder = [{"name": f"c{i}", "activations": str(rng.choice(["uint8", "uint16"], p=[0.2, 0.8])), "weights": f"w{i}"}
+              for i in range(int(rng.integers(2, 6)))]
+    screens, verifies, shortfall = {}, {}, {}
+    for c in ladder:
+        cpu = {p: float(rng.uniform(5, 50)) for p in parts}
+        gap = {}
+        for p in parts:
+            # the least shortfall the earlier variants of the same group allow this one
+            floor = max([shortfall[(a["name"], p)] for a in ladder[:ladder.index(c)]
+                         if a["activations"] == c["activations"]], default=-np.inf) - HTP_RECOVERY_DB
+            gap[p] = max(floor, -CPU_MARGIN_DB) + float(rng.choice([0.0, 0.0, 1.0, 10.0, 50.0]) * rng.random())
+            shortfall[(c["name"], p)] = gap[p]
+        screens[c["name"]] = _figures(rng, parts, cpu)
+        verifies[c["name"]] = _figures(rng, parts, {p: cpu[p] - gap[p] for p in parts})
+        if rng.random() < 0.3 and failures({**verifies[c["name"]], "thresholds": THR}):
+            verifies[c["name"]]["early_stop"] = {"of": 4, "proof": "after 1 sample(s) ..."}  # partial figures
+    fp16 = {"outputs": {"y": {"snr_db": 30.0, "cosine": 0.9999}}} if rng.random() < 0.5 else \
+        {"outputs": {"y": {"snr_db": 10.0, "cosine": 0.9}}}
+    return ladder, screens, {**verifies, "fp16": fp16}
+
+
+def _staged(names: list[str], screens: dict, verifies: dict, predict: dict) -> tuple[list[dict], int]:
+    """The search as its gates run it: each step learns only the result the walk asks for next."""
+    known_s: dict = {}
+    known_v: dict = {}
+    while True:
+        rows = walk(names, known_s, known_v, THR, predict)
+        pending = next((r for r in rows if r["state"] == "pending"), None)
+        if pending is None:
+            return rows, len(known_v)
+        n = pending["name"]
+        if pending["why"] == "needs its CPU screen":
+            known_s[n] = screens[n]
+        else:
+            known_v[n] = verifies[n]
+
+
+def test_skipped_candidates_never_change_the_winner() -> None:
+    """400 random ladders whose HTP figures obey the measured bounds: the staged search with both skipping rules
+    picks the winner the full ladder's verdicts give (first candidate passing on the HTP, fp16 last), and runs
+    fewer simulator runs; both rules fire in many cases."""
+    rng = np.random.default_rng(32)
+    fired = {"rejected_cpu": 0, "predicted_fail": 0}
+    saved = 0
+    for trial in range(400):
+        ladder, screens, verifies = _case_ladder(rng)
+        names = [c["name"] for c in ladder] + ["fp16"]
+        truth = next((n for n in names if not failures({**verifies[n], "thresholds": THR})), None)
+        rows, runs = _staged(names, screens, verifies, rules(ladder))
+        winner = next((r["name"] for r in rows if r["state"] == "passed"), None)
+        assert winner == truth, (trial, rows)
+        plain = names.index(truth) + 1 if truth else len(names)  # every candidate up to the winner simulated
+        assert runs <= plain
+        saved += plain - runs
+        for r in rows:
+            fired[r["state"]] = fired.get(r["state"], 0) + 1
+    assert fired["rejected_cpu"] > 100 and fired["predicted_fail"] > 20 and saved > 100, (fired, saved)
+
+
+def test_an_htp_loss_skips_the_weights_only_variants() -> None:
+    """The fall detector's figures (issue 32): the score slice reads 44 dB on the CPU and 1.5 dB on the HTP at
+    a16w8; a16w8-pc and a16w16 (weights only differ) are skipped, fp16 runs; a candidate with other
+    activations is not a weights-only variant and still runs."""
+    ladder = [{"name": "a16w8", "activations": "uint16", "weights": "uint8"},
+              {"name": "a16w8-pc", "activations": "uint16", "weights": "uint8", "per_channel": True},
+              {"name": "a16w16", "activations": "uint16", "weights": "int16"},
+              {"name": "a8w8", "activations": "uint8", "weights": "uint8"}]
+    rng = np.random.default_rng(0)
+    cpu = {n["name"]: _figures(rng, ["y", "s"], {"y": 50.0, "s": 44.0}) for n in ladder}
+    htp = _figures(rng, ["y", "s"], {"y": 21.5, "s": 1.5})
+    rows = walk([*cpu, "fp16"], cpu, {"a16w8": htp}, THR, rules(ladder))
+    assert [r["state"] for r in rows] == ["failed", "predicted_fail", "predicted_fail", "pending"]
+    assert rows[1]["why"] == ("skipped: a16w8 lost 42.5 dB on the HTP against its CPU run at output 'y' slice 4:6 (s); "
+                              "10 dB of that back would still leave a16w8-pc at 11.5 dB < 20 dB")
+    # an early-stopped run's figures cover some samples only: no prediction from them
+    rows = walk([*cpu, "fp16"], cpu, {"a16w8": {**htp, "early_stop": {"of": 4, "proof": "..."}}}, THR, rules(ladder))
+    assert [r["state"] for r in rows] == ["failed", "pending"]

@@ -65,7 +65,7 @@ def pick(p: dict[str, Any], screens: dict[str, Any], inputs: dict[str, str]) -> 
     """(target, base): the first target whose walk reaches the mixed rung, and on it the first candidate the
     HTP measured (failed there), else the one the CPU screen measured best."""
     for target, ladder in p["ladders"].items():
-        rows = walk(ladder, screens, known(inputs, f"verify.{target}.", ladder), p["thresholds"], p["cpu_margin_db"])
+        rows = walk(ladder, screens, known(inputs, f"verify.{target}.", ladder), p["thresholds"], p["predict"])
         if state_of(rows, p["candidate"]) != "pending":
             continue
         failed = [r["name"] for r in rows if r["state"] == "failed"]

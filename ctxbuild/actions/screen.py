@@ -1,7 +1,8 @@
 """screen: a precision-search candidate's QDQ model on the CPU EP against the float model, on the
-verification samples (milliseconds a sample, against seconds on the HTP simulator). `search_step` rejects a
-candidate that already misses the thresholds by plan/search.CPU_MARGIN_DB here, before it is compiled.
-Like a candidate verify it only measures; the thresholds are not in its key."""
+verification samples (milliseconds a sample, against seconds on the HTP simulator), per output and per slice
+of a concatenated output as verify measures them. `search_step` skips a candidate that already misses the
+thresholds here by more than the margin, before it is compiled (verify/predict.py). Like a candidate verify it
+only measures; the thresholds are not in its key."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,8 @@ from ctxbuild.actions import verify
 from ctxbuild.graph.samples import for_verification, input_spec
 from ctxbuild.plan.action import Action
 from ctxbuild.verify import gates
-from ctxbuild.verify.measure import compare, cpu_outputs
+from ctxbuild.verify import slices as output_slices
+from ctxbuild.verify.measure import compare, cpu_outputs, metrics
 from ctxbuild.verify.memo import OutputsMemo, float_reference
 
 
@@ -29,13 +31,16 @@ def run(ctx: Any) -> None:
         gates.write_skipped(ctx)
         return
     ref_model = Path(a.inputs["reference"])
-    spec = input_spec(load(ref_model, external_data=False))
+    ref_proto = load(ref_model, external_data=False)
+    spec = input_spec(ref_proto)
     samples = for_verification(spec, p, lambda: verify.sample_files(a), a.recipe_files[0])
     memo = OutputsMemo(ctx.cache, ctx.tmp)
     reference, _ = float_reference(ctx, samples, memo)  # the candidates' verifies share the memo entry
     start = time.monotonic()
     try:
-        result = {"samples": len(samples), "outputs": compare(reference, cpu_outputs(Path(a.inputs["model"]), samples))}
+        got = cpu_outputs(Path(a.inputs["model"]), samples)
+        result = {"samples": len(samples), "outputs": compare(reference, got)}
+        output_slices.annotate(result["outputs"], ref_proto, p.get("slices"), reference, got, metrics)
     except (ActionError, MemoryError):
         raise
     except Exception as e:  # noqa: BLE001 - onnxruntime's exceptions are untyped: the candidate drops out, said why

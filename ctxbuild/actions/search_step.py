@@ -24,11 +24,14 @@ def known(inputs: dict[str, str], prefix: str, names: list[str]) -> dict[str, An
 def run(ctx: Any) -> None:
     a = ctx.action
     p = a.params
-    states = []
+    states, whys = [], []
     for target, ladder in p["ladders"].items():
         rows = walk(ladder, known(a.inputs, "screen.", ladder), known(a.inputs, f"verify.{target}.", ladder),
-                    p["thresholds"], p["cpu_margin_db"])
+                    p["thresholds"], p["predict"])
         states.append(state_of(rows, p["candidate"]) if p["candidate"] in ladder else "not_run")
+        whys += [f"{target}: {r['why']}" for r in rows if r["name"] == p["candidate"] and r.get("why")]
     run_it = any(s == "pending" for s in states)
     print(f"{a.id}: {'needed' if run_it else 'not needed'} ({', '.join(states)})")
+    if not run_it:  # the record says why the candidate's gate closed
+        ctx.facts["why_closed"] = whys
     ctx.tmp_output("gate").write_text(gates.content(run_it))

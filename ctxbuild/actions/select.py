@@ -29,13 +29,13 @@ def run(ctx: Any) -> None:
     names = [c["name"] for c in a.params["candidates"]]
     read = {n: json.loads(Path(a.inputs[f"{n}.result"]).read_text()) for n in names}
     screens = {n: json.loads(Path(a.inputs[f"{n}.screen"]).read_text()) for n in names if f"{n}.screen" in a.inputs}
-    walked = {r["name"]: r for r in walk(names, screens, read, thr, a.params["cpu_margin_db"])}
+    walked = {r["name"]: r for r in walk(names, screens, read, thr, a.params["predict"])}
     rows = []
     for c in a.params["candidates"]:
         name, res, step = c["name"], read[c["name"]], walked[c["name"]]
         row = {"name": name, **{k: c[k] for k in ("quantization", "precision") if k in c}, "state": step["state"],
                **decided(a.inputs, name)}
-        if step["state"] in ("rejected_cpu", "not_run"):  # never compiled: the walk says why
+        if step["state"] in ("rejected_cpu", "predicted_fail", "not_run"):  # never compiled: the walk says why
             rows.append({**row, "passed": False, "failures": [step["why"]], "note": step["why"], "bin_size": None,
                          "outputs": {}, **({"cpu_screen": screens[name]["outputs"]} if step["state"] == "rejected_cpu" else {})})
             continue

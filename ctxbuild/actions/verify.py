@@ -74,7 +74,8 @@ def run(ctx: Any) -> None:
     start = time.monotonic()
     timing: dict[str, float] = {}
     # A search candidate stops once its samples prove it fails (early_stop.py); the thresholds are in its key.
-    stop = EarlyStop(reference, len(samples), **p["early_stop"]) if p.get("early_stop") else None
+    stop = EarlyStop(reference, len(samples), **p["early_stop"],
+                     slices=output_slices.stop_parts(ref_proto, p.get("slices"), reference)) if p.get("early_stop") else None
     # split_outputs: the wrapper re-joins the parts with a Concat on the CPU.
     cpu_fallback = p["cpu_fallback"] or bool(p.get("split_outputs"))
 
@@ -102,10 +103,7 @@ def run(ctx: Any) -> None:
         "outputs": compare(reference, got),
         "coverage": coverage(Path(a.inputs["ctx.ctx"]), Path(a.inputs["compiled"])),
     }
-    for name, s in output_slices.find(ref_proto, p.get("slices")).items():
-        per_slice = output_slices.measure(reference[name], got[name], s, metrics) if name in reference else None
-        if per_slice:
-            result["outputs"][name]["slices"] = per_slice
+    output_slices.annotate(result["outputs"], ref_proto, p.get("slices"), reference, got, metrics)
     if stop is not None and stop.proof:
         result["early_stop"] = {"of": len(samples), "proof": stop.proof}
     if "bundle.ctx" in a.inputs:

@@ -251,10 +251,14 @@ class Verify(Kind):
     memory = MemoryModel(3.0, ("reference", "ctx.bin"), {"fp16": 1.2, "int8": 1.2, "int16": 1.2})
 
 
-class ScreenParams(TypedDict):
+class _ScreenRequired(TypedDict):
     samples: int
     sample_source: str
     inputs: Shape
+
+
+class ScreenParams(_ScreenRequired, total=False):
+    slices: dict[str, Any]  # recipe-declared output slices, measured as verify does
 
 
 class Screen(Kind):
@@ -272,7 +276,7 @@ class SearchStepParams(TypedDict):
     candidate: str
     ladders: dict[str, list[str]]  # target -> its candidates in ladder order
     thresholds: dict[str, float]
-    cpu_margin_db: float
+    predict: dict[str, Any]  # the skipping rules' parameters (verify/predict.rules)
 
 
 class SearchStep(Kind):
@@ -288,7 +292,7 @@ class CulpritsParams(ScreenParams):  # the verification samples, as a screen's
     settings: dict[str, dict[str, Any]]  # base -> its quantization settings
     ladders: dict[str, list[str]]  # target -> its candidates up to the mixed rung
     thresholds: dict[str, float]
-    cpu_margin_db: float
+    predict: dict[str, Any]  # the skipping rules' parameters (verify/predict.rules), as the gates'
     provider_options: dict[str, dict[str, str]]  # target -> its compile's (the diagnosis's debug builds)
     no_int16_weights: list[str]  # targets whose arch cannot run 16-bit weights
     diagnose_samples: int
@@ -312,7 +316,7 @@ class Culprits(Kind):
 
 class SelectParams(TypedDict):
     thresholds: dict[str, float]
-    cpu_margin_db: float
+    predict: dict[str, Any]  # the skipping rules' parameters (verify/predict.rules)
     candidates: list[dict[str, Any]]  # ladder order: name, quantization (or precision: fp16 for the last rung), action ids
     skipped: list[dict[str, str]]
     graphs: list[str]

@@ -5,8 +5,8 @@ first candidate meeting the thresholds and places its files at the normal output
 Candidates are staged, not all run: ninja cannot skip an edge on another's result, so every candidate's
 heavy actions take a gate file (verify/gates.py) that a `search_step` action writes from the results of the
 candidates before it (verify/ladder.py): `need` (any target still needs this candidate: quantize and
-screen run) and `admit` per target (still needed there and not rejected by the CPU screen: compile and
-verify run). An action whose gate is closed writes placeholders in milliseconds. The edges are static, so
+screen run) and `admit` per target (still needed there and not skipped as unable to pass, verify/predict.py:
+compile and verify run). An action whose gate is closed writes placeholders in milliseconds. The edges are static, so
 ninja keeps -j parallelism across models and targets, a rebuild is a no-op and everything restores from
 the cache. Thresholds are parameters of the steps, the candidate verifies (early stop) and select only:
 a threshold change never recompiles what ran; it may open a gate that was closed. See docs/recipes.md.
@@ -27,14 +27,10 @@ from ctxbuild.plan.steps import (Built, common_params, compile_action, model_fil
 from ctxbuild.recipes.quantization import is_fp16, is_mixed, problem, settings
 from ctxbuild.recipes.objects import Recipe
 from ctxbuild.recipes.targets import Target
+from ctxbuild.verify.predict import rules
 
-# How far below the thresholds the CPU EP's QDQ run may be and the candidate still gets a simulator run.
-# The HTP runs the QDQ model's math with its own rounding: on three PP-OCR models its SNR was 0.6 dB above to
-# 22 dB below the CPU EP's (docs/measured.md, "Precision search"); the margin covers "above" tenfold.
-CPU_MARGIN_DB = 6.0
 # Samples the mixed rung's per-node diagnosis runs (each is a simulator run of a debug build per probe round).
 DIAGNOSE_SAMPLES = 2
-
 
 def search_actions(recipe: Recipe, out: Path) -> list[Action]:
     g = recipe.graphs[0]  # recipe validation: auto has one graph (no bundle)
@@ -116,7 +112,7 @@ def _culprits(recipe: Recipe, b: Built, n: str, ladders: dict[str, list[str]], s
         inputs.update({f"verify.{t}.{j}": verifies[(t, j)].outputs["result"] for t in ladders if (t, j) in verifies})
     inputs["gate"] = need
     targets = {t.name: t for t in recipe.targets if t.name in ladders}
-    params = {"candidate": n, "bases": bases, "ladders": ladders, "thresholds": thr, "cpu_margin_db": CPU_MARGIN_DB,
+    params = {"candidate": n, "bases": bases, "ladders": ladders, "thresholds": thr, "predict": rules(recipe.quantization),
               "settings": {s["name"]: {k: v for k, v in s.items() if k != "name"} for s in recipe.quantization
                            if s["name"] in models},
               "provider_options": {name: provider_options(recipe, t) for name, t in targets.items()},
@@ -166,7 +162,8 @@ def _step(recipe: Recipe, mode: str, n: str, ladders: dict[str, list[str]], scre
             if j in screens:  # not the fp16 rung: it has no screen
                 inputs[f"screen.{j}"] = screens[j].outputs["result"]
     where = f"@{t.name}" if t else ""
-    params = {"mode": mode, "candidate": n, "ladders": ladders, "thresholds": thr, "cpu_margin_db": CPU_MARGIN_DB}
+    params = {"mode": mode, "candidate": n, "ladders": ladders, "thresholds": thr,
+              "predict": rules(recipe.quantization)}
     return Action(id=f"search_step/{recipe.name}.{n}{where}", kind="search_step",
                   description=f"search {recipe.name}{where}: {mode} {n}?", inputs=inputs,
                   outputs={"gate": str(d / f"{mode}.json")}, params=params,
@@ -176,6 +173,8 @@ def _step(recipe: Recipe, mode: str, n: str, ladders: dict[str, list[str]], scre
 def _screen(recipe: Recipe, b: Built, d: Path, gate: str | None) -> Action:
     """The candidate's QDQ model on the CPU EP, on the samples its verifies use (same parameters)."""
     params, watch = verify_samples(recipe, b.graph)
+    if recipe.verify.get("slices"):  # measured per slice as the verify does
+        params["slices"] = recipe.verify["slices"]
     inputs = {**model_files("reference", b.reference), **model_files("model", b.model), "original": str(b.graph.model)}
     if gate:
         inputs["gate"] = gate
@@ -206,7 +205,7 @@ def _select(recipe: Recipe, t: Target, out: Path, candidates: list[tuple[dict[st
         # No action ids here: they hash paths (OUT, the model's), and params are the select's key.
         table.append({"name": n, **({"precision": s["precision"]} if is_fp16(s) or is_mixed(s) else
                                     {"quantization": {k: x for k, x in s.items() if k != "name"}})})
-    params = {"thresholds": thr, "cpu_margin_db": CPU_MARGIN_DB, "candidates": table,
+    params = {"thresholds": thr, "predict": rules(recipe.quantization), "candidates": table,
               "skipped": skipped, "graphs": [recipe.graphs[0].name], "precision": "auto"}
     return Action(id=f"select/{recipe.name}@{t.name}", kind="select",
                   description=f"select {recipe.name}@{t.name} ({len(candidates)} candidates)", inputs=inputs,

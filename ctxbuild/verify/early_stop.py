@@ -9,7 +9,9 @@ outputs so far, `done` the first i samples, `rest` the others:
 - cosine = r.g / (|r||g|): maximising over g_rest gives sqrt(max(r_done.g_done, 0)^2 / |g_done|^2 +
   |r_rest|^2) / |r| (g_rest parallel to r_rest, scaled by |g_done|^2 / r_done.g_done).
 The metrics are rounded (cosine 6 digits, SNR 3 decimals) before the comparison, so the bound must clear
-the threshold by more than the rounding.
+the threshold by more than the rounding. A slice of an output that verification measures on its own
+(verify/slices.py: a YOLO head's scores beside its boxes) is bounded the same way: it is a part of every
+sample's output, and its own metrics must pass too.
 """
 from __future__ import annotations
 
@@ -23,37 +25,55 @@ _ZERO_POWER = 1e-20  # as measure.py: below it a reference is treated as zero an
 _COS_SLACK, _SNR_SLACK = 1e-6, 1e-3
 
 
-class EarlyStop:
-    """`reference`: output -> the float outputs of all `n` samples, concatenated along axis 0."""
+Part = tuple[str, int, int, int]  # output, axis, start, stop: a slice of that output (axis -1: the whole output)
 
-    def __init__(self, reference: dict[str, np.ndarray], n: int, min_cosine: float, min_snr_db: float) -> None:
+
+def _take(sample: np.ndarray, part: Part) -> np.ndarray:
+    import numpy as np
+
+    _, axis, start, stop = part
+    return sample if axis < 0 else np.take(sample, range(start, stop), axis=axis)
+
+
+class EarlyStop:
+    """`reference`: output -> the float outputs of all `n` samples, concatenated along axis 0. `slices`: output ->
+    (axis, start, stop) of each slice measured on its own (verify/slices.measure's)."""
+
+    def __init__(self, reference: dict[str, np.ndarray], n: int, min_cosine: float, min_snr_db: float,
+                 slices: dict[str, list[tuple[int, int, int]]] | None = None) -> None:
         import numpy as np
 
         self.min_cosine, self.min_snr_db = min_cosine, min_snr_db
-        self.parts: dict[str, list[np.ndarray]] = {}
+        self.parts: dict[Part, list[np.ndarray]] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
         for name, ref in reference.items():
             if ref.shape[0] % n == 0:  # one equal slice per sample, as the simulator returns them
-                self.parts[name] = [p.astype(np.float64).ravel() for p in np.split(ref, n)]
-        self.total = {name: sum(float(p @ p) for p in ps) for name, ps in self.parts.items()}
+                samples = np.split(ref, n)
+                self.shapes[name] = samples[0].shape
+                for part in [(name, -1, 0, 0), *((name, *sl) for sl in (slices or {}).get(name, []))]:
+                    self.parts[part] = [_take(p, part).astype(np.float64).ravel() for p in samples]
+        self.total = {part: sum(float(p @ p) for p in ps) for part, ps in self.parts.items()}
         self.proof: str | None = None
         self.samples_run = n
 
     def __call__(self, runs: list[dict[str, np.ndarray]]) -> bool:
         """True once the samples run so far prove a failure (the reason is kept in `proof`)."""
-        for name, ps in self.parts.items():
-            if self.total[name] <= _ZERO_POWER:
+        for part, ps in self.parts.items():
+            name = part[0]
+            if self.total[part] <= _ZERO_POWER:
                 continue
             done = ps[:len(runs)]
-            got = [r[name].ravel().astype("float64") for r in runs]
+            got = [_take(r[name].reshape(self.shapes[name]), part).ravel().astype("float64") for r in runs]
             err = sum(float((a - b) @ (a - b)) for a, b in zip(done, got))
             dot = sum(float(a @ b) for a, b in zip(done, got))
             g2 = sum(float(b @ b) for b in got)
-            rest = self.total[name] - sum(float(a @ a) for a in done)
-            snr_best = 10 * math.log10(self.total[name] / err) if err > _ZERO_POWER else math.inf
-            cos_best = math.sqrt((max(dot, 0.0) ** 2 / g2 if g2 > _ZERO_POWER else 0.0) + max(rest, 0.0)) / math.sqrt(self.total[name])
+            rest = self.total[part] - sum(float(a @ a) for a in done)
+            snr_best = 10 * math.log10(self.total[part] / err) if err > _ZERO_POWER else math.inf
+            cos_best = math.sqrt((max(dot, 0.0) ** 2 / g2 if g2 > _ZERO_POWER else 0.0) + max(rest, 0.0)) / math.sqrt(self.total[part])
             if snr_best < self.min_snr_db - _SNR_SLACK or cos_best < self.min_cosine - _COS_SLACK:
                 self.samples_run = len(runs)
-                self.proof = (f"after {len(runs)} sample(s) output '{name}' can reach at most SNR {snr_best:.2f} dB, "
+                where = f"output '{name}'" + (f" slice {part[2]}:{part[3]}" if part[1] >= 0 else "")
+                self.proof = (f"after {len(runs)} sample(s) {where} can reach at most SNR {snr_best:.2f} dB, "
                               f"cosine {min(cos_best, 1.0):.6f} over all samples")
                 return True
         return False

@@ -44,20 +44,47 @@ def _range_label(sizes: tuple[int, ...], i: int) -> str:
     return f"{start}:{start + sizes[i]}"
 
 
+def bounds(ref: np.ndarray, s: Slices) -> list[tuple[str, int, int, int, float]] | None:
+    """(label, start, stop, axis, range) per slice `measure` reports, or None when the slices' ranges are alike
+    (and the recipe did not ask). Known from the reference alone: before the simulator runs."""
+    import numpy as np
+
+    axis = s.axis if s.axis >= 0 else s.axis + ref.ndim
+    if not 0 <= axis < ref.ndim or sum(s.sizes) != ref.shape[axis]:
+        return None
+    cuts = np.cumsum((0,) + s.sizes)
+    ranges = [float(np.abs(np.take(ref, range(a, b), axis=axis)).max()) if b > a else 0.0
+              for a, b in zip(cuts[:-1], cuts[1:])]
+    if not s.declared and (min(ranges) <= 0 or max(ranges) / min(ranges) < RANGE_RATIO):
+        return None
+    return [(label, int(a), int(b), axis, rng) for label, a, b, rng in zip(s.labels, cuts[:-1], cuts[1:], ranges)]
+
+
 def measure(ref: np.ndarray, got: np.ndarray, s: Slices,
             metrics: Callable[[np.ndarray, np.ndarray], dict[str, Any]]) -> list[dict[str, Any]] | None:
     """Metrics per slice, or None when the slices' ranges are alike (and the recipe did not ask)."""
     import numpy as np
 
     got = got.reshape(ref.shape)
-    axis = s.axis if s.axis >= 0 else s.axis + ref.ndim
-    if not 0 <= axis < ref.ndim or sum(s.sizes) != ref.shape[axis]:
+    found = bounds(ref, s)
+    if found is None:
         return None
-    bounds = np.cumsum((0,) + s.sizes)
-    parts = [(np.take(ref, range(a, b), axis=axis), np.take(got, range(a, b), axis=axis))
-             for a, b in zip(bounds[:-1], bounds[1:])]
-    ranges = [float(np.abs(r).max()) if r.size else 0.0 for r, _ in parts]
-    if not s.declared and (min(ranges) <= 0 or max(ranges) / min(ranges) < RANGE_RATIO):
-        return None
-    return [{"slice": label, "start": int(a), "stop": int(b), "axis": axis, "range": rng, **metrics(r, g)}
-            for label, a, b, rng, (r, g) in zip(s.labels, bounds[:-1], bounds[1:], ranges, parts)]
+    return [{"slice": label, "start": a, "stop": b, "axis": axis, "range": rng,
+             **metrics(np.take(ref, range(a, b), axis=axis), np.take(got, range(a, b), axis=axis))}
+            for label, a, b, axis, rng in found]
+
+
+def annotate(outputs: dict[str, dict[str, Any]], model: Any, declared: dict[str, dict[str, Any]] | None,
+             reference: dict[str, np.ndarray], got: dict[str, np.ndarray],
+             metrics: Callable[[np.ndarray, np.ndarray], dict[str, Any]]) -> None:
+    """Adds `slices` (measure's list) to the figures of each output of `model` that has them."""
+    for name, s in find(model, declared).items():
+        if name in reference and (per_slice := measure(reference[name], got[name], s, metrics)):
+            outputs[name]["slices"] = per_slice
+
+
+def stop_parts(model: Any, declared: dict[str, dict[str, Any]] | None,
+               reference: dict[str, np.ndarray]) -> dict[str, list[tuple[int, int, int]]]:
+    """output -> (axis, start, stop) of each slice that will be measured: what an early stop must bound too."""
+    found = {name: bounds(reference[name], s) for name, s in find(model, declared).items() if name in reference}
+    return {name: [(axis, a, b) for _, a, b, axis, _ in parts] for name, parts in found.items() if parts}
