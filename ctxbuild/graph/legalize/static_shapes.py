@@ -23,39 +23,54 @@ MAX_ELEMENTS = 1 << 16  # a shape chain's constants are small: larger inputs are
 
 
 def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
-    values: dict[str, np.ndarray] = {}
+    fold = _Folder(g)
     reached: set[str] = set()  # outputs computed from a folded Shape
-    folded: list[Any] = []
-    for node in g.graph.node:  # topological: a node's constant inputs are known when it is reached
+    for node in g.graph.node:  # topological: a node's inputs are known when it is reached
         if node.op_type == "Shape" and node.domain in ("", "ai.onnx"):
             if node.input[0] not in shapes:
                 g.keep(node, f"the shape of '{node.input[0]}' is not known statically")
                 continue
             start = next((a.i for a in node.attribute if a.name == "start"), 0)
             end = next((a.i for a in node.attribute if a.name == "end"), None)
-            values[node.output[0]] = np.array(shapes[node.input[0]][start:end], np.int64)
-            reached.add(node.output[0])
-            folded.append(node)
-        elif (node.domain in ("", "ai.onnx") and node.op_type not in KEEP and node.input
-              and reached.intersection(node.input) and all(_known(g, values, i) for i in node.input if i)):
-            folded.append(node)
-            values.update(zip(node.output, _run(g, node, values)))
-            reached.update(node.output)
-    for node in folded:
+            fold.values[node.output[0]] = np.array(shapes[node.input[0]][start:end], np.int64)
+            fold.folded.append(node)
+        elif not (reached.intersection(node.input) and fold.node(node)):
+            continue
+        reached.update(node.output)
+    for node in fold.folded:
         for o in node.output:
-            if o in values and g.consumers.get(o) or o in g.outputs:
-                g.replace_uses(o, g.add_const(f"{o}_const", values[o]))
-    return sum(n.op_type == "Shape" for n in folded)
+            if o in fold.values and (g.consumers.get(o) or o in g.outputs):
+                g.replace_uses(o, g.add_const(f"{o}_const", fold.values[o]))
+    return sum(n.op_type == "Shape" for n in fold.folded)
 
 
-def _known(g: GraphView, values: dict[str, np.ndarray], name: str) -> bool:
-    if name in values:
+class _Folder:
+    """Values of small constant expressions, computed on onnxruntime's CPU EP node by node."""
+
+    def __init__(self, g: GraphView) -> None:
+        self.g = g
+        self.values: dict[str, np.ndarray] = {}
+        self.folded: list[Any] = []
+
+    def value(self, name: str) -> np.ndarray | None:
+        """The tensor's value if it is a small constant or computed from small constants alone."""
+        if name not in self.values:
+            value = self.g.const(name)
+            if value is not None and value.size <= MAX_ELEMENTS:
+                self.values[name] = value
+            elif value is None and (producer := self.g.producer.get(name)) is not None:
+                self.node(producer)
+        return self.values.get(name)
+
+    def node(self, node: Any) -> bool:
+        """Fold `node` when its inputs are known; whether it was."""
+        if node.domain not in ("", "ai.onnx") or node.op_type in KEEP or node.op_type == "Shape" or not node.input:
+            return False
+        if any(self.value(i) is None for i in node.input if i):
+            return False
+        self.values.update(zip(node.output, _run(self.g, node, self.values)))
+        self.folded.append(node)
         return True
-    value = g.const(name)
-    if value is None or value.size > MAX_ELEMENTS:
-        return False
-    values[name] = value
-    return True
 
 
 def _run(g: GraphView, node: Any, values: dict[str, np.ndarray]) -> list[np.ndarray]:
