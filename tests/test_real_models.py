@@ -76,3 +76,41 @@ def test_split_outputs_on_a_real_yolo_detector(tmp_path: Path, ctxbuild) -> None
     result = json.loads((out / ".ctxbuild" / "records" / "verify.fall_yolov8@SM8650.json").read_text())["result"]
     (measured,) = result["outputs"].values()
     assert [s["stop"] - s["start"] for s in measured["slices"]] == [4, 2], measured  # boxes and scores, each measured
+
+
+def test_quantize_static_export_compiles(tmp_path: Path, ctxbuild) -> None:
+    """PP-OCR's direction classifier quantized by onnxruntime's quantize_static with its defaults (QDQ, signed
+    int8 activations and weights, per tensor), as a user makes an already-quantized export: QNN refused 51 of
+    its nodes; the QDQ rules (static_shapes, qdq_weights, qdq_unsigned) make it compile whole, and the simulator
+    verification runs against the export. Its accuracy on the HTP is not yet there (docs/legalization.md)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    from bench.real_models.inputs import render
+
+    tree = _real_tree(tmp_path / "recipes", "ppocr_cls", "qdq")
+    m = MODELS["ppocr_cls"]
+    model = onnx.load(str(locate("ppocr_cls")))
+    for d, v in zip(next(i for i in model.graph.input if i.name == m.input).type.tensor_type.shape.dim, m.shape):
+        d.Clear()
+        d.dim_value = v
+    onnx.save(model, str(tmp_path / "float.onnx"))
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = iter([{m.input: render("ppocr_cls", k)} for k in range(8)])
+
+        def get_next(self) -> dict | None:
+            return next(self.left, None)
+
+    quantize_static(str(tmp_path / "float.onnx"), str(tree / "ppocr_cls_qdq.onnx"), Reader(),
+                    quant_format=QuantFormat.QDQ)
+    recipe = tree / "ppocr_cls.yaml"
+    recipe.write_text(recipe.read_text().replace(f"model: {locate('ppocr_cls')}", "model: ppocr_cls_qdq.onnx"))
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), timeout=1800)
+    assert "QNN cannot run" not in r.text, r.text
+    records = out / ".ctxbuild" / "records"
+    (prepare,) = [json.loads(p.read_text()) for p in records.glob("prepare.*.json")]
+    assert {"static_shapes", "qdq_weights", "qdq_unsigned"} <= set(prepare["rewrites"]), prepare["rewrites"]
+    verify = json.loads((records / "verify.ppocr_cls@SM8650.json").read_text())["result"]
+    assert verify["coverage"]["cpu_nodes"] == 0 and verify["reference"] == "original", verify
