@@ -749,14 +749,16 @@ def _as_written(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np
 
 def test_quantize_static_defaults_compile_after_the_qdq_rules(tmp_path: Path) -> None:
     """QNN refuses quantize_static's default QDQ (signed int8 activations, weights quantized at run time from
-    Constant nodes, a Shape chain); the three QDQ rules rewrite it into what the HTP compiles, computing the same
+    Constant nodes, a Shape chain); the QDQ rules rewrite it into what the HTP compiles, computing the same
     values as the model as written (exactly: the shift of a signed tensor and its zero point by 128 is exact)."""
     model, feeds = _quantize_static_defaults(tmp_path)
     quantized = sum(n.op_type == "QuantizeLinear" for n in model.graph.node)
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
     done = legalize(rewritten)
-    assert done.rewrites == {"static_shapes": 1, "qdq_weights": 3, "qdq_unsigned": quantized - 3}, done  # w, gamma, fc
+    # weights w, gamma, fc; gamma's DequantizeLinear then a float constant for the BatchNormalization
+    assert done.rewrites == {"static_shapes": 1, "qdq_weights": 3, "qdq_unsigned": quantized - 3,
+                             "batchnorm_params": 1}, done
     onnx.checker.check_model(rewritten, full_check=True)
     assert {"Shape", "Slice", "Concat"}.isdisjoint(n.op_type for n in rewritten.graph.node)
     for n in rewritten.graph.node:

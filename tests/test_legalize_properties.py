@@ -417,3 +417,42 @@ def test_qdq_unsigned_property() -> None:
         feeds = {"x": (r.standard_normal((2, n, 3)) * float(r.choice([0.1, 1.0, 50.0]))).astype(np.float32)}
         results.append(_same_after(model, feeds, "qdq_unsigned", bound=0.0))
     _tally(results, "qdq_unsigned")
+
+
+def test_batchnorm_params_property() -> None:
+    """BatchNormalization whose parameters come from DequantizeLinear of int8/uint8/int16 constants (per tensor or
+    per channel, with and without a zero point), from a runtime tensor, or with another DequantizeLinear
+    attribute: exact wherever folded."""
+    results = []
+    for case in range(CASES):
+        r = _rng("batchnorm_params", case)
+        c = 3
+        dtype = [np.int8, np.uint8, np.int16][int(r.integers(3))]
+        info = np.iinfo(dtype)
+        per_axis = r.random() < 0.4
+        n = c if per_axis else 1
+        shape = (n,) if per_axis else ()
+        inits: dict[str, np.ndarray] = {
+            "q": r.integers(info.min, info.max, size=c).astype(dtype),
+            "s": (r.random(shape) * 0.01 + 1e-3).astype(np.float32),
+            "z": r.integers(info.min // 4, info.max // 4, size=shape).astype(dtype),
+            "b": r.standard_normal(c).astype(np.float32), "m": r.standard_normal(c).astype(np.float32),
+            "v": (r.random(c) + 0.5).astype(np.float32)}
+        inputs = {"x": ([2, c, 4], F)}
+        dq_inputs = ["q", "s"] + (["z"] if r.random() < 0.7 else [])
+        odd = r.integers(4)
+        if odd == 1:  # the quantized data is a runtime input: left alone (not a constant)
+            del inits["q"]
+            inputs["q"] = ([c], {np.int8: TensorProto.INT8, np.uint8: TensorProto.UINT8,
+                                 np.int16: TensorProto.INT16}[dtype])
+        attrs = {"axis": 0} if per_axis else {}
+        if odd == 2 and case % 2:  # opset 21's block_size: left with its reason
+            attrs["block_size"] = 0
+        nodes = [helper.make_node("DequantizeLinear", dq_inputs, ["gamma"], **attrs),
+                 helper.make_node("BatchNormalization", ["x", "gamma", "b", "m", "v"], ["y"])]
+        model = _model(nodes, inputs, ["y"], inits, opset=21)
+        feeds = {"x": r.standard_normal((2, c, 4)).astype(np.float32)}
+        if "q" in inputs:
+            feeds["q"] = r.integers(info.min, info.max, size=c).astype(dtype)
+        results.append(_same_after(model, feeds, "batchnorm_params", bound=1e-6))
+    _tally(results, "batchnorm_params")

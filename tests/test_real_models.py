@@ -81,8 +81,8 @@ def test_split_outputs_on_a_real_yolo_detector(tmp_path: Path, ctxbuild) -> None
 def test_quantize_static_export_compiles(tmp_path: Path, ctxbuild) -> None:
     """PP-OCR's direction classifier quantized by onnxruntime's quantize_static with its defaults (QDQ, signed
     int8 activations and weights, per tensor), as a user makes an already-quantized export: QNN refused 51 of
-    its nodes; the QDQ rules (static_shapes, qdq_weights, qdq_unsigned) make it compile whole, and the simulator
-    verification runs against the export. Its accuracy on the HTP is not yet there (docs/legalization.md)."""
+    its nodes; the QDQ rules (static_shapes, qdq_weights, qdq_unsigned, batchnorm_params) make it compile whole
+    and it verifies on the simulator against the export (measured: cosine 1.0000, 120 dB)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
     from bench.real_models.inputs import render
@@ -108,9 +108,11 @@ def test_quantize_static_export_compiles(tmp_path: Path, ctxbuild) -> None:
     recipe.write_text(recipe.read_text().replace(f"model: {locate('ppocr_cls')}", "model: ppocr_cls_qdq.onnx"))
     out = tmp_path / "out"
     r = ctxbuild("build", str(tree), "-o", str(out), timeout=1800)
-    assert "QNN cannot run" not in r.text, r.text
+    assert r.code == 0, r.text
     records = out / ".ctxbuild" / "records"
     (prepare,) = [json.loads(p.read_text()) for p in records.glob("prepare.*.json")]
-    assert {"static_shapes", "qdq_weights", "qdq_unsigned"} <= set(prepare["rewrites"]), prepare["rewrites"]
+    assert set(prepare["rewrites"]) == {"static_shapes", "qdq_weights", "qdq_unsigned", "batchnorm_params"}, prepare
     verify = json.loads((records / "verify.ppocr_cls@SM8650.json").read_text())["result"]
-    assert verify["coverage"]["cpu_nodes"] == 0 and verify["reference"] == "original", verify
+    assert verify["passed"] and verify["coverage"]["cpu_nodes"] == 0 and verify["reference"] == "original", verify
+    (measured,) = verify["outputs"].values()
+    assert measured["cosine"] > 0.999, measured
