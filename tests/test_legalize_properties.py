@@ -420,15 +420,15 @@ def test_qdq_unsigned_property() -> None:
 
 
 def test_batchnorm_params_property() -> None:
-    """BatchNormalization whose parameters come from DequantizeLinear of int8/uint8/int16 constants (per tensor or
+    """BatchNormalization whose parameters come from DequantizeLinear of int8/uint8/int16/int32 constants (per tensor or
     per channel, with and without a zero point), from a runtime tensor, or with another DequantizeLinear
     attribute: exact wherever folded."""
     results = []
     for case in range(CASES):
         r = _rng("batchnorm_params", case)
         c = 3
-        dtype = [np.int8, np.uint8, np.int16][int(r.integers(3))]
-        info = np.iinfo(dtype)
+        dtype = [np.int8, np.uint8, np.int16, np.int32][int(r.integers(4))]
+        info = np.iinfo(np.int16 if dtype == np.int32 else dtype)  # int32: a bias, values well inside the type
         per_axis = r.random() < 0.4
         n = c if per_axis else 1
         shape = (n,) if per_axis else ()
@@ -444,7 +444,7 @@ def test_batchnorm_params_property() -> None:
         if odd == 1:  # the quantized data is a runtime input: left alone (not a constant)
             del inits["q"]
             inputs["q"] = ([c], {np.int8: TensorProto.INT8, np.uint8: TensorProto.UINT8,
-                                 np.int16: TensorProto.INT16}[dtype])
+                                 np.int16: TensorProto.INT16, np.int32: TensorProto.INT32}[dtype])
         attrs = {"axis": 0} if per_axis else {}
         if odd == 2 and case % 2:  # opset 21's block_size: left with its reason
             attrs["block_size"] = 0

@@ -1,10 +1,11 @@
 """BatchNormalization parameters given by DequantizeLinear of a constant -> the float constants: quantize_static
 quantizes a BatchNormalization's scale like a weight (when it is a Constant node, as paddle2onnx writes it), and
 QNN's BatchNorm then computes wrongly on the HTP (the first BatchNorm of a PP-OCR classifier: cosine 0.51 against
-the QDQ model on the CPU EP; with float parameters, as QNN takes them, 1.0000 at the model's output).
+the QDQ model on the CPU EP; with float parameters, as QNN takes them, 1.0000 at the model's output). After
+onnxruntime's quant_pre_process the bias is an int32 DequantizeLinear, which QNN refuses ("unsupported datatype").
 
 Exact: the constant is what onnxruntime's DequantizeLinear computes, (q - zero point) * scale in float32, per
-tensor or along `axis`."""
+tensor or along `axis`, for 8-, 16- and 32-bit data."""
 from __future__ import annotations
 
 from typing import Any
@@ -57,7 +58,7 @@ def _value(g: GraphView, dq: Any) -> np.ndarray | str:
     zero = g.const(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
     if scale is None or (len(dq.input) > 2 and dq.input[2] and zero is None):
         return "its scale or zero point is computed at run time"
-    if q.dtype.kind not in "iu" or q.dtype.itemsize > 2 or scale.dtype != np.float32 or scale.ndim > 1:
+    if q.dtype.kind not in "iu" or q.dtype.itemsize > 4 or scale.dtype != np.float32 or scale.ndim > 1:
         return f"{q.dtype} data with a {scale.dtype}{list(scale.shape)} scale: not folded"
     zero = np.zeros(scale.shape, np.int32) if zero is None else zero.astype(np.int32)
     if scale.size > 1:
