@@ -697,3 +697,82 @@ def test_sample_check_measures_relative_movement() -> None:
     ids = np.array([1, 2], np.int64)
     assert moved({"i": ids}, {"i": ids + 1}) == (float("inf"), "output 'i' changed in 2 of 2 values")
     assert tolerance("einsum") == 1e-4 and tolerance("dynamic_int8") == 0.25
+
+
+def _quantize_static_defaults(tmp: Path) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A small CNN head as paddle2onnx writes one (weights in Constant nodes, BatchNormalization, HardSigmoid, the
+    classifier's Reshape from a Shape chain, Softmax) quantized by onnxruntime's quantize_static with its defaults
+    (QDQ, signed int8 activations and weights, per tensor), as users make already-quantized exports."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    r = rng()
+
+    def const(name: str, value: np.ndarray) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value.astype(np.float32), name))
+
+    c = 8
+    nodes = [const("w", r.standard_normal((c, 3, 3, 3)) * 0.3), const("gamma", 1 + 0.1 * r.standard_normal(c)),
+             const("beta", 0.1 * r.standard_normal(c)), const("mean", 0.1 * r.standard_normal(c)),
+             const("var", 1 + 0.1 * r.random(c)), const("fc", r.standard_normal((c, 4)) * 0.5),
+             helper.make_node("Conv", ["x", "w"], ["conv"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["conv", "gamma", "beta", "mean", "var"], ["bn"]),
+             helper.make_node("HardSigmoid", ["bn"], ["act"], alpha=1 / 6, beta=0.5),
+             helper.make_node("GlobalAveragePool", ["act"], ["pool"]),
+             helper.make_node("Shape", ["pool"], ["shape"]),
+             helper.make_node("Slice", ["shape", "zero", "one"], ["batch"]),
+             helper.make_node("Concat", ["batch", "minus_one"], ["flat"], axis=0),
+             helper.make_node("Reshape", ["pool", "flat"], ["vec"]),
+             helper.make_node("MatMul", ["vec", "fc"], ["logits"]),
+             helper.make_node("Softmax", ["logits"], ["y"], axis=-1)]
+    model = _model(nodes, {"x": [1, 3, 16, 16]}, {"y": [1, 4]},
+                   {"zero": np.array([0]), "one": np.array([1]), "minus_one": np.array([-1])}, opset=13)
+    onnx.save(model, str(tmp / "float.onnx"))
+    samples = [{"x": r.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = iter(samples)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.left, None)
+
+    quantize_static(str(tmp / "float.onnx"), str(tmp / "qdq.onnx"), Reader(), quant_format=QuantFormat.QDQ)
+    return onnx.load(str(tmp / "qdq.onnx")), samples[0]
+
+
+def _as_written(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The QDQ model's own math: onnxruntime's fused integer kernels round int8 and uint8 differently."""
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.disable_quant_qdq", "1")
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_quantize_static_defaults_compile_after_the_qdq_rules(tmp_path: Path) -> None:
+    """QNN refuses quantize_static's default QDQ (signed int8 activations, weights quantized at run time from
+    Constant nodes, a Shape chain); the QDQ rules rewrite it into what the HTP compiles, computing the same
+    values as the model as written (exactly: the shift of a signed tensor and its zero point by 128 is exact)."""
+    model, feeds = _quantize_static_defaults(tmp_path)
+    quantized = sum(n.op_type == "QuantizeLinear" for n in model.graph.node)
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    done = legalize(rewritten)
+    # weights w, gamma, fc; gamma's DequantizeLinear then a float constant for the BatchNormalization
+    assert done.rewrites == {"static_shapes": 1, "qdq_weights": 3, "qdq_unsigned": quantized - 3,
+                             "batchnorm_params": 1}, done
+    onnx.checker.check_model(rewritten, full_check=True)
+    assert {"Shape", "Slice", "Concat"}.isdisjoint(n.op_type for n in rewritten.graph.node)
+    for n in rewritten.graph.node:
+        if n.op_type == "QuantizeLinear":  # every activation unsigned now
+            zero = next(t for t in rewritten.graph.initializer if t.name == n.input[2])
+            assert zero.data_type == TensorProto.UINT8, n.name
+    for a, b in zip(_as_written(model, feeds), _as_written(rewritten, feeds)):
+        assert np.array_equal(a, b)
+    for name, m in (("original", model), ("rewritten", rewritten)):
+        onnx.save(m, str(tmp_path / f"{name}.onnx"))
+    with pytest.raises(Exception, match="fallback|Failed to|CPU EP"):
+        toolchain.compile_model(tmp_path / "original.onnx", tmp_path / "original_ctx.onnx", TARGET, embed=False,
+                                cpu_fallback=False)
+    toolchain.compile_model(tmp_path / "rewritten.onnx", tmp_path / "rewritten_ctx.onnx", TARGET, embed=False,
+                            cpu_fallback=False)
+    htp = qnn_session(tmp_path / "rewritten_ctx.onnx").run(None, feeds)[0]
+    assert cosine(htp, _as_written(model, feeds)[0]) > 0.99

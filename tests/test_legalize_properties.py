@@ -35,6 +35,7 @@ def _model(nodes: list, inputs: dict[str, tuple[list[int], int]], outputs: list[
 def _outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray] | str:
     so = ort.SessionOptions()
     so.log_severity_level = 4  # refusals are expected here; the message is compared, not logged
+    so.add_session_config_entry("session.disable_quant_qdq", "1")  # QDQ as written, as prepare's check runs it
     try:
         return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
     except Exception as e:  # noqa: BLE001 - onnxruntime's untyped errors: refusing is the property compared
@@ -384,3 +385,74 @@ def test_convtranspose_property() -> None:
                    {"x": (shape, F)}, ["y"], {"w": w}, opset=17)
         results.append(_same_after(m, {"x": r.standard_normal(shape).astype(np.float32)}, "convtranspose", bound=0.0))
     assert sum("convtranspose" in r.rewrites for r in results) and sum(not r.rewrites for r in results)
+
+
+def test_qdq_unsigned_property() -> None:
+    """QuantizeLinear -> DequantizeLinear pairs with int8 or int16 zero points (anywhere in their range, per
+    tensor or per axis), read by DequantizeLinear nodes with the same or another zero point, by another op
+    (Identity of the integers), or a graph output; inputs that saturate: exact wherever rewritten."""
+    results = []
+    for case in range(CASES):
+        r = _rng("qdq_unsigned", case)
+        dtype = [np.int8, np.int16][int(r.integers(2))]
+        info = np.iinfo(dtype)
+        per_axis = r.random() < 0.3
+        n = 4 if per_axis else 1
+        zero = r.integers(info.min, info.max, size=n if per_axis else ()).astype(dtype)
+        scale = (r.random(n if per_axis else ()) * 0.05 + 1e-3).astype(np.float32)
+        inits = {"s": scale, "z": zero, "z2": (zero.astype(np.int32) // 2).astype(dtype)}
+        axis = {"axis": 1} if per_axis else {}
+        nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], **axis),
+                 helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], **axis)]
+        outputs = ["y"]
+        odd = r.integers(4)
+        if odd == 1:  # another zero point dequantizes it: left
+            nodes.append(helper.make_node("DequantizeLinear", ["q", "s", "z2"], ["y2"], **axis))
+            outputs.append("y2")
+        elif odd == 2:  # the integers read by another op: left
+            nodes += [helper.make_node("Identity", ["q"], ["qi"]),
+                      helper.make_node("DequantizeLinear", ["qi", "s", "z"], ["y2"], **axis)]
+            outputs.append("y2")
+        model = _model(nodes, {"x": ([2, n, 3], F)}, outputs, inits)
+        feeds = {"x": (r.standard_normal((2, n, 3)) * float(r.choice([0.1, 1.0, 50.0]))).astype(np.float32)}
+        results.append(_same_after(model, feeds, "qdq_unsigned", bound=0.0))
+    _tally(results, "qdq_unsigned")
+
+
+def test_batchnorm_params_property() -> None:
+    """BatchNormalization whose parameters come from DequantizeLinear of int8/uint8/int16/int32 constants (per tensor or
+    per channel, with and without a zero point), from a runtime tensor, or with another DequantizeLinear
+    attribute: exact wherever folded."""
+    results = []
+    for case in range(CASES):
+        r = _rng("batchnorm_params", case)
+        c = 3
+        dtype = [np.int8, np.uint8, np.int16, np.int32][int(r.integers(4))]
+        info = np.iinfo(np.int16 if dtype == np.int32 else dtype)  # int32: a bias, values well inside the type
+        per_axis = r.random() < 0.4
+        n = c if per_axis else 1
+        shape = (n,) if per_axis else ()
+        inits: dict[str, np.ndarray] = {
+            "q": r.integers(info.min, info.max, size=c).astype(dtype),
+            "s": (r.random(shape) * 0.01 + 1e-3).astype(np.float32),
+            "z": r.integers(info.min // 4, info.max // 4, size=shape).astype(dtype),
+            "b": r.standard_normal(c).astype(np.float32), "m": r.standard_normal(c).astype(np.float32),
+            "v": (r.random(c) + 0.5).astype(np.float32)}
+        inputs = {"x": ([2, c, 4], F)}
+        dq_inputs = ["q", "s"] + (["z"] if r.random() < 0.7 else [])
+        odd = r.integers(4)
+        if odd == 1:  # the quantized data is a runtime input: left alone (not a constant)
+            del inits["q"]
+            inputs["q"] = ([c], {np.int8: TensorProto.INT8, np.uint8: TensorProto.UINT8,
+                                 np.int16: TensorProto.INT16, np.int32: TensorProto.INT32}[dtype])
+        attrs = {"axis": 0} if per_axis else {}
+        if odd == 2 and case % 2:  # opset 21's block_size: left with its reason
+            attrs["block_size"] = 0
+        nodes = [helper.make_node("DequantizeLinear", dq_inputs, ["gamma"], **attrs),
+                 helper.make_node("BatchNormalization", ["x", "gamma", "b", "m", "v"], ["y"])]
+        model = _model(nodes, inputs, ["y"], inits, opset=21)
+        feeds = {"x": r.standard_normal((2, c, 4)).astype(np.float32)}
+        if "q" in inputs:
+            feeds["q"] = r.integers(info.min, info.max, size=c).astype(dtype)
+        results.append(_same_after(model, feeds, "batchnorm_params", bound=1e-6))
+    _tally(results, "batchnorm_params")

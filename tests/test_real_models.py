@@ -77,3 +77,43 @@ def test_split_outputs_on_a_real_yolo_detector(tmp_path: Path, ctxbuild) -> None
     (measured,) = result["outputs"].values()
     assert [s["stop"] - s["start"] for s in measured["slices"]] == [4, 2], measured  # boxes and scores, each measured
 
+
+def test_quantize_static_export_compiles(tmp_path: Path, ctxbuild) -> None:
+    """PP-OCR's direction classifier quantized by onnxruntime's quantize_static with its defaults (QDQ, signed
+    int8 activations and weights, per tensor), as a user makes an already-quantized export: QNN refused 51 of
+    its nodes; the QDQ rules (static_shapes, qdq_weights, qdq_unsigned, batchnorm_params) make it compile whole
+    and it verifies on the simulator against the export (measured on its 4 samples: cosine 0.998, the same top
+    class on all; the default thresholds are 0.99 and 20 dB)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    from bench.real_models.inputs import render
+
+    tree = _real_tree(tmp_path / "recipes", "ppocr_cls", "qdq")
+    m = MODELS["ppocr_cls"]
+    model = onnx.load(str(locate("ppocr_cls")))
+    for d, v in zip(next(i for i in model.graph.input if i.name == m.input).type.tensor_type.shape.dim, m.shape):
+        d.Clear()
+        d.dim_value = v
+    onnx.save(model, str(tmp_path / "float.onnx"))
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = iter([{m.input: render("ppocr_cls", k)} for k in range(8)])
+
+        def get_next(self) -> dict | None:
+            return next(self.left, None)
+
+    quantize_static(str(tmp_path / "float.onnx"), str(tree / "ppocr_cls_qdq.onnx"), Reader(),
+                    quant_format=QuantFormat.QDQ)
+    recipe = tree / "ppocr_cls.yaml"
+    recipe.write_text(recipe.read_text().replace(f"model: {locate('ppocr_cls')}", "model: ppocr_cls_qdq.onnx"))
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), timeout=1800)
+    assert r.code == 0, r.text
+    records = out / ".ctxbuild" / "records"
+    (prepare,) = [json.loads(p.read_text()) for p in records.glob("prepare.*.json")]
+    assert set(prepare["rewrites"]) == {"static_shapes", "qdq_weights", "qdq_unsigned", "batchnorm_params"}, prepare
+    verify = json.loads((records / "verify.ppocr_cls@SM8650.json").read_text())["result"]
+    assert verify["passed"] and verify["coverage"]["cpu_nodes"] == 0 and verify["reference"] == "original", verify
+    (measured,) = verify["outputs"].values()
+    assert measured["argmax_agreement"] == 1.0, measured

@@ -193,7 +193,7 @@ def _checked(ctx: Any, dst: Path, first: Candidate, samples: list[dict[str, np.n
     def run(model: Path) -> dict[str, np.ndarray] | str:
         facts["models_run"] += 1
         try:
-            return cpu_outputs(model, samples)
+            return cpu_outputs(model, samples, qdq_as_written=True)  # the rewrites keep the model's own math
         except MemoryError:
             raise
         except Exception as e:  # noqa: BLE001 - onnxruntime's (and the shape check's) errors: the reason recorded

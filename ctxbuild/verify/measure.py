@@ -79,12 +79,18 @@ def failures(result: dict[str, Any]) -> list[str]:
         out.append("the bundle's graph has different inputs/outputs than its single-graph build")
     return out
 
-def cpu_outputs(model: Path, samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def cpu_outputs(model: Path, samples: list[dict[str, np.ndarray]], *, qdq_as_written: bool = False
+                ) -> dict[str, np.ndarray]:
+    """The model's outputs on the CPU EP over `samples`, concatenated per output. `qdq_as_written`: QDQ node
+    groups run as written (quantize, dequantize, float op) instead of fused into onnxruntime's integer kernels,
+    whose requantization rounds int8 and uint8 differently (one step apart on a PP-OCR classifier)."""
     import numpy as np
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3  # a LoRA reference's slots are overridable initializers: ORT warns per session
+    if qdq_as_written:
+        so.add_session_config_entry("session.disable_quant_qdq", "1")
     sess = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     runs = [sess.run(None, s) for s in samples]

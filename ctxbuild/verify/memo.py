@@ -23,6 +23,9 @@ if TYPE_CHECKING:  # imported where used: a verify cache hit needs no numpy
     import numpy as np
 
 Outputs = dict[str, "np.ndarray"]
+# The reference runs a QDQ model's groups as written (the math the HTP computes, and the float model's to 1e-7 on
+# PP-OCR), not fused into onnxruntime's integer kernels (cosine 0.96 against it there); in the memo keys.
+AS_WRITTEN = "qdq as written"
 
 
 def wrapper_identity(ctx_model: Path) -> str:
@@ -90,8 +93,8 @@ def float_reference(ctx: Any, samples: list[dict[str, np.ndarray]], memo: Output
     data = {k: v for k, v in key["discovered_inputs"].items() if k.startswith("original.")}
     try:
         reference = memo.get_or_compute("original", [inputs["original"], data, sample_id,
-                                                     key["toolchain"]["onnxruntime"]],
-                                        lambda: cpu_outputs(Path(a.inputs["original"]), samples))
+                                                     key["toolchain"]["onnxruntime"], AS_WRITTEN],
+                                        lambda: cpu_outputs(Path(a.inputs["original"]), samples, qdq_as_written=True))
         ctx.facts["reference"] = "original"
         return reference, sample_id
     except (ActionError, MemoryError):
@@ -100,6 +103,6 @@ def float_reference(ctx: Any, samples: list[dict[str, np.ndarray]], memo: Output
         why = cause_line(e)
         ctx.facts["reference"] = f"prepared model (onnxruntime's CPU EP cannot run the original as given: {why})"
     reference = memo.get_or_compute("reference", [inputs["reference"], inputs.get("reference.data"), sample_id,
-                                                   key["toolchain"]["onnxruntime"]],
-                                    lambda: cpu_outputs(Path(a.inputs["reference"]), samples))
+                                                   key["toolchain"]["onnxruntime"], AS_WRITTEN],
+                                    lambda: cpu_outputs(Path(a.inputs["reference"]), samples, qdq_as_written=True))
     return reference, sample_id
