@@ -4,6 +4,7 @@ a genai_config.json naming what was compiled; w4a16 puts int4 weights in; bad in
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -243,3 +244,18 @@ def test_a_part_budget_chooses_the_fewest_parts_that_fit(decoder: Path, tmp_path
     budget = (max(two) + one[0]) / 2 / 1e6  # fits two parts, not one
     (r,) = recipe.load([_recipe(tmp_path / "r", decoder, parts=None, part_max_mb=budget)]).recipes
     assert r.llm is not None and r.llm.parts == 2
+
+
+def test_hard_linked_external_data_is_read_from_a_copy(decoder: Path, tmp_path: Path) -> None:
+    """onnx refuses external data with a second hard link (`cp -al`, a dedup tool): the split reads such a
+    model from copies, as it does a symlinked one (it failed with onnx's "multiple hard links")."""
+    from ctxbuild.actions.llm_split import readable
+
+    src = tmp_path / "given"
+    src.mkdir()
+    onnx.save(onnx.load(decoder / "llama.onnx"), src / "llama.onnx", save_as_external_data=True,
+              location="llama.onnx.data", size_threshold=0)
+    os.link(src / "llama.onnx.data", tmp_path / "elsewhere.data")
+    copy = readable(src / "llama.onnx", tmp_path / "source")
+    assert copy == tmp_path / "source" / "llama.onnx" and (copy.parent / "llama.onnx.data").stat().st_nlink == 1
+    assert len(onnx.load(str(copy)).graph.initializer) == len(onnx.load(decoder / "llama.onnx").graph.initializer)

@@ -32,7 +32,7 @@ def readable(src: Path, into: Path) -> Path:
     directory (a Hugging Face cache's snapshot layout), and onnx a hardlinked one too, so such a model is read
     from copies in `into` (the action's private directory, removed after it), its exporter configs beside it."""
     data = external_data_files(load(src, external_data=False), src, follow_links=True)
-    if not any(p.is_symlink() for p in data.values()):
+    if not any(p.is_symlink() or p.stat().st_nlink > 1 for p in data.values()):  # `cp -al`, a dedup tool's links
         return src
     names = {src.name: src, **export_config.files(src), **{r.removeprefix("external:"): p for r, p in data.items()}}
     for name, path in names.items():
