@@ -162,6 +162,7 @@ def test_the_cpu_twin_is_written_and_runs_on_a_pc(built: tuple[str, Path]) -> No
     assert _genai_tokens(model, _prompts(arch)[0], 32) == recorded["tokens"]
 
 
+@pytest.mark.parametrize("built", [a for a in EXPORTERS if a.endswith("_optimum")], indirect=True)
 def test_optimum_static_graphs_are_constant_shaped_and_decode_as_the_export(built: tuple[str, Path]) -> None:
     """torch.onnx's per-layer masks, run-time rotary (Sin/Cos) and shape arithmetic are gone from the static
     graphs (rotary is a Gather from a table by position_ids), and the float graphs chained on the CPU decode the
@@ -172,8 +173,6 @@ def test_optimum_static_graphs_are_constant_shaped_and_decode_as_the_export(buil
     from ctxbuild.llm.layout import Layout
 
     arch, d = built
-    if not arch.endswith("_optimum"):
-        pytest.skip("the builder's exports are checked by the tests above")
     split = next(p for p in (d / "out" / ".ctxbuild" / "work" / "llm").glob(f"{arch}-*") if "-q" not in p.name)
     layout = Layout.read(split / "layout.json")
     for g in layout.graphs:
@@ -190,13 +189,13 @@ def test_optimum_static_graphs_are_constant_shaped_and_decode_as_the_export(buil
         assert max(float(np.abs(a - b).max()) for a, b in zip(got.logits, want.logits)) < 1e-4
 
 
+# once, on the Llama builder export (Qwen2's pad id is 0 itself, its prompts carry no BOS)
+@pytest.mark.parametrize("built", ["llama_builder"], indirect=True)
 def test_a_wrong_special_token_id_fails_the_build(built: tuple[str, Path], tmp_path: Path) -> None:
     """The export's own genai_config.json says pad = BOS (id 0, what the old default wrote): genai pads the prompt
     with it and masks the BOS, so the shipped config decodes other tokens. The build fails (exit 1) naming the
     prompt, the position and both ids, the config is set aside, the summary's row says FAILED."""
     arch, d = built
-    if arch != "llama_builder":
-        pytest.skip("shown once, on the Llama builder export (Qwen2's pad id is 0 itself, its prompts carry no BOS)")
     model = _lay_out(arch, tmp_path)
     config = json.loads((model.parent / "genai_config.json").read_text())
     assert config["model"]["bos_token_id"] == 0 != config["model"]["pad_token_id"]
