@@ -226,16 +226,9 @@ def test_a_symbolic_dim_with_no_config_beside_the_model_is_refused(tmp_path: Pat
     for name in ("model.onnx", "model.onnx.data"):
         shutil.copy(EXPORTS / "qwen2_builder" / name, export / name)
     shutil.copytree(EXPORTS / "qwen2_builder" / "prompts", export / "prompts")
-    (tmp_path / "q.yaml").write_text(json.dumps({"name": "q", "targets": ["SM8650"], "llm": {
-        "model": "export/model.onnx", "sequence_lengths": [16, 1], "context_lengths": [64],
-        "prompts": {"dir": "export/prompts"}}}))
-    env = {**os.environ, "CTXBUILD_CACHE_DIR": str(tmp_path / "cache")}
-    p = subprocess.run([sys.executable, "-m", "ctxbuild", "build", "q.yaml", "-o", "out"], capture_output=True,
-                       text=True, env=env, cwd=tmp_path, timeout=300)
-    assert p.returncode == 2, p.stdout + p.stderr
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"{tmp_path / 'q.yaml'}:1: model.onnx: head_dim ('kv_cache_dim')" in lines[0]
-    assert "keep the exporter's genai_config.json or config.json beside the model" in lines[0]
+    line = _refusal(tmp_path)
+    assert f"{tmp_path / 'q.yaml'}:1: model.onnx: head_dim ('kv_cache_dim')" in line
+    assert "keep the exporter's genai_config.json or config.json beside the model" in line
 
 
 def test_an_attention_whose_mask_cannot_be_told_is_refused(tmp_path: Path) -> None:
@@ -249,6 +242,14 @@ def test_an_attention_whose_mask_cannot_be_told_is_refused(tmp_path: Path) -> No
     add = next(n for n in m.graph.node if n.name == "/model/layers.0/self_attn/Add_2")
     add.input[1] = add.input[0]
     onnx.save(m, str(export / "model.onnx"))
+    line = _refusal(tmp_path)
+    assert f"{tmp_path / 'q.yaml'}:1: model.onnx: attention Softmax " \
+        "'/model/layers.0/self_attn/Softmax': cannot tell its mask from its scores" in line, line
+    assert "export with optimum-cli" in line
+
+
+def _refusal(tmp_path: Path) -> str:
+    """Build a recipe over tmp_path/export/model.onnx: it must be refused at plan time, exit 2, in one line."""
     (tmp_path / "q.yaml").write_text(json.dumps({"name": "q", "targets": ["SM8650"], "llm": {
         "model": "export/model.onnx", "sequence_lengths": [16, 1], "context_lengths": [64],
         "prompts": {"dir": "export/prompts"}}}))
@@ -257,6 +258,5 @@ def test_an_attention_whose_mask_cannot_be_told_is_refused(tmp_path: Path) -> No
                        text=True, env=env, cwd=tmp_path, timeout=300)
     assert p.returncode == 2, p.stdout + p.stderr
     lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"{tmp_path / 'q.yaml'}:1: model.onnx: attention Softmax " \
-        "'/model/layers.0/self_attn/Softmax': cannot tell its mask from its scores" in lines[0], lines
-    assert "export with optimum-cli" in lines[0]
+    assert len(lines) == 1, lines
+    return lines[0]
