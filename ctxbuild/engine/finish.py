@@ -23,8 +23,9 @@ def finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, st
     """Records -> summary, --explain, invalidation after failures, manifest and report."""
     from ctxbuild.outputs.manifest import read_records, write as write_manifest
 
-    pending = set() if rc == 0 else pending_actions(opts.out, ninja_targets(state, opts))
-    forget_pending(opts.out, ninja.read_state(opts.out, "plan.json") or state, pending, build_id)
+    plan = ninja.read_state(opts.out, "plan.json") or state  # the whole plan OUT holds, read once
+    pending = set() if rc == 0 else pending_actions(opts.out, ninja_targets(state, opts), plan)
+    forget_pending(opts.out, plan, pending, build_id)
     records = read_records(opts.out)
     ran = [r for r in records.values() if r.get("build_id") == build_id]
     write_summary(opts.out, ran)
@@ -36,7 +37,7 @@ def finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, st
     _invalidate_downstream(opts.out, state, {r["id"] for r in failed})
     if opts.set_aside_failed:  # --layers sets aside after its diagnosis, which reads the failed graph's files
         ship_only_verified(opts.out, state, pending=pending)
-    manifest = write_manifest(opts.out, ninja.read_state(opts.out, "plan.json") or state, toolchain.summary(opts.out / STATE))
+    manifest = write_manifest(opts.out, plan, toolchain.summary(opts.out / STATE))
     from ctxbuild.outputs.report import write_report  # OUT/report.html + report.json; never fails the build
     write_report(opts.out, build_id=build_id, returncode=rc, wall_seconds=time.monotonic() - started,
                  driver_peak_rss=machine.peak_rss(children=False))  # not ninja's, not the worker's
@@ -119,12 +120,11 @@ def _invalidate_downstream(out: Path, state: dict[str, Any], failed: set[str]) -
                 record_path(out, c).unlink(missing_ok=True)
 
 
-def pending_actions(out: Path, targets: list[str]) -> set[str]:
-    """The actions a build of `targets` would still run in OUT (after a failed or stopped build: what did not
-    run and is not up to date), read from ninja's dry run, whose commands name each action's spec file."""
+def pending_actions(out: Path, targets: list[str], plan: dict[str, Any]) -> set[str]:
+    """The actions of `plan` a build of `targets` would still run in OUT (after a failed or stopped build: what
+    did not run and is not up to date), read from ninja's dry run, whose commands name each action's spec file."""
     names = set(re.findall(r"actions/(\S+?\.json)", "\n".join(ninja.pending(out, targets) or [])))
-    state = ninja.read_state(out, "plan.json") or {"actions": []}
-    return {a["id"] for a in state["actions"] if spec_name(a["id"]) in names}
+    return {a["id"] for a in plan["actions"] if spec_name(a["id"]) in names}
 
 
 def forget_pending(out: Path, state: dict[str, Any], pending: set[str], build_id: str) -> None:
