@@ -3,7 +3,7 @@ Qwen2 architectures, each with its own small BPE tokenizer) run through onnxrunt
 through optimum's ONNX exporter, as a user would. Run once, by hand (it needs torch and transformers, which CI does
 not install); its outputs, a few hundred KB each, are committed beside it. README.md names the versions used.
 
-    python tests/exports/make_exports.py builder                 # writes tests/exports/<arch>_builder/
+    python tests/exports/make_exports.py builder [--arch A]      # writes tests/exports/<arch>_builder/
     python tests/exports/make_exports.py optimum --optimum-cli ENV/bin/optimum-cli   # <arch>_optimum/
 
 optimum-onnx 0.1.0 needs transformers < 4.58, so its CLI lives in an environment of its own; the checkpoints are
@@ -28,6 +28,10 @@ ARCHS = {
     "llama": dict(special=["<s>", "</s>", "<unk>"], bos="<s>", eos="</s>", add_bos=True),
     "qwen2": dict(special=["<|endoftext|>", "<|im_start|>", "<|im_end|>"], bos="<|endoftext|>",
                   eos="<|im_end|>", add_bos=False),
+    # Phi-3: fused qkv_proj and gate_up_proj; Llama's special tokens. Gemma: pad 0, eos 1, bos 2 (its own
+    # tokenizer's order), tied embedding scaled by sqrt(hidden), GELU-tanh MLP, RMSNorm weights as (1 + w).
+    "phi3": dict(special=["<s>", "</s>", "<unk>"], bos="<s>", eos="</s>", add_bos=True),
+    "gemma": dict(special=["<pad>", "<eos>", "<bos>"], bos="<bos>", eos="<eos>", add_bos=True),
 }
 SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5)
@@ -49,9 +53,11 @@ def tokenizer(arch: str, out: Path) -> dict[str, int]:
         bos = spec["bos"]
         tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, ids[bos])])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=spec["bos"], eos_token=spec["eos"],
-                                   unk_token=spec["special"][2] if arch == "llama" else None)
+                                   unk_token=spec["special"][2] if arch in ("llama", "phi3") else None,
+                                   pad_token="<pad>" if arch == "gemma" else None)
     fast.save_pretrained(out)
-    return {"bos": ids[spec["bos"]], "eos": ids[spec["eos"]], "vocab": tok.get_vocab_size()}
+    return {"bos": ids[spec["bos"]], "eos": ids[spec["eos"]], "pad": ids[spec["special"][0]],
+            "vocab": tok.get_vocab_size()}
 
 
 def committed_tokenizer(arch: str, out: Path) -> dict[str, int]:
@@ -62,12 +68,14 @@ def committed_tokenizer(arch: str, out: Path) -> dict[str, int]:
         shutil.copy2(HERE / f"{arch}_builder" / name, out / name)
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     spec = ARCHS[arch]
-    return {"bos": tok.token_to_id(spec["bos"]), "eos": tok.token_to_id(spec["eos"]), "vocab": tok.get_vocab_size()}
+    return {"bos": tok.token_to_id(spec["bos"]), "eos": tok.token_to_id(spec["eos"]),
+            "pad": tok.token_to_id(spec["special"][0]), "vocab": tok.get_vocab_size()}
 
 
 def checkpoint(arch: str, out: Path, reuse_tokenizer: bool = False) -> None:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCausalLM, Phi3Config,
+                              Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
     out.mkdir(parents=True, exist_ok=True)
     ids = committed_tokenizer(arch, out) if reuse_tokenizer else tokenizer(arch, out)
@@ -77,6 +85,12 @@ def checkpoint(arch: str, out: Path, reuse_tokenizer: bool = False) -> None:
                   initializer_range=0.1, torch_dtype="float32")
     if arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common, tie_word_embeddings=False))
+    elif arch == "phi3":
+        model = Phi3ForCausalLM(Phi3Config(**common, tie_word_embeddings=False, pad_token_id=ids["eos"],
+                                           original_max_position_embeddings=SHAPE["max_position_embeddings"]))
+    elif arch == "gemma":
+        model = GemmaForCausalLM(GemmaConfig(**common, head_dim=16, pad_token_id=ids["pad"],
+                                             hidden_activation="gelu_pytorch_tanh"))
     else:
         model = Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=True))
         with torch.no_grad():  # Qwen2's Q/K/V biases start at zero, which the builder would drop: make them real
@@ -103,8 +117,8 @@ def prompts(dst: Path) -> None:
         np.save(dst / "prompts" / f"{i:02d}.npy", np.array(tok.encode(text).ids, np.int64))
 
 
-def builder() -> None:
-    for arch in ARCHS:
+def builder(archs: list[str]) -> None:
+    for arch in archs:
         dst = HERE / f"{arch}_builder"
         with tempfile.TemporaryDirectory() as tmp:
             ckpt, built = Path(tmp) / "hf", Path(tmp) / "onnx"
@@ -122,11 +136,11 @@ def builder() -> None:
         print(dst, json.dumps(sorted(p.name for p in dst.iterdir())))
 
 
-def optimum(cli: str) -> None:
+def optimum(cli: str, archs: list[str]) -> None:
     """`optimum-cli export onnx --task text-generation-with-past`, every file it writes kept as written. For Llama
     it writes no tokenizer files (transformers 4.57 cannot read the checkpoint's tokenizer_config.json, which
     transformers 5 wrote): the checkpoint's are copied beside the model, as a user keeps them."""
-    for arch in ARCHS:
+    for arch in archs:
         dst = HERE / f"{arch}_optimum"
         with tempfile.TemporaryDirectory() as tmp:
             ckpt, built = Path(tmp) / "hf", Path(tmp) / "onnx"
@@ -148,11 +162,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("exporter", choices=["builder", "optimum"])
     ap.add_argument("--optimum-cli", default="optimum-cli", help="optimum-cli of an environment with optimum-onnx")
+    ap.add_argument("--arch", action="append", choices=sorted(ARCHS),
+                    help="only these architectures (repeatable; default: all)")
     args = ap.parse_args()
     if args.exporter == "builder":
-        builder()
+        builder(args.arch or list(ARCHS))
     else:
-        optimum(args.optimum_cli)
+        optimum(args.optimum_cli, args.arch or list(ARCHS))
 
 
 if __name__ == "__main__":
