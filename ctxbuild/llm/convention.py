@@ -83,7 +83,7 @@ def load_decoder(path: Path) -> Any:
     return model
 
 
-MEMO = "memo/llm-decoder-6"  # bump when what check_decoder accepts changes: old verdicts are then not read
+MEMO = "memo/llm-decoder-7"  # bump when what check_decoder accepts changes: old verdicts are then not read
 
 
 def decoder_facts(model: Path) -> dict[str, Any] | None:

@@ -134,7 +134,7 @@ def reference_generate(model: Path, prompt: np.ndarray, new_tokens: int, slots: 
         total = n + ids.shape[1]
         all_feeds = {**(slots or {}), "input_ids": ids, "attention_mask": np.ones((1, total), np.int64),
                      "position_ids": np.arange(n, total, dtype=np.int64)[None], **feeds}
-        # onnxruntime-genai's convention has no position_ids (the attention op derives them)
+        # onnxruntime-genai's convention has no position_ids (the attention op derives them), nor optimum's Gemma
         got = dict(zip(names, s.run(None, {i.name: all_feeds[i.name] for i in s.get_inputs()})))
         logits = got["logits"][0, -1]
         out.logits.append(logits)

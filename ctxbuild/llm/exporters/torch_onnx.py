@@ -8,9 +8,13 @@ What torch's exporter writes that the static pass cannot cut or the HTP cannot r
 - rotary computed at run time (Sin/Cos of position_ids times the inverse frequencies) -> a Gather by position_ids
   from constant tables: the export's own rotary subgraph run by onnxruntime for positions 0 .. CL - 1, so each
   row is what the export computes at run time, to the bit;
+- positions computed in the graph when the export takes no `position_ids` (transformers' cache_position,
+  arange(past, past + seq): optimum's Gemma) -> a `position_ids` input, the canonical form's: a static graph's
+  past length is fixed, its positions are not;
 - shape arithmetic (Shape/Gather/Concat/Range/Where/Expand of shapes, ...) -> constants, per static graph, where
-  every shape is fixed (`fold_static`); Identity of a weight (torch shares equal initializers that way) and Casts
-  to the type a tensor already has -> the tensor itself.
+  every shape is fixed (`fold_static`); what then passes a tensor through unchanged -> the tensor itself: Identity
+  of a weight (torch shares equal initializers that way), Casts to the type it has, whole-shape Slices and empty
+  Concat operands (Phi-3's q[..., :rotary] and q[..., rotary:] when the rotary covers the head).
 Every rewrite is in ops of the model's own opset (opset 13 and later: Unsqueeze's axes are an input; an older
 export is refused at plan time)."""
 from __future__ import annotations
@@ -27,15 +31,14 @@ FOLD_MAX = 1 << 16  # elements: inline initializers up to this size take part in
 
 
 class TorchOnnx(Exporter):
-    """Plain ONNX ops with `position_ids`, as torch.onnx writes them: run-time Sin/Cos or a mask per layer."""
+    """Plain ONNX ops as torch.onnx writes them: run-time Sin/Cos or a mask per layer; `position_ids` given or
+    computed from the past length (`_positions`)."""
     name = "optimum / torch.onnx"
-    inputs = ("input_ids", "attention_mask", "position_ids")
+    inputs = ("input_ids", "attention_mask")
 
     @classmethod
     def matches(cls, model: Any) -> bool:
         g = model.graph
-        if "position_ids" not in {i.name for i in g.input}:
-            return False
         if any(n.op_type in ("Sin", "Cos") for n in g.node):
             return True
         try:  # masks per layer (a shared one is the canonical form already)
@@ -49,11 +52,15 @@ class TorchOnnx(Exporter):
             raise NotADecoder(f"opset {_opset(model)}: the rewrite of torch.onnx decoders writes opset-13 forms "
                               "(Unsqueeze's axes as an input); export with opset 14 or later (optimum-cli --opset)")
         _mask_operands(model.graph)  # raises naming the attention whose mask it cannot tell from its scores
+        if "position_ids" not in {i.name for i in model.graph.input}:
+            _positions(model.graph)  # raises if the positions the graph computes cannot be found
 
     @classmethod
     def to_canonical(cls, model: Any, base_dir: str, positions: int) -> Any:
         g = model.graph
         e = Emit(g, _opset(model))
+        if "position_ids" not in {i.name for i in g.input}:
+            _take_positions(e, g)
         mask = e.mask()
         producers, consts = _producers(g), _constants(g)
         for add, i in _mask_operands(g).values():
@@ -180,6 +187,43 @@ def _constants(g: Any) -> dict[str, np.ndarray]:
     return out
 
 
+def _positions(g: Any) -> Any:
+    """The Range computing the positions when the export takes no `position_ids` (transformers' cache_position,
+    arange(past, past + seq), read by the rotary: optimum's Gemma): the one Range the Sin/Cos are computed from,
+    starting at a past_key_values input's length, step 1."""
+    producers, consts = _producers(g), _constants(g)
+    seen, stack, ranges = set(), [i for n in g.node if n.op_type in ("Sin", "Cos") for i in n.input], []
+    while stack:
+        n = producers.get(stack.pop())
+        if n is None or n.name in seen:
+            continue
+        seen.add(n.name)
+        ranges += [n] if n.op_type == "Range" else []
+        stack.extend(i for i in n.input if i)
+    every = _sources(g, through_shape=True)
+    found = [r for r in ranges if any(i.startswith("past_key_values.") for i in every.get(r.input[0], ()))
+             and r.input[2] in consts and consts[r.input[2]].item() == 1]
+    if len(found) != 1:
+        raise NotADecoder(f"no position_ids input, and {len(found)} Range(s) from the past length feed the rotary "
+                          "(expected one: the positions the graph computes); export with position_ids as an input "
+                          "(optimum-cli exports them for most architectures), or report the exporter and version")
+    return found[0]
+
+
+def _take_positions(e: Emit, g: Any) -> None:
+    """A `position_ids` input [batch, seq] replaces the positions the graph computes from the past length: a static
+    graph's past length is fixed at CL - AR, its positions are not. The Range's readers read position_ids' row
+    (batch 1 in static graphs), placed in the graph at once: the rotary tables are computed from it."""
+    from onnx import TensorProto, helper
+
+    r = _positions(g)
+    name = r.output[0]
+    r.output[0] = f"{name}/run_time"  # now dead
+    g.node.append(helper.make_node("Gather", ["position_ids", e.const("lowered_zero", np.int64(0))], [name],
+                                   name="/model/positions/Gather_lowered", axis=0))
+    g.input.append(helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]))
+
+
 def _scale_scores(e: Emit, producers: dict[str, Any], consts: dict[str, np.ndarray], scores: str) -> None:
     """MatMul(Mul(q, c), Mul(kT, c')) (torch's SDPA scales both by the root of the scale) -> Mul(MatMul(q, kT),
     c c'), as the other conventions write it: the HTP simulator crashes on the quantized prompt graphs with the
@@ -228,8 +272,8 @@ def _rotary_tables(model: Any, base_dir: str, positions: int) -> dict[str, tuple
     every = _sources(g, through_shape=True)
     mine = [n for n in _ordered(g) if n.output and all(every.get(o, frozenset()) <= {"position_ids"} for o in n.output)]
     trig = set()
-    for n in mine:  # what Sin/Cos feed
-        if n.op_type in ("Sin", "Cos") or trig & set(n.input):
+    for n in mine:  # what Sin/Cos feed; a Shape of it is shape arithmetic (Phi-3 slices q by cos's width), folded later
+        if n.op_type in ("Sin", "Cos") or n.op_type != "Shape" and trig & set(n.input):
             trig.update(n.output)
     mine_out = {o for n in mine for o in n.output}
     readers = [n for n in g.node if not set(n.output) <= mine_out]
@@ -309,22 +353,46 @@ def _types(g: Any) -> dict[str, Any]:
 
 
 def _alias(g: Any) -> int:
-    """Identity nodes and Casts to the type their input has: their readers read the input itself."""
+    """Nodes that pass their input through unchanged -> their readers read the input itself: Identity, Casts to
+    the type the input has, Slices keeping the whole shape and Concats of one operand once their empty operands are
+    dropped (Phi-3 splits q and k at the rotary width, q[..., :rotary] and an empty q[..., rotary:] when the rotary
+    covers the head: QNN has no empty tensors). Where the output is a graph output, its producer writes it instead."""
     types = _types(g)
     types.update({t.name: t for t in g.initializer})
+    consts = _constants(g)
     outputs = {o.name for o in g.output}
+    held = outputs | {i.name for i in g.input} | {t.name for t in g.initializer}
     done = 0
     for n in list(g.node):
-        src = n.input[0] if n.input else ""
-        if n.output[0] in outputs or not src:
+        if n.op_type == "Concat":
+            kept = [i for i in n.input if 0 not in (_static_shape(types.get(i)) or [1])]
+            if kept and len(kept) < len(n.input):
+                n.input[:] = kept
+                done += 1
+        src, out = (n.input[0] if n.input else ""), n.output[0]
+        if not src or not _passes_through(n, types, consts):
             continue
-        same = n.op_type == "Identity" or n.op_type == "Cast" and src in types and \
-            next(a.i for a in n.attribute if a.name == "to") == _elem(types[src])
-        if same:
-            _rename(g, n.output[0], src)
-            g.node.remove(n)
-            done += 1
+        if out not in outputs:
+            _rename(g, out, src)
+        elif src not in held:
+            _rename(g, src, out)
+        else:
+            continue
+        g.node.remove(n)
+        done += 1
     return done
+
+
+def _passes_through(n: Any, types: dict[str, Any], consts: dict[str, np.ndarray]) -> bool:
+    src = n.input[0]
+    if n.op_type == "Cast":
+        return src in types and next(a.i for a in n.attribute if a.name == "to") == _elem(types[src])
+    if n.op_type == "Slice":
+        steps = n.input[4] if len(n.input) > 4 else ""
+        shape = _static_shape(types.get(src))
+        return shape is not None and shape == _static_shape(types.get(n.output[0])) and \
+            (not steps or steps in consts and bool((consts[steps] == 1).all()))
+    return n.op_type == "Identity" or n.op_type == "Concat" and len(n.input) == 1
 
 
 def _elem(t: Any) -> int:
@@ -332,6 +400,9 @@ def _elem(t: Any) -> int:
 
 
 def _static_shape(t: Any) -> list[int] | None:
+    """A value's fixed shape (t: its tensor type or an initializer), None if unknown or symbolic."""
+    if t is not None and hasattr(t, "dims"):
+        return list(t.dims)
     if t is None or not t.HasField("shape"):
         return None
     dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
