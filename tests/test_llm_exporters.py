@@ -1,6 +1,6 @@
 """Decoders as the real exporters write them (tests/exports/: onnxruntime-genai 0.18.0's model builder and
-optimum-onnx 0.1.0's `optimum-cli export onnx --task text-generation-with-past` (torch.onnx) run on tiny Llama and
-Qwen2 checkpoints, committed as written) built unedited by an `llm:` recipe on two SoCs; the build runs the
+optimum-onnx 0.1.0's `optimum-cli export onnx --task text-generation-with-past` (torch.onnx) run on tiny Llama,
+Qwen2, Phi-3 and Gemma checkpoints, committed as written) built unedited by an `llm:` recipe on two SoCs; the build runs the
 genai_config.json it ships with onnxruntime-genai on its CPU twin against the original export's tokens
 (actions/llm_genai.py), writes that twin out, and fails on a config with a wrong special-token id.
 
@@ -22,10 +22,20 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 EXPORTS = Path(__file__).parent / "exports"
-EXPORTERS = ("llama_builder", "qwen2_builder", "llama_optimum", "qwen2_optimum")  # tests/exports/<arch>_<exporter>
+EXPORTERS = ("llama_builder", "qwen2_builder", "llama_optimum", "qwen2_optimum",  # tests/exports/<arch>_<exporter>
+             "phi3_builder", "gemma_builder", "phi3_optimum", "gemma_optimum")
 SOCS = ["SM8650", "SM8750"]
+# Phi-3 and Gemma differ from Llama before the compile (their graphs and ids): one SoC each, the two SoCs between
+# them, to keep the file's CI time
+ONE_SOC = {"phi3_builder": ["SM8750"], "phi3_optimum": ["SM8750"], "gemma_builder": ["SM8650"], "gemma_optimum": ["SM8650"]}
+# the ids each checkpoint was made with (bos, eos, pad): Gemma's are its own, not Llama's
+OWN_IDS = {"phi3": (0, 1, 1), "gemma": (2, 1, 0)}
 GENERATE = 8  # tokens the optimum graphs' own check decodes
 WINDOW, CL = 16, 64
+
+
+def _socs(arch: str) -> list[str]:
+    return ONE_SOC.get(arch, SOCS)
 
 
 def _lay_out(arch: str, d: Path) -> Path:
@@ -57,7 +67,7 @@ def _build(arch: str, model: Path, d: Path, socs: list[str]) -> subprocess.Compl
 def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     arch = request.param
     d = tmp_path_factory.mktemp(arch)
-    p = _build(arch, _lay_out(arch, d), d, SOCS)
+    p = _build(arch, _lay_out(arch, d), d, _socs(arch))
     assert p.returncode == 0, p.stdout + p.stderr
     (d / "console.txt").write_text(p.stdout)
     return arch, d
@@ -65,7 +75,7 @@ def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 def test_exports_build_unedited_on_two_socs(built: tuple[str, Path]) -> None:
     arch, d = built
-    for soc in SOCS:
+    for soc in _socs(arch):
         out = d / "out" / soc / arch
         assert sorted(p.name for p in out.glob("*_qnn.bin")) == [f"{arch}_1_of_2_qnn.bin", f"{arch}_2_of_2_qnn.bin"]
         verify = json.loads((out / "llm_verify.json").read_text())["by_cl"]["64"]["simulator"]
@@ -73,10 +83,10 @@ def test_exports_build_unedited_on_two_socs(built: tuple[str, Path]) -> None:
 
 
 def test_shipped_config_carries_the_exports_own_ids(built: tuple[str, Path]) -> None:
-    """bos/eos/pad, vocabulary and decoding options are the export's own (BOS is id 0 here: a pad id of 0 would
-    mask it): the builder's genai_config.json; optimum writes none, so config.json / generation_config.json, the
-    pad from tokenizer_config.json's `pad_token` (Qwen2's tokenizer names one), else the EOS (what transformers
-    pads with when a model names no pad: the Llama export)."""
+    """bos/eos/pad, vocabulary and decoding options are the export's own (BOS is id 0 but for Gemma: a pad id of 0
+    would mask it): the builder's genai_config.json; optimum writes none, so config.json / generation_config.json
+    (Phi-3's and Gemma's name a pad), else the pad from tokenizer_config.json's `pad_token` (Qwen2's tokenizer names
+    one), else the EOS (what transformers pads with when a model names no pad: the Llama export)."""
     arch, d = built
     if arch.endswith("_builder"):
         export = json.loads((EXPORTS / arch / "genai_config.json").read_text())
@@ -85,17 +95,20 @@ def test_shipped_config_carries_the_exports_own_ids(built: tuple[str, Path]) -> 
               **json.loads((EXPORTS / arch / "generation_config.json").read_text())}
         tok = json.loads((EXPORTS / arch / "tokenizer_config.json").read_text())
         named = [int(i) for i, t in tok.get("added_tokens_decoder", {}).items() if t["content"] == tok.get("pad_token")]
-        assert "pad_token_id" not in hf and len(named) == (arch == "qwen2_optimum")
+        assert ("pad_token_id" in hf) == arch.startswith(("phi3", "gemma")) and len(named) == (arch == "qwen2_optimum")
         export = {"model": {**{k: hf[k] for k in ("bos_token_id", "eos_token_id", "vocab_size")},
-                            "pad_token_id": named[0] if named else hf["eos_token_id"]}, "search": {}}
-    for soc in SOCS:
+                            "pad_token_id": hf.get("pad_token_id", named[0] if named else hf["eos_token_id"])},
+                  "search": {}}
+    for soc in _socs(arch):
         shipped = json.loads((d / "out" / soc / arch / "genai_config.json").read_text())
         for key in ("bos_token_id", "eos_token_id", "pad_token_id", "vocab_size"):
             assert shipped["model"][key] == export["model"][key], key
         assert shipped["model"]["decoder"]["sliding_window"]["pad_value"] == export["model"]["pad_token_id"]
         assert shipped["search"].get("top_k") == export["search"].get("top_k")
         assert shipped["search"]["max_length"] == 64  # the static graphs' cache, not the export's 128
-    assert export["model"]["bos_token_id"] == 0 != export["model"]["pad_token_id"] or arch.startswith("qwen2")
+        if arch.split("_")[0] in OWN_IDS:
+            assert tuple(shipped["model"][f"{k}_token_id"] for k in ("bos", "eos", "pad")) == OWN_IDS[arch.split("_")[0]]
+    assert export["model"]["bos_token_id"] != export["model"]["pad_token_id"] or arch.startswith("qwen2")
 
 
 def _genai_tokens(model: object, prompt: np.ndarray, n: int) -> list[int]:
@@ -120,14 +133,14 @@ def test_the_build_runs_the_shipped_config_through_genai(built: tuple[str, Path]
     from ctxbuild.llm import pipeline
 
     arch, d = built
-    shipped = json.loads((d / "out" / SOCS[0] / arch / "genai_config.json").read_text())["model"]
+    shipped = json.loads((d / "out" / _socs(arch)[0] / arch / "genai_config.json").read_text())["model"]
     eos = shipped["eos_token_id"] if isinstance(shipped["eos_token_id"], list) else [shipped["eos_token_id"]]
     # what the check compares against, decoded here independently: the original export's own greedy tokens
     want = [pipeline.reference_generate(EXPORTS / arch / "model.onnx", prompt, 32).tokens for prompt in _prompts(arch)]
     want = [w[:next((i + 1 for i, t in enumerate(w) if t in eos), 32)] for w in want]
     rooms = [CL - -(-len(prompt) // WINDOW) * WINDOW for prompt in _prompts(arch)]  # after whole windows
     assert rooms == [48, 16] and len({t for w in want for t in w}) > 2  # random weights: not one repeated token
-    for soc in SOCS:
+    for soc in _socs(arch):
         result = json.loads((d / "out" / soc / arch / "genai_verify.json").read_text())
         assert result["passed"] and result["first_difference"] is None, result
         assert result["tokens_per_prompt"] == 32
@@ -144,9 +157,10 @@ def test_the_cpu_twin_is_written_and_runs_on_a_pc(built: tuple[str, Path]) -> No
     import onnx
 
     arch, d = built
-    twin = d / "out" / SOCS[0] / arch / "cpu_twin"
+    out = d / "out" / _socs(arch)[0] / arch
+    twin = out / "cpu_twin"
     config = json.loads((twin / "genai_config.json").read_text())
-    shipped = json.loads((d / "out" / SOCS[0] / arch / "genai_config.json").read_text())
+    shipped = json.loads((out / "genai_config.json").read_text())
     assert {k: v for k, v in config["model"].items() if k != "decoder"} == \
         {k: v for k, v in shipped["model"].items() if k != "decoder"} and config["search"] == shipped["search"]
     parts = [s["filename"] for st in config["model"]["decoder"]["pipeline"] for s in st.values()
@@ -157,7 +171,7 @@ def test_the_cpu_twin_is_written_and_runs_on_a_pc(built: tuple[str, Path]) -> No
                for f in parts)
     model = og.Model(str(twin))
     assert og.Tokenizer(model).encode("hello world").size > 0  # the export's tokenizer files came along
-    recorded = json.loads((d / "out" / SOCS[0] / arch / "genai_verify.json").read_text())["cpu_twin"]
+    recorded = json.loads((out / "genai_verify.json").read_text())["cpu_twin"]
     assert recorded["graphs"] == "qdq"
     assert _genai_tokens(model, _prompts(arch)[0], 32) == recorded["tokens"]
 
@@ -165,7 +179,8 @@ def test_the_cpu_twin_is_written_and_runs_on_a_pc(built: tuple[str, Path]) -> No
 @pytest.mark.parametrize("built", [a for a in EXPORTERS if a.endswith("_optimum")], indirect=True)
 def test_optimum_static_graphs_are_constant_shaped_and_decode_as_the_export(built: tuple[str, Path]) -> None:
     """torch.onnx's per-layer masks, run-time rotary (Sin/Cos) and shape arithmetic are gone from the static
-    graphs (rotary is a Gather from a table by position_ids), and the float graphs chained on the CPU decode the
+    graphs (rotary is a Gather from a table by position_ids; Gemma's export computes its positions from the past
+    length: the static graphs take them as position_ids), and the float graphs chained on the CPU decode the
     export's own greedy tokens, logits within 1e-4."""
     import onnx
 
@@ -176,7 +191,9 @@ def test_optimum_static_graphs_are_constant_shaped_and_decode_as_the_export(buil
     split = next(p for p in (d / "out" / ".ctxbuild" / "work" / "llm").glob(f"{arch}-*") if "-q" not in p.name)
     layout = Layout.read(split / "layout.json")
     for g in layout.graphs:
-        ops = {n.op_type for n in onnx.load(str(split / f"{g.name}.onnx"), load_external_data=False).graph.node}
+        graph = onnx.load(str(split / f"{g.name}.onnx"), load_external_data=False).graph
+        ops = {n.op_type for n in graph.node}
+        assert "position_ids" in {i.name for i in graph.input}  # every part: its layers' rotary
         assert not ops & {"Shape", "Sin", "Cos", "Range", "ConstantOfShape", "IsNaN", "Where", "Equal", "Cast",
                           "Identity", "Constant"}, (g.name, ops)
     run = pipeline.cpu_runner({(g.part, g.ar, g.cl): split / f"{g.name}.onnx" for g in layout.graphs})
@@ -246,6 +263,27 @@ def test_an_attention_whose_mask_cannot_be_told_is_refused(tmp_path: Path) -> No
     assert f"{tmp_path / 'q.yaml'}:1: model.onnx: attention Softmax " \
         "'/model/layers.0/self_attn/Softmax': cannot tell its mask from its scores" in line, line
     assert "export with optimum-cli" in line
+
+
+def test_positions_computed_from_no_past_length_are_refused(tmp_path: Path) -> None:
+    """Gemma's optimum export takes no position_ids: the static graphs take as position_ids what it computes from
+    the past length (transformers' cache_position, the Range the rotary reads). With that Range starting at 0
+    instead, no positions can be taken: exit 2 at plan time, one line naming the recipe and what to do."""
+    import onnx
+    from onnx import numpy_helper
+
+    export = tmp_path / "export"
+    shutil.copytree(EXPORTS / "gemma_optimum", export)
+    m = onnx.load(str(export / "model.onnx"))
+    positions = next(n for n in m.graph.node if n.name == "/model/Range")
+    delta = next(n for n in m.graph.node if n.output[0] == positions.input[2]).attribute[0].t
+    m.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(delta) * 0, "start_0"))
+    positions.input[0] = "start_0"
+    onnx.save(m, str(export / "model.onnx"))
+    line = _refusal(tmp_path)
+    assert f"{tmp_path / 'q.yaml'}:1: model.onnx: no position_ids input, and 0 Range(s) from the past length feed " \
+        "the rotary" in line, line
+    assert "export with position_ids as an input" in line
 
 
 def _refusal(tmp_path: Path) -> str:
