@@ -31,7 +31,8 @@ ARCHS = {
     # Phi-3: fused qkv_proj and gate_up_proj; Llama's special tokens. Gemma: pad 0, eos 1, bos 2 (its own
     # tokenizer's order), tied embedding scaled by sqrt(hidden), GELU-tanh MLP, RMSNorm weights as (1 + w).
     "phi3": dict(special=["<s>", "</s>", "<unk>"], bos="<s>", eos="</s>", add_bos=True),
-    "gemma": dict(special=["<pad>", "<eos>", "<bos>"], bos="<bos>", eos="<eos>", add_bos=True),
+    # Gemma at the others' 0.1 init decodes one id at every step (its embedding scale): 0.2 gives varied tokens.
+    "gemma": dict(special=["<pad>", "<eos>", "<bos>"], bos="<bos>", eos="<eos>", add_bos=True, init=0.2),
 }
 SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5)
@@ -82,7 +83,7 @@ def checkpoint(arch: str, out: Path, reuse_tokenizer: bool = False) -> None:
     torch.manual_seed(0)
     # Weights larger than the usual 0.02 init, so greedy decoding has clear winners (not float-noise ties).
     common = dict(SHAPE, vocab_size=ids["vocab"], bos_token_id=ids["bos"], eos_token_id=ids["eos"],
-                  initializer_range=0.1, torch_dtype="float32")
+                  initializer_range=ARCHS[arch].get("init", 0.1), torch_dtype="float32")
     if arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common, tie_word_embeddings=False))
     elif arch == "phi3":
