@@ -291,3 +291,19 @@ def test_a_contradicted_sibling_is_a_warning_naming_what_it_skipped(tmp_path) ->
         "`auto: {siblings: false}` searches SM8750 on its own"]
     search.write_text(json.dumps({"candidates": rows[1:]}))  # nothing skipped on it: nothing to say
     assert warnings(a) == []
+
+
+def test_an_htp_loss_on_a_sibling_carries_to_the_weights_only_variants() -> None:
+    """The fall detector's case on a second SoC: the first measured a16w8's loss and skipped a16w8-pc and a16w16
+    on it (never measured there); the second skips all three, naming the first's measurement, though its own
+    a16w8 result is a closed gate's placeholder."""
+    ladder = [{"name": "a16w8", "activations": "uint16", "weights": "uint8"},
+              {"name": "a16w8-pc", "activations": "uint16", "weights": "uint8", "per_channel": True},
+              {"name": "a16w16", "activations": "uint16", "weights": "int16"}]
+    rng = np.random.default_rng(0)
+    cpu = {n["name"]: _figures(rng, ["y", "s"], {"y": 50.0, "s": 44.0}) for n in ladder}
+    htp = _figures(rng, ["y", "s"], {"y": 21.5, "s": 1.5})
+    rows = walk([*cpu, "fp16"], cpu, {"a16w8": {"skipped": True}}, THR, rules(ladder), {"SM8650": {"a16w8": htp}})
+    assert [(r["state"], r.get("predicted_by")) for r in rows] == [
+        ("predicted_fail", "SM8650"), ("predicted_fail", "SM8650"), ("predicted_fail", "SM8650"), ("pending", None)]
+    assert rows[1]["why"].startswith("skipped: a16w8 lost 42.5 dB on the HTP (SM8650's measurement) against its CPU run")

@@ -60,9 +60,11 @@ def walk(names: list[str], screens: dict[str, Any], verifies: dict[str, Any], th
         if screen is not None and (why := cpu_rejection(screen, thr, predict["cpu_margin_db"])):
             rows.append({"name": n, "state": "rejected_cpu", "why": why})
             continue
-        # the HTP losses measured here, and on the trusted siblings where this target skipped the candidate
-        sources = {a: soc for soc, vs in trusted.items() for a, v in vs.items() if measured(v) and a not in verifies}
-        seen = {**{a: trusted[soc][a] for a, soc in sources.items()}, **verifies}
+        # the HTP losses measured here, and on the trusted siblings where this target skipped the candidate (its
+        # own result: a placeholder)
+        sources = {a: soc for soc, vs in trusted.items() for a, v in vs.items()
+                   if measured(v) and not measured(verifies.get(a))}
+        seen = {**verifies, **{a: trusted[soc][a] for a, soc in sources.items()}}
         if carried := carried_htp_loss(n, [r["name"] for r in rows], screens, seen, thr, predict, sources):
             rows.append({"name": n, "state": "predicted_fail", "why": carried[1],
                          **({"predicted_by": sources[carried[0]]} if carried[0] in sources else {})})
