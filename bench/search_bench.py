@@ -113,13 +113,25 @@ def cpu_vs_htp(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def replay(out: Path, earlier: list[Path]) -> dict[str, Any]:
+def installed(model: str) -> Path:
+    """A base run's model file, or the same file of this tree's installed packages when the base's environment
+    is gone (the runs outlive the worktrees that made them)."""
+    if Path(model).is_file():
+        return Path(model)
+    here = {locate(n).name: locate(n) for n in MODELS}
+    if Path(model).name not in here:
+        raise MissingModel(f"{model}: not found, and no model of bench/real_models/models.py has its name")
+    return here[Path(model).name]
+
+
+def replay(out: Path, earlier: list[Path], sibling_rule: bool = True) -> dict[str, Any]:
     """Counting mode: this tree's search walked over a base run's measurements, without a simulator. Its screens
     are measured again with this tree's screen (per output and slice, on the same samples); the walk then asks
     for results in gate order, and a verify it asks for counts with the simulator seconds the base run recorded
     (for a verify the base restored from its cache: those of the run with the same key in an `earlier` OUT).
     Valid while this tree runs a subset of the base's candidates: a result the base never made is `missing`.
-    Also returns the base's own simulator runs, counted the same way."""
+    Targets are walked in TARGETS order, each with the earlier ones' measurements as siblings (`sibling_rule`:
+    the recipe default, auto.siblings). Also returns the base's own simulator runs, counted the same way."""
     import numpy as np
 
     from ctxbuild.graph.modelio import load
@@ -146,14 +158,18 @@ def replay(out: Path, earlier: list[Path]) -> dict[str, Any]:
             return None  # the base never screened it (or is still at it)
         if spec["id"] not in screened:
             feeds = [dict(np.load(p)) for p in sorted(Path(spec["watch"][0]).glob("*.npz"))[:VERIFY]]
-            ref, got = cpu_outputs(Path(spec["inputs"]["original"]), feeds), cpu_outputs(Path(spec["inputs"]["model"]), feeds)
+            ref, got = cpu_outputs(installed(spec["inputs"]["original"]), feeds), cpu_outputs(Path(spec["inputs"]["model"]), feeds)
             res = {"outputs": compare(ref, got)}
             slices.annotate(res["outputs"], load(Path(spec["inputs"]["reference"]), external_data=False), None, ref, got, metrics)
             screened[spec["id"]] = res
         return screened[spec["id"]]
 
     targets = {}
-    for sel in (s for s in specs if s["kind"] == "select"):
+    measured: dict[str, dict[str, dict[str, Any]]] = {}  # recipe -> target -> its verifies: the later targets' siblings
+    selects = [s for s in specs if s["kind"] == "select"]
+    for sel in sorted(selects, key=lambda s: (s["id"].split("@")[0], TARGETS.index(s["target"]["name"]))):
+        recipe, target = sel["id"].removeprefix("select/").split("@")
+        siblings = measured.setdefault(recipe, {}) if sibling_rule else {}
         names = [c["name"] for c in sel["params"]["candidates"]]
         ladder = [{"name": c["name"], **c.get("quantization", {}), **({"precision": c["precision"]} if "precision" in c else {})}
                   for c in sel["params"]["candidates"]]
@@ -162,7 +178,7 @@ def replay(out: Path, earlier: list[Path]) -> dict[str, Any]:
         known_v: dict[str, Any] = {}
         runs, seconds, missing = [], 0.0, None
         while missing is None:
-            rows = walk(names, known_s, known_v, thr, predict)
+            rows = walk(names, known_s, known_v, thr, predict, dict(siblings))
             pending = next((r for r in rows if r["state"] == "pending"), None)
             if pending is None:
                 break
@@ -180,9 +196,12 @@ def replay(out: Path, earlier: list[Path]) -> dict[str, Any]:
             runs.append(n)
             seconds += simulator_s(v) or 0.0
         winner = next((r["name"] for r in rows if r["state"] == "passed"), None)
+        if sibling_rule:
+            siblings[target] = known_v
         targets[sel["id"]] = {"winner": winner, "simulator_runs": runs, "simulator_s": round(seconds, 1),
                               "states": {r["name"]: r["state"] for r in rows}, "missing": missing,
-                              "skipped": {r["name"]: r["why"] for r in rows if r["state"] in ("rejected_cpu", "predicted_fail")}}
+                              "skipped": {r["name"]: r["why"] for r in rows if r["state"] in ("rejected_cpu", "predicted_fail")},
+                              "disagrees": [r["disagrees"] for r in rows if "disagrees" in r]}
     base = [x for r in recs.values() if r["kind"] == "verify" and (x := simulator_s(r)) is not None]
     return {"targets": targets, "simulator_runs": sum(len(t["simulator_runs"]) for t in targets.values()),
             "simulator_s": round(sum(t["simulator_s"] for t in targets.values()), 1),
@@ -198,10 +217,11 @@ def main() -> int:
     ap.add_argument("--replay", metavar="OUT[,OUT...]", help="counting mode: this tree's search over the base run in "
                     "the first OUT (its measurements, no simulator; the others: earlier runs whose cache it restored), "
                     "against what the base ran; prints both and exits")
+    ap.add_argument("--no-siblings", action="store_true", help="replay with auto: {siblings: false}")
     args = ap.parse_args()
     if args.replay:
         out, *earlier = [Path(d) for d in args.replay.split(",")]
-        print(json.dumps({"base winners": counts(out)["winners"], **replay(out, earlier)}, indent=1))
+        print(json.dumps({"base winners": counts(out)["winners"], **replay(out, earlier, not args.no_siblings)}, indent=1))
         return 0
     names = args.models.split(",")
     try:

@@ -151,12 +151,13 @@ def _case_ladder(rng: np.random.Generator) -> tuple[list[dict], dict, dict]:
     return ladder, screens, {**verifies, "fp16": fp16}
 
 
-def _staged(names: list[str], screens: dict, verifies: dict, predict: dict) -> tuple[list[dict], int]:
+def _staged(names: list[str], screens: dict, verifies: dict, predict: dict,
+            siblings: dict | None = None) -> tuple[list[dict], int]:
     """The search as its gates run it: each step learns only the result the walk asks for next."""
     known_s: dict = {}
     known_v: dict = {}
     while True:
-        rows = walk(names, known_s, known_v, THR, predict)
+        rows = walk(names, known_s, known_v, THR, predict, siblings)
         pending = next((r for r in rows if r["state"] == "pending"), None)
         if pending is None:
             return rows, len(known_v)
@@ -207,3 +208,102 @@ def test_an_htp_loss_skips_the_weights_only_variants() -> None:
     # an early-stopped run's figures cover some samples only: no prediction from them
     rows = walk([*cpu, "fp16"], cpu, {"a16w8": {**htp, "early_stop": {"of": 4, "proof": "..."}}}, THR, rules(ladder))
     assert [r["state"] for r in rows] == ["failed", "pending"]
+
+
+def test_a_failure_on_a_sibling_soc_is_skipped_and_the_winner_verified() -> None:
+    """The second target of a recipe skips what the first measured failing (an early-stopped run too: its stop is
+    a proof) and names it; the first's winner and what it never measured run here; a refusal is not carried."""
+    good = {"outputs": {"y": {"cosine": 0.9999, "snr_db": 40.0}}}
+    htp_loss = {"outputs": {"y": {"cosine": 0.97, "snr_db": 15.2}}, "early_stop": {"of": 4, "proof": "after 2 sample(s) x"}}
+    refused = {"compile_refused": {"error": "QNN cannot run 1 node(s): fc1 (MatMul)", "nodes": []}, "outputs": {}}
+    screens = {n: good for n in "abcd"}
+    first = {"a": htp_loss, "b": refused, "c": good}
+    rows = walk(list("abcd"), screens, {}, THR, PREDICT, {"SM8650": first})
+    assert [r["state"] for r in rows] == ["predicted_fail", "pending"]
+    assert rows[0]["predicted_by"] == "SM8650" and rows[0]["why"] == (
+        "skipped: failed on SM8650's simulator, SNR 15.2 dB at output 'y' < 20 dB (stopped early: after 2 sample(s) "
+        "x); the sibling SoCs' simulators agree (predicted from SM8650's measurement)")
+    rows = walk(list("abcd"), screens, {"b": good, "c": good}, THR, PREDICT, {"SM8650": first})
+    assert [r["state"] for r in rows] == ["predicted_fail", "passed", "not_run", "not_run"]
+    assert not any("disagrees" in r for r in rows)
+    # without siblings (auto: {siblings: false}) the same walk verifies `a` here
+    assert state_of(walk(list("abcd"), screens, {}, THR, PREDICT), "a") == "pending"
+
+
+def test_a_sibling_contradicted_here_is_no_longer_trusted() -> None:
+    """The first target's winner fails here: the row says how the SoCs differ and the later candidates are
+    decided by this target's own runs (the sibling's failure of `c` no longer skips it)."""
+    good = {"outputs": {"y": {"cosine": 0.9999, "snr_db": 40.0}}}
+    bad = {"outputs": {"y": {"cosine": 0.98, "snr_db": 18.0}}}
+    screens = {n: good for n in "abc"}
+    first = {"a": bad, "b": good, "c": bad}
+    rows = walk(list("abc"), screens, {"b": bad}, THR, PREDICT, {"SM8650": first})
+    assert [r["state"] for r in rows] == ["predicted_fail", "failed", "pending"]
+    assert rows[1]["disagrees"] == "b failed here at 18.0 dB where SM8650's simulator passed it at 40.0 dB"
+    # both pass, figures apart by more than the tolerance: the same
+    close = {"outputs": {"y": {"cosine": 0.9999, "snr_db": 39.8}}}
+    far = {"outputs": {"y": {"cosine": 0.9999, "snr_db": 30.0}}}
+    assert "disagrees" not in walk(list("abc"), screens, {"b": close}, THR, PREDICT, {"SM8650": first})[1]
+    assert "disagrees" in walk(list("abc"), screens, {"b": far}, THR, PREDICT, {"SM8650": first})[1]
+
+
+def test_siblings_that_agree_never_change_a_winner() -> None:
+    """400 random ladders on two targets whose simulators agree (as measured on v73/v75/v79): the second target's
+    staged search with the first's measurements as siblings picks the winner its own full ladder gives, with
+    fewer simulator runs in total."""
+    rng = np.random.default_rng(9)
+    alone = together = fired = 0
+    for trial in range(400):
+        ladder, screens, verifies = _case_ladder(rng)
+        names = [c["name"] for c in ladder] + ["fp16"]
+        truth = next((n for n in names if not failures({**verifies[n], "thresholds": THR})), None)
+        first, runs_first = _staged(names, screens, verifies, rules(ladder))
+        measured = {r["name"]: verifies[r["name"]] for r in first if r["state"] in ("passed", "failed")}
+        second, runs_second = _staged(names, screens, verifies, rules(ladder), {"A": measured})
+        winner = next((r["name"] for r in second if r["state"] == "passed"), None)
+        assert winner == truth, (trial, second)
+        assert runs_second <= (1 if truth else runs_first)  # at most the winner: every failure was measured on A
+        alone += 2 * runs_first
+        together += runs_first + runs_second
+        fired += sum("predicted_by" in r for r in second)
+    assert together < 0.85 * alone and fired > 200, (together, alone, fired)
+
+
+def test_a_contradicted_sibling_is_a_warning_naming_what_it_skipped(tmp_path) -> None:
+    """What ships is verified on its own SoC; the candidates skipped on the contradicted sibling's measurement
+    are named with the way to search this SoC on its own."""
+    import json
+
+    from ctxbuild.actions.select import warnings
+    from ctxbuild.plan.action import Action
+
+    rows = [{"name": "a16w8", "state": "predicted_fail", "predicted_by": "SM8650"},
+            {"name": "a16w8-pc", "state": "failed", "disagrees": "a16w8-pc failed here at 18.0 dB where SM8650's "
+                                                                 "simulator passed it at 21.8 dB"},
+            {"name": "a16w16", "state": "passed"}]
+    search = tmp_path / "search.json"
+    search.write_text(json.dumps({"candidates": rows}))
+    a = Action(id="select/m@SM8750", kind="select", description="select m@SM8750 (3 candidates)", inputs={},
+               outputs={"search": str(search)}, params={}, target={"name": "SM8750"})
+    assert warnings(a) == [
+        "select m@SM8750 (3 candidates): a16w8-pc failed here at 18.0 dB where SM8650's simulator passed it at 21.8 dB: "
+        "the SoCs' simulators differ on this model; a16w8 (skipped on SM8650's measurement) not verified on SM8750; "
+        "`auto: {siblings: false}` searches SM8750 on its own"]
+    search.write_text(json.dumps({"candidates": rows[1:]}))  # nothing skipped on it: nothing to say
+    assert warnings(a) == []
+
+
+def test_an_htp_loss_on_a_sibling_carries_to_the_weights_only_variants() -> None:
+    """The fall detector's case on a second SoC: the first measured a16w8's loss and skipped a16w8-pc and a16w16
+    on it (never measured there); the second skips all three, naming the first's measurement, though its own
+    a16w8 result is a closed gate's placeholder."""
+    ladder = [{"name": "a16w8", "activations": "uint16", "weights": "uint8"},
+              {"name": "a16w8-pc", "activations": "uint16", "weights": "uint8", "per_channel": True},
+              {"name": "a16w16", "activations": "uint16", "weights": "int16"}]
+    rng = np.random.default_rng(0)
+    cpu = {n["name"]: _figures(rng, ["y", "s"], {"y": 50.0, "s": 44.0}) for n in ladder}
+    htp = _figures(rng, ["y", "s"], {"y": 21.5, "s": 1.5})
+    rows = walk([*cpu, "fp16"], cpu, {"a16w8": {"skipped": True}}, THR, rules(ladder), {"SM8650": {"a16w8": htp}})
+    assert [(r["state"], r.get("predicted_by")) for r in rows] == [
+        ("predicted_fail", "SM8650"), ("predicted_fail", "SM8650"), ("predicted_fail", "SM8650"), ("pending", None)]
+    assert rows[1]["why"].startswith("skipped: a16w8 lost 42.5 dB on the HTP (SM8650's measurement) against its CPU run")

@@ -275,3 +275,42 @@ def test_hopeless_search_stops_at_the_first_refusal(tree: Path, tmp_path: Path, 
     assert _compiled(out) == {"compile/nz.a16w8@SM8650"}
     line = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED select/nz@SM8650"))
     assert "compile.cpu_fallback: true" in line, line
+
+
+def test_a_later_target_skips_what_an_earlier_one_measured_failing(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """Two SoCs: SM8650 measures a16w8 failing (34.4 dB < 36) and a16w8-pc passing; SM8750 skips a16w8 on that
+    measurement (never compiled), verifies a16w8-pc itself and agrees. `auto: {siblings: false}` plans each
+    target on its own."""
+    body = HEAD + "precision: auto\ntargets: [SM8650, SM8750]\nverify: {min_snr_db: 36}\nauto: {mixed: false, fp16: false}\n"
+    _only(tree, {"auto": body})
+    r = ctxbuild("plan", str(tree), "--format", "json")
+    acts = {a["id"]: a for a in json.loads(r.out)["actions"]}
+    admit = acts["search_step/auto.a16w8-pc@SM8750"]
+    assert admit["params"]["siblings"] == {"SM8750": ["SM8650"]}
+    assert {"verify.SM8650.a16w8", "verify.SM8650.a16w8-pc"} <= set(admit["inputs"])
+    assert acts["select/auto@SM8750"]["params"]["siblings"] == ["SM8650"]
+
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    assert _compiled(out) == {"compile/auto.a16w8@SM8650", "compile/auto.a16w8-pc@SM8650", "compile/auto.a16w8-pc@SM8750"}
+    first = json.loads((out / "SM8650" / "auto" / "auto_search.json").read_text())
+    second = json.loads((out / "SM8750" / "auto" / "auto_search.json").read_text())
+    assert [c["state"] for c in first["candidates"]] == ["failed", "passed", "not_run"]
+    assert [c["state"] for c in second["candidates"]] == ["predicted_fail", "passed", "not_run"]
+    skipped = second["candidates"][0]
+    assert skipped["predicted_by"] == "SM8650" and skipped["note"].startswith("skipped: failed on SM8650's simulator")
+    assert "disagrees" not in second["candidates"][1] and first["winner"] == second["winner"] == "a16w8-pc"
+    assert records(out)["verify/auto.a16w8@SM8750"]["result"] == {"skipped": True}
+    assert "ctxbuild: auto@SM8750: not compiled, failed on a sibling SoC's simulator: a16w8 (SM8650's measurement)" \
+        in r.out.splitlines()  # the summary
+    row = next(x for x in json.loads((out / "report.json").read_text())["rows"]
+               if x["recipe"] == "auto" and x["target"]["name"] == "SM8750")
+    assert row["search"]["candidates"][0]["predicted_by"] == "SM8650"
+    assert "(predicted from SM8650" in (out / "report.html").read_text()
+
+    (tree / "auto.yaml").write_text(body.replace("mixed: false", "mixed: false, siblings: false"))
+    r = ctxbuild("plan", str(tree), "--format", "json")
+    acts = {a["id"]: a for a in json.loads(r.out)["actions"]}
+    assert acts["search_step/auto.a16w8-pc@SM8750"]["params"]["siblings"] == {}
+    assert not any(k.startswith("verify.SM8650.") for k in acts["search_step/auto.a16w8-pc@SM8750"]["inputs"])

@@ -26,8 +26,9 @@ def run(ctx: Any) -> None:
     p = a.params
     states, whys = [], []
     for target, ladder in p["ladders"].items():
+        siblings = {s: known(a.inputs, f"verify.{s}.", ladder) for s in p["siblings"].get(target, [])}
         rows = walk(ladder, known(a.inputs, "screen.", ladder), known(a.inputs, f"verify.{target}.", ladder),
-                    p["thresholds"], p["predict"])
+                    p["thresholds"], p["predict"], siblings)
         states.append(state_of(rows, p["candidate"]) if p["candidate"] in ladder else "not_run")
         whys += [f"{target}: {r['why']}" for r in rows if r["name"] == p["candidate"] and r.get("why")]
     run_it = any(s == "pending" for s in states)

@@ -1,7 +1,9 @@
 """select: the precision search's decision for one target. Walks the ladder over every candidate's CPU screen
 and verification (verify/ladder.py, the walk the search's gates made), picks the first that meets the thresholds, and places its `_ctx.onnx`/`.bin` at the normal
 output paths, with `<recipe>_verify.json` (the winner's metrics) and `<recipe>_search.json` (every candidate).
-Its only parameters besides the ladder are the thresholds: changing them re-decides without recompiling."""
+Its only parameters besides the ladder are the thresholds: changing them re-decides without recompiling.
+A candidate skipped on a sibling SoC's measurement names that SoC in its row (`predicted_by`); when this
+target's own run contradicts a sibling's (`disagrees`), the build warns and names what was skipped."""
 from __future__ import annotations
 
 import json
@@ -11,6 +13,7 @@ from typing import Any
 
 from ctxbuild.plan.action import Action
 from ctxbuild.errors import ActionError
+from ctxbuild.actions.search_step import known
 from ctxbuild.actions.compile import partition_names
 from ctxbuild.recipes.quantization import FP16_RUNG, settings as quantization_settings
 from ctxbuild.verify.ladder import walk
@@ -29,12 +32,13 @@ def run(ctx: Any) -> None:
     names = [c["name"] for c in a.params["candidates"]]
     read = {n: json.loads(Path(a.inputs[f"{n}.result"]).read_text()) for n in names}
     screens = {n: json.loads(Path(a.inputs[f"{n}.screen"]).read_text()) for n in names if f"{n}.screen" in a.inputs}
-    walked = {r["name"]: r for r in walk(names, screens, read, thr, a.params["predict"])}
+    siblings = {s: known(a.inputs, f"sibling.{s}.", names) for s in a.params["siblings"]}
+    walked = {r["name"]: r for r in walk(names, screens, read, thr, a.params["predict"], siblings)}
     rows = []
     for c in a.params["candidates"]:
         name, res, step = c["name"], read[c["name"]], walked[c["name"]]
         row = {"name": name, **{k: c[k] for k in ("quantization", "precision") if k in c}, "state": step["state"],
-               **decided(a.inputs, name)}
+               **decided(a.inputs, name), **{k: step[k] for k in ("predicted_by", "disagrees") if k in step}}
         if step["state"] in ("rejected_cpu", "predicted_fail", "not_run"):  # never compiled: the walk says why
             rows.append({**row, "passed": False, "failures": [step["why"]], "note": step["why"], "bin_size": None,
                          "outputs": {}, **({"cpu_screen": screens[name]["outputs"]} if step["state"] == "rejected_cpu" else {})})
@@ -60,6 +64,20 @@ def run(ctx: Any) -> None:
     result = {**read[winner], "thresholds": thr, "passed": True, "candidate": winner,
               "method": f"direct (precision search: {winner})"}
     ctx.tmp_output("result").write_text(json.dumps(result, indent=2, sort_keys=True))
+
+
+def warnings(action: Action) -> list[str]:
+    """A sibling SoC's measurement contradicted here: the candidates skipped on it were not verified on this one."""
+    search = json.loads(Path(action.outputs["search"]).read_text())
+    rows = search["candidates"]
+    odd = next((r for r in rows if r.get("disagrees")), None)
+    skipped = {r["name"]: r["predicted_by"] for r in rows if r.get("predicted_by")}
+    if odd is None or not skipped:
+        return []
+    t = action.target["name"]
+    return [f"{action.description}: {odd['disagrees']}: the SoCs' simulators differ on this model; "
+            + ", ".join(f"{n} (skipped on {soc}'s measurement)" for n, soc in skipped.items())
+            + f" not verified on {t}; `auto: {{siblings: false}}` searches {t} on its own"]
 
 
 def decided(inputs: dict[str, str], name: str) -> dict[str, Any]:

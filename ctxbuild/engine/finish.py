@@ -46,9 +46,10 @@ def finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, st
         for w in dict.fromkeys(w for r in ran for w in r.get("cache_warnings") or []):
             print(f"ctxbuild: warning: {w}", file=sys.stderr)
     if opts.summary and not opts.console.quiet and not opts.console.json:
-        from ctxbuild.outputs.summary import pins, rewrites
+        from ctxbuild.outputs.summary import pins, rewrites, sibling_skips
 
-        for line in rewrites(ran) + pins(ran):  # one per model legalization rewrote; a mixed answer to pin
+        # one per model legalization rewrote; a mixed answer to pin; a search's skips on a sibling SoC's measurement
+        for line in rewrites(ran) + pins(ran) + sibling_skips(ran):
             print(line)
     if rc != 0:
         for r in failed:  # each failure once: ninja's FAILED header and the action's own error line are not shown

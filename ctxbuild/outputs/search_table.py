@@ -29,7 +29,7 @@ def with_costs(search: dict[str, Any], actions: dict[str, dict[str, str]],
         rows.append({"name": c["name"], "passed": c["passed"], "winner": c["name"] == search.get("winner"),
                      "outputs": c["outputs"], "bin_size": c["bin_size"], "failures": c.get("failures", []),
                      "compile_refused": c.get("compile_refused"), "note": c.get("note"), "state": c.get("state"),
-                     "blamed": c.get("blamed"),
+                     "blamed": c.get("blamed"), "predicted_by": c.get("predicted_by"), "disagrees": c.get("disagrees"),
                      "seconds": seconds, "total_seconds": round(sum(known), 3) if known else None})
     return {"winner": search.get("winner"), "thresholds": search.get("thresholds"), "candidates": rows,
             "skipped": search.get("skipped", []), "pin": search.get("pin")}

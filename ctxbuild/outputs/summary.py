@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ctxbuild.outputs.search_table import search_of
+
 
 def document(out: Path, returncode: int, *, noop: bool = False) -> dict[str, Any]:
     """The build's results. `noop`: nothing ran (the accuracy is the last build's, still current)."""
@@ -112,6 +114,21 @@ def pins(records: list[dict[str, Any]]) -> list[str]:
         lines.append(f"ctxbuild: {r['id'].removeprefix('select/')}: the search's answer keeps "
                      f"{', '.join(winner.get('blamed') or [])} at higher precision; to pin it, put in the recipe:")
         lines += ["    " + ln for ln in search["pin"].splitlines()]
+    return lines
+
+
+def sibling_skips(records: list[dict[str, Any]]) -> list[str]:
+    """Per precision search this build decided that skipped candidates on an earlier target's measurement: which,
+    and whose (the rows of `<recipe>_search.json` say why)."""
+    lines = []
+    for r in sorted(records, key=lambda r: r["id"]):
+        by: dict[str, list[str]] = {}
+        for c in (search_of(r) or {}).get("candidates", []) if r.get("kind") == "select" else []:
+            if c.get("predicted_by"):
+                by.setdefault(c["predicted_by"], []).append(c["name"])
+        if by:
+            lines.append(f"ctxbuild: {r['id'].removeprefix('select/')}: not compiled, failed on a sibling SoC's "
+                         "simulator: " + "; ".join(f"{', '.join(n)} ({soc}'s measurement)" for soc, n in by.items()))
     return lines
 
 

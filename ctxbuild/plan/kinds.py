@@ -277,6 +277,7 @@ class SearchStepParams(TypedDict):
     ladders: dict[str, list[str]]  # target -> its candidates in ladder order
     thresholds: dict[str, float]
     predict: dict[str, Any]  # the skipping rules' parameters (verify/predict.rules)
+    siblings: dict[str, list[str]]  # target -> the earlier targets whose failures it skips
 
 
 class SearchStep(Kind):
@@ -321,6 +322,7 @@ class SelectParams(TypedDict):
     skipped: list[dict[str, str]]
     graphs: list[str]
     precision: str
+    siblings: list[str]  # the earlier targets whose failures this one skips (their verifies: sibling.<target>.<name>)
 
 
 class Select(Kind):

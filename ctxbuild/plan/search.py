@@ -11,6 +11,11 @@ ninja keeps -j parallelism across models and targets, a rebuild is a no-op and e
 the cache. Thresholds are parameters of the steps, the candidate verifies (early stop) and select only:
 a threshold change never recompiles what ran; it may open a gate that was closed. See docs/recipes.md.
 
+Targets are searched in the recipe's order, each later one behind the earlier ones (`siblings`): a candidate
+that failed on an earlier target's simulator is skipped on the later ones (verify/predict.sibling_failure), so
+their gates also read the earlier targets' verifies of the candidates up to theirs. `auto: {siblings: false}`
+searches every target on its own.
+
 The ladder ends with the fp16 rung (recipes/quantization.FP16_RUNG, unless `auto: {fp16: false}`): the prepared
 model compiled with enable_htp_fp16_precision, with no quantize, no screen and no `need` step; its `admit` gates
 open only when every integer candidate before it failed on that target.
@@ -48,6 +53,8 @@ def search_actions(recipe: Recipe, out: Path) -> list[Action]:
             raise_no_candidate(recipe, t, skipped[t.name])
     min_cos, min_snr = thresholds(recipe)
     thr = {"min_cosine": min_cos, "min_snr_db": min_snr}
+    names = [t.name for t in recipe.targets]
+    siblings = {t: names[:i] for i, t in enumerate(names) if i and recipe.search_siblings}
     screens: dict[str, Action] = {}
     verifies: dict[tuple[str, str], Action] = {}
     candidates: dict[str, list[tuple[dict[str, Any], Action, Action]]] = {t.name: [] for t in recipe.targets}
@@ -63,14 +70,15 @@ def search_actions(recipe: Recipe, out: Path) -> list[Action]:
             for t in users:
                 d = work / "search" / t.name / recipe.name / n
                 c, v, admit = _fp16_candidate(recipe, Built(g, prepared, prepared), t, out, d, upto[t.name],
-                                              screens, verifies, thr)
+                                              screens, verifies, thr, siblings)
                 verifies[(t.name, n)] = v
                 acts += [*admit, c, v]
                 candidates[t.name].append((s, c, v))
             continue
         need = None
         if any(len(lad) > 1 for lad in upto.values()):  # first for no target: needed unless an earlier one passes
-            need = _step(recipe, "need", n, upto, screens, verifies, thr, work / "search-cpu" / recipe.name / n)
+            need = _step(recipe, "need", n, upto, screens, verifies, thr, siblings,
+                         work / "search-cpu" / recipe.name / n)
             acts.append(need)
         gate = need.outputs["gate"] if need else None
         if is_mixed(s):  # its settings: the culprits action's answer, which gates its quantize and screen
@@ -86,7 +94,7 @@ def search_actions(recipe: Recipe, out: Path) -> list[Action]:
         acts += [q, screens[n]]
         for t in users:
             d = work / "search" / t.name / recipe.name / n
-            admit = _step(recipe, "admit", n, {t.name: upto[t.name]}, screens, verifies, thr, d, t)
+            admit = _step(recipe, "admit", n, {t.name: upto[t.name]}, screens, verifies, thr, siblings, d, t)
             c = compile_action(recipe, built, t, d, candidate=n)
             v = verify_action(recipe, built, t, c, out, method="direct", candidate=n)
             c.inputs["gate"] = v.inputs["gate"] = admit.outputs["gate"]
@@ -95,7 +103,11 @@ def search_actions(recipe: Recipe, out: Path) -> list[Action]:
             acts += [admit, c, v]
             candidates[t.name].append((s, c, v))
     for t in recipe.targets:
-        acts.append(_select(recipe, t, out, candidates[t.name], skipped[t.name], screens, thr, settings_of))
+        # what the earlier targets measured: the source of this target's skips and of its agreement check
+        measured = {f"sibling.{s}.{n}": v.outputs["result"] for (s, n), v in verifies.items()
+                    if s in siblings.get(t.name, [])}
+        acts.append(_select(recipe, t, out, candidates[t.name], skipped[t.name], screens, thr, settings_of,
+                            siblings.get(t.name, []), measured))
     return acts
 
 
@@ -129,7 +141,7 @@ def _culprits(recipe: Recipe, b: Built, n: str, ladders: dict[str, list[str]], s
 
 def _fp16_candidate(recipe: Recipe, built: Built, t: Target, out: Path, d: Path, ladder: list[str],
                     screens: dict[str, Action], verifies: dict[tuple[str, str], Action],
-                    thr: dict[str, float]) -> tuple[Action, Action, list[Action]]:
+                    thr: dict[str, float], siblings: dict[str, list[str]]) -> tuple[Action, Action, list[Action]]:
     """The fp16 rung on target `t`: the prepared model compiled and verified as `precision: fp16` plans it
     (plan/steps.py), gated by an `admit` over the integer candidates before it (none: it is the whole ladder)."""
     fp16 = replace(recipe, precision="fp16")  # enable_htp_fp16_precision, and fp16's memory model
@@ -138,7 +150,7 @@ def _fp16_candidate(recipe: Recipe, built: Built, t: Target, out: Path, d: Path,
     v.params["early_stop"] = thr
     if len(ladder) == 1:
         return c, v, []
-    admit = _step(recipe, "admit", ladder[-1], {t.name: ladder}, screens, verifies, thr, d, t)
+    admit = _step(recipe, "admit", ladder[-1], {t.name: ladder}, screens, verifies, thr, siblings, d, t)
     c.inputs["gate"] = v.inputs["gate"] = admit.outputs["gate"]
     return c, v, [admit]
 
@@ -152,18 +164,24 @@ def raise_no_candidate(recipe: Recipe, t: Target, skipped: list[dict[str, str]])
 
 
 def _step(recipe: Recipe, mode: str, n: str, ladders: dict[str, list[str]], screens: dict[str, Action],
-          verifies: dict[tuple[str, str], Action], thr: dict[str, float], d: Path, t: Target | None = None) -> Action:
-    """A gate for candidate `n`: from the screens (up to `n` itself when admitting) and the verifies before it."""
+          verifies: dict[tuple[str, str], Action], thr: dict[str, float], siblings: dict[str, list[str]], d: Path,
+          t: Target | None = None) -> Action:
+    """A gate for candidate `n`: from the screens (up to `n` itself when admitting), the verifies before it,
+    and the sibling targets' verifies of the candidates the walk decides (`n` itself when admitting)."""
     inputs = {}
     for target, ladder in ladders.items():
         for j in ladder[:-1]:
             inputs[f"verify.{target}.{j}"] = verifies[(target, j)].outputs["result"]
-        for j in ladder if mode == "admit" else ladder[:-1]:
+        decided = ladder if mode == "admit" else ladder[:-1]
+        for j in decided:
             if j in screens:  # not the fp16 rung: it has no screen
                 inputs[f"screen.{j}"] = screens[j].outputs["result"]
+            for s in siblings.get(target, []):
+                if (s, j) in verifies:  # not a candidate the sibling's arch cannot run
+                    inputs[f"verify.{s}.{j}"] = verifies[(s, j)].outputs["result"]
     where = f"@{t.name}" if t else ""
     params = {"mode": mode, "candidate": n, "ladders": ladders, "thresholds": thr,
-              "predict": rules(recipe.quantization)}
+              "predict": rules(recipe.quantization), "siblings": {k: v for k, v in siblings.items() if k in ladders}}
     return Action(id=f"search_step/{recipe.name}.{n}{where}", kind="search_step",
                   description=f"search {recipe.name}{where}: {mode} {n}?", inputs=inputs,
                   outputs={"gate": str(d / f"{mode}.json")}, params=params,
@@ -185,7 +203,7 @@ def _screen(recipe: Recipe, b: Built, d: Path, gate: str | None) -> Action:
 
 def _select(recipe: Recipe, t: Target, out: Path, candidates: list[tuple[dict[str, Any], Action, Action]],
             skipped: list[dict[str, str]], screens: dict[str, Action], thr: dict[str, float],
-            settings_of: dict[str, str]) -> Action:
+            settings_of: dict[str, str], siblings: list[str], measured: dict[str, str]) -> Action:
     d = out / t.name / recipe.name
     outputs = {"ctx": str(d / f"{recipe.name}_ctx.onnx")}
     if not recipe.compile.embed:
@@ -205,8 +223,9 @@ def _select(recipe: Recipe, t: Target, out: Path, candidates: list[tuple[dict[st
         # No action ids here: they hash paths (OUT, the model's), and params are the select's key.
         table.append({"name": n, **({"precision": s["precision"]} if is_fp16(s) or is_mixed(s) else
                                     {"quantization": {k: x for k, x in s.items() if k != "name"}})})
+    inputs.update(measured)
     params = {"thresholds": thr, "predict": rules(recipe.quantization), "candidates": table,
-              "skipped": skipped, "graphs": [recipe.graphs[0].name], "precision": "auto"}
+              "skipped": skipped, "graphs": [recipe.graphs[0].name], "precision": "auto", "siblings": siblings}
     return Action(id=f"select/{recipe.name}@{t.name}", kind="select",
                   description=f"select {recipe.name}@{t.name} ({len(candidates)} candidates)", inputs=inputs,
                   outputs=outputs, params=params, target=t.as_dict(), **common_params(recipe))

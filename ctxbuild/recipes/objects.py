@@ -74,6 +74,8 @@ class Recipe:
     def toolchain(self) -> str | None:
         return self.toolchains[0]
     rewrite: bool | list[str] = True  # prepare.rewrite: the legalization rules (graph/legalize), all by default
+    # precision: auto: a later target skips the candidates an earlier one measured failing (`auto: {siblings: false}`)
+    search_siblings: bool = True
     # `package: true`: the model package's name (the recipe's own, which its toolchain variants share); None: none
     package: str | None = None
 

@@ -108,7 +108,8 @@ def parse_recipe(f: Path, data: LineDict, merged: dict[str, Any], groups: dict[s
                   package=_package(f, data, merged, name, "adapters" if adapters else None),
                   **toolchains.parse(f, data, merged, group_toolchains, {
                       "multi_soc": at("multi_soc") if merged.get("multi_soc") else None}),
-                  rewrite=(merged.get("prepare") or {}).get("rewrite", True))
+                  rewrite=(merged.get("prepare") or {}).get("rewrite", True),
+                  search_siblings=(merged.get("auto") or {}).get("siblings", True))
 
 
 def parse_runtimes(f: Path, data: LineDict, merged: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[dict[str, str]]:

@@ -11,6 +11,14 @@ slice of a concatenated output (verify/slices.py), as the verdict does (measure.
   QDQ model, another weight quantization recovered at most `HTP_RECOVERY_DB` of the shortfall (measured on
   the same models), so its own CPU figure minus the shortfall plus that bound must still reach the threshold.
 
+- A failure on a sibling SoC carries over: the targets of one recipe compile the same QDQ model with the same
+  toolchain, and the simulators of v73, v75 and v79 measured the same figures for every candidate both ran
+  (docs/measured.md, "Sibling SoCs"). A candidate that failed on an earlier target's simulator is skipped on the
+  later ones; what ships is still verified on its own SoC. When a later target's own run of a candidate
+  disagrees with the sibling's (another verdict, or the worst SNR more than `SIBLING_TOLERANCE_DB` apart), the
+  rule is off from that candidate on, and the candidates it skipped before are named in a warning (they cannot
+  run in the same build: their gates closed before the disagreement was measured).
+
 The constants are parameters of the gates (plan/search.py puts them in the search_step and select params):
 changing one re-decides, it never leaves a stale gate.
 """
@@ -19,6 +27,8 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from ctxbuild.digests import canonical_json
+from ctxbuild.verify.gates import is_skipped
+from ctxbuild.verify.measure import failures
 
 # The simulator above the CPU EP on the same QDQ model: at most +1.6 dB measured (tiny_cnn a16w8-pc; PP-OCR and
 # the detectors +0.6 dB), -22 dB at the other end. The margin covers the largest "above" with room.
@@ -26,6 +36,9 @@ CPU_MARGIN_DB = 2.5
 # Of an HTP shortfall (simulator minus CPU, same QDQ model), how much another weight quantization won back: at
 # most 6.1 dB measured (the PP-OCR classifier, a16w8 -5.9 dB -> a16w8-pc +0.2 dB); a16w16 always lost more.
 HTP_RECOVERY_DB = 10.0
+# Two SoCs' simulators agree on a candidate when their worst SNRs are this close (and their verdicts equal):
+# measured 0.000 dB apart on every candidate both ran (v73/v75/v79, docs/measured.md).
+SIBLING_TOLERANCE_DB = 0.5
 # Settings that make a candidate a weights-only variant of another (recipes/quantization.settings' keys).
 WEIGHT_SETTINGS = frozenset({"name", "weights", "per_channel", "weight_symmetric"})
 
@@ -34,7 +47,8 @@ def rules(quantization: list[dict[str, Any]]) -> dict[str, Any]:
     """The prediction parameters for a ladder: the margins and each integer candidate's weights-only group."""
     groups = {s["name"]: canonical_json({k: v for k, v in s.items() if k not in WEIGHT_SETTINGS}).decode()
               for s in quantization if "precision" not in s}
-    return {"cpu_margin_db": CPU_MARGIN_DB, "htp_recovery_db": HTP_RECOVERY_DB, "weight_variants": groups}
+    return {"cpu_margin_db": CPU_MARGIN_DB, "htp_recovery_db": HTP_RECOVERY_DB, "weight_variants": groups,
+            "sibling_tolerance_db": SIBLING_TOLERANCE_DB}
 
 
 def parts(result: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -63,9 +77,11 @@ def cpu_rejection(screen: dict[str, Any], thr: dict[str, float], margin_db: floa
 
 
 def carried_htp_loss(name: str, earlier: list[str], screens: dict[str, Any], verifies: dict[str, Any],
-                     thr: dict[str, float], predict: dict[str, Any]) -> str | None:
-    """Why an HTP loss measured on an earlier weights-only variant of `name` leaves it no chance, or None.
-    Only a completed simulator run counts (an early-stopped one has figures over some samples)."""
+                     thr: dict[str, float], predict: dict[str, Any], sources: dict[str, str] | None = None
+                     ) -> tuple[str, str] | None:
+    """(the variant, why) when an HTP loss measured on an earlier weights-only variant of `name` leaves it no
+    chance, or None. Only a completed simulator run counts (an early-stopped one has figures over some samples).
+    `sources`: the variants measured on a sibling SoC -> that SoC (named in the reason)."""
     groups = predict.get("weight_variants", {})
     mine = screens.get(name)
     if name not in groups or not mine or mine.get("error"):
@@ -82,7 +98,48 @@ def carried_htp_loss(name: str, earlier: list[str], screens: dict[str, Any], ver
             shortfall = cpu[where]["snr_db"] - m["snr_db"]
             best = own[where]["snr_db"] - shortfall + predict["htp_recovery_db"]
             if best < thr["min_snr_db"]:
-                return (f"skipped: {a} lost {shortfall:.1f} dB on the HTP against its CPU run at {where}; "
-                        f"{predict['htp_recovery_db']:g} dB of that back would still leave {name} at "
-                        f"{best:.1f} dB < {thr['min_snr_db']:g} dB")
+                on = f" ({(sources or {})[a]}'s measurement)" if a in (sources or {}) else ""
+                return a, (f"skipped: {a} lost {shortfall:.1f} dB on the HTP{on} against its CPU run at {where}; "
+                           f"{predict['htp_recovery_db']:g} dB of that back would still leave {name} at "
+                           f"{best:.1f} dB < {thr['min_snr_db']:g} dB")
+    return None
+
+
+def measured(v: dict[str, Any] | None) -> bool:
+    """A simulator run's figures (complete or stopped early): not a placeholder, not a refusal."""
+    return bool(v) and not is_skipped(v) and not v.get("compile_refused") and bool(v.get("outputs"))
+
+
+def worst_snr(result: dict[str, Any]) -> tuple[float, str]:
+    """The lowest SNR over every output and slice, and where."""
+    return min((m["snr_db"], where) for where, m in parts(result))
+
+
+def sibling_failure(name: str, siblings: dict[str, dict[str, Any]], thr: dict[str, float]) -> tuple[str, str] | None:
+    """(sibling, why) when an earlier target of the recipe (`siblings`: target -> its verifies) measured `name`
+    failing on its simulator, or None. An early-stopped run counts: its stop is a proof that it fails."""
+    for soc, verifies in siblings.items():
+        v = verifies.get(name)
+        if measured(v) and failures({**v, "thresholds": thr}):
+            snr, where = worst_snr(v)
+            cut = f" (stopped early: {v['early_stop']['proof']})" if "early_stop" in v else ""
+            return soc, (f"skipped: failed on {soc}'s simulator, SNR {snr:.1f} dB at {where} < {thr['min_snr_db']:g} "
+                         f"dB{cut}; the sibling SoCs' simulators agree (predicted from {soc}'s measurement)")
+    return None
+
+
+def sibling_disagreement(name: str, mine: dict[str, Any], siblings: dict[str, dict[str, Any]], thr: dict[str, float],
+                         tolerance_db: float) -> str | None:
+    """How this target's own run of `name` contradicts a sibling's run of it, or None. Figures are compared only
+    between complete runs (an early-stopped one covers some samples); verdicts always."""
+    for soc, verifies in siblings.items():
+        v = verifies.get(name)
+        if not measured(v) or not measured(mine):
+            continue
+        here, there = not failures({**mine, "thresholds": thr}), not failures({**v, "thresholds": thr})
+        (a, _), (b, _) = worst_snr(mine), worst_snr(v)
+        complete = "early_stop" not in mine and "early_stop" not in v
+        if here != there or complete and abs(a - b) > tolerance_db:
+            return (f"{name} {'passed' if here else 'failed'} here at {a:.1f} dB where {soc}'s simulator "
+                    f"{'passed' if there else 'failed'} it at {b:.1f} dB")
     return None
