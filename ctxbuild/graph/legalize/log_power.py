@@ -8,10 +8,10 @@ smallest normal (6.1e-5) to 0. The floor itself is 0 in fp16 (1e-10 is below its
 the HTP's Log(0) is -7.6, not -inf: silence and quiet bins come out louder than the speech around them (onnx-asr's
 Whisper front end at fp16: cosine -0.62). The rule multiplies the squared tensor x by r = K / max|x| (a runtime
 scalar, so loud and quiet inputs alike put their largest square near K^2, below 65504 with the sums after it
-counted), and computes log(max(m, lo)) for the scaled m = r^2 * mel as Max(Log(Max(m, 2^-24)) - 2 log r, log lo),
-with Where(m < 2^-24, log lo, ...) so that exact zeros (digital silence) still give log lo. The same values in
-exact arithmetic except below 2^-24 / r^2, more than ~110 dB under the input's loudest bin, which become log lo
-(a front end that keeps them, without Whisper's 80 dB floor, is checked by prepare on its samples).
+counted), and computes log(max(mel, lo)) for the scaled m = r^2 * mel as Max(Log(Max(m, lo r^2)) - 2 log r, log lo),
+and log lo where m is 0 (Where(m > 0, ...): digital silence, or squares fp16 flushed; the HTP's Log(0) would pass
+the floor). The same values in float32, where the Max after the Log changes nothing; in fp16 lo r^2 may be 0, and
+it is that Max which floors.
 
 Matched: Log(Clip(m, lo[, hi])) or Log(Max(m, lo)), lo > 0 and hi constants, m reached from a square (Mul(x, x),
 Pow(x, 2)) through ops linear in it, each read by the next alone: MatMul by a constant, ReduceSum/ReduceMean,
@@ -30,9 +30,7 @@ NAME = "log_power"
 OPS = ("Log",)
 WHAT = ("log of a floored power spectrum (log-mel front ends) -> scaled into fp16's range at run time, the floor "
         "in the log domain (fp16 underflow; the HTP's Log(0) is finite)")
-# The largest value the scaled squares may sum to (half of fp16's 65504), and the smallest positive fp16.
-BUDGET = 2.0 ** 15
-TINY = 2.0 ** -24
+BUDGET = 2.0 ** 15  # the largest value the scaled squares may sum to: half of fp16's 65504
 LINEAR = ("Transpose", "Reshape", "Slice", "Squeeze", "Unsqueeze", "Flatten", "Identity", "ReduceMean")
 
 
@@ -57,8 +55,11 @@ def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
         r = _scale(g, x, k, base)
         scaled = g.node("Mul", [x, r], f"{base}_scaled").output[0]
         square.input[:] = [scaled if i == x else i for i in square.input]
-        tiny = g.add_const(f"{base}_tiny", np.array(TINY, np.float32))
-        log_m = g.node("Log", [g.node("Max", [m, tiny], f"{base}_nonzero").output[0]], f"{base}_log").output[0]
+        # the floor scaled as m is (exact in float32; 0 in fp16 for Whisper's 1e-10, where the Max after the Log
+        # floors instead): the Log's input stays finite for a quantizer's calibration
+        lo_r = g.node("Mul", [g.add_const(f"{base}_floor_value", np.array(lo, np.float32)), r], f"{base}_floor_r")
+        lo_rr = g.node("Mul", [lo_r.output[0], r], f"{base}_floor_rr").output[0]
+        log_m = g.node("Log", [g.node("Max", [m, lo_rr], f"{base}_floored").output[0]], f"{base}_log").output[0]
         log_r = g.node("Log", [r], f"{base}_log_scale").output[0]
         twice = g.node("Add", [log_r, log_r], f"{base}_log_scale2").output[0]
         y = g.node("Sub", [log_m, twice], f"{base}_unscaled").output[0]
@@ -67,8 +68,9 @@ def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
         if hi is not None:
             y = g.node("Min", [y, g.add_const(f"{base}_log_ceiling", np.array(log(hi), np.float32))],
                        f"{base}_ceiling").output[0]
-        silent = g.node("Less", [m, tiny], f"{base}_silent").output[0]
-        g.replace_uses(node.output[0], g.node("Where", [silent, log_lo, y], f"{base}_where").output[0])
+        # the HTP's Log(0) is finite: a zero (silence, or a product fp16 flushed) takes the floor by a Where
+        positive = g.node("Greater", [m, g.add_const(f"{base}_zero", np.array(0, np.float32))], f"{base}_positive")
+        g.replace_uses(node.output[0], g.node("Where", [positive.output[0], y, log_lo], f"{base}_where").output[0])
         done += 1
     if done:
         g.reindex()
@@ -140,6 +142,7 @@ def _shape(g: GraphView, t: str, shapes: dict[str, list[int]]) -> list[int] | No
 def _scale(g: GraphView, x: str, k: float, base: str) -> str:
     """r = k / max(max|x|, k / 2^15), a [1]-shaped tensor: the largest |x * r| is k (r at most 2^15, so an
     all-zero x gives zeros, not 0 * inf)."""
+    # keepdims 0, then [1]: with keepdims 1 (no axes) QNN 2.51's compiler aborts (measured, fp16)
     peak = g.node("ReduceMax", [g.node("Abs", [x], f"{base}_abs").output[0]], f"{base}_peak", keepdims=0).output[0]
     peak = g.node("Reshape", [peak, g.add_const(f"{base}_one", np.array([1], np.int64))], f"{base}_peak1").output[0]
     peak = g.node("Max", [peak, g.add_const(f"{base}_least", np.array(k / BUDGET, np.float32))],
