@@ -229,3 +229,28 @@ def test_fp16_cause_names_the_log_of_an_underflowing_power() -> None:
                      "0 in fp16); the HTP flushes values under 6.1e-05 to 0 and its Log(0) is -7.6, not -inf"), cause
     assert "log_power" in fix, fix
     assert fp16_cause(model, {"floored": [np.array([1e-3, 21.5])]}, []) is None
+
+
+def test_an_integer_output_is_left_out(tmp_path: Path, ctxbuild) -> None:
+    """A front end returns its features and their count (an int64 the export computes from a Shape): the
+    diagnosis compares the float output and leaves the count out (it stopped with KeyError on it)."""
+    nodes = [helper.make_node("Mul", ["x", "two"], ["doubled"], name="double"),
+             helper.make_node("Relu", ["doubled"], ["y"], name="relu"),
+             helper.make_node("Shape", ["lens"], ["lens_shape"]),
+             helper.make_node("ConstantOfShape", ["lens_shape"], ["count"],
+                              value=numpy_helper.from_array(np.array([8], np.int64)))]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8]),
+                                           helper.make_tensor_value_info("lens", TensorProto.INT64, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8]),
+                               helper.make_tensor_value_info("count", TensorProto.INT64, [1])],
+                              [numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    tree = tmp_path / "recipes"
+    tree.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10),
+              tree / "front.onnx")
+    (tree / "front.yaml").write_text("model: front.onnx\nprecision: fp16\ntargets: [SM8650]\n")
+    out = tmp_path / "out"
+    r = ctxbuild("verify", "--layers", "front", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    d = json.loads((out / "SM8650" / "front" / "front_layers.json").read_text())
+    assert list(d["outputs"]) == ["y"] and d["outputs"]["y"]["htp"]["cosine"] > 0.999, d["outputs"]
