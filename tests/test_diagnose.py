@@ -192,7 +192,7 @@ def test_fp16_cause_names_the_overflow_and_the_huge_constant() -> None:
     of squares), else a worst node reading an infinite constant (a softmax's Max(-inf, m))."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from ctxbuild.verify.advice import fp16_cause
+    from ctxbuild.verify.advice import FP16_FIX, fp16_cause
 
     nodes = [helper.make_node("Mul", ["x", "x"], ["sq"], name="square"),
              helper.make_node("ReduceSum", ["sq"], ["s"], name="sum_of_squares", keepdims=1),
@@ -203,7 +203,54 @@ def test_fp16_cause_names_the_overflow_and_the_huge_constant() -> None:
     model = helper.make_model(graph)
     acts = {"sq": [np.full(512, 400.0 ** 2 / 10)], "s": [np.array([8.2e6])], "y": [np.array([8.2e6])]}
     assert fp16_cause(model, acts, []) == ("fp16 overflow: sum_of_squares (ReduceSum) computes values up to 8.2e+06 "
-                                           "in float, beyond fp16's 65504")
+                                           "in float, beyond fp16's 65504", FP16_FIX)
     small = {k: [v[0] / 1e3] for k, v in acts.items()}
     assert fp16_cause(model, small, []) is None
-    assert fp16_cause(model, small, ["floor"]) == "floor (Max) reads the constant neg_inf = -inf, beyond fp16's 65504"
+    assert fp16_cause(model, small, ["floor"]) == ("floor (Max) reads the constant neg_inf = -inf, beyond fp16's 65504",
+                                                   FP16_FIX)
+
+
+def test_fp16_cause_names_the_log_of_an_underflowing_power() -> None:
+    """Whisper's log-mel: Log(Clip(mel, 1e-10)). The floor is 0 in fp16, the spectrum's quiet bins are below its
+    normal range, and the HTP's Log(0) is finite: the cause names the Log, its floor and the fix."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ctxbuild.verify.advice import fp16_cause
+
+    nodes = [helper.make_node("Clip", ["mel", "lo"], ["floored"], name="n18"),
+             helper.make_node("Log", ["floored"], ["y"], name="n19")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("mel", TensorProto.FLOAT, [1, 80])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 80])],
+                              [numpy_helper.from_array(np.array(1e-10, np.float32), "lo")])
+    model = helper.make_model(graph)
+    acts = {"floored": [np.array([1e-10, 3e-4, 21.5])], "y": [np.log([1e-10, 3e-4, 21.5])]}
+    cause, fix = fp16_cause(model, acts, [])
+    assert cause == ("fp16 underflow: n19 (Log) reads values down to 1e-10 in float (n18 (Clip) floors them at 1e-10, "
+                     "0 in fp16); the HTP flushes values under 6.1e-05 to 0 and its Log(0) is -7.6, not -inf"), cause
+    assert "log_power" in fix, fix
+    assert fp16_cause(model, {"floored": [np.array([1e-3, 21.5])]}, []) is None
+
+
+def test_an_integer_output_is_left_out(tmp_path: Path, ctxbuild) -> None:
+    """A front end returns its features and their count (an int64 the export computes from a Shape): the
+    diagnosis compares the float output and leaves the count out (it stopped with KeyError on it)."""
+    nodes = [helper.make_node("Mul", ["x", "two"], ["doubled"], name="double"),
+             helper.make_node("Relu", ["doubled"], ["y"], name="relu"),
+             helper.make_node("Shape", ["lens"], ["lens_shape"]),
+             helper.make_node("ConstantOfShape", ["lens_shape"], ["count"],
+                              value=numpy_helper.from_array(np.array([8], np.int64)))]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8]),
+                                           helper.make_tensor_value_info("lens", TensorProto.INT64, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8]),
+                               helper.make_tensor_value_info("count", TensorProto.INT64, [1])],
+                              [numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    tree = tmp_path / "recipes"
+    tree.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10),
+              tree / "front.onnx")
+    (tree / "front.yaml").write_text("model: front.onnx\nprecision: fp16\ntargets: [SM8650]\n")
+    out = tmp_path / "out"
+    r = ctxbuild("verify", "--layers", "front", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    d = json.loads((out / "SM8650" / "front" / "front_layers.json").read_text())
+    assert list(d["outputs"]) == ["y"] and d["outputs"]["y"]["htp"]["cosine"] > 0.999, d["outputs"]

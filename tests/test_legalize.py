@@ -776,3 +776,67 @@ def test_quantize_static_defaults_compile_after_the_qdq_rules(tmp_path: Path) ->
                             cpu_fallback=False)
     htp = qnn_session(tmp_path / "rewritten_ctx.onnx").run(None, feeds)[0]
     assert cosine(htp, _as_written(model, feeds)[0]) > 0.99
+
+
+def test_sum_squares(tmp_path: Path) -> None:
+    """ReduceSumSquare (a power spectrum's |re|^2 + |im|^2): QNN refuses it; ReduceSum(x * x) compiles."""
+    m = _model([helper.make_node("ReduceSumSquare", ["x"], ["y"], axes=[1], keepdims=0)], {"x": [1, 2, 33, 10]},
+               {"y": [1, 33, 10]}, {})
+    _check(m, {"x": rng().standard_normal((1, 2, 33, 10)).astype(np.float32)}, "sum_squares", "ReduceSumSquare",
+           tmp_path)
+
+
+def _log_mel(read_power_too: bool = False) -> onnx.ModelProto:
+    """Whisper's log-mel after its STFT: |re|^2 + |im|^2 (ReduceSumSquare), a mel filter bank (MatMul by a
+    non-negative matrix whose columns sum to ~0.025, as Slaney's normalization makes them), Log(Clip(mel, 1e-10))."""
+    bank = np.zeros((65, 16), np.float32)
+    for j, k in enumerate(np.linspace(2, 62, 16).astype(int)):
+        bank[k - 2:k + 3, j] = np.array([1, 2, 3, 2, 1], np.float32) / 9 * 0.025
+    nodes = [helper.make_node("ReduceSumSquare", ["spec"], ["power"], axes=[1], keepdims=0),
+             helper.make_node("Transpose", ["power"], ["frames"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["frames", "bank"], ["mel"]),
+             helper.make_node("Clip", ["mel", "lo"], ["floored"]), helper.make_node("Log", ["floored"], ["y"])]
+    outputs = {"y": [1, 50, 16], **({"power": [1, 65, 50]} if read_power_too else {})}
+    return _model(nodes, {"spec": [1, 2, 65, 50]}, outputs, {"bank": bank, "lo": np.array(1e-10, np.float32)})
+
+
+def _spectra(level: float) -> np.ndarray:
+    """STFT-like re/im: 80 dB of roll-off over frequency, the first 10 frames digital silence."""
+    roll = 10 ** (-4 * np.arange(65) / 64)[None, None, :, None]
+    spec = (rng().standard_normal((1, 2, 65, 50)) * roll * level).astype(np.float32)
+    spec[..., :10] = 0
+    return spec
+
+
+def test_log_power_in_fp16(tmp_path: Path) -> None:
+    """The log of a floored power spectrum at fp16 (onnx-asr's Whisper front end: cosine -0.62 on speech): the
+    floor 1e-10 is 0 in fp16, the HTP flushes products under 6.1e-5 to 0 and its Log(0) is -7.6, so silence and
+    quiet bins come out as loud. Scaled into range at run time (and the floor in the log domain) it matches the
+    float model on the simulator, for a loud and a quiet input alike; on the CPU EP the same values."""
+    m, squares, rewritten = _log_mel(), onnx.ModelProto(), onnx.ModelProto()
+    squares.CopyFrom(m)  # the original as QNN takes it: ReduceSumSquare written as ReduceSum(x * x)
+    assert legalize(squares, only=["sum_squares"]).rewrites == {"sum_squares": 1}
+    rewritten.CopyFrom(m)
+    assert legalize(rewritten).rewrites == {"sum_squares": 1, "log_power": 1}
+    onnx.checker.check_model(rewritten, full_check=True)
+    errors = {}
+    for name, model in (("original", squares), ("rewritten", rewritten)):
+        assert _compiles(model, tmp_path, name)
+        session = qnn_session(tmp_path / f"{name}_ctx.onnx", **FP16)
+        for level in (30.0, 0.05):
+            feeds = {"spec": _spectra(level)}
+            (ref,), (cpu,) = _run(m, feeds), _run(rewritten, feeds)
+            assert np.abs(ref - cpu).max() <= 1e-5 * np.abs(ref).max()
+            (htp,) = session.run(None, feeds)
+            errors[name, level] = float(np.abs(htp - ref).max())
+    # measured: 15.4 both (silence: log(1e-10) = -23.0 came out as the HTP's Log(0), -7.6); 0.025 and 0.010
+    assert min(errors["original", 30.0], errors["original", 0.05]) > 5, errors
+    assert max(errors["rewritten", 30.0], errors["rewritten", 0.05]) < 0.1, errors
+
+
+def test_log_power_left_when_the_power_is_read_elsewhere() -> None:
+    """A power spectrum that is also a graph output: scaling it would change that output, so it is left."""
+    m = _log_mel(read_power_too=True)
+    done = legalize(m)
+    assert done.rewrites == {"sum_squares": 1} and done.kept == {"log_power": [
+        "'y' (Log): 'sum_squares_out' is read elsewhere too: scaling it would change that reader"]}, done

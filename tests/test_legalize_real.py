@@ -103,6 +103,19 @@ def test_magika_variance(tmp_path: Path, ctxbuild) -> None:
     assert _min_cosine(got["verify"]) > 0.999
 
 
+@pytest.mark.parametrize("name", ["whisper_mel", "gigaam_mel"])
+def test_log_mel_front_end(tmp_path: Path, ctxbuild, name: str) -> None:
+    """onnx-asr's log-mel front ends on speech made with espeak-ng, one loud take (peak at full scale) and one
+    40 dB quieter. QNN refuses their ReduceSumSquare; written as ReduceSum(x * x) alone, fp16 verified at cosine
+    -0.62 / -1.3 dB (Whisper) and 0.89 / 6.0 dB (GigaAM): the floor 1e-10 (1e-9) is 0 in fp16, the HTP flushes
+    squares under 6.1e-5 and its Log(0) is -7.6, so silence came out as loud as speech. With the power spectrum
+    scaled into range at run time (log_power) both verify."""
+    model, prepared, got = _build(tmp_path, ctxbuild, name)
+    assert got["rewrites"] == {"sum_squares": 1, "log_power": 1}
+    assert all(err < 1e-5 for err, _ in _against_export(model, prepared, got["samples"]))
+    assert _min_cosine(got["verify"]) > 0.999
+
+
 def test_t5_dynamic_int8(tmp_path: Path, ctxbuild) -> None:
     """A T5 encoder from onnxruntime's quantize_dynamic (56 MatMulInteger, an int8 embedding table). The float
     model the rule makes differs from the export by design: the export quantizes each activation per run to uint8

@@ -49,17 +49,18 @@ def weak_slice_fix(outputs: dict[str, Any], t: dict[str, float]) -> str | None:
 
 
 def likely_fix(where: str, worst: list[dict[str, Any]], weights: dict[str, float] | None = None,
-               biases: dict[str, float] | None = None, activation_bits: int = 8, cause: str | None = None) -> str:
+               biases: dict[str, float] | None = None, activation_bits: int = 8,
+               cause: tuple[str, str] | None = None) -> str:
     """The fix the numbers point at. `weights`, `biases`: node -> SNR of its quantized weight / bias;
     `activation_bits`: what the QDQ model quantizes activations to (0: not quantized, an fp16 build; 16: do not
-    advise 16-bit activations); `cause`: what the float values show (fp16_cause), said first."""
+    advise 16-bit activations); `cause`: what the float values show and its fix (fp16_cause), said first."""
     names = [n["node"] for n in worst[:3]]
     listed = ", ".join(f"{n['node']} ({n['op_type']})" for n in worst[:3]) or "none measured"
     weighted = [n["node"] for n in worst[:3] if n["op_type"].split("+")[0] in WEIGHTED_OPS]
     weightless = [n for n in names if n not in weighted]
     if where == "htp":
         if activation_bits == 0:
-            return (f"{cause}: {FP16_FIX}; the HTP's fp16 arithmetic loses it, most at {listed}" if cause else
+            return (f"{cause[0]}: {cause[1]}; the HTP's fp16 arithmetic loses it, most at {listed}" if cause else
                     f"the HTP's fp16 arithmetic loses it, most at {listed}: {FP16_FIX}")
         fix = (f"16-bit activations on them ({_nodes_field(names, 'activations: uint16')})" if activation_bits < 16
                else "they have 16-bit activations already: keep them in float, the HTP runs them in fp16 ("
@@ -80,7 +81,7 @@ def likely_fix(where: str, worst: list[dict[str, Any]], weights: dict[str, float
         return (f"quantization loses it: {len(coarse)} weight tensor(s) keep less than {WEAK_WEIGHT_DB:.0f} dB "
                 f"(worst: {shown}): use per-channel weights or 16-bit weights; the noise grows most at {listed} "
                 f"(candidates for 16-bit overrides)")
-    said = f"{cause}; " if cause else ""
+    said = f"{cause[0]}; " if cause else ""
     if activation_bits >= 16:  # the activations have their range already: the weights are what is left
         fixes = []
         if weighted:
@@ -99,24 +100,33 @@ def _nodes_field(names: list[str], what: str) -> str:
 
 
 FP16_MAX = 65504.0  # the largest finite float16
+FP16_NORMAL = 2.0 ** -14  # the smallest normal float16: the HTP flushes products below it to 0 (measured)
 FP16_FIX = "build at int16 (precision: int16), whose scale follows the values where fp16's range is fixed"
+LOG_FIX = ("scale the Log's input into fp16's range and subtract the scale's log after it (prepare's log_power rule "
+           "does this for a floored power spectrum; its record says why it did not apply)")
 
 
-def fp16_cause(model: Any, float_acts: dict[str, list[np.ndarray]], among: list[str]) -> str | None:
-    """What the float model's own values show fp16 cannot hold, on one line, or None: the first node (in the
-    graph's order) whose values pass 65504, else a node of `among` reading an infinite or huge constant."""
+def fp16_cause(model: Any, float_acts: dict[str, list[np.ndarray]], among: list[str]) -> tuple[str, str] | None:
+    """What the float model's own values show fp16 cannot hold, on one line, and the fix; or None: the first node
+    (in the graph's order) whose values pass 65504 or that takes the Log of values below fp16's normal range, else
+    a node of `among` reading an infinite or huge constant."""
     from onnx import numpy_helper
 
+    consts = {i.name: i for i in model.graph.initializer}
+    consts.update({n.output[0]: a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute
+                   if a.name == "value"})
+    producer = {o: n for n in model.graph.node for o in n.output}
     for n in model.graph.node:
+        if n.op_type == "Log" and (low := _least(float_acts.get(n.input[0], []))) is not None and low < FP16_NORMAL:
+            return (f"fp16 underflow: {n.name or n.output[0]} (Log) reads values down to {low:.3g} in float"
+                    f"{_zero_floor(producer.get(n.input[0]), consts)}; the HTP flushes values under {FP16_NORMAL:.2g} "
+                    "to 0 and its Log(0) is -7.6, not -inf"), LOG_FIX
         for o in n.output:
             values = [np.asarray(v) for v in float_acts.get(o, []) if np.asarray(v).dtype.kind == "f"]
             top = max((float(np.abs(v[np.isfinite(v)]).max(initial=0)) for v in values), default=0.0)
             if top > FP16_MAX:
                 return (f"fp16 overflow: {n.name or o} ({n.op_type}) computes values up to {top:.3g} in float, beyond "
-                        f"fp16's {FP16_MAX:g}")
-    consts = {i.name: i for i in model.graph.initializer}
-    consts.update({n.output[0]: a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute
-                   if a.name == "value"})
+                        f"fp16's {FP16_MAX:g}"), FP16_FIX
     for n in model.graph.node:
         if n.name not in among:
             continue
@@ -127,8 +137,27 @@ def fp16_cause(model: Any, float_acts: dict[str, list[np.ndarray]], among: list[
                 flat = value.ravel().astype(np.float64)
                 shown = flat[np.argmax(np.where(np.isnan(flat), 0, np.abs(flat)))]
                 return (f"{n.name} ({n.op_type}) reads the constant {i} = {float(shown):g}, beyond fp16's "
-                        f"{FP16_MAX:g}")
+                        f"{FP16_MAX:g}"), FP16_FIX
     return None
+
+
+def _least(values: list[np.ndarray]) -> float | None:
+    """The smallest magnitude among finite float values (a Log's input: its positive range), or None."""
+    found = [np.abs(v[np.isfinite(v)]) for v in map(np.asarray, values) if v.dtype.kind == "f" and v.size]
+    return min((float(v.min()) for v in found if v.size), default=None)
+
+
+def _zero_floor(floor: Any, consts: dict[str, Any]) -> str:
+    """', its floor F (Clip)'s min 1e-10 is 0 in fp16' when the Log reads a Clip/Max by a constant fp16 rounds to 0."""
+    from onnx import numpy_helper
+
+    if floor is None or floor.op_type not in ("Clip", "Max"):
+        return ""
+    for i in floor.input[1:] if floor.op_type == "Clip" else floor.input:
+        value = numpy_helper.to_array(consts[i]) if i in consts else None
+        if value is not None and value.size == 1 and 0 < float(value.item()) and np.float16(value.item()) == 0:
+            return f" ({floor.name or floor.output[0]} ({floor.op_type}) floors them at {float(value.item()):g}, 0 in fp16)"
+    return ""
 
 
 def failure_hint(reference: Path, compiled: Path, samples: list[dict[str, np.ndarray]],
@@ -143,9 +172,9 @@ def failure_hint(reference: Path, compiled: Path, samples: list[dict[str, np.nda
     if weak and not split:  # one scale over slices of very different ranges: the cure is known, no diagnosis needed
         return weak
     if compiled.resolve() == reference.resolve():
-        cause = _float_cause(reference, samples[:1]) if precision == "fp16" else None
-        if cause:
-            return f"the {precision} model loses accuracy on the HTP itself: {cause}: {FP16_FIX}; {more}"
+        found = _float_cause(reference, samples[:1]) if precision == "fp16" else None
+        if found:
+            return f"the {precision} model loses accuracy on the HTP itself: {found[0]}: {found[1]}; {more}"
         return f"the {precision} model loses accuracy on the HTP itself; {more}"
     try:
         qdq_out = cpu_outputs(compiled, samples)
@@ -167,7 +196,7 @@ def failure_hint(reference: Path, compiled: Path, samples: list[dict[str, np.nda
         return f"{more} (no quick diagnosis: {type(e).__name__})"
 
 
-def _float_cause(reference: Path, samples: list[dict[str, np.ndarray]]) -> str | None:
+def _float_cause(reference: Path, samples: list[dict[str, np.ndarray]]) -> tuple[str, str] | None:
     """fp16_cause from one CPU run of the float model with every tensor an output; None for a model over
     HINT_MAX_BYTES (a hint must not cost an LLM's worth of activations) or when the run fails."""
     from ctxbuild.graph.modelio import external_data_files, load

@@ -67,11 +67,14 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
             acts = activations(reference, samples, tmp, "float")
             cpu = CpuSide(acts, acts, {t: CAP for t in acts}, {})
         order = g.ordered_tensors(set(cpu.qdq_acts) & set(cpu.float_acts))
+        # the float outputs: an integer output (a constant length beside a spectrogram) has no activations to
+        # compare with
+        outs = [o for o in g.outputs if o in cpu.float_acts and o in cpu.qdq_acts]
         probed: dict[str, np.ndarray] = {}
         runs: list[dict[str, Any]] = []
         chosen = _pick(order, max_probes)
         for r in range(rounds):
-            want = [t for t in dict.fromkeys(chosen + g.outputs) if t not in probed]
+            want = [t for t in dict.fromkeys(chosen + outs) if t not in probed]
             if not want:
                 break
             got, facts = htp_run(qdq, want, shapes, samples, compile_params, tmp, timeout)
@@ -86,7 +89,7 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
             _, a, b = max(gaps)
             inside = order[order.index(a) + 1:order.index(b)]
             chosen = _pick([t for t in inside if t not in probed], max_probes)
-        debug_outputs = {o: probed[o] for o in g.outputs if o in probed}
+        debug_outputs = {o: probed[o] for o in outs if o in probed}
         if delivered is not None:  # does the debug build still compute what the delivered one does?
             real = simulate(delivered, samples, cpu_fallback=True, timeout=timeout)
             runs.append({"debug_vs_delivered_snr_db": {o: round(snr_db(real[o], v), 2)
@@ -107,7 +110,7 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
                       "total_snr_db": round(total[qr["tensor"]], 2) if qr["tensor"] in total else None})
     sliced = output_slices.find(float_model, slices)
     outputs = {}
-    for o in g.outputs:
+    for o in outs:
         # qdq_loss_debug flattens what it collects: back to the output's shape, samples stacked
         flo, qdq_cpu = (_cat(x, shapes.get(o)) for x in (cpu.float_acts[o], cpu.qdq_acts[o]))
         pairs = {"quantization": (flo, qdq_cpu)}

@@ -135,8 +135,8 @@ def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallb
             raise ActionError(f"{ctx_model.name}: the HTP simulator failed: {result}")
     if timing is not None:  # the children ran side by side: the slowest one is the wait
         timing.update({key: max(r[1].get(key, 0.0) for r, _, _ in done) for key in done[0][0][1]})
-    runs = [r for part in parts for r in part]
-    return {n: np.concatenate([r[n] for r in runs]) for n in runs[0]}
+    runs = [r for part in parts for r in part]  # a scalar output (a probed one too) joins as one value per sample
+    return {n: np.concatenate([np.atleast_1d(r[n]) for r in runs]) for n in runs[0]}
 
 
 def in_child(target: Any, args: tuple[Any, ...], timeout: float, *more: Any,

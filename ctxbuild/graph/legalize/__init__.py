@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any, Collection
 
 from ctxbuild.graph.legalize import (batchnorm_params, clip, convtranspose, dynamic_int8, einsum, gathernd, gelu,
-                                     mask_fill, qdq_unsigned, qdq_weights, rmsnorm, static_shapes, variance)
+                                     log_power, mask_fill, qdq_unsigned, qdq_weights, rmsnorm, static_shapes,
+                                     sum_squares, variance)
 from ctxbuild.graph.legalize.graphview import GraphView
 
-# The QDQ rules first: the shape and weight constants they fold are what the later rules' conditions read.
+# The QDQ rules first: the shape and weight constants they fold are what the later rules' conditions read;
+# sum_squares before log_power, which finds the square its ReduceSumSquare becomes.
 RULES = (static_shapes, qdq_weights, qdq_unsigned, batchnorm_params, dynamic_int8, einsum, gathernd, clip, rmsnorm,
-         variance, gelu, mask_fill, convtranspose)
+         variance, sum_squares, log_power, gelu, mask_fill, convtranspose)
 METADATA_KEY = "ctxbuild.rewrites"
 KEPT_KEY = "ctxbuild.kept"  # rule -> the patterns left as written and why
 WITHDRAWN_KEY = "ctxbuild.withdrawn"  # rule -> why the sample check withdrew its rewrites

@@ -89,6 +89,35 @@ class GraphView:
             return self.node("Unsqueeze", [x, self.add_const(f"{base}_axes", np.array(axes, np.int64))], base).output[0]
         return self.node("Unsqueeze", [x], base, axes=axes).output[0]
 
+    def reduce_axes(self, node: Any) -> list[int] | None | bool:
+        """A Reduce node's axes (None: all of them), or False when they are a runtime tensor or none are given
+        with noop_with_empty_axes set (the reduce is then the identity)."""
+        attr = self.attr(node, "axes", None)
+        if attr is not None:
+            return [int(a) for a in attr] or None
+        if len(node.input) > 1 and node.input[1]:
+            value = self.const(node.input[1])
+            if value is None:
+                return False
+            if value.size:
+                return [int(a) for a in value.ravel()]
+        return False if self.attr(node, "noop_with_empty_axes", 0) else None
+
+    def reduce_sum(self, x: str, axes: list[int] | None, keepdims: int, base: str) -> str:
+        """ReduceSum(x) over `axes` (None: all), in the form of the graph's opset (axes an input from 13 on)."""
+        if axes is None:
+            return self.node("ReduceSum", [x], base, keepdims=keepdims).output[0]
+        if self.opset >= 13:
+            axes_in = self.add_const(f"{base}_axes", np.array(axes, np.int64))
+            return self.node("ReduceSum", [x, axes_in], base, keepdims=keepdims).output[0]
+        return self.node("ReduceSum", [x], base, axes=axes, keepdims=keepdims).output[0]
+
+    @staticmethod
+    def attr(node: Any, name: str, default: Any) -> Any:
+        from onnx import helper
+
+        return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
     def replace_uses(self, old: str, new: str) -> None:
         """Every consumer of `old` (and the graph output of that name) reads `new` instead."""
         for n in self.graph.node:

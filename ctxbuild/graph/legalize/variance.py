@@ -56,7 +56,7 @@ def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
         scale = g.add_const(f"{base}_scale", np.array(1 / np.sqrt(n), _dtype(g, x)))
         scaled = g.node("Mul", [dev, scale], f"{base}_scaled").output[0]
         square = g.node("Mul", [scaled, scaled], f"{base}_square").output[0]
-        var = _reduce_sum(g, square, axes, keepdims, f"{base}_centred")
+        var = g.reduce_sum(square, axes, keepdims, f"{base}_centred")
         g.replace_uses(sub.output[0], var)
         done += 1
     if done:
@@ -99,31 +99,10 @@ def _moment(g: GraphView, name: str) -> tuple[str, list[int] | None, int, float 
             return None
     elif node.op_type != "ReduceMean":
         return None
-    axes = _axes(g, node)
+    axes = g.reduce_axes(node)
     if axes is False:
         return None
-    return node.input[0], axes, _attr(node, "keepdims", 1), factor
-
-
-def _axes(g: GraphView, node: Any) -> list[int] | None | bool:
-    """The reduce's axes (None: all of them), or False when they are a runtime tensor or none are given with
-    noop_with_empty_axes set (the reduce is then the identity)."""
-    attr = _attr(node, "axes", None)
-    if attr is not None:
-        return [int(a) for a in attr] or None
-    if len(node.input) > 1 and node.input[1]:
-        value = g.const(node.input[1])
-        if value is None:
-            return False
-        if value.size:
-            return [int(a) for a in value.ravel()]
-    return False if _attr(node, "noop_with_empty_axes", 0) else None
-
-
-def _attr(node: Any, name: str, default: Any) -> Any:
-    from onnx import helper
-
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+    return node.input[0], axes, g.attr(node, "keepdims", 1), factor
 
 
 def _dtype(g: GraphView, x: str) -> type:
@@ -133,10 +112,3 @@ def _dtype(g: GraphView, x: str) -> type:
         if vi.name == x:
             return helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
     return np.float32
-
-
-def _reduce_sum(g: GraphView, x: str, axes: list[int], keepdims: int, base: str) -> str:
-    if g.opset >= 13:
-        axes_in = g.add_const(f"{base}_axes", np.array(axes, np.int64))
-        return g.node("ReduceSum", [x, axes_in], base, keepdims=keepdims).output[0]
-    return g.node("ReduceSum", [x], base, axes=axes, keepdims=keepdims).output[0]
