@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any, Collection
 
 from ctxbuild.graph.legalize import (batchnorm_params, clip, convtranspose, dynamic_int8, einsum, gathernd, gelu,
-                                     mask_fill, qdq_unsigned, qdq_weights, rmsnorm, static_shapes, variance)
+                                     mask_fill, qdq_bias, qdq_unsigned, qdq_weights, rmsnorm, static_shapes, variance)
 from ctxbuild.graph.legalize.graphview import GraphView, static_shapes_of
 
 # The QDQ rules first: the shape and weight constants they fold are what the later rules' conditions read.
-RULES = (static_shapes, qdq_weights, qdq_unsigned, batchnorm_params, dynamic_int8, einsum, gathernd, clip, rmsnorm,
-         variance, gelu, mask_fill, convtranspose)
+RULES = (static_shapes, qdq_weights, qdq_unsigned, qdq_bias, batchnorm_params, dynamic_int8, einsum, gathernd, clip,
+         rmsnorm, variance, gelu, mask_fill, convtranspose)
 METADATA_KEY = "ctxbuild.rewrites"
 KEPT_KEY = "ctxbuild.kept"  # rule -> the patterns left as written and why
 WITHDRAWN_KEY = "ctxbuild.withdrawn"  # rule -> why the sample check withdrew its rewrites
