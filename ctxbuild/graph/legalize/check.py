@@ -2,8 +2,9 @@
 
 prepare runs the model before and after the rules on onnxruntime's CPU EP in fp32 on the recipe's samples
 (verify.dir, else calibration.dir, else seeded random inputs) and applies only the rules whose rewrites keep
-every output within the rule's tolerance of what it was (actions/prepare.py). The static conditions in the rules
-prove what the graph can show; this catches what only values show (attention scores 100 apart under mask_fill)."""
+every output within the rule's tolerance of what it was (actions/prepare.py), or, for a rule with MIN_SNR_DB
+(qdq_bias), every output at that SNR against what it was. The static conditions in the rules prove what the
+graph can show; this catches what only values show (attention scores 100 apart under mask_fill)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
