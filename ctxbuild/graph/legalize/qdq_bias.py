@@ -31,7 +31,8 @@ INT32 = np.iinfo(np.int32)
 # Judged by the outputs' SNR against the model before (check.py), not their largest difference: measured on
 # rendered text, the rounding moved a PP-OCR detector's outputs to 21.5 dB (max abs 0.97 of 1 at a pixel) and a
 # recognizer's to 13.8 dB, about what onnxruntime's own CPU EP moves them by with its blocked (NCHWc) Conv kernels
-# instead of the plain ones (28.7 and 13.3 dB); a misread scale moves them below 0 dB.
+# instead of the plain ones (28.7 and 13.3 dB); a scale misread by a factor 2 moved the detector's to 5 dB, a
+# dropped bias to 0 dB (docs/legalization.md).
 MIN_SNR_DB = 10.0
 
 
