@@ -840,3 +840,79 @@ def test_log_power_left_when_the_power_is_read_elsewhere() -> None:
     done = legalize(m)
     assert done.rewrites == {"sum_squares": 1} and done.kept == {"log_power": [
         "'y' (Log): 'sum_squares_out' is read elsewhere too: scaling it would change that reader"]}, done
+
+
+def _quantize(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], tmp: Path) -> onnx.ModelProto:
+    """`model` quantized by onnxruntime's quantize_static with its defaults (QDQ, signed int8, per tensor)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = iter(samples)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.left, None)
+
+    onnx.save(model, str(tmp / "float.onnx"))
+    quantize_static(str(tmp / "float.onnx"), str(tmp / "qdq.onnx"), Reader(), quant_format=QuantFormat.QDQ)
+    return onnx.load(str(tmp / "qdq.onnx"))
+
+
+def test_qdq_bias_quantizes_a_float_conv_bias_as_the_format_documents(tmp_path: Path) -> None:
+    """quantize_static leaves a bias held in a Constant node float, and QNN computes such a quantized Conv wrongly
+    on the HTP; qdq_bias writes the int32 bias of the QDQ format (scale input scale x weight scale, zero point 0),
+    which moves each bias by at most half a step of that scale, and the HTP then matches the model as written."""
+    from ctxbuild.graph.legalize.check import min_snr_db, snr_db
+
+    r, c = rng(), 8
+    weights, bias = r.standard_normal((c, 1, 3, 3)) * 0.3, r.standard_normal(c)
+    nodes = [helper.make_node("Constant", [], [k], value=numpy_helper.from_array(v.astype(np.float32), k))
+             for k, v in (("w", weights), ("b", bias))]
+    nodes.append(helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], group=c))  # depthwise
+    samples = [{"x": r.standard_normal((1, c, 16, 16)).astype(np.float32)} for _ in range(4)]
+    model = _quantize(_model(nodes, {"x": [1, c, 16, 16]}, {"y": [1, c, 16, 16]}, {}, opset=13), samples, tmp_path)
+    without, rewritten = onnx.ModelProto(), onnx.ModelProto()
+    without.CopyFrom(model)
+    rewritten.CopyFrom(model)
+    assert legalize(without, ["qdq_weights", "qdq_unsigned"]).rewrites == {"qdq_weights": 1, "qdq_unsigned": 2}
+    assert legalize(rewritten).rewrites == {"qdq_weights": 1, "qdq_unsigned": 2, "qdq_bias": 1}
+    onnx.checker.check_model(rewritten, full_check=True)
+    inits = {t.name: numpy_helper.to_array(t) for t in rewritten.graph.initializer}
+    conv = next(n for n in rewritten.graph.node if n.op_type == "Conv")
+    x_dq, w_dq, b_dq = ({o: n for n in rewritten.graph.node for o in n.output}[i] for i in conv.input)
+    q, scale, zero = (inits[i] for i in b_dq.input)
+    assert q.dtype == np.int32 and zero.dtype == np.int32 and not zero.any()
+    assert scale == np.float32(inits[x_dq.input[1]] * inits[w_dq.input[1]])
+    assert np.abs(q * scale.astype(np.float64) - bias.astype(np.float32)).max() <= scale / 2
+    before = {"y": np.concatenate([_as_written(model, s)[0] for s in samples])}
+    after = {"y": np.concatenate([_as_written(rewritten, s)[0] for s in samples])}
+    assert snr_db(before, after)[0] >= min_snr_db("qdq_bias")
+    for name, m in (("without", without), ("rewritten", rewritten)):
+        onnx.save(m, str(tmp_path / f"{name}.onnx"))
+        toolchain.compile_model(tmp_path / f"{name}.onnx", tmp_path / f"{name}_ctx.onnx", TARGET, embed=False,
+                                cpu_fallback=False)
+    reference = _as_written(model, samples[0])[0]
+    assert cosine(qnn_session(tmp_path / "without_ctx.onnx").run(None, samples[0])[0], reference) < 0.8  # 0.56
+    assert cosine(qnn_session(tmp_path / "rewritten_ctx.onnx").run(None, samples[0])[0], reference) > 0.9999
+
+
+def test_static_shapes_folds_the_shapes_a_fold_made_known(tmp_path: Path) -> None:
+    """A Reshape whose shape is a Shape chain hides the shapes after it from onnx's inference (at opset 12, as a
+    quantize_static PP-OCR recognizer's attention: Shape -> Slice -> Concat -> Reshape, then a Shape of what the
+    Reshape made); static_shapes folds, infers again and folds on until no Shape is left, exactly."""
+    def chain(x: str, k: int) -> list[onnx.NodeProto]:
+        return [helper.make_node("Shape", [x], [f"s{k}"]),
+                helper.make_node("Slice", [f"s{k}", "zero", "two", "zero"], [f"b{k}"]),
+                helper.make_node("Concat", [f"b{k}", "minus_one"], [f"shape{k}"], axis=0)]
+
+    nodes = [*chain("x", 0), helper.make_node("Reshape", ["x", "shape0"], ["r0"]),
+             helper.make_node("Relu", ["r0"], ["a"]),
+             *chain("a", 1), helper.make_node("Reshape", ["a", "shape1"], ["y"])]
+    model = _model(nodes, {"x": [1, 6, 1, 4]}, {"y": [1, 6, 4]},
+                   {"zero": np.array([0]), "two": np.array([2]), "minus_one": np.array([-1])}, opset=12)
+    feeds = {"x": rng().standard_normal((1, 6, 1, 4)).astype(np.float32)}
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    assert legalize(rewritten).rewrites == {"static_shapes": 2}
+    assert "Shape" not in {n.op_type for n in rewritten.graph.node}
+    assert np.array_equal(_run(model, feeds)[0], _run(rewritten, feeds)[0])

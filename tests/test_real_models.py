@@ -78,19 +78,16 @@ def test_split_outputs_on_a_real_yolo_detector(tmp_path: Path, ctxbuild) -> None
     assert [s["stop"] - s["start"] for s in measured["slices"]] == [4, 2], measured  # boxes and scores, each measured
 
 
-def test_quantize_static_export_compiles(tmp_path: Path, ctxbuild) -> None:
-    """PP-OCR's direction classifier quantized by onnxruntime's quantize_static with its defaults (QDQ, signed
-    int8 activations and weights, per tensor), as a user makes an already-quantized export: QNN refused 51 of
-    its nodes; the QDQ rules (static_shapes, qdq_weights, qdq_unsigned, batchnorm_params) make it compile whole
-    and it verifies on the simulator against the export (measured on its 4 samples: cosine 0.998, the same top
-    class on all; the default thresholds are 0.99 and 20 dB)."""
+def _quantize_static_tree(tmp_path: Path, name: str) -> Path:
+    """A recipe tree over `name` quantized by onnxruntime's quantize_static with its defaults (QDQ, signed int8
+    activations and weights, per tensor) on 8 rendered samples, as a user makes an already-quantized export."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
     from bench.real_models.inputs import render
 
-    tree = _real_tree(tmp_path / "recipes", "ppocr_cls", "qdq")
-    m = MODELS["ppocr_cls"]
-    model = onnx.load(str(locate("ppocr_cls")))
+    tree = _real_tree(tmp_path / "recipes", name, "qdq")
+    m = MODELS[name]
+    model = onnx.load(str(locate(name)))
     for d, v in zip(next(i for i in model.graph.input if i.name == m.input).type.tensor_type.shape.dim, m.shape):
         d.Clear()
         d.dim_value = v
@@ -98,15 +95,24 @@ def test_quantize_static_export_compiles(tmp_path: Path, ctxbuild) -> None:
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
-            self.left = iter([{m.input: render("ppocr_cls", k)} for k in range(8)])
+            self.left = iter([{m.input: render(name, k)} for k in range(8)])
 
         def get_next(self) -> dict | None:
             return next(self.left, None)
 
-    quantize_static(str(tmp_path / "float.onnx"), str(tree / "ppocr_cls_qdq.onnx"), Reader(),
+    quantize_static(str(tmp_path / "float.onnx"), str(tree / f"{name}_qdq.onnx"), Reader(),
                     quant_format=QuantFormat.QDQ)
-    recipe = tree / "ppocr_cls.yaml"
-    recipe.write_text(recipe.read_text().replace(f"model: {locate('ppocr_cls')}", "model: ppocr_cls_qdq.onnx"))
+    recipe = tree / f"{name}.yaml"
+    recipe.write_text(recipe.read_text().replace(f"model: {locate(name)}", f"model: {name}_qdq.onnx"))
+    return tree
+
+
+def test_quantize_static_export_compiles(tmp_path: Path, ctxbuild) -> None:
+    """PP-OCR's direction classifier quantized by onnxruntime's quantize_static with its defaults: QNN refused 51
+    of its nodes; the QDQ rules (static_shapes, qdq_weights, qdq_unsigned, batchnorm_params) make it compile whole
+    and it verifies on the simulator against the export (measured on its 4 samples: cosine 0.998, the same top
+    class on all; the default thresholds are 0.99 and 20 dB)."""
+    tree = _quantize_static_tree(tmp_path, "ppocr_cls")
     out = tmp_path / "out"
     r = ctxbuild("build", str(tree), "-o", str(out), timeout=1800)
     assert r.code == 0, r.text
@@ -117,3 +123,28 @@ def test_quantize_static_export_compiles(tmp_path: Path, ctxbuild) -> None:
     assert verify["passed"] and verify["coverage"]["cpu_nodes"] == 0 and verify["reference"] == "original", verify
     (measured,) = verify["outputs"].values()
     assert measured["argmax_agreement"] == 1.0, measured
+
+
+@pytest.mark.parametrize("name, rules", [
+    ("ppocr_det_320", {"qdq_weights", "qdq_unsigned", "qdq_bias", "batchnorm_params"}),
+    ("ppocr_rec", {"static_shapes", "qdq_weights", "qdq_unsigned", "qdq_bias", "batchnorm_params"})])
+def test_quantize_static_detector_and_recognizer_compile_whole(tmp_path: Path, ctxbuild, name: str,
+                                                               rules: set[str]) -> None:
+    """PP-OCR's detector and recognizer quantized by quantize_static with its defaults: the recognizer's attention
+    was refused (178 nodes: static_shapes now folds the Shapes a fold made known), and both kept float Conv biases
+    (Constant nodes), which the HTP computed wrongly (the detector at cosine 0.05): qdq_bias writes them as the
+    QDQ format's int32 biases, which the sample check keeps (outputs' SNR >= 10 dB against before). Both compile
+    whole. Verification is not run here (minutes on the simulator; measured in docs/legalization.md: the detector
+    0.9922 / 18.0 dB, the recognizer 0.9589 / 10.8 dB against the export as written, which onnxruntime's own CPU
+    kernels do not reproduce closer than 28.7 and 13.3 dB)."""
+    tree = _quantize_static_tree(tmp_path, name)
+    recipe = tree / f"{name}.yaml"
+    recipe.write_text(recipe.read_text().replace("verify: {dir: verify, timeout_s: 1800}",
+                                                 "verify: {enabled: false, dir: verify, samples: 2}"))
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), timeout=1800)
+    assert r.code == 0, r.text  # compiled whole: no node refused (cpu_fallback is off)
+    (prepare,) = [json.loads(p.read_text()) for p in (out / ".ctxbuild" / "records").glob("prepare.*.json")]
+    assert set(prepare["rewrites"]) == rules and not prepare.get("withdrawn"), prepare
+    assert prepare["rewrite_check"]["snr_db"]["qdq_bias"] >= 10, prepare["rewrite_check"]
+    assert "static_shapes" not in prepare.get("kept", {}), prepare["kept"]

@@ -184,8 +184,9 @@ def _checked(ctx: Any, dst: Path, first: Candidate, samples: list[dict[str, np.n
     """The rewritten model to keep (None: none), why each withdrawn rule was, and what the check measured (for
     the record), on `samples` (`on` says what they are). All rules at once first, at the tightest tolerance among
     them; when that fails, rule by rule, each against the model with the rules kept before it (so each is
-    measured alone, at its own tolerance; the last step reuses the first model when nothing was withdrawn)."""
-    from ctxbuild.graph.legalize.check import moved, tolerance
+    measured alone, at its own tolerance, or its minimum SNR; the last step reuses the first model when nothing
+    was withdrawn)."""
+    from ctxbuild.graph.legalize.check import min_snr_db, moved, snr_db, tolerance
     from ctxbuild.verify.measure import cpu_outputs
 
     facts: dict[str, Any] = {"models_run": 0, "moved": {}}
@@ -206,13 +207,18 @@ def _checked(ctx: Any, dst: Path, first: Candidate, samples: list[dict[str, np.n
             return f"the rewritten model: {after}"
         worst, what = moved(reference, after)
         facts["moved"][label] = float(f"{worst:.3g}") if worst < float("inf") else None  # JSON has no inf
+        if (floor := min_snr_db(label) if label in first.rewrites else None) is not None:
+            snr, what = snr_db(reference, after)
+            facts.setdefault("snr_db", {})[label] = round(snr, 1) if abs(snr) < float("inf") else None
+            return None if snr >= floor else f"{what} (minimum {floor:g} dB) {on}"
         return None if worst <= tol else f"{what} (tolerance {tol:g}) {on}"
 
     before = run(dst)
     if isinstance(before, str):
         return None, {rule: f"not checked: the model before the rewrites: {before}" for rule in first.rewrites}, facts
     first_after = run(first.path)
-    if (found := why("all rules", before, first_after, min(map(tolerance, first.rewrites)))) is None:
+    label = next(iter(first.rewrites)) if len(first.rewrites) == 1 else "all rules"  # one rule: its own measure
+    if (found := why(label, before, first_after, min(map(tolerance, first.rewrites)))) is None:
         return first, {}, facts
     if len(first.rewrites) == 1:
         return None, {rule: found for rule in first.rewrites}, facts

@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any, Collection
 
 from ctxbuild.graph.legalize import (batchnorm_params, clip, convtranspose, dynamic_int8, einsum, gathernd, gelu,
-                                     log_power, mask_fill, qdq_unsigned, qdq_weights, rmsnorm, static_shapes,
-                                     sum_squares, variance)
-from ctxbuild.graph.legalize.graphview import GraphView
+                                     log_power, mask_fill, qdq_bias, qdq_unsigned, qdq_weights, rmsnorm,
+                                     static_shapes, sum_squares, variance)
+from ctxbuild.graph.legalize.graphview import GraphView, static_shapes_of
 
 # The QDQ rules first: the shape and weight constants they fold are what the later rules' conditions read;
 # sum_squares before log_power, which finds the square its ReduceSumSquare becomes.
-RULES = (static_shapes, qdq_weights, qdq_unsigned, batchnorm_params, dynamic_int8, einsum, gathernd, clip, rmsnorm,
-         variance, sum_squares, log_power, gelu, mask_fill, convtranspose)
+RULES = (static_shapes, qdq_weights, qdq_unsigned, qdq_bias, batchnorm_params, dynamic_int8, einsum, gathernd, clip,
+         rmsnorm, variance, sum_squares, log_power, gelu, mask_fill, convtranspose)
 METADATA_KEY = "ctxbuild.rewrites"
 KEPT_KEY = "ctxbuild.kept"  # rule -> the patterns left as written and why
 WITHDRAWN_KEY = "ctxbuild.withdrawn"  # rule -> why the sample check withdrew its rewrites
@@ -51,7 +51,7 @@ def wanted(model: Any, only: Collection[str] | None = None) -> bool:
 def legalize(model: Any, only: Collection[str] | None = None) -> Legalized:
     """Rewrite `model` (weights loaded) in place with every rule, or those named in `only` (prepare.rewrite):
     the rewrites made and the patterns left as written, by rule."""
-    shapes = _shapes(model)
+    shapes = static_shapes_of(model)
     view = GraphView(model)
     done = Legalized()
     for rule in _rules(only):
@@ -71,18 +71,3 @@ def legalize(model: Any, only: Collection[str] | None = None) -> Legalized:
 def _rules(only: Collection[str] | None) -> tuple[Any, ...]:
     return RULES if only is None else tuple(r for r in RULES if r.NAME in only)
 
-
-def _shapes(model: Any) -> dict[str, list[int]]:
-    """Static tensor shapes from onnx's shape inference (with data propagation for Shape chains)."""
-    import onnx
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception:  # noqa: BLE001 - inference is a help here, not a requirement: rules needing a shape skip
-        return {}
-    shapes = {}
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
-        t = vi.type.tensor_type
-        if t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
-            shapes[vi.name] = [d.dim_value for d in t.shape.dim]
-    return shapes

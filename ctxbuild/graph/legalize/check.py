@@ -2,11 +2,12 @@
 
 prepare runs the model before and after the rules on onnxruntime's CPU EP in fp32 on the recipe's samples
 (verify.dir, else calibration.dir, else seeded random inputs) and applies only the rules whose rewrites keep
-every output within the rule's tolerance of what it was (actions/prepare.py). The static conditions in the rules
-prove what the graph can show; this catches what only values show (attention scores 100 apart under mask_fill)."""
+every output within the rule's tolerance of what it was (actions/prepare.py), or, for a rule with MIN_SNR_DB
+(qdq_bias), every output at that SNR against what it was. The static conditions in the rules prove what the
+graph can show; this catches what only values show (attention scores 100 apart under mask_fill)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -18,9 +19,19 @@ TOLERANCE = 1e-4
 
 def tolerance(rule: str) -> float:
     """The rule's own TOLERANCE where its rewrite is not meant to keep the outputs to float precision."""
+    return getattr(_rule(rule), "TOLERANCE", TOLERANCE)
+
+
+def min_snr_db(rule: str) -> float | None:
+    """The rule's MIN_SNR_DB when it is judged by the outputs' SNR instead (qdq_bias: a rewrite within a
+    quantized model's own rounding, whose one-step flips a quantized network carries to its outputs)."""
+    return getattr(_rule(rule), "MIN_SNR_DB", None)
+
+
+def _rule(name: str) -> Any:
     from ctxbuild.graph.legalize import RULES
 
-    return next(getattr(r, "TOLERANCE", TOLERANCE) for r in RULES if r.NAME == rule)
+    return next(r for r in RULES if r.NAME == name)
 
 
 def moved(before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> tuple[float, str]:
@@ -49,4 +60,24 @@ def moved(before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> tuple[
         rel = diff / scale if scale else (0.0 if diff == 0 else float("inf"))
         if rel >= worst:
             worst, what = rel, f"output '{name}' moved by {diff:.3g}, {rel:.2g} of its largest value {scale:.3g}"
+    return worst, what
+
+
+def snr_db(before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> tuple[float, str]:
+    """The lowest SNR of `after` against `before` over the float outputs (10 log10 of the signal's energy over
+    the difference's; inf where they are equal) and what it is; -inf for a changed shape, type or NaN."""
+    import numpy as np
+
+    worst, what = float("inf"), "no outputs"
+    for name, a in before.items():
+        b = after.get(name)
+        if b is None or b.shape != a.shape or b.dtype != a.dtype or (np.isnan(a) != np.isnan(b)).any():
+            return float("-inf"), f"output '{name}' changed shape, type or NaNs"
+        if a.dtype.kind not in "fc":
+            continue
+        fa, fb = np.nan_to_num(a.astype(np.float64)), np.nan_to_num(b.astype(np.float64))
+        noise, signal = float(((fa - fb) ** 2).sum()), float((fa ** 2).sum())
+        snr = float("inf") if noise == 0 else 10 * np.log10(signal / noise) if signal else float("-inf")
+        if snr <= worst:
+            worst, what = snr, f"output '{name}' at SNR {snr:.1f} dB against before"
     return worst, what

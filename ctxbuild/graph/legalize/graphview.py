@@ -166,6 +166,22 @@ class GraphView:
         return done
 
 
+def static_shapes_of(model: Any) -> dict[str, list[int]]:
+    """Static tensor shapes from onnx's shape inference (with data propagation for Shape chains)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # noqa: BLE001 - inference is a help here, not a requirement: rules needing a shape skip
+        return {}
+    shapes = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        t = vi.type.tensor_type
+        if t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
+            shapes[vi.name] = [d.dim_value for d in t.shape.dim]
+    return shapes
+
+
 def _subgraph_inputs(node: Any) -> set[str]:
     names: set[str] = set()
     for a in node.attribute:

@@ -2,7 +2,7 @@
 Gather, ...) -> constants: QNN has no Shape on the HTP and takes a Reshape's shape as a constant only. prepare's
 optimizer folds these for float models; a QDQ model skips the optimizer (it would fold the weights'
 DequantizeLinear), so its Shape chains reach QNN (a quantize_static PP-OCR classifier: Shape -> Cast -> Slice ->
-Concat -> Reshape).
+Concat -> Reshape), and a Reshape shaped by one hides the shapes after it from onnx's shape inference.
 
 Exact once prepare has fixed the input shapes: the constants are what onnxruntime's CPU EP computes from them.
 Only nodes reached from such a Shape whose inputs are all constants are folded; QuantizeLinear and
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ctxbuild.graph.legalize.graphview import GraphView
+from ctxbuild.graph.legalize.graphview import GraphView, static_shapes_of
 
 NAME = "static_shapes"
 OPS = ("Shape",)
@@ -23,12 +23,27 @@ MAX_ELEMENTS = 1 << 16  # a shape chain's constants are small: larger inputs are
 
 
 def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
+    done = 0
+    while n := _fold(g, shapes):
+        # A Reshape whose shape was a Shape chain hid every shape after it from onnx's inference (a PP-OCR
+        # recognizer's attention: the second Shape reads the first Reshape's output): infer again and fold on.
+        # `shapes` is updated in place, so the rules after this one see the shapes folding made known.
+        done += n
+        g.prune()
+        shapes.update(static_shapes_of(g.model))
+    return done
+
+
+def _fold(g: GraphView, shapes: dict[str, list[int]]) -> int:
+    """One pass: fold every Shape whose input's shape is known and what is computed from it; how many Shapes.
+    A pass that folds none records the Shapes left and why."""
     fold = _Folder(g)
+    unknown = []
     reached: set[str] = set()  # outputs computed from a folded Shape
     for node in g.graph.node:  # topological: a node's inputs are known when it is reached
         if node.op_type == "Shape" and node.domain in ("", "ai.onnx"):
             if node.input[0] not in shapes:
-                g.keep(node, f"the shape of '{node.input[0]}' is not known statically")
+                unknown.append(node)
                 continue
             start = next((a.i for a in node.attribute if a.name == "start"), 0)
             end = next((a.i for a in node.attribute if a.name == "end"), None)
@@ -41,7 +56,11 @@ def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
         for o in node.output:
             if o in fold.values and (g.consumers.get(o) or o in g.outputs):
                 g.replace_uses(o, g.add_const(f"{o}_const", fold.values[o]))
-    return sum(n.op_type == "Shape" for n in fold.folded)
+    shapes_folded = sum(n.op_type == "Shape" for n in fold.folded)
+    if not shapes_folded:
+        for node in unknown:
+            g.keep(node, f"the shape of '{node.input[0]}' is not known statically")
+    return shapes_folded
 
 
 class _Folder:
