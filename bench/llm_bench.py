@@ -11,6 +11,13 @@ added, and the token-level verification. Writes bench/results/llm_bench.json.
     # the ~1B shape (Llama-3.2-1B: hidden 2048, 16 layers, 32/8 heads, MLP 8192, vocab 128256):
     python bench/llm_bench.py --hidden 2048 --layers 16 --heads 32 --kv-heads 8 --intermediate 8192 \
         --vocab 128256 --ar 128 1 --cl 1024 2048 --add-cl 0 --precision w4a16 --workdir /var/tmp
+    # the 3B shape (Llama-3.2-3B): the plan's memory estimates only (weights as a sparse file: no disk, no RAM) ...
+    python bench/llm_bench.py --hidden 3072 --layers 28 --heads 24 --kv-heads 8 --intermediate 8192 \
+        --vocab 128256 --ar 128 1 --cl 1024 2048 --parts 4 --precision w4a16 --plan-only
+    # ... and one part built (the split, that part's quantize and bundle; no verification, no cache)
+    python bench/llm_bench.py <the same shape> --only-part 1 --samples 2 --workdir /tmp --memory-budget 22G
+
+--plan-only and --only-part write bench/results/llm_bench_plan.json / llm_bench_part<N>.json.
 """
 from __future__ import annotations
 
@@ -69,52 +76,125 @@ def main() -> None:
     ap.add_argument("--target", default="SM8650")
     ap.add_argument("--samples", type=int, default=4, help="calibration prompts")
     ap.add_argument("--verify", type=int, default=2, help="verification prompts")
+    ap.add_argument("--prompt-tokens", type=int, help="tokens per prompt (default: the largest AR + 8)")
     ap.add_argument("--verify-timeout", type=float, default=600, help="seconds the simulator may take per CL")
     ap.add_argument("--memory-budget", help="passed to ctxbuild build (its estimates err high at LLM sizes)")
     ap.add_argument("--workdir", type=Path, help="keep the build here (default: a temporary directory)")
+    ap.add_argument("--plan-only", action="store_true",
+                    help="plan with zero weights in a sparse file and print every action's memory estimate")
+    ap.add_argument("--only-part", type=int, metavar="N",
+                    help="build only part N's deliverable (split, its quantize, its bundle) with ninja, no "
+                         "verification, no cache: a model too large to build whole here")
     args = ap.parse_args()
     cfg = llm_decoder.Config(vocab=args.vocab, hidden=args.hidden, layers=args.layers,
                              heads=args.heads or args.hidden // 32, kv_heads=args.kv_heads or max(1, args.hidden // 128),
                              intermediate=args.intermediate or 3 * args.hidden,
                              max_positions=max(args.cl + [args.add_cl]))
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-        result = run(args, cfg, Path(tmp))
+        work = Path(tmp)
+        if args.plan_only:
+            result, name = plan_only(args, cfg, work), "llm_bench_plan"
+        elif args.only_part:
+            result, name = only_part(args, cfg, work), f"llm_bench_part{args.only_part}"
+        else:
+            result, name = run(args, cfg, work), "llm_bench"
     dst = ROOT / "bench" / "results"
     dst.mkdir(parents=True, exist_ok=True)
-    (dst / "llm_bench.json").write_text(json.dumps(result, indent=2))
+    (dst / f"{name}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
 
 
-def run(args: argparse.Namespace, cfg: llm_decoder.Config, work: Path) -> dict:
+def make_model(args: argparse.Namespace, cfg: llm_decoder.Config, src: Path, zeros: bool = False) -> dict:
+    """The decoder and its prompts in `src` (weights written as they are made, beside the graph as exporters write
+    them; `zeros`: a sparse file); its parameter count and decoder facts."""
     import numpy as np
     import onnx
 
     from ctxbuild.llm.convention import weight_sizes
-    from ctxbuild.recipes.llm import part_weight_bytes
 
-    src, out = work / "recipes", work / "out"
     src.mkdir()
-    model = llm_decoder.decoder(cfg)
-    params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
-    facts = {"layers": cfg.layers, "weight_sizes": weight_sizes(model)}
-    # over 2 GB of float32 the protobuf limit applies: weights beside the graph, as exporters write them
-    onnx.save(model, src / "llama.onnx", save_as_external_data=True, location="llama.onnx.data")
-    del model
+    model = llm_decoder.decoder(cfg, data=src / "llama.onnx.data", zeros=zeros)
+    onnx.save(model, src / "llama.onnx")
     onnx.checker.check_model(src / "llama.onnx")
     (src / "prompts").mkdir()
-    for i, p in enumerate(llm_decoder.prompts(cfg, max(args.samples, args.verify), max(args.ar) + 8)):
+    for i, p in enumerate(llm_decoder.prompts(cfg, max(args.samples, args.verify), args.prompt_tokens or max(args.ar) + 8)):
         np.save(src / "prompts" / f"prompt_{i}.npy", p)
-    env = {**os.environ, "CTXBUILD_CACHE_DIR": str(work / "cache")}
-    write_recipe(src, args, args.cl)
-    cold = build(src, out, env, args.memory_budget)
-    recs = [json.loads(p.read_text()) for p in (out / ".ctxbuild" / "records").glob("*.json")]
+    return {"parameters": sum(int(np.prod(t.dims)) for t in model.graph.initializer),
+            "facts": {"layers": cfg.layers, "weight_sizes": weight_sizes(model)}}
+
+
+def by_kind(out: Path) -> dict[str, dict[str, float]]:
+    """Per action kind: actions, seconds in all, the largest peak RSS and estimate (from the build's records)."""
     kinds: dict[str, dict[str, float]] = {}
-    for r in recs:
+    for p in (out / ".ctxbuild" / "records").glob("*.json"):
+        r = json.loads(p.read_text())
         k = kinds.setdefault(r["kind"], {"actions": 0, "seconds": 0.0, "peak_rss_mb": 0.0, "estimate_mb": 0.0})
         k["actions"] += 1
         k["seconds"] = round(k["seconds"] + r.get("seconds", 0), 2)
         k["peak_rss_mb"] = max(k["peak_rss_mb"], round((r.get("peak_rss") or 0) / 2**20, 1))
         k["estimate_mb"] = max(k["estimate_mb"], round((r.get("memory_estimate") or 0) / 2**20, 1))
+    return kinds
+
+
+def plan_only(args: argparse.Namespace, cfg: llm_decoder.Config, work: Path) -> dict:
+    """Every action's memory estimate before any ran (plan/memory.planned), and the parts' estimated weight bytes."""
+    from ctxbuild.plan import memory
+    from ctxbuild.plan.planner import make_plan
+    from ctxbuild.recipes import recipe
+    from ctxbuild.recipes.llm import part_weight_bytes
+
+    src = work / "recipes"
+    model = make_model(args, cfg, src, zeros=True)
+    write_recipe(src, args, args.cl)
+    plan = make_plan(recipe.load([src]), work / "out")
+    estimates = memory.planned(plan.actions)
+    return {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "parameters": model["parameters"],
+            "part_weight_bytes": [int(b) for b in part_weight_bytes(model["facts"], args.parts, args.precision, None)],
+            "estimates_gib": {a.id: round(estimates[a.id] / 2**30, 2) for a in plan.actions}}
+
+
+def only_part(args: argparse.Namespace, cfg: llm_decoder.Config, work: Path) -> dict:
+    """Part N's deliverable built by ninja from a plan without verification, no cache: seconds, peak RSS and
+    estimate per action, the part's .bin bytes against its estimated weight bytes, the bytes on disk."""
+    from ctxbuild.engine import ninja, replan
+    from ctxbuild.recipes.llm import part_weight_bytes
+
+    src, out = work / "recipes", work / "out"
+    model = make_model(args, cfg, src)
+    write_recipe(src, args, args.cl)
+    env = {**os.environ, "CTXBUILD_NO_CACHE": "1",
+           **({"CTXBUILD_MEMORY_BUDGET": args.memory_budget} if args.memory_budget else {})}
+    replan.plan_and_render(out, {"paths": [str(src.resolve())], "compile_jobs": 1, "verify": False})
+    state = ninja.read_state(out, "plan.json")
+    bundle = next(a for a in state["actions"] if a["id"].startswith(f"bundle/llm.part{args.only_part}@"))
+    start = time.monotonic()
+    target = next(o for o in bundle["outputs"] if o.endswith("_qnn.bin"))
+    p = subprocess.run([ninja.ninja_binary(), "-j", "1", os.path.relpath(target, out)], cwd=out, env=env,
+                       capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit(p.stdout[-5000:] + p.stderr[-5000:])
+    weights = part_weight_bytes(model["facts"], args.parts, args.precision, None)[args.only_part - 1]
+    binary = Path(target).stat().st_size
+    return {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "parameters": model["parameters"], "seconds": round(time.monotonic() - start, 1),
+            "actions": {r["id"]: {"seconds": r.get("seconds"), "peak_rss_mb": round((r.get("peak_rss") or 0) / 2**20),
+                                  "estimate_mb": round((r.get("memory_estimate") or 0) / 2**20)}
+                        for r in map(lambda f: json.loads(f.read_text()), (out / ".ctxbuild" / "records").glob("*.json"))},
+            "bin_bytes": binary, "weight_bytes_estimate": int(weights), "bin_over_weights": round(binary / weights, 3),
+            "disk_after": disk_bytes(src / "llama.onnx", out, work / "cache")}
+
+
+def run(args: argparse.Namespace, cfg: llm_decoder.Config, work: Path) -> dict:
+    from ctxbuild.recipes.llm import part_weight_bytes
+
+    src, out = work / "recipes", work / "out"
+    model = make_model(args, cfg, src)
+    params, facts = model["parameters"], model["facts"]
+    env = {**os.environ, "CTXBUILD_CACHE_DIR": str(work / "cache")}
+    write_recipe(src, args, args.cl)
+    cold = build(src, out, env, args.memory_budget)
+    kinds = by_kind(out)
     bins = out / args.target / "llm"
     shared = sum(p.stat().st_size for p in bins.glob("*_qnn.bin"))
     unshared = sum(p.stat().st_size for p in (out / ".ctxbuild" / "work" / "llm" / "twins").rglob("*_qnn.bin"))

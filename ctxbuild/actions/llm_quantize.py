@@ -22,6 +22,7 @@ import numpy as np
 
 from ctxbuild.errors import ActionError
 from ctxbuild.graph.modelio import SharedData, data_path, load
+from ctxbuild.llm.ar_sessions import one_ar_runner
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.pipeline import Bound
 from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
@@ -30,6 +31,7 @@ from ctxbuild.plan.action import Action
 
 WEIGHTS = {"w4a16": "QInt4", "w8a16": "QInt8"}
 MAX_SAMPLES = 16  # calibration samples per graph (prompt chunks and token steps)
+QDQ_OPSET = 21  # uint16 QuantizeLinear/DequantizeLinear
 
 
 def discover_inputs(action: Action) -> dict[str, Path]:
@@ -40,15 +42,15 @@ def calibration_feeds(layout: Layout, models: dict[tuple[int, int, int], Path], 
                       tokens: int, part: int, bound: Bound | None = None
                       ) -> dict[tuple[int, int, int], list[dict[str, np.ndarray]]]:
     """The first MAX_SAMPLES calls' inputs to each of `part`'s graphs (with its slots' values from `bound`) while the
-    float pipeline decodes `prompts` at each CL. One CL's sessions at a time, and only what is kept is recorded: an
-    LLM's KV-cache inputs are large (at CL 2048 ~8 MB per layer and call)."""
+    float pipeline decodes `prompts` at each CL. One CL's sessions of one AR at a time, and only what is kept is
+    recorded: an LLM's KV-cache inputs are large (at CL 2048 ~8 MB per layer and call)."""
     from ctxbuild.llm import pipeline
 
     bound = bound or {}
     feeds: dict[tuple[int, int, int], list[dict[str, np.ndarray]]] = {}
     ars = sorted({g.ar for g in layout.graphs})
     for cl in sorted({g.cl for g in layout.graphs}):
-        run_cpu = pipeline.cpu_runner({k: v for k, v in models.items() if k[2] == cl}, bound)
+        run_cpu = one_ar_runner({k: v for k, v in models.items() if k[2] == cl}, bound)
 
         def record(part_: int, ar: int, cl_: int, f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             kept = feeds.setdefault((part_, ar, cl_), []) if part_ == part else []
@@ -85,7 +87,7 @@ def run(ctx: Any) -> None:
         samples = feeds.get((g.part, g.ar, g.cl), [])
         # a private copy beside the model: onnxruntime writes scratch files beside its input
         src = model.with_name(f".llm-quantize-{os.getpid()}-{model.name}")
-        _private_copy(model, src, set(defaults[(g.part, g.ar, g.cl)]))
+        opset = _private_copy(model, src, set(defaults[(g.part, g.ar, g.cl)]))
         try:
             names, sensitive, weights = _io_and_sensitive(src)
             overrides = {n: [{"quant_type": kv}] for n in names if n.startswith(("past_key_values.", "present."))}
@@ -96,6 +98,8 @@ def run(ctx: Any) -> None:
                                         weight_type=getattr(QuantType, WEIGHTS[p["precision"]]), per_channel=True,
                                         init_overrides=overrides or None)
             config.use_external_data_format = True
+            if opset < QDQ_OPSET:  # what onnxruntime chooses for the graph as written: the QDQ graphs stay the same
+                config.extra_options["UseQDQContribOps"] = True
             quantize(str(src), str(ctx.tmp_output(f"model:{g.name}")), config)
         finally:
             src.unlink()
@@ -130,19 +134,29 @@ def adapter_variants(inputs: dict[str, str], floats: dict[tuple[int, int, int], 
     return defaults, variants
 
 
-def _private_copy(model: Path, dst: Path, slots: set[str]) -> None:
-    """A hard link of `model` at `dst`, or, when it has LoRA slots, the model without their defaults (the quantizer
-    would take an initializer for a weight): the proto rewritten, its external data shared."""
-    if not slots:
-        os.link(model, dst)
-        return
+def _private_copy(model: Path, dst: Path, slots: set[str]) -> int:
+    """`model` at `dst`, its external data shared, at opset 21 and without the LoRA slots' defaults (the quantizer
+    would take an initializer for a weight); returns the model's own opset. 16-bit activations need opset 21, and
+    onnxruntime's quantizer converts an older model with its weights loaded (the version converter and a shape
+    inference round trip each copy them): done here on the graph alone."""
     import onnx
 
     m = load(model, external_data=False)
+    opset = _opset(m)
+    if not slots and opset >= QDQ_OPSET:
+        os.link(model, dst)
+        return opset
+    if opset < QDQ_OPSET:
+        m = onnx.version_converter.convert_version(m, QDQ_OPSET)
     kept = [t for t in m.graph.initializer if t.name not in slots]
     del m.graph.initializer[:]
     m.graph.initializer.extend(kept)
     onnx.save(m, str(dst))
+    return opset
+
+
+def _opset(m: Any) -> int:
+    return next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
 def _io_and_sensitive(path: Path) -> tuple[list[str], list[str], list[str]]:

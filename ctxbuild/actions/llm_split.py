@@ -10,6 +10,7 @@ from typing import Any
 from ctxbuild.errors import ActionError
 from ctxbuild.graph.modelio import external_data_files, load
 from ctxbuild.llm import export_config
+from ctxbuild.llm.ar_sessions import one_ar_runner
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
 from ctxbuild.lora.adapters import slot_defaults_of
@@ -63,11 +64,11 @@ def run(ctx: Any) -> None:
     tokens = p["check"]["tokens"]
     prompts = load_prompts(prompt_files(Path(a.watch[0]), p["check"]["prompts"]), p["check"]["prompts"],
                            tokenizer_of(a))
-    # one set of sessions at a time (the original's, then each CL's graphs): peak memory stays near two copies
-    # of the weights however many CLs there are
+    # one set of sessions at a time (the original's, then each CL's graphs at one AR): peak memory stays near one
+    # copy of the weights however many CLs and ARs there are
     reference = [pipeline.reference_generate(src, prompt, tokens, slots).tokens for prompt in prompts]
     for cl in cls:
-        run_cpu = pipeline.cpu_runner({(g.part, g.ar, g.cl): dst[g.name] for g in graphs if g.cl == cl})
+        run_cpu = one_ar_runner({(g.part, g.ar, g.cl): dst[g.name] for g in graphs if g.cl == cl})
         for i, (prompt, want) in enumerate(zip(prompts, reference)):
             try:
                 got = pipeline.generate(run_cpu, ranges, (shape.kv_heads, shape.head_dim), prompt, tokens, cl, max(ars)).tokens

@@ -45,6 +45,8 @@ class MemoryModel:
     # models list `<model>.data` as an input of their own)
     per_context_length: bool = False  # an llm action holding one CL's graphs at a time: the weights read count
     # once per params["context_lengths"]
+    per_sequence_length: bool = False  # ... and of those one AR's at a time (llm/ar_sessions.py): once per AR too
+    # (params["graphs"]: the action's own part's graphs, one per AR x CL)
     own_graph_factor: float = 0.0  # a later phase holding one of the action's own graphs (params["graphs"]) this
     # many times over (onnxruntime's quantizer); the estimate is the larger phase
     unoptimized_factor: float | None = None  # with params["optimize"] false: the factor instead of `factor`
@@ -173,8 +175,9 @@ class Compile(Kind):
     params = CompileParams
     uses_qnn = True
     deliverable = True
-    # the HTP compiler holds ~3.9x the bytes that end in the binary; fp16 models carry float32 weights (~2x)
-    memory = MemoryModel(4.2, ("model",), {"fp16": 2.2})
+    # the HTP compiler holds ~3.9x the bytes that end in the binary; fp16 models carry float32 weights (~2x); an
+    # LLM's w4a16 graph (int4 weights, 16-bit activations) 5.2x: 2.00 GiB for a 3B part graph's 0.33 GiB of QDQ
+    memory = MemoryModel(4.2, ("model",), {"fp16": 2.2, "w4a16": 5.5})
 
 
 class _BundleRequired(TypedDict):
@@ -405,7 +408,10 @@ class LlmSplit(Kind):
     implementation = "ctxbuild.actions.llm_split"
     params = LlmSplitParams
     discovers_inputs = True  # the model's external data and the prompt files
-    memory = MemoryModel(3.0, ("model",), user_model=True)  # the original's session and one CL's graphs
+    # the original's session, then one CL's graphs of one AR at a time (llm/ar_sessions.py), which hold the model
+    # and the tied head's copy: 13.6 GiB for the 3B shape's 12.0 GiB (1.14x), 1.3 GiB for a 0.65 GiB 2-layer
+    # decoder whose head is a third of it (bench/llm_bench.py, docs/llm.md)
+    memory = MemoryModel(1.6, ("model",), user_model=True)
 
 
 class _LlmQuantizeRequired(TypedDict):
@@ -430,10 +436,10 @@ class LlmQuantize(Kind):
     implementation = "ctxbuild.actions.llm_quantize"
     params = LlmQuantizeParams
     discovers_inputs = True  # the prompt files
-    # calibration: one CL's float sessions (every part's graphs: 8.4 GB for 8.1 GB at the 1B shape); then
-    # onnxruntime's quantizer on one graph at a time: model, augmented copy, calibration session, QDQ output
-    # (6.1 GB for a 715 MB graph); bench/llm_bench.py
-    memory = MemoryModel(1.2, ("model:",), per_context_length=True, own_graph_factor=9.0)
+    # calibration: one CL's float sessions of one AR (every part's graphs); then onnxruntime's quantizer on one
+    # graph at a time: model, augmented copy, calibration session, QDQ output. 1.57-1.89 GiB for 0.47 GiB graphs
+    # (3.4x above BASE; 8.5x when the quantizer converted the graph to opset 21 itself); bench/llm_bench.py
+    memory = MemoryModel(1.2, ("model:",), per_context_length=True, per_sequence_length=True, own_graph_factor=4.0)
 
 
 class _LlmEvalRequired(TypedDict):

@@ -7,6 +7,7 @@ side; a build that knows better sets --memory-budget.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +20,35 @@ BASE = 300 << 20
 # The per-kind factors (peak RSS per byte of the weights an action reads) live with each kind in kinds.py.
 
 
-def estimate(action: Any) -> int:
-    """Bytes of peak RSS `action` is expected to need, from the sizes of the files it reads."""
+def estimate(action: Any, planned: Mapping[str, int] | None = None) -> int:
+    """Bytes of peak RSS `action` is expected to need, from the sizes of the files it reads (`planned`: predicted
+    sizes of files not written yet, by path: plan/planned_sizes.py)."""
     model = kinds.get(action.kind).memory
-    size = sum(_size(path, model.user_model) for role, path in action.inputs.items()
+
+    def read(path: str | None, user_model: bool = False) -> int:
+        return planned[path] if planned and path in planned else _size(path, user_model)
+
+    size = sum(read(path, model.user_model) for role, path in action.inputs.items()
                if any(role.startswith(p) for p in model.weight_roles))
     need = factor(action.kind, action.params) * size
     if model.per_context_length:
         need /= len(action.params["context_lengths"])
+    if model.per_sequence_length:
+        need /= len(action.params["graphs"]) // len(action.params["context_lengths"])
     if model.own_graph_factor:
-        largest = max(sum(_size(action.inputs.get(f"model:{g}{ext}")) for ext in ("", ".data"))
+        largest = max(sum(read(action.inputs.get(f"model:{g}{ext}")) for ext in ("", ".data"))
                       for g in action.params["graphs"])
         need = max(need, model.own_graph_factor * largest)
     return BASE + int(need)
+
+
+def planned(actions: list[Any]) -> dict[str, int]:
+    """Every action's estimate by id before any of them ran: the files earlier actions will write counted at
+    their predicted sizes."""
+    from ctxbuild.plan.planned_sizes import planned_sizes
+
+    sizes = planned_sizes(actions)
+    return {a.id: estimate(a, sizes) for a in actions}
 
 
 def _size(path: str | None, with_external_data: bool = False) -> int:

@@ -15,8 +15,10 @@ No torch needed. Usage: python recipes/models/llm_decoder.py [DEST]   (default: 
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import onnx
@@ -48,9 +50,11 @@ class Config:
 
 
 class _Builder:
-    def __init__(self, rng: np.random.Generator, weights: dict[str, np.ndarray] | None = None) -> None:
+    def __init__(self, rng: np.random.Generator, weights: dict[str, np.ndarray] | None = None,
+                 data: BinaryIO | None = None, zeros: bool = False) -> None:
         self.rng, self.nodes, self.inits = rng, [], {}
         self.given = weights  # trained weights by name (recipes/models/glasslm_decoder.py); None: random ones
+        self.data, self.zeros, self.offset = data, zeros, 0  # external data written as the weights are made
 
     def init(self, name: str, value: np.ndarray) -> str:
         """A named constant; shape constants are shared by name, so the first definition stands."""
@@ -62,7 +66,29 @@ class _Builder:
             value = self.given[name].astype(np.float32)
             assert value.shape == shape, (name, value.shape, shape)
             return self.init(name, value)
+        if self.data is not None:
+            return self.external(name, shape, std)
         return self.init(name, (self.rng.standard_normal(shape) * std).astype(np.float32))
+
+    def external(self, name: str, shape: tuple[int, ...], std: float) -> str:
+        """A weight written straight into the external data file, some rows at a time (the generator fills C order:
+        the values are the in-memory model's), so a model larger than RAM can be made; with `zeros`, a hole of a
+        sparse file (its sizes without its bytes: enough to plan a build)."""
+        assert self.data is not None
+        length = 4 * int(np.prod(shape))
+        if not self.zeros:
+            rows = max(1, (64 << 20) // (8 * int(np.prod(shape[1:]))))
+            for r in range(0, shape[0], rows):
+                block = self.rng.standard_normal((min(rows, shape[0] - r), *shape[1:])) * std
+                self.data.write(block.astype(np.float32).tobytes())
+        t = TensorProto(name=name, dims=shape, data_type=TensorProto.FLOAT)
+        t.data_location = TensorProto.EXTERNAL
+        for k, v in (("location", Path(self.data.name).name), ("offset", self.offset), ("length", length)):
+            t.external_data.add(key=k, value=str(v))
+        self.offset += length
+        self.data.seek(self.offset)
+        self.inits.setdefault(name, t)
+        return name
 
     def op(self, op: str, inputs: list[str], scope: str, **attrs: object) -> str:
         name = f"{scope}/{op}_{len(self.nodes)}"
@@ -78,9 +104,20 @@ class _Builder:
         return self.op("Mul", [self.op("Div", [x, rms], scope), gain], scope)
 
 
-def decoder(cfg: Config, seed: int = 23, weights: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
-    """The decoder with random weights (seeded), or with `weights` by initializer name (trained ones)."""
-    b = _Builder(np.random.default_rng(seed), weights)
+def decoder(cfg: Config, seed: int = 23, weights: dict[str, np.ndarray] | None = None, data: Path | None = None,
+            zeros: bool = False) -> onnx.ModelProto:
+    """The decoder with random weights (seeded), or with `weights` by initializer name (trained ones). With `data`,
+    the matrices are written into that file as they are made (save the model in its directory); `zeros`: left as
+    holes of a sparse file."""
+    with open(data, "wb") if data is not None else nullcontext() as f:
+        b = _Builder(np.random.default_rng(seed), weights, f, zeros)
+        model = _decoder(cfg, b, seed)
+        if f is not None:
+            f.truncate(b.offset)
+    return model
+
+
+def _decoder(cfg: Config, b: _Builder, seed: int) -> onnx.ModelProto:
     hd, h, kvh = cfg.head_dim, cfg.hidden, cfg.kv_heads
     embed = b.weight("model.embed_tokens.weight", (cfg.vocab, h), 0.5)
     x = b.op("Gather", [embed, "input_ids"], "/model/embed_tokens")
@@ -181,7 +218,7 @@ def decoder(cfg: Config, seed: int = 23, weights: dict[str, np.ndarray] | None =
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
                               producer_name="ctxbuild-llm-decoder")
     # the checker serializes its argument (protobuf's 2 GB limit): a larger model is checked by path once saved
-    if sum(len(t.raw_data) for t in graph.initializer) < 2**31 - 2**24:
+    if b.data is None and sum(len(t.raw_data) for t in graph.initializer) < 2**31 - 2**24:
         onnx.checker.check_model(model)
     return model
 
