@@ -30,6 +30,7 @@ def outputs(directory: Path, **content: bytes) -> dict[str, Path]:
     paths = {}
     for name, data in content.items():
         paths[f"{name}.bin"] = directory / f"{name}.bin"
+        paths[f"{name}.bin"].unlink(missing_ok=True)  # a new file, as ctxbuild writes: an earlier put linked it
         paths[f"{name}.bin"].write_bytes(data)
     return paths
 
