@@ -35,33 +35,34 @@ def inode(p: Path) -> tuple[int, int]:
 
 def test_put_and_restore_share_one_read_only_inode(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "cache")
-    src = outputs(tmp_path / "out", **{"m_ctx.onnx": b"w" * 300, "m_qnn.bin": b"b" * 5000, "m.onnx.data": b"d" * 900})
+    src = outputs(tmp_path / "out", **{"m_ctx.onnx": b"w" * 300, "m_qnn.bin": b"b" * 70_000,
+                                           "m.onnx.data": b"d" * 70_000, "s_qnn.bin": b"small"})
     record = store.put(KEY, src, None, {})
     blobs = {e.name: store.blob_path(e.digest) for e in record.outputs}
     dest = {name: tmp_path / "restored" / name for name in src}
     assert store.restore(record, dest)
-    for name in ("m_ctx.onnx", "m_qnn.bin"):
-        assert inode(src[name]) == inode(blobs[name]) == inode(dest[name]), name
-        assert stat.S_IMODE(blobs[name].stat().st_mode) == 0o444
-    # external data: copies (onnx refuses a .data file with more than one hard link)
-    assert len({inode(src["m.onnx.data"]), inode(blobs["m.onnx.data"]), inode(dest["m.onnx.data"])}) == 3
+    assert inode(src["m_qnn.bin"]) == inode(blobs["m_qnn.bin"]) == inode(dest["m_qnn.bin"])
+    assert stat.S_IMODE(blobs["m_qnn.bin"].stat().st_mode) == 0o444
+    # copies: external data (onnx refuses a .data file with more than one hard link) and files under 64 KiB
+    for name in ("m.onnx.data", "m_ctx.onnx", "s_qnn.bin"):
+        assert len({inode(src[name]), inode(blobs[name]), inode(dest[name])}) == 3, name
     assert {n: p.read_bytes() for n, p in dest.items()} == {n: p.read_bytes() for n, p in src.items()}
 
 
 def test_a_rebuilt_output_leaves_the_stored_entry_intact(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "cache")
-    src = outputs(tmp_path / "out", **{"a_qnn.bin": b"old" * 1000})
+    src = outputs(tmp_path / "out", **{"a_qnn.bin": b"old" * 30_000})
     record = store.put(KEY, src, None, {})
-    write_bytes(src["a_qnn.bin"], b"new" * 1000)  # as every ctxbuild writer does: a temp file renamed over it
+    write_bytes(src["a_qnn.bin"], b"new" * 30_000)  # as every ctxbuild writer does: a temp file renamed over it
     dest = {"a_qnn.bin": tmp_path / "restored" / "a_qnn.bin"}
-    assert store.restore(record, dest) and dest["a_qnn.bin"].read_bytes() == b"old" * 1000
+    assert store.restore(record, dest) and dest["a_qnn.bin"].read_bytes() == b"old" * 30_000
 
 
 def test_a_blob_edited_in_place_is_not_restored(tmp_path: Path) -> None:
     """Written through an OUT path (root ignores 0444; anyone else chmods first): caught by the seal's mtime."""
     warnings: list[str] = []
     store = LocalStore(tmp_path / "cache", on_warning=warnings.append)
-    src = outputs(tmp_path / "out", **{"a_qnn.bin": b"x" * 4096})
+    src = outputs(tmp_path / "out", **{"a_qnn.bin": b"x" * 70_000})
     record = store.put(KEY, src, None, {})
     dest = {"a_qnn.bin": tmp_path / "restored" / "a_qnn.bin"}
     assert store.restore(record, dest)
@@ -74,14 +75,16 @@ def test_a_blob_edited_in_place_is_not_restored(tmp_path: Path) -> None:
     assert not store.blob_path(record.outputs[0].digest).exists()
 
 
-def test_the_copy_switch_stores_and_restores_copies(tmp_path: Path) -> None:
-    cache = open_cache({"CTXBUILD_CACHE_DIR": str(tmp_path / "cache"), "CTXBUILD_CACHE_COPY": "1"})
+def test_the_copy_switch_stores_and_restores_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CTXBUILD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CTXBUILD_CACHE_COPY", "1")
+    cache = open_cache()
     assert cache is not None and cache.local is not None and not cache.local.link
-    src = outputs(tmp_path / "out", **{"a_qnn.bin": b"c" * 3000})
+    src = outputs(tmp_path / "out", **{"a_qnn.bin": b"c" * 70_000})
     record = cache.store(KEY, src, None, {})
     assert record is not None
     dest = {"a_qnn.bin": tmp_path / "restored" / "a_qnn.bin"}
-    assert cache.restore(record, dest) and dest["a_qnn.bin"].read_bytes() == b"c" * 3000
+    assert cache.restore(record, dest) and dest["a_qnn.bin"].read_bytes() == b"c" * 70_000
     blob = cache.local.blob_path(record.outputs[0].digest)
     assert len({inode(src["a_qnn.bin"]), inode(blob), inode(dest["a_qnn.bin"])}) == 3
     assert src["a_qnn.bin"].stat().st_mode & 0o200  # OUT's file keeps its mode: nothing shared
@@ -93,10 +96,10 @@ def test_a_store_on_another_filesystem_copies(tmp_path: Path) -> None:
         pytest.skip("no second filesystem here")
     store = LocalStore(other / f"ctxbuild-test-{os.getpid()}")
     try:
-        src = outputs(tmp_path / "out", **{"a_qnn.bin": b"e" * 3000})
+        src = outputs(tmp_path / "out", **{"a_qnn.bin": b"e" * 70_000})
         record = store.put(KEY, src, None, {})  # link(2) says EXDEV: copied in, and out again
         dest = {"a_qnn.bin": tmp_path / "restored" / "a_qnn.bin"}
-        assert store.restore(record, dest) and dest["a_qnn.bin"].read_bytes() == b"e" * 3000
+        assert store.restore(record, dest) and dest["a_qnn.bin"].read_bytes() == b"e" * 70_000
         assert inode(dest["a_qnn.bin"]) != inode(src["a_qnn.bin"])
     finally:
         shutil.rmtree(store.root)

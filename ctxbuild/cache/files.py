@@ -22,6 +22,7 @@ CHUNK = 1 << 20
 FICLONE = 0x40049409
 # link(2) refusals that mean "not here", not "broken": another filesystem, a filesystem or policy without hard
 # links (FAT, some FUSE and network mounts; protected_hardlinks), the inode's link limit (ext4: 65,000).
+LINK_MIN_BYTES = 64 << 10
 NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EACCES, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
@@ -76,11 +77,13 @@ def copy_hashing(src: Path, dst: Path, *, durable: bool = True, follow: bool = T
     return digest, size
 
 
-def linkable(path: Path) -> bool:
-    """Whether the local store may share this file by hard link: not ONNX external data (`*.data`, as ctxbuild
-    names every such file). onnx (1.16 on) refuses to load external data that has more than one hard link ("a
+def linkable(path: Path, size: int) -> bool:
+    """Whether the local store may share this file by hard link. Not a small one (LINK_MIN_BYTES): many outputs
+    hold the same few bytes (empty status files, gates), and a linked restore touches every file of its inode,
+    which would make ninja re-check what reads each of them. Not ONNX external data (`*.data`, as ctxbuild names
+    every such file): onnx (1.16 on) refuses to load external data that has more than one hard link ("a
     potential hardlink attack"), and the quantizer and the verifiers read the graphs' weights through onnx."""
-    return not path.name.endswith(".data")
+    return size >= LINK_MIN_BYTES and not path.name.endswith(".data")
 
 
 def hard_link(src: Path, dst: Path) -> bool:

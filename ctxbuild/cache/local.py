@@ -7,8 +7,8 @@ a unique temp name in root/tmp (same filesystem) and renamed into place, blobs b
 them; blobs are immutable, so two writers of one blob or record write the same or an equally valid whole file.
 
 Hard links: a blob and the OUT files holding its bytes are one inode where the filesystem allows (`link`, the
-default; CTXBUILD_CACHE_COPY=1, or a store on another filesystem than OUT, copies), so OUT's bytes are not
-stored twice. As in ccache's hard_link mode blobs are read-only (0444), and ctxbuild writes every output to a
+default; CTXBUILD_CACHE_COPY=1, or a store on another filesystem than OUT, copies; files.linkable keeps small
+files and ONNX external data copies), so OUT's bytes are not stored twice. As in ccache's hard_link mode blobs are read-only (0444), and ctxbuild writes every output to a
 temp file renamed into place: a rebuilt output is a new inode and the blob keeps its bytes. A restore sets the
 file's mtime to now, as a copy has it (ninja must see a replaced output as newer than what was built from the
 old one); the inode is shared, so other OUTs holding the blob see that file touched and re-check the actions
@@ -134,7 +134,8 @@ class LocalStore(Store):
         also makes this store unavailable for the build."""
         try:
             return restore_outputs(record.outputs, dest,
-                                   lambda entry, tmp: self._stage(entry, tmp, linkable(dest[entry.name])), self._holds)
+                                   lambda entry, tmp: self._stage(entry, tmp, linkable(dest[entry.name], entry.size)),
+                                   self._holds)
         except OSError as e:
             raise self._unavailable(e) from None
 
@@ -142,7 +143,7 @@ class LocalStore(Store):
         """Create `dest` (must not exist) with the blob's content, checked; False if absent or corrupt (then
         deleted). `size` bounds nothing here: the copy is hashed on the way, a mismatch is a miss."""
         try:
-            return self._stage(OutputEntry(dest.name, digest, 0), dest, linkable(dest))
+            return self._stage(OutputEntry(dest.name, digest, 0), dest, linkable(dest, size or 0))
         except OSError as e:
             raise self._unavailable(e) from None
 
@@ -352,7 +353,8 @@ class LocalStore(Store):
             return digest, size
         tmp = temp_path(self._tmp_dir(), digest)
         try:
-            if not (self.link and linkable(src) and hard_link(src, tmp) and _identity(os.lstat(tmp)) == _identity(st)):
+            if not (self.link and linkable(src, size) and hard_link(src, tmp)
+                    and _identity(os.lstat(tmp)) == _identity(st)):
                 tmp.unlink(missing_ok=True)
                 digest, size = copy_hashing(src, tmp)
             self._place_blob(tmp, self.blob_path(digest))
