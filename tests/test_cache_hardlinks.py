@@ -1,7 +1,7 @@
 """The local cache shares OUT's bytes by hard link (issue 29, "weights stored once"): a blob and the OUT files
 made from it are one inode, read-only; rebuilt outputs are new files, so stored entries keep their bytes; a
-blob changed behind the store's back is never restored; CTXBUILD_CACHE_COPY=1 (and a store on another
-filesystem) copies. ONNX external data (`*.data`) is always copied: onnx refuses hard-linked external data."""
+blob changed behind the store's back is never restored; by default (without CTXBUILD_CACHE_LINK=1), and with a
+store on another filesystem, the store copies. ONNX external data (`*.data`) is always copied: onnx refuses hard-linked external data."""
 from __future__ import annotations
 
 import hashlib
@@ -18,6 +18,7 @@ from tests.conftest import last_build
 from tests.test_cache_build import build, digests, other_tiny_cnn
 
 KEY = hashlib.sha256(b"key").hexdigest()
+LINK = {"CTXBUILD_CACHE_LINK": "1"}
 
 
 def outputs(directory: Path, **content: bytes) -> dict[str, Path]:
@@ -34,7 +35,7 @@ def inode(p: Path) -> tuple[int, int]:
 
 
 def test_put_and_restore_share_one_read_only_inode(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path / "cache")
+    store = LocalStore(tmp_path / "cache", link=True)
     src = outputs(tmp_path / "out", **{"m_ctx.onnx": b"w" * 300, "m_qnn.bin": b"b" * 70_000,
                                            "m.onnx.data": b"d" * 70_000, "s_qnn.bin": b"small"})
     record = store.put(KEY, src, None, {})
@@ -50,7 +51,7 @@ def test_put_and_restore_share_one_read_only_inode(tmp_path: Path) -> None:
 
 
 def test_a_rebuilt_output_leaves_the_stored_entry_intact(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path / "cache")
+    store = LocalStore(tmp_path / "cache", link=True)
     src = outputs(tmp_path / "out", **{"a_qnn.bin": b"old" * 30_000})
     record = store.put(KEY, src, None, {})
     write_bytes(src["a_qnn.bin"], b"new" * 30_000)  # as every ctxbuild writer does: a temp file renamed over it
@@ -61,7 +62,7 @@ def test_a_rebuilt_output_leaves_the_stored_entry_intact(tmp_path: Path) -> None
 def test_a_blob_edited_in_place_is_not_restored(tmp_path: Path) -> None:
     """Written through an OUT path (root ignores 0444; anyone else chmods first): caught by the seal's mtime."""
     warnings: list[str] = []
-    store = LocalStore(tmp_path / "cache", on_warning=warnings.append)
+    store = LocalStore(tmp_path / "cache", on_warning=warnings.append, link=True)
     src = outputs(tmp_path / "out", **{"a_qnn.bin": b"x" * 70_000})
     record = store.put(KEY, src, None, {})
     dest = {"a_qnn.bin": tmp_path / "restored" / "a_qnn.bin"}
@@ -75,9 +76,9 @@ def test_a_blob_edited_in_place_is_not_restored(tmp_path: Path) -> None:
     assert not store.blob_path(record.outputs[0].digest).exists()
 
 
-def test_the_copy_switch_stores_and_restores_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_by_default_the_store_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CTXBUILD_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("CTXBUILD_CACHE_COPY", "1")
+    monkeypatch.delenv("CTXBUILD_CACHE_LINK", raising=False)
     cache = open_cache()
     assert cache is not None and cache.local is not None and not cache.local.link
     src = outputs(tmp_path / "out", **{"a_qnn.bin": b"c" * 70_000})
@@ -94,7 +95,7 @@ def test_a_store_on_another_filesystem_copies(tmp_path: Path) -> None:
     other = Path("/dev/shm")
     if not other.is_dir() or other.stat().st_dev == tmp_path.stat().st_dev:
         pytest.skip("no second filesystem here")
-    store = LocalStore(other / f"ctxbuild-test-{os.getpid()}")
+    store = LocalStore(other / f"ctxbuild-test-{os.getpid()}", link=True)
     try:
         src = outputs(tmp_path / "out", **{"a_qnn.bin": b"e" * 70_000})
         record = store.put(KEY, src, None, {})  # link(2) says EXDEV: copied in, and out again
@@ -111,9 +112,9 @@ def test_builds_share_bytes_and_stay_correct(tree: Path, tmp_path: Path, ctxbuil
     out1, out2, only = tmp_path / "out1", tmp_path / "out2", ("--only", "tiny_cnn_int8")
     model = tree / "models" / "tiny_cnn.onnx"
     original = model.read_bytes()
-    build(ctxbuild, tree, out1, *only)
+    build(ctxbuild, tree, out1, *only, env=LINK)
     first = digests(out1)
-    build(ctxbuild, tree, out2, *only)
+    build(ctxbuild, tree, out2, *only, env=LINK)
     assert set(last_build(out2).values()) == {"cache"} and digests(out2) == first
     bins = sorted(p.relative_to(out1) for p in out1.rglob("*_qnn.bin"))
     assert bins
@@ -121,7 +122,7 @@ def test_builds_share_bytes_and_stay_correct(tree: Path, tmp_path: Path, ctxbuil
         assert inode(out1 / rel) == inode(out2 / rel) and (out1 / rel).stat().st_nlink == 3  # OUT1, OUT2, cas
 
     other_tiny_cnn(model)
-    build(ctxbuild, tree, out1, *only)
+    build(ctxbuild, tree, out1, *only, env=LINK)
     assert last_build(out1)["compile/tiny_cnn_int8@SM8650"] == "run" and digests(out1) != first
     assert digests(out2) == first  # the other OUT and the stored entry kept their bytes
     for rel in bins:
@@ -129,7 +130,7 @@ def test_builds_share_bytes_and_stay_correct(tree: Path, tmp_path: Path, ctxbuil
         assert inode(blob) == inode(out2 / rel) and inode(out1 / rel) != inode(out2 / rel)
 
     model.write_bytes(original)
-    build(ctxbuild, tree, out1, *only)
+    build(ctxbuild, tree, out1, *only, env=LINK)
     assert last_build(out1)["compile/tiny_cnn_int8@SM8650"] == "cache" and digests(out1) == first
 
     edited = out1 / bins[0]
@@ -137,6 +138,6 @@ def test_builds_share_bytes_and_stay_correct(tree: Path, tmp_path: Path, ctxbuil
     with open(edited, "r+b") as f:  # through OUT1 into the blob (and OUT2's file): the same inode
         f.seek(100)
         f.write(b"EDITED")
-    r = build(ctxbuild, tree, out1, *only)
+    r = build(ctxbuild, tree, out1, *only, env=LINK)
     assert last_build(out1)["compile/tiny_cnn_int8@SM8650"] == "run", r.text
     assert digests(out1) == first

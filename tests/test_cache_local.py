@@ -80,7 +80,7 @@ def test_restore_leaves_identical_destination_untouched(tmp_path: Path) -> None:
 
 
 def test_copied_output_does_not_share_storage_with_the_blob(tmp_path: Path) -> None:
-    """The copy mode (CTXBUILD_CACHE_COPY=1): editing a restored output in place does not reach the cache."""
+    """The copy mode (the default): editing a restored output in place does not reach the cache."""
     store = LocalStore(tmp_path / "cache", link=False)
     record = store.put(key(1), outputs(tmp_path / "out", a=b"x" * 4096), None, {})
     dest = dest_for(tmp_path / "restored", record)

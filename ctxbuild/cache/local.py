@@ -6,8 +6,9 @@ progress), root/stats.json (last gc). Safe for concurrent processes without lock
 a unique temp name in root/tmp (same filesystem) and renamed into place, blobs before the record that names
 them; blobs are immutable, so two writers of one blob or record write the same or an equally valid whole file.
 
-Hard links: a blob and the OUT files holding its bytes are one inode where the filesystem allows (`link`, the
-default; CTXBUILD_CACHE_COPY=1, or a store on another filesystem than OUT, copies; files.linkable keeps small
+Hard links (opt-in, `link`: CTXBUILD_CACHE_LINK=1; off by default as ccache's hard_link, since files become
+read-only and a restore touches every OUT holding the inode): a blob and the OUT files holding its bytes are one
+inode where the filesystem allows (a store on another filesystem than OUT copies; files.linkable keeps small
 files and ONNX external data copies), so OUT's bytes are not stored twice. As in ccache's hard_link mode blobs are read-only (0444), and ctxbuild writes every output to a
 temp file renamed into place: a rebuilt output is a new inode and the blob keeps its bytes. A restore sets the
 file's mtime to now, as a copy has it (ninja must see a replaced output as newer than what was built from the
@@ -58,7 +59,7 @@ CLOCK_SLACK_SECONDS = 2.0
 
 
 class LocalStore(Store):
-    def __init__(self, root: Path, *, on_warning: Callable[[str], None] | None = None, link: bool = True) -> None:
+    def __init__(self, root: Path, *, on_warning: Callable[[str], None] | None = None, link: bool = False) -> None:
         self.root = Path(root)
         self.on_warning = on_warning or (lambda message: None)
         self.link = link  # store and restore by hard link where the filesystem takes one; else copies
