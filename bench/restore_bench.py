@@ -45,7 +45,7 @@ def main() -> None:
         with open(src, "wb") as f:  # incompressible, written in 64 MB pieces
             for _ in range(int(args.gb * 1024 / 64)):
                 f.write(os.urandom(64 << 20))
-        store = LocalStore(d / "cache")
+        store = LocalStore(d / "cache")  # the copy path (the default; a linked restore copies nothing)
         put_s = timed(lambda: store.put("a" * 64, {"bin": src}, None, {}))
         record = store.get_record("a" * 64)
         assert record is not None

@@ -80,6 +80,8 @@ def _children(raw: str) -> int | None:
 NO_CACHE = Setting("CTXBUILD_NO_CACHE", False, "1: no cache at all, local or remote (--no-cache)", _flag)
 CACHE_DIR = Setting("CTXBUILD_CACHE_DIR", None, "the local cache (--cache-dir); default: $XDG_CACHE_HOME/ctxbuild, "
                     "else ~/.cache/ctxbuild", _text)
+CACHE_LINK = Setting("CTXBUILD_CACHE_LINK", False, "1: the local cache shares OUT's bytes by hard link (read-only "
+                     "files; ccache's hard_link mode) instead of copying them in and out", _flag)
 REMOTE_CACHE = Setting("CTXBUILD_REMOTE_CACHE", None, "the remote cache's URL; its scheme picks the backend "
                        "(--remote-cache, cache.remote)", _text)
 REMOTE_READ_ONLY = Setting("CTXBUILD_REMOTE_READ_ONLY", False, "1: never upload to the remote cache "
@@ -128,7 +130,7 @@ VERIFY_MEMO = Setting("CTXBUILD_VERIFY_MEMO", True, "0: do not memoize simulator
 VERIFY_WORKERS = Setting("CTXBUILD_VERIFY_WORKERS", None, "simulator children a verification runs side by side; "
                          "default: one per idle core, within memory", _children)
 
-ALL: tuple[Setting, ...] = (NO_CACHE, CACHE_DIR, REMOTE_CACHE, REMOTE_READ_ONLY, REMOTE_TOKEN, REMOTE_TOKEN_ENV,
+ALL: tuple[Setting, ...] = (NO_CACHE, CACHE_DIR, CACHE_LINK, REMOTE_CACHE, REMOTE_READ_ONLY, REMOTE_TOKEN, REMOTE_TOKEN_ENV,
                             REMOTE_TIMEOUT, REMOTE_MIN_RATE, REMOTE_MAX_DOWNLOAD, EXECUTOR, EXECUTOR_FALLBACK,
                             MEMORY_BUDGET, BUILD_ID, FARM, WORKER, MEMORY_ESTIMATE, TOOLCHAINS_DIR, WHEELHOUSE,
                             ORT_LOG_LEVEL, TOOLCHAIN_OVERRIDE, VERIFY_MEMO, VERIFY_WORKERS)

@@ -36,6 +36,7 @@ def _untouched(v: Path) -> None:
 def _output(tmp_path: Path) -> dict[str, Path]:
     o = tmp_path / "src" / "a_ctx.bin"
     o.parent.mkdir(exist_ok=True)
+    o.unlink(missing_ok=True)  # a second put's output: a new file (the first is a read-only link into the cache)
     o.write_bytes(CONTENT)
     return {"ctx": o}
 
@@ -80,11 +81,11 @@ def test_planted_record_link_is_a_miss(tmp_path: Path, victim: Path) -> None:
     assert record is not None
 
 
-@pytest.mark.parametrize("where", ["cas", "shard", "tmp", "ac"])
+@pytest.mark.parametrize("where", ["cas", "shard", "tmp", "ac", "seal"])
 def test_planted_directory_link_is_not_written_through(tmp_path: Path, victim: Path, where: str) -> None:
     root = tmp_path / "cache"
     link = {"cas": root / "cas", "shard": root / "cas" / DIGEST[:2], "tmp": root / "tmp",
-            "ac": root / "ac" / KEY[:2]}[where]
+            "ac": root / "ac" / KEY[:2], "seal": root / "seal" / DIGEST[:2]}[where]
     link.parent.mkdir(parents=True, exist_ok=True)
     link.symlink_to(victim.parent, target_is_directory=True)
     store = LocalStore(root)

@@ -30,12 +30,20 @@ def outputs(directory: Path, **content: bytes) -> dict[str, Path]:
     paths = {}
     for name, data in content.items():
         paths[f"{name}.bin"] = directory / f"{name}.bin"
+        paths[f"{name}.bin"].unlink(missing_ok=True)  # a new file, as ctxbuild writes: an earlier put linked it
         paths[f"{name}.bin"].write_bytes(data)
     return paths
 
 
 def dest_for(directory: Path, record: ActionRecord) -> dict[str, Path]:
     return {o.name: directory / o.name for o in record.outputs}
+
+
+def age_blobs(root: Path) -> None:
+    """gc spares blobs a put or restore touched (or whose seal it touched) just now: make them old."""
+    for sub in ("cas", "seal"):
+        for blob in (root / sub).rglob("*"):
+            os.utime(blob, (1_000_000, 1_000_000))
 
 
 def temps(root: Path) -> list[Path]:
@@ -63,6 +71,7 @@ def test_restore_leaves_identical_destination_untouched(tmp_path: Path) -> None:
     dest = dest_for(tmp_path / "restored", record)
     assert store.restore(record, dest)
     os.utime(dest["a.bin"], ns=(1_000_000_000, 1_000_000_000))  # far in the past: any rewrite shows
+    dest["b.bin"].unlink()  # ctxbuild never writes an output in place: a new file at that path
     dest["b.bin"].write_bytes(b"new" * 10)  # same size, other content: must be replaced
     inode = dest["a.bin"].stat().st_ino
     assert store.restore(record, dest)
@@ -70,9 +79,9 @@ def test_restore_leaves_identical_destination_untouched(tmp_path: Path) -> None:
     assert dest["b.bin"].read_bytes() == b"old" * 10
 
 
-def test_restored_output_does_not_share_storage_with_the_blob(tmp_path: Path) -> None:
-    """Why no hardlinks: editing a restored output in place must not corrupt the cache."""
-    store = LocalStore(tmp_path / "cache")
+def test_copied_output_does_not_share_storage_with_the_blob(tmp_path: Path) -> None:
+    """The copy mode (the default): editing a restored output in place does not reach the cache."""
+    store = LocalStore(tmp_path / "cache", link=False)
     record = store.put(key(1), outputs(tmp_path / "out", a=b"x" * 4096), None, {})
     dest = dest_for(tmp_path / "restored", record)
     assert store.restore(record, dest)
@@ -179,8 +188,8 @@ def _put_with_file_size_limit(root: Path, src: dict[str, Path], ignore_signal: b
     ignored (Python's own default), write(2) fails with EFBIG, as it fails with ENOSPC on a full disk."""
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN if ignore_signal else signal.SIG_DFL)
-    try:
-        LocalStore(root).put(key(1), src, None, {})
+    try:  # copies: a hard link writes no bytes, so no limit binds it
+        LocalStore(root, link=False).put(key(1), src, None, {})
     except CacheUnavailable as e:
         assert "unavailable: File too large" in str(e)
         os._exit(42)
@@ -273,8 +282,7 @@ def test_gc_keeps_most_recently_used_and_gets_under_size(tmp_path: Path) -> None
                for i in range(6)]
     for i in range(6):  # record mtime is the LRU clock: entry i last used at second i
         os.utime(tmp_path / "cache" / "ac" / key(i)[:2] / key(i), (1_000_000 + i, 1_000_000 + i))
-    for blob in (tmp_path / "cache" / "cas").rglob("*"):  # gc spares blobs a put touched just now
-        os.utime(blob, (1_000_000, 1_000_000))
+    age_blobs(tmp_path / "cache")
     assert store.get_record(key(0)) is not None  # now the most recently used
     size_of_three = 4 * 10_000 + 3 * len(records[0].to_json())  # shared blob + 3 own blobs + 3 records
     result = store.gc(size_of_three)
@@ -284,6 +292,7 @@ def test_gc_keeps_most_recently_used_and_gets_under_size(tmp_path: Path) -> None
     assert store.stats()["bytes"] <= size_of_three and store.stats()["last_gc"] == result["time"]
     for i in kept:  # the shared blob survived the records that used it
         assert store.restore(records[i], dest_for(tmp_path / f"r{i}", records[i]))
+    age_blobs(tmp_path / "cache")  # a linked restore touched them: used just now
     store.gc(0)
     assert store.stats() == {"entries": 0, "blobs": 0, "bytes": 0, "last_gc": store.stats()["last_gc"]}
 

@@ -28,6 +28,7 @@ def outputs(directory: Path, **content: bytes) -> dict[str, Path]:
     directory.mkdir(parents=True, exist_ok=True)
     paths = {f"{name}.bin": directory / f"{name}.bin" for name in content}
     for name, data in content.items():
+        paths[f"{name}.bin"].unlink(missing_ok=True)  # a new file, as ctxbuild writes: an earlier put linked it
         paths[f"{name}.bin"].write_bytes(data)
     return paths
 

@@ -145,6 +145,7 @@ def test_the_gate_reads_what_it_judges(built: Path, ctxbuild) -> None:
     qairt = f"qairt={_installed_qairt()}"
     binary = built / "SM8650" / "tiny" / "tiny_ctx_qnn.bin"
     data = binary.read_bytes()
+    binary.unlink()  # a new file: the old one is a read-only hard link into the cache (docs/caching.md)
     binary.write_bytes(data + b"\0")  # appended: QNN might still read it, but it is not what was verified
     r = ctxbuild("check", str(built), "--runtime", qairt)
     assert r.code == 1 and "will not load" in r.out and "tiny_ctx_qnn.bin changed since the build" in r.out, r.text

@@ -53,7 +53,7 @@ def open_cache(env: Mapping[str, str] | None = None, *, shared_breaker: bool = T
                                  max_download=settings.REMOTE_MAX_DOWNLOAD.get(env))
         except (CtxbuildError, ValueError) as e:
             problem = f"remote cache not used: {e}"
-    cache = Cache(LocalStore(root), remote)
+    cache = Cache(LocalStore(root, link=settings.CACHE_LINK.get(env)), remote)
     if problem:
         cache.warnings.append(problem)
     return cache

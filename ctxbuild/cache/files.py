@@ -1,6 +1,7 @@
-"""File primitives the stores share: streamed hashing, reflink-or-copy, atomic placement of outputs."""
+"""File primitives the stores share: streamed hashing, hard link or reflink-or-copy, atomic placement of outputs."""
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
@@ -14,11 +15,15 @@ from ctxbuild.digests import hash_file, hash_stream
 if TYPE_CHECKING:
     from ctxbuild.cache.record import OutputEntry
 
-__all__ = ["copy_hashing", "hash_file", "read_no_follow", "restore_outputs", "same_content", "temp_path"]
+__all__ = ["copy_hashing", "hard_link", "hash_file", "linkable", "read_no_follow", "restore_outputs", "same_content", "temp_path"]
 
 CHUNK = 1 << 20
 # linux/fs.h: _IOW(0x94, 9, int). fcntl.FICLONE only exists from Python 3.12.
 FICLONE = 0x40049409
+# link(2) refusals that mean "not here", not "broken": another filesystem, a filesystem or policy without hard
+# links (FAT, some FUSE and network mounts; protected_hardlinks), the inode's link limit (ext4: 65,000).
+LINK_MIN_BYTES = 64 << 10
+NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EACCES, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
 def temp_path(directory: Path, name: str) -> Path:
@@ -50,10 +55,9 @@ def copy_hashing(src: Path, dst: Path, *, durable: bool = True, follow: bool = T
 
     Reflink first (instant, shares extents copy-on-write, so later edits of either file never reach the
     other); else copy_file_range (the kernel copies, no bytes through Python; the source is then hashed
-    from the page cache); else a streamed copy that hashes on the way. Memory stays bounded (CHUNK). Never a hardlink: an edit in place of a restored
-    output would corrupt the blob, and the output would carry the blob's old mtime, which ninja reads as
-    "older than its inputs" and rebuilds forever. `follow=False`: a `src` that is a symbolic link raises
-    OSError ELOOP (a cache blob).
+    from the page cache); else a streamed copy that hashes on the way. Memory stays bounded (CHUNK). The
+    local store links instead where it can (hard_link); this is its fallback and the copy mode.
+    `follow=False`: a `src` that is a symbolic link raises OSError ELOOP (a cache blob).
     """
     flags = os.O_RDONLY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     with open(os.open(src, flags), "rb") as fin, open(dst, "xb") as fout:
@@ -71,6 +75,27 @@ def copy_hashing(src: Path, dst: Path, *, durable: bool = True, follow: bool = T
         if durable:
             os.fsync(fout.fileno())
     return digest, size
+
+
+def linkable(path: Path, size: int) -> bool:
+    """Whether the local store may share this file by hard link. Not a small one (LINK_MIN_BYTES): many outputs
+    hold the same few bytes (empty status files, gates), and a linked restore touches every file of its inode,
+    which would make ninja re-check what reads each of them. Not ONNX external data (`*.data`, as ctxbuild names
+    every such file): onnx (1.16 on) refuses to load external data that has more than one hard link ("a
+    potential hardlink attack"), and the quantizer and the verifiers read the graphs' weights through onnx."""
+    return size >= LINK_MIN_BYTES and not path.name.endswith(".data")
+
+
+def hard_link(src: Path, dst: Path) -> bool:
+    """Create `dst` (must not exist) as a hard link to `src` (never following a link at `src`); False where
+    links are refused (NO_LINK: the caller copies). Other errors raise, FileNotFoundError included."""
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError as e:
+        if e.errno in NO_LINK:
+            return False
+        raise
+    return True
 
 
 def _reflink(fin: BinaryIO, fout: BinaryIO) -> bool:
@@ -108,14 +133,16 @@ def _restart(fin: BinaryIO, fout: BinaryIO) -> bool:
 
 
 def restore_outputs(entries: Iterable[OutputEntry], dest: dict[str, Path],
-                    stage: Callable[[OutputEntry, Path], bool]) -> bool:
+                    stage: Callable[[OutputEntry, Path], bool],
+                    holds: Callable[[OutputEntry, Path], bool] | None = None) -> bool:
     """Put every entry's content at dest[name], all or nothing.
 
-    Destinations that already hold the content are left alone, mtime included: ninja's restat then sees
-    an unchanged output and does not rebuild what depends on it. The others are staged by `stage(entry,
-    tmp)` (which must create `tmp` with verified content, or return False) next to their destination,
-    then renamed into place only once every stage succeeded.
+    Destinations that already hold the content (`holds(entry, path)`, default: same_content) are left alone,
+    mtime included: ninja's restat then sees an unchanged output and does not rebuild what depends on it. The
+    others are staged by `stage(entry, tmp)` (which must create `tmp` with verified content, or return False)
+    next to their destination, then renamed into place only once every stage succeeded.
     """
+    holds = holds or (lambda entry, path: same_content(path, entry.digest, entry.size))
     entries = list(entries)
     if {e.name for e in entries} != set(dest):
         return False
@@ -123,7 +150,7 @@ def restore_outputs(entries: Iterable[OutputEntry], dest: dict[str, Path],
     try:
         for entry in entries:
             target = dest[entry.name]
-            if same_content(target, entry.digest, entry.size):
+            if holds(entry, target):
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             staged.append((temp_path(target.parent, target.name), target))

@@ -1,10 +1,23 @@
 """The local store (store.Store, plus what only a local tier offers: put, fetch_into, blob_path, stats, gc,
 clear): a CAS of blobs by sha256 and an action cache of records, in one directory.
 
-Layout: root/cas/ab/<sha256>, root/ac/ab/<key>, root/tmp/ (inserts in progress), root/stats.json (last
-gc). Safe for concurrent processes without locks: every file is written under a unique temp name in
-root/tmp (same filesystem) and renamed into place, blobs before the record that names them; blobs are
-immutable, so two writers of one blob or record write the same or an equally valid whole file.
+Layout: root/cas/ab/<sha256>, root/ac/ab/<key>, root/seal/ab/<sha256> (see below), root/tmp/ (inserts in
+progress), root/stats.json (last gc). Safe for concurrent processes without locks: every file is written under
+a unique temp name in root/tmp (same filesystem) and renamed into place, blobs before the record that names
+them; blobs are immutable, so two writers of one blob or record write the same or an equally valid whole file.
+
+Hard links (opt-in, `link`: CTXBUILD_CACHE_LINK=1; off by default as ccache's hard_link, since files become
+read-only and a restore touches every OUT holding the inode): a blob and the OUT files holding its bytes are one
+inode where the filesystem allows (a store on another filesystem than OUT copies; files.linkable keeps small
+files and ONNX external data copies), so OUT's bytes are not stored twice. As in ccache's hard_link mode blobs are read-only (0444), and ctxbuild writes every output to a
+temp file renamed into place: a rebuilt output is a new inode and the blob keeps its bytes. A restore sets the
+file's mtime to now, as a copy has it (ninja must see a replaced output as newer than what was built from the
+old one); the inode is shared, so other OUTs holding the blob see that file touched and re-check the actions
+reading it (cache hits). A blob changed behind the store's back (written in place through an OUT path: root
+ignores 0444) is caught by its seal, root/seal/ab/<sha256>: the blob's (inode, size, mtime_ns) as the store
+last verified or set them. A linked restore trusts a blob whose stat matches its seal and hashes any other
+first (a bad one is deleted: a miss); a copy is hashed on the way, as before. An edit in place that also puts
+the old mtime back is not seen (nor is it by ninja or git).
 
 Error contract: every operation raises CacheUnavailable when the directory cannot
 be read or written (full, read-only, not a directory): the caller warns once and builds without it.
@@ -32,7 +45,9 @@ from typing import Any
 
 from ctxbuild.atomic import write_bytes
 from ctxbuild.errors import CacheUnavailable
-from ctxbuild.cache.files import copy_hashing, hash_file, read_no_follow, restore_outputs, temp_path
+from ctxbuild.cache.files import (copy_hashing, hard_link, hash_file, linkable, read_no_follow, restore_outputs,
+                                  same_content, temp_path)
+from ctxbuild.digests import hash_stream
 from ctxbuild.cache.record import ActionRecord, OutputEntry, check_digest, check_key
 from ctxbuild.cache.store import Store
 
@@ -44,9 +59,10 @@ CLOCK_SLACK_SECONDS = 2.0
 
 
 class LocalStore(Store):
-    def __init__(self, root: Path, *, on_warning: Callable[[str], None] | None = None) -> None:
+    def __init__(self, root: Path, *, on_warning: Callable[[str], None] | None = None, link: bool = False) -> None:
         self.root = Path(root)
         self.on_warning = on_warning or (lambda message: None)
+        self.link = link  # store and restore by hard link where the filesystem takes one; else copies
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self.root)!r})"
@@ -77,7 +93,7 @@ class LocalStore(Store):
     def put(self, key: str, outputs: dict[str, Path], log: bytes | None, meta: dict[str, Any]) -> ActionRecord:
         """Store the outputs' content and the record (last). An unreadable output raises its OSError as is."""
         check_key(key)
-        hashed = {name: hash_file(path) for name, path in sorted(outputs.items())}
+        hashed = {name: (os.stat(path), *hash_file(path)) for name, path in sorted(outputs.items())}
         try:
             entries = [OutputEntry(name, *self._add_file(outputs[name], *hashed[name])) for name in hashed]
             log_digest = self._add_bytes(log) if log is not None else None
@@ -107,8 +123,7 @@ class LocalStore(Store):
             try:
                 if not fetch(tmp):
                     return False
-                self._own_dir(final.parent)
-                os.replace(tmp, final)
+                self._place_blob(tmp, final)
             finally:
                 tmp.unlink(missing_ok=True)
         except OSError as e:
@@ -119,7 +134,9 @@ class LocalStore(Store):
         """As Store.restore (a blob that failed its check is deleted); a destination that cannot be written
         also makes this store unavailable for the build."""
         try:
-            return restore_outputs(record.outputs, dest, self._stage)
+            return restore_outputs(record.outputs, dest,
+                                   lambda entry, tmp: self._stage(entry, tmp, linkable(dest[entry.name], entry.size)),
+                                   self._holds)
         except OSError as e:
             raise self._unavailable(e) from None
 
@@ -127,7 +144,7 @@ class LocalStore(Store):
         """Create `dest` (must not exist) with the blob's content, checked; False if absent or corrupt (then
         deleted). `size` bounds nothing here: the copy is hashed on the way, a mismatch is a miss."""
         try:
-            return self._stage(OutputEntry(dest.name, digest, 0), dest)
+            return self._stage(OutputEntry(dest.name, digest, 0), dest, linkable(dest, size or 0))
         except OSError as e:
             raise self._unavailable(e) from None
 
@@ -175,7 +192,7 @@ class LocalStore(Store):
 
     def clear(self) -> None:
         try:
-            for sub in ("ac", "cas", "tmp", "memo"):
+            for sub in ("ac", "cas", "seal", "tmp", "memo"):
                 if (self.root / sub).exists():
                     shutil.rmtree(self.root / sub)
             (self.root / "stats.json").unlink(missing_ok=True)
@@ -196,6 +213,9 @@ class LocalStore(Store):
             if st is not None and st.st_mtime < stale:
                 _discard(Path(entry.path))
         blobs = {path.name: (path, st.st_size) for path, st in self._files("cas")}
+        for path, st in self._files("seal"):  # seals of blobs gone (deleted as corrupt or foreign)
+            if path.name not in blobs and st.st_mtime < stale:
+                _discard(path)
         records: list[tuple[int, Path, int, set[str]]] = []
         refs: Counter[str] = Counter()
         for path, st in self._files("ac"):
@@ -229,16 +249,17 @@ class LocalStore(Store):
         write_bytes(self.root / "stats.json", json.dumps(result).encode(), self._tmp_dir())
         return result
 
-    @staticmethod
-    def _unlink_unused(path: Path, older_than: float) -> bool:
-        """Delete a blob no record uses unless it was written or reused (touched by put) since
-        `older_than`: a concurrent put may be about to name it in a record."""
+    def _unlink_unused(self, path: Path, older_than: float) -> bool:
+        """Delete a blob no record uses (and its seal) unless it was written, restored or reused (its seal
+        touched by put) since `older_than`: a concurrent put may be about to name it in a record."""
+        seal = self._seal_path(path.name)
         try:
-            if path.lstat().st_mtime >= older_than:
+            if max(path.lstat().st_mtime, _mtime(seal)) >= older_than:
                 return False
             path.unlink()
         except FileNotFoundError:
             return False
+        _discard(seal)
         return True
 
     def _files(self, sub: str) -> Iterator[tuple[Path, os.stat_result]]:
@@ -257,12 +278,21 @@ class LocalStore(Store):
                     if st is not None:
                         yield Path(entry.path), st
 
-    def _stage(self, entry: OutputEntry, tmp: Path) -> bool:
+    def _stage(self, entry: OutputEntry, tmp: Path, link: bool) -> bool:
+        """Create `tmp` with the blob's content, checked: a hard link if `link` (and the store links), else a copy."""
         blob = self.blob_path(entry.digest)
         try:
-            self._own_dir(blob.parent, create=False)
+            if not self._is_blob(blob):  # never stored, or gc took it: a miss
+                return False
+            if link and self.link:
+                if not self._intact(blob, entry.digest):
+                    self._drop_corrupt(blob)
+                    return False
+                if hard_link(blob, tmp) and _touch(tmp):
+                    self._seal(entry.digest, os.lstat(tmp))
+                    return True
             digest, _ = copy_hashing(blob, tmp, durable=False, follow=False)  # into OUT
-        except FileNotFoundError:  # never stored, or gc took it: a miss
+        except FileNotFoundError:  # gc took it meanwhile: a miss
             return False
         except OSError as e:
             if e.errno in _FOREIGN and self._drop_foreign(blob):
@@ -274,20 +304,72 @@ class LocalStore(Store):
             return False
         return True
 
-    def _add_file(self, src: Path, digest: str, size: int) -> tuple[str, int]:
-        """Insert `src` unless its blob exists; returns the digest of what was stored (the copy is hashed
-        too, so an output rewritten since `digest` was taken is stored under its true digest)."""
+    def _holds(self, entry: OutputEntry, target: Path) -> bool:
+        """`target` already holds the entry's bytes: it is the blob itself (a link made by an earlier restore or
+        put, checked as a linked restore checks the blob), or a file of that content (hashed)."""
+        blob = self.blob_path(entry.digest)
+        try:
+            self._own_dir(blob.parent, create=False)
+            t, b = os.lstat(target), os.lstat(blob)
+        except FileNotFoundError:
+            return same_content(target, entry.digest, entry.size)
+        if (t.st_dev, t.st_ino) == (b.st_dev, b.st_ino) and stat.S_ISREG(b.st_mode):
+            return self._intact(blob, entry.digest)
+        return same_content(target, entry.digest, entry.size)
+
+    def _intact(self, blob: Path, digest: str) -> bool:
+        """The blob holds `digest`'s bytes: its stat is the one its seal records, or its content hashes to it
+        (then it is sealed again: the next restore need not hash)."""
+        st = os.lstat(blob)
+        if self._seal_of(digest) == _identity(st):
+            return True
+        with open(os.open(blob, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+            ok = hash_stream(f)[0] == digest
+            unchanged = _identity(os.fstat(f.fileno())) == _identity(st)
+        if ok and unchanged:
+            self._seal(digest, st)
+        return ok
+
+    def _seal_path(self, digest: str) -> Path:
+        return self.root / "seal" / digest[:2] / check_digest(digest)
+
+    def _seal_of(self, digest: str) -> str | None:
+        data = self._read(self._seal_path(digest))
+        return data.decode(errors="replace") if data is not None else None
+
+    def _seal(self, digest: str, st: os.stat_result) -> None:
+        """Record the blob's stat as verified. Best effort: without a seal the next linked restore hashes."""
+        path = self._seal_path(digest)
+        try:
+            self._own_dir(path.parent)
+            write_bytes(path, _identity(st).encode(), self._tmp_dir(), durable=False)
+        except OSError:
+            pass
+
+    def _add_file(self, src: Path, st: os.stat_result, digest: str, size: int) -> tuple[str, int]:
+        """Insert `src` unless its blob exists; returns the digest of what was stored. `st`: its stat before
+        `digest` was taken. A link is stored only if the file is still what was hashed (the same stat); else
+        it is copied, and the copy hashed on the way: an output rewritten since is stored under its true digest."""
         if self._reuse(digest):
             return digest, size
         tmp = temp_path(self._tmp_dir(), digest)
         try:
-            digest, size = copy_hashing(src, tmp)
-            final = self.blob_path(digest)
-            self._own_dir(final.parent)
-            os.replace(tmp, final)
+            if not (self.link and linkable(src, size) and hard_link(src, tmp)
+                    and _identity(os.lstat(tmp)) == _identity(st)):
+                tmp.unlink(missing_ok=True)
+                digest, size = copy_hashing(src, tmp)
+            self._place_blob(tmp, self.blob_path(digest))
         finally:
             tmp.unlink(missing_ok=True)
         return digest, size
+
+    def _place_blob(self, tmp: Path, final: Path) -> None:
+        """Move a verified blob into place, read-only (a link shares the mode with its OUT file) and sealed."""
+        os.chmod(tmp, 0o444)
+        st = os.lstat(tmp)
+        self._own_dir(final.parent)
+        os.replace(tmp, final)
+        self._seal(final.name, st)
 
     def _add_bytes(self, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
@@ -295,18 +377,24 @@ class LocalStore(Store):
             blob = self.blob_path(digest)
             self._own_dir(blob.parent)
             write_bytes(blob, data, self._tmp_dir())
+            os.chmod(blob, 0o444, follow_symlinks=False)
         return digest
 
     def _reuse(self, digest: str) -> bool:
-        """True if the blob exists; touching it tells a concurrent gc it is about to be referenced."""
+        """True if the blob exists; touching its seal (else the blob: never an OUT file's mtime if it can)
+        tells a concurrent gc it is about to be referenced."""
         path = self.blob_path(digest)
         if not self._is_blob(path):
             return False
-        try:
-            os.utime(path, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        return True
+        seal = self._seal_path(digest)
+        for p in (seal, path):
+            try:
+                self._own_dir(p.parent, create=False)
+                os.utime(p, follow_symlinks=False)
+                return True
+            except FileNotFoundError:
+                continue
+        return False
 
     def _is_blob(self, path: Path) -> bool:
         """A regular file of the store's own at `path`; anything else there is removed (a miss)."""
@@ -347,6 +435,7 @@ class LocalStore(Store):
 
     def _drop_corrupt(self, blob: Path) -> None:
         _discard(blob)
+        _discard(self._seal_path(blob.name))
         self.on_warning(f"local cache blob {blob.name[:12]} failed its sha256 check; deleted it")
 
     def _record_path(self, key: str) -> Path:
@@ -377,6 +466,28 @@ def _stat(entry: os.DirEntry[str]) -> os.stat_result | None:
         return entry.stat(follow_symlinks=False) if entry.is_file(follow_symlinks=False) else None
     except FileNotFoundError:
         return None
+
+
+def _identity(st: os.stat_result) -> str:
+    """What a seal records: a write in place moves the mtime (and usually the size), a replaced file the inode."""
+    return f"{st.st_ino} {st.st_size} {st.st_mtime_ns}"
+
+
+def _touch(path: Path) -> bool:
+    """mtime now; False (the file removed) where that is refused (a blob another user owns: the caller copies)."""
+    try:
+        os.utime(path)
+    except PermissionError:
+        path.unlink()
+        return False
+    return True
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _discard(path: Path) -> None:

@@ -73,6 +73,7 @@ class OutputsMemo:
         if not complete():
             del self.keys[what]
             return got
+        path.unlink(missing_ok=True)  # a restore may have left a hard link into the cache there: never write through it
         np.savez(path, names=np.array(list(got)), **{str(i): v for i, v in enumerate(got.values())})
         self.cache.store(key, {"outputs": path}, None, {"id": f"verify-memo/{what}"})
         return got
