@@ -71,6 +71,43 @@ def test_static_graphs_reproduce_the_original_greedy_tokens(decoder: Path, tmp_p
         assert len(set(want.tokens)) > 3  # the generator's weights give a varied continuation, not one token
 
 
+def test_recorded_calls_replay_the_float_parts(decoder: Path, tmp_path: Path) -> None:
+    """What the split records for the part checks: per prompt every prefill window and the first DECODE_STEPS token
+    steps, each part's; fed back (past KV padded out, mask and positions rebuilt) they give the recorded outputs."""
+    from ctxbuild.llm import pipeline, records, static
+
+    graphs = static.specs(2, [8, 1], [24])
+    dst = {g.name: tmp_path / f"{g.name}.onnx" for g in graphs}
+    shape = static.write_static_graphs(decoder / "llama.onnx", 2, [8, 1], [24], dst,
+                                       [tmp_path / static.weights_name(p, 2) for p in range(2)])
+    run = pipeline.cpu_runner({(g.part, g.ar, g.cl): dst[g.name] for g in graphs})
+    fed: list[tuple[int, int, dict[str, np.ndarray]]] = []
+
+    def spy(part: int, ar: int, cl: int, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        fed.append((part, ar, feeds))
+        return run(part, ar, cl, feeds)
+
+    recorder = records.Recorder(8)
+    prompts = [np.load(p) for p in sorted((decoder / "prompts").glob("*.npy"))]  # 11 tokens: 2 windows of 8
+    for prompt in prompts:
+        pipeline.generate(recorder.runner(spy), static.part_ranges(shape.layers, 2), (shape.kv_heads, shape.head_dim),
+                          prompt, 6, 24, 8)
+    for part in (0, 1):
+        recorder.write(part, tmp_path / f"r{part}.npz")
+        calls = records.read(tmp_path / f"r{part}.npz")
+        assert [(c.ar, c.valid) for c in calls] == [(8, 8), (8, 3), (1, 1), (1, 1)] * len(prompts)
+        kept = [f for p, ar, f in fed if p == part]
+        kept = [f for i in range(len(prompts)) for f in kept[i * 7:i * 7 + 4]]  # 2 windows + 5 steps per prompt
+        for c, original in zip(calls, kept):
+            feeds = c.feeds()
+            assert feeds.keys() == original.keys()
+            assert all(np.array_equal(feeds[k], original[k]) for k in feeds)
+            got = run(part, c.ar, c.cl, feeds)
+            assert all(np.array_equal(records.compared(k, got[k], c.valid), v) for k, v in c.outputs.items())
+        last = {k for c in calls for k in c.outputs if not k.startswith("present.")}
+        assert last == ({"hidden_states.2"} if part == 0 else {"logits"})
+
+
 def _recipe(d: Path, decoder: Path, **llm: object) -> Path:
     spec = {"model": str(decoder / "llama.onnx"), "sequence_lengths": [8, 1], "context_lengths": [24, 32],
             "parts": 2, "precision": "w8a16", "prompts": {"dir": str(decoder / "prompts"), "samples": 2, "verify": 2},
@@ -200,6 +237,25 @@ def test_genai_convention_model_builds_and_verifies(decoder: Path, tmp_path: Pat
         result = json.loads((out / "SM8650" / "llama" / "llm_verify" / f"part{part}_of_2.json").read_text())
         assert result["passed"] and all(m["cosine"] >= 0.95 for m in result["outputs"].values()), result
     assert len(list((out / "SM8650" / "llama").glob("*_ctx.onnx"))) == 4
+
+
+def test_a_failing_part_names_its_graph_and_output(decoder: Path, tmp_path: Path, ctxbuild) -> None:
+    """A part under the thresholds fails the build (exit 1) with one line naming the part, graph, output and figures;
+    its bundle is set aside (ship_only_verified), the summary's row for that part says FAILED."""
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(_recipe(tmp_path / "r", decoder, context_lengths=[24], min_cosine=0.999999)), "-o", str(out))
+    assert r.code == 1, r.text
+    for part in (1, 2):
+        line = next(x for x in r.err.splitlines() if x.startswith(f"ctxbuild: FAILED llm_part_eval/llama.part{part}@SM8650"))
+        assert f"llama@SM8650: part {part} of 2: graph prompt_ar8_cl24_{part}_of_2, output " in line, line
+        assert "simulator cosine 0." in line and "(min 0.999999), SNR " in line and " dB over 4 calls" in line, line
+        assert not (out / "SM8650" / "llama" / f"llama_{part}_of_2_qnn.bin").exists()
+        assert (out / ".ctxbuild" / "failed" / "SM8650" / "llama" / f"llama_{part}_of_2_qnn.bin").is_file()
+        row = next(x for x in r.out.splitlines() if f"part {part} of 2 CL 24" in x)
+        assert "FAILED" in row, r.out
+    record = records(out)["llm_part_eval/llama.part2@SM8650"]
+    assert record["status"] == "failed" and not record["result"]["passed"]
+    assert any("output logits: simulator cosine" in f for f in record["result"]["failures"]), record["result"]
 
 
 def _rotary_style(path: Path) -> None:

@@ -27,7 +27,7 @@ from ctxbuild.plan.action import Action
 METHOD = ("the part's single-graph twins (compiled here, not kept) on the HTP simulator, on the calls the float "
           f"decode recorded (every prefill window and the first {records.DECODE_STEPS} token steps per prompt and CL)")
 
-Outputs = list[dict[str, np.ndarray]]  # per recorded call: the compared rows of each output
+Outputs = dict[int, dict[str, np.ndarray]]  # recorded call (its index) -> the compared rows of each output
 
 
 def summarize(action: Action) -> dict[str, Any]:
@@ -84,18 +84,12 @@ def _compile(ctx: Any, g: GraphSpec) -> Path:
 def _cpu(models: dict[tuple[int, int], Path], calls: list[records.Call], slots: dict[tuple[int, int], Any]) -> Outputs:
     from ctxbuild.llm import pipeline
 
-    out: Outputs = []
+    out: Outputs = {}
     for cl in sorted({c.cl for c in calls}):  # one CL's sessions at a time
         run = pipeline.cpu_runner({(0, ar, cl_): m for (ar, cl_), m in models.items() if cl_ == cl},
                                   {(0, ar, cl_): s for (ar, cl_), s in slots.items()})
-        out += [_compared(run(0, c.ar, c.cl, c.feeds()), c) for c in calls if c.cl == cl]
-    return [out[i] for i in _order(calls)]
-
-
-def _order(calls: list[records.Call]) -> list[int]:
-    """Where each call's result lands when the calls are run one CL after another (back to the recorded order)."""
-    by_cl = [i for cl in sorted({c.cl for c in calls}) for i, c in enumerate(calls) if c.cl == cl]
-    return [by_cl.index(i) for i in range(len(calls))]
+        out.update({i: _compared(run(0, c.ar, c.cl, c.feeds()), c) for i, c in enumerate(calls) if c.cl == cl})
+    return out
 
 
 def _compared(got: dict[str, np.ndarray], c: records.Call) -> dict[str, np.ndarray]:
@@ -104,35 +98,39 @@ def _compared(got: dict[str, np.ndarray], c: records.Call) -> dict[str, np.ndarr
 
 def _simulate(twins: dict[tuple[int, int], Path], calls: list[records.Call], slots: dict[tuple[int, int], Any],
               timeout: float) -> Outputs:
+    """The calls on the twins, one CL at a time in a child of its own (verify.timeout_s each, as a CL took before)."""
     from ctxbuild.verify.measure import in_child
 
-    got, exitcode, hung = in_child(_child, (twins, calls, slots), timeout)
-    if got is None:
-        why = f"did not finish within {timeout:g} s" if hung else f"crashed (exit {exitcode})"
-        raise ActionError(f"the HTP simulator {why}", "raise verify.timeout_s, or verify fewer prompts (llm.prompts.verify)")
-    if isinstance(got, str):
-        raise ActionError(f"the HTP simulator failed: {got}")
-    return got
+    out: Outputs = {}
+    for cl in sorted({c.cl for c in calls}):
+        mine = {i: c for i, c in enumerate(calls) if c.cl == cl}
+        got, exitcode, hung = in_child(_child, ({k: t for k, t in twins.items() if k[1] == cl}, mine, slots), timeout)
+        if got is None:
+            why = f"did not finish within {timeout:g} s" if hung else f"crashed (exit {exitcode})"
+            raise ActionError(f"the HTP simulator {why} at CL {cl}",
+                              "raise verify.timeout_s, or verify fewer prompts (llm.prompts.verify)")
+        if isinstance(got, str):
+            raise ActionError(f"the HTP simulator failed at CL {cl}: {got}")
+        out.update(got)
+    return out
 
 
-def _child(twins: dict[tuple[int, int], Path], calls: list[records.Call], slots: dict[tuple[int, int], Any],
+def _child(twins: dict[tuple[int, int], Path], calls: dict[int, records.Call], slots: dict[tuple[int, int], Any],
            send: Any) -> None:
     import onnxruntime as ort
 
     from ctxbuild.toolchain import installed as toolchain
 
     try:
-        out: Outputs = []
-        for cl in sorted({c.cl for c in calls}):  # one CL's sessions at a time
-            sessions = {k: ort.InferenceSession(str(t), toolchain.session_options({}, cpu_fallback=False))
-                        for k, t in twins.items() if k[1] == cl}
-            for c in (c for c in calls if c.cl == cl):
-                s = sessions[(c.ar, c.cl)]
-                feeds = {**slots[(c.ar, c.cl)], **c.feeds()}
-                got = s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()})
-                out.append(_compared(dict(zip([o.name for o in s.get_outputs()], got)), c))
-            del sessions
-        send.send([out[i] for i in _order(calls)])
+        sessions = {k: ort.InferenceSession(str(t), toolchain.session_options({}, cpu_fallback=False))
+                    for k, t in twins.items()}
+        out: Outputs = {}
+        for i, c in calls.items():
+            s = sessions[(c.ar, c.cl)]
+            feeds = {**slots[(c.ar, c.cl)], **c.feeds()}
+            got = s.run(None, {x.name: feeds[x.name] for x in s.get_inputs()})
+            out[i] = _compared(dict(zip([o.name for o in s.get_outputs()], got)), c)
+        send.send(out)
     except Exception as e:  # noqa: BLE001 - ORT's message to the parent as one line
         send.send(cause_line(e, last=True))
 
