@@ -65,7 +65,7 @@ class Recorder:
         self._steps: dict[int, int] = {}
 
     def runner(self, run: Runner) -> Runner:
-        """`run` recording; each use starts a prompt."""
+        """`run`, recording: one per prompt (its token steps are counted from there)."""
         self._steps = {}
         return lambda part, ar, cl, feeds: self._record(run(part, ar, cl, feeds), part, ar, cl, feeds)
 

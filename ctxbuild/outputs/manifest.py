@@ -106,7 +106,7 @@ def _verification(out: Path, verifiers: list[str]) -> dict[str, Any] | None:
     # on seeded random inputs a pass proves the graph runs, not that it computes the user's results
     return {"status": "failed" if not passed else "unverified (random inputs)" if random else "passed",
             "method": ", ".join(methods),
-            **({"tokens_by_cl": tokens[0]} if tokens else {})}  # llm_eval: per CL and backend (docs/llm.md)
+            **({"tokens_by_cl": tokens[0]} if tokens else {})}  # llm_part_eval, llm_eval: per CL and backend (docs/llm.md)
 
 
 def _sharing(out: Path, twins: list[str], bundle_size: int) -> dict[str, Any] | None:
