@@ -251,8 +251,8 @@ def test_a_failing_part_names_its_graph_and_output(decoder: Path, tmp_path: Path
         assert "simulator cosine 0." in line and "(min 0.999999), SNR " in line and " dB over 4 calls" in line, line
         assert not (out / "SM8650" / "llama" / f"llama_{part}_of_2_qnn.bin").exists()
         assert (out / ".ctxbuild" / "failed" / "SM8650" / "llama" / f"llama_{part}_of_2_qnn.bin").is_file()
-        row = next(x for x in r.out.splitlines() if f"part {part} of 2 CL 24" in x)
-        assert "FAILED" in row, r.out
+        rows = [x for x in r.out.splitlines() if f"part {part} of 2 CL 24" in x]
+        assert len(rows) == 1 and "FAILED" in rows[0], r.out
     record = records(out)["llm_part_eval/llama.part2@SM8650"]
     assert record["status"] == "failed" and not record["result"]["passed"]
     assert any("output logits: simulator cosine" in f for f in record["result"]["failures"]), record["result"]

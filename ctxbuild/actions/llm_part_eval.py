@@ -61,7 +61,8 @@ def run(ctx: Any) -> None:
         failures = result["failures"]
         more = f" (and {len(failures) - 3} more)" if len(failures) > 3 else ""
         raise ActionError(f"{a.recipes[0]}@{a.target['name']}: {result['graph']}: " + "; ".join(failures[:3]) + more,
-                          "try precision w8a16, kv_cache uint16, or more calibration prompts (docs/llm.md)")
+                          "try precision w8a16, kv_cache uint16, or more calibration prompts (docs/llm.md)",
+                          details=result)
 
 
 def _compile(ctx: Any, g: GraphSpec) -> Path:
