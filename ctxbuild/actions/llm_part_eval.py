@@ -1,8 +1,8 @@
 """llm_part_eval: one part of an `llm:` recipe verified for one target, on the calls the float decode recorded.
 
 The float static graphs' decode of the verification prompts (llm_split) recorded this part's inputs and float
-outputs (ctxbuild/llm/records.py: per prompt and CL every prefill window and the first DECODE_STEPS token steps).
-Here the part's graphs are compiled alone (the HTP simulator cannot load the weight-shared multi-graph bundle,
+outputs (ctxbuild/llm/records.py: per CL the first PREFILL_WINDOWS prefill windows, per prompt and CL the first
+DECODE_STEPS token steps). Here the part's graphs are compiled alone (the HTP simulator cannot load the weight-shared multi-graph bundle,
 QNN-NOTES): the same QDQ models with the bundle's options, inside this action's temporary directory, not kept.
 Each recorded call runs on those twins (simulator, in a child process: a crash there is an error here) and on the
 QDQ graph (CPU EP); each output is compared with the float graph's (cosine, SNR), the last part's logits also by
@@ -25,7 +25,8 @@ from ctxbuild.llm.static import GraphSpec
 from ctxbuild.plan.action import Action
 
 METHOD = ("the part's single-graph twins (compiled here, not kept) on the HTP simulator, on the calls the float "
-          f"decode recorded (every prefill window and the first {records.DECODE_STEPS} token steps per prompt and CL)")
+          f"decode recorded (per CL the first {records.PREFILL_WINDOWS} prefill windows, per prompt and CL the first "
+          f"{records.DECODE_STEPS} token steps)")
 
 Outputs = dict[int, dict[str, np.ndarray]]  # recorded call (its index) -> the compared rows of each output
 
@@ -145,7 +146,8 @@ def _result(p: dict[str, Any], mine: dict[tuple[int, int], GraphSpec], calls: li
     t = p["thresholds"]
     result: dict[str, Any] = {"graph": f"part {p['part'] + 1} of {p['parts']}", "method": METHOD,
                               "precision": p["precision"], "thresholds": t, "prompts": p["prompts"],
-                              "decode_steps": records.DECODE_STEPS, "by_cl": {}, "outputs": {}, "failures": []}
+                              "prefill_windows": records.PREFILL_WINDOWS, "decode_steps": records.DECODE_STEPS,
+                              "by_cl": {}, "outputs": {}, "failures": []}
     for (ar, cl), g in sorted(mine.items(), key=lambda kv: (kv[0][1], -kv[0][0])):
         idx = [i for i, c in enumerate(calls) if (c.ar, c.cl) == (ar, cl)]
         row = result["by_cl"].setdefault(str(cl), {})

@@ -2,8 +2,10 @@
 (actions/llm_part_eval.py): the inputs a part graph was fed and the float outputs it gave, so a part's compiled
 graphs are checked on exactly what the float model feeds it, with no other part loaded and none re-run.
 
-Which calls: per prompt and CL, every prefill window (the largest AR) and the first DECODE_STEPS token steps (AR 1):
-every graph of a part gets calls, and the simulator runs a handful per graph instead of the whole decode.
+Which calls: per CL the first PREFILL_WINDOWS prefill windows (the largest AR; the first prompt's, so a prompt longer
+than a window has its second window read the first one's cache) and per prompt and CL the first DECODE_STEPS token
+steps (AR 1): every graph of a part gets calls, and the simulator runs a handful per graph instead of the whole decode
+(a window costs it about as much as many token steps).
 
 What is kept, compactly: the past KV inputs up to the valid positions (the rest is zeros: pipeline.generate's cache
 layout), the mask and position ids as the two numbers they are made from; of the outputs the valid rows (the new
@@ -21,7 +23,8 @@ import numpy as np
 
 from ctxbuild.llm.pipeline import Runner, mask
 
-DECODE_STEPS = 2  # token steps recorded per prompt and CL (every prefill window is)
+PREFILL_WINDOWS = 2  # prefill windows recorded per CL
+DECODE_STEPS = 2  # token steps recorded per prompt and CL
 
 
 @dataclass
@@ -62,7 +65,8 @@ class Recorder:
     def __init__(self, prefill_ar: int) -> None:
         self._prefill_ar = prefill_ar
         self.calls: list[Call] = []
-        self._steps: dict[int, int] = {}
+        self._windows: dict[tuple[int, int], int] = {}  # (part, CL) -> prefill windows seen
+        self._steps: dict[int, int] = {}  # part -> token steps seen in this prompt
 
     def runner(self, run: Runner) -> Runner:
         """`run`, recording: one per prompt (its token steps are counted from there)."""
@@ -71,10 +75,14 @@ class Recorder:
 
     def _record(self, got: dict[str, np.ndarray], part: int, ar: int, cl: int, feeds: dict[str, np.ndarray]
                 ) -> dict[str, np.ndarray]:
-        if ar != self._prefill_ar:  # a token step: the first DECODE_STEPS of each prompt
-            self._steps[part] = self._steps.get(part, 0) + 1
-            if self._steps[part] > DECODE_STEPS:
-                return got
+        if ar == self._prefill_ar:
+            n = self._windows[(part, cl)] = self._windows.get((part, cl), 0) + 1
+            keep = n <= PREFILL_WINDOWS
+        else:
+            n = self._steps[part] = self._steps.get(part, 0) + 1
+            keep = n <= DECODE_STEPS
+        if not keep:
+            return got
         past = int(feeds["position_ids"][0, 0])
         valid = int((feeds["attention_mask"][0, 0, -1, cl - ar:] == 0).sum())
         inputs = {k: (v[:, :, :past].copy() if k.startswith("past_key_values.") else v)
