@@ -51,8 +51,9 @@ def run(ctx: Any) -> None:
     ctx.facts["twin_bin_bytes"] = sum(t.with_name(t.name.replace("_ctx.onnx", "_ctx_qnn.bin")).stat().st_size
                                       for t in twins.values())
     start = time.monotonic()
-    sim = _simulate(twins, calls, slots, p["timeout_s"])
+    sim, seconds = _simulate(twins, calls, slots, p["timeout_s"])
     ctx.facts["simulator_seconds"] = round(time.monotonic() - start, 3)
+    ctx.facts["simulator_seconds_by_graph"] = {mine[k].name: round(v, 3) for k, v in seconds.items()}
     got = {"simulator": sim}
     if p["precision"] != "fp16":  # fp16 compiles the float graphs: the CPU would compare them with themselves
         got["qdq_cpu"] = _cpu({k: Path(a.inputs[f"model:{g.name}"]) for k, g in mine.items()}, calls, slots)
@@ -99,11 +100,13 @@ def _compared(got: dict[str, np.ndarray], c: records.Call) -> dict[str, np.ndarr
 
 
 def _simulate(twins: dict[tuple[int, int], Path], calls: list[records.Call], slots: dict[tuple[int, int], Any],
-              timeout: float) -> Outputs:
-    """The calls on the twins, one CL at a time in a child of its own (verify.timeout_s each, as a CL took before)."""
+              timeout: float) -> tuple[Outputs, dict[tuple[int, int], float]]:
+    """The calls on the twins, one CL at a time in a child of its own (verify.timeout_s each, as a CL took before);
+    with the seconds per graph: its session's creation and its calls."""
     from ctxbuild.verify.measure import in_child
 
     out: Outputs = {}
+    seconds: dict[tuple[int, int], float] = {}
     for cl in sorted({c.cl for c in calls}):
         mine = {i: c for i, c in enumerate(calls) if c.cl == cl}
         got, exitcode, hung = in_child(_child, ({k: t for k, t in twins.items() if k[1] == cl}, mine, slots), timeout)
@@ -113,8 +116,9 @@ def _simulate(twins: dict[tuple[int, int], Path], calls: list[records.Call], slo
                               "raise verify.timeout_s, or verify fewer prompts (llm.prompts.verify)")
         if isinstance(got, str):
             raise ActionError(f"the HTP simulator failed at CL {cl}: {got}")
-        out.update(got)
-    return out
+        out.update(got[0])
+        seconds.update(got[1])
+    return out, seconds
 
 
 def _child(twins: dict[tuple[int, int], Path], calls: dict[int, records.Call], slots: dict[tuple[int, int], Any],
@@ -124,15 +128,20 @@ def _child(twins: dict[tuple[int, int], Path], calls: dict[int, records.Call], s
     from ctxbuild.toolchain import installed as toolchain
 
     try:
-        sessions = {k: ort.InferenceSession(str(t), toolchain.session_options({}, cpu_fallback=False))
-                    for k, t in twins.items()}
+        sessions, seconds = {}, {}
+        for k, t in twins.items():
+            start = time.monotonic()
+            sessions[k] = ort.InferenceSession(str(t), toolchain.session_options({}, cpu_fallback=False))
+            seconds[k] = time.monotonic() - start
         out: Outputs = {}
         for i, c in calls.items():
+            start = time.monotonic()
             s = sessions[(c.ar, c.cl)]
             feeds = {**slots[(c.ar, c.cl)], **c.feeds()}
             got = s.run(None, {x.name: feeds[x.name] for x in s.get_inputs()})
             out[i] = _compared(dict(zip([o.name for o in s.get_outputs()], got)), c)
-        send.send(out)
+            seconds[(c.ar, c.cl)] += time.monotonic() - start
+        send.send((out, seconds))
     except Exception as e:  # noqa: BLE001 - ORT's message to the parent as one line
         send.send(cause_line(e, last=True))
 
