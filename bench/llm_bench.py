@@ -146,6 +146,7 @@ def verification_times(recs: list[dict]) -> dict:
         return {}
     return {"wall_s": round(max(r["finished"] for r in checks) - min(r["started"] for r in checks), 1),
             "checks": {r["id"]: {k: r.get(k) for k in ("seconds", "twin_compile_seconds", "simulator_seconds",
+                                                      "simulator_seconds_by_graph",
                                                       "peak_rss", "memory_estimate")} for r in checks}}
 
 

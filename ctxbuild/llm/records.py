@@ -4,8 +4,8 @@ graphs are checked on exactly what the float model feeds it, with no other part 
 
 Which calls: per CL the first PREFILL_WINDOWS prefill windows (the largest AR; the first prompt's, so a prompt longer
 than a window has its second window read the first one's cache) and per prompt and CL the first DECODE_STEPS token
-steps (AR 1): every graph of a part gets calls, and the simulator runs a handful per graph instead of the whole decode
-(a window costs it about as much as many token steps).
+steps (AR 1): every graph of a part gets calls, and the simulator runs a handful per graph instead of the whole decode,
+however long the prompts.
 
 What is kept, compactly: the past KV inputs up to the valid positions (the rest is zeros: pipeline.generate's cache
 layout), the mask and position ids as the two numbers they are made from; of the outputs the valid rows (the new
