@@ -3,9 +3,10 @@
 A generated Llama-style decoder (recipes/models/llm_decoder.py; default hidden 256, 4 layers, vocab 2048),
 2 parts x AR {32, 1} x CL {128, 256}, one SoC, built with the real CLI into a private cache. Reports per action
 kind the seconds and peak RSS against the estimate (from the records), the parts' .bin bytes against the same
-graphs compiled one by one (the verification twins: no sharing), the bytes on disk after the cold build (OUT and
+graphs compiled one by one (the part checks' twins: no sharing), the bytes on disk after the cold build (OUT and
 the cache, by what holds them, against the model's), the no-op build time, which actions re-run when CL 512 is
-added, and the token-level verification. Writes bench/results/llm_bench.json.
+added, and the verification: each part check's figures, its twin compile and simulator seconds, and the wall time
+of all of them with the genai config's run. Writes bench/results/llm_bench.json.
 
     python bench/llm_bench.py [--hidden 256 --layers 4 --vocab 2048 --precision w8a16]
     # the ~1B shape (Llama-3.2-1B: hidden 2048, 16 layers, 32/8 heads, MLP 8192, vocab 128256):
@@ -197,9 +198,9 @@ def run(args: argparse.Namespace, cfg: llm_decoder.Config, work: Path) -> dict:
     kinds = by_kind(out)
     bins = out / args.target / "llm"
     shared = sum(p.stat().st_size for p in bins.glob("*_qnn.bin"))
-    unshared = sum(p.stat().st_size for p in (out / ".ctxbuild" / "work" / "llm" / "twins").rglob("*_qnn.bin"))
+    unshared = sum(r.get("twin_bin_bytes", 0) for r in recs)  # the part checks compile each graph alone, not kept
     weights = sum(part_weight_bytes(facts, args.parts, args.precision, None))
-    verify = json.loads((bins / "llm_verify.json").read_text())["by_cl"]
+    verify = {p.stem: json.loads(p.read_text())["by_cl"] for p in sorted((bins / "llm_verify").glob("*.json"))}
     disk = disk_bytes(src / "llama.onnx", out, work / "cache")
     noop = sorted(build(src, out, env, args.memory_budget) for _ in range(3))[1]
     added, ran = None, {}
@@ -214,7 +215,19 @@ def run(args: argparse.Namespace, cfg: llm_decoder.Config, work: Path) -> dict:
             "bin_bytes_shared": shared, "bin_bytes_unshared": unshared,
             "shared_over_unshared": round(shared / unshared, 3),
             "weight_bytes_estimate": int(weights), "shared_over_weights": round(shared / weights, 3),
-            "disk_after_cold": disk, "by_kind": kinds, "verify": verify}
+            "disk_after_cold": disk, "by_kind": kinds, "verification": verification_times(recs), "verify": verify}
+
+
+def verification_times(recs: list[dict]) -> dict:
+    """The token verification: the per-part checks (side by side) and the genai config's run, from their records:
+    wall seconds from the first start to the last end, and each check's compile and simulator seconds."""
+    checks = [r for r in recs if r["kind"] in ("llm_part_eval", "llm_genai")]
+    if not checks:
+        return {}
+    return {"wall_s": round(max(r["finished"] for r in checks) - min(r["started"] for r in checks), 1),
+            "checks": {r["id"]: {k: r.get(k) for k in ("seconds", "twin_compile_seconds", "simulator_seconds",
+                                                      "simulator_seconds_by_graph",
+                                                      "peak_rss", "memory_estimate")} for r in checks}}
 
 
 def disk_bytes(model: Path, out: Path, cache: Path) -> dict[str, int | float]:

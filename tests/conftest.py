@@ -128,6 +128,17 @@ def records(out: Path) -> dict[str, dict[str, Any]]:
     return recs
 
 
+def llm_part_checks(d: Path) -> dict[str, dict[str, Any]]:
+    """An LLM recipe's per-part verification results in its OUT/<target>/<recipe> directory, by file stem."""
+    return {p.stem: json.loads(p.read_text()) for p in sorted((d / "llm_verify").glob("*.json"))}
+
+
+def llm_logits(d: Path) -> list[dict[str, Any]]:
+    """The last part's logits figures (cosine, snr_db, argmax_agreement: top-1 against the float tokens) per graph."""
+    last = list(llm_part_checks(d).values())[-1]
+    return [m for name, m in last["outputs"].items() if name.startswith("logits@")]
+
+
 def cache_entries(*outs: Path) -> int:
     """Cache entries these builds made: one per action, plus the verify memo's (simulator and CPU reference
     outputs, stored under their own keys, which verify records list)."""

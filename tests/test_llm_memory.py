@@ -1,6 +1,6 @@
 """Memory estimates of an `llm:` recipe's actions at plan time: the split counts the user's external data (an
 exporter's decoder is a small .onnx beside gigabytes of weights), and the actions that hold one context length's
-graphs at a time (quantize, eval) count their inputs once per CL, not once per graph of every CL."""
+graphs at a time (quantize, the part checks) count their inputs once per CL, not once per graph of every CL."""
 from __future__ import annotations
 
 import sys
@@ -43,14 +43,15 @@ def test_one_context_length_at_a_time(tmp_path: Path) -> None:
     def estimates(cls: list[int]) -> dict[str, int]:
         plan = _plan(tmp_path, cls)
         for a in plan.actions:
-            if a.kind in ("llm_quantize", "llm_eval"):
+            if a.kind in ("llm_quantize", "llm_part_eval"):
                 for path in a.inputs.values():
                     Path(path).parent.mkdir(parents=True, exist_ok=True)
                     Path(path).write_bytes(b"\0" * 100_000)
-        return {a.kind: memory.estimate(a) for a in plan.actions if a.kind in ("llm_quantize", "llm_eval")}
+        return {a.kind: memory.estimate(a) for a in plan.actions if a.kind in ("llm_quantize", "llm_part_eval")}
 
     one, two = estimates([64]), estimates([64, 128])
-    for kind in ("llm_quantize", "llm_eval"):  # twice the graphs, the same estimate: one CL's sessions at a time
+    for kind in ("llm_quantize", "llm_part_eval"):  # twice the graphs, the same estimate: one CL's sessions (one
+        # compile) at a time
         assert one[kind] > memory.BASE
         assert abs(two[kind] - one[kind]) <= one[kind] // 50, (kind, one[kind], two[kind])
 

@@ -47,8 +47,8 @@ def _tree(tmp_path: Path, tokenizer: bool) -> Path:
 
 def test_every_prompt_reader_has_the_tokenizer_as_an_input(tmp_path: Path) -> None:
     plan = make_plan(recipe.load([_tree(tmp_path, tokenizer=True)]), tmp_path / "out")
-    readers = [a for a in plan.actions if a.kind in ("llm_split", "llm_quantize", "llm_eval")]
-    assert {a.kind for a in readers} == {"llm_split", "llm_quantize", "llm_eval"}
+    readers = [a for a in plan.actions if a.kind in ("llm_split", "llm_quantize", "llm_genai")]
+    assert {a.kind for a in readers} == {"llm_split", "llm_quantize", "llm_genai"}
     assert all(a.inputs["prompt_tokenizer"] == str(tmp_path / "export" / "tokenizer.json") for a in readers)
 
 

@@ -24,7 +24,7 @@ def _tree(tmp_path: Path, line: str) -> Path:
 def test_the_toolchain_reaches_every_llm_action(tmp_path: Path, line: str) -> None:
     plan = make_plan(recipe.load([_tree(tmp_path, line)]), tmp_path / "out")
     kinds = {a.kind for a in plan.actions}
-    assert {"llm_split", "llm_quantize", "bundle", "compile", "llm_eval", "llm_package", "llm_genai"} <= kinds
+    assert {"llm_split", "llm_quantize", "bundle", "llm_part_eval", "llm_package", "llm_genai"} <= kinds
     assert {a.toolchain for a in plan.actions if a.recipes == ["llm_tiny"] and a.kind != "llm_genai"} == \
         {"onnxruntime-qnn-2.3.0"}
     # onnxruntime-genai runs the config's CPU twin beside the installed onnxruntime it needs (>= 1.31)

@@ -12,7 +12,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from tests.conftest import build_with_toolchains, RECIPES, keep_only
+from tests.conftest import build_with_toolchains, RECIPES, keep_only, llm_part_checks
 
 OLD = 'toolchain: {qairt: "2.47"}\n'
 
@@ -61,9 +61,12 @@ def test_every_graph_of_a_bundle_is_in_one_qairt_2_47_binary(old_out: Path, ctxb
 
 
 def test_the_llm_twins_ran_on_the_old_simulator(old_out: Path) -> None:
-    result = json.loads((old_out / "SM8650" / "llm_tiny" / "llm_verify.json").read_text())
-    assert result["passed"] and set(result["by_cl"]) == {"64", "128"}, result
-    assert all(by_cl["simulator"]["steps"] == 16 for by_cl in result["by_cl"].values()), result
+    checks = llm_part_checks(old_out / "SM8650" / "llm_tiny")
+    assert set(checks) == {"part1_of_2", "part2_of_2"}
+    for result in checks.values():  # each part's twins, compiled by the old toolchain, on its simulator
+        assert result["passed"] and set(result["by_cl"]) == {"64", "128"}, result
+        assert all(g["calls"] == (2 if name.startswith("prompt") else 4) for by_cl in result["by_cl"].values()
+                   for name, g in by_cl["simulator"].items()), result
 
 
 def test_the_gate_passes_them_for_qairt_2_47(old_out: Path, ctxbuild) -> None:

@@ -1,6 +1,7 @@
 """llm_split: a dynamic decoder -> its static graphs per (part, AR, CL) (ctxbuild/llm/static.py), then the check
 that makes the rewrite trustworthy: chained on the CPU, the static graphs decode the same greedy tokens as the
-original model on the recipe's prompts, at every context length."""
+original model on the recipe's prompts, at every context length. That decode records each part's calls for the
+per-part checks (ctxbuild/llm/records.py)."""
 from __future__ import annotations
 
 import shutil
@@ -12,6 +13,7 @@ from ctxbuild.graph.modelio import external_data_files, load
 from ctxbuild.llm import export_config
 from ctxbuild.llm.ar_sessions import one_ar_runner
 from ctxbuild.llm.layout import Layout
+from ctxbuild.llm.static import records_role
 from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
 from ctxbuild.lora.adapters import slot_defaults_of
 from ctxbuild.plan.action import Action
@@ -44,7 +46,7 @@ def readable(src: Path, into: Path) -> Path:
 
 
 def run(ctx: Any) -> None:
-    from ctxbuild.llm import pipeline, static
+    from ctxbuild.llm import pipeline, records, static
     from ctxbuild.llm.canonical import NotADecoder
 
     a, p = ctx.action, ctx.action.params
@@ -67,11 +69,12 @@ def run(ctx: Any) -> None:
     # one set of sessions at a time (the original's, then each CL's graphs at one AR): peak memory stays near one
     # copy of the weights however many CLs and ARs there are
     reference = [pipeline.reference_generate(src, prompt, tokens, slots).tokens for prompt in prompts]
+    recorder = records.Recorder(max(ars))  # the calls the per-part checks replay (llm/records.py)
     for cl in cls:
         run_cpu = one_ar_runner({(g.part, g.ar, g.cl): dst[g.name] for g in graphs if g.cl == cl})
         for i, (prompt, want) in enumerate(zip(prompts, reference)):
             try:
-                got = pipeline.generate(run_cpu, ranges, (shape.kv_heads, shape.head_dim), prompt, tokens, cl, max(ars)).tokens
+                got = pipeline.generate(recorder.runner(run_cpu), ranges, (shape.kv_heads, shape.head_dim), prompt, tokens, cl, max(ars)).tokens
             except ValueError as e:
                 raise ActionError(f"{a.recipe_files[0]}: prompt {i}: {e}",
                                   "use shorter prompts, fewer llm.generate tokens or larger context_lengths") from None
@@ -83,6 +86,8 @@ def run(ctx: Any) -> None:
         del run_cpu
     print(f"{len(prompts)} prompts: the static graphs reproduce the original's {tokens} greedy tokens at CL "
           f"{', '.join(map(str, cls))}")
+    for part in range(p["parts"]):
+        recorder.write(part, ctx.tmp_output(records_role(part)))
     export = export_config.read(src)
     Layout(shape.layers, shape.kv_heads, shape.head_dim, shape.vocab, shape.hidden, ranges, graphs, reference,
            export.special, export.search).write(ctx.tmp_output("layout"))

@@ -45,6 +45,15 @@ def weights_role(part: int) -> str:
     return f"weights:part{part + 1}"
 
 
+def records_name(part: int, parts: int) -> str:
+    """The part's recorded calls (ctxbuild/llm/records.py), an output of llm_split."""
+    return f"records_{part + 1}_of_{parts}.npz"
+
+
+def records_role(part: int) -> str:
+    return f"records:part{part + 1}"
+
+
 def part_ranges(layers: int, parts: int) -> list[tuple[int, int]]:
     """Layer ranges [start, stop) of nearly equal size, earlier parts one layer larger."""
     base, extra = divmod(layers, parts)

@@ -59,6 +59,8 @@ def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, s
             entry["graphs"] = names
             if art["twins"]:
                 entry["weight_sharing"] = _sharing(out, art["twins"], entry["size"])
+            elif apart := _compiled_inside(out, art["verified_by"]):  # an LLM part check's twins, not kept
+                entry["weight_sharing"] = _saved(apart, entry["size"])
         artifacts.append(entry)
     adapters = adapter_entries(out, plan_state.get("adapters", []), memo, _verification)
     memo.close()
@@ -104,7 +106,7 @@ def _verification(out: Path, verifiers: list[str]) -> dict[str, Any] | None:
     # on seeded random inputs a pass proves the graph runs, not that it computes the user's results
     return {"status": "failed" if not passed else "unverified (random inputs)" if random else "passed",
             "method": ", ".join(methods),
-            **({"tokens_by_cl": tokens[0]} if tokens else {})}  # llm_eval: per CL and backend (docs/llm.md)
+            **({"tokens_by_cl": tokens[0]} if tokens else {})}  # llm_part_eval, llm_eval: per CL and backend (docs/llm.md)
 
 
 def _sharing(out: Path, twins: list[str], bundle_size: int) -> dict[str, Any] | None:
@@ -115,7 +117,16 @@ def _sharing(out: Path, twins: list[str], bundle_size: int) -> dict[str, Any] | 
         if r is None or r.get("status") != "ok" or "bin" not in r.get("outputs", {}):
             return None
         sizes[t] = r["outputs"]["bin"]["size"]
-    separate = sum(sizes.values())
+    return _saved(sum(sizes.values()), bundle_size)
+
+
+def _compiled_inside(out: Path, verifiers: list[str]) -> int:
+    """The .bin bytes of the single-graph twins a verification compiled inside its action (llm_part_eval), 0 if none."""
+    return sum((r or {}).get("twin_bin_bytes", 0) for r in map(lambda v: read_record(out, v), verifiers)
+               if (r or {}).get("status") == "ok")
+
+
+def _saved(separate: int, bundle_size: int) -> dict[str, Any]:
     return {"separate_bin_size": separate, "bundle_bin_size": bundle_size, "saved_bytes": separate - bundle_size}
 
 

@@ -270,7 +270,7 @@ def _verify(a: dict[str, Any], rec: dict[str, Any] | None, st: str) -> dict[str,
     adapter = res.get("adapter") or (a["id"].rsplit("@", 1)[0].rsplit("+", 1)[-1] if a["kind"] == "verify_adapter" else None)
     return {"id": a["id"], "status": st, "graph": f"{graph} + adapter {adapter}" if adapter else graph, "adapter": adapter,
             "passed": passed, "method": res.get("method"), "samples": res.get("samples"),
-            "context_lengths": sorted(int(c) for c in res["by_cl"]) if res.get("by_cl") else None,  # llm_eval
+            "context_lengths": sorted(int(c) for c in res["by_cl"]) if res.get("by_cl") else None,  # llm_part_eval, llm_eval
             "sample_source": res.get("sample_source"), "thresholds": thr, "outputs": outputs,
             "coverage": res.get("coverage"), "simulator_seconds": rec.get("simulator_seconds"),
             "clipping": [c["tensor"] for c in res.get("clipping") or []],  # LoRA: tensors leaving their encodings

@@ -77,10 +77,11 @@ def text(doc: dict[str, Any]) -> list[str]:
 
 
 def _checked(r: dict[str, Any]) -> str:
-    """What a verification checked: the graph (and adapter); an LLM's token check names its context lengths."""
+    """What a verification checked: the graph (and adapter); an LLM's token and part checks name their context lengths."""
     label = r["graph"] or "-"
-    if cls := r.get("context_lengths"):
-        label = label.replace("tokens", f"tokens CL {','.join(map(str, cls))}", 1)
+    if cls := r.get("context_lengths"):  # a part's check (llm_part_eval) names no tokens: its CLs follow
+        at = f"CL {','.join(map(str, cls))}"
+        label = label.replace("tokens", f"tokens {at}", 1) if "tokens" in label else f"{label} {at}"
     return label
 
 

@@ -470,6 +470,33 @@ class LlmEval(Kind):
     memory = MemoryModel(2.0, ("reference:",), per_context_length=True)  # 1.6x measured (bench/llm_bench.py)
 
 
+class LlmPartEvalParams(TypedDict):
+    part: int
+    parts: int
+    graphs: list[str]  # the part's graphs
+    context_lengths: list[int]
+    precision: str
+    provider_options: dict[str, str]  # the bundle's: the twins compiled inside are the same graphs, same options
+    prompts: int
+    thresholds: dict[str, float]
+    timeout_s: float
+
+
+class LlmPartEval(Kind):
+    """One part on the calls the float decode recorded (llm_split): its graphs compiled alone inside the action
+    (not kept), run on the HTP simulator and the QDQ graphs on the CPU, each output against the float part's;
+    the last part's logits also by top-1 agreement with the float tokens."""
+    name = "llm_part_eval"
+    implementation = "ctxbuild.actions.llm_part_eval"
+    params = LlmPartEvalParams
+    uses_qnn = True
+    verification = True
+    verdict = True
+    # one graph compiled at a time (as compile: 4.2x its model, whose data is the part's weight file), then one
+    # CL's twins on the simulator, then one CL's QDQ graphs on the CPU
+    memory = MemoryModel(own_graph_factor=4.2)
+
+
 class LlmPackageParams(TypedDict):
     recipe: str
     parts: int

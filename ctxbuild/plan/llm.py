@@ -1,21 +1,24 @@
-"""An `llm:` recipe's actions: split once, quantize once per part (over all its AR x CL graphs), then per target
-one weight-shared `bundle` per part, single-graph twins for the simulator, `llm_eval`, `llm_package` and `llm_genai`
-(the shipped genai_config.json run by onnxruntime-genai on its CPU twin).
+"""An `llm:` recipe's actions: split once (it also records each part's calls while the float graphs decode the
+verification prompts), quantize once per part (over all its AR x CL graphs), then per target one weight-shared
+`bundle` per part, one `llm_part_eval` per part (its graphs compiled alone inside it, run on the simulator on the
+recorded calls; parts side by side), `llm_package` and `llm_genai` (the shipped genai_config.json run by
+onnxruntime-genai on its CPU twin).
 
-A CL added re-runs the split (it writes every graph) and the quantizes, but the other graphs' bytes stay the same,
-so their twins restore from the cache; the bundles re-run (their graph lists change). Measured in
-docs/measured.md (LLMs).
+A CL added re-runs the split (it writes every graph) and the quantizes; the bundles and part checks re-run (their
+graph lists change). Measured in docs/measured.md (LLMs).
 
 LoRA (`llm.adapters`): the split keeps the slots as inputs of the graphs reading them, the quantizes calibrate over
 no adapter + the `calibrate` set, and per target each adapter gets one `adapter` action per graph with slots (its
-`.onnx_adapter`, ctxbuild/plan/adapters.py) and one `llm_eval` decoding with it bound. Neither feeds a compile."""
+`.onnx_adapter`, ctxbuild/plan/adapters.py) and one `llm_eval` decoding with it bound through the whole chain of
+parts, on single-graph twins compiled by their own `compile` actions (the per-part design does not cover adapters
+yet). Neither feeds a compile."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from ctxbuild.llm.genai_config import helper_names
 from ctxbuild.recipes.llm import LlmSpec
-from ctxbuild.llm.static import GraphSpec, specs, weights_name, weights_role
+from ctxbuild.llm.static import GraphSpec, records_name, records_role, specs, weights_name, weights_role
 from ctxbuild.plan.adapters import adapter_actions, calibration_inputs
 from ctxbuild.digests import short_hash
 from ctxbuild.plan.action import Action
@@ -41,11 +44,13 @@ def llm_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
     for t in recipe.targets:
         bundles = [_bundle(recipe, [g for g in graphs if g.part == p], compiled, split, t, out) for p in range(spec.parts)]
         acts += bundles
-        twins: list[Action] = []
-        if verify:  # the simulator cannot load a multi-graph binary: each graph compiled alone (QNN-NOTES)
-            twins = [_twin(recipe, g, compiled, split, t, work / "twins" / t.name / recipe.name) for g in graphs]
-            acts += twins + [_eval(recipe, spec, graphs, split, compiled, twins, bundles, t, out)]
+        if verify:  # each part on the calls the float decode recorded, its twins compiled inside (not kept)
+            acts += [_part_eval(recipe, spec, graphs, p, split, compiled, b, t, out) for p, b in enumerate(bundles)]
         if spec.adapters:
+            twins: list[Action] = []
+            if verify:  # the adapters' whole-chain decode: each graph's twin compiled alone and kept (QNN-NOTES)
+                twins = [_twin(recipe, g, compiled, split, t, work / "twins" / t.name / recipe.name) for g in graphs]
+                acts += twins
             acts += _adapters(recipe, spec, graphs, split, compiled, twins, bundles, t, out)
         package = _package(recipe, spec, bundles, split, t, out)
         acts.append(package)
@@ -66,6 +71,7 @@ def _split(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], work: Path) -
     outputs = {"layout": str(d / "layout.json")}
     outputs.update({f"model:{g.name}": str(d / f"{g.name}.onnx") for g in graphs})
     outputs.update({weights_role(p): str(d / weights_name(p, spec.parts)) for p in range(spec.parts)})
+    outputs.update({records_role(p): str(d / records_name(p, spec.parts)) for p in range(spec.parts)})
     # sorted: the depfile names the outputs in the order the spec file (sorted JSON) gives them, which must be ninja's
     return Action(id=f"llm_split/{recipe.name}-{h}", kind="llm_split",
                   description=f"static graphs of {spec.model.name} ({len(graphs)})",
@@ -130,6 +136,29 @@ def _twin(recipe: Recipe, g: GraphSpec, compiled: dict[str, str], split: Action,
                   description=f"compile {recipe.name}.{g.name}@{t.name} (verification twin)",
                   inputs=inputs,
                   outputs={"ctx": str(d / f"{g.name}_ctx.onnx"), "bin": str(d / f"{g.name}_ctx_qnn.bin")},
+                  params=params, target=t.as_dict(), pool="compile", **common_params(recipe))
+
+
+def _part_eval(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int, split: Action,
+               compiled: dict[str, str], bundle: Action, t: Target, out: Path) -> Action:
+    """Part `part` checked on the calls the float decode recorded: its graphs compiled alone inside the action
+    (the bundle's QDQ models and options), run on the simulator and the CPU against the float outputs."""
+    mine = [g for g in graphs if g.part == part]
+    inputs = {"layout": split.outputs["layout"], "records": split.outputs[records_role(part)]}
+    for g in mine:
+        inputs.update(graph_files(compiled, g, f"model:{g.name}"))
+        if spec.adapters:  # the slots' defaults (the QDQ graphs take them as inputs)
+            inputs.update(graph_files(split.outputs, g, f"reference:{g.name}"))
+    inputs.update({f"bundle.{k}": v for k, v in bundle.outputs.items()})  # re-verified whenever it changes
+    params = {"part": part, "parts": spec.parts, "graphs": [g.name for g in mine],
+              "context_lengths": list(spec.context_lengths), "precision": spec.precision,
+              "provider_options": _options(recipe, t), "prompts": spec.verify_prompts,
+              "timeout_s": recipe.verify.get("timeout_s", 600),
+              "thresholds": {"min_token_agreement": spec.min_token_agreement, "min_cosine": spec.min_cosine}}
+    name = f"part{part + 1}_of_{spec.parts}"
+    return Action(id=f"llm_part_eval/{recipe.name}.part{part + 1}@{t.name}", kind="llm_part_eval",
+                  description=f"verify {recipe.name} part {part + 1} of {spec.parts}@{t.name} (recorded calls)",
+                  inputs=inputs, outputs={"result": str(out / t.name / recipe.name / "llm_verify" / f"{name}.json")},
                   params=params, target=t.as_dict(), pool="compile", **common_params(recipe))
 
 

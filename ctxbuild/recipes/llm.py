@@ -119,8 +119,9 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
                    tokenizer=tokenizer, prompt_tokenizer=prompt_tokenizer)
 
 
-# what llm_package, llm_eval and llm_genai write into the same directory (its stage files are *.onnx, wrappers *_ctx.onnx)
-PACKAGE_FILES = ("genai_config.json", "llm_verify.json", "genai_verify.json", "cpu_twin")
+# what llm_package, llm_part_eval and llm_genai write into the same directory (its stage files are *.onnx, wrappers
+# *_ctx.onnx)
+PACKAGE_FILES = ("genai_config.json", "llm_verify", "genai_verify.json", "cpu_twin")
 
 
 COPIED_HINT = ("what a build reads into OUT and the cache must come from the project: keep it beside the recipe or "

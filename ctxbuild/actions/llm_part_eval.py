@@ -1,0 +1,187 @@
+"""llm_part_eval: one part of an `llm:` recipe verified for one target, on the calls the float decode recorded.
+
+The float static graphs' decode of the verification prompts (llm_split) recorded this part's inputs and float
+outputs (ctxbuild/llm/records.py: per CL the first PREFILL_WINDOWS prefill windows, per prompt and CL the first
+DECODE_STEPS token steps). Here the part's graphs are compiled alone (the HTP simulator cannot load the weight-shared multi-graph bundle,
+QNN-NOTES): the same QDQ models with the bundle's options, inside this action's temporary directory, not kept.
+Each recorded call runs on those twins (simulator, in a child process: a crash there is an error here) and on the
+QDQ graph (CPU EP); each output is compared with the float graph's (cosine, SNR), the last part's logits also by
+top-1 agreement with the float model's tokens. Parts are independent: their checks run side by side, and no other
+part's graphs are loaded. The bundle is an input, so a changed deliverable re-verifies.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ctxbuild.errors import ActionError, cause_line
+from ctxbuild.llm import records
+from ctxbuild.llm.layout import Layout
+from ctxbuild.llm.static import GraphSpec
+from ctxbuild.plan.action import Action
+
+METHOD = ("the part's single-graph twins (compiled here, not kept) on the HTP simulator, on the calls the float "
+          f"decode recorded (per CL the first {records.PREFILL_WINDOWS} prefill windows, per prompt and CL the first "
+          f"{records.DECODE_STEPS} token steps)")
+
+Outputs = dict[int, dict[str, np.ndarray]]  # recorded call (its index) -> the compared rows of each output
+
+
+def summarize(action: Action) -> dict[str, Any]:
+    return {"result": json.loads(Path(action.outputs["result"]).read_text())}
+
+
+def run(ctx: Any) -> None:
+    from ctxbuild.lora.adapters import slot_defaults_of
+
+    a, p = ctx.action, ctx.action.params
+    layout = Layout.read(Path(a.inputs["layout"]))
+    mine = {(g.ar, g.cl): g for g in layout.graphs if g.name in p["graphs"]}
+    calls = records.read(Path(a.inputs["records"]))
+    # LoRA slots are required inputs of the QDQ graphs and their twins: fed their defaults, as the wrappers hold them
+    slots = {k: slot_defaults_of(Path(a.inputs[f"reference:{g.name}"])) if f"reference:{g.name}" in a.inputs else {}
+             for k, g in mine.items()}
+    start = time.monotonic()
+    twins = {k: _compile(ctx, g) for k, g in mine.items()}
+    ctx.facts["twin_compile_seconds"] = round(time.monotonic() - start, 3)
+    ctx.facts["twin_bin_bytes"] = sum(t.with_name(t.name.replace("_ctx.onnx", "_ctx_qnn.bin")).stat().st_size
+                                      for t in twins.values())
+    start = time.monotonic()
+    sim, seconds = _simulate(twins, calls, slots, p["timeout_s"])
+    ctx.facts["simulator_seconds"] = round(time.monotonic() - start, 3)
+    ctx.facts["simulator_seconds_by_graph"] = {mine[k].name: round(v, 3) for k, v in seconds.items()}
+    got = {"simulator": sim}
+    if p["precision"] != "fp16":  # fp16 compiles the float graphs: the CPU would compare them with themselves
+        got["qdq_cpu"] = _cpu({k: Path(a.inputs[f"model:{g.name}"]) for k, g in mine.items()}, calls, slots)
+    result = _result(p, mine, calls, got)
+    Path(ctx.tmp_output("result")).write_text(json.dumps(result, indent=2, sort_keys=True))
+    if not result["passed"]:
+        failures = result["failures"]
+        more = f" (and {len(failures) - 3} more)" if len(failures) > 3 else ""
+        raise ActionError(f"{a.recipes[0]}@{a.target['name']}: {result['graph']}: " + "; ".join(failures[:3]) + more,
+                          "try precision w8a16, kv_cache uint16, or more calibration prompts (docs/llm.md)",
+                          details=result)
+
+
+def _compile(ctx: Any, g: GraphSpec) -> Path:
+    """The graph's single-graph twin in the action's temporary directory (gone with it)."""
+    from ctxbuild.qnn.compile import QnnCompileFailed, compile_error, compile_graph
+    from ctxbuild.qnn.staging import link_model
+
+    a = ctx.action
+    d = ctx.tmp / "twins" / g.name
+    d.mkdir(parents=True)
+    dst = d / f"{g.name}_ctx.onnx"
+    params = {"provider_options": a.params["provider_options"], "embed": False, "cpu_fallback": False}
+    try:
+        compile_graph(link_model(Path(a.inputs[f"model:{g.name}"]), d, "model.onnx"), dst, params, ctx.tmp)
+    except QnnCompileFailed as failed:
+        raise compile_error(ctx.log_path, failed.error, False, params["provider_options"]) from None
+    return dst
+
+
+def _cpu(models: dict[tuple[int, int], Path], calls: list[records.Call], slots: dict[tuple[int, int], Any]) -> Outputs:
+    from ctxbuild.llm import pipeline
+
+    out: Outputs = {}
+    for cl in sorted({c.cl for c in calls}):  # one CL's sessions at a time
+        run = pipeline.cpu_runner({(0, ar, cl_): m for (ar, cl_), m in models.items() if cl_ == cl},
+                                  {(0, ar, cl_): s for (ar, cl_), s in slots.items()})
+        out.update({i: _compared(run(0, c.ar, c.cl, c.feeds()), c) for i, c in enumerate(calls) if c.cl == cl})
+    return out
+
+
+def _compared(got: dict[str, np.ndarray], c: records.Call) -> dict[str, np.ndarray]:
+    return {k: records.compared(k, got[k], c.valid) for k in c.outputs}
+
+
+def _simulate(twins: dict[tuple[int, int], Path], calls: list[records.Call], slots: dict[tuple[int, int], Any],
+              timeout: float) -> tuple[Outputs, dict[tuple[int, int], float]]:
+    """The calls on the twins, one CL at a time in a child of its own (verify.timeout_s each, as a CL took before);
+    with the seconds per graph: its session's creation and its calls."""
+    from ctxbuild.verify.measure import in_child
+
+    out: Outputs = {}
+    seconds: dict[tuple[int, int], float] = {}
+    for cl in sorted({c.cl for c in calls}):
+        mine = {i: c for i, c in enumerate(calls) if c.cl == cl}
+        got, exitcode, hung = in_child(_child, ({k: t for k, t in twins.items() if k[1] == cl}, mine, slots), timeout)
+        if got is None:
+            why = f"did not finish within {timeout:g} s" if hung else f"crashed (exit {exitcode})"
+            raise ActionError(f"the HTP simulator {why} at CL {cl}",
+                              "raise verify.timeout_s, or verify fewer prompts (llm.prompts.verify)")
+        if isinstance(got, str):
+            raise ActionError(f"the HTP simulator failed at CL {cl}: {got}")
+        out.update(got[0])
+        seconds.update(got[1])
+    return out, seconds
+
+
+def _child(twins: dict[tuple[int, int], Path], calls: dict[int, records.Call], slots: dict[tuple[int, int], Any],
+           send: Any) -> None:
+    import onnxruntime as ort
+
+    from ctxbuild.toolchain import installed as toolchain
+
+    try:
+        sessions, seconds = {}, {}
+        for k, t in twins.items():
+            start = time.monotonic()
+            sessions[k] = ort.InferenceSession(str(t), toolchain.session_options({}, cpu_fallback=False))
+            seconds[k] = time.monotonic() - start
+        out: Outputs = {}
+        for i, c in calls.items():
+            start = time.monotonic()
+            s = sessions[(c.ar, c.cl)]
+            feeds = {**slots[(c.ar, c.cl)], **c.feeds()}
+            got = s.run(None, {x.name: feeds[x.name] for x in s.get_inputs()})
+            out[i] = _compared(dict(zip([o.name for o in s.get_outputs()], got)), c)
+            seconds[(c.ar, c.cl)] += time.monotonic() - start
+        send.send((out, seconds))
+    except Exception as e:  # noqa: BLE001 - ORT's message to the parent as one line
+        send.send(cause_line(e, last=True))
+
+
+def _result(p: dict[str, Any], mine: dict[tuple[int, int], GraphSpec], calls: list[records.Call],
+            got: dict[str, Outputs]) -> dict[str, Any]:
+    """Per CL, backend, graph and output the metrics against the float outputs; the report's per-output view (the
+    simulator's: each graph's main output and its worst KV output); what fails the thresholds, named."""
+    from ctxbuild.verify.measure import metrics
+
+    t = p["thresholds"]
+    result: dict[str, Any] = {"graph": f"part {p['part'] + 1} of {p['parts']}", "method": METHOD,
+                              "precision": p["precision"], "thresholds": t, "prompts": p["prompts"],
+                              "prefill_windows": records.PREFILL_WINDOWS, "decode_steps": records.DECODE_STEPS,
+                              "by_cl": {}, "outputs": {}, "failures": []}
+    for (ar, cl), g in sorted(mine.items(), key=lambda kv: (kv[0][1], -kv[0][0])):
+        idx = [i for i, c in enumerate(calls) if (c.ar, c.cl) == (ar, cl)]
+        row = result["by_cl"].setdefault(str(cl), {})
+        for backend, outs in got.items():
+            per = {}
+            for name in calls[idx[0]].outputs if idx else []:
+                ref = [calls[i].outputs[name] for i in idx]
+                mine_ = [outs[i][name] for i in idx]
+                if name == "logits":  # [calls, vocab]: argmax_agreement is top-1 against the float tokens
+                    m = metrics(np.stack(ref), np.stack(mine_))
+                else:
+                    m = metrics(np.concatenate([r.ravel() for r in ref]), np.concatenate([x.ravel() for x in mine_]))
+                per[name] = {k: m[k] for k in ("cosine", "snr_db", "argmax_agreement") if m[k] is not None}
+            row.setdefault(backend, {})[g.name] = {"calls": len(idx), "outputs": per}
+        sim = row["simulator"][g.name]["outputs"]
+        main = [n for n in sim if not n.startswith("present.")]
+        kv = sorted((n for n in sim if n.startswith("present.")), key=lambda n: sim[n]["cosine"])[:1]
+        for name in main + kv:
+            result["outputs"][f"{name}@{g.name}"] = sim[name]
+        for name, m in sim.items():
+            bad = [f"cosine {m['cosine']:.4f} (min {t['min_cosine']})"] if m["cosine"] < t["min_cosine"] else []
+            if m.get("argmax_agreement", 1.0) < t["min_token_agreement"]:
+                bad.append(f"top-1 agreement {m['argmax_agreement']:.2f} (min {t['min_token_agreement']})")
+            if bad:
+                result["failures"].append(f"graph {g.name}, output {name}: simulator {', '.join(bad)}, "
+                                          f"SNR {m['snr_db']:.1f} dB over {len(idx)} calls")
+    result["passed"] = not result["failures"]
+    return result
