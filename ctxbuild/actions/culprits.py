@@ -78,7 +78,7 @@ def run(ctx: Any) -> None:
     grown: dict[str, Any] = {}
     if d["where"] == "quantization":
         started = time.monotonic()
-        nodes, rounds, short = grow(graph, nodes, _failing(screens[base]), wide and _wide(settings),
+        nodes, rounds, short = grow(graph, nodes, _failing(screens[base], thr), wide and _wide(settings),
                                     _measure(ctx, settings, samples), thr, p["predict"]["cpu_margin_db"])
         grown = {"rounds": rounds, **({"stopped": short} if short else {})}
         ctx.facts.update(grow_seconds=round(time.monotonic() - started, 1), rounds=len(rounds))
@@ -103,10 +103,9 @@ def _wide(settings: dict[str, Any]) -> bool:
     return settings["weights"] != "int16" and settings["activations"] == "uint16"
 
 
-def _failing(screen: dict[str, Any]) -> set[str]:
+def _failing(screen: dict[str, Any], thr: dict[str, float]) -> set[str]:
     """The outputs the base's CPU screen measured short (whole or a slice); every output when none is."""
-    out = {o for o, m in screen.get("outputs", {}).items()
-           if cpu_rejection({"outputs": {o: m}}, {"min_cosine": 1.0, "min_snr_db": 1e9}, 0.0)}
+    out = {o for o, m in screen.get("outputs", {}).items() if cpu_rejection({"outputs": {o: m}}, thr, 0.0)}
     return out or set(screen.get("outputs", {}))
 
 
