@@ -148,3 +148,36 @@ def test_quantize_static_detector_and_recognizer_compile_whole(tmp_path: Path, c
     assert set(prepare["rewrites"]) == rules and not prepare.get("withdrawn"), prepare
     assert prepare["rewrite_check"]["snr_db"]["qdq_bias"] >= 10, prepare["rewrite_check"]
     assert "static_shapes" not in prepare.get("kept", {}), prepare["kept"]
+
+
+def test_auto_mixed_rung_grows_on_a_real_yolo_detector(tmp_path: Path, ctxbuild) -> None:
+    """precision: auto on the YOLOv8 fall detector with a16w8 as the only uniform candidate: its score slice
+    fails on the CPU screen (never compiled), so the mixed rung diagnoses on the CPU only and grows its set in
+    rounds measured on the CPU (16-bit weights from the input side) until the slice clears the screen's margin;
+    the simulator verifies that answer once and it wins, and the printed recipe lines restore it."""
+    tree = _real_tree(tmp_path / "recipes", "fall_yolov8", "auto", "quantization: [{}]\nauto: {fp16: false}\n")
+    for seed in (100, 101):  # two simulator runs, not four: the scenes whose people score highest stay (102, 103)
+        (tree / "verify" / f"fall_yolov8_{seed}.npz").unlink()
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), timeout=3600)
+    search = json.loads((out / "SM8650" / "fall_yolov8" / "fall_yolov8_search.json").read_text())
+    first, mixed = search["candidates"]
+    for row in mixed.get("rounds", []):  # the figures, for the run's log (pytest -s)
+        print(f"round {row['round']}: +{len(row['added'])} fp16 {row['fp16']} w16 {row['int16_weights']} "
+              f"{row['snr_db']} dB {row['seconds']} s")
+    assert r.code == 0, r.text
+    assert first["state"] == "rejected_cpu" and "slice" in first["note"], first
+    assert (mixed["state"], search["winner"]) == ("passed", "mixed"), mixed
+    assert mixed["where"] == "quantization" and len(mixed["rounds"]) >= 2 and "stopped" not in mixed
+    assert mixed["rounds"][-1]["snr_db"] >= 22.5 > mixed["rounds"][0]["snr_db"]
+    records = out / ".ctxbuild" / "records"
+    culprits = json.loads(next(records.glob("culprits.*.json")).read_text())
+    assert "grow_seconds" in json.dumps(culprits)
+    # pasted, the printed lines restore the compile and verify from the cache
+    (tree / "fall_yolov8.yaml").write_text((tree / "fall_yolov8.yaml").read_text().split("precision:")[0]
+                                           + "calibration: {dir: cal}\ntargets: [SM8650]\n"
+                                           "verify: {dir: verify, timeout_s: 1800}\n" + search["pin"])
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out2"), timeout=1800)
+    assert r.code == 0, r.text
+    assert (tmp_path / "out2" / "SM8650" / "fall_yolov8" / "fall_yolov8_ctx_qnn.bin").read_bytes() == (
+        out / "SM8650" / "fall_yolov8" / "fall_yolov8_ctx_qnn.bin").read_bytes()

@@ -121,3 +121,50 @@ def test_culprits_from_the_diagnosis() -> None:
     weak = [{"slice": "scores", "cosine": 0.7, "snr_db": 1.5, "start": BOXES, "stop": BOXES + SCORES}]
     assert node_overrides(_diagnosis("htp", [_row("a", -40.0)], weak), base, {"y": "cat"}, int16_weights=True)[
         "cat"] == "fp16"
+
+
+def _chain(convs: int) -> onnx.ModelProto:
+    """x -> Conv -> Relu -> Conv -> Relu ... -> y: weighted and weightless nodes in topological order."""
+    from onnx import TensorProto, helper, numpy_helper
+    import numpy as np
+
+    nodes, inits, t = [], [], "x"
+    for i in range(convs):
+        inits.append(numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), f"w{i}"))
+        nodes += [helper.make_node("Conv", [t, f"w{i}"], [f"c{i}"], name=f"conv{i}"),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}")]
+        t = f"r{i}"
+    nodes.append(helper.make_node("Identity", [t], ["y"], name="out"))
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 1, 2, 2]) for n in ("x", "y")]
+    return helper.make_model(helper.make_graph(nodes, "chain", [io[0]], [io[1]], inits))
+
+
+def test_the_set_grows_from_the_input_side_until_the_cpu_clears() -> None:
+    """Rounds after the diagnosis' culprits keep the first quarter, half, then all of the bound (half the
+    model's weighted nodes) of the output's ancestors at 16-bit weights, and stop at the first round whose CPU
+    figures clear the thresholds by the screen's margin."""
+    from ctxbuild.verify.grow import grow
+
+    model, thr = _chain(16), {"min_cosine": 0.99, "min_snr_db": 20.0}
+    seen: list[dict] = []
+
+    def measure(snr_of: dict) -> dict:
+        seen.append(snr_of)
+        # the noise comes from the first convolutions: each one at 16-bit weights gains 2.5 dB
+        snr = 10.0 + 2.5 * sum(1 for n in snr_of if n in {f"conv{i}" for i in range(6)})
+        return {"outputs": {"y": {"snr_db": snr, "cosine": 0.9999}}}
+
+    nodes, rounds, short = grow(model, {"out": "fp16"}, {"y"}, True, measure, thr, 2.5)
+    assert short is None
+    assert [(r["round"], len(r["added"]), r["int16_weights"], r["fp16"], r["snr_db"]) for r in rounds] == [
+        (1, 1, 0, 1, 10.0), (2, 2, 2, 1, 15.0), (3, 2, 4, 1, 20.0), (4, 4, 8, 1, 25.0)]
+    assert rounds[1]["added"] == ["conv0", "conv1"] and rounds[0]["added"] == ["out"]
+    assert nodes == {"out": "fp16", **{f"conv{i}": {"weights": "int16"} for i in range(8)}} == seen[-1]
+    # nothing clears within the bound: the best round is the answer, and the line says why it stopped
+    nodes, rounds, short = grow(model, {}, {"y"}, True, measure, {**thr, "min_snr_db": 40.0}, 2.5)
+    assert len(nodes) == 8 and len(rounds) == 4
+    assert short is not None and "8 of 16" in short and "at 25.0 dB" in short, short
+    # 8-bit activations (or no 16-bit weights on the target): every node is a candidate, in fp16
+    nodes, rounds, _ = grow(model, {}, {"y"}, False, measure, {**thr, "min_snr_db": 40.0}, 2.5)
+    assert set(nodes.values()) == {"fp16"} and len(nodes) == 16 and list(nodes)[:2] == ["conv0", "conv1"]
+    assert rounds[1]["added"] == ["conv0", "relu0", "conv1", "relu1"] and rounds[-1]["fp16"] == 16

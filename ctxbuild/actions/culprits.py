@@ -3,7 +3,11 @@
 the HTP measured; else the best on the CPU screen), runs the per-node diagnosis of its QDQ model on that
 target (verify/diagnose.py: float vs QDQ on the CPU, HTP simulator vs QDQ on the CPU) and writes the mixed
 candidate's settings: the base's, with quantization.nodes keeping the blamed nodes at higher precision
-(verify/culprits.py). The file is also the gate of the mixed candidate's quantize and screen (verify/gates.py)."""
+(verify/culprits.py). Where the base's QDQ model already fails on the CPU, the loss is quantization's: the
+diagnosis runs its CPU half only, and the set grows in rounds, each quantized and measured on the CPU on the
+verification samples, until it clears the thresholds by the CPU screen's margin or reaches its bound
+(verify/grow.py); the simulator then verifies the answer once, as the mixed candidate. The file is also the
+gate of the mixed candidate's quantize and screen (verify/gates.py)."""
 from __future__ import annotations
 
 import json
@@ -12,15 +16,29 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.actions import verify
+from ctxbuild.actions.quantize import private_input, quantize_model
 from ctxbuild.actions.search_step import known
 from ctxbuild.graph.modelio import load
-from ctxbuild.graph.samples import for_verification, input_spec
+from ctxbuild.graph.samples import for_verification, from_files, input_spec, list_samples, random_samples
 from ctxbuild.plan.action import Action
 from ctxbuild.verify import gates
+from ctxbuild.verify import slices as output_slices
 from ctxbuild.verify.culprits import node_overrides
+from ctxbuild.verify.grow import grow
 from ctxbuild.verify.ladder import state_of, walk
+from ctxbuild.verify.measure import compare, cpu_outputs, metrics
+from ctxbuild.verify.predict import cpu_rejection
 
-discover_inputs = verify.discover_inputs  # the samples the candidates' verifies read
+
+def discover_inputs(action: Action) -> dict[str, Path]:
+    """The samples the candidates' verifies read, and the calibration samples the growing rounds quantize
+    with (the last watched directory, when the graph has one)."""
+    found = verify.discover_inputs(action)
+    cal = action.params["calibration"]
+    if cal["dir"]:
+        found.update({f"calibration.{k}": f for k, f in
+                      list_samples(Path(action.watch[-1]), cal["samples"], action.recipe_files[0]).items()})
+    return found
 
 
 def run(ctx: Any) -> None:
@@ -37,28 +55,83 @@ def run(ctx: Any) -> None:
         print(f"{a.id}: no candidate before it was measured: nothing to diagnose")
         return
     target, base = picked
+    thr = p["thresholds"]
+    # the base's QDQ model already fails on the CPU: the loss is quantization's, the CPU half says where
+    cpu_only = cpu_rejection(screens[base], thr, 0.0) is not None
     graph = load(Path(a.inputs["reference"]), external_data=False)
     spec = input_spec(graph)
-    samples = for_verification(spec, p, lambda: verify.sample_files(a), a.recipe_files[0])[:p["diagnose_samples"]]
+    samples = for_verification(spec, p, lambda: verify.sample_files(a), a.recipe_files[0])
     from ctxbuild.verify.diagnose import diagnose
 
     started = time.monotonic()
-    d = diagnose(Path(a.inputs["reference"]), Path(a.inputs[f"model.{base}"]), samples,
-                 {"provider_options": p["provider_options"][target]}, p["thresholds"], slices=p.get("slices"),
-                 timeout=p["timeout_s"])
+    d = diagnose(Path(a.inputs["reference"]), Path(a.inputs[f"model.{base}"]), samples[:p["diagnose_samples"]],
+                 {"provider_options": p["provider_options"][target]}, thr, slices=p.get("slices"),
+                 timeout=p["timeout_s"], htp=not cpu_only)
+    if cpu_only:
+        d["where"] = "quantization"  # as the screen measured it on every verification sample
     settings = p["settings"][base]
     outputs = {o.name for o in graph.graph.output}
     ends = {o: n.name for n in graph.graph.node for o in n.output if o in outputs}  # output -> its node
-    nodes = node_overrides(d, settings, ends, int16_weights=target not in p["no_int16_weights"])
+    wide = target not in p["no_int16_weights"]
+    nodes = node_overrides(d, settings, ends, int16_weights=wide)
     ctx.facts.update(diagnose_seconds=round(time.monotonic() - started, 1))
+    grown: dict[str, Any] = {}
+    if d["where"] == "quantization":
+        started = time.monotonic()
+        nodes, rounds, short = grow(graph, nodes, _failing(screens[base], thr), wide and _wide(settings),
+                                    _measure(ctx, settings, samples), thr, p["predict"]["cpu_margin_db"])
+        grown = {"rounds": rounds, **({"stopped": short} if short else {})}
+        ctx.facts.update(grow_seconds=round(time.monotonic() - started, 1), rounds=len(rounds))
+        for r in rounds:
+            print(f"{a.id}: round {r['round']}: +{len(r['added'])} nodes ({r['fp16']} fp16, {r['int16_weights']} "
+                  f"16-bit weights): {r['where']} {r['snr_db']} dB, cosine {r['cosine']} on the CPU")
+        if short:
+            print(f"{a.id}: {short}")
     decided = {"run": nodes != settings["nodes"], "base": base, "target": target, "where": d["where"],
                "quantization": {**settings, "nodes": nodes},
                "blamed": sorted(set(nodes) - set(settings["nodes"])),
                "worst": d["worst_htp" if d["where"] == "htp" else "worst_quantization"],
-               "outputs": d["outputs"], "samples": d["samples"]}
-    print(f"{a.id}: base {base}, loss mostly in {d['where']} on {target}; keeping at higher precision: "
-          + ", ".join(f"{n} ({nodes[n]})" for n in decided["blamed"]))
+               "outputs": d["outputs"], "samples": d["samples"], **grown}
+    print(f"{a.id}: base {base}, loss mostly in {d['where']} on {target}; keeping {len(decided['blamed'])} nodes at "
+          "higher precision: " + ", ".join(f"{n} ({nodes[n]})" for n in decided["blamed"][:8])
+          + (", ..." if len(decided["blamed"]) > 8 else ""))
     ctx.tmp_output("gate").write_text(json.dumps(decided, indent=2, sort_keys=True))
+
+
+def _wide(settings: dict[str, Any]) -> bool:
+    """16-bit weights are the growing rounds' fix: 16-bit activations and 8-bit weights (verify/culprits.py)."""
+    return settings["weights"] != "int16" and settings["activations"] == "uint16"
+
+
+def _failing(screen: dict[str, Any], thr: dict[str, float]) -> set[str]:
+    """The outputs the base's CPU screen measured short (whole or a slice); every output when none is."""
+    out = {o for o, m in screen.get("outputs", {}).items() if cpu_rejection({"outputs": {o: m}}, thr, 0.0)}
+    return out or set(screen.get("outputs", {}))
+
+
+def _measure(ctx: Any, settings: dict[str, Any], samples: list[Any]) -> Any:
+    """quantization.nodes -> the CPU screen's result of the base quantized with them (a temporary QDQ model,
+    calibrated as the mixed candidate's quantize calibrates)."""
+    a, p = ctx.action, ctx.action.params
+    reference = Path(a.inputs["reference"])
+    proto = load(reference, external_data=False)
+    cal = p["calibration"]
+    calibration = list(random_samples(input_spec(proto), cal["samples"]) if cal["random"] else from_files(
+        input_spec(proto), {k: v for k, v in discover_inputs(a).items() if k.startswith("calibration.")}, a.recipe_files[0]))
+    float_out = cpu_outputs(reference, samples)
+    count = iter(range(1 << 30))
+
+    def measure(nodes: dict[str, Any]) -> dict[str, Any]:
+        dst = ctx.tmp / f"round{next(count)}" / "quantized.onnx"
+        dst.parent.mkdir(parents=True)
+        with private_input(reference) as src:
+            quantize_model(src, dst, {**settings, "nodes": nodes}, calibration, a.recipe_files[0], proto)
+        got = cpu_outputs(dst, samples)
+        result = {"outputs": compare(float_out, got)}
+        output_slices.annotate(result["outputs"], proto, p.get("slices"), float_out, got, metrics)
+        return result
+
+    return measure
 
 
 def pick(p: dict[str, Any], screens: dict[str, Any], inputs: dict[str, str]) -> tuple[str, str] | None:

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import difflib
+import itertools
 import os
 import re
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import CalibrationSet
@@ -37,23 +39,28 @@ def run(ctx: Any) -> None:
     if gates.closed(a.inputs):  # a precision-search rung no target needs
         gates.write_skipped(ctx)
         return
-    # onnxruntime's quantizer writes scratch files (`<model>-inferred.onnx`) beside its input; actions sharing
-    # one prepared model would race on them, so each works on a private link of the proto. The link sits
-    # beside the model: onnx refuses external data that is a symlink or has several hard links.
-    model = Path(a.inputs["model"])
-    src = model.with_name(f".quantize-input-{os.getpid()}.onnx")
+    with private_input(Path(a.inputs["model"])) as src:
+        _quantize(ctx, src)
+
+
+@contextmanager
+def private_input(model: Path) -> Iterator[Path]:
+    """A private hard link of the model proto to quantize. onnxruntime's quantizer writes scratch files
+    (`<model>-inferred.onnx`) beside its input; actions sharing one prepared model would race on them. The
+    link sits beside the model: onnx refuses external data that is a symlink or has several hard links."""
+    src = model.with_name(f".quantize-input-{os.getpid()}-{next(_links)}.onnx")
     os.link(model, src)
     try:
-        _quantize(ctx, src)
+        yield src
     finally:
         src.unlink()
         src.with_name(src.name.replace("-input-", "-unfused-")).unlink(missing_ok=True)
 
 
-def _quantize(ctx: Any, src: Path) -> None:
-    from onnxruntime.quantization import quantize
-    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+_links = itertools.count()
 
+
+def _quantize(ctx: Any, src: Path) -> None:
     a = ctx.action
     s = gates.decided_settings(a.inputs) or a.params["quantization"]  # the mixed rung's: decided by the search
     model = load(src, external_data=False)
@@ -65,19 +72,29 @@ def _quantize(ctx: Any, src: Path) -> None:
                    else from_files(spec, discover_inputs(a), a.recipe_files[0]))
     if lora:
         samples = lora.expand(samples)
-    overrides = tensor_overrides(model, s, a.recipe_files[0])
+    quantize_model(src, ctx.tmp_output("model"), s, samples, a.recipe_files[0], model)
+
+
+def quantize_model(src: Path, dst: Path, s: dict[str, Any], samples: list[dict[str, np.ndarray]], recipe: str,
+                   model: Any = None) -> None:
+    """`src` (a private input: private_input) quantized with settings `s`, calibrated on `samples`, to `dst`
+    (weights in `<dst>.data`). `model`: src's proto without weights, when already loaded."""
+    from onnxruntime.quantization import quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    model = model if model is not None else load(src, external_data=False)
+    overrides = tensor_overrides(model, s, recipe)
     src = _unfused(model, src)
-    dst = ctx.tmp_output("model")
     try:
         config = get_qnn_qdq_config(str(src), _Reader(samples), init_overrides=overrides or None,
-                                    nodes_to_exclude=fp16_nodes(model, s, a.recipe_files[0]) or None,
+                                    nodes_to_exclude=fp16_nodes(model, s, recipe) or None,
                                     **get_qnn_qdq_kwargs(s))
         if s["percentile"] is not None:
             config.extra_options["CalibPercentile"] = s["percentile"]
         config.use_external_data_format = True  # weights to `<output>.data`: no 2 GB protobuf limit
         quantize(str(src), str(dst), config)
     except ValueError as e:  # onnxruntime's checks of the overrides (unknown tensor, bad axis...)
-        raise ActionError(f"{a.recipe_files[0]}: quantization: {cause_line(e)}",
+        raise ActionError(f"{recipe}: quantization: {cause_line(e)}",
                           "fix the recipe's quantization overrides") from None
     except RuntimeError as e:
         if (op := re.search(r"no registered schema.*?([A-Z][A-Za-z]+)\d*$", str(e).strip())) is None:

@@ -81,11 +81,12 @@ def warnings(action: Action) -> list[str]:
 
 
 def decided(inputs: dict[str, str], name: str) -> dict[str, Any]:
-    """The mixed rung's settings and what the diagnosis blamed, as its culprits action decided them."""
+    """The mixed rung's settings, what the diagnosis blamed and the growing rounds on the CPU, as its culprits
+    action decided them."""
     if f"{name}.settings" not in inputs:
         return {}
     d = json.loads(Path(inputs[f"{name}.settings"]).read_text())
-    return {k: d[k] for k in ("quantization", "base", "blamed", "where") if k in d}
+    return {k: d[k] for k in ("quantization", "base", "blamed", "where", "rounds", "stopped") if k in d}
 
 
 def pin(row: dict[str, Any]) -> str:

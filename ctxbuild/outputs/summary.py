@@ -112,8 +112,11 @@ def pins(records: list[dict[str, Any]]) -> list[str]:
         winner = next((c for c in search.get("candidates", []) if c["name"] == search.get("winner")), None)
         if r.get("kind") != "select" or not winner or winner.get("precision") != "mixed" or not search.get("pin"):
             continue
+        kept = winner.get("blamed") or []
+        # a set grown in rounds holds tens of nodes: the lines below name them all
+        named = ", ".join(kept) if len(kept) <= 4 else f"{len(kept)} nodes ({', '.join(kept[:3])}, ...)"
         lines.append(f"ctxbuild: {r['id'].removeprefix('select/')}: the search's answer keeps "
-                     f"{', '.join(winner.get('blamed') or [])} at higher precision; to pin it, put in the recipe:")
+                     f"{named} at higher precision; to pin it, put in the recipe:")
         lines += ["    " + ln for ln in search["pin"].splitlines()]
     return lines
 

@@ -301,6 +301,7 @@ class CulpritsParams(ScreenParams):  # the verification samples, as a screen's
     no_int16_weights: list[str]  # targets whose arch cannot run 16-bit weights
     diagnose_samples: int
     timeout_s: float
+    calibration: dict[str, Any]  # samples, random, dir (watched last): what the growing rounds quantize with
 
 
 class CulpritsParamsOpt(CulpritsParams, total=False):

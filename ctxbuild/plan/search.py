@@ -131,6 +131,12 @@ def _culprits(recipe: Recipe, b: Built, n: str, ladders: dict[str, list[str]], s
               "no_int16_weights": sorted(name for name, t in targets.items()
                                          if problem({**settings({"weights": "int16"}), "name": ""}, t)),
               "diagnose_samples": DIAGNOSE_SAMPLES, "timeout_s": recipe.verify.get("timeout_s", 300), **sampling}
+    cal = b.graph.calibration
+    assert cal is not None  # recipe validation requires calibration for quantized precisions
+    # the growing rounds quantize as the mixed candidate's quantize does (plan/steps.quantize_action)
+    params["calibration"] = {"samples": cal.samples, "random": cal.random, "dir": bool(cal.dir)}
+    if cal.dir:
+        watch = [*watch, str(cal.dir)]
     if recipe.verify.get("slices"):
         params["slices"] = recipe.verify["slices"]
     return Action(id=f"culprits/{recipe.name}", kind="culprits",

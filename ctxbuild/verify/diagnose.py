@@ -47,7 +47,9 @@ def _pick(order: list[str], limit: int) -> list[str]:
 def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], compile_params: dict[str, Any],
              thresholds: dict[str, float], *, slices: dict[str, Any] | None = None,
              delivered: Path | None = None, max_probes: int = MAX_PROBES,
-             rounds: int = ROUNDS, timeout: float = 600, top: int = TOP) -> dict[str, Any]:
+             rounds: int = ROUNDS, timeout: float = 600, top: int = TOP, htp: bool = True) -> dict[str, Any]:
+    """`htp`: False runs the CPU half only (float vs QDQ on the CPU), where the loss is already known to be
+    quantization's: no debug build, no simulator run."""
     import onnx
 
     from ctxbuild.graph.modelio import load
@@ -73,7 +75,7 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
         probed: dict[str, np.ndarray] = {}
         runs: list[dict[str, Any]] = []
         chosen = _pick(order, max_probes)
-        for r in range(rounds):
+        for r in range(rounds if htp else 0):
             want = [t for t in dict.fromkeys(chosen + outs) if t not in probed]
             if not want:
                 break
