@@ -80,9 +80,10 @@ def test_exports_build_unedited_on_two_socs(built: tuple[str, Path]) -> None:
     for soc in _socs(arch):
         out = d / "out" / soc / arch
         assert sorted(p.name for p in out.glob("*_qnn.bin")) == [f"{arch}_1_of_2_qnn.bin", f"{arch}_2_of_2_qnn.bin"]
+        # passed: top-1 agreement with the float tokens >= 0.75 pooled over each CL's calls (a graph has 2 or 4)
         assert all(r["passed"] for r in llm_part_checks(out).values())
-        for logits in llm_logits(out):  # the last part's twins on the recorded calls, against the float tokens
-            assert logits["argmax_agreement"] >= 0.75 and logits["cosine"] >= 0.95, logits
+        for logits in llm_logits(out):  # the last part's twins on the recorded calls, against the float part
+            assert logits["cosine"] >= 0.95, logits
 
 
 def test_shipped_config_carries_the_exports_own_ids(built: tuple[str, Path]) -> None:

@@ -58,6 +58,17 @@ class GraphView:
             return numpy_helper.to_array(attr.t) if attr is not None else None
         return None
 
+    def const_type(self, name: str) -> int | None:
+        """The TensorProto data type of an initializer (or a Constant node's tensor), read without its data (which
+        may be external), else None: a runtime tensor."""
+        if name in self.inits:
+            return self.inits[name].data_type
+        node = self.producer.get(name)
+        if node is not None and node.op_type == "Constant":
+            attr = next((a for a in node.attribute if a.name == "value"), None)
+            return attr.t.data_type if attr is not None else None
+        return None
+
     def squared(self, node: Any) -> str | None:
         """x, when `node` is Mul(x, x) or Pow(x, 2)."""
         if node.op_type == "Mul" and len(node.input) == 2 and node.input[0] == node.input[1]:

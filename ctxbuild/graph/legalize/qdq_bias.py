@@ -59,12 +59,15 @@ def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
 
 
 def _float_bias(g: GraphView, node: Any) -> bool:
-    """A Conv whose input and weight are dequantized and whose bias is a float32 constant."""
+    """A Conv whose input and weight are dequantized and whose bias is a float32 constant. Read from the graph
+    alone: a float model's Conv biases (in external data, maybe behind a symlink onnx will not open) are never
+    loaded here."""
+    from onnx import TensorProto
+
     if len(node.input) < 3 or not node.input[2]:
         return False
-    bias = g.const(node.input[2])
-    return bias is not None and bias.dtype == np.float32 and all(
-        (p := g.producer.get(i)) is not None and p.op_type == "DequantizeLinear" for i in node.input[:2])
+    return all((p := g.producer.get(i)) is not None and p.op_type == "DequantizeLinear" for i in node.input[:2]) \
+        and g.const_type(node.input[2]) == TensorProto.FLOAT
 
 
 def _quantized(g: GraphView, node: Any) -> tuple[np.ndarray, np.ndarray] | str:
