@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.llm.layout import Layout
@@ -121,11 +121,12 @@ def _clipping(layout: Layout, inputs: dict[str, str], calls: dict[tuple[int, int
     return sorted(out, key=lambda c: -c["fraction"])
 
 
-def _simulate(layout: Layout, inputs: dict[str, str], bindings: dict[tuple[int, int, int], Path], prompts: list[Any],
-              ref: list[Any], cl: int, timeout: float) -> list[Any]:
+def in_simulator(child: Callable[..., None], args: tuple[Any, ...], cl: int, timeout: float) -> Any:
+    """What `child(*args, send)` sends from a child process of its own (a simulator crash there is an error here,
+    not a dead build); a timeout, a crash or the child's one-line error raised as one line naming CL `cl`."""
     from ctxbuild.verify.measure import in_child
 
-    got, exitcode, hung = in_child(_child, (layout, layout.models("twin", inputs), bindings, prompts, ref, cl), timeout)
+    got, exitcode, hung = in_child(child, args, timeout)
     if got is None:
         why = f"did not finish within {timeout:g} s" if hung else f"crashed (exit {exitcode})"
         raise ActionError(f"the HTP simulator {why} at CL {cl}",
@@ -133,6 +134,11 @@ def _simulate(layout: Layout, inputs: dict[str, str], bindings: dict[tuple[int, 
     if isinstance(got, str):
         raise ActionError(f"the HTP simulator failed at CL {cl}: {got}")
     return got
+
+
+def _simulate(layout: Layout, inputs: dict[str, str], bindings: dict[tuple[int, int, int], Path], prompts: list[Any],
+              ref: list[Any], cl: int, timeout: float) -> list[Any]:
+    return in_simulator(_child, (layout, layout.models("twin", inputs), bindings, prompts, ref, cl), cl, timeout)
 
 
 def _child(layout: Layout, twins: dict[tuple[int, int, int], Path], bindings: dict[tuple[int, int, int], Path],

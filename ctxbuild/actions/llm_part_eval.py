@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ctxbuild.actions.llm_eval import in_simulator
 from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.llm import records
 from ctxbuild.llm.layout import Layout
@@ -103,19 +104,11 @@ def _simulate(twins: dict[tuple[int, int], Path], calls: list[records.Call], slo
               timeout: float) -> tuple[Outputs, dict[tuple[int, int], float]]:
     """The calls on the twins, one CL at a time in a child of its own (verify.timeout_s each, as a CL took before);
     with the seconds per graph: its session's creation and its calls."""
-    from ctxbuild.verify.measure import in_child
-
     out: Outputs = {}
     seconds: dict[tuple[int, int], float] = {}
     for cl in sorted({c.cl for c in calls}):
         mine = {i: c for i, c in enumerate(calls) if c.cl == cl}
-        got, exitcode, hung = in_child(_child, ({k: t for k, t in twins.items() if k[1] == cl}, mine, slots), timeout)
-        if got is None:
-            why = f"did not finish within {timeout:g} s" if hung else f"crashed (exit {exitcode})"
-            raise ActionError(f"the HTP simulator {why} at CL {cl}",
-                              "raise verify.timeout_s, or verify fewer prompts (llm.prompts.verify)")
-        if isinstance(got, str):
-            raise ActionError(f"the HTP simulator failed at CL {cl}: {got}")
+        got = in_simulator(_child, ({k: t for k, t in twins.items() if k[1] == cl}, mine, slots), cl, timeout)
         out.update(got[0])
         seconds.update(got[1])
     return out, seconds
