@@ -58,9 +58,11 @@ def test_one_context_length_at_a_time(tmp_path: Path) -> None:
 
 def test_3b_shape_plan_fits_24_gb(tmp_path: Path) -> None:
     """Llama-3.2-3B's shape (hidden 3072, 28 layers, 24/8 heads, MLP 8192, vocabulary 128,256, tied head), w4a16,
-    4 parts x AR {128, 1} x CL {1024, 2048}, planned without building: its weights are holes of a sparse file (the
+    5 parts x AR {128, 1} x CL {1024, 2048}, planned without building: its weights are holes of a sparse file (the
     sizes, no bytes). Every build action's estimate before any ran, the files earlier actions will write counted at
-    their predicted sizes, fits this 24 GB machine; the parts are the sizes a device takes."""
+    their predicted sizes, fits this 24 GB machine; the parts are the sizes a device takes. (At 4 parts the first
+    and last parts' quantizes are estimated at 23.2 GiB since the quantizer's factor was fitted to the 1B shape's
+    part holding the head, 5.5x its graph: docs/llm.md.)"""
     from ctxbuild.plan.planned_sizes import planned_sizes
 
     src = tmp_path / "recipes"
@@ -72,7 +74,7 @@ def test_3b_shape_plan_fits_24_gb(tmp_path: Path) -> None:
     np.save(src / "prompts" / "p0.npy", llm_decoder.prompts(cfg, 1, 100)[0])
     (src / "llm.yaml").write_text(
         "targets: [SM8650]\nllm:\n  model: llama.onnx\n  sequence_lengths: [128, 1]\n  context_lengths: [1024, 2048]\n"
-        "  parts: 4\n  precision: w4a16\n  prompts: {dir: prompts}\n")
+        "  parts: 5\n  precision: w4a16\n  prompts: {dir: prompts}\n")
     recipes = recipe.load([src])
     plan = make_plan(recipes, tmp_path / "out", verify=False)
     estimates = memory.planned(plan.actions)
@@ -87,5 +89,5 @@ def test_3b_shape_plan_fits_24_gb(tmp_path: Path) -> None:
     qdq = [n for p, n in sizes.items() if "-q" in Path(p).parent.name]
     matrices = 28 * (2 * 3072 * 3072 + 2 * 3072 * 1024 + 3 * 3072 * 8192) + 2 * 128256 * 3072  # the head a copy
     matrices += 2 * 2048 * 128  # the rotary tables (cos, sin), in the last part
-    assert len(floats) == len(qdq) == 4 and sum(floats) == 4 * matrices
+    assert len(floats) == len(qdq) == 5 and sum(floats) == 4 * matrices
     assert 2.2e9 < sum(qdq) < 2.4e9 and max(qdq) < 0.85e9  # each part well under what one context holds
