@@ -5,10 +5,14 @@ ImageNet mean/std; PP-OCR rec: (x - 0.5) / 0.5; YOLOv8: x / 255)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .models import MODELS
+
+if TYPE_CHECKING:  # PIL is imported where it draws: the module loads without it
+    from PIL import Image, ImageDraw
 
 WORDS = ("invoice total amount date account number reference customer order shipping address payment due "
          "quantity price description item tax subtotal balance thank you 2024 17.50 3,240.00 No. 0042 "
