@@ -40,7 +40,8 @@ def run(ctx: Any) -> None:
         row = {"name": name, **{k: c[k] for k in ("quantization", "precision") if k in c}, "state": step["state"],
                **decided(a.inputs, name), **{k: step[k] for k in ("predicted_by", "disagrees") if k in step}}
         if step["state"] in ("rejected_cpu", "predicted_fail", "not_run"):  # never compiled: the walk says why
-            rows.append({**row, "passed": False, "failures": [step["why"]], "note": step["why"], "bin_size": None,
+            why = row.get("diagnosis_failed") or step["why"]  # the mixed rung's gate closed on a failed diagnosis
+            rows.append({**row, "passed": False, "failures": [why], "note": why, "bin_size": None,
                          "outputs": {}, **({"cpu_screen": screens[name]["outputs"]} if step["state"] == "rejected_cpu" else {})})
             continue
         if refused := res.get("compile_refused"):  # dropped out: QNN would not compile this candidate
@@ -82,11 +83,12 @@ def warnings(action: Action) -> list[str]:
 
 def decided(inputs: dict[str, str], name: str) -> dict[str, Any]:
     """The mixed rung's settings, what the diagnosis blamed and the growing rounds on the CPU, as its culprits
-    action decided them."""
+    action decided them (or why its diagnosis failed)."""
     if f"{name}.settings" not in inputs:
         return {}
     d = json.loads(Path(inputs[f"{name}.settings"]).read_text())
-    return {k: d[k] for k in ("quantization", "base", "blamed", "where", "rounds", "stopped") if k in d}
+    return {k: d[k] for k in ("quantization", "base", "blamed", "where", "rounds", "stopped", "diagnosis_failed")
+            if k in d}
 
 
 def pin(row: dict[str, Any]) -> str:
