@@ -200,9 +200,9 @@ def log_power() -> tuple[Any, dict[str, Any]]:
                   {"axis": np.array([1], np.int64), "bank": bank, "lo": np.array(1e-10, np.float32)}), {"spec": spectra}
 
 
-def variance() -> tuple[Any, dict[str, Any]]:
-    """A LayerNorm as JAX writes it (Magika's export): Max(0, E[x*x] - E[x]^2) over 512 features of activations
-    up to ~170, whose sum of squares passes fp16's 65504."""
+def moments_norm(rows: int, features: int, factor: float) -> Any:
+    """A LayerNorm as JAX writes it (Magika's export): variance = Max(0, E[x*x] - E[x]^2), the moments ReduceSum
+    times `factor` (1/N for a true mean), keepdims 0, then (x - mean) / sqrt(variance + eps)."""
     import numpy as np
     from onnx import helper
 
@@ -216,10 +216,17 @@ def variance() -> tuple[Any, dict[str, Any]]:
              helper.make_node("Add", ["var1", "eps"], ["var_eps"]), helper.make_node("Sqrt", ["var_eps"], ["std"]),
              helper.make_node("Reciprocal", ["std"], ["inv_std"]), helper.make_node("Sub", ["x", "mean1"], ["xc"]),
              helper.make_node("Mul", ["xc", "inv_std"], ["y"])]
-    return _model(nodes, {"x": [1, 8, 512]}, {"y": [1, 8, 512]},
-                  {"last": np.array([-1], np.int64), "inv_n": np.array(1 / 512, np.float32),
-                   "zero": np.array(0.0, np.float32), "eps": np.array(1e-6, np.float32)}), \
-        {"x": lambda g: (np.abs(g.standard_normal((1, 8, 512))) * 40 + 5).astype(np.float32)}
+    return _model(nodes, {"x": [1, rows, features]}, {"y": [1, rows, features]},
+                  {"last": np.array([-1], np.int64), "inv_n": np.array(factor, np.float32),
+                   "zero": np.array(0.0, np.float32), "eps": np.array(1e-6, np.float32)})
+
+
+def variance() -> tuple[Any, dict[str, Any]]:
+    """The moments LayerNorm over 512 features of activations up to ~170: the sum of squares passes fp16's 65504."""
+    import numpy as np
+
+    return moments_norm(8, 512, 1 / 512), {
+        "x": lambda g: (np.abs(g.standard_normal((1, 8, 512))) * 40 + 5).astype(np.float32)}
 
 
 def qdq_bias() -> tuple[Any, dict[str, Any]]:
