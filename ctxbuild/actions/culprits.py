@@ -30,7 +30,7 @@ from ctxbuild.graph.samples import for_verification, from_files, input_spec, lis
 from ctxbuild.plan.action import Action
 from ctxbuild.verify import gates
 from ctxbuild.verify import slices as output_slices
-from ctxbuild.verify.culprits import node_overrides
+from ctxbuild.verify.culprits import htp_only, node_overrides
 from ctxbuild.verify.grow import grow
 from ctxbuild.verify.ladder import state_of, walk
 from ctxbuild.verify.measure import compare, cpu_outputs, metrics
@@ -124,6 +124,9 @@ def _decide(ctx: Any, target: str, base: str, screens: dict[str, Any]) -> dict[s
                "blamed": sorted(set(nodes) - set(settings["nodes"])),
                "worst": d["worst_htp" if d["where"] == "htp" else "worst_quantization"],
                "outputs": d["outputs"], "samples": d["samples"], **grown}
+    if line := htp_only(d, base):
+        decided["htp_only"] = line
+        print(f"{a.id}: {line}")
     print(f"{a.id}: base {base}, loss mostly in {d['where']} on {target}; keeping {len(decided['blamed'])} nodes at "
           "higher precision: " + ", ".join(f"{n} ({nodes[n]})" for n in decided["blamed"][:8])
           + (", ..." if len(decided["blamed"]) > 8 else ""))

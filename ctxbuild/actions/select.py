@@ -87,8 +87,8 @@ def decided(inputs: dict[str, str], name: str) -> dict[str, Any]:
     if f"{name}.settings" not in inputs:
         return {}
     d = json.loads(Path(inputs[f"{name}.settings"]).read_text())
-    return {k: d[k] for k in ("quantization", "base", "blamed", "where", "rounds", "stopped", "diagnosis_failed")
-            if k in d}
+    return {k: d[k] for k in ("quantization", "base", "blamed", "where", "rounds", "stopped", "diagnosis_failed",
+                              "htp_only") if k in d}
 
 
 def pin(row: dict[str, Any]) -> str:
@@ -129,6 +129,8 @@ def no_winner(target: str, search: dict[str, Any]) -> ActionError:
     if stopped := next((r["note"] for r in rows if r.get("state") == "not_run" and "stopped" in r["note"]), None):
         hint = (f"{stopped.removeprefix('not run: the search stopped at ')}: rewrite those nodes in the model, or "
                 "set compile.cpu_fallback: true to run them on the CPU")
+    elif htp := next((r["htp_only"] for r in rows if r.get("htp_only")), None):  # the mixed rung's diagnosis
+        hint = f"{htp}; or {hint}"
     elif sliced:
         hint = ("a slice of a concatenated output fails: compile.split_outputs: true gives each part its own scale "
                 "(as a search dimension: put it in the recipe and every candidate compiles split); or " + hint)
@@ -163,5 +165,7 @@ def table(search: dict[str, Any]) -> str:
             + (f" (stopped after {r['early_stop']['proof'].split(' sample')[0].removeprefix('after ')} of "
                f"{r['early_stop']['of']} samples)" if r.get("early_stop") else ""))
         lines.append(f"{r['name']:<20} {w['cosine']:>9.6f} {w['snr_db']:>8.1f} {r['bin_size']:>11}  {verdict}")
+        if r.get("htp_only") and not r["passed"]:
+            lines.append(f"{'':<20} {'':>9} {'':>8} {'':>11}  {r['htp_only']}")
     lines += [f"{s['name']:<20} {'':>9} {'':>8} {'':>11}  skipped: {s['reason']}" for s in search["skipped"]]
     return "\n".join(lines)
