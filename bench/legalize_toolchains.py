@@ -1,6 +1,7 @@
 """Which published onnxruntime-qnn releases need each legalization rule, measured: for every rule a small probe
 model with the pattern it rewrites, at the precision where the rule matters, built by ctxbuild with the rule off
-(`prepare: {rewrite: false}`) and, as the control, with it alone on (`rewrite: [rule]`), with `toolchain: "X.Y.Z"`
+(`prepare: {rewrite: false}`) and, as the control, with it alone on (`rewrite: [rule]`; a probe that needs other
+rules to compile at all, ALONGSIDE, has them on in both), with `toolchain: "X.Y.Z"`
 for each release (provisioned on demand), SM8650, verified on that release's simulator against the user's model
 (the recipe's default thresholds). A release handles a rule's pattern itself when the probe compiles and passes
 verification with the rule off; ctxbuild/graph/legalize/toolchains.py (HANDLED) is read off this table, and only
@@ -164,12 +165,105 @@ def convtranspose() -> tuple[Any, dict[str, Any]]:
                   {"x": [1, 16, 20, 8]}, {"y": [1, 16, 20, 16]}, {"w": w}), _floats("x", [1, 16, 20, 8])
 
 
+
+def sum_squares() -> tuple[Any, dict[str, Any]]:
+    """A power spectrum as onnx-asr's log-mel front ends write it: ReduceSumSquare over real and imaginary parts."""
+    from onnx import helper
+
+    return _model([helper.make_node("ReduceSumSquare", ["x"], ["y"], axes=[1], keepdims=0)], {"x": [1, 2, 33, 10]},
+                  {"y": [1, 33, 10]}, {}), _floats("x", [1, 2, 33, 10])
+
+
+def log_power() -> tuple[Any, dict[str, Any]]:
+    """Whisper's log-mel after its STFT: |re|^2 + |im|^2 (Mul, ReduceSum), a mel filter bank (columns summing to
+    ~0.025, Slaney's normalization), Log(Clip(mel, 1e-10)); the spectra roll off 80 dB over frequency and start
+    with digital silence, at a loud and a quiet level (fp16 flushes the quiet squares, its floor is 0)."""
+    import numpy as np
+    from onnx import helper
+
+    bank = np.zeros((65, 16), np.float32)
+    for j, k in enumerate(np.linspace(2, 62, 16).astype(int)):
+        bank[k - 2:k + 3, j] = np.array([1, 2, 3, 2, 1], np.float32) / 9 * 0.025
+    nodes = [helper.make_node("Mul", ["spec", "spec"], ["sq"]), helper.make_node("ReduceSum", ["sq", "axis"], ["power"],
+                                                                                   keepdims=0),
+             helper.make_node("Transpose", ["power"], ["frames"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["frames", "bank"], ["mel"]),
+             helper.make_node("Clip", ["mel", "lo"], ["floored"]), helper.make_node("Log", ["floored"], ["y"])]
+    roll = 10 ** (-4 * np.arange(65) / 64)[None, None, :, None]
+
+    def spectra(g: Any) -> Any:
+        spec = g.standard_normal((1, 2, 65, 50)) * roll * g.choice([30.0, 0.05])
+        spec[..., :10] = 0
+        return spec.astype(np.float32)
+
+    return _model(nodes, {"spec": [1, 2, 65, 50]}, {"y": [1, 50, 16]},
+                  {"axis": np.array([1], np.int64), "bank": bank, "lo": np.array(1e-10, np.float32)}), {"spec": spectra}
+
+
+def moments_norm(rows: int, features: int, factor: float) -> Any:
+    """A LayerNorm as JAX writes it (Magika's export): variance = Max(0, E[x*x] - E[x]^2), the moments ReduceSum
+    times `factor` (1/N for a true mean), keepdims 0, then (x - mean) / sqrt(variance + eps)."""
+    import numpy as np
+    from onnx import helper
+
+    nodes = [helper.make_node("ReduceSum", ["x", "last"], ["s1"], keepdims=0),
+             helper.make_node("Mul", ["s1", "inv_n"], ["mean"]),
+             helper.make_node("Mul", ["x", "x"], ["sq"]), helper.make_node("ReduceSum", ["sq", "last"], ["s2"], keepdims=0),
+             helper.make_node("Mul", ["s2", "inv_n"], ["m2"]), helper.make_node("Mul", ["mean", "mean"], ["mean_sq"]),
+             helper.make_node("Sub", ["m2", "mean_sq"], ["var"]), helper.make_node("Max", ["zero", "var"], ["var0"]),
+             helper.make_node("Unsqueeze", ["var0", "last"], ["var1"]),
+             helper.make_node("Unsqueeze", ["mean", "last"], ["mean1"]),
+             helper.make_node("Add", ["var1", "eps"], ["var_eps"]), helper.make_node("Sqrt", ["var_eps"], ["std"]),
+             helper.make_node("Reciprocal", ["std"], ["inv_std"]), helper.make_node("Sub", ["x", "mean1"], ["xc"]),
+             helper.make_node("Mul", ["xc", "inv_std"], ["y"])]
+    return _model(nodes, {"x": [1, rows, features]}, {"y": [1, rows, features]},
+                  {"last": np.array([-1], np.int64), "inv_n": np.array(factor, np.float32),
+                   "zero": np.array(0.0, np.float32), "eps": np.array(1e-6, np.float32)})
+
+
+def variance() -> tuple[Any, dict[str, Any]]:
+    """The moments LayerNorm over 512 features of activations up to ~170: the sum of squares passes fp16's 65504."""
+    import numpy as np
+
+    return moments_norm(8, 512, 1 / 512), {
+        "x": lambda g: (np.abs(g.standard_normal((1, 8, 512))) * 40 + 5).astype(np.float32)}
+
+
+def qdq_bias() -> tuple[Any, dict[str, Any]]:
+    """quantize_static's QDQ export (its defaults: signed int8, per tensor) of a depthwise Conv whose weight and
+    bias are Constant nodes, as paddle2onnx writes them: the bias stays float."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    r, c = _rng(), 8
+    nodes = [helper.make_node("Constant", [], [k], value=numpy_helper.from_array(v.astype(np.float32), k))
+             for k, v in (("w", r.standard_normal((c, 1, 3, 3)) * 0.3), ("b", r.standard_normal(c)))]
+    nodes.append(helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], group=c))
+    samples = iter([{"x": r.standard_normal((1, c, 16, 16)).astype(np.float32)} for _ in range(4)])
+
+    class Reader(CalibrationDataReader):
+        def get_next(self) -> dict[str, Any] | None:
+            return next(samples, None)
+
+    with tempfile.TemporaryDirectory() as d:
+        onnx.save(_model(nodes, {"x": [1, c, 16, 16]}, {"y": [1, c, 16, 16]}, {}, opset=13), f"{d}/f.onnx")
+        quantize_static(f"{d}/f.onnx", f"{d}/q.onnx", Reader(), quant_format=QuantFormat.QDQ)
+        return onnx.load(f"{d}/q.onnx"), _floats("x", [1, c, 16, 16])
+
+
 # rule -> (probe, the precisions where the rule matters: where the HTP refuses the pattern or computes it wrongly)
 PROBES: dict[str, tuple[Callable[[], tuple[Any, dict[str, Any]]], tuple[str, ...]]] = {
     "einsum": (einsum, ("fp16",)), "gathernd": (gathernd, ("fp16",)), "clip": (clip, ("fp16", "int16")),
     "dynamic_int8": (dynamic_int8, ("fp16",)), "rmsnorm": (rmsnorm, ("fp16",)), "gelu": (gelu, ("int16", "int8")),
     "mask_fill": (mask_fill, ("int16",)), "convtranspose": (convtranspose, ("fp16",)),
+    "sum_squares": (sum_squares, ("fp16",)), "log_power": (log_power, ("fp16",)), "variance": (variance, ("fp16",)),
+    "qdq_bias": (qdq_bias, ("qdq",)),
 }
+# rule -> the rules its probe is built with, off and on alike: the HTP takes a quantize_static export only once
+# its weights are constants and its activations unsigned (what qdq_bias fixes is then all that is left)
+ALONGSIDE: dict[str, tuple[str, ...]] = {"qdq_bias": ("qdq_weights", "qdq_unsigned")}
 
 
 def write_tree(tree: Path, rules: list[str], release: str) -> list[str]:
@@ -190,9 +284,10 @@ def write_tree(tree: Path, rules: list[str], release: str) -> list[str]:
         for precision in precisions:
             for on in (False, True):
                 name = f"{rule}_{precision}_{'on' if on else 'off'}"
+                rewrite = [*ALONGSIDE.get(rule, ()), *([rule] if on else [])]
                 (tree / f"{name}.yaml").write_text(
                     f"model: models/{rule}.onnx\nprecision: {precision}\ncalibration: {{dir: models/calib/{rule}}}\n"
-                    f"targets: [SM8650]\nprepare: {{rewrite: {json.dumps([rule]) if on else 'false'}}}\n"
+                    f"targets: [SM8650]\nprepare: {{rewrite: {json.dumps(rewrite) if rewrite else 'false'}}}\n"
                     f'toolchain: "{release}"\n')
                 names.append(name)
     return names

@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
+from bench.legalize_toolchains import moments_norm
 from ctxbuild.graph.legalize import legalize
 from ctxbuild.toolchain import installed as toolchain
 from tests._qnn_models import IR_VERSION, TARGET, cosine, qnn_session
@@ -275,30 +276,12 @@ def test_rmsnorm_in_fp16(tmp_path: Path) -> None:
     assert cosine(htp, ref) > 0.999
 
 
-def _moments_norm(rows: int, features: int, factor: float) -> onnx.ModelProto:
-    """A LayerNorm as JAX writes it (Magika's export): variance = Max(0, E[x*x] - E[x]^2), the moments ReduceSum
-    times `factor` (1/N for a true mean), keepdims 0, then (x - mean) / sqrt(variance + eps)."""
-    nodes = [helper.make_node("ReduceSum", ["x", "last"], ["s1"], keepdims=0),
-             helper.make_node("Mul", ["s1", "inv_n"], ["mean"]),
-             helper.make_node("Mul", ["x", "x"], ["sq"]), helper.make_node("ReduceSum", ["sq", "last"], ["s2"], keepdims=0),
-             helper.make_node("Mul", ["s2", "inv_n"], ["m2"]), helper.make_node("Mul", ["mean", "mean"], ["mean_sq"]),
-             helper.make_node("Sub", ["m2", "mean_sq"], ["var"]), helper.make_node("Max", ["zero", "var"], ["var0"]),
-             helper.make_node("Unsqueeze", ["var0", "last"], ["var1"]),
-             helper.make_node("Unsqueeze", ["mean", "last"], ["mean1"]),
-             helper.make_node("Add", ["var1", "eps"], ["var_eps"]), helper.make_node("Sqrt", ["var_eps"], ["std"]),
-             helper.make_node("Reciprocal", ["std"], ["inv_std"]), helper.make_node("Sub", ["x", "mean1"], ["xc"]),
-             helper.make_node("Mul", ["xc", "inv_std"], ["y"])]
-    return _model(nodes, {"x": [1, rows, features]}, {"y": [1, rows, features]},
-                  {"last": np.array([-1], np.int64), "inv_n": np.array(factor, np.float32),
-                   "zero": np.array(0.0, np.float32), "eps": np.array(1e-6, np.float32)}, opset=17)
-
-
 def test_variance_in_fp16(tmp_path: Path) -> None:
     """The moments form of a variance (E[x*x] - E[x]^2) over 512 features of activations up to ~170: the sum of
     squares passes fp16's 65504 on the HTP (Magika: cosine 0.09). The centred form sums ((x - mean)/sqrt N)^2,
     within the variance: the same values on the CPU EP, and on the simulator at fp16 it matches (the original's
     outputs come out ~2.5e4 times too large)."""
-    m = _moments_norm(8, 512, 1 / 512)
+    m = moments_norm(8, 512, 1 / 512)
     feeds = {"x": (np.abs(rng().standard_normal((1, 8, 512))) * 40 + 5).astype(np.float32)}
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(m)
@@ -316,7 +299,7 @@ def test_variance_in_fp16(tmp_path: Path) -> None:
 
 def test_variance_left_when_the_factor_is_not_one_over_n() -> None:
     """Moments scaled by something other than 1/N are not a variance: left as written, with the reason."""
-    m = _moments_norm(2, 16, 1 / 15)
+    m = moments_norm(2, 16, 1 / 15)
     done = legalize(m)
     assert done.rewrites == {} and done.kept == {"variance": [
         "'var' (Sub): the moments are scaled by 0.06667, not 1/16 (the count over axes [2] of [1, 2, 16]): "

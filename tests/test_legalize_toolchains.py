@@ -19,6 +19,8 @@ from tests.conftest import build_with_toolchains, records
 
 def test_a_rule_runs_unless_measured_unneeded() -> None:
     assert decide("gelu", "2.3.0")[0] is False
+    # a float bias on a quantized Conv: computed right up to QAIRT 2.49 (2.5.0), wrongly from 2.50 (2.6.0) on
+    assert decide("qdq_bias", "2.5.0")[0] is False and decide("qdq_bias", "2.6.0")[0] is True
     assert decide("gelu", "2.4.0") == (True, "needed by onnxruntime-qnn 2.4.0 (measured with the rule off: refused)")
     assert decide("a_new_rule", "2.7.0")[0] is True  # a rule added without measurements: every toolchain
     assert decide("clip", "9.9.9")[0] is True  # a release not measured

@@ -123,6 +123,29 @@ def test_culprits_from_the_diagnosis() -> None:
         "cat"] == "fp16"
 
 
+def test_an_htp_only_loss_is_said_in_one_line_with_the_nodes_and_the_field() -> None:
+    """The base's QDQ model passes on the CPU and fails on the simulator: the growing rounds (CPU) cannot help,
+    so one line names the figures, the nodes the diagnosis blames on the HTP (full names, worst first) and the
+    field that pins them; the search table and the no-winner hint carry it."""
+    from ctxbuild.actions.select import no_winner, table
+    from ctxbuild.verify.culprits import htp_only
+
+    d = _diagnosis("htp", [_row("/model.22/dfl/conv/Conv", -3.0), _row("/model.22/Sigmoid", -9.0)])
+    d["outputs"]["y"]["total"] = {"cosine": 0.56, "snr_db": 1.5}
+    line = htp_only(d, "a16w8")
+    assert line == ("the loss is on the HTP only (a16w8's QDQ model on the CPU 45.0 dB at output 'y', on the "
+                    "simulator 1.5 dB at output 'y'): the mixed rung's rounds measure on the CPU and cannot grow "
+                    "for it; the diagnosis blames /model.22/dfl/conv/Conv, /model.22/Sigmoid: pin them in float "
+                    "with quantization.nodes ({/model.22/dfl/conv/Conv: fp16, ...})")
+    assert htp_only(_diagnosis("quantization", [_row("a", -3.0)]), "a16w8") is None  # the rounds' case
+    rows = [{"name": "mixed", "passed": False, "failures": ["SNR"], "bin_size": 1, "htp_only": line,
+             "worst": {"cosine": 0.56, "snr_db": 1.5, "where": "output 'y'"}}]
+    search = {"thresholds": {"min_cosine": 0.99, "min_snr_db": 20.0}, "winner": None, "candidates": rows,
+              "skipped": []}
+    assert table(search).splitlines()[-1].strip() == line
+    assert no_winner("SM8650", search).hint.startswith(line + "; or ")
+
+
 def _chain(convs: int) -> onnx.ModelProto:
     """x -> Conv -> Relu -> Conv -> Relu ... -> y: weighted and weightless nodes in topological order."""
     from onnx import TensorProto, helper, numpy_helper

@@ -7,23 +7,30 @@ candidate's settings: the base's, with quantization.nodes keeping the blamed nod
 diagnosis runs its CPU half only, and the set grows in rounds, each quantized and measured on the CPU on the
 verification samples, until it clears the thresholds by the CPU screen's margin or reaches its bound
 (verify/grow.py); the simulator then verifies the answer once, as the mixed candidate. The file is also the
-gate of the mixed candidate's quantize and screen (verify/gates.py)."""
+gate of the mixed candidate's quantize and screen (verify/gates.py).
+
+A diagnosis that fails (onnxruntime, the quantizer or the simulator raising on this model) closes the gate with
+one line saying why (`diagnosis_failed`), which the search table shows as the mixed row's note: the ladder goes
+on to the fp16 rung, so a model that passes at fp16 never fails at auto for a rung it could not decide. Only a
+fault of the machine (a full disk, memory) still fails the action."""
 from __future__ import annotations
 
 import json
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 from ctxbuild.actions import verify
 from ctxbuild.actions.quantize import private_input, quantize_model
 from ctxbuild.actions.search_step import known
+from ctxbuild.errors import cause_line, machine_limit
 from ctxbuild.graph.modelio import load
 from ctxbuild.graph.samples import for_verification, from_files, input_spec, list_samples, random_samples
 from ctxbuild.plan.action import Action
 from ctxbuild.verify import gates
 from ctxbuild.verify import slices as output_slices
-from ctxbuild.verify.culprits import node_overrides
+from ctxbuild.verify.culprits import htp_only, node_overrides
 from ctxbuild.verify.grow import grow
 from ctxbuild.verify.ladder import state_of, walk
 from ctxbuild.verify.measure import compare, cpu_outputs, metrics
@@ -55,6 +62,31 @@ def run(ctx: Any) -> None:
         print(f"{a.id}: no candidate before it was measured: nothing to diagnose")
         return
     target, base = picked
+    try:
+        decided = _decide(ctx, target, base, screens)
+    except Exception as e:  # noqa: BLE001 - onnxruntime's, the quantizer's and the simulator's are untyped
+        if isinstance(e, MemoryError) or machine_limit(e):
+            raise
+        traceback.print_exc()  # the whole story stays in the action's log
+        why = f"not run: the diagnosis of {a.recipes[0]} at {base} on {target} failed: {cause_line(e)}"
+        print(f"{a.id}: {why}; the search goes on without the mixed candidate")
+        ctx.facts["diagnosis_failed"] = why
+        ctx.tmp_output("gate").write_text(json.dumps({"run": False, "diagnosis_failed": why}, sort_keys=True))
+        return
+    ctx.tmp_output("gate").write_text(json.dumps(decided, indent=2, sort_keys=True))
+
+
+def warnings(action: Action) -> list[str]:
+    """A failed diagnosis: the search went on without the mixed candidate."""
+    why = json.loads(Path(action.outputs["gate"]).read_text()).get("diagnosis_failed")
+    return [f"{action.description}: {why}"] if why else []
+
+
+def _decide(ctx: Any, target: str, base: str, screens: dict[str, Any]) -> dict[str, Any]:
+    """The mixed candidate's gate: the base's settings with the nodes the diagnosis (and the growing rounds)
+    keep at higher precision, and the figures behind them."""
+    a = ctx.action
+    p = a.params
     thr = p["thresholds"]
     # the base's QDQ model already fails on the CPU: the loss is quantization's, the CPU half says where
     cpu_only = cpu_rejection(screens[base], thr, 0.0) is not None
@@ -92,10 +124,13 @@ def run(ctx: Any) -> None:
                "blamed": sorted(set(nodes) - set(settings["nodes"])),
                "worst": d["worst_htp" if d["where"] == "htp" else "worst_quantization"],
                "outputs": d["outputs"], "samples": d["samples"], **grown}
+    if line := htp_only(d, base):
+        decided["htp_only"] = line
+        print(f"{a.id}: {line}")
     print(f"{a.id}: base {base}, loss mostly in {d['where']} on {target}; keeping {len(decided['blamed'])} nodes at "
           "higher precision: " + ", ".join(f"{n} ({nodes[n]})" for n in decided["blamed"][:8])
           + (", ..." if len(decided["blamed"]) > 8 else ""))
-    ctx.tmp_output("gate").write_text(json.dumps(decided, indent=2, sort_keys=True))
+    return decided
 
 
 def _wide(settings: dict[str, Any]) -> bool:

@@ -40,7 +40,8 @@ def run(ctx: Any) -> None:
         row = {"name": name, **{k: c[k] for k in ("quantization", "precision") if k in c}, "state": step["state"],
                **decided(a.inputs, name), **{k: step[k] for k in ("predicted_by", "disagrees") if k in step}}
         if step["state"] in ("rejected_cpu", "predicted_fail", "not_run"):  # never compiled: the walk says why
-            rows.append({**row, "passed": False, "failures": [step["why"]], "note": step["why"], "bin_size": None,
+            why = row.get("diagnosis_failed") or step["why"]  # the mixed rung's gate closed on a failed diagnosis
+            rows.append({**row, "passed": False, "failures": [why], "note": why, "bin_size": None,
                          "outputs": {}, **({"cpu_screen": screens[name]["outputs"]} if step["state"] == "rejected_cpu" else {})})
             continue
         if refused := res.get("compile_refused"):  # dropped out: QNN would not compile this candidate
@@ -82,11 +83,12 @@ def warnings(action: Action) -> list[str]:
 
 def decided(inputs: dict[str, str], name: str) -> dict[str, Any]:
     """The mixed rung's settings, what the diagnosis blamed and the growing rounds on the CPU, as its culprits
-    action decided them."""
+    action decided them (or why its diagnosis failed)."""
     if f"{name}.settings" not in inputs:
         return {}
     d = json.loads(Path(inputs[f"{name}.settings"]).read_text())
-    return {k: d[k] for k in ("quantization", "base", "blamed", "where", "rounds", "stopped") if k in d}
+    return {k: d[k] for k in ("quantization", "base", "blamed", "where", "rounds", "stopped", "diagnosis_failed",
+                              "htp_only") if k in d}
 
 
 def pin(row: dict[str, Any]) -> str:
@@ -127,6 +129,8 @@ def no_winner(target: str, search: dict[str, Any]) -> ActionError:
     if stopped := next((r["note"] for r in rows if r.get("state") == "not_run" and "stopped" in r["note"]), None):
         hint = (f"{stopped.removeprefix('not run: the search stopped at ')}: rewrite those nodes in the model, or "
                 "set compile.cpu_fallback: true to run them on the CPU")
+    elif htp := next((r["htp_only"] for r in rows if r.get("htp_only")), None):  # the mixed rung's diagnosis
+        hint = f"{htp}; or {hint}"
     elif sliced:
         hint = ("a slice of a concatenated output fails: compile.split_outputs: true gives each part its own scale "
                 "(as a search dimension: put it in the recipe and every candidate compiles split); or " + hint)
@@ -161,5 +165,7 @@ def table(search: dict[str, Any]) -> str:
             + (f" (stopped after {r['early_stop']['proof'].split(' sample')[0].removeprefix('after ')} of "
                f"{r['early_stop']['of']} samples)" if r.get("early_stop") else ""))
         lines.append(f"{r['name']:<20} {w['cosine']:>9.6f} {w['snr_db']:>8.1f} {r['bin_size']:>11}  {verdict}")
+        if r.get("htp_only") and not r["passed"]:
+            lines.append(f"{'':<20} {'':>9} {'':>8} {'':>11}  {r['htp_only']}")
     lines += [f"{s['name']:<20} {'':>9} {'':>8} {'':>11}  skipped: {s['reason']}" for s in search["skipped"]]
     return "\n".join(lines)

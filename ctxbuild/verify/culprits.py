@@ -5,13 +5,16 @@ Where the HTP itself loses what the QDQ model keeps on the CPU (an HTP-only loss
 noise on the HTP is worst are left out of quantization (`fp16`: the HTP runs them in fp16 between the
 quantized nodes). Where quantization loses it, the worst nodes get 16-bit weights when they have weights the
 base candidate holds in 8 bits, else `fp16` too. The answer is a `quantization.nodes` mapping of the prepared
-model's node names, a fused group (Conv+Relu) named node by node.
+model's node names, a fused group (Conv+Relu) named node by node. An HTP-only loss gets one line as well
+(htp_only): the growing rounds (grow.py) measure on the CPU and cannot see it, so the line names the nodes the
+diagnosis blames on the HTP and the field that pins them.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from ctxbuild.recipes.quantization import FP16_NODE
+from ctxbuild.verify.grow import worst
 
 MAX_NODES = 8  # at most this many blamed nodes (each with its fused group)
 # A node is blamed when the noise it adds alone is within this many dB of the worst node's: the few that
@@ -61,3 +64,19 @@ def node_overrides(diagnosis: dict[str, Any], base: dict[str, Any], ends: dict[s
     for name in weak_ends(diagnosis, ends):
         nodes[name] = FP16_NODE
     return dict(sorted(nodes.items()))
+
+
+def htp_only(diagnosis: dict[str, Any], base: str) -> str | None:
+    """One line for a loss the HTP makes alone (the base's QDQ model passes on the CPU), or None: its figures on
+    both sides, the nodes the diagnosis blames on the HTP (worst first) and how to pin them, since no round
+    measured on the CPU can grow the set for it."""
+    if diagnosis["where"] != "htp" or not diagnosis["worst_htp"]:
+        return None
+    sides = {k: {"outputs": {o: row[k] for o, row in diagnosis["outputs"].items() if k in row}}
+             for k in ("quantization", "total")}
+    cpu, sim = worst(sides["quantization"]), worst(sides["total"]) if sides["total"]["outputs"] else None
+    names = [r["node"] for r in diagnosis["worst_htp"][:MAX_NODES]]
+    return (f"the loss is on the HTP only ({base}'s QDQ model on the CPU {cpu['snr_db']} dB at {cpu['where']}"
+            + (f", on the simulator {sim['snr_db']} dB at {sim['where']}" if sim else "")
+            + f"): the mixed rung's rounds measure on the CPU and cannot grow for it; the diagnosis blames "
+            f"{', '.join(names)}: pin them in float with quantization.nodes ({{{names[0]}: fp16, ...}})")
