@@ -526,11 +526,12 @@ class LlmGenaiParams(TypedDict):
 
 class LlmGenai(Kind):
     """The shipped genai_config.json run by onnxruntime-genai on its CPU twin (each compiled part's float static
-    graph in place of its wrapper) against the original export's greedy tokens; cpu_twin/ written out."""
+    graph in place of its wrapper) against the original export's greedy tokens (llm_split's, in layout.json);
+    cpu_twin/ written out."""
     name = "llm_genai"
     implementation = "ctxbuild.actions.llm_genai"
     params = LlmGenaiParams
-    discovers_inputs = True  # the export's external data and config files, the prompt files
+    discovers_inputs = True  # the prompt files
     verification = True
     verdict = True  # a config decoding other tokens does not ship
     # genai's sessions over the largest CL's float graphs, every part and AR at once, reading each part's weight
