@@ -55,7 +55,7 @@ def test_genai_parses_the_generated_config(built: Path, tmp_path: Path) -> None:
         og.Model(config)
 
 
-def _twin(built: Path, qdq: bool, dst: Path) -> tuple[Path, int]:
+def _twin(built: Path, qdq: bool, dst: Path, session_options: dict[str, str] | None = None) -> tuple[Path, int]:
     """The shipped config's CPU twin with, at the largest CL, each part's float static graph or QDQ graph."""
     from ctxbuild.llm import genai_config
     from ctxbuild.llm.layout import Layout
@@ -67,7 +67,7 @@ def _twin(built: Path, qdq: bool, dst: Path) -> tuple[Path, int]:
     graphs = {f"{g.name}_ctx.onnx": (next(work.glob(f"llama-q{g.part + 1}-*")) if qdq else split) / f"{g.name}.onnx"
               for g in layout.graphs if g.cl == cl}
     return genai_config.write_twin(built / "out" / "SM8650" / "llama" / "genai_config.json", graphs, dst,
-                                   shutil.copyfile), cl
+                                   shutil.copyfile, session_options), cl
 
 
 def _genai_tokens(model: object, prompt: np.ndarray, n: int, cl: int) -> list[int]:
@@ -88,20 +88,21 @@ def _prompts(built: Path, length: int) -> list[np.ndarray]:
 @pytest.mark.parametrize("length", [11, 16, 24])
 def test_genai_runs_the_config_on_the_float_parts_and_gives_the_original_tokens(built: Path, tmp_path: Path,
                                                                                length: int) -> None:
-    """The device config's pipeline with the float static graphs in place of the wrappers (CPU EP): genai's
-    greedy tokens are the ORIGINAL dynamic model's."""
+    """The device config's pipeline with the float static graphs in place of the wrappers (CPU EP, prepacking off
+    as the build's check runs them): genai's greedy tokens are the ORIGINAL dynamic model's."""
+    from ctxbuild.actions.llm_genai import SHARED
     from ctxbuild.llm import pipeline
 
-    twin, cl = _twin(built, False, tmp_path)
+    twin, cl = _twin(built, False, tmp_path, SHARED)
     model = og.Model(str(twin))
     device = json.loads((built / "out" / "SM8650" / "llama" / "genai_config.json").read_text())
     config = json.loads((twin / "genai_config.json").read_text())
-    # the device config as shipped, but for the part stages' files and EP
+    # the device config as shipped, but for the part stages' files and session options (EP)
     parts = [s for st in device["model"]["decoder"]["pipeline"] for s in st.values() if "session_options" in s]
     assert len(parts) == 4
     for s in parts:
         s["filename"] = s["filename"].replace("_ctx.onnx", ".onnx")
-        del s["session_options"]
+        s["session_options"] = SHARED
     assert config == device
     for prompt in _prompts(built, length):
         want = pipeline.reference_generate(built / "models" / "llama_tiny.onnx", prompt, 8).tokens

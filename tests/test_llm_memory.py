@@ -60,9 +60,10 @@ def test_3b_shape_plan_fits_24_gb(tmp_path: Path) -> None:
     """Llama-3.2-3B's shape (hidden 3072, 28 layers, 24/8 heads, MLP 8192, vocabulary 128,256, tied head), w4a16,
     5 parts x AR {128, 1} x CL {1024, 2048}, planned without building: its weights are holes of a sparse file (the
     sizes, no bytes). Every build action's estimate before any ran, the files earlier actions will write counted at
-    their predicted sizes, fits this 24 GB machine; the parts are the sizes a device takes. (At 4 parts the first
-    and last parts' quantizes are estimated at 23.2 GiB since the quantizer's factor was fitted to the 1B shape's
-    part holding the head, 5.5x its graph: docs/llm.md.)"""
+    their predicted sizes, fits this 24 GB machine, the verification's too (each part's check; the genai check,
+    which counts each part's float weight file once: its AR sessions share the mapped file); the parts are the sizes
+    a device takes. (At 4 parts the first and last parts' quantizes are estimated at 23.2 GiB since the quantizer's
+    factor was fitted to the 1B shape's part holding the head, 5.5x its graph: docs/llm.md.)"""
     from ctxbuild.plan.planned_sizes import planned_sizes
 
     src = tmp_path / "recipes"
@@ -76,10 +77,10 @@ def test_3b_shape_plan_fits_24_gb(tmp_path: Path) -> None:
         "targets: [SM8650]\nllm:\n  model: llama.onnx\n  sequence_lengths: [128, 1]\n  context_lengths: [1024, 2048]\n"
         "  parts: 5\n  precision: w4a16\n  prompts: {dir: prompts}\n")
     recipes = recipe.load([src])
-    plan = make_plan(recipes, tmp_path / "out", verify=False)
+    plan = make_plan(recipes, tmp_path / "out")
     estimates = memory.planned(plan.actions)
     kinds = {a.kind for a in plan.actions}
-    assert kinds == {"llm_split", "llm_quantize", "bundle", "llm_package"}, kinds
+    assert kinds == {"llm_split", "llm_quantize", "bundle", "llm_part_eval", "llm_package", "llm_genai"}, kinds
     too_big = {i: f"{e / 2**30:.1f} GiB" for i, e in estimates.items() if e > 24 * 10**9}
     assert not too_big, too_big
     # what the estimates counted: every part's float32 file (the tied head in the first and the last part) and QDQ
@@ -91,3 +92,6 @@ def test_3b_shape_plan_fits_24_gb(tmp_path: Path) -> None:
     matrices += 2 * 2048 * 128  # the rotary tables (cos, sin), in the last part
     assert len(floats) == len(qdq) == 5 and sum(floats) == 4 * matrices
     assert 2.2e9 < sum(qdq) < 2.4e9 and max(qdq) < 0.85e9  # each part well under what one context holds
+    genai = next(a for a in plan.actions if a.kind == "llm_genai")
+    assert "model" not in genai.inputs  # the original export's tokens come from the split (layout.json)
+    assert estimates[genai.id] == memory.BASE + int(memory.factor("llm_genai", genai.params) * sum(floats))

@@ -6,9 +6,15 @@ wrapper replaced by the part's float static graph (ctxbuild/llm/genai_config.py 
 EP change, nothing else). llm_split proved those graphs decode the original's tokens under ctxbuild's own decoder,
 so a difference here is the config's or the pipeline stages' (a wrong pad/bos/eos id, a stage wired wrong), not
 quantization's (llm_eval measures that). genai decodes greedily (sampling options off) from each verification
-prompt; its tokens must equal the original export's first `tokens` (onnxruntime on the user's model), up to an
-EOS, as many as the config's context length leaves after the prompt padded to whole windows. Any other token fails
-the action, which fails the build and keeps the config out of OUT/<target>/ (engine/finish.py ship_only_verified).
+prompt; its tokens must equal the original export's first `tokens` (onnxruntime on the user's model, decoded by
+llm_split and kept in layout.json: the original is never loaded here), up to an EOS, as many as the config's
+context length leaves after the prompt padded to whole windows. Any other token fails the action, which fails the
+build and keeps the config out of OUT/<target>/ (engine/finish.py ship_only_verified).
+
+Memory: genai opens every stage's session at once, a part's AR graphs each in a session of its own over the part's
+one weight file. onnxruntime maps that file and, by default, packs each MatMul's weights into a copy per session
+(twice the float weights for 2 ARs); the float twin's stages run with prepacking off (SHARED), so the sessions
+read the mapped file in place: its pages once in memory, whatever the number of ARs.
 
 `cpu_twin/` beside the config is the same twin with the graphs that were compiled (QDQ, float for fp16), copied:
 the pipeline a user runs on a PC before the device; it is run here on the first prompt, its tokens recorded.
@@ -22,16 +28,19 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ctxbuild.actions.llm_split import export_files, readable
 from ctxbuild.errors import ActionError
+from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
 from ctxbuild.plan.action import Action
 
 INSTALL_HINT = "pip install onnxruntime-genai==0.18.0 (a ctxbuild dependency; docs/llm.md)"
+# the float twin's part stages: weights read from the mapped file, not packed into a copy per session (above);
+# the same tokens (measured on a 482 MB decoder, 2 ARs: anonymous memory 785 -> 71 MB)
+SHARED = {"session.disable_prepacking": "1"}
 
 
 def discover_inputs(action: Action) -> dict[str, Path]:
-    return {**export_files(Path(action.inputs["model"])), **prompt_files(Path(action.watch[0]), action.params["prompts"])}
+    return prompt_files(Path(action.watch[0]), action.params["prompts"])
 
 
 def key_extras(action: Action) -> dict[str, Any]:
@@ -46,7 +55,7 @@ def summarize(action: Action) -> dict[str, Any]:
 
 def run(ctx: Any) -> None:
     from ctxbuild.cache.files import copy_hashing
-    from ctxbuild.llm import genai_config, pipeline
+    from ctxbuild.llm import genai_config
 
     try:
         import onnxruntime_genai as og
@@ -57,14 +66,13 @@ def run(ctx: Any) -> None:
     shipped = Path(a.inputs["config"])
     config = json.loads(shipped.read_text())
     prompts = load_prompts(prompt_files(Path(a.watch[0]), p["prompts"]), p["prompts"], tokenizer_of(a))
-    source = readable(Path(a.inputs["model"]), ctx.tmp / "source")
-    want = [pipeline.reference_generate(source, prompt, p["tokens"]).tokens for prompt in prompts]
+    want = [w[:p["tokens"]] for w in Layout.read(Path(a.inputs["layout"])).reference_tokens]
     eos = config["model"].get("eos_token_id")
     eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     want = [w[:next((i + 1 for i, t in enumerate(w) if t in eos), len(w))] for w in want]  # genai stops at an EOS
 
     float_twin = genai_config.write_twin(shipped, {w: Path(a.inputs[f"float:{g}"]) for w, g in p["wrappers"].items()},
-                                         ctx.tmp / "float")  # linked, not copied
+                                         ctx.tmp / "float", session_options=SHARED)  # linked, not copied
     got = _decode(og, float_twin, prompts, p["tokens"])
     compared = [min(len(w), room) for w, (_, room) in zip(want, got)]
     diff = next(((i, k, toks[k] if k < len(toks) else None, w[k])

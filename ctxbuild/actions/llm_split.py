@@ -1,7 +1,8 @@
 """llm_split: a dynamic decoder -> its static graphs per (part, AR, CL) (ctxbuild/llm/static.py), then the check
 that makes the rewrite trustworthy: chained on the CPU, the static graphs decode the same greedy tokens as the
 original model on the recipe's prompts, at every context length. That decode records each part's calls for the
-per-part checks (ctxbuild/llm/records.py)."""
+per-part checks (ctxbuild/llm/records.py). The original's greedy tokens, as many as the genai check compares
+(check.original_tokens), are kept in layout.json: the only action that holds the original model is this one."""
 from __future__ import annotations
 
 import shutil
@@ -68,11 +69,13 @@ def run(ctx: Any) -> None:
                            tokenizer_of(a))
     # one set of sessions at a time (the original's, then each CL's graphs at one AR): peak memory stays near one
     # copy of the weights however many CLs and ARs there are
-    reference = [pipeline.reference_generate(src, prompt, tokens, slots).tokens for prompt in prompts]
+    reference = [pipeline.reference_generate(src, prompt, max(tokens, p["check"]["original_tokens"]), slots).tokens
+                 for prompt in prompts]
     recorder = records.Recorder(max(ars))  # the calls the per-part checks replay (llm/records.py)
     for cl in cls:
         run_cpu = one_ar_runner({(g.part, g.ar, g.cl): dst[g.name] for g in graphs if g.cl == cl})
-        for i, (prompt, want) in enumerate(zip(prompts, reference)):
+        for i, (prompt, original) in enumerate(zip(prompts, reference)):
+            want = original[:tokens]
             try:
                 got = pipeline.generate(recorder.runner(run_cpu), ranges, (shape.kv_heads, shape.head_dim), prompt, tokens, cl, max(ars)).tokens
             except ValueError as e:

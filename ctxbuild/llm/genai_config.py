@@ -162,10 +162,12 @@ def pipeline_config(layout: Layout, cl: int, parts: dict[tuple[int, int], tuple[
     }
 
 
-def twin_config(shipped: dict[str, Any], graphs: dict[str, str], stages: str = "") -> dict[str, Any]:
+def twin_config(shipped: dict[str, Any], graphs: dict[str, str], stages: str = "",
+                session_options: dict[str, str] | None = None) -> dict[str, Any]:
     """The CPU twin of a shipped config: each stage whose file is a key of `graphs` (a compiled part's wrapper) runs
-    that graph file instead, on the CPU EP (its `session_options` go); the other stages' files get the prefix
-    `stages`. Everything else (ids, search options, every stage's inputs and outputs) is the shipped config's."""
+    that graph file instead, on the CPU EP (its `session_options` go, or become `session_options`); the other
+    stages' files get the prefix `stages`. Everything else (ids, search options, every stage's inputs and outputs)
+    is the shipped config's."""
     config = copy.deepcopy(shipped)
     replaced = set()
     for entry in config["model"]["decoder"]["pipeline"]:
@@ -174,6 +176,8 @@ def twin_config(shipped: dict[str, Any], graphs: dict[str, str], stages: str = "
                 replaced.add(stage["filename"])
                 stage["filename"] = graphs[stage["filename"]]
                 stage.pop("session_options", None)
+                if session_options:
+                    stage["session_options"] = dict(session_options)
             else:
                 stage["filename"] = stages + stage["filename"]
     if missing := sorted(set(graphs) - replaced):
@@ -182,13 +186,15 @@ def twin_config(shipped: dict[str, Any], graphs: dict[str, str], stages: str = "
 
 
 def write_twin(shipped: Path, graphs: dict[str, Path], dst: Path,
-               copy_file: Callable[[Path, Path], Any] | None = None) -> Path:
+               copy_file: Callable[[Path, Path], Any] | None = None,
+               session_options: dict[str, str] | None = None) -> Path:
     """`dst` as a directory onnxruntime-genai runs on a PC: twin_config of the config at `shipped` with `graphs`
     (shipped wrapper file name -> graph). With `copy_file(src, dst)`, the helper stages beside `shipped` and each
     graph with the external data files it names are copied in: a directory of its own. Without, `dst` holds only
     the config and a symbolic link per directory holding those files: genai takes only paths under its config's
     directory, and onnx refuses a weight file that is a symlink or has a second hard link (one would break any
-    other action reading the same graph meanwhile), while a linked directory is followed."""
+    other action reading the same graph meanwhile), while a linked directory is followed. `session_options`: the
+    graphs' stages' (twin_config)."""
     from ctxbuild.graph.modelio import external_data_files, load
 
     dst.mkdir(parents=True, exist_ok=True)
@@ -198,9 +204,9 @@ def write_twin(shipped: Path, graphs: dict[str, Path], dst: Path,
         for d, name in dirs.items():
             (dst / name).symlink_to(d.resolve(), target_is_directory=True)
         config = twin_config(shipped_config, {w: f"{dirs[g.parent]}/{g.name}" for w, g in graphs.items()},
-                             f"{dirs[shipped.parent]}/")
+                             f"{dirs[shipped.parent]}/", session_options)
     else:
-        config = twin_config(shipped_config, {w: g.name for w, g in graphs.items()})
+        config = twin_config(shipped_config, {w: g.name for w, g in graphs.items()}, "", session_options)
         for entry in config["model"]["decoder"]["pipeline"]:
             for stage in entry.values():
                 if stage["filename"] not in {g.name for g in graphs.values()}:

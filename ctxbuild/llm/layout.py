@@ -18,7 +18,8 @@ class Layout:
     hidden: int
     parts: list[tuple[int, int]]  # layer ranges [start, stop)
     graphs: list[GraphSpec]
-    reference_tokens: list[list[int]]  # the original model's greedy continuation per check prompt
+    reference_tokens: list[list[int]]  # the original model's greedy continuation per check prompt (as many tokens
+    # as the split's check and llm_genai's compare)
     special: dict[str, Any] = field(default_factory=dict)  # bos/eos/pad_token_id from the export's configs
     search: dict[str, Any] = field(default_factory=dict)  # the export's genai_config.json `search` options
 

@@ -50,6 +50,8 @@ class MemoryModel:
     own_graph_factor: float = 0.0  # a later phase holding one of the action's own graphs (params["graphs"]) this
     # many times over (onnxruntime's quantizer); the estimate is the larger phase
     unoptimized_factor: float | None = None  # with params["optimize"] false: the factor instead of `factor`
+    files_once: bool = False  # the sessions map the weight files and share their pages: a file several inputs name
+    # (a part's graphs share one) counts once
 
 
 class Kind:
@@ -395,7 +397,8 @@ class _LlmSplitRequired(TypedDict):
     sequence_lengths: list[int]
     context_lengths: list[int]
     graphs: list[str]
-    check: dict[str, int]  # prompts and tokens the greedy check of the static graphs decodes
+    check: dict[str, int]  # prompts and tokens the greedy check of the static graphs decodes; original_tokens:
+    # the original's greedy tokens kept in layout.json for llm_genai
 
 
 class LlmSplitParams(_LlmSplitRequired, total=False):
@@ -524,16 +527,19 @@ class LlmGenaiParams(TypedDict):
 
 class LlmGenai(Kind):
     """The shipped genai_config.json run by onnxruntime-genai on its CPU twin (each compiled part's float static
-    graph in place of its wrapper) against the original export's greedy tokens; cpu_twin/ written out."""
+    graph in place of its wrapper) against the original export's greedy tokens (llm_split's, in layout.json);
+    cpu_twin/ written out."""
     name = "llm_genai"
     implementation = "ctxbuild.actions.llm_genai"
     params = LlmGenaiParams
-    discovers_inputs = True  # the export's external data and config files, the prompt files
+    discovers_inputs = True  # the prompt files
     verification = True
     verdict = True  # a config decoding other tokens does not ship
-    # the original's session, then genai's sessions over the largest CL's float graphs (one per AR): not measured
-    # at size; counted as 2.5x the user's model
-    memory = MemoryModel(2.5, ("model",), user_model=True)
+    # genai's sessions over the largest CL's float graphs, every part and AR at once, reading each part's weight
+    # file mapped in place (actions/llm_genai.py SHARED), then the same over the compiled graphs (smaller, or the
+    # same files for fp16): the float files once each, plus genai's KV cache and activations. The original export
+    # is not loaded (llm_split kept its tokens). Measured in docs/llm.md (Verification)
+    memory = MemoryModel(1.1, ("float:",), files_once=True)
 
 
 # --- onnxruntime model packages (`package: true`, plan/packages.py) -----------------------------------------

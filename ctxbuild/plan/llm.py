@@ -63,7 +63,8 @@ def llm_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
 def _split(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], work: Path) -> Action:
     params = {"parts": spec.parts, "sequence_lengths": list(spec.sequence_lengths),
               "context_lengths": list(spec.context_lengths), "graphs": [g.name for g in graphs],
-              "check": {"prompts": spec.verify_prompts, "tokens": spec.generate}}
+              "check": {"prompts": spec.verify_prompts, "tokens": spec.generate,
+                        "original_tokens": spec.genai_tokens}}  # the original's, kept for llm_genai
     if spec.adapters:  # only then: the keys of recipes without adapters stay as they were
         params["adapter_slots"] = {"patterns": list(spec.adapters.slots), "scaling": spec.adapters.scaling}
     h = short_hash(["llm_split", params, str(spec.model)])
@@ -232,12 +233,13 @@ def _package(recipe: Recipe, spec: LlmSpec, bundles: list[Action], split: Action
 def _genai(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], split: Action, compiled: dict[str, str],
            bundles: list[Action], package: Action, t: Target, out: Path) -> Action:
     """The shipped config run by onnxruntime-genai on its CPU twin (the largest CL's float static graphs in place of
-    the wrappers it names) against the original export; cpu_twin/ with the graphs that were compiled, for a PC."""
+    the wrappers it names) against the original export's tokens (the split decoded them: layout.json); cpu_twin/
+    with the graphs that were compiled, for a PC."""
     cl = max(spec.context_lengths)
     mine = [g for g in graphs if g.cl == cl]
     wrapper = {g.name: Path(b.outputs[f"ctx:{g.name}"]).name for b in bundles for g in mine if f"ctx:{g.name}" in b.outputs}
     d = out / t.name / recipe.name / "cpu_twin"
-    inputs = {"model": str(spec.model), "config": package.outputs["config"], **prompt_tokenizer(spec)}
+    inputs = {"layout": split.outputs["layout"], "config": package.outputs["config"], **prompt_tokenizer(spec)}
     outputs = {"result": str(out / t.name / recipe.name / "genai_verify.json"), "config": str(d / "genai_config.json")}
     for role, path in package.outputs.items():
         if role.startswith(("stage:", "tokenizer:")):  # the helper stages as shipped; the tokenizer for the twin

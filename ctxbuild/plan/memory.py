@@ -28,8 +28,8 @@ def estimate(action: Any, planned: Mapping[str, int] | None = None) -> int:
     def read(path: str | None, user_model: bool = False) -> int:
         return planned[path] if planned and path in planned else _size(path, user_model)
 
-    size = sum(read(path, model.user_model) for role, path in action.inputs.items()
-               if any(role.startswith(p) for p in model.weight_roles))
+    paths = [path for role, path in action.inputs.items() if any(role.startswith(p) for p in model.weight_roles)]
+    size = sum(read(path, model.user_model) for path in (set(paths) if model.files_once else paths))
     need = factor(action.kind, action.params) * size
     if model.per_context_length:
         need /= len(action.params["context_lengths"])
