@@ -289,6 +289,15 @@ def test_a_later_target_skips_what_an_earlier_one_measured_failing(tree: Path, t
     assert admit["params"]["siblings"] == {"SM8750": ["SM8650"]}
     assert {"verify.SM8650.a16w8", "verify.SM8650.a16w8-pc"} <= set(admit["inputs"])
     assert acts["select/auto@SM8750"]["params"]["siblings"] == ["SM8650"]
+    # what ships is the search's own verify of it on that SoC, never verified again: each select reads its
+    # candidates' verifies on its target, and no verify reads a select's outputs
+    for t in ("SM8650", "SM8750"):
+        sel = acts[f"select/auto@{t}"]
+        for n in ("a16w8", "a16w8-pc", "a16w16"):
+            assert sel["inputs"][f"{n}.result"] == acts[f"verify/auto.{n}@{t}"]["outputs"]["result"]
+    shipped = {p for t in ("SM8650", "SM8750") for p in acts[f"select/auto@{t}"]["outputs"].values()}
+    assert not [a["id"] for a in acts.values() if a["kind"] == "verify" and shipped & set(a["inputs"].values())]
+    assert sum(a["kind"] == "verify" for a in acts.values()) == 6  # 3 candidates x 2 targets
 
     out = tmp_path / "out"
     r = ctxbuild("build", str(tree), "-o", str(out))
