@@ -317,6 +317,18 @@ def test_a_later_target_skips_what_an_earlier_one_measured_failing(tree: Path, t
                if x["recipe"] == "auto" and x["target"]["name"] == "SM8750")
     assert row["search"]["candidates"][0]["predicted_by"] == "SM8650"
     assert "(predicted from SM8650" in (out / "report.html").read_text()
+    # bench/search_bench.py's counting mode over this build: this tree walked over its own measurements runs the
+    # same 3 simulator runs for the same seconds and winners; saved figures replay the same without the OUT
+    from bench.search_bench import recorded, replay
+
+    figures = recorded(out, [])
+    again = replay(figures)
+    assert again["verify_actions"] == {"base": 3, "this tree": 3} and again["simulator_s"]["ratio"] == 1.0
+    assert again["same_winners"] and again["winners"] == {"select/auto@SM8650": "a16w8-pc", "select/auto@SM8750": "a16w8-pc"}
+    assert replay(json.loads(json.dumps(figures))) == again
+    alone = replay(figures, sibling_rule=False)  # SM8750 on its own would measure a16w8, which this build never did
+    assert alone["missing"] == ["select/auto@SM8750"]
+    assert alone["targets"]["select/auto@SM8750"]["missing"] == "simulator run of a16w8"
 
     (tree / "auto.yaml").write_text(body.replace("mixed: false", "mixed: false, siblings: false"))
     r = ctxbuild("plan", str(tree), "--format", "json")
