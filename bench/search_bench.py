@@ -68,7 +68,8 @@ def build(src: Path, recipes: Path, out: Path, cache: Path) -> dict[str, Any]:
 
 
 def counts(out: Path) -> dict[str, Any]:
-    """What a build's action records say: seconds per kind, actions, simulator runs and seconds, winners, states."""
+    """What a build's action records say: seconds per kind, actions, simulator runs and seconds, the mixed rung's
+    diagnosis seconds, winners, states."""
     recs = [json.loads(f.read_text()) for f in (out / ".ctxbuild" / "records").glob("*.json")]
     by_kind: dict[str, float] = {}
     for r in recs:
@@ -83,6 +84,8 @@ def counts(out: Path) -> dict[str, Any]:
     return {"seconds_by_kind": by_kind, "actions_run": sum(r.get("source") == "run" for r in recs), "actions": len(recs),
             "simulator_runs": len(simulated), "simulator_s": round(sum(r["simulator_seconds"] for r in simulated), 1),
             "early_stopped": sum("early_stop" in (r.get("result") or {}) for r in simulated), "states": states,
+            # the mixed rung's per-node diagnosis: debug builds on the simulator (or its CPU half), not a verify
+            "diagnose_s": round(sum(r.get("diagnose_seconds") or 0.0 for r in recs if r["kind"] == "culprits"), 1),
             "compiles_real": sum(r["kind"] == "compile" and not r.get("skipped") and r.get("source") == "run" for r in recs),
             "winners": winners}
 
