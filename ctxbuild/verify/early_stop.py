@@ -99,6 +99,6 @@ def _where(part: Part) -> str:
 
 
 def _bound(part: Part, best: tuple[float, float]) -> dict[str, Any]:
-    """A part's bound, rounded up (it stays a bound); an infinite one (no error yet) is left out of JSON as null."""
+    """A part's bound, rounded up (it stays a bound); null when no error was seen yet (no bound)."""
     snr = math.ceil(best[0] * 1000) / 1000 if math.isfinite(best[0]) else None
     return {"output": part[0], **({"start": part[2], "stop": part[3]} if part[1] >= 0 else {}), "snr_db": snr}
