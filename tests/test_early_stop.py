@@ -336,7 +336,6 @@ def test_siblings_that_agree_never_change_a_winner() -> None:
 def test_a_contradicted_sibling_is_a_warning_naming_what_it_skipped(tmp_path) -> None:
     """What ships is verified on its own SoC; the candidates skipped on the contradicted sibling's measurement
     are named with the way to search this SoC on its own."""
-
     from ctxbuild.actions.select import warnings
     from ctxbuild.plan.action import Action
 
