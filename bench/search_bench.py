@@ -13,6 +13,10 @@ Usage: python bench/search_bench.py [--models ppocr_cls,...] [--base main] [--wo
 (default: every model of bench/real_models/models.py). With --workdir the runs stay in DIR and a base run
 already there (DIR/old.json) is reused: the base's cold build is the long half.
 Writes bench/results/search_bench.json. Needs the real-model packages (bench/real_models/models.py).
+
+Counting mode, no simulator: `--replay OUT[,EARLIER...] [--save FILE]` walks this tree's search over a base run's
+measurements and prints verify actions, simulator seconds and winners against the base's; `--figures FILE`
+does the same over measurements a `--save` kept (the OUTs of a long base run rarely outlive the session).
 """
 from __future__ import annotations
 
@@ -64,7 +68,8 @@ def build(src: Path, recipes: Path, out: Path, cache: Path) -> dict[str, Any]:
 
 
 def counts(out: Path) -> dict[str, Any]:
-    """What a build's action records say: seconds per kind, actions, simulator runs and seconds, winners, states."""
+    """What a build's action records say: seconds per kind, actions, simulator runs and seconds, the mixed rung's
+    diagnosis seconds, winners, states."""
     recs = [json.loads(f.read_text()) for f in (out / ".ctxbuild" / "records").glob("*.json")]
     by_kind: dict[str, float] = {}
     for r in recs:
@@ -79,6 +84,8 @@ def counts(out: Path) -> dict[str, Any]:
     return {"seconds_by_kind": by_kind, "actions_run": sum(r.get("source") == "run" for r in recs), "actions": len(recs),
             "simulator_runs": len(simulated), "simulator_s": round(sum(r["simulator_seconds"] for r in simulated), 1),
             "early_stopped": sum("early_stop" in (r.get("result") or {}) for r in simulated), "states": states,
+            # the mixed rung's per-node diagnosis: debug builds on the simulator (or its CPU half), not a verify
+            "diagnose_s": round(sum(r.get("diagnose_seconds") or 0.0 for r in recs if r["kind"] == "culprits"), 1),
             "compiles_real": sum(r["kind"] == "compile" and not r.get("skipped") and r.get("source") == "run" for r in recs),
             "winners": winners}
 
@@ -124,21 +131,19 @@ def installed(model: str) -> Path:
     return here[Path(model).name]
 
 
-def replay(out: Path, earlier: list[Path], sibling_rule: bool = True) -> dict[str, Any]:
-    """Counting mode: this tree's search walked over a base run's measurements, without a simulator. Its screens
-    are measured again with this tree's screen (per output and slice, on the same samples); the walk then asks
-    for results in gate order, and a verify it asks for counts with the simulator seconds the base run recorded
-    (for a verify the base restored from its cache: those of the run with the same key in an `earlier` OUT).
-    Valid while this tree runs a subset of the base's candidates: a result the base never made is `missing`.
-    Targets are walked in TARGETS order, each with the earlier ones' measurements as siblings (`sibling_rule`:
-    the recipe default, auto.siblings). Also returns the base's own simulator runs, counted the same way."""
+def recorded(out: Path, earlier: list[Path]) -> dict[str, Any]:
+    """What a base run measured, as the replay reads it (`--save` writes it, `--figures` replays it without the
+    OUT): per select (target), its ladder and thresholds, every candidate's CPU screen measured again with this
+    tree's screen (per output and slice, on the same samples; None where the base never screened it) and every
+    verify that ran the simulator (its result and the simulator seconds the base recorded, or those of the run
+    with the same key in an `earlier` OUT when the base restored it from its cache); the base's own simulator
+    runs and winners."""
     import numpy as np
 
     from ctxbuild.graph.modelio import load
     from ctxbuild.verify import slices
-    from ctxbuild.verify.ladder import walk
+    from ctxbuild.verify.gates import is_skipped
     from ctxbuild.verify.measure import compare, cpu_outputs, metrics
-    from ctxbuild.verify.predict import rules
 
     specs = [json.loads(f.read_text()) for f in (out / ".ctxbuild" / "actions").glob("*.json")]
     by_output = {o: s for s in specs for o in s["outputs"].values()}
@@ -150,30 +155,55 @@ def replay(out: Path, earlier: list[Path], sibling_rule: bool = True) -> dict[st
         """The seconds of a real simulator run behind a verify record, None if there was none."""
         return simulated.get(rec.get("key")) if (rec.get("result") or {}).get("outputs") else None
 
-    screened: dict[str, dict[str, Any]] = {}
-
     def screen(spec: dict[str, Any]) -> dict[str, Any] | None:
         base = (recs.get(spec["id"]) or {}).get("result") or {}
+        if is_skipped(base):  # the mixed rung's screen behind a closed gate: the diagnosis blamed no node
+            return base
         if not (base.get("outputs") or base.get("error")):
             return None  # the base never screened it (or is still at it)
-        if spec["id"] not in screened:
-            feeds = [dict(np.load(p)) for p in sorted(Path(spec["watch"][0]).glob("*.npz"))[:VERIFY]]
-            ref, got = cpu_outputs(installed(spec["inputs"]["original"]), feeds), cpu_outputs(Path(spec["inputs"]["model"]), feeds)
-            res = {"outputs": compare(ref, got)}
-            slices.annotate(res["outputs"], load(Path(spec["inputs"]["reference"]), external_data=False), None, ref, got, metrics)
-            screened[spec["id"]] = res
-        return screened[spec["id"]]
+        feeds = [dict(np.load(p)) for p in sorted(Path(spec["watch"][0]).glob("*.npz"))[:VERIFY]]
+        ref, got = cpu_outputs(installed(spec["inputs"]["original"]), feeds), cpu_outputs(Path(spec["inputs"]["model"]), feeds)
+        res = {"outputs": compare(ref, got)}
+        slices.annotate(res["outputs"], load(Path(spec["inputs"]["reference"]), external_data=False), None, ref, got, metrics)
+        return res
+
+    targets: dict[str, Any] = {}
+    for sel in (s for s in specs if s["kind"] == "select"):
+        cands = sel["params"]["candidates"]
+        screens = {c["name"]: screen(by_output[sel["inputs"][f"{c['name']}.screen"]])
+                   for c in cands if f"{c['name']}.screen" in sel["inputs"]}
+        verifies = {}
+        for c in cands:
+            v = recs.get(by_output[sel["inputs"][f"{c['name']}.result"]]["id"]) or {}
+            if (sim := simulator_s(v)) is not None or (v.get("result") or {}).get("compile_refused"):
+                verifies[c["name"]] = {"result": v["result"], "simulator_s": sim or 0.0}
+        targets[sel["id"]] = {"candidates": cands, "thresholds": sel["params"]["thresholds"], "screens": screens,
+                              "verifies": verifies}
+    base = [x for r in recs.values() if r["kind"] == "verify" and (x := simulator_s(r)) is not None]
+    return {"targets": targets, "base": {"simulator_runs": len(base), "simulator_s": round(sum(base), 1),
+                                         "winners": counts(out)["winners"]}}
+
+
+def replay(figures: dict[str, Any], sibling_rule: bool = True) -> dict[str, Any]:
+    """Counting mode: this tree's search walked over a base run's measurements (`recorded`), without a simulator.
+    The walk asks for results in gate order; a verify it asks for counts with the simulator seconds the base
+    recorded. Valid while this tree runs a subset of the base's candidates: a result the base never made is
+    `missing`. Targets are walked in TARGETS order, each with the earlier ones' measurements as siblings
+    (`sibling_rule`: the recipe default, auto.siblings). Returns per target and in all: the verify actions that
+    ran the simulator and their seconds, against the base's, and whether the winners are the base's."""
+    from ctxbuild.verify.ladder import walk
+    from ctxbuild.verify.predict import rules
 
     targets = {}
     measured: dict[str, dict[str, dict[str, Any]]] = {}  # recipe -> target -> its verifies: the later targets' siblings
-    selects = [s for s in specs if s["kind"] == "select"]
-    for sel in sorted(selects, key=lambda s: (s["id"].split("@")[0], TARGETS.index(s["target"]["name"]))):
-        recipe, target = sel["id"].removeprefix("select/").split("@")
+    for sel_id in sorted(figures["targets"], key=lambda s: (s.split("@")[0], TARGETS.index(s.split("@")[1]))):
+        fig = figures["targets"][sel_id]
+        recipe, target = sel_id.removeprefix("select/").split("@")
         siblings = measured.setdefault(recipe, {}) if sibling_rule else {}
-        names = [c["name"] for c in sel["params"]["candidates"]]
+        names = [c["name"] for c in fig["candidates"]]
         ladder = [{"name": c["name"], **c.get("quantization", {}), **({"precision": c["precision"]} if "precision" in c else {})}
-                  for c in sel["params"]["candidates"]]
-        thr, predict = sel["params"]["thresholds"], rules(ladder)
+                  for c in fig["candidates"]]
+        thr, predict = fig["thresholds"], rules(ladder)
         known_s: dict[str, Any] = {}
         known_v: dict[str, Any] = {}
         runs, seconds, missing = [], 0.0, None
@@ -184,29 +214,35 @@ def replay(out: Path, earlier: list[Path], sibling_rule: bool = True) -> dict[st
                 break
             n = pending["name"]
             if pending["why"] == "needs its CPU screen":
-                got = screen(by_output[sel["inputs"][f"{n}.screen"]])
-                missing = None if got else f"screen of {n}"
-                known_s[n] = got
+                if fig["screens"].get(n) is None:
+                    missing = f"screen of {n}"
+                known_s[n] = fig["screens"].get(n)
                 continue
-            v = recs.get(by_output[sel["inputs"][f"{n}.result"]]["id"]) or {}
-            if simulator_s(v) is None and not (v.get("result") or {}).get("compile_refused"):
+            if n not in fig["verifies"]:
                 missing = f"simulator run of {n}"
                 break
-            known_v[n] = v["result"]
-            runs.append(n)
-            seconds += simulator_s(v) or 0.0
+            known_v[n] = fig["verifies"][n]["result"]
+            if not known_v[n].get("compile_refused"):
+                runs.append(n)
+                seconds += fig["verifies"][n]["simulator_s"]
         winner = next((r["name"] for r in rows if r["state"] == "passed"), None)
         if sibling_rule:
             siblings[target] = known_v
-        targets[sel["id"]] = {"winner": winner, "simulator_runs": runs, "simulator_s": round(seconds, 1),
-                              "states": {r["name"]: r["state"] for r in rows}, "missing": missing,
-                              "skipped": {r["name"]: r["why"] for r in rows if r["state"] in ("rejected_cpu", "predicted_fail")},
-                              "disagrees": [r["disagrees"] for r in rows if "disagrees" in r]}
-    base = [x for r in recs.values() if r["kind"] == "verify" and (x := simulator_s(r)) is not None]
-    return {"targets": targets, "simulator_runs": sum(len(t["simulator_runs"]) for t in targets.values()),
-            "simulator_s": round(sum(t["simulator_s"] for t in targets.values()), 1),
-            "winners": {k: t["winner"] for k, t in targets.items()},
-            "base": {"simulator_runs": len(base), "simulator_s": round(sum(base), 1)}}
+        targets[sel_id] = {"winner": winner, "simulator_runs": runs, "simulator_s": round(seconds, 1),
+                           "states": {r["name"]: r["state"] for r in rows}, "missing": missing,
+                           "skipped": {r["name"]: r["why"] for r in rows if r["state"] in ("rejected_cpu", "predicted_fail")},
+                           "disagrees": [r["disagrees"] for r in rows if "disagrees" in r]}
+    base = figures["base"]
+    runs = sum(len(t["simulator_runs"]) for t in targets.values())
+    seconds = round(sum(t["simulator_s"] for t in targets.values()), 1)
+    winners = {k: t["winner"] for k, t in targets.items()}
+    return {"targets": targets, "winners": winners,
+            "verify_actions": {"base": base["simulator_runs"], "this tree": runs},
+            "simulator_s": {"base": base["simulator_s"], "this tree": seconds,
+                            "ratio": round(seconds / base["simulator_s"], 3) if base["simulator_s"] else None},
+            # the base's selects, where they ran (a base stopped early has none: compare its verdicts by hand)
+            "same_winners": all(winners[k] == w for k, w in base["winners"].items() if k in winners) if base["winners"] else None,
+            "missing": sorted(k for k, t in targets.items() if t["missing"])}
 
 
 def main() -> int:
@@ -216,12 +252,21 @@ def main() -> int:
     ap.add_argument("--workdir", help="keep the runs here; reuse a base run already here")
     ap.add_argument("--replay", metavar="OUT[,OUT...]", help="counting mode: this tree's search over the base run in "
                     "the first OUT (its measurements, no simulator; the others: earlier runs whose cache it restored), "
-                    "against what the base ran; prints both and exits")
+                    "against what the base ran: verify actions, simulator seconds, winners; prints and exits")
+    ap.add_argument("--save", metavar="FILE", help="with --replay: also write the base's measurements read (screens, "
+                    "verifies, simulator seconds) to FILE, which --figures replays without the OUT")
+    ap.add_argument("--figures", metavar="FILE", help="counting mode over measurements saved by --save")
     ap.add_argument("--no-siblings", action="store_true", help="replay with auto: {siblings: false}")
     args = ap.parse_args()
-    if args.replay:
-        out, *earlier = [Path(d) for d in args.replay.split(",")]
-        print(json.dumps({"base winners": counts(out)["winners"], **replay(out, earlier, not args.no_siblings)}, indent=1))
+    if args.replay or args.figures:
+        if args.figures:
+            figures = json.loads(Path(args.figures).read_text())
+        else:
+            out, *earlier = [Path(d) for d in args.replay.split(",")]
+            figures = recorded(out, earlier)
+            if args.save:
+                Path(args.save).write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
+        print(json.dumps(replay(figures, not args.no_siblings), indent=1))
         return 0
     names = args.models.split(",")
     try:

@@ -2,6 +2,9 @@
 ladder walk the search's gates and select share (verify/ladder.py). Pure numpy / JSON: no simulator."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
 from ctxbuild.verify.early_stop import EarlyStop
@@ -33,6 +36,9 @@ def test_a_stop_is_a_proof_and_a_pass_is_never_stopped() -> None:
         if stopped_at is not None:
             stops += 1
             assert not passed, (trial, noise, final)  # never stops a run that would pass
+            # the recorded bound is one: the figure over all samples never exceeds it
+            (b,) = stop.record(n)["bounds"]
+            assert b["snr_db"] is None or final["snr_db"] <= b["snr_db"], (trial, b, final)
         passes += passed
     assert stops > 50 and passes > 50  # both kinds of case were exercised
 
@@ -60,6 +66,9 @@ def test_a_slice_stop_is_a_proof_too() -> None:
         if stopped_at is not None:
             stops += 1
             assert not passed, (trial, noise, whole, parts)
+            bounds = {(b["output"], b.get("start")): b["snr_db"] for b in stop.record(n)["bounds"]}
+            finals = {("y", None): whole["snr_db"], **{("y", p["start"]): p["snr_db"] for p in parts or []}}
+            assert all(bounds[k] is None or finals[k] <= bounds[k] for k in finals) and len(bounds) == 3, (bounds, finals)
             slice_stops += "slice 4:10" in stop.proof and not failures({"outputs": {"y": whole}, "thresholds": THR})
         passes += passed
     assert stops > 50 and passes > 50 and slice_stops > 10, (stops, passes, slice_stops)
@@ -145,7 +154,12 @@ def _case_ladder(rng: np.random.Generator) -> tuple[list[dict], dict, dict]:
         screens[c["name"]] = _figures(rng, parts, cpu)
         verifies[c["name"]] = _figures(rng, parts, {p: cpu[p] - gap[p] for p in parts})
         if rng.random() < 0.3 and failures({**verifies[c["name"]], "thresholds": THR}):
-            verifies[c["name"]]["early_stop"] = {"of": 4, "proof": "after 1 sample(s) ..."}  # partial figures
+            # partial figures; the proof's bounds lie above the figures over all samples (or are absent: a result
+            # from before they were recorded)
+            bounds = [{"output": "y", **({"start": 4, "stop": 6} if p == "s" else {}),
+                       "snr_db": round(cpu[p] - gap[p] + float(rng.uniform(0, 3)), 3)} for p in parts]
+            verifies[c["name"]]["early_stop"] = {"of": 4, "proof": "after 1 sample(s) ...",
+                                                 **({"bounds": bounds} if rng.random() < 0.7 else {})}
     fp16 = {"outputs": {"y": {"snr_db": 30.0, "cosine": 0.9999}}} if rng.random() < 0.5 else \
         {"outputs": {"y": {"snr_db": 10.0, "cosine": 0.9}}}
     return ladder, screens, {**verifies, "fp16": fp16}
@@ -174,7 +188,7 @@ def test_skipped_candidates_never_change_the_winner() -> None:
     fewer simulator runs; both rules fire in many cases."""
     rng = np.random.default_rng(32)
     fired = {"rejected_cpu": 0, "predicted_fail": 0}
-    saved = 0
+    saved = bounded = 0
     for trial in range(400):
         ladder, screens, verifies = _case_ladder(rng)
         names = [c["name"] for c in ladder] + ["fp16"]
@@ -187,7 +201,8 @@ def test_skipped_candidates_never_change_the_winner() -> None:
         saved += plain - runs
         for r in rows:
             fired[r["state"]] = fired.get(r["state"], 0) + 1
-    assert fired["rejected_cpu"] > 100 and fired["predicted_fail"] > 20 and saved > 100, (fired, saved)
+            bounded += "lost at least" in r.get("why", "")  # carried from an early-stopped run's proof
+    assert fired["rejected_cpu"] > 100 and fired["predicted_fail"] > 20 and saved > 100 and bounded > 5, (fired, saved, bounded)
 
 
 def test_an_htp_loss_skips_the_weights_only_variants() -> None:
@@ -208,6 +223,55 @@ def test_an_htp_loss_skips_the_weights_only_variants() -> None:
     # an early-stopped run's figures cover some samples only: no prediction from them
     rows = walk([*cpu, "fp16"], cpu, {"a16w8": {**htp, "early_stop": {"of": 4, "proof": "..."}}}, THR, rules(ladder))
     assert [r["state"] for r in rows] == ["failed", "pending"]
+
+
+def test_an_early_stopped_loss_carries_with_its_proof_bound() -> None:
+    """The same detector, a16w8's run stopped after 1 sample: the figures over that sample bound nothing, the
+    proof's bound on the score slice over all samples does (44 dB on the CPU, at most 3.2 dB on the HTP: at
+    least 40.8 dB lost); a bound that leaves room, or a record without bounds, predicts nothing."""
+    ladder = [{"name": "a16w8", "activations": "uint16", "weights": "uint8"},
+              {"name": "a16w8-pc", "activations": "uint16", "weights": "uint8", "per_channel": True}]
+    rng = np.random.default_rng(0)
+    cpu = {n["name"]: _figures(rng, ["y", "s"], {"y": 50.0, "s": 44.0}) for n in ladder}
+    partial = _figures(rng, ["y", "s"], {"y": 23.0, "s": 1.0})
+
+    def stopped(slice_bound: float | None) -> dict:
+        bounds = [{"output": "y", "snr_db": 40.0}] + (
+            [{"output": "y", "start": 4, "stop": 6, "snr_db": slice_bound}] if slice_bound is not None else [])
+        return {**partial, "early_stop": {"of": 4, "proof": "after 1 sample(s) output 'y' slice 4:6 ...", "bounds": bounds}}
+
+    rows = walk([*cpu, "fp16"], cpu, {"a16w8": stopped(3.2)}, THR, rules(ladder))
+    assert [r["state"] for r in rows] == ["failed", "predicted_fail", "pending"]
+    assert rows[1]["why"] == ("skipped: a16w8 lost at least 40.8 dB on the HTP against its CPU run at output 'y' "
+                              "slice 4:6 (s); 10 dB of that back would still leave a16w8-pc at 13.2 dB < 20 dB")
+    for bound in (30.0, None):  # 14 dB lost at most: room left; no bound for the slice: nothing known
+        rows = walk([*cpu, "fp16"], cpu, {"a16w8": stopped(bound)}, THR, rules(ladder))
+        assert [r["state"] for r in rows] == ["failed", "pending"], bound
+
+
+def test_det_320s_int16_weight_failure_is_not_a_carried_loss() -> None:
+    """The PP-OCR detector at 320x320 as recorded by a cold build x SM8650/SM8750 (bench/search_bench.py --save;
+    docs/measured.md, "What is left"): a16w8 rejected on the CPU (15.5 dB), a16w8-pc 25.4 dB on the CPU and
+    19.727 dB on the simulator. Even with none of that 5.7 dB loss won back, a16w16 (38.2 dB on the CPU) keeps
+    room, so the simulator decides it (16.99 dB over 3 samples, at most 18.39 over 4: its own loss, not
+    a16w8-pc's); the diagnosis blamed no node and fp16 wins on both SoCs, SM8750 running it alone. Replayed,
+    the recorded search runs what it ran: 4 simulator runs, the same seconds and winners."""
+    from bench.search_bench import replay
+
+    figures = json.loads((Path(__file__).parents[1] / "bench/real_models/search_figures/ppocr_det_320.json").read_text())
+    first = figures["targets"]["select/ppocr_det_320@SM8650"]
+    ladder = [{"name": c["name"], **c.get("quantization", {})} for c in first["candidates"] if "quantization" in c]
+    verifies = {n: v["result"] for n, v in first["verifies"].items()}
+    for recovery in (rules(ladder)["htp_recovery_db"], 0.0):
+        rows = walk(["a16w8", "a16w8-pc", "a16w16"], first["screens"], {"a16w8-pc": verifies["a16w8-pc"]}, THR,
+                    {**rules(ladder), "htp_recovery_db": recovery})
+        assert [r["state"] for r in rows] == ["rejected_cpu", "failed", "pending"], recovery
+    assert verifies["a16w16"]["early_stop"]["bounds"] == [{"output": "sigmoid_0.tmp_0", "snr_db": 18.391}]
+    again = replay(figures)
+    assert again["verify_actions"] == {"base": 4, "this tree": 4} and again["same_winners"]
+    assert again["targets"]["select/ppocr_det_320@SM8650"]["states"] == {
+        "a16w8": "rejected_cpu", "a16w8-pc": "failed", "a16w16": "failed", "mixed": "not_run", "fp16": "passed"}
+    assert again["targets"]["select/ppocr_det_320@SM8750"]["simulator_runs"] == ["fp16"]
 
 
 def test_a_failure_on_a_sibling_soc_is_skipped_and_the_winner_verified() -> None:
@@ -266,14 +330,12 @@ def test_siblings_that_agree_never_change_a_winner() -> None:
         alone += 2 * runs_first
         together += runs_first + runs_second
         fired += sum("predicted_by" in r for r in second)
-    assert together < 0.85 * alone and fired > 200, (together, alone, fired)
+    assert together < 0.85 * alone and fired > 150, (together, alone, fired)
 
 
 def test_a_contradicted_sibling_is_a_warning_naming_what_it_skipped(tmp_path) -> None:
     """What ships is verified on its own SoC; the candidates skipped on the contradicted sibling's measurement
     are named with the way to search this SoC on its own."""
-    import json
-
     from ctxbuild.actions.select import warnings
     from ctxbuild.plan.action import Action
 

@@ -289,6 +289,15 @@ def test_a_later_target_skips_what_an_earlier_one_measured_failing(tree: Path, t
     assert admit["params"]["siblings"] == {"SM8750": ["SM8650"]}
     assert {"verify.SM8650.a16w8", "verify.SM8650.a16w8-pc"} <= set(admit["inputs"])
     assert acts["select/auto@SM8750"]["params"]["siblings"] == ["SM8650"]
+    # what ships is the search's own verify of it on that SoC, never verified again: each select reads its
+    # candidates' verifies on its target, and no verify reads a select's outputs
+    for t in ("SM8650", "SM8750"):
+        sel = acts[f"select/auto@{t}"]
+        for n in ("a16w8", "a16w8-pc", "a16w16"):
+            assert sel["inputs"][f"{n}.result"] == acts[f"verify/auto.{n}@{t}"]["outputs"]["result"]
+    shipped = {p for t in ("SM8650", "SM8750") for p in acts[f"select/auto@{t}"]["outputs"].values()}
+    assert not [a["id"] for a in acts.values() if a["kind"] == "verify" and shipped & set(a["inputs"].values())]
+    assert sum(a["kind"] == "verify" for a in acts.values()) == 6  # 3 candidates x 2 targets
 
     out = tmp_path / "out"
     r = ctxbuild("build", str(tree), "-o", str(out))
@@ -308,6 +317,18 @@ def test_a_later_target_skips_what_an_earlier_one_measured_failing(tree: Path, t
                if x["recipe"] == "auto" and x["target"]["name"] == "SM8750")
     assert row["search"]["candidates"][0]["predicted_by"] == "SM8650"
     assert "(predicted from SM8650" in (out / "report.html").read_text()
+    # bench/search_bench.py's counting mode over this build: this tree walked over its own measurements runs the
+    # same 3 simulator runs for the same seconds and winners; saved figures replay the same without the OUT
+    from bench.search_bench import recorded, replay
+
+    figures = recorded(out, [])
+    again = replay(figures)
+    assert again["verify_actions"] == {"base": 3, "this tree": 3} and again["simulator_s"]["ratio"] == 1.0
+    assert again["same_winners"] and again["winners"] == {"select/auto@SM8650": "a16w8-pc", "select/auto@SM8750": "a16w8-pc"}
+    assert replay(json.loads(json.dumps(figures))) == again
+    alone = replay(figures, sibling_rule=False)  # SM8750 on its own would measure a16w8, which this build never did
+    assert alone["missing"] == ["select/auto@SM8750"]
+    assert alone["targets"]["select/auto@SM8750"]["missing"] == "simulator run of a16w8"
 
     (tree / "auto.yaml").write_text(body.replace("mixed: false", "mixed: false, siblings: false"))
     r = ctxbuild("plan", str(tree), "--format", "json")

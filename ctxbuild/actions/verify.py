@@ -105,7 +105,7 @@ def run(ctx: Any) -> None:
     }
     output_slices.annotate(result["outputs"], ref_proto, p.get("slices"), reference, got, metrics)
     if stop is not None and stop.proof:
-        result["early_stop"] = {"of": len(samples), "proof": stop.proof}
+        result["early_stop"] = stop.record(len(samples))
     if "bundle.ctx" in a.inputs:
         result["bundle_signature_match"] = _same_signature(Path(a.inputs["bundle.ctx"]), Path(a.inputs["ctx.ctx"]))
     if not p.get("gate", True):  # a search candidate: measured here, judged by the select action

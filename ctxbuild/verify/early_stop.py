@@ -16,7 +16,7 @@ sample's output, and its own metrics must pass too.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -54,26 +54,51 @@ class EarlyStop:
                     self.parts[part] = [_take(p, part).astype(np.float64).ravel() for p in samples]
         self.total = {part: sum(float(p @ p) for p in ps) for part, ps in self.parts.items()}
         self.proof: str | None = None
+        self.bounds: list[dict[str, Any]] = []
         self.samples_run = n
 
+    def best(self, part: Part, runs: list[dict[str, np.ndarray]]) -> tuple[float, float] | None:
+        """The highest SNR and cosine `part` can still reach over all samples after `runs`; None for a zero
+        reference (no bound claimed)."""
+        name = part[0]
+        if self.total[part] <= _ZERO_POWER:
+            return None
+        done = self.parts[part][:len(runs)]
+        got = [_take(r[name].reshape(self.shapes[name]), part).ravel().astype("float64") for r in runs]
+        err = sum(float((a - b) @ (a - b)) for a, b in zip(done, got))
+        dot = sum(float(a @ b) for a, b in zip(done, got))
+        g2 = sum(float(b @ b) for b in got)
+        rest = self.total[part] - sum(float(a @ a) for a in done)
+        snr_best = 10 * math.log10(self.total[part] / err) if err > _ZERO_POWER else math.inf
+        cos_best = math.sqrt((max(dot, 0.0) ** 2 / g2 if g2 > _ZERO_POWER else 0.0) + max(rest, 0.0)) / math.sqrt(self.total[part])
+        return snr_best, min(cos_best, 1.0)
+
     def __call__(self, runs: list[dict[str, np.ndarray]]) -> bool:
-        """True once the samples run so far prove a failure (the reason is kept in `proof`)."""
-        for part, ps in self.parts.items():
-            name = part[0]
-            if self.total[part] <= _ZERO_POWER:
+        """True once the samples run so far prove a failure (the reason is kept in `proof`, every part's bound
+        in `bounds`)."""
+        for part in self.parts:
+            if (b := self.best(part, runs)) is None:
                 continue
-            done = ps[:len(runs)]
-            got = [_take(r[name].reshape(self.shapes[name]), part).ravel().astype("float64") for r in runs]
-            err = sum(float((a - b) @ (a - b)) for a, b in zip(done, got))
-            dot = sum(float(a @ b) for a, b in zip(done, got))
-            g2 = sum(float(b @ b) for b in got)
-            rest = self.total[part] - sum(float(a @ a) for a in done)
-            snr_best = 10 * math.log10(self.total[part] / err) if err > _ZERO_POWER else math.inf
-            cos_best = math.sqrt((max(dot, 0.0) ** 2 / g2 if g2 > _ZERO_POWER else 0.0) + max(rest, 0.0)) / math.sqrt(self.total[part])
+            snr_best, cos_best = b
             if snr_best < self.min_snr_db - _SNR_SLACK or cos_best < self.min_cosine - _COS_SLACK:
                 self.samples_run = len(runs)
-                where = f"output '{name}'" + (f" slice {part[2]}:{part[3]}" if part[1] >= 0 else "")
-                self.proof = (f"after {len(runs)} sample(s) {where} can reach at most SNR {snr_best:.2f} dB, "
-                              f"cosine {min(cos_best, 1.0):.6f} over all samples")
+                self.proof = (f"after {len(runs)} sample(s) {_where(part)} can reach at most SNR {snr_best:.2f} dB, "
+                              f"cosine {cos_best:.6f} over all samples")
+                self.bounds = [_bound(p, x) for p in self.parts if (x := self.best(p, runs)) is not None]
                 return True
         return False
+
+    def record(self, n: int) -> dict[str, Any]:
+        """The result's `early_stop`: the proof, and per output and slice the SNR the run could still have reached
+        (an upper bound of its figure over all `n` samples: verify/predict.py carries HTP losses with it)."""
+        return {"of": n, "proof": self.proof, "bounds": self.bounds}
+
+
+def _where(part: Part) -> str:
+    return f"output '{part[0]}'" + (f" slice {part[2]}:{part[3]}" if part[1] >= 0 else "")
+
+
+def _bound(part: Part, best: tuple[float, float]) -> dict[str, Any]:
+    """A part's bound, rounded up (it stays a bound); null when no error was seen yet (no bound)."""
+    snr = math.ceil(best[0] * 1000) / 1000 if math.isfinite(best[0]) else None
+    return {"output": part[0], **({"start": part[2], "stop": part[3]} if part[1] >= 0 else {}), "snr_db": snr}

@@ -10,6 +10,7 @@ slice of a concatenated output (verify/slices.py), as the verdict does (measure.
   activations, calibration and per-node settings): where the simulator fell short of the CPU run of the same
   QDQ model, another weight quantization recovered at most `HTP_RECOVERY_DB` of the shortfall (measured on
   the same models), so its own CPU figure minus the shortfall plus that bound must still reach the threshold.
+  A run stopped early counts with the SNR its proof bounds over all samples: the shortfall is at least that.
 
 - A failure on a sibling SoC carries over: the targets of one recipe compile the same QDQ model with the same
   toolchain, and the simulators of v73, v75 and v79 measured the same figures for every candidate both ran
@@ -80,8 +81,9 @@ def carried_htp_loss(name: str, earlier: list[str], screens: dict[str, Any], ver
                      thr: dict[str, float], predict: dict[str, Any], sources: dict[str, str] | None = None
                      ) -> tuple[str, str] | None:
     """(the variant, why) when an HTP loss measured on an earlier weights-only variant of `name` leaves it no
-    chance, or None. Only a completed simulator run counts (an early-stopped one has figures over some samples).
-    `sources`: the variants measured on a sibling SoC -> that SoC (named in the reason)."""
+    chance, or None. A complete simulator run counts with its figures, an early-stopped one with the SNR its
+    proof bounds over all samples (`htp_ceiling`). `sources`: the variants measured on a sibling SoC -> that
+    SoC (named in the reason)."""
     groups = predict.get("weight_variants", {})
     mine = screens.get(name)
     if name not in groups or not mine or mine.get("error"):
@@ -89,20 +91,40 @@ def carried_htp_loss(name: str, earlier: list[str], screens: dict[str, Any], ver
     own = dict(parts(mine))
     for a in earlier:
         v, s = verifies.get(a), screens.get(a)
-        if groups.get(a) != groups[name] or not v or not s or "early_stop" in v or v.get("compile_refused"):
+        if groups.get(a) != groups[name] or not v or not s or v.get("compile_refused"):
             continue
         cpu = dict(parts(s))
-        for where, m in parts(v):
+        for where, snr in htp_ceiling(v).items():
             if where not in cpu or where not in own:
                 continue
-            shortfall = cpu[where]["snr_db"] - m["snr_db"]
+            shortfall = cpu[where]["snr_db"] - snr
             best = own[where]["snr_db"] - shortfall + predict["htp_recovery_db"]
             if best < thr["min_snr_db"]:
                 on = f" ({(sources or {})[a]}'s measurement)" if a in (sources or {}) else ""
-                return a, (f"skipped: {a} lost {shortfall:.1f} dB on the HTP{on} against its CPU run at {where}; "
-                           f"{predict['htp_recovery_db']:g} dB of that back would still leave {name} at "
+                at_least = " at least" if "early_stop" in v else ""
+                return a, (f"skipped: {a} lost{at_least} {shortfall:.1f} dB on the HTP{on} against its CPU run at "
+                           f"{where}; {predict['htp_recovery_db']:g} dB of that back would still leave {name} at "
                            f"{best:.1f} dB < {thr['min_snr_db']:g} dB")
     return None
+
+
+def htp_ceiling(v: dict[str, Any]) -> dict[str, float]:
+    """where -> the highest SNR a simulator run can have over all its samples: a complete run's figures; for an
+    early-stopped one, the bounds its proof recorded (verify/early_stop.py; the figures over the samples it ran
+    bound nothing), for the parts whose labels its figures name. Results from before the bounds were recorded:
+    nothing."""
+    if "early_stop" not in v:
+        return {where: m["snr_db"] for where, m in parts(v)}
+    labels = {(o, s["start"], s["stop"]): s["slice"] for o, m in v.get("outputs", {}).items() for s in m.get("slices") or []}
+    found = {}
+    for b in v["early_stop"].get("bounds", []):
+        if b["snr_db"] is None:  # no error yet on that part: no bound
+            continue
+        if "start" not in b:
+            found[f"output '{b['output']}'"] = b["snr_db"]
+        elif (label := labels.get((b["output"], b["start"], b["stop"]))) is not None:
+            found[f"output '{b['output']}' slice {b['start']}:{b['stop']} ({label})"] = b["snr_db"]
+    return found
 
 
 def measured(v: dict[str, Any] | None) -> bool:
