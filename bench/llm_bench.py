@@ -196,6 +196,7 @@ def run(args: argparse.Namespace, cfg: llm_decoder.Config, work: Path) -> dict:
     write_recipe(src, args, args.cl)
     cold = build(src, out, env, args.memory_budget)
     kinds = by_kind(out)
+    recs = [json.loads(p.read_text()) for p in (out / ".ctxbuild" / "records").glob("*.json")]
     bins = out / args.target / "llm"
     shared = sum(p.stat().st_size for p in bins.glob("*_qnn.bin"))
     unshared = sum(r.get("twin_bin_bytes", 0) for r in recs)  # the part checks compile each graph alone, not kept
