@@ -1,10 +1,12 @@
 """Weights the local cache shares with OUT by hard link (issue 29, "OUT + cache <= 3x the model"): onnx's loader
 refuses a `.data` file with several links, so ctxbuild reads external data itself (graph/external_data.py) and gives
 onnxruntime's quantizer private copies. A `.data` file stored and restored by link is read, quantized and run as a
-copy is, and the shared inode is never written."""
+copy is, and the shared inode is never written; an LLM recipe built with every weight file linked gives the bytes a
+copying build gives."""
 from __future__ import annotations
 
 import hashlib
+import shutil
 import stat
 from pathlib import Path
 
@@ -20,6 +22,8 @@ from ctxbuild.errors import ActionError
 from ctxbuild.graph.external_data import onnx_readable, tensor_array
 from ctxbuild.graph.modelio import data_path, load
 from ctxbuild.recipes.quantization import settings as quantization
+from tests.conftest import RECIPES, keep_only, last_build
+from tests.test_cache_build import build, digests
 
 KEY = hashlib.sha256(b"weights").hexdigest()
 
@@ -129,3 +133,26 @@ def test_a_range_past_the_end_of_the_data_file_is_refused(tmp_path: Path) -> Non
     onnx.save(proto, str(model))
     with pytest.raises(ActionError, match="past the end"):
         load(model)
+
+
+def test_an_llm_built_on_linked_weights_equals_a_copying_build(tree: Path, tmp_path: Path, ctxbuild,
+                                                               cache_dir: Path) -> None:
+    """recipes/llm_tiny.yaml on one SoC with CTXBUILD_CACHE_LINK=1: every action after the split reads weight files
+    the cache shares (the quantizer, the part checks' twins and simulator, genai, the bundles' compiles); the
+    artifacts equal a build that copies (CTXBUILD_CACHE_LINK=0, its own cache), and a fresh OUT restored from the
+    cache holds the same inodes, read-only."""
+    (tree / "llm_tiny.yaml").write_text((RECIPES / "llm_tiny.yaml").read_text().replace("[phones]", "[SM8650]"))
+    keep_only(tree, "llm_tiny.yaml")
+    linked, copied, restored = tmp_path / "linked", tmp_path / "copied", tmp_path / "restored"
+    build(ctxbuild, tree, linked, env={"CTXBUILD_CACHE_LINK": "1"})
+    weights = sorted((linked / ".ctxbuild" / "work").rglob("*.data"))  # the split's and the quantizes' outputs
+    assert weights and all(p.stat().st_nlink == 2 and not p.stat().st_mode & 0o222 for p in weights)
+    build(ctxbuild, tree, copied, env={"CTXBUILD_CACHE_LINK": "0", "CTXBUILD_CACHE_DIR": str(tmp_path / "copies")})
+    assert all(p.stat().st_nlink == 1 for p in copied.rglob("*.data"))
+    assert digests(linked) == digests(copied)
+    build(ctxbuild, tree, restored, env={"CTXBUILD_CACHE_LINK": "1"})
+    assert set(last_build(restored).values()) == {"cache"}
+    shared = [(p, restored / p.relative_to(linked)) for p in weights if (restored / p.relative_to(linked)).exists()]
+    assert shared and all(a.stat().st_ino == b.stat().st_ino for a, b in shared)
+    shutil.rmtree(cache_dir)  # the restored OUT's files keep their bytes without the cache
+    assert digests(restored) == digests(linked)
