@@ -85,7 +85,7 @@ def run(ctx: Any) -> None:
     mine = [g for g in layout.graphs if g.name in p["graphs"]]
     # onnxruntime's quantizer reads its input through onnx's loader: copies of the part's weight file where the
     # cache shares it by hard link, made once for all the part's graphs
-    with PrivateData(floats[(mine[0].part, mine[0].ar, mine[0].cl)].parent) as data:
+    with PrivateData() as data:
         for g in mine:
             model = floats[(g.part, g.ar, g.cl)]
             samples = feeds.get((g.part, g.ar, g.cl), [])

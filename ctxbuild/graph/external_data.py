@@ -142,42 +142,41 @@ def tensor_array(t: Any, model_path: Path, follow_links: bool = False) -> Any:
 
 
 class PrivateData:
-    """Copies of the external data files with several hard links that models in `directory` name, made beside
-    them for onnx's own loader (onnxruntime's quantization tools read their input through it) and removed on
+    """Copies of the external data files with several hard links that models name, each made once beside its
+    original for onnx's own loader (onnxruntime's quantization tools read their input through it) and removed on
     exit. A file with one link is used in place: without the cache's links nothing is copied."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.copies: dict[str, str] = {}  # location -> the private copy's name
+    def __init__(self) -> None:
+        self.copies: dict[Path, Path | None] = {}  # data file -> its private copy (None: used in place)
 
     def __enter__(self) -> "PrivateData":
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for name in self.copies.values():
-            (self.directory / name).unlink(missing_ok=True)
+        for copy in self.copies.values():
+            if copy is not None:
+                copy.unlink(missing_ok=True)
 
     def relocate(self, model: Any, model_path: Path) -> bool:
-        """Point `model`'s tensors (loaded from `model_path` in this directory, without data) whose file has
-        several links at a private copy of it (made once); True if any tensor moved."""
+        """Point `model`'s tensors (loaded from `model_path` without data) whose file has several links at a
+        private copy of it; True if any tensor moved."""
         from onnx.external_data_helper import uses_external_data
 
         moved = False
         for t in all_tensors(model):
             if not uses_external_data(t):
                 continue
-            loc = location(t)[0]
-            if loc not in self.copies:
-                path = checked_location(model_path, t.name, loc)
-                if path.stat().st_nlink == 1:
-                    continue
-                name = f".{Path(loc).name}.private-{os.getpid()}-{next(_names)}"
-                self.copies[loc] = name
-                shutil.copyfile(path, self.directory / name)  # in the kernel (sendfile); the copy is writable
-            for e in t.external_data:
-                if e.key == "location":
-                    e.value = self.copies[loc]
-            moved = True
+            path = checked_location(model_path, t.name, location(t)[0])
+            if path not in self.copies:
+                self.copies[path] = None
+                if path.stat().st_nlink > 1:
+                    self.copies[path] = path.with_name(f".{path.name}.private-{os.getpid()}-{next(_names)}")
+                    shutil.copyfile(path, self.copies[path])  # in the kernel (sendfile); the copy has one link
+            if (copy := self.copies[path]) is not None:
+                for e in t.external_data:
+                    if e.key == "location":
+                        e.value = os.path.relpath(copy, model_path.resolve().parent)
+                moved = True
         return moved
 
 
@@ -189,7 +188,7 @@ def onnx_readable(model: Path, name: str) -> Iterator[Path]:
     import onnx
 
     src = model.with_name(name)
-    with PrivateData(model.parent) as data:
+    with PrivateData() as data:
         proto = onnx.load(str(model), load_external_data=False)
         if data.relocate(proto, model):
             onnx.save(proto, str(src))
