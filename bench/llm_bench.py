@@ -251,7 +251,21 @@ def disk_bytes(model: Path, out: Path, cache: Path) -> dict[str, int | float]:
     parts = {"twins": du(work / "twins"), "qdq": du(work, "*-q[0-9]*-*/*"), "static_float": du(work),
              "rest_of_out": du(out), "cache": du(cache)}  # each file counted under the first that holds it
     model_bytes = weight_bytes(model)
-    return {"model": model_bytes, **parts, "out_and_cache_over_model": round(sum(parts.values()) / model_bytes, 2)}
+    return {"model": model_bytes, **parts, "out_and_cache_over_model": round(sum(parts.values()) / model_bytes, 2),
+            "out_files": out_files(out, cache)}
+
+
+def out_files(out: Path, cache: Path) -> dict[str, int]:
+    """OUT's files: how many, and how many of their bytes are in files of LINK_LARGE_BYTES or more (what the
+    local cache links by default) and in files that share their inode with a cache blob."""
+    from ctxbuild.cache.files import LINK_LARGE_BYTES
+
+    blobs = {(st.st_dev, st.st_ino) for p in cache.rglob("*") if stat.S_ISREG((st := p.lstat()).st_mode)}
+    files = [st for p in out.rglob("*") if stat.S_ISREG((st := p.lstat()).st_mode)]
+    large = [st for st in files if st.st_size >= LINK_LARGE_BYTES]
+    return {"files": len(files), "bytes": sum(st.st_size for st in files),
+            "large_files": len(large), "large_bytes": sum(st.st_size for st in large),
+            "bytes_linked_to_cache": sum(st.st_size for st in files if (st.st_dev, st.st_ino) in blobs)}
 
 
 if __name__ == "__main__":

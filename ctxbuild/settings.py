@@ -45,6 +45,10 @@ def _flag(raw: str) -> bool:
     return raw == "1"
 
 
+def _link(raw: str) -> bool | None:
+    return {"1": True, "0": False}.get(raw)  # anything else: as if unset
+
+
 def _number(raw: str) -> float:
     try:
         return float(raw)
@@ -80,8 +84,9 @@ def _children(raw: str) -> int | None:
 NO_CACHE = Setting("CTXBUILD_NO_CACHE", False, "1: no cache at all, local or remote (--no-cache)", _flag)
 CACHE_DIR = Setting("CTXBUILD_CACHE_DIR", None, "the local cache (--cache-dir); default: $XDG_CACHE_HOME/ctxbuild, "
                     "else ~/.cache/ctxbuild", _text)
-CACHE_LINK = Setting("CTXBUILD_CACHE_LINK", False, "1: the local cache shares OUT's bytes by hard link (read-only "
-                     "files; ccache's hard_link mode) instead of copying them in and out", _flag)
+CACHE_LINK = Setting("CTXBUILD_CACHE_LINK", None, "the local cache shares OUT's files by hard link (read-only files; "
+                     "ccache's hard_link mode) instead of copying them in and out: 1 every file of 64 KiB or more, 0 "
+                     "none; unset: files of 16 MiB or more", _link)
 REMOTE_CACHE = Setting("CTXBUILD_REMOTE_CACHE", None, "the remote cache's URL; its scheme picks the backend "
                        "(--remote-cache, cache.remote)", _text)
 REMOTE_READ_ONLY = Setting("CTXBUILD_REMOTE_READ_ONLY", False, "1: never upload to the remote cache "

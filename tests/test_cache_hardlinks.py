@@ -1,7 +1,8 @@
 """The local cache shares OUT's bytes by hard link (issue 29, "weights stored once"): a blob and the OUT files
 made from it are one inode, read-only; rebuilt outputs are new files, so stored entries keep their bytes; a
-blob changed behind the store's back is never restored; by default (without CTXBUILD_CACHE_LINK=1), and with a
-store on another filesystem, the store copies. ONNX external data (`*.data`) is always copied: onnx refuses hard-linked external data."""
+blob changed behind the store's back is never restored. By default only large files (16 MiB or more) are linked,
+with CTXBUILD_CACHE_LINK=1 every file of 64 KiB or more (ONNX external data included), with 0 none; a store on
+another filesystem copies. tests/test_linked_weights.py reads, quantizes and runs a linked `.data` file."""
 from __future__ import annotations
 
 import hashlib
@@ -14,6 +15,7 @@ import pytest
 
 from ctxbuild.atomic import write_bytes
 from ctxbuild.cache import LocalStore, open_cache
+from ctxbuild.cache.files import LINK_LARGE_BYTES, LINK_MIN_BYTES
 from tests.conftest import last_build
 from tests.test_cache_build import build, digests, other_tiny_cnn
 
@@ -35,23 +37,23 @@ def inode(p: Path) -> tuple[int, int]:
 
 
 def test_put_and_restore_share_one_read_only_inode(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path / "cache", link=True)
+    store = LocalStore(tmp_path / "cache", link_min=LINK_MIN_BYTES)
     src = outputs(tmp_path / "out", **{"m_ctx.onnx": b"w" * 300, "m_qnn.bin": b"b" * 70_000,
                                            "m.onnx.data": b"d" * 70_000, "s_qnn.bin": b"small"})
     record = store.put(KEY, src, None, {})
     blobs = {e.name: store.blob_path(e.digest) for e in record.outputs}
     dest = {name: tmp_path / "restored" / name for name in src}
     assert store.restore(record, dest)
-    assert inode(src["m_qnn.bin"]) == inode(blobs["m_qnn.bin"]) == inode(dest["m_qnn.bin"])
-    assert stat.S_IMODE(blobs["m_qnn.bin"].stat().st_mode) == 0o444
-    # copies: external data (onnx refuses a .data file with more than one hard link) and files under 64 KiB
-    for name in ("m.onnx.data", "m_ctx.onnx", "s_qnn.bin"):
+    for name in ("m_qnn.bin", "m.onnx.data"):  # external data too: ctxbuild reads it itself
+        assert inode(src[name]) == inode(blobs[name]) == inode(dest[name]), name
+        assert stat.S_IMODE(blobs[name].stat().st_mode) == 0o444
+    for name in ("m_ctx.onnx", "s_qnn.bin"):  # copies: files under 64 KiB
         assert len({inode(src[name]), inode(blobs[name]), inode(dest[name])}) == 3, name
     assert {n: p.read_bytes() for n, p in dest.items()} == {n: p.read_bytes() for n, p in src.items()}
 
 
 def test_a_rebuilt_output_leaves_the_stored_entry_intact(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path / "cache", link=True)
+    store = LocalStore(tmp_path / "cache", link_min=LINK_MIN_BYTES)
     src = outputs(tmp_path / "out", **{"a_qnn.bin": b"old" * 30_000})
     record = store.put(KEY, src, None, {})
     write_bytes(src["a_qnn.bin"], b"new" * 30_000)  # as every ctxbuild writer does: a temp file renamed over it
@@ -62,7 +64,7 @@ def test_a_rebuilt_output_leaves_the_stored_entry_intact(tmp_path: Path) -> None
 def test_a_blob_edited_in_place_is_not_restored(tmp_path: Path) -> None:
     """Written through an OUT path (root ignores 0444; anyone else chmods first): caught by the seal's mtime."""
     warnings: list[str] = []
-    store = LocalStore(tmp_path / "cache", on_warning=warnings.append, link=True)
+    store = LocalStore(tmp_path / "cache", on_warning=warnings.append, link_min=LINK_MIN_BYTES)
     src = outputs(tmp_path / "out", **{"a_qnn.bin": b"x" * 70_000})
     record = store.put(KEY, src, None, {})
     dest = {"a_qnn.bin": tmp_path / "restored" / "a_qnn.bin"}
@@ -76,26 +78,34 @@ def test_a_blob_edited_in_place_is_not_restored(tmp_path: Path) -> None:
     assert not store.blob_path(record.outputs[0].digest).exists()
 
 
-def test_by_default_the_store_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("setting, linked", [(None, {"big.data"}), ("1", {"big.data", "a_qnn.bin"}), ("0", set())])
+def test_by_default_only_large_files_are_linked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                setting: str | None, linked: set[str]) -> None:
     monkeypatch.setenv("CTXBUILD_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("CTXBUILD_CACHE_LINK", raising=False)
+    if setting is None:
+        monkeypatch.delenv("CTXBUILD_CACHE_LINK", raising=False)
+    else:
+        monkeypatch.setenv("CTXBUILD_CACHE_LINK", setting)
     cache = open_cache()
-    assert cache is not None and cache.local is not None and not cache.local.link
-    src = outputs(tmp_path / "out", **{"a_qnn.bin": b"c" * 70_000})
+    assert cache is not None and cache.local is not None
+    src = outputs(tmp_path / "out", **{"a_qnn.bin": b"c" * 70_000, "big.data": b"w" * LINK_LARGE_BYTES})
     record = cache.store(KEY, src, None, {})
     assert record is not None
-    dest = {"a_qnn.bin": tmp_path / "restored" / "a_qnn.bin"}
-    assert cache.restore(record, dest) and dest["a_qnn.bin"].read_bytes() == b"c" * 70_000
-    blob = cache.local.blob_path(record.outputs[0].digest)
-    assert len({inode(src["a_qnn.bin"]), inode(blob), inode(dest["a_qnn.bin"])}) == 3
-    assert src["a_qnn.bin"].stat().st_mode & 0o200  # OUT's file keeps its mode: nothing shared
+    dest = {name: tmp_path / "restored" / name for name in src}
+    assert cache.restore(record, dest)
+    for e in record.outputs:
+        blob = cache.local.blob_path(e.digest)
+        shared = {inode(src[e.name]), inode(blob), inode(dest[e.name])}
+        assert len(shared) == (1 if e.name in linked else 3), e.name
+        assert bool(src[e.name].stat().st_mode & 0o200) == (e.name not in linked)  # only a linked file is read-only
+        assert dest[e.name].read_bytes() == src[e.name].read_bytes()
 
 
 def test_a_store_on_another_filesystem_copies(tmp_path: Path) -> None:
     other = Path("/dev/shm")
     if not other.is_dir() or other.stat().st_dev == tmp_path.stat().st_dev:
         pytest.skip("no second filesystem here")
-    store = LocalStore(other / f"ctxbuild-test-{os.getpid()}", link=True)
+    store = LocalStore(other / f"ctxbuild-test-{os.getpid()}", link_min=LINK_MIN_BYTES)
     try:
         src = outputs(tmp_path / "out", **{"a_qnn.bin": b"e" * 70_000})
         record = store.put(KEY, src, None, {})  # link(2) says EXDEV: copied in, and out again

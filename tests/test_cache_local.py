@@ -81,7 +81,7 @@ def test_restore_leaves_identical_destination_untouched(tmp_path: Path) -> None:
 
 def test_copied_output_does_not_share_storage_with_the_blob(tmp_path: Path) -> None:
     """The copy mode (the default): editing a restored output in place does not reach the cache."""
-    store = LocalStore(tmp_path / "cache", link=False)
+    store = LocalStore(tmp_path / "cache")
     record = store.put(key(1), outputs(tmp_path / "out", a=b"x" * 4096), None, {})
     dest = dest_for(tmp_path / "restored", record)
     assert store.restore(record, dest)
@@ -189,7 +189,7 @@ def _put_with_file_size_limit(root: Path, src: dict[str, Path], ignore_signal: b
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN if ignore_signal else signal.SIG_DFL)
     try:  # copies: a hard link writes no bytes, so no limit binds it
-        LocalStore(root, link=False).put(key(1), src, None, {})
+        LocalStore(root).put(key(1), src, None, {})
     except CacheUnavailable as e:
         assert "unavailable: File too large" in str(e)
         os._exit(42)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ctxbuild.errors import ActionError
+from ctxbuild.graph.external_data import PrivateData
 from ctxbuild.graph.modelio import SharedData, data_path, load
 from ctxbuild.llm.ar_sessions import one_ar_runner
 from ctxbuild.llm.layout import Layout
@@ -82,28 +83,31 @@ def run(ctx: Any) -> None:
                           "use shorter prompts, fewer llm.generate tokens or larger context_lengths") from None
     kv = getattr(QuantType, {"uint16": "QUInt16", "uint8": "QUInt8"}[p["kv_cache"]])
     mine = [g for g in layout.graphs if g.name in p["graphs"]]
-    for g in mine:
-        model = floats[(g.part, g.ar, g.cl)]
-        samples = feeds.get((g.part, g.ar, g.cl), [])
-        # a private copy beside the model: onnxruntime writes scratch files beside its input
-        src = model.with_name(f".llm-quantize-{os.getpid()}-{model.name}")
-        opset = _private_copy(model, src, set(defaults[(g.part, g.ar, g.cl)]))
-        try:
-            names, sensitive, weights = _io_and_sensitive(src)
-            overrides = {n: [{"quant_type": kv}] for n in names if n.startswith(("past_key_values.", "present."))}
-            if p["precision"] == "w4a16":  # embedding, LM head and the recipe's keep_8bit stay 8-bit
-                kept = sensitive + [n for n in weights if any(fnmatch.fnmatchcase(n, k) for k in p["keep_8bit"])]
-                overrides.update({n: [{"quant_type": QuantType.QInt8, "symmetric": True}] for n in kept})
-            config = get_qnn_qdq_config(str(src), _Reader(samples), activation_type=QuantType.QUInt16,
-                                        weight_type=getattr(QuantType, WEIGHTS[p["precision"]]), per_channel=True,
-                                        init_overrides=overrides or None)
-            config.use_external_data_format = True
-            if opset < QDQ_OPSET:  # what onnxruntime chooses for the graph as written: the QDQ graphs stay the same
-                config.extra_options["UseQDQContribOps"] = True
-            quantize(str(src), str(ctx.tmp_output(f"model:{g.name}")), config)
-        finally:
-            src.unlink()
-        print(f"{g.name}: calibrated on {len(samples)} calls")
+    # onnxruntime's quantizer reads its input through onnx's loader: copies of the part's weight file where the
+    # cache shares it by hard link, made once for all the part's graphs
+    with PrivateData() as data:
+        for g in mine:
+            model = floats[(g.part, g.ar, g.cl)]
+            samples = feeds.get((g.part, g.ar, g.cl), [])
+            # a private copy beside the model: onnxruntime writes scratch files beside its input
+            src = model.with_name(f".llm-quantize-{os.getpid()}-{model.name}")
+            opset = _private_copy(model, src, set(defaults[(g.part, g.ar, g.cl)]), data)
+            try:
+                names, sensitive, weights = _io_and_sensitive(src)
+                overrides = {n: [{"quant_type": kv}] for n in names if n.startswith(("past_key_values.", "present."))}
+                if p["precision"] == "w4a16":  # embedding, LM head and the recipe's keep_8bit stay 8-bit
+                    kept = sensitive + [n for n in weights if any(fnmatch.fnmatchcase(n, k) for k in p["keep_8bit"])]
+                    overrides.update({n: [{"quant_type": QuantType.QInt8, "symmetric": True}] for n in kept})
+                config = get_qnn_qdq_config(str(src), _Reader(samples), activation_type=QuantType.QUInt16,
+                                            weight_type=getattr(QuantType, WEIGHTS[p["precision"]]), per_channel=True,
+                                            init_overrides=overrides or None)
+                config.use_external_data_format = True
+                if opset < QDQ_OPSET:  # what onnxruntime chooses for the graph as written: the QDQ graphs stay the same
+                    config.extra_options["UseQDQContribOps"] = True
+                quantize(str(src), str(ctx.tmp_output(f"model:{g.name}")), config)
+            finally:
+                src.unlink()
+            print(f"{g.name}: calibrated on {len(samples)} calls")
     share_weights([ctx.tmp_output(f"model:{g.name}") for g in mine], ctx.tmp_output(weights_role(p["part"])))
 
 
@@ -134,16 +138,16 @@ def adapter_variants(inputs: dict[str, str], floats: dict[tuple[int, int, int], 
     return defaults, variants
 
 
-def _private_copy(model: Path, dst: Path, slots: set[str]) -> int:
-    """`model` at `dst`, its external data shared, at opset 21 and without the LoRA slots' defaults (the quantizer
-    would take an initializer for a weight); returns the model's own opset. 16-bit activations need opset 21, and
-    onnxruntime's quantizer converts an older model with its weights loaded (the version converter and a shape
-    inference round trip each copy them): done here on the graph alone."""
+def _private_copy(model: Path, dst: Path, slots: set[str], data: PrivateData) -> int:
+    """`model` at `dst`, its external data shared (`data`'s copies of the files the cache links), at opset 21 and
+    without the LoRA slots' defaults (the quantizer would take an initializer for a weight); returns the model's own
+    opset. 16-bit activations need opset 21, and onnxruntime's quantizer converts an older model with its weights
+    loaded (the version converter and a shape inference round trip each copy them): done here on the graph alone."""
     import onnx
 
     m = load(model, external_data=False)
     opset = _opset(m)
-    if not slots and opset >= QDQ_OPSET:
+    if not data.relocate(m, model) and not slots and opset >= QDQ_OPSET:
         os.link(model, dst)
         return opset
     if opset < QDQ_OPSET:

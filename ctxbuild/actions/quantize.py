@@ -13,6 +13,7 @@ from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import CalibrationSet
 from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.recipes.quantization import FP16_NODE, QUANT_TYPES, get_qnn_qdq_kwargs
+from ctxbuild.graph.external_data import onnx_readable
 from ctxbuild.graph.modelio import data_path, load
 from ctxbuild.verify import gates
 from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
@@ -45,16 +46,13 @@ def run(ctx: Any) -> None:
 
 @contextmanager
 def private_input(model: Path) -> Iterator[Path]:
-    """A private hard link of the model proto to quantize. onnxruntime's quantizer writes scratch files
-    (`<model>-inferred.onnx`) beside its input; actions sharing one prepared model would race on them. The
-    link sits beside the model: onnx refuses external data that is a symlink or has several hard links."""
-    src = model.with_name(f".quantize-input-{os.getpid()}-{next(_links)}.onnx")
-    os.link(model, src)
-    try:
-        yield src
-    finally:
-        src.unlink()
-        src.with_name(src.name.replace("-input-", "-unfused-")).unlink(missing_ok=True)
+    """A private proto of the model to quantize, beside it, that onnx's loader takes (external_data.onnx_readable:
+    onnxruntime's quantizer reads its input through it, and writes scratch files beside it)."""
+    with onnx_readable(model, f".quantize-input-{os.getpid()}-{next(_links)}.onnx") as src:
+        try:
+            yield src
+        finally:
+            src.with_name(src.name.replace("-input-", "-unfused-")).unlink(missing_ok=True)
 
 
 _links = itertools.count()

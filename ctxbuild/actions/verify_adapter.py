@@ -17,6 +17,7 @@ from ctxbuild.lora.adapters import bind_param, read_onnx_adapter, wrapper_slot_s
 from ctxbuild.errors import ActionError
 from ctxbuild.actions import verify
 from ctxbuild.verify.measure import compare, cpu_outputs, failures, simulate
+from ctxbuild.graph.external_data import onnx_readable
 from ctxbuild.graph.modelio import load
 from ctxbuild.graph.samples import for_verification, input_spec
 
@@ -105,15 +106,11 @@ def clipped_tensors(reference: Path, qdq_model: Path, feeds: list[dict[str, np.n
     from onnxruntime.quantization.qdq_loss_debug import collect_activations, modify_model_output_intermediate_tensors
 
     ranges = encodings(qdq_model)
-    # The debugger writes scratch files beside its input: work on a private link of the proto, beside the
-    # model (onnx refuses external data that has several hard links), as actions/quantize.py does.
-    src, augmented = reference.with_name(f".clip-input-{os.getpid()}.onnx"), tmp / "augmented.onnx"
-    os.link(reference, src)
-    try:
+    # The debugger reads its input through onnx's loader and writes scratch files beside it
+    augmented = tmp / "augmented.onnx"
+    with onnx_readable(reference, f".clip-input-{os.getpid()}.onnx") as src:
         ops = sorted({n.op_type for n in load(src, external_data=False).graph.node})
         modify_model_output_intermediate_tensors(str(src), str(augmented), op_types_for_saving=ops)
-    finally:
-        src.unlink()
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # collect_activations' default
     so.log_severity_level = 3  # the slots are overridable initializers: ORT warns about each

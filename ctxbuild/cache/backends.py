@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from ctxbuild import settings
 from ctxbuild.errors import CtxbuildError, UsageError
 from ctxbuild.layout import cache_dir
+from ctxbuild.cache.files import LINK_LARGE_BYTES, LINK_MIN_BYTES
 from ctxbuild.cache.layered import Cache
 from ctxbuild.cache.local import LocalStore
 from ctxbuild.cache.remote import RemoteStore
@@ -53,7 +54,8 @@ def open_cache(env: Mapping[str, str] | None = None, *, shared_breaker: bool = T
                                  max_download=settings.REMOTE_MAX_DOWNLOAD.get(env))
         except (CtxbuildError, ValueError) as e:
             problem = f"remote cache not used: {e}"
-    cache = Cache(LocalStore(root, link=settings.CACHE_LINK.get(env)), remote)
+    link_min = {True: LINK_MIN_BYTES, False: None, None: LINK_LARGE_BYTES}[settings.CACHE_LINK.get(env)]
+    cache = Cache(LocalStore(root, link_min=link_min), remote)
     if problem:
         cache.warnings.append(problem)
     return cache

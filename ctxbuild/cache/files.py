@@ -15,14 +15,19 @@ from ctxbuild.digests import hash_file, hash_stream
 if TYPE_CHECKING:
     from ctxbuild.cache.record import OutputEntry
 
-__all__ = ["copy_hashing", "hard_link", "hash_file", "linkable", "read_no_follow", "restore_outputs", "same_content", "temp_path"]
+__all__ = ["copy_hashing", "hard_link", "hash_file", "read_no_follow", "restore_outputs", "same_content", "temp_path"]
 
 CHUNK = 1 << 20
 # linux/fs.h: _IOW(0x94, 9, int). fcntl.FICLONE only exists from Python 3.12.
 FICLONE = 0x40049409
+# The smallest file the local store shares by hard link: with CTXBUILD_CACHE_LINK=1, every file but the small ones
+# (many outputs hold the same few bytes: empty status files, gates; a linked restore touches every file of its
+# inode, which would make ninja re-check what reads each of them); by default, only large ones (docs/caching.md:
+# a linked file's costs are per file, its gain per byte, and an LLM's bytes are in files of tens of MB and more).
+LINK_MIN_BYTES = 64 << 10
+LINK_LARGE_BYTES = 16 << 20
 # link(2) refusals that mean "not here", not "broken": another filesystem, a filesystem or policy without hard
 # links (FAT, some FUSE and network mounts; protected_hardlinks), the inode's link limit (ext4: 65,000).
-LINK_MIN_BYTES = 64 << 10
 NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EACCES, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
@@ -75,15 +80,6 @@ def copy_hashing(src: Path, dst: Path, *, durable: bool = True, follow: bool = T
         if durable:
             os.fsync(fout.fileno())
     return digest, size
-
-
-def linkable(path: Path, size: int) -> bool:
-    """Whether the local store may share this file by hard link. Not a small one (LINK_MIN_BYTES): many outputs
-    hold the same few bytes (empty status files, gates), and a linked restore touches every file of its inode,
-    which would make ninja re-check what reads each of them. Not ONNX external data (`*.data`, as ctxbuild names
-    every such file): onnx (1.16 on) refuses to load external data that has more than one hard link ("a
-    potential hardlink attack"), and the quantizer and the verifiers read the graphs' weights through onnx."""
-    return size >= LINK_MIN_BYTES and not path.name.endswith(".data")
 
 
 def hard_link(src: Path, dst: Path) -> bool:

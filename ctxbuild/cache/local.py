@@ -6,14 +6,14 @@ progress), root/stats.json (last gc). Safe for concurrent processes without lock
 a unique temp name in root/tmp (same filesystem) and renamed into place, blobs before the record that names
 them; blobs are immutable, so two writers of one blob or record write the same or an equally valid whole file.
 
-Hard links (opt-in, `link`: CTXBUILD_CACHE_LINK=1; off by default as ccache's hard_link, since files become
-read-only and a restore touches every OUT holding the inode): a blob and the OUT files holding its bytes are one
-inode where the filesystem allows (a store on another filesystem than OUT copies; files.linkable keeps small
-files and ONNX external data copies), so OUT's bytes are not stored twice. As in ccache's hard_link mode blobs are read-only (0444), and ctxbuild writes every output to a
-temp file renamed into place: a rebuilt output is a new inode and the blob keeps its bytes. A restore sets the
-file's mtime to now, as a copy has it (ninja must see a replaced output as newer than what was built from the
-old one); the inode is shared, so other OUTs holding the blob see that file touched and re-check the actions
-reading it (cache hits). A blob changed behind the store's back (written in place through an OUT path: root
+Hard links (`link_min`: files of that many bytes or more; CTXBUILD_CACHE_LINK, docs/caching.md): a blob and the OUT
+files holding its bytes are one inode where the filesystem allows (a store on another filesystem than OUT copies),
+so OUT's bytes are not stored twice, ONNX external data included (onnx's loader refuses such a file; ctxbuild reads
+weights itself, graph/external_data.py). As in ccache's hard_link mode blobs are read-only (0444), and ctxbuild
+writes every output to a temp file renamed into place: a rebuilt output is a new inode and the blob keeps its
+bytes. A restore sets the file's mtime to now, as a copy has it (ninja must see a replaced output as newer than
+what was built from the old one); the inode is shared, so other OUTs holding the blob see that file touched and
+re-check the actions reading it (cache hits). A blob changed behind the store's back (written in place through an OUT path: root
 ignores 0444) is caught by its seal, root/seal/ab/<sha256>: the blob's (inode, size, mtime_ns) as the store
 last verified or set them. A linked restore trusts a blob whose stat matches its seal and hashes any other
 first (a bad one is deleted: a miss); a copy is hashed on the way, as before. An edit in place that also puts
@@ -45,8 +45,8 @@ from typing import Any
 
 from ctxbuild.atomic import write_bytes
 from ctxbuild.errors import CacheUnavailable
-from ctxbuild.cache.files import (copy_hashing, hard_link, hash_file, linkable, read_no_follow, restore_outputs,
-                                  same_content, temp_path)
+from ctxbuild.cache.files import (copy_hashing, hard_link, hash_file, read_no_follow, restore_outputs, same_content,
+                                  temp_path)
 from ctxbuild.digests import hash_stream
 from ctxbuild.cache.record import ActionRecord, OutputEntry, check_digest, check_key
 from ctxbuild.cache.store import Store
@@ -59,10 +59,13 @@ CLOCK_SLACK_SECONDS = 2.0
 
 
 class LocalStore(Store):
-    def __init__(self, root: Path, *, on_warning: Callable[[str], None] | None = None, link: bool = False) -> None:
+    def __init__(self, root: Path, *, on_warning: Callable[[str], None] | None = None,
+                 link_min: int | None = None) -> None:
         self.root = Path(root)
         self.on_warning = on_warning or (lambda message: None)
-        self.link = link  # store and restore by hard link where the filesystem takes one; else copies
+        # files of link_min bytes or more are stored and restored by hard link where the filesystem takes one;
+        # the others (all of them if None) are copied
+        self.link_min = link_min
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self.root)!r})"
@@ -135,7 +138,7 @@ class LocalStore(Store):
         also makes this store unavailable for the build."""
         try:
             return restore_outputs(record.outputs, dest,
-                                   lambda entry, tmp: self._stage(entry, tmp, linkable(dest[entry.name], entry.size)),
+                                   lambda entry, tmp: self._stage(entry, tmp, self._linked(entry.size)),
                                    self._holds)
         except OSError as e:
             raise self._unavailable(e) from None
@@ -144,7 +147,7 @@ class LocalStore(Store):
         """Create `dest` (must not exist) with the blob's content, checked; False if absent or corrupt (then
         deleted). `size` bounds nothing here: the copy is hashed on the way, a mismatch is a miss."""
         try:
-            return self._stage(OutputEntry(dest.name, digest, 0), dest, linkable(dest, size or 0))
+            return self._stage(OutputEntry(dest.name, digest, 0), dest, self._linked(size or 0))
         except OSError as e:
             raise self._unavailable(e) from None
 
@@ -279,12 +282,12 @@ class LocalStore(Store):
                         yield Path(entry.path), st
 
     def _stage(self, entry: OutputEntry, tmp: Path, link: bool) -> bool:
-        """Create `tmp` with the blob's content, checked: a hard link if `link` (and the store links), else a copy."""
+        """Create `tmp` with the blob's content, checked: a hard link if `link`, else a copy."""
         blob = self.blob_path(entry.digest)
         try:
             if not self._is_blob(blob):  # never stored, or gc took it: a miss
                 return False
-            if link and self.link:
+            if link:
                 if not self._intact(blob, entry.digest):
                     self._drop_corrupt(blob)
                     return False
@@ -303,6 +306,9 @@ class LocalStore(Store):
             tmp.unlink()  # what was copied is not the blob's content: nothing of it stays
             return False
         return True
+
+    def _linked(self, size: int) -> bool:
+        return self.link_min is not None and size >= self.link_min
 
     def _holds(self, entry: OutputEntry, target: Path) -> bool:
         """`target` already holds the entry's bytes: it is the blob itself (a link made by an earlier restore or
@@ -354,7 +360,7 @@ class LocalStore(Store):
             return digest, size
         tmp = temp_path(self._tmp_dir(), digest)
         try:
-            if not (self.link and linkable(src, size) and hard_link(src, tmp)
+            if not (self._linked(size) and hard_link(src, tmp)
                     and _identity(os.lstat(tmp)) == _identity(st)):
                 tmp.unlink(missing_ok=True)
                 digest, size = copy_hashing(src, tmp)

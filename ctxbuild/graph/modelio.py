@@ -6,22 +6,25 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.errors import ActionError, cause_line
+from ctxbuild.graph.external_data import all_tensors, checked_location, load_data
 
 
 def load(path: Path, *, external_data: bool = True) -> Any:
+    """The model; with `external_data`, its weights read by ctxbuild (graph/external_data.py: onnx's loader
+    refuses the local cache's hard-linked weight files)."""
     import onnx
     from google.protobuf.message import DecodeError
 
     if not path.is_file():
         raise ActionError(f"{path}: model file not found")
     try:
-        return onnx.load(str(path), load_external_data=external_data)
+        model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError) as e:
         raise ActionError(f"{path}: not a valid ONNX model ({cause_line(e, limit=120)})",
                           "re-export the model; the file may be truncated or not ONNX") from None
-    except FileNotFoundError as e:
-        raise ActionError(f"{path}: external data file missing: {e.filename}",
-                          "keep the model's .data files next to it") from None
+    if external_data:
+        load_data(model, path)
+    return model
 
 
 def graph_inputs(model: Any) -> list[Any]:
@@ -33,40 +36,17 @@ def graph_inputs(model: Any) -> list[Any]:
 def external_data_files(model: Any, model_path: Path, follow_links: bool = False) -> dict[str, Path]:
     """role `external:<location>` -> the file; `follow_links`: a location that is a symlink beside the model
     (a Hugging Face cache's layout) is taken, as its target; its reader must not hand the model to onnx as is."""
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+    from onnx.external_data_helper import uses_external_data
 
     files: dict[str, Path] = {}
-    for t in _get_all_tensors(model):
+    for t in all_tensors(model):
         if uses_external_data(t):
             loc = next((e.value for e in t.external_data if e.key == "location"), None)
             if loc:
-                files[f"external:{loc}"] = _checked_location(model_path, t.name, loc, follow_links)
+                files[f"external:{loc}"] = checked_location(model_path, t.name, loc, follow_links)
     return files
 
 
-def _checked_location(model_path: Path, tensor: str, loc: str, follow_links: bool) -> Path:
-    """Before anything reads it: inside the model's directory (no absolute path, no '..' out, no symlink
-    out unless `follow_links`) and a regular file (not /dev/zero, a fifo or a directory)."""
-    import os
-    import stat
-
-    if follow_links:  # the names as the model's directory lays them out, symlinks not resolved
-        base = Path(os.path.abspath(model_path)).parent
-        path = Path(os.path.normpath(base / loc))
-    else:
-        base = model_path.resolve().parent
-        path = (base / loc).resolve()
-    where = f"{model_path}: tensor '{tensor}': external data location '{loc}'"
-    if Path(loc).is_absolute() or not path.is_relative_to(base):
-        raise ActionError(f"{where} is outside the model's directory",
-                          "keep external data files beside the model (onnx refuses other locations too)")
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        raise ActionError(f"{where}: file not found ({path})", "keep the model's .data files next to it") from None
-    if not stat.S_ISREG(mode):
-        raise ActionError(f"{where} is not a regular file", "point it at the model's .data file")
-    return path
 # Models whose weights sit in external data are small protobufs; parsing one at plan time costs
 # milliseconds. A bigger file holds its weights inline: its own size is the answer.
 _PARSE_LIMIT = 64 << 20
@@ -132,9 +112,9 @@ class SharedData:
         """Save `model` as `dst` (beside this file) with its external tensors (read from `src_dir`) and its inline
         ones over `inline_max` bytes in this file."""
         import onnx
-        from onnx.external_data_helper import _get_all_tensors, uses_external_data
+        from onnx.external_data_helper import uses_external_data
 
-        for t in _get_all_tensors(model):
+        for t in all_tensors(model):
             if uses_external_data(t):
                 start, length = self._external(t, src_dir)
             elif inline_max is not None and t.HasField("raw_data") and len(t.raw_data) > inline_max:

@@ -94,18 +94,12 @@ def slot_defaults(model: Any) -> dict[str, np.ndarray]:
 def slot_defaults_of(path: Path) -> dict[str, np.ndarray]:
     """slot_defaults of a model file, reading only the slots' tensors from its external data (not every weight)."""
     import onnx
-    from onnx import numpy_helper
-    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    from ctxbuild.graph.external_data import tensor_array
 
     model = onnx.load(str(path), load_external_data=False)
     inputs = {i.name for i in model.graph.input}
-    out = {}
-    for t in model.graph.initializer:
-        if t.name in inputs:
-            if uses_external_data(t):
-                load_external_data_for_tensor(t, str(path.parent))
-            out[t.name] = numpy_helper.to_array(t)
-    return out
+    return {t.name: tensor_array(t, path) for t in model.graph.initializer if t.name in inputs}
 
 
 def slot_spec(defaults: dict[str, np.ndarray]) -> SlotSpec:
@@ -230,12 +224,10 @@ class CalibrationSet:
     @classmethod
     def of(cls, action: Any) -> "CalibrationSet | None":
         """From a quantize action's inputs (`reference`, `adapter:<name>`) and params; None without adapters."""
-        import onnx
-
         params = action.params.get("adapters")
         if not params:
             return None
-        defaults = slot_defaults(onnx.load(action.inputs["reference"]))
+        defaults = slot_defaults_of(Path(action.inputs["reference"]))
         spec = slot_spec(defaults)
         variants = [bind_param(Path(action.inputs[f"adapter:{name}"]), spec, p)
                     for name, p in sorted(params.items())]
@@ -259,6 +251,6 @@ def add_wrapper_defaults(wrapper: Path, reference: Path) -> None:
     model = onnx.load(str(wrapper))
     encodings = read_metadata(model)
     defaults = {k: quantize(v, encodings[k]) if k in encodings else v
-                for k, v in slot_defaults(onnx.load(str(reference))).items()}
+                for k, v in slot_defaults_of(reference).items()}
     add_defaults(model, defaults)
     onnx.save(model, str(wrapper))
