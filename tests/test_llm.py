@@ -154,10 +154,9 @@ def test_example_builds_bundles_per_part_verified_with_a_genai_config(tree: Path
                 for backend in ("qdq_cpu", "simulator"):
                     assert len(by_cl[backend]) == 2  # the part's AR 16 and AR 1 graphs at that CL
                     for graph, checked in by_cl[backend].items():
-                        # the CPU: the first prompt's 2 windows, the first 2 token steps of each of the 2 prompts;
-                        # the simulator one of them per graph (the last window, the first step)
-                        calls = (2 if graph.startswith("prompt") else 4) if backend == "qdq_cpu" else 1
-                        assert checked["calls"] == calls, (backend, graph, checked)
+                        # the first prompt's 2 windows; the first 2 token steps of each of the 2 prompts (a small
+                        # part: every call on the simulator too, llm_part_eval.SUBSET_ABOVE)
+                        assert checked["calls"] == (2 if graph.startswith("prompt") else 4), (graph, checked)
                         assert set(checked["outputs"]) == {f"present.{i}.{kv}" for i in (2 * part - 2, 2 * part - 1)
                                                            for kv in ("key", "value")} | {
                             "hidden_states.2" if part == 1 else "logits"}
@@ -255,7 +254,7 @@ def test_a_failing_part_names_its_graph_and_output(decoder: Path, tmp_path: Path
     for part in (1, 2):
         line = next(x for x in r.err.splitlines() if x.startswith(f"ctxbuild: FAILED llm_part_eval/llama.part{part}@SM8650"))
         assert f"llama@SM8650: part {part} of 2: graph prompt_ar8_cl24_{part}_of_2, output " in line, line
-        assert "simulator cosine 0." in line and "(min 0.999999), SNR " in line and " dB over 1 call" in line, line
+        assert "simulator cosine 0." in line and "(min 0.999999), SNR " in line and " dB over 2 calls" in line, line
         assert not (out / "SM8650" / "llama" / f"llama_{part}_of_2_qnn.bin").exists()
         assert (out / ".ctxbuild" / "failed" / "SM8650" / "llama" / f"llama_{part}_of_2_qnn.bin").is_file()
         rows = [x for x in r.out.splitlines() if f"part {part} of 2 CL 24" in x]
@@ -337,3 +336,16 @@ def test_hard_linked_external_data_is_read_from_a_copy(decoder: Path, tmp_path: 
     copy = readable(src / "llama.onnx", tmp_path / "source")
     assert copy == tmp_path / "source" / "llama.onnx" and (copy.parent / "llama.onnx.data").stat().st_nlink == 1
     assert len(onnx.load(str(copy)).graph.initializer) == len(onnx.load(decoder / "llama.onnx").graph.initializer)
+
+
+def test_large_parts_run_one_recorded_call_per_graph_on_the_simulator() -> None:
+    """Above SUBSET_ABOVE bytes of QDQ weights the simulator runs the last prefill window and the first token step of
+    each CL (the CPU runs them all); small parts and fp16 run every call."""
+    from ctxbuild.actions.llm_part_eval import SUBSET_ABOVE, on_simulator
+    from ctxbuild.llm.records import Call
+
+    calls = [Call(0, ar, cl, past, valid, {}, {}) for cl in (64, 128)
+             for ar, past, valid in ((16, 0, 16), (16, 16, 4), (1, 20, 1), (1, 21, 1), (1, 18, 1), (1, 19, 1))]
+    assert list(on_simulator(calls, "w8a16", SUBSET_ABOVE - 1)) == list(range(12))
+    assert list(on_simulator(calls, "fp16", 10 * SUBSET_ABOVE)) == list(range(12))
+    assert list(on_simulator(calls, "w4a16", SUBSET_ABOVE)) == [1, 2, 7, 8]
