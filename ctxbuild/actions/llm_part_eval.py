@@ -4,13 +4,12 @@ The float static graphs' decode of the verification prompts (llm_split) recorded
 outputs (ctxbuild/llm/records.py: per CL the first PREFILL_WINDOWS prefill windows, per prompt and CL the first
 DECODE_STEPS token steps). Here the part's graphs are compiled alone (the HTP simulator cannot load the weight-shared multi-graph bundle,
 QNN-NOTES): the same QDQ models with the bundle's options, inside this action's temporary directory, not kept.
-Every recorded call runs on the QDQ graph (CPU EP); one call per graph runs on those twins (simulator, in a child
-process: a crash there is an error here): the simulator checks the compiled graph on one call (its hidden states and
-logits agreed with the QDQ graph's on the CPU to ~1e-4 at w8a16; at w4a16 its int4 layers' KV did not, see below), the
-CPU covers every recorded call at a small fraction of the simulator's cost (at the 1B shape one call of an 8-layer part
-takes the simulator 55 s at AR 1 and 226 s at AR 128). fp16 has no QDQ graph:
-every call runs on the simulator. Each output of both is compared with the float graph's (cosine, SNR), the last
-part's logits also by top-1 agreement with the float model's tokens, and both are gated. Parts are independent: their checks run side by side, and no other
+Every recorded call runs on the QDQ graph (CPU EP) and on those twins (simulator, in a child process: a crash there
+is an error here). A part over SUBSET_ABOVE bytes of QDQ weights runs one call per graph on the simulator (at the 1B
+shape one call of an 8-layer part took it 55 s at AR 1 and 226 s at AR 128) and the CPU, covering every call, is gated
+as well (hidden states and logits agreed with the simulator's to ~1e-4 at w8a16; at w4a16 the int4 layers' KV did
+not, see below). fp16 has no QDQ graph: every call runs on the simulator. Each output is compared with the float
+graph's (cosine, SNR), the last part's logits also by top-1 agreement with the float model's tokens. Parts are independent: their checks run side by side, and no other
 part's graphs are loaded. The bundle is an input, so a changed deliverable re-verifies.
 """
 from __future__ import annotations
@@ -31,8 +30,8 @@ from ctxbuild.plan.action import Action
 
 METHOD = ("the part's QDQ graphs on the CPU on the calls the float decode recorded (per CL the first "
           f"{records.PREFILL_WINDOWS} prefill windows, per prompt and CL the first {records.DECODE_STEPS} token steps), "
-          "and its single-graph twins (compiled here, not kept) on the HTP simulator on one of them per graph (the last "
-          "window, the first token step; all of them at fp16)")
+          "and its single-graph twins (compiled here, not kept) on the HTP simulator on all of them, or for parts over "
+          "64 MiB of QDQ weights one per graph (the last window, the first token step; all of them at fp16)")
 BACKENDS = {"simulator": "simulator", "qdq_cpu": "QDQ graph on the CPU"}
 
 Outputs = dict[int, dict[str, np.ndarray]]  # recorded call (its index) -> the compared rows of each output
