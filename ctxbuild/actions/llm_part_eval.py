@@ -28,10 +28,14 @@ from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.static import GraphSpec
 from ctxbuild.plan.action import Action
 
+# Above this many bytes of a part's QDQ weights the simulator runs one recorded call per graph: a call of a 4-layer
+# part of the 1B shape (~270 MB) took it 50-216 s; the small models' calls take it about a second each.
+SUBSET_ABOVE = 64 << 20
+
 METHOD = ("the part's QDQ graphs on the CPU on the calls the float decode recorded (per CL the first "
           f"{records.PREFILL_WINDOWS} prefill windows, per prompt and CL the first {records.DECODE_STEPS} token steps), "
           "and its single-graph twins (compiled here, not kept) on the HTP simulator on all of them, or for parts over "
-          "64 MiB of QDQ weights one per graph (the last window, the first token step; all of them at fp16)")
+          f"{SUBSET_ABOVE >> 20} MiB of QDQ weights one per graph (the last window, the first token step; all of them at fp16)")
 BACKENDS = {"simulator": "simulator", "qdq_cpu": "QDQ graph on the CPU"}
 
 Outputs = dict[int, dict[str, np.ndarray]]  # recorded call (its index) -> the compared rows of each output
@@ -107,11 +111,6 @@ def _compared(got: dict[str, np.ndarray], c: records.Call) -> dict[str, np.ndarr
     return {k: records.compared(k, got[k], c.valid) for k in c.outputs}
 
 
-# Above this many bytes of a part's QDQ weights the simulator runs one recorded call per graph: a call of a 4-layer
-# part of the 1B shape (~270 MB) took it 50-216 s; the small models' calls take it about a second each.
-SUBSET_ABOVE = 64 << 20
-
-
 def on_simulator(calls: list[records.Call], precision: str, weight_bytes: int) -> dict[int, records.Call]:
     """The recorded calls the simulator runs, by index: every call of a part under SUBSET_ABOVE; above, one per graph,
     the largest AR's last recorded window (it reads the earlier window's cache through the mask's padding) and AR 1's
@@ -178,6 +177,8 @@ def _result(p: dict[str, Any], mine: dict[tuple[int, int], GraphSpec], calls: li
                               "prefill_windows": records.PREFILL_WINDOWS, "decode_steps": records.DECODE_STEPS,
                               "by_cl": {}, "outputs": {}, "failures": []}
     top1: dict[tuple[str, int], list[tuple[float, int]]] = {}  # (backend, CL) -> (calls agreeing, calls) per graph
+    # the simulator always; the CPU where it stands in for calls the simulator skipped
+    gated = {b: b == "simulator" or len(got["simulator"]) < len(calls) for b in got}
     for (ar, cl), g in sorted(mine.items(), key=lambda kv: (kv[0][1], -kv[0][0])):
         row = result["by_cl"].setdefault(str(cl), {})
         for backend, outs in got.items():
@@ -192,9 +193,8 @@ def _result(p: dict[str, Any], mine: dict[tuple[int, int], GraphSpec], calls: li
                     m = metrics(np.concatenate([r.ravel() for r in ref]), np.concatenate([x.ravel() for x in mine_]))
                 per[name] = {k: m[k] for k in ("cosine", "snr_db", "argmax_agreement") if m[k] is not None}
             row.setdefault(backend, {})[g.name] = {"calls": len(idx), "outputs": per}
-            gated = backend == "simulator" or len(got["simulator"]) < len(calls)  # the CPU, where it stands in
             for name, m in per.items():
-                if not gated or name.startswith("present."):
+                if not gated[backend] or name.startswith("present."):
                     # reported, not gated: only the rows a call wrote for real tokens are compared (records.compared),
                     # and on the trained glasslm at w4a16 the simulator's KV of its int4 layers still measured cosine
                     # down to 0.835 (5 dB; the QDQ graph on the CPU >= 0.990) while its logits passed (0.996-0.9993,
