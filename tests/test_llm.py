@@ -338,14 +338,47 @@ def test_hard_linked_external_data_is_read_from_a_copy(decoder: Path, tmp_path: 
     assert len(onnx.load(str(copy)).graph.initializer) == len(onnx.load(decoder / "llama.onnx").graph.initializer)
 
 
-def test_large_parts_run_one_recorded_call_per_graph_on_the_simulator() -> None:
-    """Above SUBSET_ABOVE bytes of QDQ weights the simulator runs the last prefill window and the first token step of
-    each CL (the CPU runs them all); small parts and fp16 run every call."""
-    from ctxbuild.actions.llm_part_eval import SUBSET_ABOVE, on_simulator
+def test_large_parts_run_one_recorded_call_per_covering_graph_on_the_simulator() -> None:
+    """Above SUBSET_ABOVE bytes of QDQ weights the simulator runs one call on each graph that covers an AR and a CL:
+    the largest AR's last prefill window at the smallest CL, AR 1's first token step at the next (the CPU runs them
+    all); small parts and fp16 run every call."""
+    from ctxbuild.actions.llm_part_eval import SUBSET_ABOVE, covering_graphs, on_simulator
     from ctxbuild.llm.records import Call
 
     calls = [Call(0, ar, cl, past, valid, {}, {}) for cl in (64, 128)
              for ar, past, valid in ((16, 0, 16), (16, 16, 4), (1, 20, 1), (1, 21, 1), (1, 18, 1), (1, 19, 1))]
     assert list(on_simulator(calls, "w8a16", SUBSET_ABOVE - 1)) == list(range(12))
     assert list(on_simulator(calls, "fp16", 10 * SUBSET_ABOVE)) == list(range(12))
-    assert list(on_simulator(calls, "w4a16", SUBSET_ABOVE)) == [1, 2, 7, 8]
+    assert list(on_simulator(calls, "w4a16", SUBSET_ABOVE)) == [1, 8]
+    assert covering_graphs({128, 1}, {1024, 2048}) == {(128, 1024), (1, 2048)}
+    assert covering_graphs({128, 64, 1}, {1024}) == {(128, 1024), (64, 1024), (1, 1024)}
+    assert covering_graphs({128, 1}, {512, 1024, 2048}) == {(128, 512), (1, 1024), (1, 2048)}
+    assert covering_graphs({1}, {256}) == {(1, 256)}
+
+
+def test_part_check_gates_the_cpu_on_graphs_the_simulator_skipped() -> None:
+    """Graphs the simulator did not run are shown and gated by the QDQ graph on the CPU: a loss there fails the part,
+    named with the backend."""
+    from ctxbuild.actions.llm_part_eval import _result
+    from ctxbuild.llm.records import Call
+    from ctxbuild.llm.static import GraphSpec
+
+    rng = np.random.default_rng(0)
+    mine = {(ar, cl): GraphSpec(f"{'prompt' if ar > 1 else 'token'}_ar{ar}_cl{cl}_1_of_2", 0, ar, cl)
+            for ar in (16, 1) for cl in (64, 128)}
+    calls = [Call(0, ar, cl, 0, ar, {}, {"hidden_states.2": rng.standard_normal((ar, 8)).astype(np.float32)})
+             for cl in (64, 128) for ar in (16, 1)]
+    same = {i: dict(c.outputs) for i, c in enumerate(calls)}
+    sim = {i: o for i, o in same.items() if (calls[i].ar, calls[i].cl) in {(16, 64), (1, 128)}}
+    cpu = {**same, 1: {"hidden_states.2": -calls[1].outputs["hidden_states.2"]}}  # AR 1 at CL 64: simulator skipped it
+    p = {"part": 0, "parts": 2, "precision": "w8a16", "prompts": 1,
+         "thresholds": {"min_cosine": 0.95, "min_token_agreement": 0.75}}
+    result = _result(p, mine, calls, {"simulator": sim, "qdq_cpu": cpu})
+    assert not result["passed"]
+    assert result["failures"] == ["graph token_ar1_cl64_1_of_2, output hidden_states.2: QDQ graph on the CPU cosine "
+                                  "-1.0000 (min 0.95), SNR -6.0 dB over 1 call"], result["failures"]
+    assert set(result["outputs"]) == {"hidden_states.2@prompt_ar16_cl64_1_of_2", "hidden_states.2@token_ar1_cl128_1_of_2",
+                                      "hidden_states.2@token_ar1_cl64_1_of_2 (QDQ graph on the CPU)",
+                                      "hidden_states.2@prompt_ar16_cl128_1_of_2 (QDQ graph on the CPU)"}
+    assert result["by_cl"]["64"]["simulator"]["token_ar1_cl64_1_of_2"]["calls"] == 0
+    assert _result(p, mine, calls, {"simulator": sim, "qdq_cpu": same})["passed"]

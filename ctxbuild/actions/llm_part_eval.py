@@ -5,10 +5,12 @@ outputs (ctxbuild/llm/records.py: per CL the first PREFILL_WINDOWS prefill windo
 DECODE_STEPS token steps). Here the part's graphs are compiled alone (the HTP simulator cannot load the weight-shared multi-graph bundle,
 QNN-NOTES): the same QDQ models with the bundle's options, inside this action's temporary directory, not kept.
 Every recorded call runs on the QDQ graph (CPU EP) and on those twins (simulator, in a child process: a crash there
-is an error here). A part over SUBSET_ABOVE bytes of QDQ weights runs one call per graph on the simulator (at the 1B
-shape one call of an 8-layer part took it 55 s at AR 1 and 226 s at AR 128) and the CPU, covering every call, is gated
-as well (hidden states and logits agreed with the simulator's to ~1e-4 at w8a16; at w4a16 the int4 layers' KV did
-not, see below). fp16 has no QDQ graph: every call runs on the simulator. Each output is compared with the float
+is an error here). A part over SUBSET_ABOVE bytes of QDQ weights compiles and runs on the simulator only the graphs
+that cover each of its sequence lengths and each of its context lengths once (at the 1B shape AR 128 at CL 1024 and AR
+1 at CL 2048, one call each: a call of a 4-layer part took the simulator 50-55 s at AR 1 and 183-216 s at AR 128; the
+other graphs differ from these in shapes only, same weights and encodings), and the CPU, covering every graph and
+call, is gated as well (hidden states and logits agreed with the simulator's to ~1e-4 at w8a16; at w4a16 the int4
+layers' KV did not, see below). fp16 has no QDQ graph: every call runs on the simulator. Each output is compared with the float
 graph's (cosine, SNR), the last part's logits also by top-1 agreement with the float model's tokens. Parts are independent: their checks run side by side, and no other
 part's graphs are loaded. The bundle is an input, so a changed deliverable re-verifies.
 """
@@ -28,14 +30,15 @@ from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.static import GraphSpec
 from ctxbuild.plan.action import Action
 
-# Above this many bytes of a part's QDQ weights the simulator runs one recorded call per graph: a call of a 4-layer
-# part of the 1B shape (~270 MB) took it 50-216 s; the small models' calls take it about a second each.
+# Above this many bytes of a part's QDQ weights the simulator runs one recorded call on each covering graph: a call
+# of a 4-layer part of the 1B shape (~120 MB at w4a16) took it 50-216 s; the small models' calls take it about a second.
 SUBSET_ABOVE = 64 << 20
 
 METHOD = ("the part's QDQ graphs on the CPU on the calls the float decode recorded (per CL the first "
           f"{records.PREFILL_WINDOWS} prefill windows, per prompt and CL the first {records.DECODE_STEPS} token steps), "
           "and its single-graph twins (compiled here, not kept) on the HTP simulator on all of them, or for parts over "
-          f"{SUBSET_ABOVE >> 20} MiB of QDQ weights one per graph (the last window, the first token step; all of them at fp16)")
+          f"{SUBSET_ABOVE >> 20} MiB of QDQ weights one call on the graphs covering each sequence and context length once "
+          "(the largest AR's last window, AR 1's first step; all of them at fp16)")
 BACKENDS = {"simulator": "simulator", "qdq_cpu": "QDQ graph on the CPU"}
 
 Outputs = dict[int, dict[str, np.ndarray]]  # recorded call (its index) -> the compared rows of each output
@@ -55,15 +58,16 @@ def run(ctx: Any) -> None:
     # LoRA slots are required inputs of the QDQ graphs and their twins: fed their defaults, as the wrappers hold them
     slots = {k: slot_defaults_of(Path(a.inputs[f"reference:{g.name}"])) if f"reference:{g.name}" in a.inputs else {}
              for k, g in mine.items()}
+    weights = max((Path(v).stat().st_size for k, v in a.inputs.items() if k.startswith("model:") and k.endswith(".data")),
+                  default=0)
+    simulated = on_simulator(calls, p["precision"], weights)
     start = time.monotonic()
-    twins = {k: _compile(ctx, g) for k, g in mine.items()}
+    twins = {k: _compile(ctx, g) for k, g in mine.items() if k in {(c.ar, c.cl) for c in simulated.values()}}
     ctx.facts["twin_compile_seconds"] = round(time.monotonic() - start, 3)
     ctx.facts["twin_bin_bytes"] = sum(t.with_name(t.name.replace("_ctx.onnx", "_ctx_qnn.bin")).stat().st_size
                                       for t in twins.values())
     start = time.monotonic()
-    weights = max((Path(v).stat().st_size for k, v in a.inputs.items() if k.startswith("model:") and k.endswith(".data")),
-                  default=0)
-    sim, seconds = _simulate(twins, on_simulator(calls, p["precision"], weights), slots, p["timeout_s"])
+    sim, seconds = _simulate(twins, simulated, slots, p["timeout_s"])
     ctx.facts["simulator_seconds"] = round(time.monotonic() - start, 3)
     ctx.facts["simulator_seconds_by_graph"] = {mine[k].name: round(v, 3) for k, v in seconds.items()}
     got = {"simulator": sim}
@@ -112,17 +116,26 @@ def _compared(got: dict[str, np.ndarray], c: records.Call) -> dict[str, np.ndarr
 
 
 def on_simulator(calls: list[records.Call], precision: str, weight_bytes: int) -> dict[int, records.Call]:
-    """The recorded calls the simulator runs, by index: every call of a part under SUBSET_ABOVE; above, one per graph,
-    the largest AR's last recorded window (it reads the earlier window's cache through the mask's padding) and AR 1's
-    first step (it reads a whole prompt's cache), the QDQ graph on the CPU standing in (and gated) for the rest; at
-    fp16 every call, since there is no QDQ graph."""
+    """The recorded calls the simulator runs, by index: every call of a part under SUBSET_ABOVE, and at fp16 (no QDQ
+    graph stands in); above, one call on each of the graphs covering_graphs picks: the largest AR's last recorded
+    window (it reads the earlier window's cache through the mask's padding), AR 1's first step (it reads a whole
+    prompt's cache)."""
     if precision == "fp16" or weight_bytes < SUBSET_ABOVE:
         return dict(enumerate(calls))
     chosen: dict[tuple[int, int], int] = {}
+    covering = covering_graphs({c.ar for c in calls}, {c.cl for c in calls})
     for i, c in enumerate(calls):
-        if c.ar > 1 or (c.ar, c.cl) not in chosen:
+        if (c.ar, c.cl) in covering and (c.ar > 1 or (c.ar, c.cl) not in chosen):
             chosen[(c.ar, c.cl)] = i
     return {i: calls[i] for i in sorted(chosen.values())}
+
+
+def covering_graphs(ars: set[int], cls: set[int]) -> set[tuple[int, int]]:
+    """The fewest (AR, CL) graphs in which every sequence length and every context length occurs: ARs from the largest
+    paired with CLs from the smallest (the costly prefill graph takes the cheapest context), the shorter list's last
+    one repeated."""
+    a, c = sorted(ars, reverse=True), sorted(cls)
+    return {(a[min(i, len(a) - 1)], c[min(i, len(c) - 1)]) for i in range(max(len(a), len(c)))}
 
 
 def _simulate(twins: dict[tuple[int, int], Path], calls: dict[int, records.Call], slots: dict[tuple[int, int], Any],
@@ -206,11 +219,13 @@ def _result(p: dict[str, Any], mine: dict[tuple[int, int], GraphSpec], calls: li
                     result["failures"].append(
                         f"graph {g.name}, output {name}: {BACKENDS[backend]} cosine {m['cosine']:.4f} (min "
                         f"{t['min_cosine']}), SNR {m['snr_db']:.1f} dB over {_calls(len(idx))}")
-        sim = row["simulator"][g.name]["outputs"]
-        main = [n for n in sim if not n.startswith("present.")]
-        kv = sorted((n for n in sim if n.startswith("present.")), key=lambda n: sim[n]["cosine"])[:1]
+        # the simulator's figures; a graph it did not run shows the gated CPU's, named so
+        shown, suffix = ((row["simulator"][g.name]["outputs"], "") if row["simulator"][g.name]["calls"]
+                         else (row["qdq_cpu"][g.name]["outputs"], " (QDQ graph on the CPU)"))
+        main = [n for n in shown if not n.startswith("present.")]
+        kv = sorted((n for n in shown if n.startswith("present.")), key=lambda n: shown[n]["cosine"])[:1]
         for name in main + kv:
-            result["outputs"][f"{name}@{g.name}"] = sim[name]
+            result["outputs"][f"{name}@{g.name}{suffix}"] = shown[name]
     for (backend, cl), counts in sorted(top1.items()):
         agreed, calls_ = sum(a for a, _ in counts), sum(n for _, n in counts)
         if agreed / calls_ < t["min_token_agreement"]:
