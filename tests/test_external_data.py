@@ -10,7 +10,6 @@ import multiprocessing
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import onnx
 import pytest
@@ -111,26 +110,30 @@ def test_scheduler_keeps_running_estimates_within_the_budget() -> None:
     assert s.finished(3) == [(20, "d")]  # ... then starts (and fails its own memory check)
 
 
-def _stage_worker(key: str, log: Any) -> None:
+def _stage_worker(key: str, log: Path) -> None:
+    # the events are appended inside the block, each write done before the next line runs: the file's order is the
+    # lock's (a multiprocessing.Queue's feeder threads may deliver one process's "out" after the next one's "in")
     with fixed_dir(key) as d:
-        log.put(("in", os.getpid()))
+        with open(log, "a") as f:
+            f.write(f"in {os.getpid()}\n")
         (d / "x").write_text(str(os.getpid()))
         time.sleep(0.2)
         assert (d / "x").read_text() == str(os.getpid())
-        log.put(("out", os.getpid()))
+        with open(log, "a") as f:
+            f.write(f"out {os.getpid()}\n")
 
 
-def test_fixed_dir_is_exclusive_per_key_and_leaves_nothing() -> None:
+def test_fixed_dir_is_exclusive_per_key_and_leaves_nothing(tmp_path: Path) -> None:
     """Two OUT dirs compiling the same action at once take turns on its staging directory."""
     key = hashlib.sha256(str(time.time()).encode()).hexdigest()
-    ctx = multiprocessing.get_context("fork")
-    log = ctx.Queue()
-    procs = [ctx.Process(target=_stage_worker, args=(key, log)) for _ in range(3)]
+    log = tmp_path / "events"
+    procs = [multiprocessing.get_context("fork").Process(target=_stage_worker, args=(key, log)) for _ in range(3)]
     for p in procs:
         p.start()
     for p in procs:
-        p.join(30)
+        p.join(120)
     assert [p.exitcode for p in procs] == [0, 0, 0]
-    events = [log.get(timeout=5) for _ in range(6)]
-    assert all(events[i] == ("in", events[i][1]) and events[i + 1] == ("out", events[i][1]) for i in range(0, 6, 2))
+    events = [line.split() for line in log.read_text().splitlines()]
+    assert len(events) == 6 and {pid for _, pid in events} == {str(p.pid) for p in procs}
+    assert all(events[i] == ["in", events[i][1]] and events[i + 1] == ["out", events[i][1]] for i in range(0, 6, 2))
     assert not list(Path("/tmp").glob(f"ctxbuild-stage-{key[:24]}*"))
