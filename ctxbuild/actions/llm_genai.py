@@ -31,6 +31,7 @@ from typing import Any
 from ctxbuild.errors import ActionError
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
+from ctxbuild.machine import peak_rss
 from ctxbuild.plan.action import Action
 
 INSTALL_HINT = "pip install onnxruntime-genai==0.18.0 (a ctxbuild dependency; docs/llm.md)"
@@ -74,6 +75,7 @@ def run(ctx: Any) -> None:
     float_twin = genai_config.write_twin(shipped, {w: Path(a.inputs[f"float:{g}"]) for w, g in p["wrappers"].items()},
                                          ctx.tmp / "float", session_options=SHARED)  # linked, not copied
     got = _decode(og, float_twin, prompts, p["tokens"])
+    ctx.facts["peak_rss_float_twin"] = peak_rss()  # the record's peak_rss is the whole action's: which run set it
     compared = [min(len(w), room) for w, (_, room) in zip(want, got)]
     diff = next(((i, k, toks[k] if k < len(toks) else None, w[k])
                  for i, (w, (toks, _), n) in enumerate(zip(want, got, compared))
