@@ -1,6 +1,8 @@
 """Memory estimates of an `llm:` recipe's actions at plan time: the split counts the user's external data (an
 exporter's decoder is a small .onnx beside gigabytes of weights), and the actions that hold one context length's
-graphs at a time (quantize, the part checks) count their inputs once per CL, not once per graph of every CL."""
+graphs at a time (quantize, the part checks) count their inputs once per CL, not once per graph of every CL. And what
+keeps those estimates true at LLM sizes: the CPU runner's outputs hold no closed session's memory, and calibration
+keeps its recorded calls compactly."""
 from __future__ import annotations
 
 import sys
@@ -95,3 +97,69 @@ def test_3b_shape_plan_fits_24_gb(tmp_path: Path) -> None:
     genai = next(a for a in plan.actions if a.kind == "llm_genai")
     assert "model" not in genai.inputs  # the original export's tokens come from the split (layout.json)
     assert estimates[genai.id] == memory.BASE + int(memory.factor("llm_genai", genai.params) * sum(floats))
+
+
+def _static(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A 3-layer decoder's static graphs, 2 parts x AR {8, 1} x CL {24}, its layout and 2 prompts."""
+    from ctxbuild.llm import static
+    from ctxbuild.llm.layout import Layout
+
+    cfg = llm_decoder.Config(layers=3, max_positions=64)
+    onnx.save(llm_decoder.decoder(cfg), tmp_path / "llama.onnx")
+    graphs = static.specs(2, [8, 1], [24])
+    dst = {g.name: tmp_path / f"{g.name}.onnx" for g in graphs}
+    shape = static.write_static_graphs(tmp_path / "llama.onnx", 2, [8, 1], [24], dst,
+                                       [tmp_path / static.weights_name(p, 2) for p in range(2)])
+    layout = Layout(shape.layers, shape.kv_heads, shape.head_dim, cfg.vocab, cfg.hidden,
+                    static.part_ranges(shape.layers, 2), graphs, [])
+    return layout, {(g.part, g.ar, g.cl): dst[g.name] for g in graphs}, llm_decoder.prompts(cfg, 2, 11)
+
+
+def test_cpu_runner_outputs_hold_no_session_memory(tmp_path: Path) -> None:
+    """onnxruntime returns views of its session's activation arena; one kept after the session closed keeps the whole
+    arena (a 32 MB output held 190 MB): calibration keeps the previous part's hidden states as its inputs, and at the
+    1B shape 16 AR switches left GBs of closed sessions resident. The runner's outputs own their memory."""
+    from ctxbuild.llm import pipeline
+
+    layout, models, prompts = _static(tmp_path)
+    kept: list[np.ndarray] = []
+
+    def keep(part: int, ar: int, cl: int, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        got = run(part, ar, cl, feeds)
+        kept.extend(got.values())
+        return got
+
+    run = pipeline.cpu_runner(models)
+    pipeline.generate(keep, layout.parts, (layout.kv_heads, layout.head_dim), prompts[0], 3, 24, 8)
+    assert kept and all(v.base is None and v.flags.owndata for v in kept)
+
+
+def test_calibration_keeps_compact_calls_that_give_the_decodes_feeds(tmp_path: Path) -> None:
+    """The quantizer reads exactly what the float decode fed each of the part's graphs (the first MAX_SAMPLES calls),
+    while calibration holds only the past KV rows the prompt filled (at CL 2048 a short prompt's are a few percent)."""
+    from ctxbuild.actions.llm_quantize import _Reader, calibration_feeds
+    from ctxbuild.llm import pipeline
+
+    layout, models, prompts = _static(tmp_path)
+    run = pipeline.cpu_runner(models)
+    fed: dict[tuple[int, int, int], list[dict[str, np.ndarray]]] = {}
+
+    def spy(part: int, ar: int, cl: int, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        fed.setdefault((part, ar, cl), []).append(feeds)
+        return run(part, ar, cl, feeds)
+
+    for prompt in prompts:
+        pipeline.generate(spy, layout.parts, (layout.kv_heads, layout.head_dim), prompt, 6, 24, 8)
+    for part in (0, 1):
+        kept = calibration_feeds(layout, models, prompts, 6, part)
+        assert {k[0] for k in kept} == {part}
+        for key, calls in kept.items():
+            assert len(calls) == min(len(fed[key]), 16)
+            reader = _Reader(calls)
+            for original in fed[key][:len(calls)]:
+                feeds = reader.get_next()
+                assert feeds is not None and feeds.keys() == original.keys()
+                assert all(np.array_equal(feeds[k], original[k]) and feeds[k].dtype == original[k].dtype for k in feeds)
+            assert reader.get_next() is None
+            kv = [v for c in calls for k, v in c.inputs.items() if k.startswith("past_key_values.")]
+            assert kv and all(v.shape[2] == c.past for c in calls for k, v in c.inputs.items() if k.startswith("past_"))
