@@ -51,9 +51,9 @@ def test_one_context_length_at_a_time(tmp_path: Path) -> None:
                     Path(path).write_bytes(b"\0" * 100_000)
         return {a.kind: memory.estimate(a) for a in plan.actions if a.kind in ("llm_quantize", "llm_part_eval")}
 
-    one, two = estimates([64]), estimates([64, 128])
+    one, two = estimates([128]), estimates([64, 128])
     for kind in ("llm_quantize", "llm_part_eval"):  # twice the graphs, the same estimate: one CL's sessions (one
-        # compile) at a time
+        # compile) at a time (the part check's activations grow with the largest CL, the same here)
         assert one[kind] > memory.BASE
         assert abs(two[kind] - one[kind]) <= one[kind] // 50, (kind, one[kind], two[kind])
 

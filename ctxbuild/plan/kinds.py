@@ -49,6 +49,9 @@ class MemoryModel:
     # (params["graphs"]: the action's own part's graphs, one per AR x CL)
     own_graph_factor: float = 0.0  # a later phase holding one of the action's own graphs (params["graphs"]) this
     # many times over (onnxruntime's quantizer); the estimate is the larger phase
+    activations_per_position: int = 0  # bytes the factor's phase holds beyond its weights per position of the
+    # largest of params["context_lengths"]: an LLM's sessions' activations (attention scores, KV inputs, dequantized
+    # weights), which grow with the context and which the weights do not measure
     unoptimized_factor: float | None = None  # with params["optimize"] false: the factor instead of `factor`
     files_once: bool = False  # the sessions map the weight files and share their pages: a file several inputs name
     # (a part's graphs share one) counts once
@@ -201,7 +204,10 @@ class Bundle(Kind):
     uses_qnn = True
     deliverable = True
     multi_graph = True
-    memory = MemoryModel(4.2, ("model:",), {"fp16": 2.2})  # as compile, over all its graphs (2.03x two fp16)
+    # as compile, over all its graphs (2.03x two fp16); an LLM part's w4a16 graphs (one weight file, counted per
+    # graph) 4.2-4.5x: at the 1B shape 2.29 GiB for 4 x 122 MB (4 layers), 6.21 GiB for 4 x 415 MB (the embedding
+    # or head), the 3B shape's 5.84 GiB for 4 x 355 MB, the 1B shape at 2 parts 8.32 GiB for 4 x 537 MB (docs/llm.md)
+    memory = MemoryModel(4.2, ("model:",), {"fp16": 2.2, "w4a16": 4.8})
 
 
 class PrebuiltParams(TypedDict):
@@ -497,9 +503,14 @@ class LlmPartEval(Kind):
     uses_qnn = True
     verification = True
     verdict = True
-    # one graph compiled at a time (as compile: 4.2x its model, whose data is the part's weight file), then one
-    # CL's twins on the simulator, then one CL's QDQ graphs on the CPU
-    memory = MemoryModel(own_graph_factor=4.2)
+    # the covering twins compiled one at a time (as compile at w4a16: 5.5x its model, whose data is the part's weight
+    # file; each in a child), then each CL's twins on the simulator (a child each: 0.3 GiB at the 1B shape), then one
+    # CL's QDQ graphs on the CPU in the action itself, the peak: a session per AR, each holding the part's QDQ weights,
+    # and their activations at the largest CL (attention, the dequantized LM head in the last part). Measured at the
+    # 1B shape, 4 parts (docs/llm.md): 1.61 / 1.60 GiB for 122 MB of QDQ weights, 1.91 / 2.66 GiB for ~415 MB
+    # (embedding / head), at CL 2048: 2.0x one CL's graphs' bytes + 512 KiB per position of the largest CL
+    memory = MemoryModel(2.0, ("model:",), per_context_length=True, own_graph_factor=5.5,
+                         activations_per_position=512 << 10)
 
 
 class LlmPackageParams(TypedDict):
@@ -538,8 +549,10 @@ class LlmGenai(Kind):
     # genai's sessions over the largest CL's float graphs, every part and AR at once, reading each part's weight
     # file mapped in place (actions/llm_genai.py SHARED), then the same over the compiled graphs (smaller, or the
     # same files for fp16): the float files once each, plus genai's KV cache and activations. The original export
-    # is not loaded (llm_split kept its tokens). Measured in docs/llm.md (Verification)
-    memory = MemoryModel(1.1, ("float:",), files_once=True)
+    # is not loaded (llm_split kept its tokens). At the 1B shape (4 parts, 6.0 GB of float files) 1.9 GiB of it
+    # anonymous and 9.5 GiB the files' mapped pages, which RSS counts once per AR session mapping them (11.1 GiB):
+    # in memory the files once, 7.5 GiB; 1.4x the files (docs/llm.md, Verification)
+    memory = MemoryModel(1.4, ("float:",), files_once=True)
 
 
 # --- onnxruntime model packages (`package: true`, plan/packages.py) -----------------------------------------
