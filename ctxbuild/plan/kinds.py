@@ -420,8 +420,10 @@ class LlmSplit(Kind):
     discovers_inputs = True  # the model's external data and the prompt files
     # the original's session, then one CL's graphs of one AR at a time (llm/ar_sessions.py), which hold the model
     # and the tied head's copy: 13.6 GiB for the 3B shape's 12.0 GiB (1.14x), 1.3 GiB for a 0.65 GiB 2-layer
-    # decoder whose head is a third of it (bench/llm_bench.py, docs/llm.md)
-    memory = MemoryModel(1.6, ("model",), user_model=True)
+    # decoder whose head is a third of it; the 1B shape (4.6 GiB) 6.98 GiB at 2 parts, 8.07 at 4, where the records
+    # kept for the part checks held closed sessions' arenas (before pipeline.cpu_runner copied its outputs)
+    # (bench/llm_bench.py, docs/llm.md)
+    memory = MemoryModel(1.7, ("model",), user_model=True)
 
 
 class _LlmQuantizeRequired(TypedDict):
@@ -446,11 +448,15 @@ class LlmQuantize(Kind):
     implementation = "ctxbuild.actions.llm_quantize"
     params = LlmQuantizeParams
     discovers_inputs = True  # the prompt files
-    # calibration: one CL's float sessions of one AR (every part's graphs); then onnxruntime's quantizer on one
-    # graph at a time: model, augmented copy, calibration session, QDQ output. Fitted to the largest measured
-    # (bench/llm_bench.py, docs/llm.md): the 1B shape's 2 parts (3.0 GB graphs) 12.8 and 15.7 GiB (4.5x and 5.5x,
-    # the second holds the tied head), the 3B shape's part 2 of 4 17.4 GiB (calibration, 14.4 GB of parts)
-    memory = MemoryModel(1.3, ("model:",), per_context_length=True, per_sequence_length=True, own_graph_factor=5.6)
+    # calibration: one CL's float sessions of one AR (every part's graphs), reopened at each AR switch, keeping the
+    # part's recorded calls compactly; then onnxruntime's quantizer on one graph at a time (model, augmented copy,
+    # calibration session, QDQ output) on top of what calibration left. At the 1B shape, 4 parts (6.0 GB of float
+    # parts; /proc traced, docs/llm.md): calibration 6.1 GiB with nothing recorded yet (1.07x); the quantizer phase
+    # 5.1 / 6.0 GiB above its floor on a 2.0 GB graph (2.7x; 3.2x with the tied head). Its floor and the calibration
+    # peaks of parts 2-4 (9.4-9.5 GiB) were mostly the full-size recorded KV and the closed sessions' arenas their
+    # recorded hidden states kept, both gone (pipeline.cpu_runner, calibration_feeds); the 1B shape's 2-part quantizes
+    # (12.8 / 15.7 GiB) and the 3B part (17.4 GiB, 2 prompts) held them too
+    memory = MemoryModel(1.3, ("model:",), per_context_length=True, per_sequence_length=True, own_graph_factor=4.5)
 
 
 class _LlmEvalRequired(TypedDict):
