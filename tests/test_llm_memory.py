@@ -115,7 +115,7 @@ def test_1b_shape_estimates_cover_its_measured_peaks(tmp_path: Path) -> None:
                              max_positions=2048)
     plan, estimates = _sparse_plan(tmp_path, cfg, 4)
     measured = {"llm_split/": [8.07], "llm_quantize/llm.part1": [8.11], "bundle/": [6.14, 2.29, 2.26, 6.21],
-                "llm_part_eval/": [1.91, 1.61, 1.60, 2.66], "llm_genai/": [7.5]}
+                "llm_part_eval/": [1.91, 1.61, 1.60, 2.66], "llm_genai/": [7.4]}
     for prefix, peaks in measured.items():
         ids = sorted(a.id for a in plan.actions if a.id.startswith(prefix))
         assert len(ids) == len(peaks), (prefix, ids)

@@ -451,9 +451,9 @@ class LlmQuantize(Kind):
     # calibration: one CL's float sessions of one AR (every part's graphs), reopened at each AR switch, keeping the
     # part's recorded calls compactly; then onnxruntime's quantizer on one graph at a time (model, augmented copy,
     # calibration session, QDQ output) on top of what calibration left. At the 1B shape, 4 parts (6.0 GB of float
-    # parts; /proc traced, docs/llm.md): calibration 6.1 GiB with nothing recorded yet (1.07x); the quantizer phase
-    # 5.1 / 6.0 GiB above its floor on a 2.0 GB graph (2.7x; 3.2x with the tied head). Its floor and the calibration
-    # peaks of parts 2-4 (9.4-9.5 GiB) were mostly the full-size recorded KV and the closed sessions' arenas their
+    # parts; /proc traced, docs/llm.md): calibration 5.9 GiB with nothing recorded yet (1.0x; the 3B shape's 14.1 GiB
+    # for 14.4 GB); the quantizer phase 5.1 / 5.9 GiB above its floor on a 2.0 GB graph (2.7x; 3.1x with the tied
+    # head). Its floor and the calibration peaks of parts 2-4 (9.3-9.5 GiB) were mostly the full-size recorded KV and the closed sessions' arenas their
     # recorded hidden states kept, both gone (pipeline.cpu_runner, calibration_feeds); the 1B shape's 2-part quantizes
     # (12.8 / 15.7 GiB) and the 3B part (17.4 GiB, 2 prompts) held them too
     memory = MemoryModel(1.3, ("model:",), per_context_length=True, per_sequence_length=True, own_graph_factor=4.5)
@@ -555,9 +555,9 @@ class LlmGenai(Kind):
     # genai's sessions over the largest CL's float graphs, every part and AR at once, reading each part's weight
     # file mapped in place (actions/llm_genai.py SHARED), then the same over the compiled graphs (smaller, or the
     # same files for fp16): the float files once each, plus genai's KV cache and activations. The original export
-    # is not loaded (llm_split kept its tokens). At the 1B shape (4 parts, 6.0 GB of float files) 1.9 GiB of it
-    # anonymous and 9.5 GiB the files' mapped pages, which RSS counts once per AR session mapping them (11.1 GiB):
-    # in memory the files once, 7.5 GiB; 1.4x the files (docs/llm.md, Verification)
+    # is not loaded (llm_split kept its tokens). At the 1B shape (4 parts, 6.0 GB of float files) 1.8 GiB of it
+    # anonymous and 9.3 GiB the files' mapped pages, which RSS counts once per AR session mapping them (11.1 GiB):
+    # in memory the files once, 7.4 GiB; 1.4x the files (docs/llm.md, Verification)
     memory = MemoryModel(1.4, ("float:",), files_once=True)
 
 
