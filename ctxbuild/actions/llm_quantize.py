@@ -27,6 +27,7 @@ from ctxbuild.llm.ar_sessions import one_ar_runner
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.pipeline import Bound
 from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
+from ctxbuild.llm.records import Call
 from ctxbuild.llm.static import weights_role
 from ctxbuild.plan.action import Action
 
@@ -40,15 +41,16 @@ def discover_inputs(action: Action) -> dict[str, Path]:
 
 
 def calibration_feeds(layout: Layout, models: dict[tuple[int, int, int], Path], prompts: list[np.ndarray],
-                      tokens: int, part: int, bound: Bound | None = None
-                      ) -> dict[tuple[int, int, int], list[dict[str, np.ndarray]]]:
+                      tokens: int, part: int, bound: Bound | None = None) -> dict[tuple[int, int, int], list[Call]]:
     """The first MAX_SAMPLES calls' inputs to each of `part`'s graphs (with its slots' values from `bound`) while the
     float pipeline decodes `prompts` at each CL. One CL's sessions of one AR at a time, and only what is kept is
-    recorded: an LLM's KV-cache inputs are large (at CL 2048 ~8 MB per layer and call)."""
+    recorded, compactly (records.Call: the past KV up to its valid positions; the quantizer reads them expanded):
+    an LLM's KV-cache inputs are large (at CL 2048 ~8 MB per layer and call, of which a short prompt fills a few
+    percent), and they stay through every graph's quantization."""
     from ctxbuild.llm import pipeline
 
     bound = bound or {}
-    feeds: dict[tuple[int, int, int], list[dict[str, np.ndarray]]] = {}
+    feeds: dict[tuple[int, int, int], list[Call]] = {}
     ars = sorted({g.ar for g in layout.graphs})
     for cl in sorted({g.cl for g in layout.graphs}):
         run_cpu = one_ar_runner({k: v for k, v in models.items() if k[2] == cl}, bound)
@@ -56,7 +58,7 @@ def calibration_feeds(layout: Layout, models: dict[tuple[int, int, int], Path], 
         def record(part_: int, ar: int, cl_: int, f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             kept = feeds.setdefault((part_, ar, cl_), []) if part_ == part else []
             if len(kept) < MAX_SAMPLES:
-                kept.append({**f, **bound.get((part_, ar, cl_), {})})
+                kept.append(Call.of(part_, ar, cl_, {**f, **bound.get((part_, ar, cl_), {})}))
             return run_cpu(part_, ar, cl_, f)
 
         for prompt in prompts:
@@ -73,7 +75,7 @@ def run(ctx: Any) -> None:
     floats = layout.models("model", a.inputs)
     prompts = load_prompts(discover_inputs(a), p["samples"], tokenizer_of(a))
     defaults, variants = adapter_variants(a.inputs, floats, p.get("adapters") or {})
-    feeds: dict[tuple[int, int, int], list[dict[str, np.ndarray]]] = {}
+    feeds: dict[tuple[int, int, int], list[Call]] = {}
     try:
         for bound in variants:  # each variant's MAX_SAMPLES calls per graph: the encodings cover all of them
             for key, calls in calibration_feeds(layout, floats, prompts, p["tokens"], p["part"], bound).items():
@@ -174,10 +176,11 @@ def _io_and_sensitive(path: Path) -> tuple[list[str], list[str], list[str]]:
 
 
 class _Reader:
-    """onnxruntime's CalibrationDataReader protocol over recorded feeds."""
+    """onnxruntime's CalibrationDataReader protocol over recorded calls, each expanded as it is read."""
 
-    def __init__(self, samples: list[dict[str, np.ndarray]]) -> None:
+    def __init__(self, samples: list[Call]) -> None:
         self._it = iter(samples)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
-        return next(self._it, None)
+        call = next(self._it, None)
+        return call.feeds() if call is not None else None

@@ -106,7 +106,11 @@ def cpu_runner(models: dict[tuple[int, int, int], Path], bound: Bound | None = N
         names = [o.name for o in s.get_outputs()]
         given = {**bound.get(key, {}), **feeds}
         wanted = [i.name for i in s.get_inputs()] + [i.name for i in s.get_overridable_initializers() if i.name in given]
-        return dict(zip(names, s.run(None, {n: given[n] for n in wanted})))
+        # copies: an output array onnxruntime returns is a view of its session's activation arena, and one kept
+        # (a hidden state recorded as the next part's calibration input, a recorded output) keeps the whole arena
+        # resident after the session closed: a 32 MB output held 190 MB; 16 AR switches of a 1B-shape calibration
+        # held GBs of closed sessions' arenas (docs/llm.md, At LLM sizes)
+        return {n: np.array(v) for n, v in zip(names, s.run(None, {n: given[n] for n in wanted}))}
 
     return run
 

@@ -37,6 +37,17 @@ class Call:
     inputs: dict[str, np.ndarray]  # as recorded (past KV cut to `past`)
     outputs: dict[str, np.ndarray]  # the float graph's: valid rows (logits: the last one)
 
+    @classmethod
+    def of(cls, part: int, ar: int, cl: int, feeds: dict[str, np.ndarray], got: dict[str, np.ndarray] | None = None
+           ) -> "Call":
+        """A call pipeline.generate made, compactly (its `got` outputs: the compared rows): the past KV up to the valid
+        positions, the mask and position ids as the two numbers they are made from; feeds() gives the inputs back."""
+        past = int(feeds["position_ids"][0, 0])
+        valid = int((feeds["attention_mask"][0, 0, -1, cl - ar:] == 0).sum())
+        inputs = {k: (v[:, :, :past].copy() if k.startswith("past_key_values.") else v)
+                  for k, v in feeds.items() if k not in ("attention_mask", "position_ids")}
+        return cls(part, ar, cl, past, valid, inputs, {k: compared(k, v, valid).copy() for k, v in (got or {}).items()})
+
     def feeds(self) -> dict[str, np.ndarray]:
         """The inputs as the graph takes them: past KV padded to CL - AR, the mask and position ids rebuilt."""
         f = {"attention_mask": mask(self.past, self.valid, self.ar, self.cl),
@@ -83,11 +94,7 @@ class Recorder:
             keep = n <= DECODE_STEPS
         if not keep:
             return got
-        past = int(feeds["position_ids"][0, 0])
-        valid = int((feeds["attention_mask"][0, 0, -1, cl - ar:] == 0).sum())
-        inputs = {k: (v[:, :, :past].copy() if k.startswith("past_key_values.") else v)
-                  for k, v in feeds.items() if k not in ("attention_mask", "position_ids")}
-        self.calls.append(Call(part, ar, cl, past, valid, inputs, {k: compared(k, v, valid).copy() for k, v in got.items()}))
+        self.calls.append(Call.of(part, ar, cl, feeds, got))
         return got
 
     def write(self, part: int, path: Path) -> None:

@@ -49,6 +49,9 @@ class MemoryModel:
     # (params["graphs"]: the action's own part's graphs, one per AR x CL)
     own_graph_factor: float = 0.0  # a later phase holding one of the action's own graphs (params["graphs"]) this
     # many times over (onnxruntime's quantizer); the estimate is the larger phase
+    activations_per_position: int = 0  # bytes the factor's phase holds beyond its weights per position of the
+    # largest of params["context_lengths"]: an LLM's sessions' activations (attention scores, KV inputs, dequantized
+    # weights), which grow with the context and which the weights do not measure
     unoptimized_factor: float | None = None  # with params["optimize"] false: the factor instead of `factor`
     files_once: bool = False  # the sessions map the weight files and share their pages: a file several inputs name
     # (a part's graphs share one) counts once
@@ -201,7 +204,10 @@ class Bundle(Kind):
     uses_qnn = True
     deliverable = True
     multi_graph = True
-    memory = MemoryModel(4.2, ("model:",), {"fp16": 2.2})  # as compile, over all its graphs (2.03x two fp16)
+    # as compile, over all its graphs (2.03x two fp16); an LLM part's w4a16 graphs (one weight file, counted per
+    # graph) 4.2-4.5x: at the 1B shape 2.29 GiB for 4 x 122 MB (4 layers), 6.21 GiB for 4 x 415 MB (the embedding
+    # or head), the 3B shape's 5.84 GiB for 4 x 355 MB, the 1B shape at 2 parts 8.32 GiB for 4 x 537 MB (docs/llm.md)
+    memory = MemoryModel(4.2, ("model:",), {"fp16": 2.2, "w4a16": 4.8})
 
 
 class PrebuiltParams(TypedDict):
@@ -414,8 +420,10 @@ class LlmSplit(Kind):
     discovers_inputs = True  # the model's external data and the prompt files
     # the original's session, then one CL's graphs of one AR at a time (llm/ar_sessions.py), which hold the model
     # and the tied head's copy: 13.6 GiB for the 3B shape's 12.0 GiB (1.14x), 1.3 GiB for a 0.65 GiB 2-layer
-    # decoder whose head is a third of it (bench/llm_bench.py, docs/llm.md)
-    memory = MemoryModel(1.6, ("model",), user_model=True)
+    # decoder whose head is a third of it; the 1B shape (4.6 GiB) 6.98 GiB at 2 parts, 8.07 at 4, where the records
+    # kept for the part checks held closed sessions' arenas (before pipeline.cpu_runner copied its outputs)
+    # (bench/llm_bench.py, docs/llm.md)
+    memory = MemoryModel(1.7, ("model",), user_model=True)
 
 
 class _LlmQuantizeRequired(TypedDict):
@@ -440,11 +448,15 @@ class LlmQuantize(Kind):
     implementation = "ctxbuild.actions.llm_quantize"
     params = LlmQuantizeParams
     discovers_inputs = True  # the prompt files
-    # calibration: one CL's float sessions of one AR (every part's graphs); then onnxruntime's quantizer on one
-    # graph at a time: model, augmented copy, calibration session, QDQ output. Fitted to the largest measured
-    # (bench/llm_bench.py, docs/llm.md): the 1B shape's 2 parts (3.0 GB graphs) 12.8 and 15.7 GiB (4.5x and 5.5x,
-    # the second holds the tied head), the 3B shape's part 2 of 4 17.4 GiB (calibration, 14.4 GB of parts)
-    memory = MemoryModel(1.3, ("model:",), per_context_length=True, per_sequence_length=True, own_graph_factor=5.6)
+    # calibration: one CL's float sessions of one AR (every part's graphs), reopened at each AR switch, keeping the
+    # part's recorded calls compactly; then onnxruntime's quantizer on one graph at a time (model, augmented copy,
+    # calibration session, QDQ output) on top of what calibration left. At the 1B shape, 4 parts (6.0 GB of float
+    # parts; /proc traced, docs/llm.md): calibration 5.9 GiB with nothing recorded yet (1.0x; the 3B shape's 14.1 GiB
+    # for 14.4 GB); the quantizer phase 5.1 / 5.9 GiB above its floor on a 2.0 GB graph (2.7x; 3.1x with the tied
+    # head). Its floor and the calibration peaks of parts 2-4 (9.3-9.5 GiB) were mostly the full-size recorded KV and the closed sessions' arenas their
+    # recorded hidden states kept, both gone (pipeline.cpu_runner, calibration_feeds); the 1B shape's 2-part quantizes
+    # (12.8 / 15.7 GiB) and the 3B part (17.4 GiB, 2 prompts) held them too
+    memory = MemoryModel(1.3, ("model:",), per_context_length=True, per_sequence_length=True, own_graph_factor=4.5)
 
 
 class _LlmEvalRequired(TypedDict):
@@ -497,9 +509,14 @@ class LlmPartEval(Kind):
     uses_qnn = True
     verification = True
     verdict = True
-    # one graph compiled at a time (as compile: 4.2x its model, whose data is the part's weight file), then one
-    # CL's twins on the simulator, then one CL's QDQ graphs on the CPU
-    memory = MemoryModel(own_graph_factor=4.2)
+    # the covering twins compiled one at a time (as compile at w4a16: 5.5x its model, whose data is the part's weight
+    # file; each in a child), then each CL's twins on the simulator (a child each: 0.3 GiB at the 1B shape), then one
+    # CL's QDQ graphs on the CPU in the action itself, the peak: a session per AR, each holding the part's QDQ weights,
+    # and their activations at the largest CL (attention, the dequantized LM head in the last part). Measured at the
+    # 1B shape, 4 parts (docs/llm.md): 1.61 / 1.60 GiB for 122 MB of QDQ weights, 1.91 / 2.66 GiB for ~415 MB
+    # (embedding / head), at CL 2048: 2.0x one CL's graphs' bytes + 512 KiB per position of the largest CL
+    memory = MemoryModel(2.0, ("model:",), per_context_length=True, own_graph_factor=5.5,
+                         activations_per_position=512 << 10)
 
 
 class LlmPackageParams(TypedDict):
@@ -538,8 +555,10 @@ class LlmGenai(Kind):
     # genai's sessions over the largest CL's float graphs, every part and AR at once, reading each part's weight
     # file mapped in place (actions/llm_genai.py SHARED), then the same over the compiled graphs (smaller, or the
     # same files for fp16): the float files once each, plus genai's KV cache and activations. The original export
-    # is not loaded (llm_split kept its tokens). Measured in docs/llm.md (Verification)
-    memory = MemoryModel(1.1, ("float:",), files_once=True)
+    # is not loaded (llm_split kept its tokens). At the 1B shape (4 parts, 6.0 GB of float files) 1.8 GiB of it
+    # anonymous and 9.3 GiB the files' mapped pages, which RSS counts once per AR session mapping them (11.1 GiB):
+    # in memory the files once, 7.4 GiB; 1.4x the files (docs/llm.md, Verification)
+    memory = MemoryModel(1.4, ("float:",), files_once=True)
 
 
 # --- onnxruntime model packages (`package: true`, plan/packages.py) -----------------------------------------

@@ -35,6 +35,8 @@ def estimate(action: Any, planned: Mapping[str, int] | None = None) -> int:
         need /= len(action.params["context_lengths"])
     if model.per_sequence_length:
         need /= len(action.params["graphs"]) // len(action.params["context_lengths"])
+    if model.activations_per_position:
+        need += model.activations_per_position * max(action.params["context_lengths"])
     if model.own_graph_factor:
         largest = max(sum(read(action.inputs.get(f"model:{g}{ext}")) for ext in ("", ".data"))
                       for g in action.params["graphs"])
