@@ -191,6 +191,30 @@ def test_example_builds_bundles_per_part_verified_with_a_genai_config(tree: Path
     # a no-op rebuild runs nothing
     again = ctxbuild("build", str(tree), "-o", str(out))
     assert again.code == 0 and "ctxbuild: up to date" in again.out, again.text
+    _covering_checks(tree / "llm_tiny.yaml", out, ctxbuild)
+
+
+def _covering_checks(recipe: Path, out: Path, ctxbuild) -> None:
+    """llm.simulator: covering (what parts over 64 MiB get by default): only the part checks re-run; each compiles and
+    runs on the simulator the AR 16 graph at CL 64 and the AR 1 graph at CL 128, one call each, and the CPU runs and
+    gates all 4 graphs on every recorded call."""
+    recipe.write_text(recipe.read_text().replace("  generate: 8\n", "  generate: 8\n  simulator: covering\n"))
+    before = {i: rec.get("build_id") for i, rec in records(out).items()}
+    r = ctxbuild("build", str(recipe.parent), "-o", str(out))
+    assert r.code == 0, r.text
+    ran = sorted(i for i, rec in records(out).items() if rec.get("build_id") != before.get(i))
+    assert ran == [f"llm_part_eval/llm_tiny.part{p}@{t}" for p in (1, 2) for t in ("SM8650", "SM8750")], ran
+    for target in ("SM8650", "SM8750"):
+        for part in (1, 2):
+            result = json.loads((out / target / "llm_tiny" / "llm_verify" / f"part{part}_of_2.json").read_text())
+            assert result["passed"], result["failures"]
+            sim = {g: c["calls"] for cl in result["by_cl"].values() for g, c in cl["simulator"].items() if c["calls"]}
+            cpu = {g: c["calls"] for cl in result["by_cl"].values() for g, c in cl["qdq_cpu"].items()}
+            assert sim == {f"prompt_ar16_cl64_{part}_of_2": 1, f"token_ar1_cl128_{part}_of_2": 1}, sim
+            assert cpu == {f"{k}_cl{cl}_{part}_of_2": n for cl in (64, 128) for k, n in (("prompt_ar16", 2), ("token_ar1", 4))}
+            assert f"{'hidden_states.2' if part == 1 else 'logits'}@token_ar1_cl64_{part}_of_2 (QDQ graph on the CPU)" \
+                in result["outputs"]
+            assert set(records(out)[f"llm_part_eval/llm_tiny.part{part}@{target}"]["simulator_seconds_by_graph"]) == set(sim)
 
 
 def _weights_stored_once(out: Path, model: Path) -> None:
@@ -350,6 +374,10 @@ def test_large_parts_run_one_recorded_call_per_covering_graph_on_the_simulator()
     assert list(on_simulator(calls, "w8a16", SUBSET_ABOVE - 1)) == list(range(12))
     assert list(on_simulator(calls, "fp16", 10 * SUBSET_ABOVE)) == list(range(12))
     assert list(on_simulator(calls, "w4a16", SUBSET_ABOVE)) == [1, 8]
+    # llm.simulator: the policy whatever the size; fp16 always every call
+    assert list(on_simulator(calls, "w8a16", 1, "covering")) == [1, 8]
+    assert list(on_simulator(calls, "w8a16", 10 * SUBSET_ABOVE, "all")) == list(range(12))
+    assert list(on_simulator(calls, "fp16", 1, "covering")) == list(range(12))
     assert covering_graphs({128, 1}, {1024, 2048}) == {(128, 1024), (1, 2048)}
     assert covering_graphs({128, 64, 1}, {1024}) == {(128, 1024), (64, 1024), (1, 1024)}
     assert covering_graphs({128, 1}, {512, 1024, 2048}) == {(128, 512), (1, 1024), (1, 2048)}
@@ -371,7 +399,7 @@ def test_part_check_gates_the_cpu_on_graphs_the_simulator_skipped() -> None:
     same = {i: dict(c.outputs) for i, c in enumerate(calls)}
     sim = {i: o for i, o in same.items() if (calls[i].ar, calls[i].cl) in {(16, 64), (1, 128)}}
     cpu = {**same, 1: {"hidden_states.2": -calls[1].outputs["hidden_states.2"]}}  # AR 1 at CL 64: simulator skipped it
-    p = {"part": 0, "parts": 2, "precision": "w8a16", "prompts": 1,
+    p = {"part": 0, "parts": 2, "precision": "w8a16", "prompts": 1, "simulator": "covering",
          "thresholds": {"min_cosine": 0.95, "min_token_agreement": 0.75}}
     result = _result(p, mine, calls, {"simulator": sim, "qdq_cpu": cpu})
     assert not result["passed"]

@@ -36,9 +36,13 @@ SUBSET_ABOVE = 64 << 20
 
 METHOD = ("the part's QDQ graphs on the CPU on the calls the float decode recorded (per CL the first "
           f"{records.PREFILL_WINDOWS} prefill windows, per prompt and CL the first {records.DECODE_STEPS} token steps), "
-          "and its single-graph twins (compiled here, not kept) on the HTP simulator on all of them, or for parts over "
-          f"{SUBSET_ABOVE >> 20} MiB of QDQ weights one call on the graphs covering each sequence and context length once "
-          "(the largest AR's last window, AR 1's first step; all of them at fp16)")
+          "and its single-graph twins (compiled here, not kept) on the HTP simulator on {simulated}")
+SIMULATED = {"all": "all of them",
+             "covering": "one call on each graph of those covering each sequence and context length once (the largest "
+                         "AR's last window, AR 1's first step)",
+             "auto": f"all of them, or for parts over {SUBSET_ABOVE >> 20} MiB of QDQ weights one call on each graph of "
+                     "those covering each sequence and context length once (the largest AR's last window, AR 1's "
+                     "first step)"}
 BACKENDS = {"simulator": "simulator", "qdq_cpu": "QDQ graph on the CPU"}
 
 Outputs = dict[int, dict[str, np.ndarray]]  # recorded call (its index) -> the compared rows of each output
@@ -60,7 +64,7 @@ def run(ctx: Any) -> None:
              for k, g in mine.items()}
     weights = max((Path(v).stat().st_size for k, v in a.inputs.items() if k.startswith("model:") and k.endswith(".data")),
                   default=0)
-    simulated = on_simulator(calls, p["precision"], weights)
+    simulated = on_simulator(calls, p["precision"], weights, p["simulator"])
     start = time.monotonic()
     twins = {k: _compile(ctx, g) for k, g in mine.items() if k in {(c.ar, c.cl) for c in simulated.values()}}
     ctx.facts["twin_compile_seconds"] = round(time.monotonic() - start, 3)
@@ -115,12 +119,13 @@ def _compared(got: dict[str, np.ndarray], c: records.Call) -> dict[str, np.ndarr
     return {k: records.compared(k, got[k], c.valid) for k in c.outputs}
 
 
-def on_simulator(calls: list[records.Call], precision: str, weight_bytes: int) -> dict[int, records.Call]:
-    """The recorded calls the simulator runs, by index: every call of a part under SUBSET_ABOVE, and at fp16 (no QDQ
-    graph stands in); above, one call on each of the graphs covering_graphs picks: the largest AR's last recorded
-    window (it reads the earlier window's cache through the mask's padding), AR 1's first step (it reads a whole
-    prompt's cache)."""
-    if precision == "fp16" or weight_bytes < SUBSET_ABOVE:
+def on_simulator(calls: list[records.Call], precision: str, weight_bytes: int, policy: str = "auto"
+                 ) -> dict[int, records.Call]:
+    """The recorded calls the simulator runs, by index (`policy`: llm.simulator): every call at fp16 (no QDQ graph
+    stands in), with "all", and with "auto" for a part under SUBSET_ABOVE; else one call on each of the graphs
+    covering_graphs picks: the largest AR's last recorded window (it reads the earlier window's cache through the
+    mask's padding), AR 1's first step (it reads a whole prompt's cache)."""
+    if precision == "fp16" or policy == "all" or policy == "auto" and weight_bytes < SUBSET_ABOVE:
         return dict(enumerate(calls))
     chosen: dict[tuple[int, int], int] = {}
     covering = covering_graphs({c.ar for c in calls}, {c.cl for c in calls})
@@ -185,7 +190,7 @@ def _result(p: dict[str, Any], mine: dict[tuple[int, int], GraphSpec], calls: li
     from ctxbuild.verify.measure import metrics
 
     t = p["thresholds"]
-    result: dict[str, Any] = {"graph": f"part {p['part'] + 1} of {p['parts']}", "method": METHOD,
+    result: dict[str, Any] = {"graph": f"part {p['part'] + 1} of {p['parts']}", "method": METHOD.format(simulated=SIMULATED["all" if p["precision"] == "fp16" else p["simulator"]]),
                               "precision": p["precision"], "thresholds": t, "prompts": p["prompts"],
                               "prefill_windows": records.PREFILL_WINDOWS, "decode_steps": records.DECODE_STEPS,
                               "by_cl": {}, "outputs": {}, "failures": []}

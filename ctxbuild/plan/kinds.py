@@ -497,6 +497,7 @@ class LlmPartEvalParams(TypedDict):
     prompts: int
     thresholds: dict[str, float]
     timeout_s: float
+    simulator: str  # llm.simulator: auto, all, covering
 
 
 class LlmPartEval(Kind):

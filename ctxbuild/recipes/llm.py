@@ -34,6 +34,7 @@ class LlmSpec:
     genai_tokens: int  # tokens the shipped genai_config.json's check compares per prompt (llm.generate if set)
     min_token_agreement: float
     min_cosine: float
+    simulator: str  # what the part checks run on the simulator: auto, all, covering (llm_part_eval.on_simulator)
     adapters: Adapters | None = None  # LoRA (llm.adapters): slots kept as inputs of every graph reading them
     slot_parts: tuple[int, ...] = ()  # llm.adapters: the parts (0-based) whose graphs read slots
     tokenizer: tuple[Path, ...] = ()  # files copied beside genai_config.json
@@ -115,7 +116,7 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
                    calibration_prompts=spec["prompts"].get("samples", 4), verify_prompts=spec["prompts"].get("verify", 2),
                    generate=spec.get("generate", 8), genai_tokens=spec.get("generate", GENAI_TOKENS),
                    min_token_agreement=spec.get("min_token_agreement", 0.75),
-                   min_cosine=spec.get("min_cosine", 0.95), adapters=adapters, slot_parts=slot_parts,
+                   min_cosine=spec.get("min_cosine", 0.95), simulator=spec.get("simulator", "auto"), adapters=adapters, slot_parts=slot_parts,
                    tokenizer=tokenizer, prompt_tokenizer=prompt_tokenizer)
 
 
