@@ -79,9 +79,9 @@ def test_3b_shape_plan_fits_24_gb(tmp_path: Path) -> None:
     sizes, no bytes). Every build action's estimate before any ran, the files earlier actions will write counted at
     their predicted sizes, fits this 24 GB machine, the verification's too (each part's check; the genai check,
     which counts each part's float weight file once: its AR sessions share the mapped file); the parts are the sizes
-    a device takes. The largest: the split (20.6 GiB), the genai check (19.1), the first and last parts' quantizes
-    (18.7: onnxruntime's quantizer on a 4.4 GB graph, 4.5x) and calibration (17.8: every part's float sessions of
-    one CL and AR, 1.3x their 14.4 GB), docs/llm.md."""
+    a device takes. The largest: the split (20.0 GiB), the genai check (19.1), the first and last parts' quantizes
+    (18.7: onnxruntime's quantizer on a 4.4 GB graph, 4.5x) and calibration (18.3: every part's float sessions of
+    one CL and AR, 1.3x their 14.4 GB, and their activations at CL 2048), docs/llm.md."""
     from ctxbuild.plan.planned_sizes import planned_sizes
 
     cfg = llm_decoder.Config(vocab=128256, hidden=3072, layers=28, heads=24, kv_heads=8, intermediate=8192,

@@ -421,9 +421,10 @@ class LlmSplit(Kind):
     # the original's session, then one CL's graphs of one AR at a time (llm/ar_sessions.py), which hold the model
     # and the tied head's copy: 13.6 GiB for the 3B shape's 12.0 GiB (1.14x), 1.3 GiB for a 0.65 GiB 2-layer
     # decoder whose head is a third of it; the 1B shape (4.6 GiB) 6.98 GiB at 2 parts, 8.07 at 4, where the records
-    # kept for the part checks held closed sessions' arenas (before pipeline.cpu_runner copied its outputs)
-    # (bench/llm_bench.py, docs/llm.md)
-    memory = MemoryModel(1.7, ("model",), user_model=True)
+    # kept for the part checks held closed sessions' arenas (before pipeline.cpu_runner copied its outputs); with
+    # the activations of the static sessions at the largest CL: 1.39 GiB for a 0.62 GB decoder (hidden 1024, 4 parts,
+    # CL 2048; 2.25 GiB before the fix) (bench/llm_bench.py, docs/llm.md)
+    memory = MemoryModel(1.6, ("model",), user_model=True, activations_per_position=256 << 10)
 
 
 class _LlmQuantizeRequired(TypedDict):
@@ -456,7 +457,10 @@ class LlmQuantize(Kind):
     # head). Its floor and the calibration peaks of parts 2-4 (9.3-9.5 GiB) were mostly the full-size recorded KV and the closed sessions' arenas their
     # recorded hidden states kept, both gone (pipeline.cpu_runner, calibration_feeds); the 1B shape's 2-part quantizes
     # (12.8 / 15.7 GiB) and the 3B part (17.4 GiB, 2 prompts) held them too
-    memory = MemoryModel(1.3, ("model:",), per_context_length=True, per_sequence_length=True, own_graph_factor=4.5)
+    # (the part that is not weights, activations at AR 128 x CL 2048 of every part's session, shows on small
+    # decoders: 1.39 GiB for 0.75 GB of float parts, hidden 1024, 4 parts; 2.53 GiB before the fix)
+    memory = MemoryModel(1.3, ("model:",), per_context_length=True, per_sequence_length=True, own_graph_factor=4.5,
+                         activations_per_position=256 << 10)
 
 
 class _LlmEvalRequired(TypedDict):
