@@ -455,7 +455,8 @@ class LlmQuantize(Kind):
     # parts; /proc traced, docs/llm.md): calibration 5.9 GiB with nothing recorded yet (1.0x; the 3B shape's 14.1 GiB
     # for 14.4 GB); the quantizer phase 5.1 / 5.9 GiB above its floor on a 2.0 GB graph (2.7x; 3.1x with the tied
     # head). Its floor and the calibration peaks of parts 2-4 (9.3-9.5 GiB) were mostly the full-size recorded KV and the closed sessions' arenas their
-    # recorded hidden states kept, both gone (pipeline.cpu_runner, calibration_feeds); the 1B shape's 2-part quantizes
+    # recorded hidden states kept, both gone (pipeline.cpu_runner, calibration_feeds): the same build since, 7.42 /
+    # 6.63 / 6.53 / 7.85 GiB for parts 1-4 (estimates 8.77 / 8.05 / 8.05 / 8.78). The 1B shape's 2-part quantizes
     # (12.8 / 15.7 GiB) and the 3B part (17.4 GiB, 2 prompts) held them too
     # (the part that is not weights, activations at AR 128 x CL 2048 of every part's session, shows on small
     # decoders: 1.39 GiB for 0.75 GB of float parts, hidden 1024, 4 parts; 2.53 GiB before the fix)
