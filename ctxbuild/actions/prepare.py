@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import add_defaults, make_slots
 from ctxbuild.errors import ActionError, cause_line
+from ctxbuild.graph import nodenames
 from ctxbuild.graph.modelio import data_path, external_data_files, graph_inputs, load, save_external, save_with_data
 from ctxbuild.graph.samples import for_verification, input_spec, list_samples
 
@@ -95,6 +96,7 @@ def run(ctx: Any) -> None:
         raise ActionError(f"{src}: control flow is not supported on QNN: node {', '.join(flow[:5])}",
                           "export the model without If/Loop/Scan (unroll, or split it into graphs)")
     _fix_shapes(model, src, ctx.action.params["inputs"], ctx.action.recipe_files[0])
+    user = nodenames.outline(model)  # quantization.nodes speaks the user's names: those prepare changes recorded
     slots = ctx.action.params.get("adapter_slots")
     if slots:  # LoRA: slots become graph inputs before folding (folding would rename or merge them)
         defaults = make_slots(model, slots["patterns"], slots["scaling"])
@@ -105,6 +107,7 @@ def run(ctx: Any) -> None:
         save_external(model, src.parent, dst)
     if ctx.action.params.get("rewrite", True):
         _legalize(ctx, dst, lambda: _check_inputs(ctx, model, dst, defaults if slots else {}))
+    _stamp(dst, {nodenames.KEY: nodenames.renamed(user, load(dst, external_data=False).graph.node)})
     if slots:  # the float reference: the same graph with the defaults as overridable initializers
         reference = onnx.load(str(dst))
         add_defaults(reference, defaults)

@@ -57,7 +57,9 @@ def finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, st
                   file=sys.stderr)
         if not failed:
             print("ctxbuild: ninja failed before running an action (see above)", file=sys.stderr)
-        return conclude(opts, 1, noop=noop)
+        # every failure the recipe's own mistake (RecipeError in an action): a bad recipe, not a failed build
+        bad_recipe = failed and all(r.get("exit_code") == 2 for r in failed)
+        return conclude(opts, 2 if bad_recipe else 1, noop=noop)
     return conclude(opts, deploy_gate(opts.out, manifest), noop=noop)
 
 
