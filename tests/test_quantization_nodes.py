@@ -76,6 +76,40 @@ def test_names_prepare_changed_map_to_the_prepared_nodes_and_back(tmp_path: Path
     assert renamed(outline(user), user.graph.node) == {}  # nothing renamed: nothing recorded
 
 
+def test_names_through_onnxruntimes_folding(tmp_path: Path) -> None:
+    """What prepare's optimizer (onnxruntime, basic level) does, recorded the same way: a BatchNorm folded into its
+    Conv maps to the Conv, a Shape chain folded into a constant maps to nothing (it runs nothing)."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    c = 4
+    inits = [numpy_helper.from_array(rng.normal(0, 1, (c, 3, 3, 3)).astype(np.float32), "w"),
+             *(numpy_helper.from_array(v.astype(np.float32), n) for n, v in (
+                 ("gamma", rng.uniform(0.5, 1.5, c)), ("beta", rng.normal(0, 1, c)), ("mu", rng.normal(0, 1, c)),
+                 ("var", rng.uniform(0.5, 1.5, c))))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mu", "var"], ["b"], name="bn"),
+             helper.make_node("Relu", ["b"], ["r"], name="relu"),
+             helper.make_node("Shape", ["r"], ["s"], name="shape"),
+             helper.make_node("Reshape", ["r", "s"], ["y"], name="reshape")]
+    g = helper.make_graph(nodes, "cbr", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 8, 8])], inits)
+    user = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    onnx.save(user, str(tmp_path / "user.onnx"))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(tmp_path / "prepared.onnx")
+    ort.InferenceSession(str(tmp_path / "user.onnx"), so, providers=["CPUExecutionProvider"])
+    prepared = onnx.load(str(tmp_path / "prepared.onnx"))
+    assert [n.name for n in prepared.graph.node] == ["conv", "relu", "reshape"]  # what this test is about
+    record = renamed(outline(user), prepared.graph.node)
+    assert record == {"became": {"bn": ["conv"], "shape": []}, "from": {}}
+    helper.set_model_props(prepared, {KEY: json.dumps(record)})
+    names = Names(prepared)
+    assert [names.resolve(n) for n in ("bn", "shape", "conv")] == [["conv"], [], ["conv"]]
+    assert names.user("conv") == "conv"
+
+
 def test_a_fused_rmsnorm_pinned_by_the_users_name_builds_at_fp16(tmp_path: Path, ctxbuild) -> None:
     """{mean: fp16}: the fused op stays whole and in float between the quantized nodes (the HTP runs QNN's RmsNorm
     in fp16, as an fp16 build does); {mul_norm: {activations: uint16}} on an 8-bit model: every written-out node of
