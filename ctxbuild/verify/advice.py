@@ -91,7 +91,9 @@ def likely_fix(where: str, worst: list[dict[str, Any]], weights: dict[str, float
             fixes.append(f"per-channel weights (quantization.per_channel) or 16-bit weights for "
                          f"{_nodes_field(weighted, 'weights: int16')}")
         if weightless:  # no weights to widen: 16-bit weights would change nothing there
-            fixes.append(f"{', '.join(weightless)} have no weights: fp16 (precision: fp16) keeps their range")
+            fixes.append(f"{', '.join(weightless)} have no weights: fp16 keeps their range, for them alone "
+                         "(quantization.nodes: {" + ", ".join(f"'{n}': fp16" for n in weightless)
+                         + "}) or the whole model (precision: fp16)")
         return f"{said}quantization loses it, most at {listed}, with 16-bit activations already: {'; '.join(fixes)}"
     return (f"{said}quantization loses it, most at {listed}: their activations need more range: 16-bit activations "
             f"(quantization.activations: uint16, or for these nodes {_nodes_field(names, 'activations: uint16')})")

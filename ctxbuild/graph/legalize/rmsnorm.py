@@ -184,8 +184,10 @@ def refuse(model: Any, fused: list[Any], written: dict[str, list[str]]) -> None:
     own (a DequantizeLinear's output for x)."""
     graph = model.graph
     for original in fused:
-        names = written[original.name]
-        group = [n for n in graph.node if n.name in names]
+        by_name = {n.name: n for n in graph.node}
+        group = [by_name[name] for name in written[original.name] if name in by_name]
+        if len(group) != len(written[original.name]):
+            raise ValueError(f"the quantized model lacks nodes of the written-out RMSNorm '{original.name}'")
         first, last = group[0], group[-1]  # x*x, and xn*scale computing the output
         node = type(original)()
         node.CopyFrom(original)
