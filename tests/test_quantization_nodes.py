@@ -64,8 +64,9 @@ def test_names_prepare_changed_map_to_the_prepared_nodes_and_back(tmp_path: Path
     user = onnx.load(str(tmp_path / "m" / "t5norm.onnx"))
     prepared = onnx.ModelProto()
     prepared.CopyFrom(user)
-    assert legalize(prepared, ["rmsnorm"]).rewrites == {"rmsnorm": 1}
-    record = renamed(outline(user), prepared.graph.node)
+    done = legalize(prepared, ["rmsnorm"])
+    assert done.rewrites == {"rmsnorm": 1} and len(done.steps) == 1
+    record = renamed([outline(user), *done.steps])
     assert record == {"became": {n: ["mean_rmsnorm"] for n in NORM}, "from": {"mean_rmsnorm": NORM}}
     helper.set_model_props(prepared, {KEY: json.dumps(record)})
     names = Names(prepared)
@@ -73,7 +74,38 @@ def test_names_prepare_changed_map_to_the_prepared_nodes_and_back(tmp_path: Path
         ["mean_rmsnorm"], ["proj"], ["mean_rmsnorm"], None]
     assert names.user("mean_rmsnorm") == "mean" and names.user("proj") == "proj"
     assert names.close("maen") == "mean" and names.close("porj") == "proj"
-    assert renamed(outline(user), user.graph.node) == {}  # nothing renamed: nothing recorded
+    assert renamed([outline(user), user.graph.node]) == {}  # nothing renamed: nothing recorded
+
+
+def test_each_rewrite_maps_to_its_own_nodes() -> None:
+    """An RMSNorm whose output an Einsum reads: two rules rewrite neighbours (einsum, then rmsnorm), and each user
+    node maps to what its own rule made of it, step by step, not to the other rule's nodes as well."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.uniform(0.5, 1.5, 16).astype(np.float32), "gamma"),
+             numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+             numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+             numpy_helper.from_array(rng.normal(0, 1, (16, 8)).astype(np.float32), "w")]
+    nodes = [helper.make_node("Mul", ["x", "x"], ["sq"], name="square"),
+             helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], name="mean", keepdims=1),
+             helper.make_node("Add", ["ms", "eps"], ["mse"], name="add_eps"),
+             helper.make_node("Sqrt", ["mse"], ["rms"], name="sqrt"),
+             helper.make_node("Div", ["x", "rms"], ["xn"], name="div"),
+             helper.make_node("Mul", ["xn", "gamma"], ["normed"], name="mul_norm"),
+             helper.make_node("Einsum", ["normed", "w"], ["y"], name="proj", equation="bij,jk->bik")]
+    g = helper.make_graph(nodes, "norm_einsum", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])], inits)
+    user = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    prepared = onnx.ModelProto()
+    prepared.CopyFrom(user)
+    done = legalize(prepared, ["einsum", "rmsnorm"])
+    assert done.rewrites == {"einsum": 1, "rmsnorm": 1}
+    record = renamed([outline(user), *done.steps])
+    einsum = record["became"]["proj"]
+    assert record["became"]["mean"] == ["mean_rmsnorm"] and "mean_rmsnorm" not in einsum and einsum, record
+    assert {n.name for n in prepared.graph.node} == {"mean_rmsnorm", *einsum}
+    helper.set_model_props(prepared, {KEY: json.dumps(record)})
+    names = Names(prepared)
+    assert names.user("mean_rmsnorm") == "mean" and {names.user(n) for n in einsum} == {"proj"}
 
 
 def test_names_through_onnxruntimes_folding(tmp_path: Path) -> None:
@@ -102,7 +134,7 @@ def test_names_through_onnxruntimes_folding(tmp_path: Path) -> None:
     ort.InferenceSession(str(tmp_path / "user.onnx"), so, providers=["CPUExecutionProvider"])
     prepared = onnx.load(str(tmp_path / "prepared.onnx"))
     assert [n.name for n in prepared.graph.node] == ["conv", "relu", "reshape"]  # what this test is about
-    record = renamed(outline(user), prepared.graph.node)
+    record = renamed([outline(user), prepared.graph.node])
     assert record == {"became": {"bn": ["conv"], "shape": []}, "from": {}}
     helper.set_model_props(prepared, {KEY: json.dumps(record)})
     names = Names(prepared)

@@ -7,10 +7,13 @@ the difference in the prepared model's metadata (KEY): each user node whose name
 the prepared nodes that took its place ([] when it was folded into constants), and each added node with the user
 nodes it replaced. `Names` reads it both ways.
 
-What took a removed node's place: removed and added nodes are grouped where they are connected: one's output is
-another's input within either model, or a tensor (a kept consumer's input slot, a graph output) is computed by one
-in the user's model and by the other in the prepared one. A removed node maps to the prepared nodes of its group
-(a kept node a fusion grew, Conv for its folded BatchNorm, among them)."""
+What took a removed node's place is decided step by step (onnxruntime's optimizer, then each legalization rule,
+then the optimizer again), each step's map composed with the ones before: a removed node's value flows, through
+other removed nodes, to the input slots of nodes the step kept (or to graph outputs); the added nodes computing
+what those slots read now, with the added nodes they read, took its place. A tensor both models compute by nodes
+of different names ties them directly (a BatchNorm folded into its Conv, which now writes the BatchNorm's output).
+Step by step, one rule's rewrite is not blamed for its neighbour's: a T5 RMSNorm followed by a dynamic-int8
+MatMul maps to the fused op, not to the MatMul too."""
 from __future__ import annotations
 
 import difflib
@@ -32,54 +35,82 @@ def outline(model: Any) -> list[Outline]:
     return [Outline(n.name, list(n.input), list(n.output)) for n in model.graph.node]
 
 
-def renamed(unodes: Sequence[Any], pnodes: Sequence[Any]) -> dict[str, dict[str, list[str]]]:
-    """{"became": {user node: [prepared nodes]}, "from": {added prepared node: [user nodes]}} for the nodes whose
-    names differ between the user's model (`unodes`, in order) and the prepared one (`pnodes`); {} when every
+def renamed(steps: Sequence[Sequence[Any]]) -> dict[str, dict[str, list[str]]]:
+    """{"became": {user node: [prepared nodes]}, "from": {added prepared node: [user nodes]}} over prepare's steps:
+    the node outlines of the user's model first, each step's after it, the prepared model's last; {} when every
     user node kept its name."""
-    pnames = {n.name for n in pnodes if n.name}
-    unames = {n.name for n in unodes if n.name}
-    removed = {i for i, n in enumerate(unodes) if n.name not in pnames}
-    added = {i for i, n in enumerate(pnodes) if n.name not in unames}
-    if not removed:
+    user, final = steps[0], steps[-1]
+    current = {n.name: [n.name] for n in user if n.name}
+    for before, after in zip(steps, steps[1:]):
+        if step := _step(before, after):
+            current = {u: list(dict.fromkeys(x for n in now for x in step.get(n, [n]))) for u, now in current.items()}
+    order = {n.name: i for i, n in enumerate(final)}
+    kept = {n.name for n in user} & set(order)
+    became = {u: sorted(now, key=order.__getitem__) for u, now in current.items() if u not in kept}
+    if not became:
         return {}
-    parent: dict[tuple[str, int], tuple[str, int]] = {}
+    origin: dict[str, list[str]] = {}
+    for u, now in became.items():
+        for p in now:
+            if p not in kept:
+                origin.setdefault(p, []).append(u)
+    return {"became": became, "from": origin}
 
-    def find(k: tuple[str, int]) -> tuple[str, int]:
-        parent.setdefault(k, k)
-        while parent[k] != k:
-            parent[k] = parent[parent[k]]
-            k = parent[k]
-        return k
 
-    def union(a: tuple[str, int], b: tuple[str, int]) -> None:
-        parent[find(a)] = find(b)
+def _step(before: Sequence[Any], after: Sequence[Any]) -> dict[str, list[str]]:
+    """One step's map: each node of `before` that `after` lacks -> the nodes of `after` that took its place."""
+    by_name = {n.name: n for n in after if n.name}
+    producer = {o: n for n in after for o in n.output if o}
 
-    uprod = {o: i for i, n in enumerate(unodes) for o in n.output if o}
-    pprod = {o: i for i, n in enumerate(pnodes) for o in n.output if o}
-    for side, nodes, changed, prod in (("u", unodes, removed, uprod), ("p", pnodes, added, pprod)):
-        for i in changed:  # within one model: a changed node reading what another changed node computes
-            find((side, i))
-            for t in nodes[i].input:
-                if prod.get(t) in changed:
-                    union((side, i), (side, prod[t]))
-    for t, i in uprod.items():  # a tensor both compute, by nodes of different names
-        if t in pprod and unodes[i].name != pnodes[pprod[t]].name:
-            union(("u", i), ("p", pprod[t]))
-    by_name = {n.name: n for n in pnodes if n.name}
-    for n in unodes:  # a kept node's input slot now read from another node
-        kept = by_name.get(n.name) if n.name else None
-        for old, new in zip(n.input, kept.input if kept is not None else []):
-            if old != new and old in uprod and new in pprod and unodes[uprod[old]].name != pnodes[pprod[new]].name:
-                union(("u", uprod[old]), ("p", pprod[new]))
-    members: dict[tuple[str, int], dict[str, list[str]]] = {}
-    for side, nodes in (("u", unodes), ("p", pnodes)):
-        for i, n in enumerate(nodes):
-            if (side, i) in parent and n.name:
-                members.setdefault(find((side, i)), {"u": [], "p": []})[side].append(n.name)
-    became = {unodes[i].name: members[find(("u", i))]["p"] for i in sorted(removed) if unodes[i].name}
-    origin = {pnodes[i].name: [u for u in members[find(("p", i))]["u"] if u not in pnames]
-              for i in sorted(added) if pnodes[i].name and ("p", i) in parent}
-    return {"became": became, "from": {p: u for p, u in origin.items() if u}}
+    def now(n: Any) -> Any | None:
+        """`n` in `after`: by its name, an unnamed node by the tensor it computes (still computed by an unnamed one)."""
+        if n.name:
+            return by_name.get(n.name)
+        p = producer.get(n.output[0]) if n.output else None
+        return p if p is not None and not p.name else None
+
+    gone = [now(n) is None for n in before]
+    if not any(gone[i] and n.name for i, n in enumerate(before)):
+        return {}
+    old = {n.name for n in before if n.name}
+    added = {n.name for n in after if n.name and n.name not in old}
+    readers: dict[str, list[int]] = {}
+    for i, n in enumerate(before):
+        for t in n.input:
+            readers.setdefault(t, []).append(i)
+
+    def upstream(p: Any) -> list[str]:
+        """`p` and the added nodes it reads, through added nodes only."""
+        seen: list[str] = []
+        todo = [p]
+        while todo:
+            n = todo.pop()
+            if n.name not in seen:
+                seen.append(n.name)
+                todo += [producer[t] for t in n.input if t in producer and producer[t].name in added]
+        return seen
+
+    took: dict[int, list[str]] = {}
+    for i in reversed(range(len(before))):  # topological order, reversed: a removed node's removed readers first
+        if not gone[i]:
+            continue
+        found: list[str] = []
+        for t in before[i].output:
+            p = producer.get(t)
+            if p is not None and p.name != before[i].name:  # the same tensor, computed by another node now
+                found += upstream(p) if p.name in added else [p.name]
+                continue
+            for k in readers.get(t, []):
+                if gone[k]:  # removed too: its value flows on through it
+                    found += took.get(k, [])
+                    continue
+                reads = list(now(before[k]).input)
+                for slot in (j for j, x in enumerate(before[k].input) if x == t):  # what a kept reader reads now
+                    p = producer.get(reads[slot]) if slot < len(reads) else None
+                    if p is not None and p.name in added:
+                        found += upstream(p)
+        took[i] = list(dict.fromkeys(n for n in found if n))
+    return {before[i].name: names for i, names in took.items() if before[i].name}
 
 
 class Names:
