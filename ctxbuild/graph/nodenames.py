@@ -81,14 +81,14 @@ def _step(before: Sequence[Any], after: Sequence[Any]) -> dict[str, list[str]]:
 
     def upstream(p: Any) -> list[str]:
         """`p` and the added nodes it reads, through added nodes only."""
-        seen: list[str] = []
+        seen: dict[str, None] = {}
         todo = [p]
         while todo:
             n = todo.pop()
             if n.name not in seen:
-                seen.append(n.name)
+                seen[n.name] = None
                 todo += [producer[t] for t in n.input if t in producer and producer[t].name in added]
-        return seen
+        return list(seen)
 
     took: dict[int, list[str]] = {}
     for i in reversed(range(len(before))):  # topological order, reversed: a removed node's removed readers first
