@@ -20,18 +20,21 @@ from tests.conftest import last_build, records
 NORM = ["pow", "mean", "add_eps", "sqrt", "div", "mul_norm"]  # the RMSNorm's nodes, as T5 exports write it
 
 
-def _model(d: Path) -> None:
+def _model(d: Path, constant_node: bool = False) -> None:
     """x -> Mul (x100) -> RMSNorm written out -> MatMul -> y, with tokens whose scale spans 1..300 (a T5 residual
     stream's): the square reaches ~1e6, past fp16's 65504; 16-bit activations over that range hold no square of a
-    quiet token (its mean square rounds to a step or 0), while the fused op in fp16 keeps every token."""
+    quiet token (its mean square rounds to a step or 0), while the fused op in fp16 keeps every token.
+    `constant_node`: the 100 comes from a Constant node ('hundred'), which prepare folds into an initializer."""
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(np.array(100.0, np.float32), "k"),
+    k = numpy_helper.from_array(np.array(100.0, np.float32), "k")
+    inits = [*([] if constant_node else [k]),
              numpy_helper.from_array(rng.uniform(0.5, 1.5, 64).astype(np.float32), "gamma"),
              numpy_helper.from_array(np.array(2.0, np.float32), "two"),
              numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
              numpy_helper.from_array(np.array([-1], np.int64), "axes"),
              numpy_helper.from_array((rng.normal(0, 1, (64, 32)) / 8).astype(np.float32), "w")]
-    nodes = [helper.make_node("Mul", ["x", "k"], ["h"], name="scale_up"),
+    nodes = [*([helper.make_node("Constant", [], ["k"], name="hundred", value=k)] if constant_node else []),
+             helper.make_node("Mul", ["x", "k"], ["h"], name="scale_up"),
              helper.make_node("Pow", ["h", "two"], ["sq"], name="pow"),
              helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], name="mean", keepdims=1),
              helper.make_node("Add", ["ms", "eps"], ["mse"], name="add_eps"),
@@ -176,13 +179,21 @@ def test_a_fused_rmsnorm_pinned_by_the_users_name_builds_at_fp16(tmp_path: Path,
 
 
 def test_an_unknown_node_name_is_exit_2_with_one_line(tmp_path: Path, ctxbuild) -> None:
+    """A name neither model has: exit 2, one line with the closest of the user's names. A name prepare folded into
+    a constant is the user's, so it builds, with a warning that its pin does nothing."""
     tree = tmp_path / "recipes"
-    _model(tree)
+    _model(tree, constant_node=True)
     (tree / "t5norm.yaml").write_text(HEAD + "precision: int16\nquantization: {nodes: {maen: fp16}}\n")
     r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
     assert r.code == 2, r.text
     (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED ")]
     assert "quantization.nodes: 'maen' is not a node of the model (did you mean 'mean'?)" in line, line
+
+    (tree / "t5norm.yaml").write_text(HEAD + "precision: int16\nquantization: {nodes: {hundred: fp16}}\n"
+                                      "verify: false\n")
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 0, r.text
+    assert "quantization.nodes: hundred: folded into constants by prepare, nothing of them runs" in r.out, r.out
 
 
 def test_the_searchs_answer_names_the_users_nodes_and_pinned_builds_the_same(tmp_path: Path, ctxbuild) -> None:

@@ -30,10 +30,16 @@ def discover_inputs(action: Action) -> dict[str, Path]:
 
 
 def warnings(action: Action) -> list[str]:
+    found = []
     if action.params["random"]:
-        return [f"{action.description}: calibrating on random data (recipe says calibration.random); "
-                "accuracy on real inputs is unknown"]
-    return []
+        found.append(f"{action.description}: calibrating on random data (recipe says calibration.random); "
+                     "accuracy on real inputs is unknown")
+    if nodes := action.params["quantization"].get("nodes"):  # a pinned node prepare folded: its pin does nothing
+        names = Names(load(Path(action.inputs["model"]), external_data=False))
+        if folded := [n for n in nodes if names.resolve(n) == []]:
+            found.append(f"{action.description}: quantization.nodes: {', '.join(folded)}: folded into constants by "
+                         "prepare, nothing of them runs: remove them")
+    return found
 
 
 def run(ctx: Any) -> None:
@@ -123,8 +129,6 @@ def pinned_nodes(model: Any, nodes: dict[str, Any], recipe: str) -> dict[str, An
             raise RecipeError(f"{recipe}: quantization.nodes: '{name}' is not a node of the model",
                               f"did you mean '{close}'?" if close else "use the node names Netron shows for the "
                               "recipe's model")
-        if not found:
-            print(f"{recipe}: quantization.nodes: '{name}' was folded into constants by prepare: nothing of it runs")
         for p in found:
             if out.get(p, o) != o:
                 raise RecipeError(f"{recipe}: quantization.nodes: '{given[p]}' and '{name}' are one node after "
