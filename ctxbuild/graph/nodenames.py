@@ -9,9 +9,9 @@ nodes it replaced. `Names` reads it both ways.
 
 What took a removed node's place is decided step by step (onnxruntime's optimizer, then each legalization rule,
 then the optimizer again), each step's map composed with the ones before: a removed node's value flows, through
-other removed nodes, to the input slots of nodes the step kept (or to graph outputs); the added nodes computing
-what those slots read now, with the added nodes they read, took its place. A tensor both models compute by nodes
-of different names ties them directly (a BatchNorm folded into its Conv, which now writes the BatchNorm's output).
+other removed nodes, to the input slots of nodes the step kept; the added nodes computing what those slots read
+now, with the added nodes they read, took its place. A tensor both models compute by nodes of different names ties
+them directly (a graph output, which keeps its name; a BatchNorm's output, which its Conv writes once folded).
 Step by step, one rule's rewrite is not blamed for its neighbour's: a T5 RMSNorm followed by a dynamic-int8
 MatMul maps to the fused op, not to the MatMul too."""
 from __future__ import annotations
