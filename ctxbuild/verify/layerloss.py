@@ -60,11 +60,16 @@ def activations(model: Path, samples: list[dict[str, np.ndarray]], tmp: Path, ta
     return collect_activations(augmented, _reader(samples))
 
 
+# onnxruntime's own float ops, which onnx's shape inference has no schema for: their first output has their first
+# input's type. SimplifiedLayerNormalization is what prepare's rmsnorm rule writes; the others come from exporters.
+SAME_TYPE_OPS = frozenset({"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
+                           "SkipLayerNormalization", "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "FusedMatMul"})
+
+
 def _typed(src: str) -> str:
-    """`src`, or a copy beside it typing what onnx's shape inference leaves untyped: the output of an op it has no
-    schema for (onnxruntime's SimplifiedLayerNormalization, which prepare's rmsnorm rule writes) gets its first
-    input's type, then what follows it is inferred again. qdq_loss_debug saves only typed tensors: otherwise a
-    fused RMSNorm, and everything after it, would go unmeasured."""
+    """`src`, or a copy beside it typing what onnx's shape inference leaves untyped: the output of one of
+    SAME_TYPE_OPS gets its first input's type, then what follows it is inferred again. qdq_loss_debug saves only
+    typed tensors: otherwise a fused RMSNorm, and everything after it, would go unmeasured."""
     import onnx
     from onnx import helper
 
@@ -72,11 +77,14 @@ def _typed(src: str) -> str:
     inits = {i.name: i.data_type for i in model.graph.initializer}
     added = False
     while True:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model)
+        except Exception:  # noqa: BLE001 - typing is a help here: untyped tensors just go unmeasured, as before
+            break
         known = {**inits, **{v.name: v.type.tensor_type.elem_type for v in [
             *inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output] if v.type.tensor_type.elem_type}}
-        missing = [(n.output[0], known[n.input[0]]) for n in model.graph.node
-                   if n.output and n.output[0] and n.output[0] not in known and n.input and n.input[0] in known]
+        missing = [(n.output[0], known[n.input[0]]) for n in model.graph.node if n.op_type in SAME_TYPE_OPS
+                   and n.output and n.output[0] not in known and n.input and n.input[0] in known]
         if not missing:
             break
         model.graph.value_info.extend(helper.make_tensor_value_info(o, t, None) for o, t in missing)
