@@ -171,14 +171,16 @@ def test_long_node_names_are_shown_whole() -> None:
 def test_hint_for_weightless_nodes_names_no_weights() -> None:
     """The loss at nodes without weights (Magika's softmax: Exp, Max, Tanh) at 16-bit activations: the hint
     used to say "16-bit weights for nodes Exp, Max, Tanh"; now it says they have none, and the field that
-    keeps their range (precision: fp16); a weighted node among them gets the quantization.nodes line."""
+    keeps their range (fp16: for them alone, quantization.nodes, or precision: fp16); a weighted node among them
+    gets the quantization.nodes line."""
     from ctxbuild.verify.advice import likely_fix
 
     worst = [{"node": "/softmax/Exp", "op_type": "Exp"}, {"node": "/softmax/Max", "op_type": "Max"},
              {"node": "/head/MatMul", "op_type": "MatMul"}]
     hint = likely_fix("quantization", worst, {}, {}, 16)
     assert "'/softmax/Exp': {weights" not in hint and "'/softmax/Max': {weights" not in hint, hint
-    assert "/softmax/Exp, /softmax/Max have no weights: fp16 (precision: fp16)" in hint, hint
+    assert ("/softmax/Exp, /softmax/Max have no weights: fp16 keeps their range, for them alone (quantization.nodes: "
+            "{'/softmax/Exp': fp16, '/softmax/Max': fp16}) or the whole model (precision: fp16)") in hint, hint
     assert "quantization.nodes: {'/head/MatMul': {weights: int16}}" in hint, hint
     only = likely_fix("quantization", worst[:2], {}, {}, 16)
     assert "weights: int16" not in only and "per-channel" not in only, only

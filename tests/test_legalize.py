@@ -510,20 +510,26 @@ def test_fused_rmsnorm_at_int16(tmp_path: Path, ctxbuild) -> None:
     assert min(o["cosine"] for o in verify["outputs"].values()) > 0.999, verify
 
 
-def test_rmsnorm_unfused_matches_the_fused_op() -> None:
-    """rmsnorm.unfuse writes the fused op out again: the same outputs on the CPU EP (float noise)."""
-    from ctxbuild.graph.legalize.rmsnorm import unfuse
+def test_rmsnorm_unfused_matches_the_fused_op_and_refuses() -> None:
+    """rmsnorm.unfuse writes the fused op out again: the same outputs on the CPU EP (float noise); refuse puts
+    the op back in place of its written-out nodes (what a pin at fp16 keeps), the same model again."""
+    from ctxbuild.graph.legalize.rmsnorm import refuse, unfuse
 
     x = rng().standard_normal((2, 5, 16)).astype(np.float32) * 100
     # onnxruntime registers its op in the ONNX domain, as its fusion writes it
-    fused = _model([helper.make_node("SimplifiedLayerNormalization", ["x", "g"], ["y"], axis=-1, epsilon=1e-6)],
+    fused = _model([helper.make_node("SimplifiedLayerNormalization", ["x", "g"], ["y"], axis=-1, epsilon=1e-6,
+                                     name="norm")],
                    {"x": [2, 5, 16]}, {"y": [2, 5, 16]}, {"g": rng().uniform(0.5, 2, 16).astype(np.float32)}, opset=18)
     written = onnx.ModelProto()
     written.CopyFrom(fused)
-    assert unfuse(written) == 1
+    groups = unfuse(written)
+    assert groups == {"norm": ["norm/Mul_0", "norm/ReduceMean_1", "norm/Add_2", "norm/Sqrt_3", "norm/Div_4",
+                               "norm/Mul_5"]}
     assert {n.op_type for n in written.graph.node} == {"Mul", "ReduceMean", "Add", "Sqrt", "Div"}
     (a,), (b,) = _run(fused, {"x": x}), _run(written, {"x": x})
     assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
+    refuse(written, list(fused.graph.node), groups)
+    assert written.graph == fused.graph
 
 
 def test_rule_names_in_the_schema() -> None:

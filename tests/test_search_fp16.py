@@ -8,15 +8,17 @@ from tests.conftest import last_build, records
 from tests.test_search import AUTO, _compiled, _only, _search
 
 
-def _log_model(d: Path) -> None:
+def _log_model(d: Path, named: bool = True) -> None:
     """y = log(1.5 x) on inputs spread log-uniformly over 1e-4..1e2: one 16-bit integer scale (zero included)
-    cannot hold the small values whose logs are half the output; fp16 keeps ~3 digits at every magnitude."""
+    cannot hold the small values whose logs are half the output; fp16 keeps ~3 digits at every magnitude.
+    `named`: False leaves the nodes without names (ONNX allows it; quantization.nodes cannot name them)."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     k = numpy_helper.from_array(np.full((1, 64), 1.5, np.float32), "k")
-    nodes = [helper.make_node("Mul", ["x", "k"], ["h"], name="scale"), helper.make_node("Log", ["h"], ["y"], name="log")]
+    nodes = [helper.make_node("Mul", ["x", "k"], ["h"], name="scale" if named else ""),
+             helper.make_node("Log", ["h"], ["y"], name="log" if named else "")]
     g = helper.make_graph(nodes, "logs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [k])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), d / "logs.onnx")
@@ -91,67 +93,39 @@ def test_auto_field_needs_precision_auto(tree: Path, tmp_path: Path, ctxbuild) -
     assert r.code == 2 and "plain.yaml:5: `auto` has no effect with precision fp16" in r.err, r.text
 
 
-def _rmsnorm_model(d: Path) -> None:
-    """y = RMSNorm(x) * scale written out (Pow, ReduceMean, Add, Sqrt, Div, Mul), as T5 exports it: prepare fuses
-    it (graph/legalize/rmsnorm.py), 8-bit activations hold ~37 dB of it, fp16 ~69 dB."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.uniform(0.5, 1.5, 64).astype(np.float32), "scale"),
-             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
-             numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
-             numpy_helper.from_array(np.array([-1], np.int64), "axes")]
-    nodes = [helper.make_node("Pow", ["x", "two"], ["sq"], name="pow"),
-             helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], name="mean", keepdims=1),
-             helper.make_node("Add", ["ms", "eps"], ["mse"], name="add_eps"),
-             helper.make_node("Sqrt", ["mse"], ["rms"], name="sqrt"),
-             helper.make_node("Div", ["x", "rms"], ["xn"], name="div"),
-             helper.make_node("Mul", ["xn", "scale"], ["y"], name="mul_scale")]
-    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 8, 64]) for n in ("x", "y")]
-    g = helper.make_graph(nodes, "rms", io[:1], io[1:], inits)
-    d.mkdir(parents=True)
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), d / "rms.onnx")
-    (d / "cal").mkdir()
-    for i in range(8):
-        np.savez(d / "cal" / f"sample_{i:03}.npz", x=rng.normal(0, 3, (1, 8, 64)).astype(np.float32))
-
-
-RMS = ("model: rms.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\nprecision: auto\n"
-       "quantization: [{activations: uint8}]\nverify: {min_snr_db: 50}\n")
-
-
 def test_a_failed_diagnosis_closes_the_mixed_rung_and_the_ladder_reaches_fp16(tmp_path: Path, ctxbuild) -> None:
     """Every integer candidate fails on the CPU, and the mixed rung's diagnosis cannot be turned into a
-    candidate: it blames the fused RMSNorm, which the quantizer sees written out under other names (the
-    growing round's quantize raises). The culprits action closes the mixed rung's gate with that line, the
-    search table shows it, and fp16 passes; with fp16 left out, the failure names it."""
+    candidate: it blames nodes the model gives no name (named by their outputs), which quantization.nodes cannot
+    name (the growing round's quantize raises). The culprits action closes the mixed rung's gate with that line,
+    the search table shows it, and fp16 passes; with fp16 left out, the failure names it."""
     tree = tmp_path / "recipes"
-    _rmsnorm_model(tree)
-    (tree / "rms.yaml").write_text(RMS)
+    tree.mkdir()
+    _log_model(tree, named=False)
+    recipe = LOGS.replace("models/", "")
+    (tree / "logs.yaml").write_text(recipe)
     out = tmp_path / "out"
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 0, r.text
-    s = json.loads((out / "SM8650" / "rms" / "rms_search.json").read_text())
+    s = json.loads((out / "SM8650" / "logs" / "logs_search.json").read_text())
     assert [(c["name"], c["state"]) for c in s["candidates"]] == [
-        ("a8w8", "rejected_cpu"), ("mixed", "not_run"), ("fp16", "passed")]
-    mixed = s["candidates"][1]
-    why = "not run: the diagnosis of rms at a8w8 on SM8650 failed: "
+        ("a16w8", "rejected_cpu"), ("a16w8-pc", "rejected_cpu"), ("a16w16", "rejected_cpu"), ("mixed", "not_run"),
+        ("fp16", "passed")]
+    mixed = s["candidates"][3]
+    why = "not run: the diagnosis of logs at a16w8 on SM8650 failed: "
     assert mixed["note"].startswith(why) and "is not a node of the model" in mixed["note"], mixed
     assert mixed["diagnosis_failed"] == mixed["note"] and "\n" not in mixed["note"]
-    assert s["winner"] == "fp16" and s["candidates"][2]["worst"]["snr_db"] >= 50
-    gate = json.loads((out / ".ctxbuild" / "work" / "search-cpu" / "rms" / "mixed" / "culprits.json").read_text())
+    assert s["winner"] == "fp16" and s["candidates"][4]["worst"]["snr_db"] >= 40
+    gate = json.loads((out / ".ctxbuild" / "work" / "search-cpu" / "logs" / "mixed" / "culprits.json").read_text())
     assert gate == {"run": False, "diagnosis_failed": mixed["note"]}
     recs = records(out)
-    assert recs["culprits/rms"]["status"] == "ok" and recs["culprits/rms"]["diagnosis_failed"] == mixed["note"]
-    assert any(why in w for w in recs["culprits/rms"]["warnings"]), recs["culprits/rms"]
-    log = (out / ".ctxbuild" / "logs" / "select.rms@SM8650.log").read_text()
+    assert recs["culprits/logs"]["status"] == "ok" and recs["culprits/logs"]["diagnosis_failed"] == mixed["note"]
+    assert any(why in w for w in recs["culprits/logs"]["warnings"]), recs["culprits/logs"]
+    log = (out / ".ctxbuild" / "logs" / "select.logs@SM8650.log").read_text()
     assert any(ln.startswith("mixed ") and why in ln for ln in log.splitlines()), log
-    assert _compiled(out) == {"compile/rms.fp16@SM8650"}
+    assert _compiled(out) == {"compile/logs.fp16@SM8650"}
 
-    (tree / "rms.yaml").write_text(RMS + "auto: {fp16: false}\n")  # the mixed rung is the last: the build fails
+    (tree / "logs.yaml").write_text(recipe + "auto: {fp16: false}\n")  # the mixed rung is the last: the build fails
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 1, r.text
     line = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED "))
-    assert line.startswith("ctxbuild: FAILED select/rms@SM8650") and why in line, line
+    assert line.startswith("ctxbuild: FAILED select/logs@SM8650") and why in line, line

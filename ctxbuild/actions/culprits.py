@@ -26,6 +26,7 @@ from ctxbuild.actions.quantize import private_input, quantize_model
 from ctxbuild.actions.search_step import known
 from ctxbuild.errors import cause_line, machine_limit
 from ctxbuild.graph.modelio import load
+from ctxbuild.graph.nodenames import Names
 from ctxbuild.graph.samples import for_verification, from_files, input_spec, list_samples, random_samples
 from ctxbuild.plan.action import Action
 from ctxbuild.verify import gates
@@ -103,7 +104,8 @@ def _decide(ctx: Any, target: str, base: str, screens: dict[str, Any]) -> dict[s
         d["where"] = "quantization"  # as the screen measured it on every verification sample
     settings = p["settings"][base]
     outputs = {o.name for o in graph.graph.output}
-    ends = {o: n.name for n in graph.graph.node for o in n.output if o in outputs}  # output -> its node
+    user = Names(graph).user  # the answer speaks the user's node names (prepare's rewrites mapped back)
+    ends = {o: user(n.name) for n in graph.graph.node for o in n.output if o in outputs}  # output -> its node
     wide = target not in p["no_int16_weights"]
     nodes = node_overrides(d, settings, ends, int16_weights=wide)
     ctx.facts.update(diagnose_seconds=round(time.monotonic() - started, 1))

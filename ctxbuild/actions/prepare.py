@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import add_defaults, make_slots
 from ctxbuild.errors import ActionError, cause_line
+from ctxbuild.graph import nodenames
 from ctxbuild.graph.modelio import data_path, external_data_files, graph_inputs, load, save_external, save_with_data
 from ctxbuild.graph.samples import for_verification, input_spec, list_samples
 
@@ -95,6 +96,7 @@ def run(ctx: Any) -> None:
         raise ActionError(f"{src}: control flow is not supported on QNN: node {', '.join(flow[:5])}",
                           "export the model without If/Loop/Scan (unroll, or split it into graphs)")
     _fix_shapes(model, src, ctx.action.params["inputs"], ctx.action.recipe_files[0])
+    user = nodenames.outline(model)  # quantization.nodes speaks the user's names: those prepare changes recorded
     slots = ctx.action.params.get("adapter_slots")
     if slots:  # LoRA: slots become graph inputs before folding (folding would rename or merge them)
         defaults = make_slots(model, slots["patterns"], slots["scaling"])
@@ -103,8 +105,11 @@ def run(ctx: Any) -> None:
         _optimize(model, src, dst, ctx.tmp / "staged")
     else:
         save_external(model, src.parent, dst)
+    steps = [user, nodenames.outline(load(dst, external_data=False))]  # the user's nodes, then each step's
     if ctx.action.params.get("rewrite", True):
-        _legalize(ctx, dst, lambda: _check_inputs(ctx, model, dst, defaults if slots else {}))
+        steps += _legalize(ctx, dst, lambda: _check_inputs(ctx, model, dst, defaults if slots else {}))
+    steps.append(nodenames.outline(load(dst, external_data=False)))
+    _stamp(dst, {nodenames.KEY: nodenames.renamed(steps)})
     if slots:  # the float reference: the same graph with the defaults as overridable initializers
         reference = onnx.load(str(dst))
         add_defaults(reference, defaults)
@@ -153,10 +158,11 @@ def summarize(action: Action) -> dict[str, Any]:
                                                              ("kept", KEPT_KEY)) if key in props}
 
 
-def _legalize(ctx: Any, dst: Path, inputs: Callable[[], tuple[list[dict[str, np.ndarray]], str]]) -> None:
+def _legalize(ctx: Any, dst: Path, inputs: Callable[[], tuple[list[dict[str, np.ndarray]], str]]
+              ) -> list[list[nodenames.Outline]]:
     """Rewrite what the HTP cannot run (rules in ctxbuild.graph.legalize), then check the rewrites on `inputs`;
     the weights are loaded only when a rule's op is present. dst keeps the folded model when no rewrite is kept
-    (its metadata then says why)."""
+    (its metadata then says why). Returns the nodes after each rule of the rewrite kept (graph/nodenames.py)."""
     from ctxbuild.graph.legalize import KEPT_KEY, WITHDRAWN_KEY, wanted
 
     optimize, only = ctx.action.params["optimize"], _only(ctx.action.params)
@@ -164,12 +170,12 @@ def _legalize(ctx: Any, dst: Path, inputs: Callable[[], tuple[list[dict[str, np.
     if reasons := _rule_reasons(ctx.action.params, folded):
         ctx.facts["rules"] = reasons
     if not wanted(folded, only):
-        return
+        return []
     first = _rewritten(dst, ctx.tmp / "rewritten", optimize, only)
     if not first.rewrites:
         if first.kept:
             _stamp(dst, {KEPT_KEY: first.kept})
-        return
+        return []
     start = time.monotonic()
     chosen, withdrawn, facts = _checked(ctx, dst, first, *inputs())
     ctx.facts["rewrite_check"] = {"seconds": round(time.monotonic() - start, 3), **facts}
@@ -177,6 +183,7 @@ def _legalize(ctx: Any, dst: Path, inputs: Callable[[], tuple[list[dict[str, np.
         for f in (chosen.path, data_path(chosen.path)):
             os.replace(f, dst.parent / f.name)
     _stamp(dst, {KEPT_KEY: first.kept, WITHDRAWN_KEY: withdrawn})
+    return chosen.steps if chosen is not None else []
 
 
 def _checked(ctx: Any, dst: Path, first: Candidate, samples: list[dict[str, np.ndarray]], on: str
@@ -247,6 +254,7 @@ class Candidate:
     path: Path
     rewrites: dict[str, int]
     kept: dict[str, list[str]]
+    steps: list[list[nodenames.Outline]]  # the nodes after each rule that rewrote
 
 
 def _rewritten(dst: Path, d: Path, optimize: bool, only: list[str]) -> Candidate:
@@ -269,7 +277,7 @@ def _rewritten(dst: Path, d: Path, optimize: bool, only: list[str]) -> Candidate
             shutil.rmtree(legal.parent)
         else:
             save_with_data(model, path)
-    return Candidate(path, done.rewrites, done.kept)
+    return Candidate(path, done.rewrites, done.kept, done.steps)
 
 
 def _stamp(path: Path, props: dict[str, Any]) -> None:

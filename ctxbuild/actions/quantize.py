@@ -1,7 +1,6 @@
 """quantize: QDQ with onnxruntime.quantization's QNN config, calibrated on the recipe's samples."""
 from __future__ import annotations
 
-import difflib
 import itertools
 import os
 import re
@@ -11,10 +10,12 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import CalibrationSet
-from ctxbuild.errors import ActionError, cause_line
+from ctxbuild.atomic import write_bytes
+from ctxbuild.errors import ActionError, RecipeError, cause_line
 from ctxbuild.recipes.quantization import FP16_NODE, QUANT_TYPES, get_qnn_qdq_kwargs
 from ctxbuild.graph.external_data import onnx_readable
 from ctxbuild.graph.modelio import data_path, load
+from ctxbuild.graph.nodenames import Names
 from ctxbuild.verify import gates
 from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
 
@@ -29,10 +30,16 @@ def discover_inputs(action: Action) -> dict[str, Path]:
 
 
 def warnings(action: Action) -> list[str]:
+    found = []
     if action.params["random"]:
-        return [f"{action.description}: calibrating on random data (recipe says calibration.random); "
-                "accuracy on real inputs is unknown"]
-    return []
+        found.append(f"{action.description}: calibrating on random data (recipe says calibration.random); "
+                     "accuracy on real inputs is unknown")
+    if nodes := action.params["quantization"].get("nodes"):  # a pinned node prepare folded: its pin does nothing
+        names = Names(load(Path(action.inputs["model"]), external_data=False))
+        if folded := [n for n in nodes if names.resolve(n) == []]:
+            found.append(f"{action.description}: quantization.nodes: {', '.join(folded)}: folded into constants by "
+                         "prepare, nothing of them runs: remove them")
+    return found
 
 
 def run(ctx: Any) -> None:
@@ -76,16 +83,18 @@ def _quantize(ctx: Any, src: Path) -> None:
 def quantize_model(src: Path, dst: Path, s: dict[str, Any], samples: list[dict[str, np.ndarray]], recipe: str,
                    model: Any = None) -> None:
     """`src` (a private input: private_input) quantized with settings `s`, calibrated on `samples`, to `dst`
-    (weights in `<dst>.data`). `model`: src's proto without weights, when already loaded."""
+    (weights in `<dst>.data`). `model`: src's proto without weights, when already loaded (not changed here)."""
     from onnxruntime.quantization import quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     model = model if model is not None else load(src, external_data=False)
-    overrides = tensor_overrides(model, s, recipe)
-    src = _unfused(model, src)
+    pinned = pinned_nodes(model, s["nodes"], recipe)
+    unfused, src, written = _unfused(model, src)
+    nodes = {q: o for p, o in pinned.items() for q in written.get(p, [p])}  # a written-out RMSNorm: all its nodes
+    overrides = tensor_overrides(unfused, s["tensors"], nodes)
     try:
         config = get_qnn_qdq_config(str(src), _Reader(samples), init_overrides=overrides or None,
-                                    nodes_to_exclude=fp16_nodes(model, s, recipe) or None,
+                                    nodes_to_exclude=[n for n, o in nodes.items() if o == FP16_NODE] or None,
                                     **get_qnn_qdq_kwargs(s))
         if s["percentile"] is not None:
             config.extra_options["CalibPercentile"] = s["percentile"]
@@ -102,30 +111,69 @@ def quantize_model(src: Path, dst: Path, s: dict[str, Any], samples: list[dict[s
                           "ONNX schema", "SimplifiedLayerNormalization comes from prepare's rmsnorm rule (T5-style "
                           "RMSNorm, see docs/legalization.md): build it at precision fp16") from None
     data_path(dst).touch()  # the quantizer writes none when every tensor is small; the plan declares one
+    if fused := [n for n in model.graph.node if n.name in written and pinned.get(n.name) == FP16_NODE]:
+        _refused(dst, fused, written)
 
 
-def _unfused(model: Any, src: Path) -> Path:
-    """The model with prepare's fused RMSNorms written out again (graph/legalize/rmsnorm.py: the quantizer's
-    opset conversion has no schema for them, and quantized activations do not overflow like fp16), saved
-    beside `src` (its weights stay in the data files there); `src` itself when it has none."""
+def pinned_nodes(model: Any, nodes: dict[str, Any], recipe: str) -> dict[str, Any]:
+    """quantization.nodes by the nodes of `model` (the prepared model): each name, the user's model's or the
+    prepared model's own, resolved through what prepare made of it (graph/nodenames.py). A name in neither model,
+    or two names of one node set apart, is the recipe's mistake."""
+    names = Names(model)
+    out: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for name, o in nodes.items():
+        found = names.resolve(name)
+        if found is None:
+            close = names.close(name)
+            raise RecipeError(f"{recipe}: quantization.nodes: '{name}' is not a node of the model",
+                              f"did you mean '{close}'?" if close else "use the node names Netron shows for the "
+                              "recipe's model")
+        for p in found:
+            if out.get(p, o) != o:
+                raise RecipeError(f"{recipe}: quantization.nodes: '{given[p]}' and '{name}' are one node after "
+                                  f"prepare's rewrites ('{p}') with different settings", "keep one of them")
+            out[p], given[p] = o, name
+    return out
+
+
+def _unfused(model: Any, src: Path) -> tuple[Any, Path, dict[str, list[str]]]:
+    """A copy of `model` with prepare's fused RMSNorms written out again (graph/legalize/rmsnorm.py: the quantizer's
+    opset conversion has no schema for them, and quantized activations do not overflow like fp16), the file the
+    quantizer reads (saved beside `src`, its weights staying in the data files there; `src` itself when there is
+    none) and each RMSNorm's written-out nodes."""
     import onnx
 
     from ctxbuild.graph.legalize.rmsnorm import unfuse
 
-    if not unfuse(model):
-        return src
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    written = unfuse(copy)
+    if not written:
+        return copy, src, written
     dst = src.with_name(src.name.replace("-input-", "-unfused-"))
-    onnx.save(model, str(dst))
-    return dst
+    onnx.save(copy, str(dst))
+    return copy, dst, written
+
+
+def _refused(dst: Path, fused: list[Any], written: dict[str, list[str]]) -> None:
+    """The pinned RMSNorms (at fp16: left in float) fused again in the quantized model (rmsnorm.refuse: written out,
+    the HTP's fp16 square overflows); only its proto is rewritten, the weights stay in `<dst>.data`."""
+    from ctxbuild.graph.legalize.rmsnorm import refuse
+
+    qdq = load(dst, external_data=False)
+    refuse(qdq, fused, written)
+    write_bytes(dst, qdq.SerializeToString())
 
 
 # Inputs of these ops that are biases: QDQ quantizes them to int32 from the input and weight scales.
 _BIAS_INPUT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
 
 
-def tensor_overrides(model: Any, s: dict[str, Any], recipe: str) -> dict[str, list[dict[str, Any]]]:
-    """onnxruntime TensorQuantOverrides from the recipe's per-node and per-tensor settings (tensors win).
-    A node override sets the type of the node's weights (initializer inputs, biases excepted) and outputs."""
+def tensor_overrides(model: Any, tensors: dict[str, Any], nodes: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """onnxruntime TensorQuantOverrides from the recipe's per-tensor settings and the per-node ones (`nodes`: by
+    the nodes of `model`, pinned_nodes; tensors win). A node override sets the type of the node's weights
+    (initializer inputs, biases excepted) and outputs."""
     import numpy as np
     from onnxruntime.quantization import QuantType
 
@@ -133,20 +181,20 @@ def tensor_overrides(model: Any, s: dict[str, Any], recipe: str) -> dict[str, li
         return getattr(QuantType, QUANT_TYPES[name])
 
     out: dict[str, list[dict[str, Any]]] = {}
-    if s["nodes"]:
+    if nodes:
         inits = {i.name for i in model.graph.initializer}
-        nodes = named_nodes(model, s, recipe)
-        for name, o in s["nodes"].items():
-            if o == FP16_NODE:  # not quantized at all: fp16_nodes
+        by_name = {n.name: n for n in model.graph.node}
+        for name, o in nodes.items():
+            if o == FP16_NODE:  # not quantized at all: nodes_to_exclude
                 continue
-            node = nodes[name]
+            node = by_name[name]
             for i, t in enumerate(node.input):
                 if t in inits and "weights" in o and i != _BIAS_INPUT.get(node.op_type):
                     out[t] = [{"quant_type": qtype(o["weights"]), "symmetric": o["weights"].startswith("int")}]
             for t in node.output:
                 if "activations" in o:
                     out[t] = [{"quant_type": qtype(o["activations"])}]
-    for name, o in s["tensors"].items():
+    for name, o in tensors.items():
         entry: dict[str, Any] = {}
         if "type" in o:
             entry["quant_type"] = qtype(o["type"])
@@ -157,24 +205,6 @@ def tensor_overrides(model: Any, s: dict[str, Any], recipe: str) -> dict[str, li
             entry["rmin"], entry["rmax"] = np.array(o["rmin"], np.float32), np.array(o["rmax"], np.float32)
         out[name] = [entry]
     return out
-
-
-def named_nodes(model: Any, s: dict[str, Any], recipe: str) -> dict[str, Any]:
-    """The model's nodes by name, after checking that every node quantization.nodes names is one of them."""
-    nodes = {n.name: n for n in model.graph.node}
-    for name in s["nodes"]:
-        if name not in nodes:
-            close = difflib.get_close_matches(name, list(nodes), n=1)
-            raise ActionError(f"{recipe}: quantization.nodes: '{name}' is not a node of the model",
-                              f"did you mean '{close[0]}'?" if close else "use the node names `ctxbuild inspect` "
-                              "or Netron show for the prepared model")
-    return nodes
-
-
-def fp16_nodes(model: Any, s: dict[str, Any], recipe: str) -> list[str]:
-    """The nodes quantization.nodes keeps in float (onnxruntime's nodes_to_exclude): no Q/DQ around them."""
-    named_nodes(model, s, recipe)
-    return [n for n, o in s["nodes"].items() if o == FP16_NODE]
 
 
 class _Reader:

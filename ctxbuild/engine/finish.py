@@ -34,6 +34,8 @@ def finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, st
             print(f"explain: {r['id']}: {_explain(r)}")
     _drop_stale_diagnoses(state, ran)
     failed = [r for r in ran if r.get("status") == "failed"]
+    if rc != 0:  # every failure the recipe's own mistake (a RecipeError in an action): a bad recipe, exit 2
+        rc = 2 if failed and all(r.get("exit_code") == 2 for r in failed) else 1
     _invalidate_downstream(opts.out, state, {r["id"] for r in failed})
     if opts.set_aside_failed:  # --layers sets aside after its diagnosis, which reads the failed graph's files
         ship_only_verified(opts.out, state, pending=pending)
@@ -57,7 +59,7 @@ def finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, st
                   file=sys.stderr)
         if not failed:
             print("ctxbuild: ninja failed before running an action (see above)", file=sys.stderr)
-        return conclude(opts, 1, noop=noop)
+        return conclude(opts, rc, noop=noop)
     return conclude(opts, deploy_gate(opts.out, manifest), noop=noop)
 
 

@@ -77,6 +77,8 @@ def main(spec_arg: str) -> int:
             print(f"ctxbuild: warning: {w}", file=sys.stderr)
     except CtxbuildError as e:
         record.update(status="failed", cause=str(e))
+        if e.exit_code != 1:  # a recipe's mistake found while building (a node name the model lacks): exit 2
+            record["exit_code"] = e.exit_code
         if details := getattr(e, "details", None):  # e.g. a failed verification's metrics
             record["result"] = details
     except Exception as e:  # an action's bug or a library failure: still one clean failure of this edge

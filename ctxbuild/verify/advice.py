@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ctxbuild.graph.nodenames import Names
 from ctxbuild.verify.layerloss import Graph, activations, cpu_side, node_losses
 
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
@@ -20,8 +21,10 @@ HINT_MAX_BYTES = 256 << 20  # verify's fp16 hint runs the float model with every
 
 
 def weights_per_node(model: Any, weight_snr: dict[str, float], role: int = 1) -> dict[str, float]:
-    """node -> SNR of its quantized weight (role 1) or bias (role 2: int32, scale = input x weight scale)."""
-    return {n.name: weight_snr[n.input[role]] for n in model.graph.node
+    """node (the user's name) -> SNR of its quantized weight (role 1) or bias (role 2: int32, scale = input x
+    weight scale)."""
+    names = Names(model)
+    return {names.user(n.name): weight_snr[n.input[role]] for n in model.graph.node
             if n.op_type in WEIGHTED_OPS and len(n.input) > role and n.input[role] in weight_snr}
 
 
@@ -88,7 +91,9 @@ def likely_fix(where: str, worst: list[dict[str, Any]], weights: dict[str, float
             fixes.append(f"per-channel weights (quantization.per_channel) or 16-bit weights for "
                          f"{_nodes_field(weighted, 'weights: int16')}")
         if weightless:  # no weights to widen: 16-bit weights would change nothing there
-            fixes.append(f"{', '.join(weightless)} have no weights: fp16 (precision: fp16) keeps their range")
+            fixes.append(f"{', '.join(weightless)} have no weights: fp16 keeps their range, for them alone "
+                         "(quantization.nodes: {" + ", ".join(f"'{n}': fp16" for n in weightless)
+                         + "}) or the whole model (precision: fp16)")
         return f"{said}quantization loses it, most at {listed}, with 16-bit activations already: {'; '.join(fixes)}"
     return (f"{said}quantization loses it, most at {listed}: their activations need more range: 16-bit activations "
             f"(quantization.activations: uint16, or for these nodes {_nodes_field(names, 'activations: uint16')})")
@@ -112,23 +117,24 @@ def fp16_cause(model: Any, float_acts: dict[str, list[np.ndarray]], among: list[
     a node of `among` reading an infinite or huge constant."""
     from onnx import numpy_helper
 
+    names = Names(model)  # the user's names for the nodes prepare rewrote
     consts = {i.name: i for i in model.graph.initializer}
     consts.update({n.output[0]: a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute
                    if a.name == "value"})
     producer = {o: n for n in model.graph.node for o in n.output}
     for n in model.graph.node:
         if n.op_type == "Log" and (low := _least(float_acts.get(n.input[0], []))) is not None and low < FP16_NORMAL:
-            return (f"fp16 underflow: {n.name or n.output[0]} (Log) reads values down to {low:.3g} in float"
+            return (f"fp16 underflow: {names.user(n.name) or n.output[0]} (Log) reads values down to {low:.3g} in float"
                     f"{_zero_floor(producer.get(n.input[0]), consts)}; the HTP flushes values under {FP16_NORMAL:.2g} "
                     "to 0 and its Log(0) is -7.6, not -inf"), LOG_FIX
         for o in n.output:
             values = [np.asarray(v) for v in float_acts.get(o, []) if np.asarray(v).dtype.kind == "f"]
             top = max((float(np.abs(v[np.isfinite(v)]).max(initial=0)) for v in values), default=0.0)
             if top > FP16_MAX:
-                return (f"fp16 overflow: {n.name or o} ({n.op_type}) computes values up to {top:.3g} in float, beyond "
+                return (f"fp16 overflow: {names.user(n.name) or o} ({n.op_type}) computes values up to {top:.3g} in float, beyond "
                         f"fp16's {FP16_MAX:g}"), FP16_FIX
     for n in model.graph.node:
-        if n.name not in among:
+        if names.user(n.name) not in among:
             continue
         for i in n.input:
             value = numpy_helper.to_array(consts[i]) if i in consts else None
@@ -136,7 +142,7 @@ def fp16_cause(model: Any, float_acts: dict[str, list[np.ndarray]], among: list[
                     (not np.isfinite(value).all() or float(np.abs(value).max()) > FP16_MAX):
                 flat = value.ravel().astype(np.float64)
                 shown = flat[np.argmax(np.where(np.isnan(flat), 0, np.abs(flat)))]
-                return (f"{n.name} ({n.op_type}) reads the constant {i} = {float(shown):g}, beyond fp16's "
+                return (f"{names.user(n.name)} ({n.op_type}) reads the constant {i} = {float(shown):g}, beyond fp16's "
                         f"{FP16_MAX:g}"), FP16_FIX
     return None
 

@@ -4,8 +4,9 @@
 Where the HTP itself loses what the QDQ model keeps on the CPU (an HTP-only loss), the nodes whose own added
 noise on the HTP is worst are left out of quantization (`fp16`: the HTP runs them in fp16 between the
 quantized nodes). Where quantization loses it, the worst nodes get 16-bit weights when they have weights the
-base candidate holds in 8 bits, else `fp16` too. The answer is a `quantization.nodes` mapping of the prepared
-model's node names, a fused group (Conv+Relu) named node by node. An HTP-only loss gets one line as well
+base candidate holds in 8 bits, else `fp16` too. The answer is a `quantization.nodes` mapping of the user's
+model's node names (the diagnosis' rows name a node prepare rewrote by the user's node it replaced:
+graph/nodenames.py), a fused group (Conv+Relu) named node by node. An HTP-only loss gets one line as well
 (htp_only): the growing rounds (grow.py) measure on the CPU and cannot see it, so the line names the nodes the
 diagnosis blames on the HTP and the field that pins them.
 """

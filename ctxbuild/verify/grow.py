@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from ctxbuild.graph.nodenames import Names
 from ctxbuild.recipes.quantization import FP16_NODE
 from ctxbuild.verify.advice import WEIGHTED_OPS
 from ctxbuild.verify.predict import parts
@@ -41,11 +42,18 @@ def worst(result: dict[str, Any]) -> dict[str, Any]:
 def weighted(model: Any) -> list[str]:
     """The nodes whose weights quantization.nodes' {weights: ...} reaches (an initializer weight input)."""
     inits = {i.name for i in model.graph.initializer}
-    return [n.name for n in model.graph.node if n.op_type in WEIGHTED_OPS and len(n.input) > 1 and n.input[1] in inits]
+    return _users(model, [n.name for n in model.graph.node
+                          if n.op_type in WEIGHTED_OPS and len(n.input) > 1 and n.input[1] in inits])
+
+
+def _users(model: Any, names: list[str]) -> list[str]:
+    """The user's names for these prepared nodes (graph/nodenames.py), each once, in order."""
+    user = Names(model).user
+    return list(dict.fromkeys(user(n) for n in names))
 
 
 def ancestors(model: Any, outputs: set[str]) -> list[str]:
-    """The nodes computing `outputs`, in topological (the model's) order."""
+    """The nodes computing `outputs`, in topological (the model's) order, by the user's names."""
     producer = {o: n for n in model.graph.node for o in n.output}
     seen: set[str] = set()
     todo = [producer[o] for o in outputs if o in producer]
@@ -55,7 +63,7 @@ def ancestors(model: Any, outputs: set[str]) -> list[str]:
             continue
         seen.add(n.name)
         todo += [producer[i] for i in n.input if i in producer]
-    return [n.name for n in model.graph.node if n.name in seen]
+    return _users(model, [n.name for n in model.graph.node if n.name in seen])
 
 
 def sizes(pool: int, bound: int) -> list[int]:
@@ -72,9 +80,10 @@ def grow(model: Any, first: dict[str, Any], outputs: set[str], wide: bool,
     needed); `first`: quantization.nodes from the diagnosis (round 1); `outputs`: the failing outputs;
     `wide`: 16-bit weights are the fix (16-bit activations, the target runs them), else fp16; `measure`:
     quantization.nodes -> the QDQ model's CPU result (outputs with slices, as the screen's). When no round
-    clears, the best one measured is the answer (the simulator still verifies it)."""
+    clears, the best one measured is the answer (the simulator still verifies it). Every set names the
+    user's nodes (graph/nodenames.py), as the answer the recipe can pin."""
     fix: Any = {"weights": "int16"} if wide else FP16_NODE
-    kind = weighted(model) if wide else [n.name for n in model.graph.node]
+    kind = weighted(model) if wide else _users(model, [n.name for n in model.graph.node])
     bound = int(len(kind) * MAX_SHARE)
     pool = [n for n in ancestors(model, outputs) if n in set(kind) and n not in first]
     rounds: list[dict[str, Any]] = []

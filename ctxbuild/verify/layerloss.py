@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ctxbuild.graph.nodenames import Names
+
 CAP = 120.0  # the SNR of an exact tensor (a source, or nothing measured upstream)
 
 
@@ -52,10 +54,46 @@ def _private(model: Path, tmp: Path, name: str) -> str:
 def activations(model: Path, samples: list[dict[str, np.ndarray]], tmp: Path, tag: str) -> dict[str, list[np.ndarray]]:
     from onnxruntime.quantization.qdq_loss_debug import collect_activations, modify_model_output_intermediate_tensors
 
-    src = _private(model, tmp, f"{tag}.onnx")
+    src = _typed(_private(model, tmp, f"{tag}.onnx"))
     augmented = str(tmp / f"{tag}.augmented.onnx")
     modify_model_output_intermediate_tensors(src, augmented)
     return collect_activations(augmented, _reader(samples))
+
+
+# onnxruntime's own float ops, which onnx's shape inference has no schema for: their first output has their first
+# input's type. SimplifiedLayerNormalization is what prepare's rmsnorm rule writes; the others come from exporters.
+SAME_TYPE_OPS = frozenset({"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
+                           "SkipLayerNormalization", "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "FusedMatMul"})
+
+
+def _typed(src: str) -> str:
+    """`src`, or a copy beside it typing what onnx's shape inference leaves untyped: the output of one of
+    SAME_TYPE_OPS gets its first input's type, then what follows it is inferred again. qdq_loss_debug saves only
+    typed tensors: otherwise a fused RMSNorm, and everything after it, would go unmeasured."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(src, load_external_data=False)
+    inits = {i.name: i.data_type for i in model.graph.initializer}
+    added = False
+    while True:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model)
+        except Exception:  # noqa: BLE001 - typing is a help here: untyped tensors just go unmeasured, as before
+            break
+        known = {**inits, **{v.name: v.type.tensor_type.elem_type for v in [
+            *inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output] if v.type.tensor_type.elem_type}}
+        missing = [(n.output[0], known[n.input[0]]) for n in model.graph.node if n.op_type in SAME_TYPE_OPS
+                   and n.output and n.output[0] not in known and n.input and n.input[0] in known]
+        if not missing:
+            break
+        model.graph.value_info.extend(helper.make_tensor_value_info(o, t, None) for o, t in missing)
+        added = True
+    if not added:
+        return src
+    dst = str(Path(src).with_suffix(".typed.onnx"))
+    onnx.save(model, dst)
+    return dst
 
 
 def snr_db(ref: Any, got: Any) -> float:
@@ -190,6 +228,7 @@ class Graph:
     """The float model's nodes in topological order, and the SNR a tensor carries from upstream."""
 
     def __init__(self, model: Any) -> None:
+        self.names = Names(model)  # rows speak the user's node names (prepare's rewrites mapped back)
         self.nodes = list(model.graph.node)
         self.producer = {o: n for n in self.nodes for o in n.output}
         self.sources = {i.name for i in model.graph.input} | {i.name for i in model.graph.initializer}
@@ -239,7 +278,8 @@ def fused_group(g: Graph, node: Any, head: str | None) -> list[Any]:
 
 def node_losses(g: Graph, snr: dict[str, float], computed_by: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """Per node with a measured output: SNR in (worst input) and out, and the noise it adds. A node the
-    quantizer fused with the ones after it (Conv+Relu) is one row, named after the first (`fused`: the rest)."""
+    quantizer fused with the ones after it (Conv+Relu) is one row, named after the first (`fused`: the rest).
+    Names are the user's model's (g.names): nodes prepare made of one user node are one row, the worst."""
     memo: dict[str, float] = {}
     rows = {}
     for n in g.nodes:
@@ -250,9 +290,10 @@ def node_losses(g: Graph, snr: dict[str, float], computed_by: dict[str, str] | N
         head = group[0]
         out_snr = min(snr[o] for o in outs)
         in_snr = min((g.upstream(i, snr, memo) for i in head.input if i and i not in g.sources), default=CAP)
-        name = head.name or outs[0]
-        rows[name] = {"node": name, "op_type": "+".join(x.op_type for x in group), "tensor": outs[0],
-                      "fused": [x.name for x in group[1:]],
-                      "snr_in_db": round(in_snr, 2), "snr_db": round(out_snr, 2),
-                      "added_db": _added_db(out_snr, in_snr)}
+        name = g.names.user(head.name) if head.name else outs[0]
+        row = {"node": name, "op_type": "+".join(x.op_type for x in group), "tensor": outs[0],
+               "fused": list(dict.fromkeys(u for x in group[1:] if (u := g.names.user(x.name)) != name)),
+               "snr_in_db": round(in_snr, 2), "snr_db": round(out_snr, 2), "added_db": _added_db(out_snr, in_snr)}
+        if name not in rows or (row["added_db"] or -CAP) > (rows[name]["added_db"] or -CAP):
+            rows[name] = row
     return rows

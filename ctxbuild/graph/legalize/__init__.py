@@ -18,6 +18,7 @@ from ctxbuild.graph.legalize import (batchnorm_params, clip, convtranspose, dyna
                                      log_power, mask_fill, qdq_bias, qdq_unsigned, qdq_weights, rmsnorm,
                                      static_shapes, sum_squares, variance)
 from ctxbuild.graph.legalize.graphview import GraphView, static_shapes_of
+from ctxbuild.graph.nodenames import Outline, outline
 
 # The QDQ rules first: the shape and weight constants they fold are what the later rules' conditions read;
 # sum_squares before log_power, which finds the square its ReduceSumSquare becomes.
@@ -33,6 +34,7 @@ KEPT_LISTED = 5  # per rule: a model with a hundred such nodes lists the first o
 class Legalized:
     rewrites: dict[str, int] = field(default_factory=dict)  # rule -> rewrites made
     kept: dict[str, list[str]] = field(default_factory=dict)  # rule -> "'node' (Op): why" for patterns left alone
+    steps: list[list[Outline]] = field(default_factory=list)  # the nodes after each rule that rewrote (nodenames)
 
 
 def may_apply(model: Any, only: Collection[str] | None = None) -> bool:
@@ -63,6 +65,7 @@ def legalize(model: Any, only: Collection[str] | None = None) -> Legalized:
         if n:
             done.rewrites[rule.NAME] = n
             view.prune()
+            done.steps.append(outline(model))
     if done.rewrites:
         del model.graph.value_info[:]  # rewired tensors may change type (int8 -> float): onnxruntime re-infers
     return done

@@ -138,16 +138,17 @@ def _centred(name: str, producer: dict) -> bool:
     return mean is not None and mean.op_type == "ReduceMean" and mean.input[0] == sub.input[0]
 
 
-def unfuse(model: Any) -> int:
+def unfuse(model: Any) -> dict[str, list[str]]:
     """Write each SimplifiedLayerNormalization out again as plain ops (x / sqrt(mean(x*x) + eps) * scale), in
-    place; returns how many. For the quantizer: it moves 16-bit models to opset 21 and onnx's converter has no
-    schema for onnxruntime's op, and quantized activations have a scale, not fp16's range, so the written-out
-    form does not overflow there."""
+    place; returns each one's name -> its written-out nodes' (named `<name>/<Op>_<k>`). For the quantizer: it moves
+    16-bit models to opset 21 and onnx's converter has no schema for onnxruntime's op, and quantized activations
+    have a scale, not fp16's range, so the written-out form does not overflow there (`refuse` puts back the ones
+    left in float)."""
     from onnx import helper, numpy_helper
 
     g = GraphView(model)
     fused = [n for n in g.graph.node if n.op_type == "SimplifiedLayerNormalization" and len(n.output) == 1]
-    done = 0
+    done: dict[str, list[str]] = {}
     for n in fused:
         attr = {a.name: helper.get_attribute_value(a) for a in n.attribute}
         x, scale, y = n.input[0], n.input[1], n.output[0]
@@ -169,10 +170,37 @@ def unfuse(model: Any) -> int:
         g.graph.node.remove(n)
         for k, node in enumerate(nodes):
             g.graph.node.insert(at + k, node)
-        done += 1
+        done[n.name] = [node.name for node in nodes]
     if done:
         g.reindex()
     return done
+
+
+def refuse(model: Any, fused: list[Any], written: dict[str, list[str]]) -> None:
+    """Put the SimplifiedLayerNormalizations `fused` back in place of what `unfuse` wrote out for them (`written`),
+    in place, in a QDQ model where the quantizer left those nodes in float (quantization.nodes pinned them at fp16):
+    written out, the HTP would compute the square in fp16, the overflow the rule exists for; fused, the EP maps
+    the op whole to QNN's RmsNorm, as an fp16 build runs it. The written-out nodes' inputs are the quantized model's
+    own (a DequantizeLinear's output for x)."""
+    graph = model.graph
+    for original in fused:
+        by_name = {n.name: n for n in graph.node}
+        group = [by_name[name] for name in written[original.name] if name in by_name]
+        if len(group) != len(written[original.name]):
+            raise ValueError(f"the quantized model lacks nodes of the written-out RMSNorm '{original.name}'")
+        first, last = group[0], group[-1]  # x*x, and xn*scale computing the output
+        node = type(original)()
+        node.CopyFrom(original)
+        node.input[:] = [first.input[0], last.input[1]]
+        node.output[:] = [last.output[0]]
+        at = list(graph.node).index(last)
+        graph.node.insert(at + 1, node)
+        for n in group:
+            graph.node.remove(n)
+    read = {i for n in graph.node for i in n.input}
+    dead = [t for t in graph.initializer if t.name not in read]
+    for t in dead:
+        graph.initializer.remove(t)
 
 
 def _axes(g: GraphView, name: str, axes: list[int]) -> str:
