@@ -195,6 +195,7 @@ def replay(figures: dict[str, Any], sibling_rule: bool = True) -> dict[str, Any]
     from ctxbuild.verify.predict import rules
 
     targets = {}
+    total = 0.0  # summed unrounded: each target's figure is rounded for display (several 0.05 s runs add up)
     measured: dict[str, dict[str, dict[str, Any]]] = {}  # recipe -> target -> its verifies: the later targets' siblings
     for sel_id in sorted(figures["targets"], key=lambda s: (s.split("@")[0], TARGETS.index(s.split("@")[1]))):
         fig = figures["targets"][sel_id]
@@ -228,13 +229,14 @@ def replay(figures: dict[str, Any], sibling_rule: bool = True) -> dict[str, Any]
         winner = next((r["name"] for r in rows if r["state"] == "passed"), None)
         if sibling_rule:
             siblings[target] = known_v
+        total += seconds
         targets[sel_id] = {"winner": winner, "simulator_runs": runs, "simulator_s": round(seconds, 1),
                            "states": {r["name"]: r["state"] for r in rows}, "missing": missing,
                            "skipped": {r["name"]: r["why"] for r in rows if r["state"] in ("rejected_cpu", "predicted_fail")},
                            "disagrees": [r["disagrees"] for r in rows if "disagrees" in r]}
     base = figures["base"]
     runs = sum(len(t["simulator_runs"]) for t in targets.values())
-    seconds = round(sum(t["simulator_s"] for t in targets.values()), 1)
+    seconds = round(total, 1)
     winners = {k: t["winner"] for k, t in targets.items()}
     return {"targets": targets, "winners": winners,
             "verify_actions": {"base": base["simulator_runs"], "this tree": runs},
