@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import resource
+from pathlib import Path
 
 from ctxbuild import settings
 from ctxbuild.errors import ActionError
@@ -57,6 +58,16 @@ def peak_rss(*, children: bool = True) -> int:
     if children:
         peak = max(peak, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     return peak * 1024  # Linux reports KiB
+
+
+def proportional_set_size() -> int | None:
+    """This process's PSS in bytes: each resident page once, shared ones divided among their mappings (a file two
+    sessions map counts once, where RSS counts it twice); None where /proc/self/smaps_rollup is missing."""
+    try:
+        text = Path("/proc/self/smaps_rollup").read_text()
+    except OSError:
+        return None
+    return next((int(line.split()[1]) * 1024 for line in text.splitlines() if line.startswith("Pss:")), None)
 
 
 def fmt(n: int) -> str:

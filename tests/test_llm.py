@@ -177,6 +177,9 @@ def test_example_builds_bundles_per_part_verified_with_a_genai_config(tree: Path
         # the build ran that config with onnxruntime-genai (float CPU twin): the original's tokens (generate: 8 set)
         genai = json.loads((d / "genai_verify.json").read_text())
         assert genai["passed"] and genai["tokens_compared"] == [8, 8] and genai["cpu_twin"]["graphs"] == "qdq"
+        rec = records(out)[f"llm_genai/llm_tiny@{target}"]  # what the float twin held (PSS) and its peak RSS
+        if rec["source"] == "run":  # an entry restored from a cache made before these facts existed has none
+            assert 0 < rec["held_float_twin"] <= rec["peak_rss_float_twin"] <= rec["peak_rss"], rec
         assert (d / "cpu_twin" / "genai_config.json").is_file()
         assert wrapper["verification"]["status"] == "passed"
         package = next(a for a in manifest["artifacts"] if a["path"] == f"{target}/llm_tiny/genai_config.json")

@@ -31,7 +31,7 @@ from typing import Any
 from ctxbuild.errors import ActionError
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
-from ctxbuild.machine import peak_rss
+from ctxbuild.machine import peak_rss, proportional_set_size
 from ctxbuild.plan.action import Action
 
 INSTALL_HINT = "pip install onnxruntime-genai==0.18.0 (a ctxbuild dependency; docs/llm.md)"
@@ -74,8 +74,12 @@ def run(ctx: Any) -> None:
 
     float_twin = genai_config.write_twin(shipped, {w: Path(a.inputs[f"float:{g}"]) for w, g in p["wrappers"].items()},
                                          ctx.tmp / "float", session_options=SHARED)  # linked, not copied
-    got = _decode(og, float_twin, prompts, p["tokens"])
-    ctx.facts["peak_rss_float_twin"] = peak_rss()  # the record's peak_rss is the whole action's: which run set it
+    held: dict[str, int] = {}
+    got = _decode(og, float_twin, prompts, p["tokens"], held)
+    # the record's peak_rss is the whole action's and counts the mapped part files once per AR session: what the
+    # float twin's decode set, and what it held (PSS: each page once), which is what the estimate models
+    ctx.facts["peak_rss_float_twin"] = peak_rss()
+    ctx.facts["held_float_twin"] = held.get("pss")
     compared = [min(len(w), room) for w, (_, room) in zip(want, got)]
     diff = next(((i, k, toks[k] if k < len(toks) else None, w[k])
                  for i, (w, (toks, _), n) in enumerate(zip(want, got, compared))
@@ -117,9 +121,11 @@ def run(ctx: Any) -> None:
           f"{len(prompts)} prompts")
 
 
-def _decode(og: Any, twin: Path, prompts: list[Any], tokens: int) -> list[tuple[list[int], int]]:
+def _decode(og: Any, twin: Path, prompts: list[Any], tokens: int, held: dict[str, int] | None = None
+            ) -> list[tuple[list[int], int]]:
     """Per prompt: genai's greedy continuation (up to `tokens`, an EOS or the context length) and how many
-    tokens the context length left after the prompt padded to whole windows."""
+    tokens the context length left after the prompt padded to whole windows. `held` gets the process's PSS after
+    the decode, the model still open (Linux; absent elsewhere)."""
     import numpy as np
 
     model = og.Model(str(twin))
@@ -135,5 +141,7 @@ def _decode(og: Any, twin: Path, prompts: list[Any], tokens: int) -> list[tuple[
         out.append(([int(t) for t in gen.get_sequence(0)[start:]],
                     json.loads((twin / "genai_config.json").read_text())["search"]["max_length"] - start))
         del gen
+    if held is not None and (pss := proportional_set_size()) is not None:
+        held["pss"] = pss
     del model
     return out
