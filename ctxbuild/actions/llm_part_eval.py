@@ -5,7 +5,7 @@ outputs (ctxbuild/llm/records.py: per CL the first PREFILL_WINDOWS prefill windo
 DECODE_STEPS token steps). Here the part's graphs are compiled alone (the HTP simulator cannot load the weight-shared multi-graph bundle,
 QNN-NOTES): the same QDQ models with the bundle's options, inside this action's temporary directory, not kept.
 Every recorded call runs on the QDQ graph (CPU EP) and on those twins (simulator, in a child process: a crash there
-is an error here). A part over SUBSET_ABOVE bytes of QDQ weights compiles and runs on the simulator only the graphs
+is an error here). By default (llm.simulator: auto) a part over SUBSET_ABOVE bytes of QDQ weights compiles and runs on the simulator only the graphs
 that cover each of its sequence lengths and each of its context lengths once (at the 1B shape AR 128 at CL 1024 and AR
 1 at CL 2048, one call each: a call of a 4-layer part took the simulator 50-55 s at AR 1 and 183-216 s at AR 128; the
 other graphs differ from these in shapes only, same weights and encodings), and the CPU, covering every graph and
@@ -190,7 +190,8 @@ def _result(p: dict[str, Any], mine: dict[tuple[int, int], GraphSpec], calls: li
     from ctxbuild.verify.measure import metrics
 
     t = p["thresholds"]
-    result: dict[str, Any] = {"graph": f"part {p['part'] + 1} of {p['parts']}", "method": METHOD.format(simulated=SIMULATED["all" if p["precision"] == "fp16" else p["simulator"]]),
+    simulated = SIMULATED["all" if p["precision"] == "fp16" else p["simulator"]]
+    result: dict[str, Any] = {"graph": f"part {p['part'] + 1} of {p['parts']}", "method": METHOD.format(simulated=simulated),
                               "precision": p["precision"], "thresholds": t, "prompts": p["prompts"],
                               "prefill_windows": records.PREFILL_WINDOWS, "decode_steps": records.DECODE_STEPS,
                               "by_cl": {}, "outputs": {}, "failures": []}
