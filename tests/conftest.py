@@ -151,6 +151,16 @@ def last_build(out: Path) -> dict[str, str]:
     return json.loads((out / ".ctxbuild" / "last_build.json").read_text())["actions"]
 
 
+def assert_pin_rebuilds_from_cache(ctxbuild, tree: Path, out: Path) -> None:
+    """The search's answer pasted into the recipe (`pin`) builds the same QDQ model: a build into a new OUT restores
+    its compile and verify from the cache."""
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    ran = last_build(out)
+    assert {k.split("/")[0]: v for k, v in ran.items() if k.startswith(("compile/", "verify/"))} == {
+        "compile": "cache", "verify": "cache"}, ran
+
+
 @contextmanager
 def small_tmpfs(path: Path, options: str) -> Iterator[Path]:
     """A tmpfs of `options` (e.g. size=48k) mounted on the existing directory `path` for the block; skips

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ctxbuild.graph.legalize import legalize
 from ctxbuild.graph.nodenames import KEY, Names, outline, renamed
-from tests.conftest import last_build, records
+from tests.conftest import assert_pin_rebuilds_from_cache, records
 
 NORM = ["pow", "mean", "add_eps", "sqrt", "div", "mul_norm"]  # the RMSNorm's nodes, as T5 exports write it
 
@@ -145,17 +145,22 @@ def test_names_through_onnxruntimes_folding(tmp_path: Path) -> None:
     assert names.user("conv") == "conv"
 
 
+def _build(ctxbuild, tree: Path, recipe: str, out: Path, code: int = 0):
+    """t5norm.yaml = HEAD + `recipe`, built into `out`; the exit code as expected."""
+    (tree / "t5norm.yaml").write_text(HEAD + recipe)
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == code, r.text
+    return r
+
+
 def test_a_fused_rmsnorm_pinned_by_the_users_name_builds_at_fp16(tmp_path: Path, ctxbuild) -> None:
     """{mean: fp16}: the fused op stays whole and in float between the quantized nodes (the HTP runs QNN's RmsNorm
     in fp16, as an fp16 build does); {mul_norm: {activations: uint16}} on an 8-bit model: every written-out node of
     the RMSNorm computes 16-bit activations."""
     tree = tmp_path / "recipes"
     _model(tree)
-    (tree / "t5norm.yaml").write_text(HEAD + "precision: int16\nquantization: {nodes: {mean: fp16}}\n"
-                                      "verify: {min_snr_db: 30}\n")
     out = tmp_path / "out"
-    r = ctxbuild("build", str(tree), "-o", str(out))
-    assert r.code == 0, r.text
+    _build(ctxbuild, tree, "precision: int16\nquantization: {nodes: {mean: fp16}}\nverify: {min_snr_db: 30}\n", out)
     assert records(out)["verify/t5norm@SM8650"]["result"]["passed"] is True
     qdq = _qdq(out)
     (norm,) = [n for n in qdq.graph.node if n.name == "mean_rmsnorm"]
@@ -164,11 +169,9 @@ def test_a_fused_rmsnorm_pinned_by_the_users_name_builds_at_fp16(tmp_path: Path,
     assert not {"Pow", "ReduceMean", "Sqrt"} & {n.op_type for n in qdq.graph.node}
     assert [n.op_type for n in qdq.graph.node if norm.output[0] in n.input] == ["QuantizeLinear"]
 
-    (tree / "t5norm.yaml").write_text(HEAD + "precision: int8\nquantization: {nodes: {mul_norm: {activations: uint16}}}\n"
-                                      "verify: false\n")
     out = tmp_path / "out8"
-    r = ctxbuild("build", str(tree), "-o", str(out))
-    assert r.code == 0, r.text
+    _build(ctxbuild, tree, "precision: int8\nquantization: {nodes: {mul_norm: {activations: uint16}}}\nverify: false\n",
+           out)
     qdq = _qdq(out)
     zero_point = {n.input[0]: n.input[2] for n in qdq.graph.node if n.op_type == "QuantizeLinear"}
     types = {i.name: i.data_type for i in qdq.graph.initializer}
@@ -183,16 +186,12 @@ def test_an_unknown_node_name_is_exit_2_with_one_line(tmp_path: Path, ctxbuild) 
     a constant is the user's, so it builds, with a warning that its pin does nothing."""
     tree = tmp_path / "recipes"
     _model(tree, constant_node=True)
-    (tree / "t5norm.yaml").write_text(HEAD + "precision: int16\nquantization: {nodes: {maen: fp16}}\n")
-    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
-    assert r.code == 2, r.text
+    r = _build(ctxbuild, tree, "precision: int16\nquantization: {nodes: {maen: fp16}}\n", tmp_path / "out", code=2)
     (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED ")]
     assert "quantization.nodes: 'maen' is not a node of the model (did you mean 'mean'?)" in line, line
 
-    (tree / "t5norm.yaml").write_text(HEAD + "precision: int16\nquantization: {nodes: {hundred: fp16}}\n"
-                                      "verify: false\n")
-    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
-    assert r.code == 0, r.text
+    r = _build(ctxbuild, tree, "precision: int16\nquantization: {nodes: {hundred: fp16}}\nverify: false\n",
+               tmp_path / "out")
     assert "quantization.nodes: hundred: folded into constants by prepare, nothing of them runs" in r.out, r.out
 
 
@@ -202,11 +201,9 @@ def test_the_searchs_answer_names_the_users_nodes_and_pinned_builds_the_same(tmp
     QDQ model, so its compile and verify are restored from the cache."""
     tree = tmp_path / "recipes"
     _model(tree)
-    (tree / "t5norm.yaml").write_text(HEAD + "precision: auto\nquantization: [{}]\nauto: {fp16: false}\n"
-                                      "verify: {min_snr_db: 25}\n")
     out = tmp_path / "out"
-    r = ctxbuild("build", str(tree), "-o", str(out))
-    assert r.code == 0, r.text
+    r = _build(ctxbuild, tree, "precision: auto\nquantization: [{}]\nauto: {fp16: false}\nverify: {min_snr_db: 25}\n",
+               out)
     s = json.loads((out / "SM8650" / "t5norm" / "t5norm_search.json").read_text())
     first, mixed = s["candidates"]
     assert first["state"] in ("rejected_cpu", "failed") and (mixed["state"], s["winner"]) == ("passed", "mixed"), s
@@ -216,8 +213,4 @@ def test_the_searchs_answer_names_the_users_nodes_and_pinned_builds_the_same(tmp
 
     (tree / "t5norm.yaml").write_text(HEAD + "verify: {min_snr_db: 25}\n" + s["pin"])
     out2 = tmp_path / "out2"
-    r = ctxbuild("build", str(tree), "-o", str(out2))
-    assert r.code == 0, r.text
-    ran = last_build(out2)
-    assert {k.split("/")[0]: v for k, v in ran.items() if k.startswith(("compile/", "verify/"))} == {
-        "compile": "cache", "verify": "cache"}, ran
+    assert_pin_rebuilds_from_cache(ctxbuild, tree, out2)

@@ -10,7 +10,7 @@ import onnx
 import yaml
 
 from tests._sliced_model import BOXES, SCORES, write_tree
-from tests.conftest import last_build, records
+from tests.conftest import assert_pin_rebuilds_from_cache, records
 from ctxbuild.verify.culprits import node_overrides
 from ctxbuild.recipes.quantization import settings
 
@@ -50,11 +50,7 @@ def test_a_failing_slice_is_recovered_by_a_mixed_candidate_and_the_answer_pins(t
     assert "the answer keeps head_concat at higher precision" in html and "head_concat: fp16" in html
     (tree / "det.yaml").write_text("model: det.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\n" + s["pin"])
     out2 = tmp_path / "out2"
-    r = ctxbuild("build", str(tree), "-o", str(out2))
-    assert r.code == 0, r.text
-    ran = last_build(out2)
-    assert {k.split("/")[0]: v for k, v in ran.items() if k.startswith(("compile/", "verify/"))} == {
-        "compile": "cache", "verify": "cache"}, ran
+    assert_pin_rebuilds_from_cache(ctxbuild, tree, out2)
     assert (out2 / "SM8650" / "det" / "det_ctx_qnn.bin").read_bytes() == (
         out / "SM8650" / "det" / "det_ctx_qnn.bin").read_bytes()
 
