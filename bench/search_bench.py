@@ -2,10 +2,11 @@
 worktree of a base commit, default: main) against this tree, side by side in one run.
 
 Per implementation: a fresh cache and OUT, `ctxbuild build -j2` of one `precision: auto` recipe per model
-(default ladder a16w8 -> a16w8-pc -> a16w16 -> fp16, default thresholds), wall time, the seconds of every action
-kind (from the action records), how many actions ran, how many verify actions ran the simulator and the
-simulator seconds they recorded (per action: on a loaded machine compare these, not the wall), and each
-target's candidate states. The winners must be the same (asserted). For the CPU screen's margin it also
+(default ladder a16w8 -> a16w8-pc -> a16w16 -> mixed -> fp16, default thresholds), the two builds at the same
+time; wall time, the seconds of every action kind (from the action records), how many actions ran, how many
+verify actions ran the simulator and the simulator seconds they recorded (per action: on a loaded machine compare
+these, not the wall), and each target's candidate states. Where the base found a winner, this tree's must be the
+same (asserted); where it found none, this tree's is listed. For the CPU screen's margin it also
 measures, on the base run's candidates, the QDQ model on the CPU EP against the float model, next to the
 simulator's figures for the same candidate.
 
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +56,9 @@ def write_tree(root: Path, names: list[str]) -> Path:
         (rec / f"{name}.yaml").write_text(
             f"model: {locate(name)}\ninputs: {{{m.input}: {shape}}}\nprecision: auto\n"
             f"calibration: {{dir: data/{name}/cal}}\ntargets: [{', '.join(TARGETS)}]\n"
-            f"verify: {{dir: data/{name}/verify, samples: {VERIFY}, timeout_s: 1800}}\n")
+            # a timeout long enough for the YOLO detector's 640x640 samples on a loaded machine: a verify that
+            # times out fails its candidate and changes the winner
+            f"verify: {{dir: data/{name}/verify, samples: {VERIFY}, timeout_s: 7200}}\n")
     return rec
 
 
@@ -289,19 +293,27 @@ def main() -> int:
             results: dict[str, Any] = {"models": names, "targets": TARGETS, "base": f"{args.base} ({commit})",
                                        "load_before": os.getloadavg(), "cores": os.cpu_count()}
             kept = root / "old.json"
-            ran = json.loads(kept.read_text()) if kept.is_file() else build(
-                base, recipes, root / "out-old", root / "cache-old")
-            kept.write_text(json.dumps(ran))
-            results["old"] = {**ran, **counts(root / "out-old")}
-            print("old:", json.dumps(results["old"], indent=1), flush=True)
-            results["new"] = {**build(ROOT, recipes, root / "out-new", root / "cache-new"), **counts(root / "out-new")}
+            # both builds at once unless the base's is kept: on a shared machine they see the same load (the
+            # base runs longer, and alone at its end: its seconds there are the lower for it)
+            with ThreadPoolExecutor(2) as pool:
+                new = pool.submit(build, ROOT, recipes, root / "out-new", root / "cache-new")
+                ran = json.loads(kept.read_text()) if kept.is_file() else build(
+                    base, recipes, root / "out-old", root / "cache-old")
+                kept.write_text(json.dumps(ran))
+                results["old"] = {**ran, **counts(root / "out-old")}
+                print("old:", json.dumps(results["old"], indent=1), flush=True)
+                results["new"] = {**new.result(), **counts(root / "out-new")}
             print("new:", json.dumps(results["new"], indent=1), flush=True)
             results["load_after"] = os.getloadavg()
             results["cpu_vs_htp"] = cpu_vs_htp(root / "out-old")
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], capture_output=True)
     old, new = results["old"], results["new"]
-    assert old["winners"] == new["winners"], (old["winners"], new["winners"])
+    # the same winner wherever the base found one; where it found none (no fp16 or mixed rung before them), what
+    # this tree found instead is listed
+    kept_winners = {k: w for k, w in old["winners"].items() if w}
+    assert all(new["winners"].get(k) == w for k, w in kept_winners.items()), (old["winners"], new["winners"])
+    results["winners_found_where_base_had_none"] = {k: w for k, w in new["winners"].items() if k not in kept_winners}
     results["ratios"] = {"verify": round(new["seconds_by_kind"].get("verify", 0) / old["seconds_by_kind"].get("verify", 1), 3),
                          "simulator": round(new["simulator_s"] / max(old["simulator_s"], 1e-9), 3),
                          "wall": round(new["wall_s"] / old["wall_s"], 3)}
