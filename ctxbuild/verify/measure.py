@@ -51,16 +51,30 @@ def metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, float | None]:
     return {"cosine": round(cosine, 6), "snr_db": round(snr, 3), "max_abs": float(diff.max()),
             "mean_abs": float(diff.mean()), "argmax_agreement": argmax}
 
-SPLIT_HINT = ("its size depends on the input data, which QNN's fixed shapes cannot follow: split the model (build "
-              "the static part as its own graph, run the data-dependent rest on the CPU)")
+SPLIT_HINT = "its size depends on the input data, which QNN's fixed shapes cannot follow: split the model"
+# When the model has none of the data-dependent ops graph/cut.py knows, the field is all the hint can name.
+_SPLIT_BY_HAND = ("build the static part alone with `outputs: [...]` in the recipe (the tensors the data-dependent "
+                  "nodes read), and run the rest in the app")
 
 
-def compare(reference: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> dict[str, dict[str, float | None]]:
-    """metrics() per output, after checking the compiled model's output has the float model's size."""
+def split_hint(model: Path | None) -> str:
+    """SPLIT_HINT with the recipe line that builds `model`'s static part and the nodes it leaves to the app, as
+    the model names them (graph/cut.py)."""
+    from ctxbuild.graph.cut import split_line
+    from ctxbuild.graph.modelio import load
+
+    line = split_line(load(model, external_data=False)) if model is not None else None
+    return f"{SPLIT_HINT}: {line or _SPLIT_BY_HAND}"
+
+
+def compare(reference: dict[str, np.ndarray], got: dict[str, np.ndarray], model: Path | None = None
+            ) -> dict[str, dict[str, float | None]]:
+    """metrics() per output, after checking the compiled model's output has the float model's size. `model`: the
+    user's model, whose static part the hint names when the sizes differ."""
     for name, ref in reference.items():
         if got[name].size != ref.size:
             raise ActionError(f"output '{name}': the output shape {list(got[name].shape)} differs from the float "
-                              f"model's {list(ref.shape)}", SPLIT_HINT)
+                              f"model's {list(ref.shape)}", split_hint(model))
     return {name: metrics(reference[name], got[name]) for name in reference}
 
 
@@ -98,7 +112,8 @@ def cpu_outputs(model: Path, samples: list[dict[str, np.ndarray]], *, qdq_as_wri
         shapes = sorted({r[i].shape for r in runs})
         if len(shapes) > 1:
             raise ActionError(f"output '{n}' of the float model changes shape with the input ("
-                              f"{', '.join(str(list(s)) for s in shapes[:3])} over {len(runs)} samples)", SPLIT_HINT)
+                              f"{', '.join(str(list(s)) for s in shapes[:3])} over {len(runs)} samples)",
+                              split_hint(model))
     return {n: np.concatenate([r[i] for r in runs]) for i, n in enumerate(names)}
 
 def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallback: bool,
