@@ -7,10 +7,14 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
+from ctxbuild.errors import ActionError
 from ctxbuild.graph.cut import extract, split_line, static_outputs
+from ctxbuild.verify.measure import cpu_outputs
 from tests._qnn_models import IR_VERSION, OPSET, matmul_nonzero_model
 from tests.conftest import last_build, records
 
@@ -103,3 +107,23 @@ def test_the_static_part_before_the_data_dependent_nodes() -> None:
     assert [n.name for n in cut.graph.node] == ["relu", "sum", "cast"]
     assert [i.name for i in cut.graph.input] == ["x", "unused"] and [o.name for o in cut.graph.output] == ["outer", "cond"]
     assert split_line(cut) is None
+
+
+def test_sizes_that_follow_the_data_without_a_known_op(tmp_path: Path) -> None:
+    """A length computed from the data (Range up to a sum) has no op of the list: the samples whose output sizes
+    differ find where the sizes start to differ, and the hint names that node."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("ReduceSum", ["r"], ["s"], keepdims=0, name="sum"),
+             helper.make_node("Cast", ["s"], ["n"], to=TensorProto.INT64, name="count"),
+             helper.make_node("Range", ["zero", "n", "one"], ["steps"], name="steps"),
+             helper.make_node("Cast", ["steps"], ["y"], to=TensorProto.FLOAT, name="to_float")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [helper.make_tensor("zero", TensorProto.INT64, [], [0]),
+                           helper.make_tensor("one", TensorProto.INT64, [], [1])])
+    onnx.save(helper.make_model(g, opset_imports=OPSET, ir_version=IR_VERSION), tmp_path / "range.onnx")
+    samples = [{"x": np.full((1, 8), v, np.float32)} for v in (0.25, 1.0)]
+    with pytest.raises(ActionError) as e:
+        cpu_outputs(tmp_path / "range.onnx", samples)
+    assert e.value.hint.endswith("split the model: build the static part alone with `outputs: [n]` in the recipe "
+                                 "(the rest, from Range 'steps' on, runs in the app)"), e.value.hint

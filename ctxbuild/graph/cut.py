@@ -43,11 +43,12 @@ def extract(model: Any, outputs: list[str]) -> Any:
     return cut
 
 
-def split_line(model: Any, ops: frozenset[str] | set[str] = DATA_DEPENDENT_OPS) -> str | None:
-    """One line naming the model's nodes of `ops` as the model names them and the recipe line that builds the
-    static part before them; None when the model has no such node."""
+def split_line(model: Any, ops: frozenset[str] | set[str] = DATA_DEPENDENT_OPS, at: set[int] | None = None
+               ) -> str | None:
+    """One line naming the model's nodes of `ops` (or the nodes `at`, indices into graph.node) as the model names
+    them and the recipe line that builds the static part before them; None when there are no such nodes."""
     nodes = list(model.graph.node)
-    starts = [i for i, n in enumerate(nodes) if n.op_type in ops]
+    starts = sorted(at) if at is not None else [i for i, n in enumerate(nodes) if n.op_type in ops]
     if not starts:
         return None
     names = [_label(nodes[i]) for i in starts[:_NAMES_SHOWN]]
@@ -78,6 +79,24 @@ def static_outputs(model: Any, starts: set[int]) -> list[str]:
             data.update(o for o in n.output if o)
     wanted = {t for i in after for t in reads[i]} | {o.name for o in model.graph.output}
     return [o for i, n in enumerate(nodes) if i not in after for o in n.output if o and o in wanted and o in data]
+
+
+def size_sources(model: Any, shapes: list[dict[str, tuple[int, ...]]]) -> set[int]:
+    """The nodes (indices into graph.node) where sizes start to follow the data: an output's shape differs between
+    runs (`shapes`: tensor -> shape per run) while the shapes of what the node reads do not."""
+    varying = {t for t in shapes[0] if len({s.get(t) for s in shapes}) > 1}
+    return {i for i, n in enumerate(model.graph.node) if varying & set(n.output) and not varying & _reads(n)}
+
+
+def every_tensor(model: Any) -> Any:
+    """A copy of `model` whose outputs are every tensor its main graph's nodes compute (onnxruntime types them)."""
+    import onnx
+
+    seen = model.__class__()
+    seen.CopyFrom(model)
+    del seen.graph.output[:]
+    seen.graph.output.extend(onnx.ValueInfoProto(name=o) for n in model.graph.node for o in n.output if o)
+    return seen
 
 
 def outputs_line(names: list[str]) -> str:

@@ -57,14 +57,41 @@ _SPLIT_BY_HAND = ("build the static part alone with `outputs: [...]` in the reci
                   "nodes read), and run the rest in the app")
 
 
-def split_hint(model: Path | None) -> str:
+def split_hint(model: Path | None, samples: list[dict[str, np.ndarray]] | None = None) -> str:
     """SPLIT_HINT with the recipe line that builds `model`'s static part and the nodes it leaves to the app, as
-    the model names them (graph/cut.py)."""
+    the model names them (graph/cut.py): its data-dependent ops, else (given `samples` whose outputs differ in
+    size) the nodes where the sizes start to differ."""
     from ctxbuild.graph.cut import split_line
     from ctxbuild.graph.modelio import load
 
-    line = split_line(load(model, external_data=False)) if model is not None else None
+    line = None
+    if model is not None:
+        proto = load(model, external_data=False)
+        line = split_line(proto) or (split_line(proto, at=_size_sources(model, proto, samples)) if samples else None)
     return f"{SPLIT_HINT}: {line or _SPLIT_BY_HAND}"
+
+
+def _size_sources(model: Path, proto: Any, samples: list[dict[str, np.ndarray]]) -> set[int]:
+    """graph/cut.size_sources over the model run on `samples` with every tensor as an output (the failure's path
+    only: it holds every activation of a run)."""
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+
+    from ctxbuild.graph.cut import every_tensor, size_sources
+    from ctxbuild.qnn.staging import link_data
+
+    with tempfile.TemporaryDirectory() as d:
+        link_data(model, Path(d))  # its external data, under the names the model uses
+        path = Path(d) / model.name
+        onnx.save(every_tensor(proto), str(path))
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        runs = [{n: r.shape for n, r in zip(names, sess.run(None, s))} for s in samples]
+    return size_sources(proto, runs)
 
 
 def compare(reference: dict[str, np.ndarray], got: dict[str, np.ndarray], model: Path | None = None
@@ -113,7 +140,7 @@ def cpu_outputs(model: Path, samples: list[dict[str, np.ndarray]], *, qdq_as_wri
         if len(shapes) > 1:
             raise ActionError(f"output '{n}' of the float model changes shape with the input ("
                               f"{', '.join(str(list(s)) for s in shapes[:3])} over {len(runs)} samples)",
-                              split_hint(model))
+                              split_hint(model, samples))
     return {n: np.concatenate([r[i] for r in runs]) for i, n in enumerate(names)}
 
 def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallback: bool,
