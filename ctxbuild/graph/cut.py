@@ -33,7 +33,11 @@ def extract(model: Any, outputs: list[str]) -> Any:
     import onnx
     from onnx.utils import Extractor
 
-    typed = onnx.shape_inference.infer_shapes(model)  # Extractor takes the outputs' types from value_info
+    try:  # Extractor takes the outputs' types from value_info
+        typed = onnx.shape_inference.infer_shapes(model)
+    except onnx.shape_inference.InferenceError:  # ops onnx cannot infer: untyped outputs, onnxruntime types them
+        typed = onnx.ModelProto()
+        typed.CopyFrom(model)
     known = {v.name for v in (*typed.graph.value_info, *typed.graph.output)}
     typed.graph.value_info.extend(onnx.helper.make_empty_tensor_value_info(o) for o in outputs if o not in known)
     inits = {t.name for t in model.graph.initializer}
@@ -92,7 +96,7 @@ def every_tensor(model: Any) -> Any:
     """A copy of `model` whose outputs are every tensor its main graph's nodes compute (onnxruntime types them)."""
     import onnx
 
-    seen = model.__class__()
+    seen = onnx.ModelProto()
     seen.CopyFrom(model)
     del seen.graph.output[:]
     seen.graph.output.extend(onnx.ValueInfoProto(name=o) for n in model.graph.node for o in n.output if o)

@@ -67,7 +67,12 @@ def split_hint(model: Path | None, samples: list[dict[str, np.ndarray]] | None =
     line = None
     if model is not None:
         proto = load(model, external_data=False)
-        line = split_line(proto) or (split_line(proto, at=_size_sources(model, proto, samples)) if samples else None)
+        line = split_line(proto)
+        if line is None and samples:
+            try:
+                line = split_line(proto, at=_size_sources(model, proto, samples))
+            except Exception:  # noqa: BLE001 - onnxruntime's untyped errors: the hint without the nodes, not another error
+                line = None
     return f"{SPLIT_HINT}: {line or _SPLIT_BY_HAND}"
 
 
