@@ -107,6 +107,12 @@ def test_the_static_part_before_the_data_dependent_nodes() -> None:
     assert [n.name for n in cut.graph.node] == ["relu", "sum", "cast"]
     assert [i.name for i in cut.graph.input] == ["x", "unused"] and [o.name for o in cut.graph.output] == ["outer", "cond"]
     assert split_line(cut) is None
+    first = helper.make_graph([helper.make_node("NonZero", ["x"], ["i"], name="where")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("i", TensorProto.INT64, None)])
+    assert split_line(helper.make_model(first, opset_imports=OPSET, ir_version=IR_VERSION)) == (
+        "nothing before NonZero 'where' computes from the model's inputs: there is no static part for `outputs:` to "
+        "build alone; run the model on the CPU EP in the app")
 
 
 def test_sizes_that_follow_the_data_without_a_known_op(tmp_path: Path) -> None:

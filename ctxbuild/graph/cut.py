@@ -60,8 +60,8 @@ def split_line(model: Any, ops: frozenset[str] | set[str] = DATA_DEPENDENT_OPS, 
     where = ", ".join(names) + more
     cut = static_outputs(model, set(starts))
     if not cut:
-        return (f"nothing before {where} computes from the model's inputs: there is no static part to build for "
-                "QNN; run the model on the CPU in the app (or keep those nodes there: compile.cpu_fallback: true)")
+        return (f"nothing before {where} computes from the model's inputs: there is no static part for `outputs:` "
+                "to build alone; run the model on the CPU EP in the app")
     return f"build the static part alone with `{outputs_line(cut)}` in the recipe (the rest, from {where} on, runs in the app)"
 
 
