@@ -46,6 +46,20 @@ def nonzero_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=OPSET, ir_version=IR_VERSION)
 
 
+def matmul_nonzero_model() -> onnx.ModelProto:
+    """A MatMul (`fc`, output `h`) whose output also feeds NonZero (`nz`, a data-dependent shape QNN refuses at every
+    precision); the count it gives is added back to `h`: the graph output `y` depends on both."""
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"), helper.make_node("NonZero", ["h"], ["nz"], name="nz"),
+             helper.make_node("Shape", ["nz"], ["s"], name="shape"),
+             helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT, name="cast"),
+             helper.make_node("ReduceSum", ["sf"], ["c"], keepdims=1, name="sum"),
+             helper.make_node("Add", ["h", "c"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "nz", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], [w])
+    return helper.make_model(g, opset_imports=OPSET, ir_version=IR_VERSION)
+
+
 def matmul_model(name: str, rows: int = 1, relu: bool = False) -> onnx.ModelProto:
     """Two inputs, two outputs: z = x @ W + y and Relu(z) or 2 * z. Every variant uses the same W,
     so two of them compiled into one context can share it."""

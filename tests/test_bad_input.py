@@ -149,6 +149,7 @@ def test_control_flow_rejected(tree: Path, tmp_path: Path, ctxbuild) -> None:
     r = _build(ctxbuild, tree, tmp_path)
     assert r.code == 1
     assert "control flow is not supported on QNN: node 'branchy' (If)" in r.err
+    assert "`outputs: [c]` in the recipe (the rest, from If 'branchy' on, runs in the app)" in r.err, r.err
 
 
 def test_dynamic_dim_must_be_fixed(tree: Path, tmp_path: Path, ctxbuild) -> None:

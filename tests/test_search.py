@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import onnx
+
+from tests._qnn_models import matmul_nonzero_model
 from tests.conftest import last_build, records
 
 HEAD = "model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\ncalibration: {dir: models/calib/tiny_cnn}\n"
@@ -244,25 +247,8 @@ def test_candidate_rejected_on_cpu_never_compiles(tree: Path, tmp_path: Path, ct
     assert "skipped: CPU screen 36.3 dB" in (out / "report.html").read_text()
 
 
-def _nonzero_model(path: Path) -> None:
-    """A MatMul whose output also feeds NonZero (a data-dependent shape, refused by QNN at every precision)."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32), "w")
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"), helper.make_node("NonZero", ["h"], ["nz"], name="nz"),
-             helper.make_node("Shape", ["nz"], ["s"], name="shape"),
-             helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT, name="cast"),
-             helper.make_node("ReduceSum", ["sf"], ["c"], keepdims=1, name="sum"),
-             helper.make_node("Add", ["h", "c"], ["y"], name="add")]
-    g = helper.make_graph(nodes, "nz", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], [w])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
-
-
 def test_hopeless_search_stops_at_the_first_refusal(tree: Path, tmp_path: Path, ctxbuild) -> None:
-    _nonzero_model(tree / "models" / "nz.onnx")
+    onnx.save(matmul_nonzero_model(), tree / "models" / "nz.onnx")
     _only(tree, {"nz": "model: models/nz.onnx\ncalibration: {random: true}\nprecision: auto\ntargets: [SM8650]\n"})
     out = tmp_path / "out"
     r = ctxbuild("build", str(tree), "-o", str(out))

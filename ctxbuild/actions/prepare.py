@@ -1,4 +1,5 @@
-"""prepare: fix input shapes, stamp an IR version onnxruntime reads, reject control flow, fold with ORT's basic optimizer,
+"""prepare: fix input shapes, stamp an IR version onnxruntime reads, cut the model to the recipe's `outputs:`
+(graph/cut.py), reject control flow, fold with ORT's basic optimizer,
 legalize ops the HTP does not run (ctxbuild.graph.legalize: Einsum, GatherND, dynamic int8, runtime Clip bounds,
 ...) and check the rewrites on samples: the model before and after them on the CPU EP, rule by rule when they
 differ; a rule that moves the outputs is withdrawn, and the prepared model's metadata says which and why.
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import add_defaults, make_slots
 from ctxbuild.errors import ActionError, cause_line
-from ctxbuild.graph import nodenames
+from ctxbuild.graph import cut, nodenames
 from ctxbuild.graph.modelio import data_path, external_data_files, graph_inputs, load, save_external, save_with_data
 from ctxbuild.graph.samples import for_verification, input_spec, list_samples
 
@@ -91,11 +92,14 @@ def run(ctx: Any) -> None:
                           f"(onnx {onnx.__version__}: <= {onnx.IR_VERSION})",
                           "re-export with an older onnx, or upgrade onnx/onnxruntime")
     model.ir_version = min(model.ir_version, ORT_MAX_IR_VERSION)
+    _fix_shapes(model, src, ctx.action.params["inputs"], ctx.action.recipe_files[0])
+    if outputs := ctx.action.params.get("outputs"):  # the recipe's `outputs:`: this part is the model from here on
+        model = cut.extract(model, outputs)
     flow = [f"'{n.name or '?'}' ({n.op_type})" for n in model.graph.node if n.op_type in CONTROL_FLOW]
     if flow:
         raise ActionError(f"{src}: control flow is not supported on QNN: node {', '.join(flow[:5])}",
+                          cut.split_line(model, set(CONTROL_FLOW)) or
                           "export the model without If/Loop/Scan (unroll, or split it into graphs)")
-    _fix_shapes(model, src, ctx.action.params["inputs"], ctx.action.recipe_files[0])
     user = nodenames.outline(model)  # quantization.nodes speaks the user's names: those prepare changes recorded
     slots = ctx.action.params.get("adapter_slots")
     if slots:  # LoRA: slots become graph inputs before folding (folding would rename or merge them)

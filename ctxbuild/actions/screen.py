@@ -39,7 +39,7 @@ def run(ctx: Any) -> None:
     start = time.monotonic()
     try:
         got = cpu_outputs(Path(a.inputs["model"]), samples)
-        result = {"samples": len(samples), "outputs": compare(reference, got)}
+        result = {"samples": len(samples), "outputs": compare(reference, got, Path(a.inputs["original"]))}
         output_slices.annotate(result["outputs"], ref_proto, p.get("slices"), reference, got, metrics)
     except (ActionError, MemoryError):
         raise

@@ -127,8 +127,10 @@ def no_winner(target: str, search: dict[str, Any]) -> ActionError:
     if not any(r["name"] == FP16_RUNG["name"] for r in rows):  # left out by the recipe
         hint = "remove `auto: {fp16: false}` to let the search try fp16; or " + hint
     if stopped := next((r["note"] for r in rows if r.get("state") == "not_run" and "stopped" in r["note"]), None):
-        hint = (f"{stopped.removeprefix('not run: the search stopped at ')}: rewrite those nodes in the model, or "
-                "set compile.cpu_fallback: true to run them on the CPU")
+        split = next((r["compile_refused"]["split"] for r in rows if "split" in r.get("compile_refused", {})), None)
+        hint = (f"{stopped.removeprefix('not run: the search stopped at ')}: "
+                + (f"{split}; or" if split else "rewrite those nodes in the model, or")
+                + " set compile.cpu_fallback: true to run them on the CPU")
     elif htp := next((r["htp_only"] for r in rows if r.get("htp_only")), None):  # the mixed rung's diagnosis
         hint = f"{htp}; or {hint}"
     elif sliced:

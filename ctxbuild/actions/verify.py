@@ -13,12 +13,14 @@ from ctxbuild.verify import slices as output_slices
 from ctxbuild.plan.action import Action
 from ctxbuild.errors import ActionError
 from ctxbuild.actions.compile import compile_refusal
+from ctxbuild.graph.cut import split_line
 from ctxbuild.graph.modelio import external_data_files, load
 from ctxbuild.graph.samples import for_verification, input_spec, list_samples
 from ctxbuild.verify.memo import OutputsMemo, float_reference, wrapper_identity
 from ctxbuild.verify import gates, sample_workers
 from ctxbuild.plan import memory
 from ctxbuild.verify.early_stop import EarlyStop
+from ctxbuild.verify.ladder import stuck_ops
 from ctxbuild.verify.measure import compare, failures, metrics, simulate
 
 if TYPE_CHECKING:  # imported where used: the cache-hit path (listing samples, warnings) needs no numpy
@@ -57,6 +59,9 @@ def run(ctx: Any) -> None:
         gates.write_skipped(ctx)
         return
     if refused := compile_refusal({k.removeprefix("ctx."): v for k, v in a.inputs.items() if k.startswith("ctx.")}):
+        if (stuck := stuck_ops(refused)) and (line := split_line(load(Path(a.inputs["original"]), external_data=False),
+                                                                 stuck)):
+            refused = {**refused, "split": line}  # no rung helps: the part before those nodes, as the user's model has it
         result = {"graph": p["graph"], "method": p["method"], "outputs": {}, "compile_refused": refused}
         Path(ctx.tmp_output("result")).write_text(json.dumps(result, indent=2, sort_keys=True))
         return  # a search candidate QNN would not compile: nothing to measure, the select action says so
@@ -100,7 +105,7 @@ def run(ctx: Any) -> None:
     result: dict[str, Any] = {
         "graph": p["graph"], "method": p["method"], "samples": run, "sample_source": p["sample_source"],
         "reference": ctx.facts["reference"],
-        "outputs": compare(reference, got),
+        "outputs": compare(reference, got, Path(a.inputs["original"])),
         "coverage": coverage(Path(a.inputs["ctx.ctx"]), Path(a.inputs["compiled"])),
     }
     output_slices.annotate(result["outputs"], ref_proto, p.get("slices"), reference, got, metrics)

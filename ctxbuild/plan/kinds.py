@@ -41,8 +41,7 @@ class MemoryModel:
     factor: float = 0.0
     weight_roles: tuple[str, ...] = ()  # input role prefixes read whole (specs, wrappers, samples are small)
     by_precision: dict[str, float] = field(default_factory=dict)
-    user_model: bool = False  # `model` is the user's file: the external data it names counts (ctxbuild's own
-    # models list `<model>.data` as an input of their own)
+    user_model: bool = False  # `model` is the user's file: its external data counts (ctxbuild's models list theirs)
     per_context_length: bool = False  # an llm action holding one CL's graphs at a time: the weights read count
     # once per params["context_lengths"]
     per_sequence_length: bool = False  # ... and of those one AR's at a time (llm/ar_sessions.py): once per AR too
@@ -127,6 +126,7 @@ class PrepareParams(_PrepareRequired, total=False):
     rewrite: bool | list[str]  # prepare.rewrite: False or the legalization rules to apply (absent: all)
     check: dict[str, Any]  # what the rewrites are checked on: samples (how many), sample_source (as verify's)
     legalize_code: str  # digest of the rules' source (plan/steps.py): a rule added or changed re-prepares
+    outputs: list[str]  # `outputs:`: the model cut to the part computing these tensors (graph/cut.py)
 
 
 class Prepare(Kind):
@@ -246,6 +246,7 @@ class VerifyParams(_VerifyRequired, total=False):
     slices: dict[str, Any]  # recipe-declared output slices
     gate: bool  # False: a precision-search candidate, measured here and judged by `select`
     early_stop: dict[str, float]  # a search candidate: stop once its samples prove it misses these
+    outputs: list[str]  # `outputs:`: the user's model cut at these tensors is the reference
 
 
 class Verify(Kind):
@@ -270,6 +271,7 @@ class _ScreenRequired(TypedDict):
 
 class ScreenParams(_ScreenRequired, total=False):
     slices: dict[str, Any]  # recipe-declared output slices, measured as verify does
+    outputs: list[str]  # `outputs:`: the user's model cut at these tensors is the reference
 
 
 class Screen(Kind):

@@ -64,6 +64,8 @@ def prepare_action(recipe: Recipe, g: Graph, work: Path) -> tuple[str, Action]:
     params = {"inputs": {k: list(v) for k, v in sorted(g.inputs.items())},
               # QDQ models skip the optimizer: constant folding would fold weight DequantizeLinear away.
               "optimize": recipe.precision != "qdq"}
+    if g.outputs:  # `outputs:`: only the part computing them (absent otherwise: existing keys stay as they were)
+        params["outputs"] = list(g.outputs)
     if recipe.toolchain:  # another onnxruntime: another node, not shared with the installed toolchain's
         params["toolchain"] = recipe.toolchain
     if recipe.rewrite is not True:  # prepare.rewrite: absent by default, so default prepares keep their keys
@@ -203,7 +205,7 @@ def verify_action(recipe: Recipe, b: Built, t: Target, compiled: Action, out: Pa
               "thresholds": {"min_cosine": min_cos, "min_snr_db": min_snr},
               "samples": sampling["samples"], "timeout_s": v.get("timeout_s", 300),
               "sample_source": sampling["sample_source"], "cpu_fallback": recipe.compile.cpu_fallback,
-              "inputs": sampling["inputs"]}
+              "inputs": sampling["inputs"], **({"outputs": sampling["outputs"]} if "outputs" in sampling else {})}
     if recipe.compile.split_outputs:  # the wrapper's re-joining Concat runs on the CPU
         params["split_outputs"] = split_param(recipe.compile.split_outputs)
     if v.get("slices"):
@@ -233,6 +235,8 @@ def verify_samples(recipe: Recipe, graph: Graph) -> tuple[dict[str, Any], list[s
     params = {"samples": v.get("samples", 4),
               "sample_source": "verification" if v.get("dir") else ("calibration" if samples_dir else "random"),
               "inputs": {k: list(x) for k, x in sorted(graph.inputs.items())}}
+    if graph.outputs:  # the reference is the user's model cut at the same tensors (verify/memo.py)
+        params["outputs"] = list(graph.outputs)
     return params, [str(samples_dir)] if samples_dir else []
 
 

@@ -1,17 +1,21 @@
 """What a recipe may not ask for although the schema allows it, refused before anything is built: combinations
 the QNN EP refuses, a provider option contradicting the target, more VTCM than the SoC has, an embedded binary
-over protobuf's 2 GB, files that are not regular files, precision: auto where the simulator cannot decide."""
+over protobuf's 2 GB, files that are not regular files, precision: auto where the simulator cannot decide, `outputs:`
+naming a tensor the model does not compute."""
 from __future__ import annotations
 
 import stat
 from pathlib import Path
 from typing import Any
 
-from ctxbuild.errors import RecipeError
+from ctxbuild.errors import ActionError, RecipeError
+from ctxbuild.graph.signature import memoized_by_stat
 from ctxbuild.recipes import targets as soc_table
 from ctxbuild.recipes.objects import CompileOptions
 from ctxbuild.recipes.targets import Target
 from ctxbuild.recipes.yamlsrc import LineDict, line_of
+
+TENSORS_MEMO = "memo/graph-tensors"  # graph/cut.tensors(): what `outputs:` may name
 
 
 def check_auto(at: Any, bundle: bool, multi_soc: bool, verify: dict[str, Any]) -> None:
@@ -127,3 +131,30 @@ def check_vtcm(where: str, field: str, vtcm_mb: int | None, target: Target) -> N
         raise RecipeError(f"{where}: {field} {vtcm_mb} is more than the {soc.vtcm_mb} MB of VTCM of {soc.name} "
                           f"(soc_model {soc.soc_model}, target '{target.name}')",
                           f"use at most {soc.vtcm_mb}, or leave it out (the SoC's default)")
+
+
+def check_outputs(model: Path, names: tuple[str, ...], where: str) -> None:
+    """Each name of the recipe's `outputs:` (at `where`, `file:line`) must be a tensor the model's nodes compute,
+    named as the model names it; else one line with the closest name."""
+    from ctxbuild.graph.cut import tensors
+    from ctxbuild.graph.modelio import load
+    from ctxbuild.recipes.suggest import did_you_mean
+
+    def read() -> dict[str, list[str]] | None:
+        try:
+            return tensors(load(model, external_data=False))
+        except ActionError:
+            return None  # not ONNX: the prepare action says so, with its own message
+
+    found = memoized_by_stat(model, TENSORS_MEMO, read)
+    if found is None:
+        return
+    for name in names:
+        if name in found["inputs"] or name in found["constants"]:
+            what = "an input" if name in found["inputs"] else "a constant (initializer)"
+            raise RecipeError(f"{where}: outputs: '{name}' is {what} of {model.name}, not a tensor it computes",
+                              "name tensors the model's nodes compute")
+        if name not in found["computed"]:
+            raise RecipeError(f"{where}: outputs: '{name}' is not a tensor of {model.name}",
+                              did_you_mean(name, found["computed"], otherwise=None) or
+                              "name tensors the model's nodes compute (as Netron shows them)")

@@ -39,6 +39,7 @@ class Graph:
     model: Path
     inputs: dict[str, tuple[int, ...]]
     calibration: Calibration | None
+    outputs: tuple[str, ...] = ()  # `outputs:`: build only the part computing these tensors (graph/cut.py)
 
 
 @dataclass(frozen=True)

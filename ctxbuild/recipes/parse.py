@@ -14,7 +14,8 @@ from ctxbuild.recipes import targets as soc_table
 from ctxbuild.recipes import toolchains
 from ctxbuild.recipes.adapters import parse_adapters, parse_sections
 from ctxbuild.recipes.checks import (
-    check_auto, check_embed_size, check_file, check_layout, check_provider_options, check_quantized_io, check_vtcm,
+    check_auto, check_embed_size, check_file, check_layout, check_outputs, check_provider_options, check_quantized_io,
+    check_vtcm,
 )
 from ctxbuild.recipes.llm import parse_llm
 from ctxbuild.recipes.objects import PRECISIONS, Calibration, CompileOptions, Graph, Prebuilt, Recipe
@@ -140,7 +141,8 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
     copts = merged.get("compile", {})
     # Only the recipe's own keys: directory defaults written for compiled recipes apply to it harmlessly.
     unused = sorted(set(data.get("compile", {})) - {"embed"}) + [
-        k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "verify", "adapters", "prepare")
+        k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "outputs", "verify", "adapters",
+                    "prepare")
         if k in data]
     if unused:
         raise RecipeError(f"{f}:{line_of(data, ['prebuilt'])}: a prebuilt binary is not compiled; "
@@ -156,7 +158,8 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
 
 
 def _llm_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], groups: dict[str, list]) -> Recipe:
-    other = [k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "adapters", "package")
+    other = [k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "outputs", "adapters",
+                         "package")
              if k in data]
     if other:
         raise RecipeError(f"{f}:{line_of(data, [other[0]])}: `{other[0]}` does not apply to an `llm:` recipe",
@@ -232,7 +235,9 @@ def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any],
     from ctxbuild.recipes import inputs as input_check
 
     input_check.check(model, inputs, {k: f"{f}:{line_of(data, path + ['inputs', k])}" for k in inputs}, where)
-    return Graph(name=name, model=model, inputs=inputs, calibration=calibration)
+    if outputs := tuple(spec.get("outputs", ())):
+        check_outputs(model, outputs, f"{f}:{line_of(data, path + ['outputs'])}")
+    return Graph(name=name, model=model, inputs=inputs, calibration=calibration, outputs=outputs)
 
 
 def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list],

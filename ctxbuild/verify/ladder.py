@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ctxbuild.graph.cut import DATA_DEPENDENT_OPS
 from ctxbuild.recipes.quantization import FP16_RUNG
 from ctxbuild.verify.gates import is_skipped
 from ctxbuild.verify.measure import failures
@@ -23,16 +24,16 @@ from ctxbuild.verify.predict import (carried_htp_loss, cpu_rejection, measured, 
                                      sibling_failure)
 
 
-# Ops whose refusal no quantization rung changes: control flow and data-dependent shapes (QNN has neither).
-STRUCTURAL_OPS = frozenset({"If", "Loop", "Scan", "NonZero", "Unique", "RandomNormal", "RandomNormalLike",
-                            "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"})
+def stuck_ops(refused: dict[str, Any]) -> set[str]:
+    """The op types of a refusal no quantization rung changes: control flow and data-dependent shapes (QNN has
+    neither; graph/cut.py keeps the list)."""
+    return {op for _, op in refused.get("nodes") or []} & DATA_DEPENDENT_OPS
 
 
 def hopeless(refused: dict[str, Any]) -> str | None:
     """A refusal no later rung can change: QNN refused a control-flow or data-dependent node (the nodes fed by
     its dynamic shape are refused with it), and with the whole graph on the NPU every rung fails on it."""
-    stuck = {op for _, op in refused.get("nodes") or []} & STRUCTURAL_OPS
-    if stuck:
+    if stuck := stuck_ops(refused):
         return f"QNN cannot run {', '.join(sorted(stuck))} at any precision"
     return None
 

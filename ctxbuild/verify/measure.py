@@ -51,16 +51,62 @@ def metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, float | None]:
     return {"cosine": round(cosine, 6), "snr_db": round(snr, 3), "max_abs": float(diff.max()),
             "mean_abs": float(diff.mean()), "argmax_agreement": argmax}
 
-SPLIT_HINT = ("its size depends on the input data, which QNN's fixed shapes cannot follow: split the model (build "
-              "the static part as its own graph, run the data-dependent rest on the CPU)")
+SPLIT_HINT = "its size depends on the input data, which QNN's fixed shapes cannot follow: split the model"
+# When the model has none of the data-dependent ops graph/cut.py knows, the field is all the hint can name.
+_SPLIT_BY_HAND = ("build the static part alone with `outputs: [...]` in the recipe (the tensors the data-dependent "
+                  "nodes read), and run the rest in the app")
 
 
-def compare(reference: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> dict[str, dict[str, float | None]]:
-    """metrics() per output, after checking the compiled model's output has the float model's size."""
+def split_hint(model: Path | None, samples: list[dict[str, np.ndarray]] | None = None) -> str:
+    """SPLIT_HINT with the recipe line that builds `model`'s static part and the nodes it leaves to the app, as
+    the model names them (graph/cut.py): its data-dependent ops, else (given `samples` whose outputs differ in
+    size) the nodes where the sizes start to differ."""
+    from ctxbuild.graph.cut import split_line
+    from ctxbuild.graph.modelio import load
+
+    line = None
+    if model is not None:
+        proto = load(model, external_data=False)
+        line = split_line(proto)
+        if line is None and samples:
+            try:
+                line = split_line(proto, at=_size_sources(model, proto, samples))
+            except Exception:  # noqa: BLE001 - onnxruntime's untyped errors: the hint without the nodes, not another error
+                line = None
+    return f"{SPLIT_HINT}: {line or _SPLIT_BY_HAND}"
+
+
+def _size_sources(model: Path, proto: Any, samples: list[dict[str, np.ndarray]]) -> set[int]:
+    """graph/cut.size_sources over the model run on `samples` with every tensor as an output (the failure's path
+    only: it holds every activation of a run)."""
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+
+    from ctxbuild.graph.cut import every_tensor, size_sources
+    from ctxbuild.qnn.staging import link_data
+
+    with tempfile.TemporaryDirectory() as d:
+        link_data(model, Path(d))  # its external data, under the names the model uses
+        path = Path(d) / model.name
+        onnx.save(every_tensor(proto), str(path))
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        runs = [{n: r.shape for n, r in zip(names, sess.run(None, s))} for s in samples]
+    return size_sources(proto, runs)
+
+
+def compare(reference: dict[str, np.ndarray], got: dict[str, np.ndarray], model: Path | None = None
+            ) -> dict[str, dict[str, float | None]]:
+    """metrics() per output, after checking the compiled model's output has the float model's size. `model`: the
+    user's model, whose static part the hint names when the sizes differ."""
     for name, ref in reference.items():
         if got[name].size != ref.size:
             raise ActionError(f"output '{name}': the output shape {list(got[name].shape)} differs from the float "
-                              f"model's {list(ref.shape)}", SPLIT_HINT)
+                              f"model's {list(ref.shape)}", split_hint(model))
     return {name: metrics(reference[name], got[name]) for name in reference}
 
 
@@ -98,7 +144,8 @@ def cpu_outputs(model: Path, samples: list[dict[str, np.ndarray]], *, qdq_as_wri
         shapes = sorted({r[i].shape for r in runs})
         if len(shapes) > 1:
             raise ActionError(f"output '{n}' of the float model changes shape with the input ("
-                              f"{', '.join(str(list(s)) for s in shapes[:3])} over {len(runs)} samples)", SPLIT_HINT)
+                              f"{', '.join(str(list(s)) for s in shapes[:3])} over {len(runs)} samples)",
+                              split_hint(model, samples))
     return {n: np.concatenate([r[i] for r in runs]) for i, n in enumerate(names)}
 
 def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallback: bool,

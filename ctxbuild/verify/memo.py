@@ -92,10 +92,13 @@ def float_reference(ctx: Any, samples: list[dict[str, np.ndarray]], memo: Output
     sample_id = [p["sample_source"], p["samples"], p["inputs"], key["discovered_inputs"],
                  inputs["reference"] if p["sample_source"] == "random" else None]
     data = {k: v for k, v in key["discovered_inputs"].items() if k.startswith("original.")}
+    cut = p.get("outputs")  # `outputs:`: those tensors of the user's model (only then in the key: others keep theirs)
     try:
         reference = memo.get_or_compute("original", [inputs["original"], data, sample_id,
-                                                     key["toolchain"]["onnxruntime"], AS_WRITTEN],
-                                        lambda: cpu_outputs(Path(a.inputs["original"]), samples, qdq_as_written=True))
+                                                     key["toolchain"]["onnxruntime"], AS_WRITTEN, *([cut] if cut else [])],
+                                        lambda: cpu_outputs(_cut_original(Path(a.inputs["original"]), cut, ctx.tmp)
+                                                            if cut else Path(a.inputs["original"]),
+                                                            samples, qdq_as_written=True))
         ctx.facts["reference"] = "original"
         return reference, sample_id
     except (ActionError, MemoryError):
@@ -107,3 +110,19 @@ def float_reference(ctx: Any, samples: list[dict[str, np.ndarray]], memo: Output
                                                    key["toolchain"]["onnxruntime"], AS_WRITTEN],
                                     lambda: cpu_outputs(Path(a.inputs["reference"]), samples, qdq_as_written=True))
     return reference, sample_id
+
+
+def _cut_original(original: Path, outputs: list[str], tmp: Path) -> Path:
+    """The user's model as given, cut to the part computing `outputs` (graph/cut.py), written under `tmp` beside
+    links to its external data: the reference for a build of that part."""
+    from ctxbuild.graph.cut import extract
+    from ctxbuild.graph.modelio import load
+    from ctxbuild.qnn.staging import link_data
+    import onnx
+
+    d = tmp / "original-cut"
+    d.mkdir(exist_ok=True)
+    link_data(original, d)
+    path = d / original.name
+    onnx.save(extract(load(original, external_data=False), outputs), str(path))
+    return path
