@@ -70,7 +70,12 @@ def test_names_prepare_changed_map_to_the_prepared_nodes_and_back(tmp_path: Path
     done = legalize(prepared, ["rmsnorm"])
     assert done.rewrites == {"rmsnorm": 1} and len(done.steps) == 1
     record = renamed([outline(user), *done.steps])
-    assert record == {"became": {n: ["mean_rmsnorm"] for n in NORM}, "from": {"mean_rmsnorm": NORM}}
+    assert {k: record[k] for k in ("became", "from")} == {"became": {n: ["mean_rmsnorm"] for n in NORM},
+                                                          "from": {"mean_rmsnorm": NORM}}
+    # the RMSNorm's output is the fused op's now; its inner tensors and the constants it took as attributes are gone
+    assert record["tensors"] == {"normed": "mean_rmsnorm_out"}
+    assert record["folded"] == {**{t: ["mean_rmsnorm_out"] for t in ("sq", "ms", "mse", "rms", "hn")},
+                                **{t: [] for t in ("two", "axes", "eps")}}
     helper.set_model_props(prepared, {KEY: json.dumps(record)})
     names = Names(prepared)
     assert [names.resolve(n) for n in ("mul_norm", "proj", "mean_rmsnorm", "maen")] == [
@@ -138,7 +143,7 @@ def test_names_through_onnxruntimes_folding(tmp_path: Path) -> None:
     prepared = onnx.load(str(tmp_path / "prepared.onnx"))
     assert [n.name for n in prepared.graph.node] == ["conv", "relu", "reshape"]  # what this test is about
     record = renamed([outline(user), prepared.graph.node])
-    assert record == {"became": {"bn": ["conv"], "shape": []}, "from": {}}
+    assert {k: record[k] for k in ("became", "from")} == {"became": {"bn": ["conv"], "shape": []}, "from": {}}
     helper.set_model_props(prepared, {KEY: json.dumps(record)})
     names = Names(prepared)
     assert [names.resolve(n) for n in ("bn", "shape", "conv")] == [["conv"], [], ["conv"]]

@@ -104,8 +104,8 @@ def _decide(ctx: Any, target: str, base: str, screens: dict[str, Any]) -> dict[s
         d["where"] = "quantization"  # as the screen measured it on every verification sample
     settings = p["settings"][base]
     outputs = {o.name for o in graph.graph.output}
-    user = Names(graph).user  # the answer speaks the user's node names (prepare's rewrites mapped back)
-    ends = {o: user(n.name) for n in graph.graph.node for o in n.output if o in outputs}  # output -> its node
+    label = Names(graph).label  # the answer speaks the user's node names (prepare's rewrites mapped back)
+    ends = {o: label(n) for n in graph.graph.node for o in n.output if o in outputs}  # output -> its node
     wide = target not in p["no_int16_weights"]
     nodes = node_overrides(d, settings, ends, int16_weights=wide)
     ctx.facts.update(diagnose_seconds=round(time.monotonic() - started, 1))
