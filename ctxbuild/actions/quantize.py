@@ -89,7 +89,8 @@ def quantize_model(src: Path, dst: Path, s: dict[str, Any], samples: list[dict[s
 
     model = model if model is not None else load(src, external_data=False)
     pinned = pinned_nodes(model, s["nodes"], recipe)
-    unfused, src, written = _for_quantizer(model, src, set(pinned))
+    unfused, src, written, named = _for_quantizer(model, src, bool(s["nodes"] or s["tensors"]))
+    pinned = {named.get(p, p): o for p, o in pinned.items()}
     nodes = {q: o for p, o in pinned.items() for q in written.get(p, [p])}  # a written-out RMSNorm: all its nodes
     overrides = tensor_overrides(unfused, pinned_tensors(model, s["tensors"], recipe), nodes)
     try:
@@ -165,27 +166,37 @@ def _by_prepared(given: dict[str, Any], resolve: Callable[[str], list[str] | Non
     return out
 
 
-def _for_quantizer(model: Any, src: Path, pinned: set[str]) -> tuple[Any, Path, dict[str, list[str]]]:
+def _for_quantizer(model: Any, src: Path, pins: bool) -> tuple[Any, Path, dict[str, list[str]], dict[str, str]]:
     """A copy of `model` as the quantizer reads it, the file holding it (saved beside `src`, its weights staying in
-    the data files there; `src` itself when the copy is the same) and each RMSNorm's written-out nodes: prepare's
-    fused RMSNorms written out again (graph/legalize/rmsnorm.py: the quantizer's opset conversion has no schema for
-    them, and quantized activations do not overflow like fp16), and each `pinned` node the model leaves unnamed
-    named by its key (its first output: onnxruntime's quantizer finds nodes by name)."""
+    the data files there; `src` itself when the copy is the same), each RMSNorm's written-out nodes and, with `pins`
+    (per-node or per-tensor settings), the names given to the nodes the model leaves unnamed by their key.
+
+    prepare's fused RMSNorms are written out again (graph/legalize/rmsnorm.py: the quantizer's opset conversion has
+    no schema for them, and quantized activations do not overflow like fp16). onnxruntime's quantizer finds nodes
+    by name, and its mixed-precision overrides refuse an unnamed node ("does not have a name!"): with `pins`, each
+    unnamed node is named by its first output (nodenames.key, what quantization.nodes names it by)."""
     import onnx
 
     from ctxbuild.graph.legalize.rmsnorm import unfuse
 
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    unnamed = [n for n in copy.graph.node if not n.name and key(n) in pinned]
-    for n in unnamed:
-        n.name = key(n)
+    named: dict[str, str] = {}
+    if pins:
+        taken = {n.name for n in copy.graph.node}
+        for n in (n for n in copy.graph.node if not n.name and n.output):
+            name, k = key(n), 0
+            while name in taken:
+                k += 1
+                name = f"{key(n)}_{k}"
+            n.name = named[key(n)] = name
+            taken.add(name)
     written = unfuse(copy)
-    if not written and not unnamed:
-        return copy, src, written
+    if not written and not named:
+        return copy, src, written, named
     dst = src.with_name(src.name.replace("-input-", "-unfused-"))
     onnx.save(copy, str(dst))
-    return copy, dst, written
+    return copy, dst, written, named
 
 
 def _refused(dst: Path, fused: list[Any], written: dict[str, list[str]]) -> None:
