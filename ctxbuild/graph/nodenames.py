@@ -231,16 +231,27 @@ class Names:
 
     def user(self, name: str) -> str:
         """The user's name for a prepared node (by key()): its own, or for a node prepare added, the user node it
-        replaced (the one whose name it carries, else the last of them: the one computing the replaced group's
-        output)."""
+        replaced (the one whose name it carries, `<name>_...` as legalization names them, else the last of them: the
+        one computing the replaced group's output)."""
         users = self.origin.get(name)
         if not users:
             return name
-        return max((u for u in users if name.startswith(u)), key=len, default=users[-1])
+        return max((u for u in users if name[len(u):len(u) + 1] in ("_", "/") and name.startswith(u)), key=len,
+                   default=users[-1])
 
     def label(self, node: Any) -> str:
         """The user's name for a node of the prepared model (or of a model made from it keeping its node names)."""
         return self.user(key(node))
+
+    def canonical(self, nodes: dict[str, Any]) -> dict[str, Any]:
+        """quantization.nodes with each name replaced by the user's names of what it stands for (one name per
+        prepared node, as the diagnosis names it: the mixed rung adds to a candidate's own pins without setting one
+        node twice under two names); a name that stands for nothing stays."""
+        out: dict[str, Any] = {}
+        for name, o in nodes.items():
+            found = self.resolve(name)
+            out.update({self.user(p): o for p in found} if found else {name: o})
+        return out
 
     def close(self, name: str) -> str | None:
         """The user's node name closest to `name` (a typo's fix), else a prepared one's, else None."""
