@@ -12,6 +12,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ctxbuild.graph.nodenames import KEY, Names
+from ctxbuild.verify.advice import weights_per_node
 
 HEAD = "model: convnet.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\n"
 
@@ -79,6 +80,8 @@ def test_unnamed_nodes_and_the_users_tensors_pin_what_prepare_made_of_them(tmp_p
     assert record["folded"]["w"] == ["ConvBnFusion_W_w", "ConvBnFusion_BN_B_beta"], record
     names = Names(prepared)
     assert [names.label(n) for n in prepared.graph.node] == ["b", "r", "flat", "y"]  # the diagnosis' row names
+    # the weights' SNR per node, as the hints name them (unnamed nodes were all '' and one hid the other)
+    assert weights_per_node(prepared, {"ConvBnFusion_W_w": 20.0, "w2": 40.0}) == {"b": 20.0, "y": 40.0}
 
     qdq = _work(out, "quantized")
     by_op = {n.op_type: n for n in qdq.graph.node}

@@ -91,7 +91,7 @@ def run(ctx: Any) -> None:
                           f"(onnx {onnx.__version__}: <= {onnx.IR_VERSION})",
                           "re-export with an older onnx, or upgrade onnx/onnxruntime")
     model.ir_version = min(model.ir_version, ORT_MAX_IR_VERSION)
-    flow = [f"'{n.name or '?'}' ({n.op_type})" for n in model.graph.node if n.op_type in CONTROL_FLOW]
+    flow = [f"'{nodenames.key(n) or '?'}' ({n.op_type})" for n in model.graph.node if n.op_type in CONTROL_FLOW]
     if flow:
         raise ActionError(f"{src}: control flow is not supported on QNN: node {', '.join(flow[:5])}",
                           "export the model without If/Loop/Scan (unroll, or split it into graphs)")

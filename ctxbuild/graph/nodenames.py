@@ -285,8 +285,8 @@ def named(model: Any, nodes: list[tuple[str, str]]) -> list[tuple[str, str]]:
     listed = {op: sum(1 for name, o in nodes if not name and o == op) for _, op in nodes}
     out = []
     for name, op in nodes:
-        if name:
-            out.append((names.user(name), op))
+        if name:  # a name, or from a fallback compile's wrapper an unnamed node's key
+            out.append((names.user(name.removesuffix(_QDQ_OUTPUT)), op))
         elif len(unnamed.get(op, [])) == listed[op]:
             out.append((unnamed[op].pop(0), op))
         else:
