@@ -85,6 +85,11 @@ def renamed(steps: Sequence[Sequence[Any]]) -> dict[str, Any]:
     return record
 
 
+def _extends(name: str, base: str, separators: str) -> bool:
+    """Whether `name` is `base` followed by one of `separators` and more."""
+    return name.startswith(base) and name[len(base):len(base) + 1] in tuple(separators)
+
+
 def _tensors(nodes: Sequence[Any]) -> list[str]:
     """The tensors the nodes read and write, each once, in order."""
     return list(dict.fromkeys(t for n in nodes for t in (*n.input, *n.output) if t))
@@ -231,13 +236,15 @@ class Names:
 
     def user(self, name: str) -> str:
         """The user's name for a prepared node (by key()): its own, or for a node prepare added, the user node it
-        replaced (the one whose name it carries, `<name>_...` as legalization names them, else the last of them: the
-        one computing the replaced group's output)."""
+        replaced whose name it carries (`<name>_...` as legalization names them), else the user node it copies
+        (onnxruntime names a DequantizeLinear's copy for each reader `<name>/duplicated...`), else the last node it
+        replaced (the one computing the replaced group's output)."""
         users = self.origin.get(name)
         if not users:
             return name
-        return max((u for u in users if name[len(u):len(u) + 1] in ("_", "/") and name.startswith(u)), key=len,
-                   default=users[-1])
+        kept = [n for n in self.nodes if n not in self.origin]  # a copy of a kept node: `<name>/duplicated...`
+        return max((u for u in users if _extends(name, u, "_/")), key=len, default=None) or max(
+            (u for u in kept if _extends(name, u, "/")), key=len, default=users[-1])
 
     def label(self, node: Any) -> str:
         """The user's name for a node of the prepared model (or of a model made from it keeping its node names)."""
@@ -276,7 +283,7 @@ def named(model: Any, nodes: list[tuple[str, str]]) -> list[tuple[str, str]]:
     names and metadata (the QDQ model: onnxruntime's quantizer keeps the float nodes' names and names the Q/DQ it
     adds `<tensor>_QuantizeLinear`/`_DequantizeLinear`, kept as they are). An unnamed node, which a compiler's log
     names '', by its first output (as the diagnosis names it) when the model's unnamed nodes of that op are exactly
-    the ones listed; else '?'."""
+    the ones listed; else '?'. Each user node once (prepare's copies of one node are one)."""
     names = Names(model)
     unnamed: dict[str, list[str]] = {}
     for n in model.graph.node:
@@ -291,4 +298,4 @@ def named(model: Any, nodes: list[tuple[str, str]]) -> list[tuple[str, str]]:
             out.append((unnamed[op].pop(0), op))
         else:
             out.append(("?", op))
-    return out
+    return list(dict.fromkeys(out))
