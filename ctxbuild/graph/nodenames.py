@@ -242,9 +242,13 @@ class Names:
         users = self.origin.get(name)
         if not users:
             return name
-        kept = [n for n in self.nodes if n not in self.origin]  # a copy of a kept node: `<name>/duplicated...`
         return max((u for u in users if _extends(name, u, "_/")), key=len, default=None) or max(
-            (u for u in kept if _extends(name, u, "/")), key=len, default=users[-1])
+            (u for u in self._parents(name) if u not in self.origin), key=len, default=users[-1])
+
+    def _parents(self, name: str) -> list[str]:
+        """The nodes `name` extends as `<node>/...` (a copy of a kept node: `<name>/duplicated...`)."""
+        cut = [i for i, c in enumerate(name) if c == "/"]
+        return [name[:i] for i in cut if name[:i] in self._have]
 
     def label(self, node: Any) -> str:
         """The user's name for a node of the prepared model (or of a model made from it keeping its node names)."""
