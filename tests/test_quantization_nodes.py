@@ -20,11 +20,12 @@ from tests.conftest import assert_pin_rebuilds_from_cache, records
 NORM = ["pow", "mean", "add_eps", "sqrt", "div", "mul_norm"]  # the RMSNorm's nodes, as T5 exports write it
 
 
-def _model(d: Path, constant_node: bool = False) -> None:
+def _model(d: Path, constant_node: bool = False, named: bool = True) -> None:
     """x -> Mul (x100) -> RMSNorm written out -> MatMul -> y, with tokens whose scale spans 1..300 (a T5 residual
     stream's): the square reaches ~1e6, past fp16's 65504; 16-bit activations over that range hold no square of a
     quiet token (its mean square rounds to a step or 0), while the fused op in fp16 keeps every token.
-    `constant_node`: the 100 comes from a Constant node ('hundred'), which prepare folds into an initializer."""
+    `constant_node`: the 100 comes from a Constant node ('hundred'), which prepare folds into an initializer.
+    `named`: False leaves every node unnamed (as many exporters do)."""
     rng = np.random.default_rng(0)
     k = numpy_helper.from_array(np.array(100.0, np.float32), "k")
     inits = [*([] if constant_node else [k]),
@@ -42,6 +43,8 @@ def _model(d: Path, constant_node: bool = False) -> None:
              helper.make_node("Div", ["h", "rms"], ["hn"], name="div"),
              helper.make_node("Mul", ["hn", "gamma"], ["normed"], name="mul_norm"),
              helper.make_node("MatMul", ["normed", "w"], ["y"], name="proj")]
+    for n in nodes if not named else []:
+        n.name = ""
     g = helper.make_graph(nodes, "t5norm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 64])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 32])], inits)
     d.mkdir(parents=True)
@@ -70,13 +73,21 @@ def test_names_prepare_changed_map_to_the_prepared_nodes_and_back(tmp_path: Path
     done = legalize(prepared, ["rmsnorm"])
     assert done.rewrites == {"rmsnorm": 1} and len(done.steps) == 1
     record = renamed([outline(user), *done.steps])
-    assert record == {"became": {n: ["mean_rmsnorm"] for n in NORM}, "from": {"mean_rmsnorm": NORM}}
+    assert {k: record[k] for k in ("became", "from")} == {"became": {n: ["mean_rmsnorm"] for n in NORM},
+                                                          "from": {"mean_rmsnorm": NORM}}
+    # the RMSNorm's output is the fused op's now; its inner tensors and the constants it took as attributes are gone
+    assert record["tensors"] == {"normed": "mean_rmsnorm_out"}
+    assert record["folded"] == {**{t: ["mean_rmsnorm_out"] for t in ("sq", "ms", "mse", "rms", "hn")},
+                                **{t: [] for t in ("two", "axes", "eps")}}
     helper.set_model_props(prepared, {KEY: json.dumps(record)})
     names = Names(prepared)
     assert [names.resolve(n) for n in ("mul_norm", "proj", "mean_rmsnorm", "maen")] == [
         ["mean_rmsnorm"], ["proj"], ["mean_rmsnorm"], None]
     assert names.user("mean_rmsnorm") == "mean" and names.user("proj") == "proj"
     assert names.close("maen") == "mean" and names.close("porj") == "proj"
+    # the mixed rung adds to a candidate's pins by the diagnosis' names: one name per prepared node
+    assert names.canonical({"pow": "fp16", "proj": {"weights": "int16"}}) == {"mean": "fp16",
+                                                                              "proj": {"weights": "int16"}}
     assert renamed([outline(user), user.graph.node]) == {}  # nothing renamed: nothing recorded
 
 
@@ -138,7 +149,7 @@ def test_names_through_onnxruntimes_folding(tmp_path: Path) -> None:
     prepared = onnx.load(str(tmp_path / "prepared.onnx"))
     assert [n.name for n in prepared.graph.node] == ["conv", "relu", "reshape"]  # what this test is about
     record = renamed([outline(user), prepared.graph.node])
-    assert record == {"became": {"bn": ["conv"], "shape": []}, "from": {}}
+    assert {k: record[k] for k in ("became", "from")} == {"became": {"bn": ["conv"], "shape": []}, "from": {}}
     helper.set_model_props(prepared, {KEY: json.dumps(record)})
     names = Names(prepared)
     assert [names.resolve(n) for n in ("bn", "shape", "conv")] == [["conv"], [], ["conv"]]
@@ -214,3 +225,22 @@ def test_the_searchs_answer_names_the_users_nodes_and_pinned_builds_the_same(tmp
     (tree / "t5norm.yaml").write_text(HEAD + "verify: {min_snr_db: 25}\n" + s["pin"])
     out2 = tmp_path / "out2"
     assert_pin_rebuilds_from_cache(ctxbuild, tree, out2)
+
+
+def test_the_searchs_answer_pins_unnamed_nodes_by_their_outputs(tmp_path: Path, ctxbuild) -> None:
+    """The same search on the model with no node names: the fused RMSNorm ('rmsnorm_rmsnorm', prepare's name) is
+    the user's Mul computing the RMSNorm's output, named by that output ('normed'); the answer pins it so, which
+    quantize resolves, and pasted in the recipe it rebuilds the same model."""
+    tree = tmp_path / "recipes"
+    _model(tree, named=False)
+    out = tmp_path / "out"
+    _build(ctxbuild, tree, "precision: auto\nquantization: [{}]\nauto: {fp16: false}\nverify: {min_snr_db: 25}\n",
+           out)
+    s = json.loads((out / "SM8650" / "t5norm" / "t5norm_search.json").read_text())
+    mixed = s["candidates"][1]
+    assert (mixed["state"], s["winner"]) == ("passed", "mixed") and mixed["quantization"]["nodes"] == {
+        "normed": "fp16"}, s
+    assert yaml.safe_load(s["pin"])["quantization"] == [{"nodes": {"normed": "fp16"}}]
+
+    (tree / "t5norm.yaml").write_text(HEAD + "verify: {min_snr_db: 25}\n" + s["pin"])
+    assert_pin_rebuilds_from_cache(ctxbuild, tree, tmp_path / "out2")

@@ -63,7 +63,8 @@ def run(ctx: Any) -> None:
         e = failed.error
         error = compile_error(ctx.log_path, e, a.params["cpu_fallback"], options,
                               probe=lambda: fallback.probe(src, options, ctx.tmp),
-                              cost="status" not in a.outputs)  # a search's refusal: no extra compile
+                              cost="status" not in a.outputs,  # a search's refusal: no extra compile
+                              model=src)
         if "status" not in a.outputs:
             raise error from None
         print(f"candidate {a.id} dropped out: {error.message}")

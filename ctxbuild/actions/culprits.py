@@ -102,10 +102,10 @@ def _decide(ctx: Any, target: str, base: str, screens: dict[str, Any]) -> dict[s
                  timeout=p["timeout_s"], htp=not cpu_only)
     if cpu_only:
         d["where"] = "quantization"  # as the screen measured it on every verification sample
-    settings = p["settings"][base]
+    names = Names(graph)  # the answer speaks the user's node names (prepare's rewrites mapped back)
+    settings = {**p["settings"][base], "nodes": names.canonical(p["settings"][base]["nodes"])}
     outputs = {o.name for o in graph.graph.output}
-    user = Names(graph).user  # the answer speaks the user's node names (prepare's rewrites mapped back)
-    ends = {o: user(n.name) for n in graph.graph.node for o in n.output if o in outputs}  # output -> its node
+    ends = {o: names.label(n) for n in graph.graph.node for o in n.output if o in outputs}  # output -> its node
     wide = target not in p["no_int16_weights"]
     nodes = node_overrides(d, settings, ends, int16_weights=wide)
     ctx.facts.update(diagnose_seconds=round(time.monotonic() - started, 1))

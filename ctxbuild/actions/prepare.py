@@ -95,7 +95,7 @@ def run(ctx: Any) -> None:
     _fix_shapes(model, src, ctx.action.params["inputs"], ctx.action.recipe_files[0])
     if outputs := ctx.action.params.get("outputs"):  # the recipe's `outputs:`: this part is the model from here on
         model = cut.extract(model, outputs)
-    flow = [f"'{n.name or '?'}' ({n.op_type})" for n in model.graph.node if n.op_type in CONTROL_FLOW]
+    flow = [f"'{nodenames.key(n) or '?'}' ({n.op_type})" for n in model.graph.node if n.op_type in CONTROL_FLOW]
     if flow:
         raise ActionError(f"{src}: control flow is not supported on QNN: node {', '.join(flow[:5])}",
                           cut.split_line(model, set(CONTROL_FLOW)) or

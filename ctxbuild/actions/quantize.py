@@ -6,7 +6,7 @@ import os
 import re
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import CalibrationSet
@@ -15,7 +15,7 @@ from ctxbuild.errors import ActionError, RecipeError, cause_line
 from ctxbuild.recipes.quantization import FP16_NODE, QUANT_TYPES, get_qnn_qdq_kwargs
 from ctxbuild.graph.external_data import onnx_readable
 from ctxbuild.graph.modelio import data_path, load
-from ctxbuild.graph.nodenames import Names
+from ctxbuild.graph.nodenames import Names, key
 from ctxbuild.verify import gates
 from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
 
@@ -89,9 +89,10 @@ def quantize_model(src: Path, dst: Path, s: dict[str, Any], samples: list[dict[s
 
     model = model if model is not None else load(src, external_data=False)
     pinned = pinned_nodes(model, s["nodes"], recipe)
-    unfused, src, written = _unfused(model, src)
+    unfused, src, written, named = _for_quantizer(model, src, bool(s["nodes"] or s["tensors"]))
+    pinned = {named.get(p, p): o for p, o in pinned.items()}
     nodes = {q: o for p, o in pinned.items() for q in written.get(p, [p])}  # a written-out RMSNorm: all its nodes
-    overrides = tensor_overrides(unfused, s["tensors"], nodes)
+    overrides = tensor_overrides(unfused, pinned_tensors(model, s["tensors"], recipe), nodes)
     try:
         config = get_qnn_qdq_config(str(src), _Reader(samples), init_overrides=overrides or None,
                                     nodes_to_exclude=[n for n, o in nodes.items() if o == FP16_NODE] or None,
@@ -116,44 +117,86 @@ def quantize_model(src: Path, dst: Path, s: dict[str, Any], samples: list[dict[s
 
 
 def pinned_nodes(model: Any, nodes: dict[str, Any], recipe: str) -> dict[str, Any]:
-    """quantization.nodes by the nodes of `model` (the prepared model): each name, the user's model's or the
-    prepared model's own, resolved through what prepare made of it (graph/nodenames.py). A name in neither model,
-    or two names of one node set apart, is the recipe's mistake."""
+    """quantization.nodes by the nodes of `model` (the prepared model, by nodenames.key: an unnamed node by its first
+    output): each name, the user's model's or the prepared model's own, resolved through what prepare made of it
+    (graph/nodenames.py). A name in neither model, or two names of one node set apart, is the recipe's mistake."""
     names = Names(model)
+    return _by_prepared(nodes, names.resolve, names.close, f"{recipe}: quantization.nodes", "node",
+                        "use the node names Netron shows for the recipe's model (an unnamed node: its first output's)")
+
+
+def pinned_tensors(model: Any, tensors: dict[str, Any], recipe: str) -> dict[str, Any]:
+    """quantization.tensors by the tensors of `model` (the prepared model): each name, the user's model's or the
+    prepared model's own, through what prepare made of it (graph/nodenames.py). A name in neither model, a tensor
+    prepare folded away, or two names of one tensor set apart, is the recipe's mistake."""
+    names = Names(model)
+    where = f"{recipe}: quantization.tensors"
+
+    def resolve(name: str) -> list[str] | None:
+        found = names.tensor(name)
+        if isinstance(found, list):
+            instead = " or ".join(f"'{t}'" for t in found[:4])
+            raise RecipeError(f"{where}: '{name}' was folded away by prepare (no tensor of the prepared model carries "
+                              "its value)", f"set {instead} instead, which prepare computes from it in its place"
+                              if found else "remove it: nothing computed from it is left")
+        return None if found is None else [found]
+
+    return _by_prepared(tensors, resolve, names.close_tensor, where, "tensor",
+                        "use the tensor names Netron shows for the recipe's model")
+
+
+def _by_prepared(given: dict[str, Any], resolve: Callable[[str], list[str] | None],
+                 close: Callable[[str], str | None], where: str, what: str, otherwise: str) -> dict[str, Any]:
+    """The recipe's settings by `what` name -> by the prepared model's `what`s (`resolve`); a name `resolve` does not
+    know is the recipe's mistake (with the `close` match, else `otherwise`), as are two names of one prepared `what`
+    set apart."""
     out: dict[str, Any] = {}
-    given: dict[str, str] = {}
-    for name, o in nodes.items():
-        found = names.resolve(name)
+    by: dict[str, str] = {}
+    for name, o in given.items():
+        found = resolve(name)
         if found is None:
-            close = names.close(name)
-            raise RecipeError(f"{recipe}: quantization.nodes: '{name}' is not a node of the model",
-                              f"did you mean '{close}'?" if close else "use the node names Netron shows for the "
-                              "recipe's model")
+            near = close(name)
+            raise RecipeError(f"{where}: '{name}' is not a {what} of the model",
+                              f"did you mean '{near}'?" if near else otherwise)
         for p in found:
             if out.get(p, o) != o:
-                raise RecipeError(f"{recipe}: quantization.nodes: '{given[p]}' and '{name}' are one node after "
-                                  f"prepare's rewrites ('{p}') with different settings", "keep one of them")
-            out[p], given[p] = o, name
+                raise RecipeError(f"{where}: '{by[p]}' and '{name}' are one {what} after prepare's rewrites ('{p}') "
+                                  "with different settings", "keep one of them")
+            out[p], by[p] = o, name
     return out
 
 
-def _unfused(model: Any, src: Path) -> tuple[Any, Path, dict[str, list[str]]]:
-    """A copy of `model` with prepare's fused RMSNorms written out again (graph/legalize/rmsnorm.py: the quantizer's
-    opset conversion has no schema for them, and quantized activations do not overflow like fp16), the file the
-    quantizer reads (saved beside `src`, its weights staying in the data files there; `src` itself when there is
-    none) and each RMSNorm's written-out nodes."""
+def _for_quantizer(model: Any, src: Path, pins: bool) -> tuple[Any, Path, dict[str, list[str]], dict[str, str]]:
+    """A copy of `model` as the quantizer reads it, the file holding it (saved beside `src`, its weights staying in
+    the data files there; `src` itself when the copy is the same), each RMSNorm's written-out nodes and, with `pins`
+    (per-node or per-tensor settings), the names given to the nodes the model leaves unnamed by their key.
+
+    prepare's fused RMSNorms are written out again (graph/legalize/rmsnorm.py: the quantizer's opset conversion has
+    no schema for them, and quantized activations do not overflow like fp16). onnxruntime's quantizer finds nodes
+    by name, and its mixed-precision overrides refuse an unnamed node ("does not have a name!"): with `pins`, each
+    unnamed node is named by its first output (nodenames.key, what quantization.nodes names it by)."""
     import onnx
 
     from ctxbuild.graph.legalize.rmsnorm import unfuse
 
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
+    named: dict[str, str] = {}
+    if pins:
+        taken = {n.name for n in copy.graph.node}
+        for n in (n for n in copy.graph.node if not n.name and n.output):
+            name, k = key(n), 0
+            while name in taken:
+                k += 1
+                name = f"{key(n)}_{k}"
+            n.name = named[key(n)] = name
+            taken.add(name)
     written = unfuse(copy)
-    if not written:
-        return copy, src, written
+    if not written and not named:
+        return copy, src, written, named
     dst = src.with_name(src.name.replace("-input-", "-unfused-"))
     onnx.save(copy, str(dst))
-    return copy, dst, written
+    return copy, dst, written, named
 
 
 def _refused(dst: Path, fused: list[Any], written: dict[str, list[str]]) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ctxbuild.graph.nodenames import key
+
 MATMULS = ("MatMul", "MatMulInteger", "Gemm", "FusedMatMul")
 CONVS = ("Conv", "ConvInteger", "ConvTranspose")
 # onnxruntime contrib ops onnx's shape inference does not know, whose (first) output has their input's shape
@@ -17,13 +19,14 @@ RECURRENT = {"GRU": 3, "LSTM": 4, "RNN": 1}  # gates per step
 
 
 def node_macs(model: Any) -> dict[str, int]:
-    """node name -> its multiply-accumulates for one run (0 where unknown or not a product)."""
+    """node (nodenames.key: an unnamed one by its first output) -> its multiply-accumulates for one run (0 where
+    unknown or not a product)."""
     shapes = _shapes(model)
     out = {}
     for n in model.graph.node:
         ins = [shapes.get(i) if i else None for i in n.input]
         outs = [shapes.get(o) for o in n.output]
-        out[n.name] = _macs(n, ins, outs)
+        out[key(n)] = _macs(n, ins, outs)
     return out
 
 

@@ -98,11 +98,14 @@ def _save_beside(model: Path, name: str, proto: Any) -> Path:
 
 
 def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_options: dict[str, str] | None = None,
-                  probe: Callable[[], fallback.Fallback | None] | None = None, cost: bool = False) -> ActionError:
+                  probe: Callable[[], fallback.Fallback | None] | None = None, cost: bool = False,
+                  model: Path | None = None) -> ActionError:
     """Turn an EP failure into one line: a device configuration QNN refused (naming soc_model/htp_arch), or
     the nodes QNN rejected, named by its log or found by `probe` (a compile with CPU fallback: the nodes left
     outside EPContext, for ops QNN has no builder for, e.g. Det, which its log does not list). With `cost`, the
-    hint to fall back says what the probe measured it would cost (partitions, CPU nodes, their MACs)."""
+    hint to fall back says what the probe measured it would cost (partitions, CPU nodes, their MACs). `model`: the
+    graph compiled (the prepared or QDQ model), whose nodes are named as the user's model names them
+    (graph/nodenames.py: through prepare's rewrites, an unnamed node by its first output)."""
     import sys
 
     sys.stderr.flush()
@@ -121,6 +124,11 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_o
     if probe is not None and (unnamed or (nodes and cost and not cpu_fallback)):
         probed = probe()
         nodes = nodes or (probed.cpu_nodes if probed else [])
+    if nodes and model is not None:
+        from ctxbuild.graph.modelio import load
+        from ctxbuild.graph.nodenames import named
+
+        nodes = named(load(model, external_data=False), nodes)
     if nodes:
         listed = ", ".join(f"{n} ({t})" for n, t in nodes[:8]) + (" ..." if len(nodes) > 8 else "")
         hint = None if cpu_fallback else "set compile.cpu_fallback: true to run them on the CPU instead" + (

@@ -1,6 +1,7 @@
 """What `compile.cpu_fallback` costs a graph: how many NPU partitions it is cut into, how many nodes run on the
 CPU, and their share of the model's multiply-accumulates (graph/macs.py). Measured on the wrapper a fallback
-compile writes: every node outside an EPContext node is one onnxruntime runs on the CPU, under its own name."""
+compile writes: every node outside an EPContext node is one onnxruntime runs on the CPU, under its own name (an
+unnamed one under its first output's, graph/nodenames.key)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,8 +31,9 @@ class Fallback:
 def of_wrapper(model: Any, wrapper: Any) -> Fallback:
     """The cost of `wrapper` (a fallback compile's EPContext model, graph only) of `model` (the compiled source)."""
     from ctxbuild.graph.macs import node_macs, share
+    from ctxbuild.graph.nodenames import key
 
-    cpu = [(n.name or "?", n.op_type) for n in wrapper.graph.node if n.op_type != "EPContext"]
+    cpu = [(key(n) or "?", n.op_type) for n in wrapper.graph.node if n.op_type != "EPContext"]  # unnamed: by output
     on_cpu, total = share(node_macs(model), {name for name, _ in cpu})
     return Fallback(sum(n.op_type == "EPContext" for n in wrapper.graph.node), cpu, on_cpu, total)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -24,7 +24,7 @@ def weights_per_node(model: Any, weight_snr: dict[str, float], role: int = 1) ->
     """node (the user's name) -> SNR of its quantized weight (role 1) or bias (role 2: int32, scale = input x
     weight scale)."""
     names = Names(model)
-    return {names.user(n.name): weight_snr[n.input[role]] for n in model.graph.node
+    return {names.label(n): weight_snr[n.input[role]] for n in model.graph.node
             if n.op_type in WEIGHTED_OPS and len(n.input) > role and n.input[role] in weight_snr}
 
 
@@ -124,17 +124,17 @@ def fp16_cause(model: Any, float_acts: dict[str, list[np.ndarray]], among: list[
     producer = {o: n for n in model.graph.node for o in n.output}
     for n in model.graph.node:
         if n.op_type == "Log" and (low := _least(float_acts.get(n.input[0], []))) is not None and low < FP16_NORMAL:
-            return (f"fp16 underflow: {names.user(n.name) or n.output[0]} (Log) reads values down to {low:.3g} in float"
-                    f"{_zero_floor(producer.get(n.input[0]), consts)}; the HTP flushes values under {FP16_NORMAL:.2g} "
+            return (f"fp16 underflow: {names.label(n)} (Log) reads values down to {low:.3g} in float"
+                    f"{_zero_floor(producer.get(n.input[0]), consts, names.label)}; the HTP flushes values under {FP16_NORMAL:.2g} "
                     "to 0 and its Log(0) is -7.6, not -inf"), LOG_FIX
         for o in n.output:
             values = [np.asarray(v) for v in float_acts.get(o, []) if np.asarray(v).dtype.kind == "f"]
             top = max((float(np.abs(v[np.isfinite(v)]).max(initial=0)) for v in values), default=0.0)
             if top > FP16_MAX:
-                return (f"fp16 overflow: {names.user(n.name) or o} ({n.op_type}) computes values up to {top:.3g} in float, beyond "
+                return (f"fp16 overflow: {names.label(n)} ({n.op_type}) computes values up to {top:.3g} in float, beyond "
                         f"fp16's {FP16_MAX:g}"), FP16_FIX
     for n in model.graph.node:
-        if names.user(n.name) not in among:
+        if names.label(n) not in among:
             continue
         for i in n.input:
             value = numpy_helper.to_array(consts[i]) if i in consts else None
@@ -142,8 +142,8 @@ def fp16_cause(model: Any, float_acts: dict[str, list[np.ndarray]], among: list[
                     (not np.isfinite(value).all() or float(np.abs(value).max()) > FP16_MAX):
                 flat = value.ravel().astype(np.float64)
                 shown = flat[np.argmax(np.where(np.isnan(flat), 0, np.abs(flat)))]
-                return (f"{names.user(n.name)} ({n.op_type}) reads the constant {i} = {float(shown):g}, beyond fp16's "
-                        f"{FP16_MAX:g}"), FP16_FIX
+                return (f"{names.label(n)} ({n.op_type}) reads the constant {i} = "
+                        f"{float(shown):g}, beyond fp16's {FP16_MAX:g}"), FP16_FIX
     return None
 
 
@@ -153,7 +153,7 @@ def _least(values: list[np.ndarray]) -> float | None:
     return min((float(v.min()) for v in found if v.size), default=None)
 
 
-def _zero_floor(floor: Any, consts: dict[str, Any]) -> str:
+def _zero_floor(floor: Any, consts: dict[str, Any], label: Callable[[Any], str]) -> str:
     """', its floor F (Clip)'s min 1e-10 is 0 in fp16' when the Log reads a Clip/Max by a constant fp16 rounds to 0."""
     from onnx import numpy_helper
 
@@ -162,7 +162,7 @@ def _zero_floor(floor: Any, consts: dict[str, Any]) -> str:
     for i in floor.input[1:] if floor.op_type == "Clip" else floor.input:
         value = numpy_helper.to_array(consts[i]) if i in consts else None
         if value is not None and value.size == 1 and 0 < float(value.item()) and np.float16(value.item()) == 0:
-            return f" ({floor.name or floor.output[0]} ({floor.op_type}) floors them at {float(value.item()):g}, 0 in fp16)"
+            return f" ({label(floor)} ({floor.op_type}) floors them at {float(value.item()):g}, 0 in fp16)"
     return ""
 
 

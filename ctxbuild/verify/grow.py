@@ -42,28 +42,30 @@ def worst(result: dict[str, Any]) -> dict[str, Any]:
 def weighted(model: Any) -> list[str]:
     """The nodes whose weights quantization.nodes' {weights: ...} reaches (an initializer weight input)."""
     inits = {i.name for i in model.graph.initializer}
-    return _users(model, [n.name for n in model.graph.node
+    return _users(model, [n for n in model.graph.node
                           if n.op_type in WEIGHTED_OPS and len(n.input) > 1 and n.input[1] in inits])
 
 
-def _users(model: Any, names: list[str]) -> list[str]:
-    """The user's names for these prepared nodes (graph/nodenames.py), each once, in order."""
-    user = Names(model).user
-    return list(dict.fromkeys(user(n) for n in names))
+def _users(model: Any, nodes: list[Any]) -> list[str]:
+    """The user's names for these prepared nodes (graph/nodenames.py; an unnamed one by its first output), each
+    once, in order."""
+    label = Names(model).label
+    return list(dict.fromkeys(label(n) for n in nodes))
 
 
 def ancestors(model: Any, outputs: set[str]) -> list[str]:
     """The nodes computing `outputs`, in topological (the model's) order, by the user's names."""
-    producer = {o: n for n in model.graph.node for o in n.output}
-    seen: set[str] = set()
+    nodes = list(model.graph.node)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output}
+    seen: set[int] = set()
     todo = [producer[o] for o in outputs if o in producer]
     while todo:
-        n = todo.pop()
-        if n.name in seen:
+        i = todo.pop()
+        if i in seen:
             continue
-        seen.add(n.name)
-        todo += [producer[i] for i in n.input if i in producer]
-    return _users(model, [n.name for n in model.graph.node if n.name in seen])
+        seen.add(i)
+        todo += [producer[t] for t in nodes[i].input if t in producer]
+    return _users(model, [n for i, n in enumerate(nodes) if i in seen])
 
 
 def sizes(pool: int, bound: int) -> list[int]:
@@ -83,7 +85,7 @@ def grow(model: Any, first: dict[str, Any], outputs: set[str], wide: bool,
     clears, the best one measured is the answer (the simulator still verifies it). Every set names the
     user's nodes (graph/nodenames.py), as the answer the recipe can pin."""
     fix: Any = {"weights": "int16"} if wide else FP16_NODE
-    kind = weighted(model) if wide else _users(model, [n.name for n in model.graph.node])
+    kind = weighted(model) if wide else _users(model, list(model.graph.node))
     bound = int(len(kind) * MAX_SHARE)
     pool = [n for n in ancestors(model, outputs) if n in set(kind) and n not in first]
     rounds: list[dict[str, Any]] = []

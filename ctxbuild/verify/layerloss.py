@@ -290,9 +290,9 @@ def node_losses(g: Graph, snr: dict[str, float], computed_by: dict[str, str] | N
         head = group[0]
         out_snr = min(snr[o] for o in outs)
         in_snr = min((g.upstream(i, snr, memo) for i in head.input if i and i not in g.sources), default=CAP)
-        name = g.names.user(head.name) if head.name else outs[0]
+        name = g.names.label(head)  # an unnamed node by its first output: what quantization.nodes takes
         row = {"node": name, "op_type": "+".join(x.op_type for x in group), "tensor": outs[0],
-               "fused": list(dict.fromkeys(u for x in group[1:] if (u := g.names.user(x.name)) != name)),
+               "fused": list(dict.fromkeys(u for x in group[1:] if (u := g.names.label(x)) != name)),
                "snr_in_db": round(in_snr, 2), "snr_db": round(out_snr, 2), "added_db": _added_db(out_snr, in_snr)}
         if name not in rows or (row["added_db"] or -CAP) > (rows[name]["added_db"] or -CAP):
             rows[name] = row
