@@ -18,7 +18,7 @@ from ctxbuild.plan.action import Action
 from ctxbuild.toolchain import installed
 
 # Bump when an action's outputs change for the same inputs (new parameters, different layout...).
-ACTION_SCHEMA_VERSION = 13  # 2: verify checks output slices; 3: models carry <model>.data, compiled from staging.fixed_dir;
+ACTION_SCHEMA_VERSION = 14  # 2: verify checks output slices; 3: models carry <model>.data, compiled from staging.fixed_dir;
 # 4: wrappers lowered to the lowest IR and the opsets their nodes use (qnn/lower.py); 5: prepare legalizes ops
 # the HTP does not run (graph/legalize/); precision-search candidates are gated (verify/gates.py), a refused
 # candidate's compile status lists the refused nodes; 6: llm_quantize keeps weights at int8 by pattern (keep_8bit);
@@ -30,7 +30,8 @@ ACTION_SCHEMA_VERSION = 13  # 2: verify checks output slices; 3: models carry <m
 # earlier target measured failing (select rows name `predicted_by`, `disagrees`); 11: llm_split records each
 # part's calls for the per-part checks (llm_part_eval), which compile the twins inside; 12: llm_split keeps the
 # original's tokens for llm_genai (layout.json), which no longer loads the original export; 13: prepare records the
-# user's node names it changed (graph/nodenames.py), quantize keeps a fused RMSNorm pinned at fp16 fused
+# user's node names it changed (graph/nodenames.py), quantize keeps a fused RMSNorm pinned at fp16 fused; 14: the mixed
+# rung's culprits on the HTP are the worst nodes until what the others add leaves the output clear (verify/culprits.py)
 
 
 def fingerprint(kind: str, out_state: Path, toolchain: str | None = None) -> dict[str, Any]:
