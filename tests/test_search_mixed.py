@@ -102,11 +102,11 @@ def _row(node: str, added: float, weights: float | None = None, fused: tuple[str
 
 def test_culprits_from_the_diagnosis() -> None:
     base = {**settings({"activations": "uint16"}), "nodes": {"keep": {"weights": "int16"}}}
-    # HTP-only loss: the dominant nodes (within 10 dB of the worst, above -20 dB) in fp16, a fused group whole
+    # HTP-only loss: the worst nodes in fp16 until the others' noise clears 20 + 2.5 dB, a fused group whole
     d = _diagnosis("htp", [_row("sig", -3.0, fused=("mul",)), _row("conv", -11.0, 40.0), _row("tail", -14.0),
                            _row("quiet", -30.0)])
     assert node_overrides(d, base, {}, int16_weights=True, margin_db=2.5) == {
-        "conv": "fp16", "keep": {"weights": "int16"}, "mul": "fp16", "sig": "fp16"}
+        "conv": "fp16", "keep": {"weights": "int16"}, "mul": "fp16", "sig": "fp16", "tail": "fp16"}
     # quantization loss: 16-bit weights where there are weights and the target runs them, else fp16
     d = _diagnosis("quantization", [_row("conv", -8.0, 25.0), _row("exp", -9.0)])
     assert node_overrides(d, base, {}, int16_weights=True, margin_db=2.5) == {
@@ -135,11 +135,10 @@ def test_htp_culprits_are_the_nodes_whose_noise_together_fails_the_output() -> N
     base = settings({"activations": "uint16", "per_channel": True})
     assert node_overrides(d, base, {}, int16_weights=True, margin_db=2.5) == {
         "p2o.Add.278": "fp16", "p2o.Sigmoid.0": "fp16"}
-    # a wider margin asks the rest for less: the next worst joins
-    assert len(blamed_on_htp(d, 5.0)) == 3
-    # the CPU's own noise leaves no room: every node within 10 dB of the worst, at most 8
-    assert [r["node"] for r in blamed_on_htp(_diagnosis("htp", rows, cpu_snr_db=21.0), 2.5)] == [
-        "p2o.Sigmoid.0", "p2o.Add.278", "p2o.ConvTranspose.2"]
+    # a wider margin leaves the rest less room: more nodes
+    assert len(blamed_on_htp(d, 6.0)) > 2
+    # the CPU's own noise leaves no room: every node, at most 8
+    assert blamed_on_htp(_diagnosis("htp", rows, cpu_snr_db=21.0), 2.5) == rows
     assert len(blamed_on_htp(_diagnosis("htp", [_row(f"n{i}", -20.0) for i in range(12)]), 2.5)) == 8
     # the HTP adds little: nothing to blame
     assert blamed_on_htp(_diagnosis("htp", [_row("a", -40.0), _row("b", -41.0)], cpu_snr_db=26.79), 2.5) == []

@@ -20,8 +20,8 @@ from ctxbuild.verify.grow import worst
 from ctxbuild.verify.layerloss import noise
 
 MAX_NODES = 8  # at most this many blamed nodes (each with its fused group)
-# A node is blamed when the noise it adds alone is within this many dB of the worst node's: the few that
-# dominate, not the long tail every quantized node adds.
+# A node is blamed in quantization when the noise it adds alone is within this many dB of the worst node's: the
+# few that dominate, not the long tail every quantized node adds.
 WITHIN_DB = 10.0
 
 
@@ -32,28 +32,28 @@ def blamed_in_quantization(rows: list[dict[str, Any]], min_snr_db: float) -> lis
     ranked = [r for r in rows if r.get("quant_added_db") is not None]
     if not ranked:
         return []
-    top = max(r["quant_added_db"] for r in ranked)
-    return [r for r in ranked if r["quant_added_db"] >= top - WITHIN_DB and r["quant_added_db"] >= -min_snr_db][:MAX_NODES]
+    floor = max(max(r["quant_added_db"] for r in ranked) - WITHIN_DB, -min_snr_db)
+    return [r for r in ranked if r["quant_added_db"] >= floor][:MAX_NODES]
 
 
 def blamed_on_htp(diagnosis: dict[str, Any], margin_db: float) -> list[dict[str, Any]]:
-    """The HTP's culprits: its worst nodes (within WITHIN_DB of the worst, at most MAX_NODES), worst first,
-    until the noise power the other nodes add on the HTP (diagnosis["htp_noise_added"] less the taken ones')
-    fits beside the quantization noise the CPU measured at the output within min_snr_db + `margin_db` (the
-    CPU screen's margin). No single node need fail the threshold: on PP-OCR's detector the HTP loses the
-    output through a bias Add and the Sigmoid after it, each under it alone.
+    """The HTP's culprits: its worst nodes (at most MAX_NODES), worst first, until the noise power the other
+    nodes add on the HTP (diagnosis["htp_noise_added"] less the taken ones') fits beside the quantization
+    noise the CPU measured at the output within min_snr_db + `margin_db` (the CPU screen's margin). No single
+    node need fail the threshold: on PP-OCR's detector the HTP loses the output through a bias Add and the
+    Sigmoid after it, each under it alone.
 
     The rest is the others' own noise, not the output's less the taken nodes': a node's added noise can be its
-    input's amplified (a Sigmoid over saturated scores), which stays when that node runs in fp16."""
+    input's amplified (a Sigmoid over saturated scores), which stays when that node runs in fp16. For the same
+    reason no window below the worst node bounds the set: an amplifier's figure can sit far above the nodes
+    making the loss (a DB head's Sigmoid at +2.6 dB, the bias Add feeding it at -19.8 dB)."""
     rows = [r for r in diagnosis["worst_htp"] if r.get("htp_added_db") is not None]
-    if not rows:
-        return []
     cpu = min(row["quantization"]["snr_db"] for row in diagnosis["outputs"].values())
     allowed = noise(diagnosis["thresholds"]["min_snr_db"] + margin_db) - noise(cpu)
-    rest, top = diagnosis["htp_noise_added"], rows[0]["htp_added_db"]
+    rest = diagnosis["htp_noise_added"]
     taken: list[dict[str, Any]] = []
     for r in rows[:MAX_NODES]:
-        if rest <= allowed or r["htp_added_db"] < top - WITHIN_DB:
+        if rest <= allowed:
             break
         taken.append(r)
         rest -= noise(-r["htp_added_db"])
