@@ -107,13 +107,14 @@ def _decide(ctx: Any, target: str, base: str, screens: dict[str, Any]) -> dict[s
     outputs = {o.name for o in graph.graph.output}
     ends = {o: names.label(n) for n in graph.graph.node for o in n.output if o in outputs}  # output -> its node
     wide = target not in p["no_int16_weights"]
-    nodes = node_overrides(d, settings, ends, int16_weights=wide)
+    margin = p["predict"]["cpu_margin_db"]
+    nodes = node_overrides(d, settings, ends, int16_weights=wide, margin_db=margin)
     ctx.facts.update(diagnose_seconds=round(time.monotonic() - started, 1))
     grown: dict[str, Any] = {}
     if d["where"] == "quantization":
         started = time.monotonic()
         nodes, rounds, short = grow(graph, nodes, _failing(screens[base], thr), wide and _wide(settings),
-                                    _measure(ctx, settings, samples), thr, p["predict"]["cpu_margin_db"])
+                                    _measure(ctx, settings, samples), thr, margin)
         grown = {"rounds": rounds, **({"stopped": short} if short else {})}
         ctx.facts.update(grow_seconds=round(time.monotonic() - started, 1), rounds=len(rounds))
         for r in rounds:

@@ -31,7 +31,8 @@ ACTION_SCHEMA_VERSION = 14  # 2: verify checks output slices; 3: models carry <m
 # part's calls for the per-part checks (llm_part_eval), which compile the twins inside; 12: llm_split keeps the
 # original's tokens for llm_genai (layout.json), which no longer loads the original export; 13: prepare records the
 # user's node names it changed (graph/nodenames.py), quantize keeps a fused RMSNorm pinned at fp16 fused; 14: prepare
-# records unnamed nodes (by first output) and the tensors it changed, a compile refusal names the user's nodes
+# records unnamed nodes (by first output) and the tensors it changed, a compile refusal names the user's nodes; the
+# mixed rung's culprits on the HTP are the worst nodes until what the others add leaves the output clear
 
 
 def fingerprint(kind: str, out_state: Path, toolchain: str | None = None) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """Which nodes a mixed-precision candidate keeps at higher precision, from the per-node diagnosis
 (diagnose.py) of a failed quantization candidate.
 
-Where the HTP itself loses what the QDQ model keeps on the CPU (an HTP-only loss), the nodes whose own added
-noise on the HTP is worst are left out of quantization (`fp16`: the HTP runs them in fp16 between the
-quantized nodes). Where quantization loses it, the worst nodes get 16-bit weights when they have weights the
-base candidate holds in 8 bits, else `fp16` too. The answer is a `quantization.nodes` mapping of the user's
+Where the HTP itself loses what the QDQ model keeps on the CPU (an HTP-only loss), the nodes whose added noise
+on the HTP is worst are left out of quantization (`fp16`: the HTP runs them in fp16 between the quantized
+nodes), worst first, until what the others add would leave the output clear (blamed_on_htp). Where
+quantization loses it, the worst nodes get 16-bit weights when they have weights the base candidate holds in
+8 bits, else `fp16` too. The answer is a `quantization.nodes` mapping of the user's
 model's node names (the diagnosis' rows name a node prepare rewrote by the user's node it replaced:
 graph/nodenames.py), a fused group (Conv+Relu) named node by node. An HTP-only loss gets one line as well
 (htp_only): the growing rounds (grow.py) measure on the CPU and cannot see it, so the line names the nodes the
@@ -16,21 +17,47 @@ from typing import Any
 
 from ctxbuild.recipes.quantization import FP16_NODE
 from ctxbuild.verify.grow import worst
+from ctxbuild.verify.layerloss import noise
 
 MAX_NODES = 8  # at most this many blamed nodes (each with its fused group)
-# A node is blamed when the noise it adds alone is within this many dB of the worst node's: the few that
-# dominate, not the long tail every quantized node adds.
+# A node is blamed in quantization when the noise it adds alone is within this many dB of the worst node's: the
+# few that dominate, not the long tail every quantized node adds.
 WITHIN_DB = 10.0
 
 
-def blamed(rows: list[dict[str, Any]], key: str, min_snr_db: float) -> list[dict[str, Any]]:
-    """The diagnosis rows (worst first) whose own noise `key` is near the worst and above what the thresholds
-    allow (a node adding less noise than -min_snr_db cannot be why the output misses min_snr_db)."""
-    ranked = [r for r in rows if r.get(key) is not None]
+def blamed_in_quantization(rows: list[dict[str, Any]], min_snr_db: float) -> list[dict[str, Any]]:
+    """The diagnosis rows (worst first) whose own quantization noise is near the worst and above what the
+    thresholds allow (a node adding less noise than -min_snr_db cannot be why the output misses min_snr_db);
+    the growing rounds (grow.py) measure what they leave."""
+    ranked = [r for r in rows if r.get("quant_added_db") is not None]
     if not ranked:
         return []
-    top = max(r[key] for r in ranked)
-    return [r for r in ranked if r[key] >= top - WITHIN_DB and r[key] >= -min_snr_db][:MAX_NODES]
+    floor = max(max(r["quant_added_db"] for r in ranked) - WITHIN_DB, -min_snr_db)
+    return [r for r in ranked if r["quant_added_db"] >= floor][:MAX_NODES]
+
+
+def blamed_on_htp(diagnosis: dict[str, Any], margin_db: float) -> list[dict[str, Any]]:
+    """The HTP's culprits: its worst nodes (at most MAX_NODES), worst first, until the noise power the other
+    nodes add on the HTP (diagnosis["htp_noise_added"] less the taken ones') fits beside the quantization
+    noise the CPU measured at the output within min_snr_db + `margin_db` (the CPU screen's margin). No single
+    node need fail the threshold: on PP-OCR's detector the HTP loses the output through a bias Add and the
+    Sigmoid after it, each under it alone.
+
+    The rest is the others' own noise, not the output's less the taken nodes': a node's added noise can be its
+    input's amplified (a Sigmoid over saturated scores), which stays when that node runs in fp16. For the same
+    reason no window below the worst node bounds the set: an amplifier's figure can sit far above the nodes
+    making the loss (a DB head's Sigmoid at +2.6 dB, the bias Add feeding it at -19.8 dB)."""
+    rows = [r for r in diagnosis["worst_htp"] if r.get("htp_added_db") is not None]
+    cpu = min(row["quantization"]["snr_db"] for row in diagnosis["outputs"].values())
+    allowed = noise(diagnosis["thresholds"]["min_snr_db"] + margin_db) - noise(cpu)
+    rest = diagnosis["htp_noise_added"]
+    taken: list[dict[str, Any]] = []
+    for r in rows[:MAX_NODES]:
+        if rest <= allowed:
+            break
+        taken.append(r)
+        rest -= noise(-r["htp_added_db"])
+    return taken
 
 
 def weak_ends(diagnosis: dict[str, Any], ends: dict[str, str]) -> list[str]:
@@ -47,13 +74,13 @@ def weak_ends(diagnosis: dict[str, Any], ends: dict[str, str]) -> list[str]:
 
 
 def node_overrides(diagnosis: dict[str, Any], base: dict[str, Any], ends: dict[str, str], *,
-                   int16_weights: bool) -> dict[str, Any]:
+                   int16_weights: bool, margin_db: float) -> dict[str, Any]:
     """quantization.nodes for the mixed candidate on top of `base`'s (its settings). `ends`: output -> the
-    node computing it; `int16_weights`: the target runs 16-bit weights (recipes/quantization.problem)."""
-    min_snr = diagnosis["thresholds"]["min_snr_db"]
+    node computing it; `int16_weights`: the target runs 16-bit weights (recipes/quantization.problem);
+    `margin_db`: the CPU screen's, which an HTP-only loss's blame leaves the output (blamed_on_htp)."""
     htp = diagnosis["where"] == "htp"
-    rows = blamed(diagnosis["worst_htp" if htp else "worst_quantization"],
-                  "htp_added_db" if htp else "quant_added_db", min_snr)
+    rows = (blamed_on_htp(diagnosis, margin_db) if htp else
+            blamed_in_quantization(diagnosis["worst_quantization"], diagnosis["thresholds"]["min_snr_db"]))
     wide = not htp and int16_weights and base["weights"] != "int16" and base["activations"] == "uint16"
     nodes = dict(base["nodes"])
     for r in rows:

@@ -133,6 +133,8 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
     cause = None if quantized else fp16_cause(float_model, cpu.float_acts, [n["node"] for n in worst_h])
     return {"samples": len(samples), "thresholds": thresholds, "outputs": outputs, "where": where,
             "worst_quantization": worst_q, "worst_htp": worst_h, "nodes": len(nodes), "probe_runs": runs,
+            # every node's own noise power on the HTP, summed: what the mixed rung's blame leaves (culprits.py)
+            "htp_noise_added": sum(noise(-n["htp_added_db"]) for n in nodes if n["htp_added_db"] is not None),
             "hint": weak_slice_fix(outputs, thresholds)
             or likely_fix(where, worst_q if where == "quantization" else worst_h, weights_of,
                           weights_per_node(float_model, cpu.weight_snr, role=2), cpu.activation_bits, cause)}
