@@ -82,8 +82,10 @@ def counts(out: Path) -> dict[str, Any]:
     for r in recs:
         if r["kind"] == "select":
             search = r.get("search") or (r.get("result") or {}).get("search") or {}
-            winners[r["id"]] = search.get("winner")
-            states[r["id"]] = {c["name"]: c.get("state") for c in search.get("candidates", [])}
+            # before the staged search (97436d3) a select named its winner `candidate` and its rows had `passed`
+            winners[r["id"]] = search.get("winner") or (r.get("result") or {}).get("candidate")
+            states[r["id"]] = {c["name"]: c.get("state") or {True: "passed", False: "failed"}.get(c.get("passed"))
+                               for c in search.get("candidates", [])}
     simulated = [r for r in recs if r["kind"] == "verify" and r.get("simulator_seconds") is not None]
     return {"seconds_by_kind": by_kind, "actions_run": sum(r.get("source") == "run" for r in recs), "actions": len(recs),
             "simulator_runs": len(simulated), "simulator_s": round(sum(r["simulator_seconds"] for r in simulated), 1),
