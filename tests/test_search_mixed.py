@@ -151,14 +151,15 @@ def test_an_htp_only_loss_is_said_in_one_line_with_the_nodes_and_the_field() -> 
     from ctxbuild.actions.select import no_winner, table
     from ctxbuild.verify.culprits import htp_only
 
-    d = _diagnosis("htp", [_row("/model.22/dfl/conv/Conv", -3.0), _row("/model.22/Sigmoid", -9.0)])
+    d = _diagnosis("htp", [_row("/model.22/dfl/conv/Conv", -3.0), _row("/model.22/Sigmoid", -9.0),
+                           _row("/model.0/conv/Conv", -45.0)])
     d["outputs"]["y"]["total"] = {"cosine": 0.56, "snr_db": 1.5}
-    line = htp_only(d, "a16w8")
+    line = htp_only(d, "a16w8", 2.5)  # the set the mixed candidate pins: not the quiet /model.0 node
     assert line == ("the loss is on the HTP only (a16w8's QDQ model on the CPU 45.0 dB at output 'y', on the "
                     "simulator 1.5 dB at output 'y'): the mixed rung's rounds measure on the CPU and cannot grow "
                     "for it; the diagnosis blames /model.22/dfl/conv/Conv, /model.22/Sigmoid: pin them in float "
                     "with quantization.nodes ({/model.22/dfl/conv/Conv: fp16, ...})")
-    assert htp_only(_diagnosis("quantization", [_row("a", -3.0)]), "a16w8") is None  # the rounds' case
+    assert htp_only(_diagnosis("quantization", [_row("a", -3.0)]), "a16w8", 2.5) is None  # the rounds' case
     rows = [{"name": "mixed", "passed": False, "failures": ["SNR"], "bin_size": 1, "htp_only": line,
              "worst": {"cosine": 0.56, "snr_db": 1.5, "where": "output 'y'"}}]
     search = {"thresholds": {"min_cosine": 0.99, "min_snr_db": 20.0}, "winner": None, "candidates": rows,

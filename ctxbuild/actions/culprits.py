@@ -127,7 +127,7 @@ def _decide(ctx: Any, target: str, base: str, screens: dict[str, Any]) -> dict[s
                "blamed": sorted(set(nodes) - set(settings["nodes"])),
                "worst": d["worst_htp" if d["where"] == "htp" else "worst_quantization"],
                "outputs": d["outputs"], "samples": d["samples"], **grown}
-    if line := htp_only(d, base):
+    if line := htp_only(d, base, margin):
         decided["htp_only"] = line
         print(f"{a.id}: {line}")
     print(f"{a.id}: base {base}, loss mostly in {d['where']} on {target}; keeping {len(decided['blamed'])} nodes at "
