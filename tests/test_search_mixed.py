@@ -213,3 +213,29 @@ def test_the_set_grows_from_the_input_side_until_the_cpu_clears() -> None:
     nodes, rounds, _ = grow(model, {}, {"y"}, False, measure, {**thr, "min_snr_db": 40.0}, 2.5)
     assert set(nodes.values()) == {"fp16"} and len(nodes) == 16 and list(nodes)[:2] == ["conv0", "conv1"]
     assert rounds[1]["added"] == ["conv0", "relu0", "conv1", "relu1"] and rounds[-1]["fp16"] == 16
+
+
+def test_16_bit_weights_that_fail_on_the_htp_only_are_no_fix_for_the_mixed_rung() -> None:
+    """The layout detector's case (measured, docs/measured.md): a16w16 passes on the CPU (31.4 dB) and its
+    early-stopped simulator run proves at most 14.1 dB, so the mixed rung keeps nodes in fp16, not at 16-bit
+    weights. A 16-bit-weights candidate failing on the CPU too, or passing on the HTP, says nothing of the kind."""
+    from ctxbuild.verify.predict import int16_weights_fail_on_htp
+
+    thr = {"min_cosine": 0.99, "min_snr_db": 20.0}
+    settings = {"a16w8-pc": {"weights": "uint8"}, "a16w16": {"weights": "int16"}}
+    screens = {"a16w8-pc": {"outputs": {"y": {"snr_db": 18.8, "cosine": 0.993}}},
+               "a16w16": {"outputs": {"y": {"snr_db": 31.4, "cosine": 0.9993}}}}
+    stopped = {"outputs": {"y": {"snr_db": 8.5, "cosine": 0.95}},
+               "early_stop": {"bounds": [{"output": "y", "snr_db": 14.1}], "of": 4}}
+    pc_failed = {"outputs": {"y": {"snr_db": 18.6, "cosine": 0.992}}}
+    why = int16_weights_fail_on_htp({"a16w8-pc": pc_failed, "a16w16": stopped}, screens, settings, thr)
+    assert why == ("a16w16's QDQ model passes on the CPU (31.4 dB at output 'y') and reads at most 14.1 dB on the "
+                   "HTP: 16-bit weights are no fix here, the kept nodes run in fp16")
+    # only an 8-bit-weights candidate failed on the HTP: nothing said about 16-bit weights
+    assert int16_weights_fail_on_htp({"a16w8-pc": pc_failed}, screens, settings, thr) is None
+    # the 16-bit-weights candidate fails on the CPU as well: quantization's loss, 16-bit weights may still help
+    cpu_short = {**screens, "a16w16": {"outputs": {"y": {"snr_db": 17.0, "cosine": 0.99}}}}
+    assert int16_weights_fail_on_htp({"a16w16": stopped}, cpu_short, settings, thr) is None
+    # it passes on the HTP (a loss the HTP makes, but not past the threshold)
+    passing = {"outputs": {"y": {"snr_db": 22.4, "cosine": 0.998}}}
+    assert int16_weights_fail_on_htp({"a16w16": passing}, screens, settings, thr) is None

@@ -35,7 +35,7 @@ from ctxbuild.verify.culprits import htp_only, node_overrides
 from ctxbuild.verify.grow import grow
 from ctxbuild.verify.ladder import state_of, walk
 from ctxbuild.verify.measure import compare, cpu_outputs, metrics
-from ctxbuild.verify.predict import cpu_rejection
+from ctxbuild.verify.predict import cpu_rejection, int16_weights_fail_on_htp, measured
 
 
 def discover_inputs(action: Action) -> dict[str, Path]:
@@ -106,7 +106,10 @@ def _decide(ctx: Any, target: str, base: str, screens: dict[str, Any]) -> dict[s
     settings = {**p["settings"][base], "nodes": names.canonical(p["settings"][base]["nodes"])}
     outputs = {o.name for o in graph.graph.output}
     ends = {o: names.label(n) for n in graph.graph.node for o in n.output if o in outputs}  # output -> its node
-    wide = target not in p["no_int16_weights"]
+    verified = {n: v for t, ladder in p["ladders"].items() for n, v in known(a.inputs, f"verify.{t}.", ladder).items()
+                if measured(v)}
+    no_wide = int16_weights_fail_on_htp(verified, screens, p["settings"], thr)
+    wide = target not in p["no_int16_weights"] and not no_wide
     margin = p["predict"]["cpu_margin_db"]
     nodes = node_overrides(d, settings, ends, int16_weights=wide, margin_db=margin)
     ctx.facts.update(diagnose_seconds=round(time.monotonic() - started, 1))
@@ -126,7 +129,10 @@ def _decide(ctx: Any, target: str, base: str, screens: dict[str, Any]) -> dict[s
                "quantization": {**settings, "nodes": nodes},
                "blamed": sorted(set(nodes) - set(settings["nodes"])),
                "worst": d["worst_htp" if d["where"] == "htp" else "worst_quantization"],
-               "outputs": d["outputs"], "samples": d["samples"], **grown}
+               "outputs": d["outputs"], "samples": d["samples"], **grown,
+               **({"int16_weights_fail_on_htp": no_wide} if no_wide else {})}
+    if no_wide:
+        print(f"{a.id}: {no_wide}")
     if line := htp_only(d, base, margin):
         decided["htp_only"] = line
         print(f"{a.id}: {line}")

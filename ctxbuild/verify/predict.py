@@ -108,6 +108,26 @@ def carried_htp_loss(name: str, earlier: list[str], screens: dict[str, Any], ver
     return None
 
 
+def int16_weights_fail_on_htp(verifies: dict[str, Any], screens: dict[str, Any],
+                              settings: dict[str, dict[str, Any]], thr: dict[str, float]) -> str | None:
+    """Why 16-bit weights are no fix on this model's HTP, or None: a candidate with 16-bit weights whose QDQ
+    model passes on the CPU (its screen) and which the simulator measured failing (a complete run's figures, an
+    early-stopped one's proven ceiling) at the same part. The mixed rung then keeps its nodes in fp16 instead
+    (measured: PP-PicoDet's layout detector at a16w16, 31.4 dB on the CPU and at most 14.1 dB on the HTP; the
+    mixed candidate with 25 nodes at 16-bit weights read 26.5 dB on the CPU and 8.9 dB on the simulator)."""
+    for name, v in verifies.items():
+        s = screens.get(name)
+        if settings.get(name, {}).get("weights") != "int16" or not measured(v) or not s or s.get("error"):
+            continue
+        cpu = dict(parts(s))
+        for where, snr in htp_ceiling(v).items():
+            if where in cpu and cpu[where]["snr_db"] >= thr["min_snr_db"] > snr:
+                at_most = "at most " if "early_stop" in v else ""
+                return (f"{name}'s QDQ model passes on the CPU ({cpu[where]['snr_db']:.1f} dB at {where}) and reads "
+                        f"{at_most}{snr:.1f} dB on the HTP: 16-bit weights are no fix here, the kept nodes run in fp16")
+    return None
+
+
 def htp_ceiling(v: dict[str, Any]) -> dict[str, float]:
     """where -> the highest SNR a simulator run can have over all its samples: a complete run's figures; for an
     early-stopped one, the bounds its proof recorded (verify/early_stop.py; the figures over the samples it ran
