@@ -30,10 +30,10 @@ build: $(STAMP) $(MODELS)
 # the long end-to-end files (farm, faults, caches, big models, bundles, LoRA, old toolchains); CI runs both, then
 # the real public models (.ci/run). pytest's exit 5 (nothing collected) fails either target.
 test: $(STAMP) $(MODELS)
-	$(BIN)/python -m pytest -q -m "not full" tests
+	$(BIN)/python -m pytest -q --durations=15 -m "not full" tests
 
 test-full: $(STAMP) $(MODELS)
-	$(BIN)/python -m pytest -q -m full tests
+	$(BIN)/python -m pytest -q --durations=15 -m full tests
 
 # The fast unit tests only (planner, action key, golden build.ninja, cache stores, CLI): seconds, no QNN run.
 unit: $(STAMP)
