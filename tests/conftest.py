@@ -76,13 +76,17 @@ def example_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-@pytest.fixture
-def tree(tmp_path: Path, example_models: Path) -> Path:
-    """A writable copy of recipes/ (YAML files + generated models) under tmp_path/recipes."""
-    dst = tmp_path / "recipes"
+def copy_examples(dst: Path, example_models: Path) -> Path:
+    """A writable copy of recipes/ (YAML files + generated models) at `dst`."""
     shutil.copytree(RECIPES, dst, ignore=EXAMPLES_IGNORE)
     shutil.copytree(example_models, dst / "models")
     return dst
+
+
+@pytest.fixture
+def tree(tmp_path: Path, example_models: Path) -> Path:
+    """A writable copy of recipes/ (YAML files + generated models) under tmp_path/recipes."""
+    return copy_examples(tmp_path / "recipes", example_models)
 
 
 @pytest.fixture
@@ -95,13 +99,19 @@ def ctxbuild(tmp_path: Path, cache_dir: Path):
     """Run `ctxbuild ARGS` as a user would; each test has its own local cache."""
 
     def run(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600) -> Result:
-        full_env = {**os.environ, "CTXBUILD_CACHE_DIR": str(cache_dir), **(env or {})}
-        full_env.pop("MAKEFLAGS", None)
-        p = subprocess.run([sys.executable, "-m", "ctxbuild", *args], capture_output=True, text=True,
-                           env=full_env, cwd=cwd or tmp_path, timeout=timeout)
-        return Result(p.returncode, p.stdout, p.stderr)
+        return run_cli(args, cache_dir, cwd or tmp_path, env=env, timeout=timeout)
 
     return run
+
+
+def run_cli(args: tuple[str, ...], cache_dir: Path, cwd: Path, *, env: dict[str, str] | None = None,
+            timeout: float = 600) -> Result:
+    """`ctxbuild ARGS` in a child process with `cache_dir` as its local cache."""
+    full_env = {**os.environ, "CTXBUILD_CACHE_DIR": str(cache_dir), **(env or {})}
+    full_env.pop("MAKEFLAGS", None)
+    p = subprocess.run([sys.executable, "-m", "ctxbuild", *args], capture_output=True, text=True,
+                       env=full_env, cwd=cwd, timeout=timeout)
+    return Result(p.returncode, p.stdout, p.stderr)
 
 
 def plan_only(paths: list[Path], out: Path, **options: Any) -> dict[str, Any]:

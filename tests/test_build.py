@@ -3,25 +3,41 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
-from tests.conftest import last_build
+from tests.conftest import Result, copy_examples, last_build, run_cli
 from tests._qnn_models import cosine, cpu_run, qnn_session
 
 
-@pytest.fixture
-def built(tree: Path, tmp_path: Path, ctxbuild) -> Path:
-    out = tmp_path / "out"
-    r = ctxbuild("build", str(tree), "-o", str(out))
+@dataclass
+class Shared:
+    """One cold build of the examples: its tree, OUT and local cache."""
+    tree: Path
+    out: Path
+    cache: Path
+
+    def build(self) -> Result:
+        return run_cli(("build", str(self.tree), "-o", str(self.out)), self.cache, self.tree.parent)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> Shared:
+    """Built once for the tests below (a cold build of the examples is ~15 s on 2 cores): the first two only read
+    it, the last two rebuild it as a user would (nothing, then one edited recipe), passing in either order."""
+    root = tmp_path_factory.mktemp("built")
+    s = Shared(copy_examples(root / "recipes", example_models), root / "out", root / "cache")
+    r = s.build()
     assert r.code == 0, r.text
-    return out
+    return s
 
 
-def test_multi_target_build_produces_loadable_epcontext_models(built: Path) -> None:
+def test_multi_target_build_produces_loadable_epcontext_models(shared: Shared) -> None:
+    built = shared.out
     manifest = json.loads((built / "manifest.json").read_text())
     arts = manifest["artifacts"]
     by_target = {(a["recipe"], a["target"]["name"]) for a in arts}
@@ -51,7 +67,8 @@ def test_multi_target_build_produces_loadable_epcontext_models(built: Path) -> N
     assert (built / "SM8650" / "tiny_cnn" / "tiny_cnn_ctx_qnn.bin").is_file()
 
 
-def test_simulator_output_close_to_float_model(built: Path, tree: Path) -> None:
+def test_simulator_output_close_to_float_model(shared: Shared) -> None:
+    built, tree = shared.out, shared.tree
     sample = np.load(tree / "models" / "calib" / "tiny_cnn" / "sample_000.npz")["image"]
     ref = cpu_run(tree / "models" / "tiny_cnn.onnx", {"image": sample})[0]
     for target in ("SM8650", "SM8750"):
@@ -64,20 +81,20 @@ def test_simulator_output_close_to_float_model(built: Path, tree: Path) -> None:
     assert cosine(got, ref) > 0.999
 
 
-def test_second_build_is_a_noop(built: Path, tree: Path, ctxbuild) -> None:
-    r = ctxbuild("build", str(tree), "-o", str(built))
+def test_second_build_is_a_noop(shared: Shared) -> None:
+    r = shared.build()
     assert r.code == 0, r.text
     assert "no work to do" in r.text
-    assert last_build(built) == {}
+    assert last_build(shared.out) == {}
 
 
-def test_editing_one_recipe_rebuilds_only_its_edges(built: Path, tree: Path, ctxbuild) -> None:
-    recipe = tree / "tiny_cnn_int8.yaml"
+def test_editing_one_recipe_rebuilds_only_its_edges(shared: Shared) -> None:
+    recipe = shared.tree / "tiny_cnn_int8.yaml"
     time.sleep(0.01)
     recipe.write_text(recipe.read_text() + "compile:\n  optimization_mode: 2\n")
-    r = ctxbuild("build", str(tree), "-o", str(built))
+    r = shared.build()
     assert r.code == 0, r.text
-    assert set(last_build(built)) == {"compile/tiny_cnn_int8@SM8650", "verify/tiny_cnn_int8@SM8650"}
+    assert set(last_build(shared.out)) == {"compile/tiny_cnn_int8@SM8650", "verify/tiny_cnn_int8@SM8650"}
 
 
 def test_only_and_target_select_edges(tree: Path, tmp_path: Path, ctxbuild) -> None:

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import shutil
 import struct
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,7 @@ import onnx
 import pytest
 
 from tests._qnn_models import nonzero_model
-from tests.conftest import EXAMPLES_IGNORE, RECIPES
+from tests.conftest import Result, copy_examples, run_cli
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -31,19 +29,14 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 NZ_CAUSE = "QNN cannot run 1 node(s): find_nonzero (NonZero)"
 
 
-def _cli(*args: str, cache: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CTXBUILD_CACHE_DIR": str(cache)}
-    env.pop("MAKEFLAGS", None)
-    return subprocess.run([sys.executable, "-m", "ctxbuild", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=600, check=False)
+def _cli(*args: str, cache: Path, cwd: Path) -> Result:
+    return run_cli(args, cache, cwd)
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("report")
-    tree = root / "recipes"
-    shutil.copytree(RECIPES, tree, ignore=EXAMPLES_IGNORE)
-    shutil.copytree(example_models, tree / "models")
+    tree = copy_examples(root / "recipes", example_models)
     onnx.save(nonzero_model(), tree / "models" / "nz.onnx")
     (tree / "broken_nz.yaml").write_text("model: models/nz.onnx\nprecision: fp16\ntargets: [SM8650]\n")
     (tree / "strict_int8.yaml").write_text(
@@ -53,8 +46,8 @@ def built(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> dic
     (tree / "corrupt.yaml").write_text("model: models/corrupt.onnx\nprecision: fp16\ntargets: [SM8750]\n")
     out = root / "out"
     r = _cli("build", str(tree), "-o", str(out), "-k", "0", cache=root / "cache", cwd=root)
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert NZ_CAUSE in r.stderr
+    assert r.code == 1, r.text
+    assert NZ_CAUSE in r.err
     return {"root": root, "tree": tree, "out": out, "report": json.loads((out / "report.json").read_text())}
 
 
@@ -254,7 +247,7 @@ def test_report_in_headless_chromium(built: dict[str, Any], tmp_path: Path) -> N
     # the per-layer diagnosis of the graph that fails verification: the report draws its worst nodes
     r = _cli("verify", "--layers", "strict_int8", str(built["tree"]), "-o", str(out), cache=built["root"] / "cache",
              cwd=built["root"])
-    assert r.returncode == 1 and (out / "SM8650" / "strict_int8" / "strict_int8_layers.json").is_file(), r.stderr
+    assert r.code == 1 and (out / "SM8650" / "strict_int8" / "strict_int8_layers.json").is_file(), r.err
     rep = _read(out / "report.json")  # rewritten by that run (its build verified strict_int8 again)
     b = rep["build"]
     expected_rows = {(r["recipe"], r["target"]["name"]) for r in rep["rows"]}
@@ -331,7 +324,7 @@ def test_report_in_headless_chromium(built: dict[str, Any], tmp_path: Path) -> N
 def test_noop_build_rewrites_report_dry_run_does_not(built: dict[str, Any]) -> None:
     out, root = built["out"], built["root"]
     r = _cli("build", str(built["tree"]), "-o", str(out), "-k", "0", cache=root / "cache", cwd=root)
-    assert r.returncode == 1
+    assert r.code == 1
     rep = _read(out / "report.json")
     b = rep["build"]
     # strict_int8's compile is restored by key: its failed verification (the --layers run before) set it aside
@@ -344,7 +337,7 @@ def test_noop_build_rewrites_report_dry_run_does_not(built: dict[str, Any]) -> N
     assert "0 built, 1 from cache, 3 failed" in re.sub(r"<[^>]+>", "", (out / "report.html").read_text())
     before = (out / "report.json").read_bytes(), (out / "report.html").stat().st_mtime_ns
     r = _cli("build", str(built["tree"]), "-o", str(out), "--dry-run", cache=root / "cache", cwd=root)
-    assert r.returncode == 0, r.stderr
+    assert r.code == 0, r.err
     assert ((out / "report.json").read_bytes(), (out / "report.html").stat().st_mtime_ns) == before
 
 
