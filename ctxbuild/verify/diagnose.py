@@ -105,7 +105,9 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
     nodes = []
     for name, qr in q_rows.items():
         hr = h_rows.get(name)
-        nodes.append({"node": name, "op_type": qr["op_type"], "tensor": qr["tensor"], "fused": qr["fused"],
+        # the tensor by the user's name too (prepare's new name for one it carries: the user's)
+        nodes.append({"node": name, "op_type": qr["op_type"], "tensor": g.names.user_tensor(qr["tensor"]),
+                      "fused": qr["fused"],
                       "weight_snr_db": weights_of.get(name),
                       "quant_snr_db": qr["snr_db"], "quant_added_db": qr["added_db"],
                       "htp_snr_db": hr["snr_db"] if hr else None, "htp_added_db": hr["added_db"] if hr else None,
