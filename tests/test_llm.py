@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from ctxbuild.graph.modelio import external_data_files
-from ctxbuild.graph.nodenames import Names
+from ctxbuild.graph.nodenames import Names, named
 from tests.conftest import RECIPES, keep_only, records
 
 sys.path.insert(0, str(RECIPES / "models"))
@@ -61,8 +61,12 @@ def test_static_graphs_reproduce_the_original_greedy_tokens(decoder: Path, tmp_p
     assert {names.user(n.name) for n in token.graph.node} <= theirs
     if model == "llama_genai.onnx":  # GroupQueryAttention written out: its nodes are the export's attention
         lowered = [n.name for n in token.graph.node if "_lowered_" in n.name and n.op_type == "Softmax"]
-        assert [names.user(n) for n in lowered] == [n.name for n in export.node if n.op_type == "GroupQueryAttention"
-                                                    and not n.name.startswith("/model/layers.2/")], lowered  # part 1: layers 0, 1
+        attention = [n.name for n in export.node if n.op_type == "GroupQueryAttention"]
+        assert [names.user(n) for n in lowered] == attention[:2], lowered  # part 1: layers 0, 1
+        # a quantizer's DequantizeLinear of a tensor the plug-in made: by the export's node computing it
+        q = "/model/layers.0/attn/lowered_q"
+        assert named(token, [(f"{q}_DequantizeLinear", "DequantizeLinear")]) == [
+            (f"the DequantizeLinear of '{q}' (computed in '{attention[0]}')", "DequantizeLinear")]
     # a part's AR x CL graphs name one weight file, the same range for a weight, and that file holds it once
     for p, w in enumerate(weights):
         mine = [onnx.load(dst[g.name], load_external_data=False) for g in graphs if g.part == p]

@@ -201,6 +201,10 @@ def test_a_fused_rmsnorm_pinned_by_the_users_name_builds_at_fp16(tmp_path: Path,
     written = [n for n in qdq.graph.node if n.name.startswith("mean_rmsnorm/")]
     assert len(written) == 6
     assert {types[zero_point[n.output[0]]] for n in written} == {TensorProto.UINT16}
+    # QNN would name the written-out nodes and their tensors' Q/DQ so: they are the user's RMSNorm ('mean')
+    sq = written[0].output[0]
+    assert named(qdq, [(written[0].name, written[0].op_type), (f"{sq}_QuantizeLinear", "QuantizeLinear")]) == [
+        ("mean", written[0].op_type), (f"the QuantizeLinear of '{sq}' (computed in 'mean')", "QuantizeLinear")]
     assert types[zero_point["h"]] == TensorProto.UINT8  # the node before it: the model's 8 bits
 
 

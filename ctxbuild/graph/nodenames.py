@@ -257,11 +257,16 @@ class Names:
         replaced whose name it carries (`<name>_...` as legalization names them), else the user node it copies
         (onnxruntime names a DequantizeLinear's copy for each reader `<name>/duplicated...`), else the last node it
         replaced (the one computing the replaced group's output). A name neither model has that onnxruntime's
-        optimizer made from a node's at compile (`<name>_token_<n>`, `<name>/duplicated...`): that node's."""
+        optimizer made from a node's at compile (`<name>_token_<n>`, `<name>/duplicated...`), or one of the nodes
+        quantize writes a node prepare made out as (`<name>/...`): that node's."""
         users = self.origin.get(name)
         if not users:
             base = _ORT_MADE.sub("", name)
-            return self.user(base) if name not in self._have and (base in self._have or base in self.origin) else name
+            if name not in self._have and (base in self._have or base in self.origin):
+                return self.user(base)
+            # a node prepare made, written out again for the quantizer (a fused RMSNorm: `<name>/<Op>_<k>`)
+            made = [name[:i] for i, c in enumerate(name) if c == "/" and name[:i] in self.origin]
+            return self.user(made[-1]) if made else name
         return max((u for u in users if _extends(name, u, "_/")), key=len, default=None) or max(
             (u for u in self._parents(name) if u not in self.origin), key=len, default=users[-1])
 
@@ -310,10 +315,12 @@ def named(model: Any, nodes: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """The user's names for (name, op type) nodes of `model`, a model made from the prepared one keeping its node
     names and metadata (the QDQ model: onnxruntime's quantizer keeps the float nodes' names). A QuantizeLinear or
     DequantizeLinear the quantizer added is named after the user's tensor it quantizes, "the DequantizeLinear of
-    'x'" (what quantization.tensors takes; shown() lists it without its op again). An unnamed node, which a
+    'x'" (what quantization.tensors takes; shown() lists it without its op again), a tensor of a node prepare made
+    with the user's node computing it. An unnamed node, which a
     compiler's log names '', by its first output (as the diagnosis names it) when the model's unnamed nodes of that
     op are exactly the ones listed; else '?'. Each user node once (prepare's copies of one node are one)."""
     names = Names(model)
+    producer = {o: n for n in model.graph.node for o in n.output}
     unnamed: dict[str, list[str]] = {}
     for n in model.graph.node:
         if not n.name and n.output:
@@ -322,7 +329,7 @@ def named(model: Any, nodes: list[tuple[str, str]]) -> list[tuple[str, str]]:
     out = []
     for name, op in nodes:
         if (qdq := _QDQ_NODE.match(name)) and qdq.group(2) == op:
-            out.append((f"the {op} of '{names.user_tensor(qdq.group(1))}'", op))
+            out.append((_quantizes(names, producer.get(qdq.group(1)), qdq.group(1), op), op))
         elif name:  # a name, or from a fallback compile's wrapper an unnamed node's key
             out.append((names.user(name.removesuffix(_QDQ_OUTPUT)), op))
         elif len(unnamed.get(op, [])) == listed[op]:
@@ -330,6 +337,16 @@ def named(model: Any, nodes: list[tuple[str, str]]) -> list[tuple[str, str]]:
         else:
             out.append(("?", op))
     return list(dict.fromkeys(out))
+
+
+def _quantizes(names: Names, producer: Any, tensor: str, op: str) -> str:
+    """A quantizer's Q/DQ of `tensor`, by the user's name of the tensor; one prepare (or an LLM plug-in) computes
+    in a node it made, which no tensor of the user's holds, by prepare's name and the user's node computing it."""
+    said = f"the {op} of '{names.user_tensor(tensor)}'"
+    if producer is None or producer.op_type in ("QuantizeLinear", "DequantizeLinear") or tensor in names.tensor_from:
+        return said
+    mine = names.user(key(producer))
+    return said if mine == key(producer) else f"{said} (computed in '{mine}')"
 
 
 def shown(name: str, op: str) -> str:
