@@ -77,7 +77,8 @@ def run(ctx: Any) -> None:
     got = {"simulator": sim}
     if p["precision"] != "fp16":  # fp16 compiles the float graphs: the CPU would compare them with themselves
         got["qdq_cpu"] = _cpu({k: Path(a.inputs[f"model:{g.name}"]) for k, g in mine.items()}, calls, slots)
-    result = _result(p, mine, calls, got, _export_names(Path(a.inputs[f"model:{next(iter(mine.values())).name}"])))
+    export = _export_names(Path(a.inputs[f"model:{next(iter(mine.values())).name}"]))
+    result = _result(p, mine, calls, got, export)
     Path(ctx.tmp_output("result")).write_text(json.dumps(result, indent=2, sort_keys=True))
     if not result["passed"]:
         failures = result["failures"]
@@ -233,8 +234,8 @@ def _result(p: dict[str, Any], mine: dict[tuple[int, int], GraphSpec], calls: li
                     top1.setdefault((backend, cl), []).append((m["argmax_agreement"] * len(idx), len(idx)))
                 if m["cosine"] < t["min_cosine"]:
                     result["failures"].append(
-                        f"graph {g.name}, output {name}{_theirs(name, export)}: {BACKENDS[backend]} cosine {m['cosine']:.4f} (min "
-                        f"{t['min_cosine']}), SNR {m['snr_db']:.1f} dB over {_calls(len(idx))}")
+                        f"graph {g.name}, output {name}{_theirs(name, export)}: {BACKENDS[backend]} cosine "
+                        f"{m['cosine']:.4f} (min {t['min_cosine']}), SNR {m['snr_db']:.1f} dB over {_calls(len(idx))}")
         # the simulator's figures; a graph it did not run shows the gated CPU's, named so
         shown, suffix = ((row["simulator"][g.name]["outputs"], "") if row["simulator"][g.name]["calls"]
                          else (row["qdq_cpu"][g.name]["outputs"], " (QDQ graph on the CPU)"))

@@ -128,6 +128,6 @@ def clipped_tensors(reference: Path, qdq_model: Path, feeds: list[dict[str, np.n
             continue
         outside = (v < lo - CLIP_STEPS * step) | (v > hi + CLIP_STEPS * step)
         if outside.any():
-            out.append({"tensor": names.user_tensor(name), "fraction": round(float(outside.mean()), 6), "range": [lo, hi],
-                        "min": float(v.min()), "max": float(v.max())})
+            out.append({"tensor": names.user_tensor(name), "fraction": round(float(outside.mean()), 6),
+                        "range": [lo, hi], "min": float(v.min()), "max": float(v.max())})
     return sorted(out, key=lambda c: -c["fraction"])

@@ -315,8 +315,7 @@ def named(model: Any, nodes: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """The user's names for (name, op type) nodes of `model`, a model made from the prepared one keeping its node
     names and metadata (the QDQ model: onnxruntime's quantizer keeps the float nodes' names). A QuantizeLinear or
     DequantizeLinear the quantizer added is named after the user's tensor it quantizes, "the DequantizeLinear of
-    'x'" (what quantization.tensors takes; shown() lists it without its op again), a tensor of a node prepare made
-    with the user's node computing it. An unnamed node, which a
+    'x'" (what quantization.tensors takes; shown() lists it without its op again). An unnamed node, which a
     compiler's log names '', by its first output (as the diagnosis names it) when the model's unnamed nodes of that
     op are exactly the ones listed; else '?'. Each user node once (prepare's copies of one node are one)."""
     names = Names(model)
@@ -340,8 +339,9 @@ def named(model: Any, nodes: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def _quantizes(names: Names, producer: Any, tensor: str, op: str) -> str:
-    """A quantizer's Q/DQ of `tensor`, by the user's name of the tensor; one prepare (or an LLM plug-in) computes
-    in a node it made, which no tensor of the user's holds, by prepare's name and the user's node computing it."""
+    """A quantizer's Q/DQ of `tensor` (computed by `producer` in the model), by the user's name for the tensor; a
+    tensor computed by a node prepare (or an LLM plug-in) made, which no tensor of the user's holds, by its own name
+    and the user's node computing it."""
     said = f"the {op} of '{names.user_tensor(tensor)}'"
     if producer is None or producer.op_type in ("QuantizeLinear", "DequantizeLinear") or tensor in names.tensor_from:
         return said
