@@ -81,7 +81,7 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
                 break
             got, facts = htp_run(qdq, want, shapes, samples, compile_params, tmp, timeout)
             probed.update(got)
-            runs.append({"round": r + 1, "tensors": sorted(got), **facts})
+            runs.append({"round": r + 1, "tensors": sorted(g.names.user_tensor(t) for t in got), **facts})
             # next round: every tensor between the two consecutive probes where the HTP's loss grew most
             seq = [t for t in order if t in probed]
             htp_snr = {t: snr_db(cpu.qdq_acts[t], probed[t]) for t in seq}
