@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ctxbuild.graph.nodenames import KEY, Names
+from ctxbuild.graph.nodenames import KEY, Names, named
 from ctxbuild.verify.advice import weights_per_node
 
 HEAD = "model: convnet.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\n"
@@ -91,6 +91,12 @@ def test_unnamed_nodes_and_the_users_tensors_pin_what_prepare_made_of_them(tmp_p
     types = {i.name: i.data_type for i in qdq.graph.initializer}
     assert types[zero_point["r"]] == TensorProto.UINT16  # the Relu's output, which 'ri' was
     assert types[zero_point["x"]] == types[zero_point["b"]] == TensorProto.UINT8  # the rest: the model's 8 bits
+    # QNN's log names the quantizer's Q/DQ by the QDQ model's names: a refusal names the user's tensors instead
+    assert [name for name, _ in named(qdq, [("ConvBnFusion_W_w_DequantizeLinear", "DequantizeLinear"),
+                                            ("r_QuantizeLinear", "QuantizeLinear"),
+                                            ("b_DequantizeLinear_2", "DequantizeLinear")])] == [
+        "the DequantizeLinear of 'ConvBnFusion_W_w' (prepare's, folded from 'w', 'gamma', 'beta', 'mu', ...)",
+        "the QuantizeLinear of 'r'", "the DequantizeLinear of 'b'"]
 
 
 def test_names_neither_model_has_or_prepare_folded_are_exit_2(tmp_path: Path, ctxbuild) -> None:

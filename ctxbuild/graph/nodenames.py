@@ -339,11 +339,16 @@ def named(model: Any, nodes: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def _quantizes(names: Names, producer: Any, tensor: str, op: str) -> str:
-    """A quantizer's Q/DQ of `tensor` (computed by `producer` in the model), by the user's name for the tensor; a
-    tensor computed by a node prepare (or an LLM plug-in) made, which no tensor of the user's holds, by its own name
-    and the user's node computing it."""
+    """A quantizer's Q/DQ of `tensor` (computed by `producer` in the model, None for a weight), by the user's name
+    for the tensor; a tensor computed by a node prepare (or an LLM plug-in) made, which no tensor of the user's
+    holds, by its own name and the user's node computing it; a weight prepare folded, with the user's it came
+    from."""
     said = f"the {op} of '{names.user_tensor(tensor)}'"
-    if producer is None or producer.op_type in ("QuantizeLinear", "DequantizeLinear") or tensor in names.tensor_from:
+    if producer is None:  # a weight: one prepare folded from the user's (a BatchNorm into its Conv) says so
+        sources = [t for t, into in names.folded.items() if tensor in into]
+        return said + (f" (prepare's, folded from {', '.join(repr(t) for t in sources[:4])}"
+                       f"{', ...' if len(sources) > 4 else ''})" if sources else "")
+    if producer.op_type in ("QuantizeLinear", "DequantizeLinear") or tensor in names.tensor_from:
         return said
     mine = names.user(key(producer))
     return said if mine == key(producer) else f"{said} (computed in '{mine}')"
