@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from ctxbuild.graph.modelio import external_data_files
+from ctxbuild.graph.nodenames import Names, named
 from tests.conftest import RECIPES, keep_only, records
 
 sys.path.insert(0, str(RECIPES / "models"))
@@ -52,6 +53,20 @@ def test_static_graphs_reproduce_the_original_greedy_tokens(decoder: Path, tmp_p
     assert dims["attention_mask"] == [1, 1, 1, 32] and dims["hidden_states.2"] == [1, 1, SMALL.hidden]
     ops = {n.op_type for n in token.graph.node}
     assert not ops & {"Range", "Shape", "Where", "GroupQueryAttention", "SkipSimplifiedLayerNormalization"}, ops
+    # what the static pass and the exporter plug-in renamed is named as the export names it (a refusal, a failure)
+    export = onnx.load(decoder / model, load_external_data=False).graph
+    theirs = {n.name for n in export.node}
+    names = Names(token)
+    assert names.user_tensor("hidden_states.2") in {t for n in export.node for t in n.output}
+    assert {names.user(n.name) for n in token.graph.node} <= theirs
+    if model == "llama_genai.onnx":  # GroupQueryAttention written out: its nodes are the export's attention
+        lowered = [n.name for n in token.graph.node if "_lowered_" in n.name and n.op_type == "Softmax"]
+        attention = [n.name for n in export.node if n.op_type == "GroupQueryAttention"]
+        assert [names.user(n) for n in lowered] == attention[:2], lowered  # part 1: layers 0, 1
+        # a quantizer's DequantizeLinear of a tensor the plug-in made: by the export's node computing it
+        q = "/model/layers.0/attn/lowered_q"
+        assert named(token, [(f"{q}_DequantizeLinear", "DequantizeLinear")]) == [
+            (f"the DequantizeLinear of '{q}' (computed in '{attention[0]}')", "DequantizeLinear")]
     # a part's AR x CL graphs name one weight file, the same range for a weight, and that file holds it once
     for p, w in enumerate(weights):
         mine = [onnx.load(dst[g.name], load_external_data=False) for g in graphs if g.part == p]
@@ -281,6 +296,8 @@ def test_a_failing_part_names_its_graph_and_output(decoder: Path, tmp_path: Path
     for part in (1, 2):
         line = next(x for x in r.err.splitlines() if x.startswith(f"ctxbuild: FAILED llm_part_eval/llama.part{part}@SM8650"))
         assert f"llama@SM8650: part {part} of 2: graph prompt_ar8_cl24_{part}_of_2, output " in line, line
+        if part == 1:  # the residual stream at the cut, which the static pass renames: the export's name too
+            assert "output hidden_states.2 (the export's '/model/layers." in line, line
         assert "simulator cosine 0." in line and "(min 0.999999), SNR " in line and " dB over 2 calls" in line, line
         assert not (out / "SM8650" / "llama" / f"llama_{part}_of_2_qnn.bin").exists()
         assert (out / ".ctxbuild" / "failed" / "SM8650" / "llama" / f"llama_{part}_of_2_qnn.bin").is_file()

@@ -14,7 +14,7 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from ctxbuild.graph.legalize import legalize
-from ctxbuild.graph.nodenames import KEY, Names, outline, renamed
+from ctxbuild.graph.nodenames import KEY, Names, named, outline, renamed, shown
 from tests.conftest import assert_pin_rebuilds_from_cache, records
 
 NORM = ["pow", "mean", "add_eps", "sqrt", "div", "mul_norm"]  # the RMSNorm's nodes, as T5 exports write it
@@ -79,8 +79,10 @@ def test_names_prepare_changed_map_to_the_prepared_nodes_and_back(tmp_path: Path
     assert record["tensors"] == {"normed": "mean_rmsnorm_out"}
     assert record["folded"] == {**{t: ["mean_rmsnorm_out"] for t in ("sq", "ms", "mse", "rms", "hn")},
                                 **{t: [] for t in ("two", "axes", "eps")}}
+    assert record["tensor_from"] == {"mean_rmsnorm_out": "normed"}  # the way back, for the names shown
     helper.set_model_props(prepared, {KEY: json.dumps(record)})
     names = Names(prepared)
+    assert [names.user_tensor(t) for t in ("mean_rmsnorm_out", "h", "y")] == ["normed", "h", "y"]
     assert [names.resolve(n) for n in ("mul_norm", "proj", "mean_rmsnorm", "maen")] == [
         ["mean_rmsnorm"], ["proj"], ["mean_rmsnorm"], None]
     assert names.user("mean_rmsnorm") == "mean" and names.user("proj") == "proj"
@@ -179,6 +181,16 @@ def test_a_fused_rmsnorm_pinned_by_the_users_name_builds_at_fp16(tmp_path: Path,
     assert norm.op_type == "SimplifiedLayerNormalization" and producer[norm.input[0]] == "DequantizeLinear"
     assert not {"Pow", "ReduceMean", "Sqrt"} & {n.op_type for n in qdq.graph.node}
     assert [n.op_type for n in qdq.graph.node if norm.output[0] in n.input] == ["QuantizeLinear"]
+    # QNN's log names the quantizer's Q/DQ by prepare's tensors (and onnxruntime's copy of a DQ for each reader): a
+    # refusal names them by the user's tensor they quantize, as quantization.tensors takes it
+    qdq_nodes = [(n.name, n.op_type) for n in qdq.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")
+                 and n.name.startswith(norm.output[0])]
+    assert sorted(qdq_nodes) == [("mean_rmsnorm_out_DequantizeLinear", "DequantizeLinear"),
+                                 ("mean_rmsnorm_out_QuantizeLinear", "QuantizeLinear")]
+    seen = named(qdq, [*sorted(qdq_nodes), ("mean_rmsnorm_out_DequantizeLinear/duplicated_token_0",
+                                            "DequantizeLinear"), ("proj", "MatMul")])
+    assert [shown(*n) for n in seen] == ["the DequantizeLinear of 'normed'", "the QuantizeLinear of 'normed'",
+                                         "proj (MatMul)"], seen  # the copy is the same node to the user
 
     out = tmp_path / "out8"
     _build(ctxbuild, tree, "precision: int8\nquantization: {nodes: {mul_norm: {activations: uint16}}}\nverify: false\n",
@@ -189,6 +201,10 @@ def test_a_fused_rmsnorm_pinned_by_the_users_name_builds_at_fp16(tmp_path: Path,
     written = [n for n in qdq.graph.node if n.name.startswith("mean_rmsnorm/")]
     assert len(written) == 6
     assert {types[zero_point[n.output[0]]] for n in written} == {TensorProto.UINT16}
+    # QNN would name the written-out nodes and their tensors' Q/DQ so: they are the user's RMSNorm ('mean')
+    sq = written[0].output[0]
+    assert named(qdq, [(written[0].name, written[0].op_type), (f"{sq}_QuantizeLinear", "QuantizeLinear")]) == [
+        ("mean", written[0].op_type), (f"the QuantizeLinear of '{sq}' (computed in 'mean')", "QuantizeLinear")]
     assert types[zero_point["h"]] == TensorProto.UINT8  # the node before it: the model's 8 bits
 
 
@@ -221,6 +237,9 @@ def test_the_searchs_answer_names_the_users_nodes_and_pinned_builds_the_same(tmp
     assert mixed["quantization"]["nodes"] == {"mean": "fp16"} and mixed["blamed"] == ["mean"]
     assert yaml.safe_load(s["pin"])["quantization"] == [{"nodes": {"mean": "fp16"}}]
     assert "the search's answer keeps mean at higher precision" in r.out
+    # the diagnosis behind it names the tensor the user's model has too: the fused op's output carries 'normed'
+    (culprits,) = [rec for k, rec in records(out).items() if k.startswith("culprits/")]
+    assert {row["node"]: row["tensor"] for row in culprits["result"]["worst"]}["mean"] == "normed", culprits
 
     (tree / "t5norm.yaml").write_text(HEAD + "verify: {min_snr_db: 25}\n" + s["pin"])
     out2 = tmp_path / "out2"

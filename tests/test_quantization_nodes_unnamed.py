@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ctxbuild.graph.nodenames import KEY, Names
+from ctxbuild.graph.nodenames import KEY, Names, named
 from ctxbuild.verify.advice import weights_per_node
 
 HEAD = "model: convnet.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\n"
@@ -91,6 +91,12 @@ def test_unnamed_nodes_and_the_users_tensors_pin_what_prepare_made_of_them(tmp_p
     types = {i.name: i.data_type for i in qdq.graph.initializer}
     assert types[zero_point["r"]] == TensorProto.UINT16  # the Relu's output, which 'ri' was
     assert types[zero_point["x"]] == types[zero_point["b"]] == TensorProto.UINT8  # the rest: the model's 8 bits
+    # QNN's log names the quantizer's Q/DQ by the QDQ model's names: a refusal names the user's tensors instead
+    assert [name for name, _ in named(qdq, [("ConvBnFusion_W_w_DequantizeLinear", "DequantizeLinear"),
+                                            ("r_QuantizeLinear", "QuantizeLinear"),
+                                            ("b_DequantizeLinear_2", "DequantizeLinear")])] == [
+        "the DequantizeLinear of 'ConvBnFusion_W_w' (prepare's, folded from 'w', 'gamma', 'beta', 'mu', ...)",
+        "the QuantizeLinear of 'r'", "the DequantizeLinear of 'b'"]
 
 
 def test_names_neither_model_has_or_prepare_folded_are_exit_2(tmp_path: Path, ctxbuild) -> None:
@@ -112,10 +118,12 @@ def test_names_neither_model_has_or_prepare_folded_are_exit_2(tmp_path: Path, ct
 
 
 def test_qnns_refusal_names_the_users_nodes(tmp_path: Path, ctxbuild) -> None:
-    """uint16 (asymmetric) weights on a Gemm: QNN refuses it (measured, onnxruntime-qnn 2.7.0). Its log names the
-    prepared model's '/MatMulAddFusion' and an unnamed Gemm ''; the refusal names the user's nodes: the Add the
-    fused Gemm computes ('y'), the unnamed Gemm by its first output, which the QDQ model renames
-    'z_QuantizeLinear_Input' ('z')."""
+    """uint16 (asymmetric) weights on a Gemm, a signed 16-bit input to a Conv: QNN refuses them (measured,
+    onnxruntime-qnn 2.7.0). Its log names the prepared model's '/MatMulAddFusion', an unnamed Gemm '' and the name
+    onnxruntime's optimizer gives the Conv at compile ('b_token_<n>'); the refusal names the user's nodes: the Add
+    the fused Gemm computes ('y'), the unnamed Gemm by its first output, which the QDQ model renames
+    'z_QuantizeLinear_Input' ('z'), the Conv by its first output ('b', which the Conv writes once the BatchNorm is
+    folded into it)."""
     tree = tmp_path / "recipes"
     _model(tree)
     m = onnx.load(str(tree / "convnet.onnx"))
@@ -123,7 +131,7 @@ def test_qnns_refusal_names_the_users_nodes(tmp_path: Path, ctxbuild) -> None:
     m.graph.node.append(helper.make_node("Gemm", ["y", "w3"], ["z"]))
     m.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 10]))
     onnx.save(m, str(tree / "convnet.onnx"))
-    r = _build(ctxbuild, tree, "precision: int16\nquantization: {tensors: {w2: {type: uint16}, w3: {type: uint16}}}\n"
-               "verify: false\n", tmp_path / "out", code=1)
+    r = _build(ctxbuild, tree, "precision: int16\nquantization: {tensors: {w2: {type: uint16}, w3: {type: uint16}, "
+               "x: {type: int16}}}\nverify: false\n", tmp_path / "out", code=1)
     line = _failed_line(r)
-    assert "QNN cannot run 2 node(s): y (Gemm), z (Gemm) (set compile.cpu_fallback: true" in line, line
+    assert "QNN cannot run 3 node(s): y (Gemm), z (Gemm), b (Conv) (set compile.cpu_fallback: true" in line, line

@@ -45,7 +45,8 @@ def run(ctx: Any) -> None:
                 toolchain.compile_model(staged[g], dst, a.params["provider_options"], embed=False,
                                         cpu_fallback=a.params["cpu_fallback"], config=config)
         except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped; the log holds the cause
-            raise compile_error(ctx.log_path, e, a.params["cpu_fallback"], a.params["provider_options"]) from None
+            raise compile_error(ctx.log_path, e, a.params["cpu_fallback"], a.params["provider_options"],
+                                model=staged[g]) from None  # the graph refused: named as the user's model names it
     for g, p in zip(graphs, ctx_paths):
         _restore_io_names(p, renames[g])
         if a.params.get("adapters"):  # LoRA: the wrapper carries the slots' defaults (inputs become optional)

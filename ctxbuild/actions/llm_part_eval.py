@@ -77,7 +77,8 @@ def run(ctx: Any) -> None:
     got = {"simulator": sim}
     if p["precision"] != "fp16":  # fp16 compiles the float graphs: the CPU would compare them with themselves
         got["qdq_cpu"] = _cpu({k: Path(a.inputs[f"model:{g.name}"]) for k, g in mine.items()}, calls, slots)
-    result = _result(p, mine, calls, got)
+    export = _export_names(Path(a.inputs[f"model:{next(iter(mine.values())).name}"]))
+    result = _result(p, mine, calls, got, export)
     Path(ctx.tmp_output("result")).write_text(json.dumps(result, indent=2, sort_keys=True))
     if not result["passed"]:
         failures = result["failures"]
@@ -85,6 +86,15 @@ def run(ctx: Any) -> None:
         raise ActionError(f"{a.recipes[0]}@{a.target['name']}: {result['graph']}: " + "; ".join(failures[:3]) + more,
                           "try precision w8a16, kv_cache uint16, or more calibration prompts (docs/llm.md)",
                           details=result)
+
+
+def _export_names(model: Path) -> dict[str, str]:
+    """The export's names of the part's tensors the static pass renamed (the residual stream at a cut,
+    `hidden_states.K`: llm/static.py); a part's graphs share them."""
+    from ctxbuild.graph.modelio import load
+    from ctxbuild.graph.nodenames import Names
+
+    return Names(load(model, external_data=False)).tensor_from
 
 
 def _compile(ctx: Any, g: GraphSpec) -> Path:
@@ -100,7 +110,8 @@ def _compile(ctx: Any, g: GraphSpec) -> Path:
     try:
         compile_graph(link_model(Path(a.inputs[f"model:{g.name}"]), d, "model.onnx"), dst, params, ctx.tmp)
     except QnnCompileFailed as failed:
-        raise compile_error(ctx.log_path, failed.error, False, params["provider_options"]) from None
+        raise compile_error(ctx.log_path, failed.error, False, params["provider_options"],
+                            model=Path(a.inputs[f"model:{g.name}"])) from None
     return dst
 
 
@@ -183,10 +194,10 @@ def _child(twins: dict[tuple[int, int], Path], calls: dict[int, records.Call], s
 
 
 def _result(p: dict[str, Any], mine: dict[tuple[int, int], GraphSpec], calls: list[records.Call],
-            got: dict[str, Outputs]) -> dict[str, Any]:
+            got: dict[str, Outputs], export: dict[str, str] | None = None) -> dict[str, Any]:
     """Per CL, backend, graph and output the metrics against the float outputs on the calls that backend ran; the
     report's per-output view (the simulator's: each graph's main output and its worst KV output); what fails the
-    thresholds, named with the backend."""
+    thresholds, named with the backend (an output the static pass renamed with the export's name too: `export`)."""
     from ctxbuild.verify.measure import metrics
 
     t = p["thresholds"]
@@ -223,8 +234,8 @@ def _result(p: dict[str, Any], mine: dict[tuple[int, int], GraphSpec], calls: li
                     top1.setdefault((backend, cl), []).append((m["argmax_agreement"] * len(idx), len(idx)))
                 if m["cosine"] < t["min_cosine"]:
                     result["failures"].append(
-                        f"graph {g.name}, output {name}: {BACKENDS[backend]} cosine {m['cosine']:.4f} (min "
-                        f"{t['min_cosine']}), SNR {m['snr_db']:.1f} dB over {_calls(len(idx))}")
+                        f"graph {g.name}, output {name}{_theirs(name, export)}: {BACKENDS[backend]} cosine "
+                        f"{m['cosine']:.4f} (min {t['min_cosine']}), SNR {m['snr_db']:.1f} dB over {_calls(len(idx))}")
         # the simulator's figures; a graph it did not run shows the gated CPU's, named so
         shown, suffix = ((row["simulator"][g.name]["outputs"], "") if row["simulator"][g.name]["calls"]
                          else (row["qdq_cpu"][g.name]["outputs"], " (QDQ graph on the CPU)"))
@@ -239,6 +250,10 @@ def _result(p: dict[str, Any], mine: dict[tuple[int, int], GraphSpec], calls: li
                                       f"{agreed / calls_:.2f} (min {t['min_token_agreement']}) over {_calls(int(calls_))}")
     result["passed"] = not result["failures"]
     return result
+
+
+def _theirs(name: str, export: dict[str, str] | None) -> str:
+    return f" (the export's '{export[name]}')" if export and name in export else ""
 
 
 def _calls(n: int) -> str:

@@ -19,6 +19,7 @@ from ctxbuild.actions import verify
 from ctxbuild.verify.measure import compare, cpu_outputs, failures, simulate
 from ctxbuild.graph.external_data import onnx_readable
 from ctxbuild.graph.modelio import load
+from ctxbuild.graph.nodenames import Names
 from ctxbuild.graph.samples import for_verification, input_spec
 
 if TYPE_CHECKING:  # imported where used: a cache hit needs no numpy
@@ -100,7 +101,8 @@ def encodings(qdq_model: Path) -> dict[str, tuple[float, float, float]]:
 
 def clipped_tensors(reference: Path, qdq_model: Path, feeds: list[dict[str, np.ndarray]],
                     bound: dict[str, np.ndarray], tmp: Path) -> list[dict[str, Any]]:
-    """Tensors of the float model (and the adapter's own slot values) outside their encoding's range."""
+    """Tensors of the float model (and the adapter's own slot values) outside their encoding's range, by the user's
+    names (graph/nodenames.py)."""
     import numpy as np
     import onnxruntime as ort
     from onnxruntime.quantization.qdq_loss_debug import collect_activations, modify_model_output_intermediate_tensors
@@ -109,8 +111,10 @@ def clipped_tensors(reference: Path, qdq_model: Path, feeds: list[dict[str, np.n
     # The debugger reads its input through onnx's loader and writes scratch files beside it
     augmented = tmp / "augmented.onnx"
     with onnx_readable(reference, f".clip-input-{os.getpid()}.onnx") as src:
-        ops = sorted({n.op_type for n in load(src, external_data=False).graph.node})
+        graph = load(src, external_data=False)
+        ops = sorted({n.op_type for n in graph.graph.node})
         modify_model_output_intermediate_tensors(str(src), str(augmented), op_types_for_saving=ops)
+    names = Names(graph)  # a tensor prepare (or the LLM split) renamed: by the user's name
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # collect_activations' default
     so.log_severity_level = 3  # the slots are overridable initializers: ORT warns about each
@@ -124,6 +128,6 @@ def clipped_tensors(reference: Path, qdq_model: Path, feeds: list[dict[str, np.n
             continue
         outside = (v < lo - CLIP_STEPS * step) | (v > hi + CLIP_STEPS * step)
         if outside.any():
-            out.append({"tensor": name, "fraction": round(float(outside.mean()), 6), "range": [lo, hi],
-                        "min": float(v.min()), "max": float(v.max())})
+            out.append({"tensor": names.user_tensor(name), "fraction": round(float(outside.mean()), 6),
+                        "range": [lo, hi], "min": float(v.min()), "max": float(v.max())})
     return sorted(out, key=lambda c: -c["fraction"])

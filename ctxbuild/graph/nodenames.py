@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from typing import Any, NamedTuple, Sequence
 
 KEY = "ctxbuild.renamed"
@@ -52,7 +53,8 @@ def key(node: Any) -> str:
 def renamed(steps: Sequence[Sequence[Any]]) -> dict[str, Any]:
     """{"became": {user node: [prepared nodes]}, "from": {added prepared node: [user nodes]}, "tensors": {user
     tensor: the prepared tensor carrying its value}, "folded": {user tensor: [prepared tensors computed from it in
-    its place]}} over prepare's steps: the node outlines of the user's model first, each step's after it, the
+    its place]}, "tensor_from": {prepared tensor the user's model lacks: the user tensor whose value it carries}}
+    over prepare's steps: the node outlines of the user's model first, each step's after it, the
     prepared model's last; nodes by key() (an unnamed one by its first output); only what prepare changed, {} when
     nothing was."""
     user, final = steps[0], steps[-1]
@@ -82,6 +84,9 @@ def renamed(steps: Sequence[Sequence[Any]]) -> dict[str, Any]:
         record["tensors"] = carried
     if folded := {t: where for t, (c, where) in tensors.items() if not c}:
         record["folded"] = folded
+    mine = set(_tensors(user))
+    if made := {where: t for t, where in carried.items() if where not in mine}:
+        record["tensor_from"] = made  # the way back: what the diagnosis and QNN's refusal name these by
     return record
 
 
@@ -203,6 +208,11 @@ def _step(before: Sequence[Any], after: Sequence[Any]) -> tuple[dict[str, list[s
     return nodes, moved
 
 
+# what onnxruntime's optimizer appends to a node's name for a node it makes of it (Graph::GenerateNodeName, the copy
+# of a DequantizeLinear for each reader)
+_ORT_MADE = re.compile(r"(/duplicated.*|_token_\d+)$")
+
+
 class Names:
     """A prepared model's nodes (by key()) and tensors, and the user's names prepare recorded for what it rewrote
     (KEY)."""
@@ -215,6 +225,7 @@ class Names:
         self.origin: dict[str, list[str]] = record.get("from", {})
         self.carried: dict[str, str] = record.get("tensors", {})
         self.folded: dict[str, list[str]] = record.get("folded", {})
+        self.tensor_from: dict[str, str] = record.get("tensor_from", {})
         self._have = set(self.nodes)
         g = model.graph
         self.tensors = set(_tensors(g.node)) | {i.name for i in (*g.initializer, *g.input, *g.output)}
@@ -234,14 +245,28 @@ class Names:
             return name
         return self.carried.get(name, self.folded.get(name))
 
+    def user_tensor(self, name: str) -> str:
+        """The user's name for a tensor of the prepared model (or of a model made from it keeping its tensor names):
+        its own, or the user tensor whose value prepare carries in it under a new name. A tensor prepare computes
+        that no tensor of the user's model holds (inside a rewritten group) keeps prepare's name, which
+        quantization.tensors takes as well."""
+        return self.tensor_from.get(name, name)
+
     def user(self, name: str) -> str:
         """The user's name for a prepared node (by key()): its own, or for a node prepare added, the user node it
         replaced whose name it carries (`<name>_...` as legalization names them), else the user node it copies
         (onnxruntime names a DequantizeLinear's copy for each reader `<name>/duplicated...`), else the last node it
-        replaced (the one computing the replaced group's output)."""
+        replaced (the one computing the replaced group's output). A name neither model has that onnxruntime's
+        optimizer made from a node's at compile (`<name>_token_<n>`, `<name>/duplicated...`), or one of the nodes
+        quantize writes a node prepare made out as (`<name>/...`): that node's."""
         users = self.origin.get(name)
         if not users:
-            return name
+            base = _ORT_MADE.sub("", name)
+            if name not in self._have and (base in self._have or base in self.origin):
+                return self.user(base)
+            # a node prepare made, written out again for the quantizer (a fused RMSNorm: `<name>/<Op>_<k>`)
+            made = [name[:i] for i, c in enumerate(name) if c == "/" and name[:i] in self.origin]
+            return self.user(made[-1]) if made else name
         return max((u for u in users if _extends(name, u, "_/")), key=len, default=None) or max(
             (u for u in self._parents(name) if u not in self.origin), key=len, default=users[-1])
 
@@ -280,15 +305,21 @@ class Names:
 # onnxruntime's quantizer names the input of a graph output's QuantizeLinear so: the node computing a graph output
 # writes `<output>_QuantizeLinear_Input` in the QDQ model.
 _QDQ_OUTPUT = "_QuantizeLinear_Input"
+# ... and the QuantizeLinear/DequantizeLinear it adds for tensor t `t_QuantizeLinear`/`t_DequantizeLinear` (`_<n>`
+# after it: one reader's own pair; `t_convert`, `t_convert_clone`: a change of type between readers);
+# onnxruntime's optimizer names the copy of a DequantizeLinear it makes for each reader `<name>/duplicated...`.
+_QDQ_NODE = re.compile(r"^(.+?)(?:_convert(?:_clone)?)?_(QuantizeLinear|DequantizeLinear)(?:_\d+)?(?:/duplicated.*)?$")
 
 
 def named(model: Any, nodes: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """The user's names for (name, op type) nodes of `model`, a model made from the prepared one keeping its node
-    names and metadata (the QDQ model: onnxruntime's quantizer keeps the float nodes' names and names the Q/DQ it
-    adds `<tensor>_QuantizeLinear`/`_DequantizeLinear`, kept as they are). An unnamed node, which a compiler's log
-    names '', by its first output (as the diagnosis names it) when the model's unnamed nodes of that op are exactly
-    the ones listed; else '?'. Each user node once (prepare's copies of one node are one)."""
+    names and metadata (the QDQ model: onnxruntime's quantizer keeps the float nodes' names). A QuantizeLinear or
+    DequantizeLinear the quantizer added is named after the user's tensor it quantizes, "the DequantizeLinear of
+    'x'" (what quantization.tensors takes; shown() lists it without its op again). An unnamed node, which a
+    compiler's log names '', by its first output (as the diagnosis names it) when the model's unnamed nodes of that
+    op are exactly the ones listed; else '?'. Each user node once (prepare's copies of one node are one)."""
     names = Names(model)
+    producer = {o: n for n in model.graph.node for o in n.output}
     unnamed: dict[str, list[str]] = {}
     for n in model.graph.node:
         if not n.name and n.output:
@@ -296,10 +327,33 @@ def named(model: Any, nodes: list[tuple[str, str]]) -> list[tuple[str, str]]:
     listed = {op: sum(1 for name, o in nodes if not name and o == op) for _, op in nodes}
     out = []
     for name, op in nodes:
-        if name:  # a name, or from a fallback compile's wrapper an unnamed node's key
+        if (qdq := _QDQ_NODE.match(name)) and qdq.group(2) == op:
+            out.append((_quantizes(names, producer.get(qdq.group(1)), qdq.group(1), op), op))
+        elif name:  # a name, or from a fallback compile's wrapper an unnamed node's key
             out.append((names.user(name.removesuffix(_QDQ_OUTPUT)), op))
         elif len(unnamed.get(op, [])) == listed[op]:
             out.append((unnamed[op].pop(0), op))
         else:
             out.append(("?", op))
     return list(dict.fromkeys(out))
+
+
+def _quantizes(names: Names, producer: Any, tensor: str, op: str) -> str:
+    """A quantizer's Q/DQ of `tensor` (computed by `producer` in the model, None for a weight), by the user's name
+    for the tensor; a tensor computed by a node prepare (or an LLM plug-in) made, which no tensor of the user's
+    holds, by its own name and the user's node computing it; a weight prepare folded, with the user's it came
+    from."""
+    said = f"the {op} of '{names.user_tensor(tensor)}'"
+    if producer is None:  # a weight: one prepare folded from the user's (a BatchNorm into its Conv) says so
+        sources = [t for t, into in names.folded.items() if tensor in into]
+        return said + (f" (prepare's, folded from {', '.join(repr(t) for t in sources[:4])}"
+                       f"{', ...' if len(sources) > 4 else ''})" if sources else "")
+    if producer.op_type in ("QuantizeLinear", "DequantizeLinear") or tensor in names.tensor_from:
+        return said
+    mine = names.user(key(producer))
+    return said if mine == key(producer) else f"{said} (computed in '{mine}')"
+
+
+def shown(name: str, op: str) -> str:
+    """One node of named() in a list: `name (op)`, a quantizer's Q/DQ as named() describes it (its op said)."""
+    return name if name.startswith(f"the {op} of '") else f"{name} ({op})"

@@ -135,7 +135,28 @@ def static_graph(model: Any, shape: DecoderShape, ranges: list[tuple[int, int]],
     sub.ir_version = model.ir_version
     del sub.opset_import[:]
     sub.opset_import.extend(model.opset_import)
+    _stamp_names(sub, model, {f"hidden_states.{k}": t for k, t in boundaries.items()})
     return sub
+
+
+def _stamp_names(sub: Any, model: Any, renamed: dict[str, str]) -> None:
+    """The export's names for what this graph renamed, as prepare records them (graph/nodenames.py): the nodes the
+    exporter plug-in emitted (their record in `model`: llm/exporters/emit.py) and the residual stream at a cut
+    (`renamed`: new tensor name -> the export's), for the graph's own nodes and tensors; a compile's refusal and a
+    part check's failure name them so."""
+    import json
+
+    from onnx import helper
+
+    from ctxbuild.graph.nodenames import KEY
+
+    emitted = json.loads({p.key: p.value for p in model.metadata_props}.get(KEY, "{}")).get("from", {})
+    mine = {n.name for n in sub.graph.node}
+    tensors = {t for n in sub.graph.node for t in (*n.input, *n.output)}
+    record = {"from": {n: u for n, u in emitted.items() if n in mine},
+              "tensor_from": {t: u for t, u in renamed.items() if t in tensors}}
+    if record := {k: v for k, v in record.items() if v}:
+        helper.set_model_props(sub, {KEY: json.dumps(record, sort_keys=True)})
 
 
 def _fold_weight_transposes(g: Any, base_dir: str) -> None:

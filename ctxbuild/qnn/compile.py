@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ctxbuild.errors import ActionError, cause_line
+from ctxbuild.graph.nodenames import named, shown
 from ctxbuild.qnn import fallback, isolated
 from ctxbuild.toolchain import installed as toolchain
 
@@ -105,7 +106,8 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_o
     outside EPContext, for ops QNN has no builder for, e.g. Det, which its log does not list). With `cost`, the
     hint to fall back says what the probe measured it would cost (partitions, CPU nodes, their MACs). `model`: the
     graph compiled (the prepared or QDQ model), whose nodes are named as the user's model names them
-    (graph/nodenames.py: through prepare's rewrites, an unnamed node by its first output)."""
+    (graph/nodenames.py: through prepare's rewrites, an unnamed node by its first output, a quantizer's Q/DQ by the
+    user's tensor it quantizes)."""
     import sys
 
     sys.stderr.flush()
@@ -126,11 +128,10 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_o
         nodes = nodes or (probed.cpu_nodes if probed else [])
     if nodes and model is not None:
         from ctxbuild.graph.modelio import load
-        from ctxbuild.graph.nodenames import named
 
         nodes = named(load(model, external_data=False), nodes)
     if nodes:
-        listed = ", ".join(f"{n} ({t})" for n, t in nodes[:8]) + (" ..." if len(nodes) > 8 else "")
+        listed = ", ".join(shown(n, t) for n, t in nodes[:8]) + (" ..." if len(nodes) > 8 else "")
         hint = None if cpu_fallback else "set compile.cpu_fallback: true to run them on the CPU instead" + (
             f" (measured: {probed.describe()}; verify tells whether the accuracy survives the cuts)"
             if probed and cost else "")

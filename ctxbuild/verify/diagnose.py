@@ -81,7 +81,7 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
                 break
             got, facts = htp_run(qdq, want, shapes, samples, compile_params, tmp, timeout)
             probed.update(got)
-            runs.append({"round": r + 1, "tensors": sorted(got), **facts})
+            runs.append({"round": r + 1, "tensors": sorted(g.names.user_tensor(t) for t in got), **facts})
             # next round: every tensor between the two consecutive probes where the HTP's loss grew most
             seq = [t for t in order if t in probed]
             htp_snr = {t: snr_db(cpu.qdq_acts[t], probed[t]) for t in seq}
@@ -105,7 +105,9 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
     nodes = []
     for name, qr in q_rows.items():
         hr = h_rows.get(name)
-        nodes.append({"node": name, "op_type": qr["op_type"], "tensor": qr["tensor"], "fused": qr["fused"],
+        # the tensor by the user's name too (prepare's new name for one it carries: the user's)
+        nodes.append({"node": name, "op_type": qr["op_type"], "tensor": g.names.user_tensor(qr["tensor"]),
+                      "fused": qr["fused"],
                       "weight_snr_db": weights_of.get(name),
                       "quant_snr_db": qr["snr_db"], "quant_added_db": qr["added_db"],
                       "htp_snr_db": hr["snr_db"] if hr else None, "htp_added_db": hr["added_db"] if hr else None,

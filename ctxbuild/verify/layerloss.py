@@ -279,7 +279,8 @@ def fused_group(g: Graph, node: Any, head: str | None) -> list[Any]:
 def node_losses(g: Graph, snr: dict[str, float], computed_by: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """Per node with a measured output: SNR in (worst input) and out, and the noise it adds. A node the
     quantizer fused with the ones after it (Conv+Relu) is one row, named after the first (`fused`: the rest).
-    Names are the user's model's (g.names): nodes prepare made of one user node are one row, the worst."""
+    Node names are the user's model's (g.names): nodes prepare made of one user node are one row, the worst;
+    `tensor` is the measured one as `snr` names it (the prepared model's: diagnose.py gives the user's name)."""
     memo: dict[str, float] = {}
     rows = {}
     for n in g.nodes:

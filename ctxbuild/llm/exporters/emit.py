@@ -2,10 +2,12 @@
 canonical additive mask (llm/canonical.py) built once from `attention_mask` and `position_ids`."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
 
+from ctxbuild.graph.nodenames import KEY
 from ctxbuild.llm.canonical import MASK_NEG
 
 
@@ -15,6 +17,8 @@ class Emit:
     def __init__(self, g: Any, opset: int) -> None:
         self.g, self.nodes, self.n, self.opset = g, [], 0, opset
         self.inits = {t.name for t in g.initializer}
+        self.replacing = ""  # the export's node the nodes emitted now take the place of ("": none)
+        self.origin: dict[str, str] = {}  # emitted node -> that node: what a refusal names (graph/nodenames.py)
 
     def const(self, name: str, value: Any) -> str:
         from onnx import numpy_helper
@@ -29,6 +33,8 @@ class Emit:
 
         self.n += 1
         name = f"{scope}/{op}_lowered_{self.n}"
+        if self.replacing:
+            self.origin[name] = self.replacing
         outs = outputs or [name + "_output_0"]
         self.nodes.append(helper.make_node(op, inputs, outs, name=name, **attrs))
         return outs[0]
@@ -57,3 +63,11 @@ class Emit:
             "attention_mask", self.const("lowered_axes_1_2", np.array([1, 2], np.int64))], s), "lowered_one"], s)
         return self.op("Where", [self.op("And", [causal, valid], s), self.const("lowered_mask_zero", np.float32(0)),
                                  self.const("lowered_mask_neg", np.float32(MASK_NEG))], s)
+
+    def stamp(self, model: Any) -> None:
+        """Record in `model` the export's node each emitted node took the place of, as prepare records its rewrites
+        (graph/nodenames.py): the static graphs keep it for the nodes they hold."""
+        from onnx import helper
+
+        helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props},
+                                       KEY: json.dumps({"from": {n: [u] for n, u in self.origin.items()}})})

@@ -68,7 +68,7 @@ def lower(model: Any, base_dir: str = "") -> Any:
     producers = {o: n for n in g.node for o in n.output}
     new_nodes = head_nodes
     for node in g.node:
-        e.nodes = []
+        e.nodes, e.replacing = [], node.name
         if node.op_type == "GroupQueryAttention":
             _attention(e, node, hd, mask, inits, rotary)
         elif node.op_type == "SimplifiedLayerNormalization":
@@ -89,6 +89,7 @@ def lower(model: Any, base_dir: str = "") -> Any:
     g.node.extend(new_nodes)
     g.input.append(helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]))
     del g.value_info[:]
+    e.stamp(model)
     return model
 
 

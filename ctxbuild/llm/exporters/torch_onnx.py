@@ -71,6 +71,7 @@ class TorchOnnx(Exporter):
         scope = "/model/rotary_emb"
         for name, (table, lead) in _rotary_tables(model, base_dir, positions).items():
             producers[name].output[list(producers[name].output).index(name)] = f"{name}/run_time"  # now dead
+            e.replacing = producers[name].name  # the table's Gather takes the place of the run-time node
             rows = e.op("Gather", [e.const(f"{name}/table", table), "position_ids"], scope,
                         [name] if lead == 1 else None, axis=0)
             if lead > 1:  # the export's tensor has more leading unit dims than position_ids: [B, 1, .., S, hd]
@@ -80,6 +81,7 @@ class TorchOnnx(Exporter):
         _topological(g)
         _prune(g)
         del g.value_info[:]
+        e.stamp(model)
         return model
 
     @classmethod
