@@ -15,6 +15,7 @@ from ctxbuild.errors import ActionError
 from ctxbuild.actions.compile import compile_refusal
 from ctxbuild.graph.cut import split_line
 from ctxbuild.graph.modelio import external_data_files, load
+from ctxbuild.graph.inputvalues import recorded
 from ctxbuild.graph.samples import for_verification, input_spec, list_samples
 from ctxbuild.verify.memo import OutputsMemo, float_reference, wrapper_identity
 from ctxbuild.verify import gates, sample_workers
@@ -68,7 +69,7 @@ def run(ctx: Any) -> None:
     ref_model = Path(a.inputs["reference"])
     ref_proto = load(ref_model, external_data=False)
     spec = input_spec(ref_proto)
-    samples = for_verification(spec, p, lambda: sample_files(a), a.recipe_files[0])
+    samples = for_verification(spec, p, lambda: sample_files(a), a.recipe_files[0], recorded(ref_proto))
     # What the memoized outputs depend on: content digests the runner already computed for the action key.
     key = ctx.key_components
     inputs = key["inputs"]
