@@ -149,7 +149,7 @@ def cpu_outputs(model: Path, samples: list[dict[str, np.ndarray]], *, qdq_as_wri
             raise ActionError(f"output '{n}' of the float model changes shape with the input ("
                               f"{', '.join(str(list(s)) for s in shapes[:3])} over {len(runs)} samples)",
                               split_hint(model, samples))
-    return {n: np.concatenate([r[i] for r in runs]) for i, n in enumerate(names)}
+    return {n: np.concatenate([np.atleast_1d(r[i]) for r in runs]) for i, n in enumerate(names)}  # as simulate()
 
 def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallback: bool,
              timeout: float, timing: dict[str, float] | None = None,
