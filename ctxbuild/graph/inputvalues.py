@@ -15,7 +15,8 @@ if TYPE_CHECKING:  # numpy and onnx are imported where used: planning imports th
     import numpy as np
 
 KEY = "ctxbuild.input_values"  # prepared-model metadata: {input: {"value": ..., "dtype": ...}} the samples may hold
-# An input this small (a scalar, a flag, a few settings) can be a setting the app fixes; a larger one is data.
+# An input this small (an integer or boolean scalar, a few flags; a float of one element) can be a setting the app
+# fixes; a larger one is data.
 SETTING_MAX_ELEMENTS = 16
 _SHAPE_OPS = frozenset({"Shape", "Size"})
 _NOT_EVALUATED = frozenset({"If", "Loop", "Scan", "RandomNormal", "RandomNormalLike", "RandomUniform",
@@ -71,11 +72,14 @@ def as_arrays(model: Any, values: dict[str, Any]) -> dict[str, np.ndarray]:
 
 
 def settings_of(model: Any) -> dict[str, tuple[int, list[int | None]]]:
-    """The model's inputs that may be settings rather than data: fixed shapes of few elements (declared())."""
+    """The model's inputs that may be settings rather than data (declared()): fixed shapes of few integer or
+    boolean elements, or of one element."""
     import math
 
-    return {name: (t, dims) for name, (t, dims) in declared(model).items()
-            if None not in dims and math.prod(dims) <= SETTING_MAX_ELEMENTS}
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    return {name: (t, dims) for name, (t, dims) in declared(model).items() if None not in dims and (
+        math.prod(dims) == 1 or math.prod(dims) <= SETTING_MAX_ELEMENTS and tensor_dtype_to_np_dtype(t).kind in "biu")}
 
 
 def apply(model: Any, values: dict[str, Any]) -> list[str]:
@@ -130,9 +134,10 @@ def deciding_inputs(model: Any, node: Any) -> list[str]:
         elif n.op_type not in _SHAPE_OPS:
             computing.add(id(n))
             todo.extend(n.input)
-    # a setting feeds the condition only: an input other nodes read as data is data (a sum of features)
+    # a setting feeds the condition only: an input other nodes read as data is data (a sum of features); and a
+    # model whose every input decides the branch has nothing left to run on
     if any(set(n.input) & (seen - inits) and id(n) not in computing for n in model.graph.node
-           if n is not node):
+           if n is not node) or set(found) == set(declared(model)):
         return []
     return sorted(found)
 
