@@ -105,6 +105,12 @@ def test_recipe_errors_exit_2(tmp_path: Path, ctxbuild) -> None:
         with pytest.raises(RecipeError) as e:
             recipe_set.load([recipe])
         assert e.value.message.startswith(f"{recipe}:{message}"), e.value.message
+    # `outputs:` may name a tensor of the branch the values take (the hints print such names), only then
+    recipe.write_text(RECIPE + "input_values: {mode: 1}\noutputs: [h1]\n")
+    assert recipe_set.load([recipe]).recipes[0].graphs[0].outputs == ("h1",)
+    recipe.write_text(RECIPE + "outputs: [h1]\n")
+    with pytest.raises(RecipeError, match="outputs: 'h1' is not a tensor of branchy.onnx"):
+        recipe_set.load([recipe])
 
 
 def test_the_values_are_in_the_keys(tmp_path: Path) -> None:

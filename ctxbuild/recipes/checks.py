@@ -4,6 +4,7 @@ over protobuf's 2 GB, files that are not regular files, precision: auto where th
 naming a tensor the model does not compute."""
 from __future__ import annotations
 
+import json
 import stat
 from pathlib import Path
 from typing import Any, Callable
@@ -158,13 +159,24 @@ def check_input_values(model: Path, values: dict[str, Any], shapes: dict[str, An
                               "give the value the app always passes, as a number, true/false or a list") from None
 
 
-def check_outputs(model: Path, names: tuple[str, ...], where: str) -> None:
+def check_outputs(model: Path, names: tuple[str, ...], where: str, values: dict[str, Any]) -> None:
     """Each name of the recipe's `outputs:` (at `where`, `file:line`) must be a tensor the model's nodes compute,
-    named as the model names it; else one line with the closest name."""
+    named as the model names it; else one line with the closest name. With `input_values:` (`values`), the
+    model is read with them applied: the Ifs they decide inlined, the tensors of the branches taken count."""
+    import hashlib
+
     from ctxbuild.graph.cut import tensors
+    from ctxbuild.graph.inputvalues import apply
     from ctxbuild.recipes.suggest import did_you_mean
 
-    found = _read_memoized(model, TENSORS_MEMO, tensors)
+    def read(proto: Any) -> dict[str, list[str]]:
+        if values:
+            apply(proto, values)  # checked before: they fit
+        return tensors(proto)
+
+    memo = TENSORS_MEMO + (f"/{hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]}"
+                           if values else "")
+    found = _read_memoized(model, memo, read)
     if found is None:
         return
     for name in names:

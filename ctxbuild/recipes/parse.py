@@ -241,7 +241,7 @@ def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any],
     input_check.check(model, inputs, {k: f"{f}:{line_of(data, path + ['inputs', k])}" for k in inputs}, where,
                       fixed=set(values))
     if outputs := tuple(spec.get("outputs", ())):
-        check_outputs(model, outputs, f"{f}:{line_of(data, path + ['outputs'])}")
+        check_outputs(model, outputs, f"{f}:{line_of(data, path + ['outputs'])}", values)
     return Graph(name=name, model=model, inputs=inputs, calibration=calibration, outputs=outputs,
                  input_values=values)
 
