@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ctxbuild.errors import RecipeError
-from ctxbuild.graph.inputvalues import apply
+from ctxbuild.graph.inputvalues import apply, inline_decided
 from ctxbuild.plan.planner import make_plan
 from ctxbuild.recipes import recipe as recipe_set
 from tests._qnn_models import IR_VERSION, OPSET
@@ -136,3 +136,18 @@ def test_each_value_keeps_its_branch() -> None:
         onnx.checker.check_model(model, full_check=True)
         got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
         np.testing.assert_array_equal(got[0], user.run(None, {"x": x, "mode": np.array(mode, np.int64)})[0])
+
+
+def test_an_if_on_a_dimension_the_recipe_fixes_is_inlined_without_values() -> None:
+    """An exporter's test of a dimension (torch's squeeze of a dynamic dim): decided once the recipe fixes the
+    shape, inlined by prepare with no `input_values:`; left while the dim is open."""
+    model = branchy_model()
+    then = next(a.g for a in model.graph.node[1].attribute if a.name == "then_branch")
+    g = helper.make_graph(list(then.node), "by_width", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n"])],
+                          [helper.make_tensor_value_info("act", TensorProto.FLOAT, [1, 16])],
+                          [model.graph.initializer[0], *then.initializer])
+    open_dim = helper.make_model(g, opset_imports=OPSET, ir_version=IR_VERSION)
+    assert inline_decided(open_dim) == [] and [n.op_type for n in open_dim.graph.node][-1] == "If"
+    open_dim.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 16  # as prepare fixes `inputs:`
+    assert inline_decided(open_dim) == ["by_width"]
+    assert [n.name for n in open_dim.graph.node][-1] == "relu" and "act" in open_dim.graph.node[-1].output

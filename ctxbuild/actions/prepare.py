@@ -1,8 +1,8 @@
-"""prepare: make the recipe's `input_values:` constants and inline the Ifs they decide (graph/inputvalues.py), fix
-input shapes, stamp an IR version onnxruntime reads, cut the model to the recipe's `outputs:` (graph/cut.py), reject
-control flow (after the folding when input values may have decided it), fold with ORT's basic optimizer,
-legalize ops the HTP does not run (ctxbuild.graph.legalize: Einsum, GatherND, dynamic int8, runtime Clip bounds,
-...) and check the rewrites on samples: the model before and after them on the CPU EP, rule by rule when they
+"""prepare: make the recipe's `input_values:` constants (graph/inputvalues.py), fix input shapes, inline the Ifs
+those and the shapes decide, stamp an IR version onnxruntime reads, cut the model to the recipe's `outputs:`
+(graph/cut.py), reject control flow (after the folding when input values may have decided it), fold with ORT's
+basic optimizer, legalize ops the HTP does not run (ctxbuild.graph.legalize: Einsum, GatherND, dynamic int8,
+runtime Clip bounds, ...) and check the rewrites on samples: the model before and after them on the CPU EP, rule by rule when they
 differ; a rule that moves the outputs is withdrawn, and the prepared model's metadata says which and why.
 
 The output's weights always go to external data (`prepared.onnx.data`): models over the 2 GB protobuf
@@ -96,6 +96,9 @@ def run(ctx: Any) -> None:
     if values := ctx.action.params.get("input_values"):  # before the shapes: those inputs are no longer inputs
         _fix_values(ctx, model, src, values)
     _fix_shapes(model, src, ctx.action.params["inputs"], ctx.action.recipe_files[0])
+    if any(n.op_type == "If" for n in model.graph.node):  # those the values and the fixed shapes decide
+        if inlined := inputvalues.inline_decided(model):
+            ctx.facts["inlined"] = inlined
     if outputs := ctx.action.params.get("outputs"):  # the recipe's `outputs:`: this part is the model from here on
         model = cut.extract(model, outputs)
     if not values:  # else onnxruntime's folding below may inline the Ifs the values decide through shapes
@@ -128,15 +131,13 @@ def run(ctx: Any) -> None:
 
 
 def _fix_values(ctx: Any, model: Any, src: Path, values: dict[str, Any]) -> None:
-    """The recipe's `input_values:` made constants, the Ifs they decide inlined (graph/inputvalues.py)."""
+    """The recipe's `input_values:` made constants (graph/inputvalues.py)."""
     try:
-        inlined = inputvalues.apply(model, values)
+        inputvalues.fix(model, values)
     except ValueError as e:  # checked when planning: the model changed since
         raise ActionError(f"{ctx.action.recipe_files[0]}: input_values: {e} ({src.name})",
                           "fix input_values to the model's inputs (names, dtypes and shapes as Netron shows them)"
                           ) from None
-    if inlined:
-        ctx.facts["inlined"] = inlined
 
 
 def _refuse_control_flow(ctx: Any, model: Any, src: Path) -> None:

@@ -83,9 +83,14 @@ def settings_of(model: Any) -> dict[str, tuple[int, list[int | None]]]:
 
 
 def apply(model: Any, values: dict[str, Any]) -> list[str]:
-    """Make the inputs `values` names (the recipe's values, JSON) constants of `model`, in place, and inline each
-    If their values (and the input shapes) decide. Returns the Ifs inlined, as the model names them; ValueError
-    for an input the model does not have or a value that does not fit it. Metadata KEY records the values."""
+    """fix() then inline_decided(): the Ifs inlined."""
+    fix(model, values)
+    return inline_decided(model)
+
+
+def fix(model: Any, values: dict[str, Any]) -> None:
+    """Make the inputs `values` names (the recipe's values, JSON) constants of `model`, in place; ValueError for an
+    input the model does not have or a value that does not fit it. Metadata KEY records the values."""
     import onnx
     from onnx import numpy_helper
 
@@ -97,6 +102,13 @@ def apply(model: Any, values: dict[str, Any]) -> list[str]:
         recorded[name] = {"value": arr.tolist(), "dtype": arr.dtype.name}
     props = {p.key: p.value for p in model.metadata_props}
     onnx.helper.set_model_props(model, {**props, KEY: json.dumps(recorded, sort_keys=True)})
+
+
+def inline_decided(model: Any) -> list[str]:
+    """Inline, in place, each If of the main graph whose condition constants and static shapes decide (the inputs
+    fix() made constants, an exporter's test of a dimension the recipe fixes), until none is left; the Ifs
+    inlined, as the model names them."""
+    g = model.graph
     inlined = []
     while (found := _decided_if(model)) is not None:
         index, take = found
