@@ -1,7 +1,7 @@
 """prepare: make the recipe's `input_values:` constants (graph/inputvalues.py), fix input shapes, inline the Ifs
 those and the shapes decide, stamp an IR version onnxruntime reads, cut the model to the recipe's `outputs:`
-(graph/cut.py), reject control flow (after the folding when input values may have decided it), fold with ORT's
-basic optimizer, legalize ops the HTP does not run (ctxbuild.graph.legalize: Einsum, GatherND, dynamic int8,
+(graph/cut.py), fold with ORT's basic optimizer (which inlines the Ifs shapes decide that ctxbuild could not
+evaluate), reject the control flow left, legalize ops the HTP does not run (ctxbuild.graph.legalize: Einsum, GatherND, dynamic int8,
 runtime Clip bounds, ...) and check the rewrites on samples: the model before and after them on the CPU EP, rule by rule when they
 differ; a rule that moves the outputs is withdrawn, and the prepared model's metadata says which and why.
 
@@ -101,8 +101,6 @@ def run(ctx: Any) -> None:
             ctx.facts["inlined"] = inlined
     if outputs := ctx.action.params.get("outputs"):  # the recipe's `outputs:`: this part is the model from here on
         model = cut.extract(model, outputs)
-    if not values:  # else onnxruntime's folding below may inline the Ifs the values decide through shapes
-        _refuse_control_flow(ctx, model, src)
     user = nodenames.outline(model)  # quantization.nodes speaks the user's names: those prepare changes recorded
     slots = ctx.action.params.get("adapter_slots")
     if slots:  # LoRA: slots become graph inputs before folding (folding would rename or merge them)
@@ -111,14 +109,12 @@ def run(ctx: Any) -> None:
     if ctx.action.params["optimize"]:
         try:
             _optimize(model, src, dst, ctx.tmp / "staged")
-        except ActionError:
-            if values:  # onnxruntime failed folding an If the values left: say what stays, as without them
-                _refuse_control_flow(ctx, model, src)
+        except ActionError:  # onnxruntime failed folding an If (a nested one, 1.32): say what stays
+            _refuse_control_flow(ctx, model, src)
             raise
     else:
         save_external(model, src.parent, dst)
-    if values:
-        _refuse_control_flow(ctx, load(dst, external_data=False), src)
+    _refuse_control_flow(ctx, load(dst, external_data=False), src)  # after onnxruntime inlined the Ifs shapes decide
     steps = [user, nodenames.outline(load(dst, external_data=False))]  # the user's nodes, then each step's
     if ctx.action.params.get("rewrite", True):
         steps += _legalize(ctx, dst, lambda: _check_inputs(ctx, model, dst, defaults if slots else {}))
