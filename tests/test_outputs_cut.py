@@ -117,14 +117,17 @@ def test_the_static_part_before_the_data_dependent_nodes() -> None:
 
 def test_sizes_that_follow_the_data_without_a_known_op(tmp_path: Path) -> None:
     """A length computed from the data (Range up to a sum) has no op of the list: the samples whose output sizes
-    differ find where the sizes start to differ, and the hint names that node."""
+    differ find where the sizes start to differ, and the hint names that node; a NonZero after it does not move
+    the cut past it (a TTS voice's durations before its iSTFT's NonZero)."""
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
              helper.make_node("ReduceSum", ["r"], ["s"], keepdims=0, name="sum"),
              helper.make_node("Cast", ["s"], ["n"], to=TensorProto.INT64, name="count"),
              helper.make_node("Range", ["zero", "n", "one"], ["steps"], name="steps"),
-             helper.make_node("Cast", ["steps"], ["y"], to=TensorProto.FLOAT, name="to_float")]
+             helper.make_node("Cast", ["steps"], ["y"], to=TensorProto.FLOAT, name="to_float"),
+             helper.make_node("NonZero", ["y"], ["nz"], name="nz")]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                           helper.make_tensor_value_info("nz", TensorProto.INT64, None)],
                           [helper.make_tensor("zero", TensorProto.INT64, [], [0]),
                            helper.make_tensor("one", TensorProto.INT64, [], [1])])
     onnx.save(helper.make_model(g, opset_imports=OPSET, ir_version=IR_VERSION), tmp_path / "range.onnx")
@@ -132,4 +135,17 @@ def test_sizes_that_follow_the_data_without_a_known_op(tmp_path: Path) -> None:
     with pytest.raises(ActionError) as e:
         cpu_outputs(tmp_path / "range.onnx", samples)
     assert e.value.hint.endswith("split the model: build the static part alone with `outputs: [n]` in the recipe "
-                                 "(the rest, from Range 'steps' on, runs in the app)"), e.value.hint
+                                 "(the rest, from Range 'steps', NonZero 'nz' on, runs in the app)"), e.value.hint
+
+
+def test_a_scalar_among_the_tensors_cut_at(tmp_path: Path) -> None:
+    """A cut may end at a scalar (a count, a length): the reference stacks it over the samples as the simulator's
+    side does (Kokoro's static part: the durations' total among its outputs)."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("ReduceSum", ["r"], ["s"], keepdims=0, name="sum")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                          [helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 8]),
+                           helper.make_tensor_value_info("s", TensorProto.FLOAT, [])])
+    onnx.save(helper.make_model(g, opset_imports=OPSET, ir_version=IR_VERSION), tmp_path / "sum.onnx")
+    got = cpu_outputs(tmp_path / "sum.onnx", [{"x": np.full((1, 8), v, np.float32)} for v in (0.5, 1.0)])
+    assert got["s"].tolist() == [4.0, 8.0] and got["r"].shape == (2, 8)

@@ -27,6 +27,7 @@ from ctxbuild.actions.search_step import known
 from ctxbuild.errors import cause_line, machine_limit
 from ctxbuild.graph.modelio import load
 from ctxbuild.graph.nodenames import Names
+from ctxbuild.graph.inputvalues import recorded
 from ctxbuild.graph.samples import for_verification, from_files, input_spec, list_samples, random_samples
 from ctxbuild.plan.action import Action
 from ctxbuild.verify import gates
@@ -93,7 +94,7 @@ def _decide(ctx: Any, target: str, base: str, screens: dict[str, Any]) -> dict[s
     cpu_only = cpu_rejection(screens[base], thr, 0.0) is not None
     graph = load(Path(a.inputs["reference"]), external_data=False)
     spec = input_spec(graph)
-    samples = for_verification(spec, p, lambda: verify.sample_files(a), a.recipe_files[0])
+    samples = for_verification(spec, p, lambda: verify.sample_files(a), a.recipe_files[0], recorded(graph))
     from ctxbuild.verify.diagnose import diagnose
 
     started = time.monotonic()
@@ -161,7 +162,8 @@ def _measure(ctx: Any, settings: dict[str, Any], samples: list[Any]) -> Any:
     proto = load(reference, external_data=False)
     cal = p["calibration"]
     calibration = list(random_samples(input_spec(proto), cal["samples"]) if cal["random"] else from_files(
-        input_spec(proto), {k: v for k, v in discover_inputs(a).items() if k.startswith("calibration.")}, a.recipe_files[0]))
+        input_spec(proto), {k: v for k, v in discover_inputs(a).items() if k.startswith("calibration.")}, a.recipe_files[0],
+        recorded(proto)))
     float_out = cpu_outputs(reference, samples)
     count = iter(range(1 << 30))
 

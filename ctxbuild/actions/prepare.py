@@ -1,7 +1,8 @@
-"""prepare: fix input shapes, stamp an IR version onnxruntime reads, cut the model to the recipe's `outputs:`
-(graph/cut.py), reject control flow, fold with ORT's basic optimizer,
-legalize ops the HTP does not run (ctxbuild.graph.legalize: Einsum, GatherND, dynamic int8, runtime Clip bounds,
-...) and check the rewrites on samples: the model before and after them on the CPU EP, rule by rule when they
+"""prepare: make the recipe's `input_values:` constants (graph/inputvalues.py), fix input shapes, inline the Ifs
+those and the shapes decide, stamp an IR version onnxruntime reads, cut the model to the recipe's `outputs:`
+(graph/cut.py), fold with ORT's basic optimizer (which inlines the Ifs shapes decide that ctxbuild could not
+evaluate), reject the control flow left, legalize ops the HTP does not run (ctxbuild.graph.legalize: Einsum, GatherND, dynamic int8,
+runtime Clip bounds, ...) and check the rewrites on samples: the model before and after them on the CPU EP, rule by rule when they
 differ; a rule that moves the outputs is withdrawn, and the prepared model's metadata says which and why.
 
 The output's weights always go to external data (`prepared.onnx.data`): models over the 2 GB protobuf
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import add_defaults, make_slots
 from ctxbuild.errors import ActionError, cause_line
-from ctxbuild.graph import cut, nodenames
+from ctxbuild.graph import cut, inputvalues, nodenames
 from ctxbuild.graph.modelio import data_path, external_data_files, graph_inputs, load, save_external, save_with_data
 from ctxbuild.graph.samples import for_verification, input_spec, list_samples
 
@@ -92,23 +93,28 @@ def run(ctx: Any) -> None:
                           f"(onnx {onnx.__version__}: <= {onnx.IR_VERSION})",
                           "re-export with an older onnx, or upgrade onnx/onnxruntime")
     model.ir_version = min(model.ir_version, ORT_MAX_IR_VERSION)
+    if values := ctx.action.params.get("input_values"):  # before the shapes: those inputs are no longer inputs
+        _fix_values(ctx, model, src, values)
     _fix_shapes(model, src, ctx.action.params["inputs"], ctx.action.recipe_files[0])
+    if any(n.op_type == "If" for n in model.graph.node):  # those the values and the fixed shapes decide
+        if inlined := inputvalues.inline_decided(model):
+            ctx.facts["inlined"] = inlined
     if outputs := ctx.action.params.get("outputs"):  # the recipe's `outputs:`: this part is the model from here on
         model = cut.extract(model, outputs)
-    flow = [f"'{nodenames.key(n) or '?'}' ({n.op_type})" for n in model.graph.node if n.op_type in CONTROL_FLOW]
-    if flow:
-        raise ActionError(f"{src}: control flow is not supported on QNN: node {', '.join(flow[:5])}",
-                          cut.split_line(model, set(CONTROL_FLOW)) or
-                          "export the model without If/Loop/Scan (unroll, or split it into graphs)")
     user = nodenames.outline(model)  # quantization.nodes speaks the user's names: those prepare changes recorded
     slots = ctx.action.params.get("adapter_slots")
     if slots:  # LoRA: slots become graph inputs before folding (folding would rename or merge them)
         defaults = make_slots(model, slots["patterns"], slots["scaling"])
     dst = ctx.tmp_output("model")
     if ctx.action.params["optimize"]:
-        _optimize(model, src, dst, ctx.tmp / "staged")
+        try:
+            _optimize(model, src, dst, ctx.tmp / "staged")
+        except ActionError:  # onnxruntime failed folding an If (a nested one, 1.32): say what stays
+            _refuse_control_flow(ctx, model, src)
+            raise
     else:
         save_external(model, src.parent, dst)
+    _refuse_control_flow(ctx, load(dst, external_data=False), src)  # after onnxruntime inlined the Ifs shapes decide
     steps = [user, nodenames.outline(load(dst, external_data=False))]  # the user's nodes, then each step's
     if ctx.action.params.get("rewrite", True):
         steps += _legalize(ctx, dst, lambda: _check_inputs(ctx, model, dst, defaults if slots else {}))
@@ -118,6 +124,48 @@ def run(ctx: Any) -> None:
         reference = onnx.load(str(dst))
         add_defaults(reference, defaults)
         save_with_data(reference, ctx.tmp_output("reference"))
+
+
+def _fix_values(ctx: Any, model: Any, src: Path, values: dict[str, Any]) -> None:
+    """The recipe's `input_values:` made constants (graph/inputvalues.py)."""
+    try:
+        inputvalues.fix(model, values)
+    except ValueError as e:  # checked when planning: the model changed since
+        raise ActionError(f"{ctx.action.recipe_files[0]}: input_values: {e} ({src.name})",
+                          "fix input_values to the model's inputs (names, dtypes and shapes as Netron shows them)"
+                          ) from None
+
+
+def _refuse_control_flow(ctx: Any, model: Any, src: Path) -> None:
+    """QNN runs no If/Loop/Scan: one line naming them, with the recipe line that gets past them (graph/cut.py):
+    the input an If's branch follows fixed by `input_values:`, else the static part built alone by `outputs:`."""
+    flow = [f"'{nodenames.key(n) or '?'}' ({n.op_type})" for n in model.graph.node if n.op_type in CONTROL_FLOW]
+    if flow:
+        seen = _sample_values(ctx.action, model)
+        raise ActionError(f"{src}: control flow is not supported on QNN: node {', '.join(flow[:5])}",
+                          cut.split_line(model, set(CONTROL_FLOW), seen=seen) or
+                          "export the model without If/Loop/Scan (unroll, or split it into graphs)")
+
+
+def _sample_values(action: Action, model: Any) -> dict[str, Any]:
+    """The value each small input (graph/inputvalues.settings_of) has in every one of the recipe's samples that
+    holds it, where they agree: what a hint's `input_values:` line can give."""
+    import numpy as np
+
+    from ctxbuild.graph.samples import read_arrays
+
+    small = inputvalues.settings_of(model)
+    if not small or not action.watch or not Path(action.watch[0]).is_dir():
+        return {}
+    found: dict[str, set[str]] = {}
+    for path in sorted(Path(action.watch[0]).glob("*.npz"))[:16]:
+        try:
+            arrays = read_arrays(path, "sample")
+        except ActionError:
+            continue  # the sample's own check says what is wrong with it, when it is read for real
+        for name in small.keys() & arrays.keys():
+            found.setdefault(name, set()).add(json.dumps(np.asarray(arrays[name]).tolist()))
+    return {name: json.loads(next(iter(v))) for name, v in found.items() if len(v) == 1}
 
 
 def _fix_shapes(model: Any, src: Path, shapes: dict[str, list[int]], recipe: str) -> None:
@@ -310,7 +358,8 @@ def _check_inputs(ctx: Any, model: Any, dst: Path, fixed: dict[str, np.ndarray]
     spec = {k: v for k, v in input_spec(load(dst, external_data=False)).items() if k not in fixed}
     files = sample_files(ctx.action, model)
     params = check if files else {**check, "sample_source": "random"}
-    samples = [s | fixed for s in for_verification(spec, params, lambda: files, ctx.action.recipe_files[0])]
+    samples = [s | fixed for s in for_verification(spec, params, lambda: files, ctx.action.recipe_files[0],
+                                                   inputvalues.recorded(model))]
     what = f"{params['sample_source']} samples" if files else "seeded random inputs"
     return samples, f"on {len(samples)} {what}"
 

@@ -17,6 +17,7 @@ from ctxbuild.graph.external_data import onnx_readable
 from ctxbuild.graph.modelio import data_path, load
 from ctxbuild.graph.nodenames import Names, key
 from ctxbuild.verify import gates
+from ctxbuild.graph.inputvalues import recorded
 from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def _quantize(ctx: Any, src: Path) -> None:
     if lora:
         spec = lora.data_spec(spec)
     samples = list(random_samples(spec, a.params["samples"]) if a.params["random"]
-                   else from_files(spec, discover_inputs(a), a.recipe_files[0]))
+                   else from_files(spec, discover_inputs(a), a.recipe_files[0], recorded(model)))
     if lora:
         samples = lora.expand(samples)
     quantize_model(src, ctx.tmp_output("model"), s, samples, a.recipe_files[0], model)

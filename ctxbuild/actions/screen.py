@@ -13,6 +13,7 @@ from typing import Any
 from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.graph.modelio import load
 from ctxbuild.actions import verify
+from ctxbuild.graph.inputvalues import recorded
 from ctxbuild.graph.samples import for_verification, input_spec
 from ctxbuild.plan.action import Action
 from ctxbuild.verify import gates
@@ -33,7 +34,7 @@ def run(ctx: Any) -> None:
     ref_model = Path(a.inputs["reference"])
     ref_proto = load(ref_model, external_data=False)
     spec = input_spec(ref_proto)
-    samples = for_verification(spec, p, lambda: verify.sample_files(a), a.recipe_files[0])
+    samples = for_verification(spec, p, lambda: verify.sample_files(a), a.recipe_files[0], recorded(ref_proto))
     memo = OutputsMemo(ctx.cache, ctx.tmp)
     reference, _ = float_reference(ctx, samples, memo)  # the candidates' verifies share the memo entry
     start = time.monotonic()

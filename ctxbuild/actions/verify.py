@@ -14,6 +14,7 @@ from ctxbuild.plan.action import Action
 from ctxbuild.errors import ActionError
 from ctxbuild.actions.compile import compile_refusal
 from ctxbuild.graph.cut import split_line
+from ctxbuild.graph.inputvalues import apply, recorded
 from ctxbuild.graph.modelio import external_data_files, load
 from ctxbuild.graph.samples import for_verification, input_spec, list_samples
 from ctxbuild.verify.memo import OutputsMemo, float_reference, wrapper_identity
@@ -52,6 +53,15 @@ def summarize(action: Action) -> dict[str, Any]:
     return {"result": json.loads(Path(action.outputs["result"]).read_text())}
 
 
+def _user_model(a: Action) -> Any:
+    """The user's model (no external data), its `input_values:` made constants and the Ifs they decide inlined:
+    where the split hint looks for the nodes QNN refused."""
+    model = load(Path(a.inputs["original"]), external_data=False)
+    if values := a.params.get("input_values"):
+        apply(model, values)
+    return model
+
+
 def run(ctx: Any) -> None:
     a = ctx.action
     p = a.params
@@ -59,8 +69,7 @@ def run(ctx: Any) -> None:
         gates.write_skipped(ctx)
         return
     if refused := compile_refusal({k.removeprefix("ctx."): v for k, v in a.inputs.items() if k.startswith("ctx.")}):
-        if (stuck := stuck_ops(refused)) and (line := split_line(load(Path(a.inputs["original"]), external_data=False),
-                                                                 stuck)):
+        if (stuck := stuck_ops(refused)) and (line := split_line(_user_model(a), stuck)):
             refused = {**refused, "split": line}  # no rung helps: the part before those nodes, as the user's model has it
         result = {"graph": p["graph"], "method": p["method"], "outputs": {}, "compile_refused": refused}
         Path(ctx.tmp_output("result")).write_text(json.dumps(result, indent=2, sort_keys=True))
@@ -68,7 +77,7 @@ def run(ctx: Any) -> None:
     ref_model = Path(a.inputs["reference"])
     ref_proto = load(ref_model, external_data=False)
     spec = input_spec(ref_proto)
-    samples = for_verification(spec, p, lambda: sample_files(a), a.recipe_files[0])
+    samples = for_verification(spec, p, lambda: sample_files(a), a.recipe_files[0], recorded(ref_proto))
     # What the memoized outputs depend on: content digests the runner already computed for the action key.
     key = ctx.key_components
     inputs = key["inputs"]

@@ -19,6 +19,7 @@ from ctxbuild.actions import verify
 from ctxbuild.verify.measure import compare, cpu_outputs, failures, simulate
 from ctxbuild.graph.external_data import onnx_readable
 from ctxbuild.graph.modelio import load
+from ctxbuild.graph.inputvalues import recorded
 from ctxbuild.graph.nodenames import Names
 from ctxbuild.graph.samples import for_verification, input_spec
 
@@ -37,8 +38,9 @@ def run(ctx: Any) -> None:
     a = ctx.action
     p = a.params
     ref_model = Path(a.inputs["reference"])
-    spec = input_spec(load(ref_model, external_data=False))  # the slots are initializers there: not listed
-    samples = for_verification(spec, p, lambda: verify.sample_files(a), a.recipe_files[0])
+    ref_proto = load(ref_model, external_data=False)
+    spec = input_spec(ref_proto)  # the slots are initializers there: not listed
+    samples = for_verification(spec, p, lambda: verify.sample_files(a), a.recipe_files[0], recorded(ref_proto))
     binding = Path(a.inputs["binding"])
     bound = read_onnx_adapter(binding)
     if "adapter" in a.inputs:  # compile.quantized_io: the binding is quantized; the float model takes the file's values

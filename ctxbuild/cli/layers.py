@@ -75,11 +75,13 @@ def main(paths: list[Path], out: Path, recipe: str, targets: list[str], *, sampl
 
 def _samples(v: Action, limit: int | None) -> list[dict[str, Any]]:
     from ctxbuild.graph.modelio import load
+    from ctxbuild.graph.inputvalues import recorded
     from ctxbuild.graph.samples import from_files, input_spec, random_samples
     from ctxbuild.actions.verify import discover_inputs
 
-    spec = input_spec(load(Path(v.inputs["reference"]), external_data=False))
+    reference = load(Path(v.inputs["reference"]), external_data=False)
+    spec = input_spec(reference)
     n = limit or v.params["samples"]
     if v.params["sample_source"] == "random":
         return list(random_samples(spec, n))
-    return list(from_files(spec, dict(list(discover_inputs(v).items())[:n]), v.recipe_files[0]))
+    return list(from_files(spec, dict(list(discover_inputs(v).items())[:n]), v.recipe_files[0], recorded(reference)))

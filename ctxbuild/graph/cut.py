@@ -1,6 +1,7 @@
 """The recipe's `outputs:`: a model cut down to the part that computes given tensors (onnx.utils.Extractor), and
 where to cut a model QNN cannot run whole: the static part before its data-dependent nodes (NonZero, control
-flow), whose size or path depends on the input values, which QNN's fixed graphs cannot follow.
+flow), whose size or path depends on the input values, which QNN's fixed graphs cannot follow; for an If whose
+branch a setting input decides, the `input_values:` line instead (graph/inputvalues.py).
 
 The cut keeps the model's own inputs, names and nodes: prepare builds it as the model, and verification runs the
 user's model cut the same way as the reference (verify/memo.py)."""
@@ -47,14 +48,18 @@ def extract(model: Any, outputs: list[str]) -> Any:
     return cut
 
 
-def split_line(model: Any, ops: frozenset[str] | set[str] = DATA_DEPENDENT_OPS, at: set[int] | None = None
-               ) -> str | None:
+def split_line(model: Any, ops: frozenset[str] | set[str] = DATA_DEPENDENT_OPS, at: set[int] | None = None,
+               seen: dict[str, Any] | None = None) -> str | None:
     """One line naming the model's nodes of `ops` (or the nodes `at`, indices into graph.node) as the model names
-    them and the recipe line that builds the static part before them; None when there are no such nodes."""
+    them and the recipe line that builds the static part before them; None when there are no such nodes. An If
+    whose branch small inputs alone decide gets the `input_values:` line instead, with the values `seen` in the
+    recipe's samples."""
     nodes = list(model.graph.node)
     starts = sorted(at) if at is not None else [i for i, n in enumerate(nodes) if n.op_type in ops]
     if not starts:
         return None
+    if line := _values_line(model, [nodes[i] for i in starts if nodes[i].op_type == "If"], seen or {}):
+        return line
     names = [_label(nodes[i]) for i in starts[:_NAMES_SHOWN]]
     more = f" and {len(starts) - _NAMES_SHOWN} more" if len(starts) > _NAMES_SHOWN else ""
     where = ", ".join(names) + more
@@ -63,6 +68,25 @@ def split_line(model: Any, ops: frozenset[str] | set[str] = DATA_DEPENDENT_OPS, 
         return (f"nothing before {where} computes from the model's inputs: there is no static part for `outputs:` "
                 "to build alone; run the model on the CPU EP in the app")
     return f"build the static part alone with `{outputs_line(cut)}` in the recipe (the rest, from {where} on, runs in the app)"
+
+
+def _values_line(model: Any, ifs: list[Any], seen: dict[str, Any]) -> str | None:
+    """The `input_values:` line for the Ifs whose branch small inputs alone decide (a sample rate, a mode flag),
+    with the values the samples agree on; None when data decides every If."""
+    from ctxbuild.graph.inputvalues import deciding_inputs
+
+    decided = [(n, names) for n in ifs if (names := deciding_inputs(model, n))]
+    if not decided:
+        return None
+    inputs = sorted({i for _, names in decided for i in names})
+    where = ", ".join(_label(n) for n, _ in decided[:_NAMES_SHOWN])
+    if all(i in seen for i in inputs):
+        told = ", ".join(f"{i} = {json.dumps(seen[i])}" for i in inputs)
+        fix = f"if the app always passes {told}, fix it with `{values_line({i: seen[i] for i in inputs})}` in the recipe"
+    else:
+        fix = (f"if the app always passes one value for {', '.join(inputs)}, fix it with "
+               f"`input_values: {{{', '.join(f'{i}: VALUE' for i in inputs)}}}` in the recipe, VALUE that value")
+    return f"{where} takes its branch from input {', '.join(inputs)}: {fix}; prepare keeps that branch"
 
 
 def static_outputs(model: Any, starts: set[int]) -> list[str]:
@@ -105,15 +129,25 @@ def every_tensor(model: Any) -> Any:
 
 def outputs_line(names: list[str]) -> str:
     """`outputs: [a, b]` as it can be pasted into a YAML recipe: a name YAML would read otherwise is quoted."""
+    plain = f"outputs: [{', '.join(names)}]"
+    return plain if _reads_back(plain, {"outputs": names}) else f"outputs: [{', '.join(json.dumps(n) for n in names)}]"
+
+
+def values_line(values: dict[str, Any]) -> str:
+    """`input_values: {sr: 16000}` as it can be pasted into a YAML recipe (names quoted where YAML needs it)."""
+    plain = f"input_values: {{{', '.join(f'{k}: {json.dumps(v)}' for k, v in values.items())}}}"
+    wanted = {"input_values": values}
+    return plain if _reads_back(plain, wanted) else \
+        f"input_values: {{{', '.join(f'{json.dumps(k)}: {json.dumps(v)}' for k, v in values.items())}}}"
+
+
+def _reads_back(line: str, wanted: dict[str, Any]) -> bool:
     import yaml
 
-    plain = f"outputs: [{', '.join(names)}]"
     try:
-        if yaml.safe_load(plain) == {"outputs": names}:
-            return plain
+        return yaml.safe_load(line) == wanted
     except yaml.YAMLError:
-        pass
-    return f"outputs: [{', '.join(json.dumps(n) for n in names)}]"
+        return False
 
 
 def _reads(node: Any) -> set[str]:

@@ -38,9 +38,12 @@ def random_samples(spec: InputSpec, n: int) -> Iterator[dict[str, np.ndarray]]:
         yield {name: rng.random(shape).astype(dtype) for name, (shape, dtype) in spec.items()}
 
 
-def from_files(spec: InputSpec, files: dict[str, Path], recipe: str) -> Iterator[dict[str, np.ndarray]]:
+def from_files(spec: InputSpec, files: dict[str, Path], recipe: str, fixed: dict[str, np.ndarray] | None = None
+               ) -> Iterator[dict[str, np.ndarray]]:
+    """The samples `files`, checked against `spec`. `fixed`: inputs the recipe's `input_values:` made constants
+    (graph/inputvalues.recorded()): a sample may hold them, at that value only, and they are left out."""
     for path in files.values():
-        yield check_sample(load_sample(path, spec), spec, path, recipe)
+        yield check_sample(load_sample(path, spec), spec, path, recipe, fixed or {})
 
 
 def load_sample(path: Path, spec: InputSpec) -> dict[str, np.ndarray]:
@@ -81,9 +84,17 @@ def read_arrays(path: Path, what: str) -> dict[str, np.ndarray]:
                           "save plain numeric arrays with numpy.savez / numpy.save") from None
 
 
-def check_sample(sample: dict[str, np.ndarray], spec: InputSpec, path: Path, recipe: str) -> dict[str, np.ndarray]:
+def check_sample(sample: dict[str, np.ndarray], spec: InputSpec, path: Path, recipe: str,
+                 fixed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     import numpy as np
 
+    for name in sorted(set(sample) & set(fixed)):  # recorded by the app: the value the build fixed, or a mistake
+        got = np.asarray(sample[name])
+        if got.size != fixed[name].size or not np.array_equal(got.reshape(fixed[name].shape), fixed[name]):
+            raise ActionError(f"{path}: '{name}' is {got.tolist()} in this sample, the recipe's input_values fixes "
+                              f"it to {fixed[name].tolist()}",
+                              f"remove the sample, or build that value with another recipe (recipe {recipe})")
+        sample = {k: v for k, v in sample.items() if k != name}
     unknown = sorted(set(sample) - set(spec))
     missing = sorted(set(spec) - set(sample))
     if unknown or missing:
@@ -106,9 +117,10 @@ def check_sample(sample: dict[str, np.ndarray], spec: InputSpec, path: Path, rec
 
 
 def for_verification(spec: InputSpec, params: dict[str, Any], find: Callable[[], Any],
-                     recipe_file: str) -> list[dict[str, np.ndarray]]:
+                     recipe_file: str, fixed: dict[str, np.ndarray] | None = None) -> list[dict[str, np.ndarray]]:
     """The samples a verifying action (verify, verify_adapter, screen) compares on: `params["samples"]` random
-    ones when its `sample_source` is random, else the files `find()` discovers (listed only then)."""
+    ones when its `sample_source` is random, else the files `find()` discovers (listed only then); `fixed` as
+    from_files takes it."""
     if params["sample_source"] == "random":
         return list(random_samples(spec, params["samples"]))
-    return list(from_files(spec, find(), recipe_file))
+    return list(from_files(spec, find(), recipe_file, fixed))

@@ -42,10 +42,8 @@ class MemoryModel:
     weight_roles: tuple[str, ...] = ()  # input role prefixes read whole (specs, wrappers, samples are small)
     by_precision: dict[str, float] = field(default_factory=dict)
     user_model: bool = False  # `model` is the user's file: its external data counts (ctxbuild's models list theirs)
-    per_context_length: bool = False  # an llm action holding one CL's graphs at a time: the weights read count
-    # once per params["context_lengths"]
-    per_sequence_length: bool = False  # ... and of those one AR's at a time (llm/ar_sessions.py): once per AR too
-    # (params["graphs"]: the action's own part's graphs, one per AR x CL)
+    per_context_length: bool = False  # an llm action holding one CL's graphs at a time: weights count per CL
+    per_sequence_length: bool = False  # ... and one AR's at a time, once per AR (llm/ar_sessions.py; params["graphs"])
     own_graph_factor: float = 0.0  # a later phase holding one of the action's own graphs (params["graphs"]) this
     # many times over (onnxruntime's quantizer); the estimate is the larger phase
     activations_per_position: int = 0  # bytes the factor's phase holds beyond its weights per position of the
@@ -91,8 +89,7 @@ class Kind:
 _REGISTRY: dict[str, type[Kind]] = {}
 HOOK_DEFAULTS: dict[str, Callable[..., Any]] = {
     "discover_inputs": lambda action: {}, "warnings": lambda action: [], "summarize": lambda action: {},
-    "key_extras": lambda action: {}, "check_outputs": lambda action, outputs: None,
-}
+    "key_extras": lambda action: {}, "check_outputs": lambda action, outputs: None}
 
 
 def get(name: str) -> type[Kind]:
@@ -127,6 +124,7 @@ class PrepareParams(_PrepareRequired, total=False):
     check: dict[str, Any]  # what the rewrites are checked on: samples (how many), sample_source (as verify's)
     legalize_code: str  # digest of the rules' source (plan/steps.py): a rule added or changed re-prepares
     outputs: list[str]  # `outputs:`: the model cut to the part computing these tensors (graph/cut.py)
+    input_values: dict[str, Any]  # `input_values:`: those inputs made constants (graph/inputvalues.py)
 
 
 class Prepare(Kind):
@@ -247,6 +245,7 @@ class VerifyParams(_VerifyRequired, total=False):
     gate: bool  # False: a precision-search candidate, measured here and judged by `select`
     early_stop: dict[str, float]  # a search candidate: stop once its samples prove it misses these
     outputs: list[str]  # `outputs:`: the user's model cut at these tensors is the reference
+    input_values: dict[str, Any]  # `input_values:`: the user's model run with those inputs set is the reference
 
 
 class Verify(Kind):
@@ -272,6 +271,7 @@ class _ScreenRequired(TypedDict):
 class ScreenParams(_ScreenRequired, total=False):
     slices: dict[str, Any]  # recipe-declared output slices, measured as verify does
     outputs: list[str]  # `outputs:`: the user's model cut at these tensors is the reference
+    input_values: dict[str, Any]  # `input_values:`: the user's model run with those inputs set is the reference
 
 
 class Screen(Kind):

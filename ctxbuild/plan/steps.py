@@ -66,6 +66,8 @@ def prepare_action(recipe: Recipe, g: Graph, work: Path) -> tuple[str, Action]:
               "optimize": recipe.precision != "qdq"}
     if g.outputs:  # `outputs:`: only the part computing them (absent otherwise: existing keys stay as they were)
         params["outputs"] = list(g.outputs)
+    if g.input_values:  # `input_values:`: those inputs made constants (absent otherwise, as `outputs`)
+        params["input_values"] = dict(sorted(g.input_values.items()))
     if recipe.toolchain:  # another onnxruntime: another node, not shared with the installed toolchain's
         params["toolchain"] = recipe.toolchain
     if recipe.rewrite is not True:  # prepare.rewrite: absent by default, so default prepares keep their keys
@@ -205,7 +207,7 @@ def verify_action(recipe: Recipe, b: Built, t: Target, compiled: Action, out: Pa
               "thresholds": {"min_cosine": min_cos, "min_snr_db": min_snr},
               "samples": sampling["samples"], "timeout_s": v.get("timeout_s", 300),
               "sample_source": sampling["sample_source"], "cpu_fallback": recipe.compile.cpu_fallback,
-              "inputs": sampling["inputs"], **({"outputs": sampling["outputs"]} if "outputs" in sampling else {})}
+              "inputs": sampling["inputs"], **{k: sampling[k] for k in ("outputs", "input_values") if k in sampling}}
     if recipe.compile.split_outputs:  # the wrapper's re-joining Concat runs on the CPU
         params["split_outputs"] = split_param(recipe.compile.split_outputs)
     if v.get("slices"):
@@ -237,6 +239,8 @@ def verify_samples(recipe: Recipe, graph: Graph) -> tuple[dict[str, Any], list[s
               "inputs": {k: list(x) for k, x in sorted(graph.inputs.items())}}
     if graph.outputs:  # the reference is the user's model cut at the same tensors (verify/memo.py)
         params["outputs"] = list(graph.outputs)
+    if graph.input_values:  # ... run with those inputs set to the values
+        params["input_values"] = dict(sorted(graph.input_values.items()))
     return params, [str(samples_dir)] if samples_dir else []
 
 

@@ -4,9 +4,10 @@ over protobuf's 2 GB, files that are not regular files, precision: auto where th
 naming a tensor the model does not compute."""
 from __future__ import annotations
 
+import json
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ctxbuild.errors import ActionError, RecipeError
 from ctxbuild.graph.signature import memoized_by_stat
@@ -16,6 +17,7 @@ from ctxbuild.recipes.targets import Target
 from ctxbuild.recipes.yamlsrc import LineDict, line_of
 
 TENSORS_MEMO = "memo/graph-tensors"  # graph/cut.tensors(): what `outputs:` may name
+INPUT_TYPES_MEMO = "memo/graph-input-types"  # graph/inputvalues.declared(): what `input_values:` may set
 
 
 def check_auto(at: Any, bundle: bool, multi_soc: bool, verify: dict[str, Any]) -> None:
@@ -133,20 +135,48 @@ def check_vtcm(where: str, field: str, vtcm_mb: int | None, target: Target) -> N
                           f"use at most {soc.vtcm_mb}, or leave it out (the SoC's default)")
 
 
-def check_outputs(model: Path, names: tuple[str, ...], where: str) -> None:
-    """Each name of the recipe's `outputs:` (at `where`, `file:line`) must be a tensor the model's nodes compute,
-    named as the model names it; else one line with the closest name."""
-    from ctxbuild.graph.cut import tensors
-    from ctxbuild.graph.modelio import load
+def check_input_values(model: Path, values: dict[str, Any], shapes: dict[str, Any], where: dict[str, str]) -> None:
+    """Each entry of the recipe's `input_values:` (at `where[name]`, `file:line`) must be an input of the model
+    that `inputs:` does not also give a shape, its value of the input's type and shape; else one line."""
+    from ctxbuild.graph.inputvalues import as_array, declared
     from ctxbuild.recipes.suggest import did_you_mean
 
-    def read() -> dict[str, list[str]] | None:
+    found = _read_memoized(model, INPUT_TYPES_MEMO, declared)
+    if found is None:
+        return
+    for name, value in values.items():
+        if name not in found:
+            raise RecipeError(f"{where[name]}: input_values: '{name}' is not an input of {model.name}",
+                              did_you_mean(name, list(found), otherwise=None) or
+                              f"its inputs are: {', '.join(found)}")
+        if name in shapes:
+            raise RecipeError(f"{where[name]}: input_values: '{name}' is also in inputs: a fixed input is no longer "
+                              "an input of the build", f"remove '{name}' from inputs")
         try:
-            return tensors(load(model, external_data=False))
-        except ActionError:
-            return None  # not ONNX: the prepare action says so, with its own message
+            as_array(value, *found[name])
+        except ValueError as e:
+            raise RecipeError(f"{where[name]}: input_values: '{name}': {e}",
+                              "give the value the app always passes, as a number, true/false or a list") from None
 
-    found = memoized_by_stat(model, TENSORS_MEMO, read)
+
+def check_outputs(model: Path, names: tuple[str, ...], where: str, values: dict[str, Any]) -> None:
+    """Each name of the recipe's `outputs:` (at `where`, `file:line`) must be a tensor the model's nodes compute,
+    named as the model names it; else one line with the closest name. With `input_values:` (`values`), the
+    model is read with them applied: the Ifs they decide inlined, the tensors of the branches taken count."""
+    import hashlib
+
+    from ctxbuild.graph.cut import tensors
+    from ctxbuild.graph.inputvalues import apply
+    from ctxbuild.recipes.suggest import did_you_mean
+
+    def read(proto: Any) -> dict[str, list[str]]:
+        if values:
+            apply(proto, values)  # checked before: they fit
+        return tensors(proto)
+
+    memo = TENSORS_MEMO + (f"/{hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]}"
+                           if values else "")
+    found = _read_memoized(model, memo, read)
     if found is None:
         return
     for name in names:
@@ -158,3 +188,17 @@ def check_outputs(model: Path, names: tuple[str, ...], where: str) -> None:
             raise RecipeError(f"{where}: outputs: '{name}' is not a tensor of {model.name}",
                               did_you_mean(name, found["computed"], otherwise=None) or
                               "name tensors the model's nodes compute (as Netron shows them)")
+
+
+def _read_memoized(model: Path, memo: str, read: Callable[[Any], Any]) -> Any:
+    """read(the model's proto, without external data), memoized by the file's stat; None when the file is not
+    ONNX (the prepare action says so, with its own message)."""
+    from ctxbuild.graph.modelio import load
+
+    def compute() -> Any:
+        try:
+            return read(load(model, external_data=False))
+        except ActionError:
+            return None
+
+    return memoized_by_stat(model, memo, compute)

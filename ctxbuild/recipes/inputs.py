@@ -10,8 +10,10 @@ from ctxbuild.graph.signature import Dim, graph_input_shapes
 LAYOUTS = {(0, 3, 1, 2): "NHWC", (0, 2, 3, 1): "NCHW"}  # the recipe's dims taken in this order fit the model: its layout
 
 
-def check(model: Path, given: dict[str, tuple[int, ...]], where: dict[str, str], default_where: str) -> None:
-    """`where`: input name -> `file:line` of its entry in the recipe; `default_where`: the recipe's `model:`."""
+def check(model: Path, given: dict[str, tuple[int, ...]], where: dict[str, str], default_where: str,
+          fixed: frozenset[str] | set[str] = frozenset()) -> None:
+    """`where`: input name -> `file:line` of its entry in the recipe; `default_where`: the recipe's `model:`;
+    `fixed`: the inputs `input_values:` makes constants (no shape needed)."""
     shapes = graph_input_shapes(model)
     if shapes is None:
         return
@@ -24,7 +26,7 @@ def check(model: Path, given: dict[str, tuple[int, ...]], where: dict[str, str],
                               did_you_mean(name, list(shapes), otherwise=None) or f"its inputs are: {have}")
         _fits(model, name, list(want), shapes[name], where.get(name, default_where))
     for name, shape in shapes.items():
-        if name not in given and not all(isinstance(d, int) and d > 0 for d in shape):
+        if name not in given and name not in fixed and not all(isinstance(d, int) and d > 0 for d in shape):
             fill = ", ".join(str(d) if isinstance(d, int) and d > 0 else "1" for d in shape)
             raise RecipeError(f"{default_where}: input '{name}' of {model.name} has dynamic dims {_fmt(shape)}; "
                               "QNN needs fixed shapes",

@@ -40,6 +40,8 @@ class Graph:
     inputs: dict[str, tuple[int, ...]]
     calibration: Calibration | None
     outputs: tuple[str, ...] = ()  # `outputs:`: build only the part computing these tensors (graph/cut.py)
+    # `input_values:`: inputs the app always sets to one value, made constants (graph/inputvalues.py)
+    input_values: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from ctxbuild.recipes import targets as soc_table
 from ctxbuild.recipes import toolchains
 from ctxbuild.recipes.adapters import parse_adapters, parse_sections
 from ctxbuild.recipes.checks import (
-    check_auto, check_embed_size, check_file, check_layout, check_outputs, check_provider_options, check_quantized_io,
-    check_vtcm,
+    check_auto, check_embed_size, check_file, check_input_values, check_layout, check_outputs, check_provider_options,
+    check_quantized_io, check_vtcm,
 )
 from ctxbuild.recipes.llm import parse_llm
 from ctxbuild.recipes.objects import PRECISIONS, Calibration, CompileOptions, Graph, Prebuilt, Recipe
@@ -141,8 +141,8 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
     copts = merged.get("compile", {})
     # Only the recipe's own keys: directory defaults written for compiled recipes apply to it harmlessly.
     unused = sorted(set(data.get("compile", {})) - {"embed"}) + [
-        k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "outputs", "verify", "adapters",
-                    "prepare")
+        k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "outputs", "input_values",
+                    "verify", "adapters", "prepare")
         if k in data]
     if unused:
         raise RecipeError(f"{f}:{line_of(data, ['prebuilt'])}: a prebuilt binary is not compiled; "
@@ -158,8 +158,8 @@ def _prebuilt_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any],
 
 
 def _llm_recipe(f: Path, data: LineDict, name: str, merged: dict[str, Any], groups: dict[str, list]) -> Recipe:
-    other = [k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "outputs", "adapters",
-                         "package")
+    other = [k for k in ("precision", "quantization", "calibration", "multi_soc", "inputs", "outputs", "input_values",
+                         "adapters", "package")
              if k in data]
     if other:
         raise RecipeError(f"{f}:{line_of(data, [other[0]])}: `{other[0]}` does not apply to an `llm:` recipe",
@@ -234,10 +234,16 @@ def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any],
     inputs = {k: tuple(v) for k, v in spec.get("inputs", {}).items()}
     from ctxbuild.recipes import inputs as input_check
 
-    input_check.check(model, inputs, {k: f"{f}:{line_of(data, path + ['inputs', k])}" for k in inputs}, where)
+    values = dict(spec.get("input_values", {}))
+    if values:  # before the shapes: a fixed input needs none
+        check_input_values(model, values, inputs,
+                           {k: f"{f}:{line_of(data, path + ['input_values', k])}" for k in values})
+    input_check.check(model, inputs, {k: f"{f}:{line_of(data, path + ['inputs', k])}" for k in inputs}, where,
+                      fixed=set(values))
     if outputs := tuple(spec.get("outputs", ())):
-        check_outputs(model, outputs, f"{f}:{line_of(data, path + ['outputs'])}")
-    return Graph(name=name, model=model, inputs=inputs, calibration=calibration, outputs=outputs)
+        check_outputs(model, outputs, f"{f}:{line_of(data, path + ['outputs'])}", values)
+    return Graph(name=name, model=model, inputs=inputs, calibration=calibration, outputs=outputs,
+                 input_values=values)
 
 
 def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list],

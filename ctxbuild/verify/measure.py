@@ -59,20 +59,23 @@ _SPLIT_BY_HAND = ("build the static part alone with `outputs: [...]` in the reci
 
 def split_hint(model: Path | None, samples: list[dict[str, np.ndarray]] | None = None) -> str:
     """SPLIT_HINT with the recipe line that builds `model`'s static part and the nodes it leaves to the app, as
-    the model names them (graph/cut.py): its data-dependent ops, else (given `samples` whose outputs differ in
-    size) the nodes where the sizes start to differ."""
-    from ctxbuild.graph.cut import split_line
+    the model names them (graph/cut.py): its data-dependent ops and (given `samples` whose outputs differ in
+    size) the nodes where the sizes start to differ, which may come before them (a TTS voice's durations: a Range
+    up to their sum, long before its iSTFT's NonZero)."""
+    from ctxbuild.graph.cut import DATA_DEPENDENT_OPS, split_line
     from ctxbuild.graph.modelio import load
 
     line = None
     if model is not None:
         proto = load(model, external_data=False)
-        line = split_line(proto)
-        if line is None and samples:
+        sources: set[int] = set()
+        if samples:
             try:
-                line = split_line(proto, at=_size_sources(model, proto, samples))
+                sources = _size_sources(model, proto, samples)
             except Exception:  # noqa: BLE001 - onnxruntime's untyped errors: the hint without the nodes, not another error
-                line = None
+                sources = set()
+        known = {i for i, n in enumerate(proto.graph.node) if n.op_type in DATA_DEPENDENT_OPS}
+        line = split_line(proto, at=sources | known) if sources else split_line(proto)
     return f"{SPLIT_HINT}: {line or _SPLIT_BY_HAND}"
 
 
@@ -146,7 +149,7 @@ def cpu_outputs(model: Path, samples: list[dict[str, np.ndarray]], *, qdq_as_wri
             raise ActionError(f"output '{n}' of the float model changes shape with the input ("
                               f"{', '.join(str(list(s)) for s in shapes[:3])} over {len(runs)} samples)",
                               split_hint(model, samples))
-    return {n: np.concatenate([r[i] for r in runs]) for i, n in enumerate(names)}
+    return {n: np.concatenate([np.atleast_1d(r[i]) for r in runs]) for i, n in enumerate(names)}  # as simulate()
 
 def simulate(ctx_model: Path, samples: list[dict[str, np.ndarray]], *, cpu_fallback: bool,
              timeout: float, timing: dict[str, float] | None = None,

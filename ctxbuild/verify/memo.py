@@ -92,13 +92,26 @@ def float_reference(ctx: Any, samples: list[dict[str, np.ndarray]], memo: Output
     sample_id = [p["sample_source"], p["samples"], p["inputs"], key["discovered_inputs"],
                  inputs["reference"] if p["sample_source"] == "random" else None]
     data = {k: v for k, v in key["discovered_inputs"].items() if k.startswith("original.")}
-    cut = p.get("outputs")  # `outputs:`: those tensors of the user's model (only then in the key: others keep theirs)
+    # `outputs:`: those tensors of the user's model; `input_values:`: run with those inputs set (each in the key
+    # only when given: others keep theirs)
+    cut, values = p.get("outputs"), p.get("input_values")
+    extra = [*([cut] if cut else []), *([{"input_values": values}] if values else [])]
+
+    def original() -> Outputs:
+        model = Path(a.inputs["original"])
+        if cut:
+            return cpu_outputs(_cut_original(model, cut, values, ctx.tmp), samples, qdq_as_written=True)
+        if values:  # the user's model as given, the inputs set as the app sets them
+            from ctxbuild.graph.inputvalues import as_arrays
+            from ctxbuild.graph.modelio import load
+
+            fixed = as_arrays(load(model, external_data=False), values)
+            return cpu_outputs(model, [s | fixed for s in samples], qdq_as_written=True)
+        return cpu_outputs(model, samples, qdq_as_written=True)
+
     try:
         reference = memo.get_or_compute("original", [inputs["original"], data, sample_id,
-                                                     key["toolchain"]["onnxruntime"], AS_WRITTEN, *([cut] if cut else [])],
-                                        lambda: cpu_outputs(_cut_original(Path(a.inputs["original"]), cut, ctx.tmp)
-                                                            if cut else Path(a.inputs["original"]),
-                                                            samples, qdq_as_written=True))
+                                                     key["toolchain"]["onnxruntime"], AS_WRITTEN, *extra], original)
         ctx.facts["reference"] = "original"
         return reference, sample_id
     except (ActionError, MemoryError):
@@ -112,10 +125,13 @@ def float_reference(ctx: Any, samples: list[dict[str, np.ndarray]], memo: Output
     return reference, sample_id
 
 
-def _cut_original(original: Path, outputs: list[str], tmp: Path) -> Path:
+def _cut_original(original: Path, outputs: list[str], values: dict[str, Any] | None, tmp: Path) -> Path:
     """The user's model as given, cut to the part computing `outputs` (graph/cut.py), written under `tmp` beside
-    links to its external data: the reference for a build of that part."""
+    links to its external data: the reference for a build of that part. With `values` (`input_values:`), the
+    inputs are those constants and the Ifs they decide inlined first (exact: the branch the model would take),
+    as the tensors to cut at may be inside them."""
     from ctxbuild.graph.cut import extract
+    from ctxbuild.graph.inputvalues import apply
     from ctxbuild.graph.modelio import load
     from ctxbuild.qnn.staging import link_data
     import onnx
@@ -124,5 +140,8 @@ def _cut_original(original: Path, outputs: list[str], tmp: Path) -> Path:
     d.mkdir(exist_ok=True)
     link_data(original, d)
     path = d / original.name
-    onnx.save(extract(load(original, external_data=False), outputs), str(path))
+    model = load(original, external_data=False)
+    if values:
+        apply(model, values)
+    onnx.save(extract(model, outputs), str(path))
     return path
