@@ -8,8 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import helper
 
-from tests._qnn_models import conv_model
+from ctxbuild.graph.cut import split_line
+from tests._qnn_models import conv_model, matmul_nonzero_model
 
 CONV = "model: conv.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\n"
 
@@ -49,4 +51,34 @@ def test_layers_on_a_precision_search_diagnoses_the_candidate_it_ships_or_the_cl
     d = json.loads((out / "SM8650" / "conv" / "conv_layers.json").read_text())
     assert d["candidate"] == "a16w8" and d["where"] == "quantization" and not d["probe_runs"], d
     assert "conv@SM8650: no candidate passed; the closest on the CPU screen, a16w8 (not compiled: the CPU half" in r.out
+
+
+def _relu_after_an_output() -> onnx.ModelProto:
+    """matmul_nonzero_model with a Relu 'relu' between h and the Add: x -> MatMul 'fc' -> h -> Relu -> r, h also feeds
+    NonZero (the part QNN cannot run), whose count is added to r: y. The static part before NonZero computes h
+    and r, both read after it."""
+    m = matmul_nonzero_model()
+    add = next(n for n in m.graph.node if n.name == "add")
+    add.input[0] = "r"
+    m.graph.node.insert(1, helper.make_node("Relu", ["h"], ["r"], name="relu"))
+    return m
+
+
+def test_a_cut_at_a_tensor_and_the_relu_after_it_keeps_the_tensors_negative_values(tmp_path: Path,
+                                                                                   ctxbuild) -> None:
+    """`outputs: [h, r]` (what the hint names for this model) makes h a graph output whose only consumer is a Relu:
+    onnxruntime's quantizer then gives h the Relu's range (adjust_tensor_ranges: a Relu's input takes its output's
+    range when the Relu reads it alone), so h's negative values clamp to 0 (cosine 0.65 against h, on the CPU
+    and the HTP alike). quantize keeps h's own range: the build verifies."""
+    recipe = _tree(tmp_path, _relu_after_an_output(), "relu_nz",
+                   "model: relu_nz.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\nprecision: int16\n")
+    r = ctxbuild("plan", str(recipe))
+    assert r.code == 0, r.text
+    assert "`outputs: [h, r]`" in split_line(onnx.load(str(tmp_path / "relu_nz.onnx")))
+    recipe.write_text(recipe.read_text() + "outputs: [h, r]\n")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(recipe), "-o", str(out))
+    assert r.code == 0, r.text
+    result = json.loads((out / "SM8650" / "relu_nz" / "relu_nz_verify.json").read_text())
+    assert result["passed"] and result["outputs"]["h"]["cosine"] > 0.999, result
 

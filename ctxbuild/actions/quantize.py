@@ -169,7 +169,8 @@ def _by_prepared(given: dict[str, Any], resolve: Callable[[str], list[str] | Non
 def _for_quantizer(model: Any, src: Path, pins: bool) -> tuple[Any, Path, dict[str, list[str]], dict[str, str]]:
     """A copy of `model` as the quantizer reads it, the file holding it (saved beside `src`, its weights staying in
     the data files there; `src` itself when the copy is the same), each RMSNorm's written-out nodes and, with `pins`
-    (per-node or per-tensor settings), the names given to the nodes the model leaves unnamed by their key.
+    (per-node or per-tensor settings), the names given to the nodes the model leaves unnamed by their key. A graph
+    output a Relu or Clip alone reads keeps its own range (_own_range_for_outputs).
 
     prepare's fused RMSNorms are written out again (graph/legalize/rmsnorm.py: the quantizer's opset conversion has
     no schema for them, and quantized activations do not overflow like fp16). onnxruntime's quantizer finds nodes
@@ -192,11 +193,45 @@ def _for_quantizer(model: Any, src: Path, pins: bool) -> tuple[Any, Path, dict[s
             n.name = named[key(n)] = name
             taken.add(name)
     written = unfuse(copy)
-    if not written and not named:
+    if not written and not named and not _own_range_for_outputs(copy):
         return copy, src, written, named
     dst = src.with_name(src.name.replace("-input-", "-unfused-"))
     onnx.save(copy, str(dst))
     return copy, dst, written, named
+
+
+# onnxruntime's quantizer gives the input of these ops their output's range when they alone read it
+# (BaseQuantizer.adjust_tensor_ranges): a Relu's input then clamps at 0.
+_RANGE_FROM_OUTPUT = ("Relu", "Clip")
+
+
+def _own_range_for_outputs(model: Any) -> bool:
+    """A graph output that a Relu or Clip alone reads (a recipe's `outputs:` naming a tensor and the Relu after it,
+    or a model giving both) would take that op's range in the quantizer and lose its negative values (cosine 0.65
+    on a MatMul's output, on the CPU and the HTP alike): the op reads it through an Identity instead, so the output
+    keeps its own range (the quantizer then drops the Relu: the Identity's QuantizeLinear clamps). True when any."""
+    from collections import Counter
+
+    import onnx
+
+    outputs = {o.name for o in model.graph.output}
+    readers = Counter(t for n in model.graph.node for t in n.input)
+    nodes, taken, changed = [], {t for n in model.graph.node for t in (*n.input, *n.output, n.name)}, False
+    for n in model.graph.node:
+        t = n.input[0] if n.input else ""
+        if n.op_type in _RANGE_FROM_OUTPUT and t in outputs and readers[t] == 1:
+            via, k = f"{t}_own_range", 0
+            while via in taken:
+                k += 1
+                via = f"{t}_own_range_{k}"
+            taken.add(via)
+            nodes.append(onnx.helper.make_node("Identity", [t], [via], name=via))
+            n.input[0], changed = via, True
+        nodes.append(n)
+    if changed:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return changed
 
 
 def _refused(dst: Path, fused: list[Any], written: dict[str, list[str]]) -> None:
