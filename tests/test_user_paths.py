@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import TensorProto, helper, numpy_helper
 
 from ctxbuild.graph.cut import split_line
-from tests._qnn_models import conv_model, matmul_nonzero_model
+from tests._qnn_models import IR_VERSION, OPSET, conv_model, matmul_nonzero_model
 
 CONV = "model: conv.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\n"
 
@@ -82,3 +82,21 @@ def test_a_cut_at_a_tensor_and_the_relu_after_it_keeps_the_tensors_negative_valu
     result = json.loads((out / "SM8650" / "relu_nz" / "relu_nz_verify.json").read_text())
     assert result["passed"] and result["outputs"]["h"]["cosine"] > 0.999, result
 
+
+def test_outputs_that_no_input_reaches_are_the_recipes_mistake(tmp_path: Path, ctxbuild) -> None:
+    """`outputs:` naming only tensors computed from constants (a Constant node and what follows it): prepare folds
+    the cut into constants and nothing is left to compile. It said "QNN took none of the model's nodes ... export the
+    model with ops the HTP runs", exit 1; it is the recipe's mistake, exit 2, naming the tensor."""
+    k = numpy_helper.from_array(np.full((1, 16), 0.5, np.float32), "kv")
+    nodes = [helper.make_node("Constant", [], ["k"], name="kconst", value=k),
+             helper.make_node("Relu", ["k"], ["k2"], name="krelu"),
+             helper.make_node("Add", ["x", "k2"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])])
+    recipe = _tree(tmp_path, helper.make_model(g, opset_imports=OPSET, ir_version=IR_VERSION), "konst",
+                   "model: konst.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\nprecision: int16\n"
+                   "outputs: [k2]\n")
+    r = ctxbuild("build", str(recipe), "-o", str(tmp_path / "out"))
+    (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED ")]
+    assert r.code == 2 and ("outputs: 'k2' does not depend on the model's inputs (computed from constants alone): "
+                            "nothing is left to compile") in line, r.text
