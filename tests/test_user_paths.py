@@ -100,3 +100,19 @@ def test_outputs_that_no_input_reaches_are_the_recipes_mistake(tmp_path: Path, c
     (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED ")]
     assert r.code == 2 and ("outputs: 'k2' does not depend on the model's inputs (computed from constants alone): "
                             "nothing is left to compile") in line, r.text
+
+
+def test_a_pin_on_a_node_past_the_cut_says_so(tmp_path: Path, ctxbuild) -> None:
+    """quantization.nodes or .tensors naming what the recipe's `outputs:` cut off (the Relu after h, its output r):
+    exit 2, and the line says the cut left it out. It said "'relu' is not a node of the model (use the node names
+    Netron shows ...)", which Netron contradicts."""
+    head = "model: relu_nz.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\nprecision: int16\noutputs: [h]\n"
+    recipe = _tree(tmp_path, _relu_after_an_output(), "relu_nz", head)
+    for pins, said in [("nodes: {relu: fp16}", "quantization.nodes: 'relu' is not a node of the model as "
+                                               "`outputs: [h]` cuts it (what lies past the cut is not built)"),
+                       ("tensors: {r: {type: uint16}}", "quantization.tensors: 'r' is not a tensor of the model as "
+                                                        "`outputs: [h]` cuts it")]:
+        recipe.write_text(head + f"quantization: {{{pins}}}\n")
+        r = ctxbuild("build", str(recipe), "-o", str(tmp_path / "out"))
+        (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED ")]
+        assert r.code == 2 and said in line, r.text

@@ -77,22 +77,26 @@ def _quantize(ctx: Any, src: Path) -> None:
                    else from_files(spec, discover_inputs(a), a.recipe_files[0]))
     if lora:
         samples = lora.expand(samples)
-    quantize_model(src, ctx.tmp_output("model"), s, samples, a.recipe_files[0], model)
+    quantize_model(src, ctx.tmp_output("model"), s, samples, a.recipe_files[0], model, a.params.get("outputs"))
 
 
 def quantize_model(src: Path, dst: Path, s: dict[str, Any], samples: list[dict[str, np.ndarray]], recipe: str,
-                   model: Any = None) -> None:
+                   model: Any = None, cut: list[str] | None = None) -> None:
     """`src` (a private input: private_input) quantized with settings `s`, calibrated on `samples`, to `dst`
-    (weights in `<dst>.data`). `model`: src's proto without weights, when already loaded (not changed here)."""
+    (weights in `<dst>.data`). `model`: src's proto without weights, when already loaded (not changed here).
+    `cut`: the recipe's `outputs:` (src is the part they make), named when a pin is not in that part."""
     from onnxruntime.quantization import quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
+    from ctxbuild.graph.cut import outputs_line
+
     model = model if model is not None else load(src, external_data=False)
-    pinned = pinned_nodes(model, s["nodes"], recipe)
+    part = f" as `{outputs_line(cut)}` cuts it" if cut else ""
+    pinned = pinned_nodes(model, s["nodes"], recipe, part)
     unfused, src, written, named = _for_quantizer(model, src, bool(s["nodes"] or s["tensors"]))
     pinned = {named.get(p, p): o for p, o in pinned.items()}
     nodes = {q: o for p, o in pinned.items() for q in written.get(p, [p])}  # a written-out RMSNorm: all its nodes
-    overrides = tensor_overrides(unfused, pinned_tensors(model, s["tensors"], recipe), nodes)
+    overrides = tensor_overrides(unfused, pinned_tensors(model, s["tensors"], recipe, part), nodes)
     try:
         config = get_qnn_qdq_config(str(src), _Reader(samples), init_overrides=overrides or None,
                                     nodes_to_exclude=[n for n, o in nodes.items() if o == FP16_NODE] or None,
@@ -116,19 +120,21 @@ def quantize_model(src: Path, dst: Path, s: dict[str, Any], samples: list[dict[s
         _refused(dst, fused, written)
 
 
-def pinned_nodes(model: Any, nodes: dict[str, Any], recipe: str) -> dict[str, Any]:
+def pinned_nodes(model: Any, nodes: dict[str, Any], recipe: str, part: str = "") -> dict[str, Any]:
     """quantization.nodes by the nodes of `model` (the prepared model, by nodenames.key: an unnamed node by its first
     output): each name, the user's model's or the prepared model's own, resolved through what prepare made of it
-    (graph/nodenames.py). A name in neither model, or two names of one node set apart, is the recipe's mistake."""
+    (graph/nodenames.py). A name in neither model, or two names of one node set apart, is the recipe's mistake
+    (`part`: how the recipe's `outputs:` cut the model, said with an unknown name)."""
     names = Names(model)
     return _by_prepared(nodes, names.resolve, names.close, f"{recipe}: quantization.nodes", "node",
-                        "use the node names Netron shows for the recipe's model (an unnamed node: its first output's)")
+                        "use the node names Netron shows for the recipe's model (an unnamed node: its first output's)",
+                        part)
 
 
-def pinned_tensors(model: Any, tensors: dict[str, Any], recipe: str) -> dict[str, Any]:
+def pinned_tensors(model: Any, tensors: dict[str, Any], recipe: str, part: str = "") -> dict[str, Any]:
     """quantization.tensors by the tensors of `model` (the prepared model): each name, the user's model's or the
     prepared model's own, through what prepare made of it (graph/nodenames.py). A name in neither model, a tensor
-    prepare folded away, or two names of one tensor set apart, is the recipe's mistake."""
+    prepare folded away, or two names of one tensor set apart, is the recipe's mistake (`part`: as pinned_nodes)."""
     names = Names(model)
     where = f"{recipe}: quantization.tensors"
 
@@ -142,21 +148,23 @@ def pinned_tensors(model: Any, tensors: dict[str, Any], recipe: str) -> dict[str
         return None if found is None else [found]
 
     return _by_prepared(tensors, resolve, names.close_tensor, where, "tensor",
-                        "use the tensor names Netron shows for the recipe's model")
+                        "use the tensor names Netron shows for the recipe's model", part)
 
 
 def _by_prepared(given: dict[str, Any], resolve: Callable[[str], list[str] | None],
-                 close: Callable[[str], str | None], where: str, what: str, otherwise: str) -> dict[str, Any]:
+                 close: Callable[[str], str | None], where: str, what: str, otherwise: str, part: str
+                 ) -> dict[str, Any]:
     """The recipe's settings by `what` name -> by the prepared model's `what`s (`resolve`); a name `resolve` does not
-    know is the recipe's mistake (with the `close` match, else `otherwise`), as are two names of one prepared `what`
-    set apart."""
+    know is the recipe's mistake (with the `close` match, else `otherwise`; `part`: the cut, when the recipe has
+    one: what lies past it is not in the prepared model), as are two names of one prepared `what` set apart."""
     out: dict[str, Any] = {}
     by: dict[str, str] = {}
     for name, o in given.items():
         found = resolve(name)
         if found is None:
             near = close(name)
-            raise RecipeError(f"{where}: '{name}' is not a {what} of the model",
+            past = f"{part} (what lies past the cut is not built)" if part else ""
+            raise RecipeError(f"{where}: '{name}' is not a {what} of the model{past}",
                               f"did you mean '{near}'?" if near else otherwise)
         for p in found:
             if out.get(p, o) != o:
