@@ -4,6 +4,11 @@ quantization.nodes naming a node the cut left out. Real quantizer, QNN compiles 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ctxbuild.graph.cut import split_line
 from tests._qnn_models import IR_VERSION, OPSET, conv_model, matmul_nonzero_model
+from tests.conftest import records
 
 CONV = "model: conv.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\n"
 
@@ -116,3 +122,35 @@ def test_a_pin_on_a_node_past_the_cut_says_so(tmp_path: Path, ctxbuild) -> None:
         r = ctxbuild("build", str(recipe), "-o", str(tmp_path / "out"))
         (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED ")]
         assert r.code == 2 and said in line, r.text
+
+
+def test_ninja_killed_mid_build_then_a_rebuild(tmp_path: Path, cache_dir: Path, ctxbuild) -> None:
+    """ninja killed once an action finished (as a user's `kill` or the OOM killer may): the build exits 1 saying ninja
+    stopped, not "ninja failed before running an action" (it had run some); nothing unverified ships, and the
+    rebuild goes on from there and verifies."""
+    recipe = _tree(tmp_path, conv_model(), "conv", CONV + "precision: int16\n")
+    out = tmp_path / "out"
+    env = {**os.environ, "CTXBUILD_CACHE_DIR": str(cache_dir)}
+    env.pop("MAKEFLAGS", None)
+    driver = subprocess.Popen([sys.executable, "-m", "ctxbuild", "build", str(recipe), "-o", str(out)], env=env,
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((out / ".ctxbuild" / "records").glob("prepare.*.json")):
+            assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
+            time.sleep(0.02)
+        (ninja,) = [int(p) for p in subprocess.run(["pgrep", "-P", str(driver.pid), "ninja"], capture_output=True,
+                                                    text=True).stdout.split()]
+        os.kill(ninja, signal.SIGTERM)
+        _, stderr = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 1 and "ninja failed before running an action" not in stderr, stderr
+    assert "ctxbuild: ninja stopped after" in stderr, stderr
+    assert not (out / "SM8650" / "conv" / "conv_ctx.onnx").exists()  # nothing unverified in the deliverable tree
+    assert json.loads((out / "report.json").read_text())["build"]["note"].startswith("ninja stopped after")
+
+    r = ctxbuild("build", str(recipe), "-o", str(out))
+    assert r.code == 0, r.text
+    assert records(out)["verify/conv@SM8650"]["result"]["passed"] is True

@@ -84,7 +84,8 @@ def collect(out: Path, *, build_id: str | None = None, returncode: int = 0,
                else ("up to date" if not this_build else "ok"))
     note = None
     if returncode != 0 and not failures:
-        note = "ninja failed before running an action: see the console output"
+        note = (f"ninja stopped after {len(this_build)} action(s), none failed: see the console output" if this_build
+                else "ninja failed before running an action: see the console output")
     return {
         "version": REPORT_VERSION,
         "generated": time.strftime("%Y-%m-%d %H:%M:%S %z"),
