@@ -34,12 +34,46 @@ def warnings(action: Action) -> list[str]:
     if action.params["random"]:
         found.append(f"{action.description}: calibrating on random data (recipe says calibration.random); "
                      "accuracy on real inputs is unknown")
-    if nodes := action.params["quantization"].get("nodes"):  # a pinned node prepare folded: its pin does nothing
+    if gates.closed(action.inputs):  # a precision-search rung no target needed: nothing was quantized
+        return found
+    nodes = (gates.decided_settings(action.inputs) or action.params["quantization"]).get("nodes")
+    if nodes:  # a pinned node prepare folded: its pin does nothing
         names = Names(load(Path(action.inputs["model"]), external_data=False))
         if folded := [n for n in nodes if names.resolve(n) == []]:
             found.append(f"{action.description}: quantization.nodes: {', '.join(folded)}: folded into constants by "
                          "prepare, nothing of them runs: remove them")
+        fp16 = {n: names.resolve(n) or [] for n, o in nodes.items() if o == FP16_NODE}
+        if lone := runs_quantized(load(Path(action.outputs["model"]), external_data=False), fp16):
+            them = "it" if len(lone) == 1 else "them"
+            found.append(f"{action.description}: quantization.nodes: {', '.join(lone)}: fp16 changes nothing here: "
+                         f"the nodes around {them} are quantized, so {'its' if them == 'it' else 'their'} inputs and "
+                         f"outputs are too and QNN runs {them} as a quantized op; pin {them} together with a neighbour "
+                         "(the tensor between nodes pinned side by side stays float)")
     return found
+
+
+def runs_quantized(qdq: Any, pins: dict[str, list[str]]) -> list[str]:
+    """The pins (name -> the QDQ model's nodes it resolved to) whose nodes all sit between a DequantizeLinear on each
+    float input and QuantizeLinear nodes alone on each output: QNN takes DequantizeLinear -> op -> QuantizeLinear as
+    one quantized op, so leaving the op out of quantization (fp16) changed nothing. A float weight, a graph input or
+    output, or a neighbour pinned too keeps a tensor float: the op runs in fp16 then."""
+    import onnx
+
+    producer = {o: n.op_type for n in qdq.graph.node for o in n.output}
+    readers: dict[str, list[str]] = {}
+    for n in qdq.graph.node:
+        for t in n.input:
+            readers.setdefault(t, []).append(n.op_type)
+    non_float = {i.name for i in qdq.graph.initializer if i.data_type != onnx.TensorProto.FLOAT}
+    outputs = {o.name for o in qdq.graph.output}
+    by_name = {n.name: n for n in qdq.graph.node}
+
+    def quantized(node: Any) -> bool:
+        return (all(producer.get(t) == "DequantizeLinear" or t in non_float for t in node.input if t)
+                and all(o not in outputs and set(readers.get(o, [])) == {"QuantizeLinear"} for o in node.output if o))
+
+    return [pin for pin, found in pins.items()
+            if found and all(p in by_name and quantized(by_name[p]) for p in found)]
 
 
 def run(ctx: Any) -> None:
