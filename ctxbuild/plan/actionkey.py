@@ -34,7 +34,8 @@ ACTION_SCHEMA_VERSION = 16  # 2: verify checks output slices; 3: models carry <m
 # records unnamed nodes (by first output) and the tensors it changed, a compile refusal names the user's nodes; the
 # mixed rung's culprits on the HTP are the worst nodes until what the others add leaves the output clear; 15: the
 # mixed rung keeps nodes in fp16, not at 16-bit weights, where a 16-bit-weights candidate failed on the HTP only;
-# 16: quantize keeps the range of a graph output a Relu or Clip alone reads (it took the op's, clamping at 0)
+# 16: quantize keeps the range of a graph output a Relu or Clip alone reads (it took the op's, clamping at 0); the
+# mixed rung's loss is quantization's where the base passes on the CPU by less than the screen's margin
 
 
 def fingerprint(kind: str, out_state: Path, toolchain: str | None = None) -> dict[str, Any]:
