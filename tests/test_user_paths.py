@@ -187,3 +187,13 @@ def test_a_lone_fp16_pin_between_quantized_nodes_says_it_changes_nothing(tmp_pat
         assert (said in r.text) == (pins == "{s: fp16}"), r.text
         built[pins] = (out / "SM8650" / "csc" / "csc_ctx_qnn.bin").read_bytes()
     assert built[""] == built["{s: fp16}"] != built["{s: fp16, c2: fp16}"]
+
+
+def test_a_16_bit_weights_pin_on_an_arch_without_them_is_the_recipes_mistake(tmp_path: Path, ctxbuild) -> None:
+    """quantization.nodes {c: {weights: int16}} (the Conv, by its output) for SM8350 (v68): the uniform `weights: int16` is refused when
+    planning (v73 or newer), the per-node pin was not: the compile failed, exit 1, saying "QNN cannot run 1 node(s):
+    c (Conv) (set compile.cpu_fallback: true ...)". Now it is refused when planning, exit 2, naming the node."""
+    recipe = _tree(tmp_path, conv_model(), "conv", "model: conv.onnx\ncalibration: {dir: cal}\ntargets: [SM8350]\n"
+                   "precision: int16\nquantization: {nodes: {c: {weights: int16}}}\n")
+    r = ctxbuild("plan", str(recipe))
+    assert r.code == 2 and "node 'c': int16 weights need HTP v73 or newer; target SM8350 is v68" in r.err, r.text
