@@ -193,3 +193,32 @@ def test_a_16_bit_weights_pin_on_an_arch_without_them_is_the_recipes_mistake(tmp
                    "precision: int16\nquantization: {nodes: {c: {weights: int16}}}\n")
     r = ctxbuild("plan", str(recipe))
     assert r.code == 2 and "node 'c': int16 weights need HTP v73 or newer; target SM8350 is v68" in r.err, r.text
+
+
+def _select(recipe: str, target: str, nodes: dict[str, str]) -> dict[str, object]:
+    """A select record whose search's mixed answer keeps `nodes`."""
+    import yaml
+
+    pin = yaml.safe_dump({"precision": "auto", "quantization": [{"nodes": nodes}],
+                          "auto": {"mixed": False, "fp16": False}}, sort_keys=False)
+    return {"id": f"select/{recipe}@{target}", "kind": "select",
+            "search": {"winner": "mixed", "pin": pin,
+                       "candidates": [{"name": "mixed", "precision": "mixed", "blamed": sorted(nodes)}]}}
+
+
+def test_a_searchs_answer_is_printed_once_for_the_targets_it_pins_and_different_answers_say_so() -> None:
+    """Two targets, one answer: the recipe lines were printed twice, once per target (a user pastes one block for
+    every target of the recipe). Now once, naming both. Two answers: each, and a line saying the recipe's
+    quantization applies to all its targets."""
+    from ctxbuild.outputs.summary import pins
+
+    same = pins([_select("det", "SM8650", {"head": "fp16"}), _select("det", "SM8750", {"head": "fp16"})])
+    assert [ln for ln in same if not ln.startswith("    ")] == [
+        "ctxbuild: det@SM8650, SM8750: the search's answer keeps head at higher precision; to pin it, put in the "
+        "recipe:"], same
+    apart = pins([_select("det", "SM8650", {"head": "fp16"}), _select("det", "SM8750", {"neck": "fp16"})])
+    assert [ln for ln in apart if not ln.startswith("    ")] == [
+        "ctxbuild: det@SM8650: the search's answer keeps head at higher precision; to pin it, put in the recipe:",
+        "ctxbuild: det@SM8750: the search's answer keeps neck at higher precision; to pin it, put in the recipe:",
+        "ctxbuild: det: the targets' answers differ and a recipe's quantization applies to every target: pin each "
+        "in a recipe of its own (targets: [SM8650] and targets: [SM8750])"], apart
