@@ -49,6 +49,9 @@ def test_layers_on_a_precision_search_diagnoses_the_candidate_it_ships_or_the_cl
     assert (d["candidate"], d["graph"], d["target"]) == ("a16w8", "conv", "SM8650"), d
     assert d["outputs"]["features"]["htp"]["snr_db"] is not None and d["probe_runs"]  # the simulator's half ran
     assert "conv@SM8650: the search's answer, a16w8" in r.out, r.out
+    report = json.loads((out / "report.json").read_text())
+    (v,) = [v for row in report["rows"] for v in row["verify"] if v["id"] == "select/conv@SM8650"]
+    assert v["layers"]["where"] == d["where"], v  # the report shows it, as for a graph without a search
 
     recipe.write_text(CONV + "precision: auto\nquantization: [{}]\nauto: {mixed: false, fp16: false}\n"
                       "verify: {min_snr_db: 90}\n")

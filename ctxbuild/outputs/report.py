@@ -280,13 +280,14 @@ def _verify(a: dict[str, Any], rec: dict[str, Any] | None, st: str) -> dict[str,
 
 
 def _layers(a: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any] | None:
-    """`ctxbuild verify --layers` wrote `<graph>_layers.json` beside the verify result: its gist, unless the
-    verification ran again since (then it describes another build)."""
+    """`ctxbuild verify --layers` wrote `<graph>_layers.json` beside the verify result (a precision search's: the
+    select's `<recipe>_verify.json`): its gist, unless the verification ran again since (then it describes another
+    build)."""
 
     outs = a.get("outputs") or []
     if not outs:
         return None
-    path = layers_path(outs[0])
+    path = layers_path(next((o for o in outs if o.endswith("_verify.json")), outs[0]))
     try:
         if path.stat().st_mtime < rec.get("finished", 0):
             return None
