@@ -225,3 +225,15 @@ def test_a_searchs_answer_is_printed_once_for_the_targets_it_pins_and_different_
         "ctxbuild: det@SM8750: the search's answer keeps neck at higher precision; to pin it, put in the recipe:",
         "ctxbuild: det: the targets' answers differ and a recipe's quantization applies to every target: pin each "
         "in a recipe of its own (targets: [SM8650] and targets: [SM8750])"], apart
+
+
+def test_a_16_bit_weight_tensor_under_8_bit_activations_is_the_recipes_mistake(tmp_path: Path, ctxbuild) -> None:
+    """quantization.tensors {w: {type: int16}} at int8: the rule the uniform and per-node settings are refused by
+    (int16 weights need uint16 activations) held not for a weight tensor: the compile failed, exit 1, with "QNN
+    cannot run 1 node(s): fc (MatMul) (set compile.cpu_fallback: true ...)". Now exit 2 naming the tensor."""
+    recipe = _tree(tmp_path, _relu_after_an_output(), "relu_nz", "model: relu_nz.onnx\ncalibration: {dir: cal}\n"
+                   "targets: [SM8650]\nprecision: int8\noutputs: [r]\nquantization: {tensors: {w: {type: int16}}}\n")
+    r = ctxbuild("build", str(recipe), "-o", str(tmp_path / "out"))
+    (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED ")]
+    assert r.code == 2 and ("quantization.tensors: 'w': int16 weights need uint16 activations (fc computes 8-bit "
+                            "activations)") in line, r.text

@@ -130,7 +130,9 @@ def quantize_model(src: Path, dst: Path, s: dict[str, Any], samples: list[dict[s
     unfused, src, written, named = _for_quantizer(model, src, bool(s["nodes"] or s["tensors"]))
     pinned = {named.get(p, p): o for p, o in pinned.items()}
     nodes = {q: o for p, o in pinned.items() for q in written.get(p, [p])}  # a written-out RMSNorm: all its nodes
-    overrides = tensor_overrides(unfused, pinned_tensors(model, s["tensors"], recipe, part), nodes)
+    tensors = pinned_tensors(model, s["tensors"], recipe, part)
+    _check_weight_tensors(model, s, tensors, pinned, recipe)
+    overrides = tensor_overrides(unfused, tensors, nodes)
     try:
         config = get_qnn_qdq_config(str(src), _Reader(samples), init_overrides=overrides or None,
                                     nodes_to_exclude=[n for n, o in nodes.items() if o == FP16_NODE] or None,
@@ -183,6 +185,26 @@ def pinned_tensors(model: Any, tensors: dict[str, Any], recipe: str, part: str =
 
     return _by_prepared(tensors, resolve, names.close_tensor, where, "tensor",
                         "use the tensor names Netron shows for the recipe's model", part)
+
+
+def _check_weight_tensors(model: Any, s: dict[str, Any], tensors: dict[str, Any], nodes: dict[str, Any],
+                          recipe: str) -> None:
+    """A weight tensor set to int16 needs 16-bit activations on the nodes reading it, as the whole model's and a
+    node's `weights: int16` do (recipes/quantization.problem: QNN refuses the node, error 3110). `tensors`, `nodes`:
+    the recipe's settings by the prepared model's names (pinned_tensors, pinned_nodes)."""
+    names = Names(model)
+    weights = {i.name for i in model.graph.initializer}
+    for given, o in s["tensors"].items():
+        t = names.tensor(given)
+        if o.get("type") != "int16" or t not in weights:
+            continue
+        for n in (n for n in model.graph.node if t in n.input and nodes.get(key(n)) != FP16_NODE):
+            acts = next((tensors[x]["type"] for x in n.output if "type" in tensors.get(x, {})), None)
+            if (acts or (nodes.get(key(n)) or {}).get("activations", s["activations"])) != "uint16":
+                raise RecipeError(f"{recipe}: quantization.tensors: '{given}': int16 weights need uint16 activations "
+                                  f"({names.label(n)} computes 8-bit activations)",
+                                  "set activations: uint16 (the block's, or the node's in quantization.nodes), or "
+                                  "leave the weight at the block's type")
 
 
 def _by_prepared(given: dict[str, Any], resolve: Callable[[str], list[str] | None],
