@@ -182,3 +182,22 @@ def test_auto_mixed_rung_grows_on_a_real_yolo_detector(tmp_path: Path, ctxbuild)
     assert r.code == 0, r.text
     assert (tmp_path / "out2" / "SM8650" / "fall_yolov8" / "fall_yolov8_ctx_qnn.bin").read_bytes() == (
         out / "SM8650" / "fall_yolov8" / "fall_yolov8_ctx_qnn.bin").read_bytes()
+
+
+def test_auto_mixed_rung_grows_where_the_cpu_passes_without_margin(tmp_path: Path, ctxbuild) -> None:
+    """PP-OCR's direction classifier cut at its logits (`outputs:`), a16w8 only: its QDQ model reads 20.2 dB on the
+    CPU (passing by 0.2 dB) and 19.3 dB on the simulator. The mixed rung called that an HTP-only loss (its 2-sample
+    diagnosis read both sides above 24 dB) and answered {HardSigmoid@0: fp16}, which changed nothing (the same
+    binary, the same figures) and the search failed. With no margin on the CPU the loss is quantization's: the
+    rounds grow on the CPU (3 rounds, 25.9 dB) and the answer verifies on the simulator (0.9990 / 26.6 dB)."""
+    tree = _real_tree(tmp_path / "recipes", "ppocr_cls", "auto",
+                      "outputs: [linear_1.tmp_1, save_infer_model/scale_0.tmp_1]\nquantization: [{}]\n"
+                      "auto: {fp16: false}\n")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), timeout=1800)
+    assert r.code == 0, r.text
+    s = json.loads((out / "SM8650" / "ppocr_cls" / "ppocr_cls_search.json").read_text())
+    base, mixed = s["candidates"]
+    assert (base["state"], s["winner"]) == ("failed", "mixed") and "htp_only" not in mixed, s
+    gate = json.loads(next((out / ".ctxbuild" / "work" / "search-cpu").glob("*/mixed/culprits.json")).read_text())
+    assert gate["where"] == "quantization" and gate["rounds"], gate

@@ -35,12 +35,46 @@ def warnings(action: Action) -> list[str]:
     if action.params["random"]:
         found.append(f"{action.description}: calibrating on random data (recipe says calibration.random); "
                      "accuracy on real inputs is unknown")
-    if nodes := action.params["quantization"].get("nodes"):  # a pinned node prepare folded: its pin does nothing
+    if gates.closed(action.inputs):  # a precision-search rung no target needed: nothing was quantized
+        return found
+    nodes = (gates.decided_settings(action.inputs) or action.params["quantization"]).get("nodes")
+    if nodes:  # a pinned node prepare folded: its pin does nothing
         names = Names(load(Path(action.inputs["model"]), external_data=False))
         if folded := [n for n in nodes if names.resolve(n) == []]:
             found.append(f"{action.description}: quantization.nodes: {', '.join(folded)}: folded into constants by "
                          "prepare, nothing of them runs: remove them")
+        fp16 = {n: names.resolve(n) or [] for n, o in nodes.items() if o == FP16_NODE}
+        if lone := runs_quantized(load(Path(action.outputs["model"]), external_data=False), fp16):
+            them = "it" if len(lone) == 1 else "them"
+            found.append(f"{action.description}: quantization.nodes: {', '.join(lone)}: fp16 changes nothing here: "
+                         f"the nodes around {them} are quantized, so {'its' if them == 'it' else 'their'} inputs and "
+                         f"outputs are too and QNN runs {them} as a quantized op; pin {them} together with a neighbour "
+                         "(the tensor between nodes pinned side by side stays float)")
     return found
+
+
+def runs_quantized(qdq: Any, pins: dict[str, list[str]]) -> list[str]:
+    """The pins (name -> the QDQ model's nodes it resolved to) whose nodes all sit between a DequantizeLinear on each
+    float input and QuantizeLinear nodes alone on each output: QNN takes DequantizeLinear -> op -> QuantizeLinear as
+    one quantized op, so leaving the op out of quantization (fp16) changed nothing. A float weight, a graph input or
+    output, or a neighbour pinned too keeps a tensor float: the op runs in fp16 then."""
+    import onnx
+
+    producer = {o: n.op_type for n in qdq.graph.node for o in n.output}
+    readers: dict[str, list[str]] = {}
+    for n in qdq.graph.node:
+        for t in n.input:
+            readers.setdefault(t, []).append(n.op_type)
+    non_float = {i.name for i in qdq.graph.initializer if i.data_type != onnx.TensorProto.FLOAT}
+    outputs = {o.name for o in qdq.graph.output}
+    by_name = {n.name: n for n in qdq.graph.node}
+
+    def quantized(node: Any) -> bool:
+        return (all(producer.get(t) == "DequantizeLinear" or t in non_float for t in node.input if t)
+                and all(o not in outputs and set(readers.get(o, [])) == {"QuantizeLinear"} for o in node.output if o))
+
+    return [pin for pin, found in pins.items()
+            if found and all(p in by_name and quantized(by_name[p]) for p in found)]
 
 
 def run(ctx: Any) -> None:
@@ -78,22 +112,28 @@ def _quantize(ctx: Any, src: Path) -> None:
                    else from_files(spec, discover_inputs(a), a.recipe_files[0], recorded(model)))
     if lora:
         samples = lora.expand(samples)
-    quantize_model(src, ctx.tmp_output("model"), s, samples, a.recipe_files[0], model)
+    quantize_model(src, ctx.tmp_output("model"), s, samples, a.recipe_files[0], model, a.params.get("outputs"))
 
 
 def quantize_model(src: Path, dst: Path, s: dict[str, Any], samples: list[dict[str, np.ndarray]], recipe: str,
-                   model: Any = None) -> None:
+                   model: Any = None, cut: list[str] | None = None) -> None:
     """`src` (a private input: private_input) quantized with settings `s`, calibrated on `samples`, to `dst`
-    (weights in `<dst>.data`). `model`: src's proto without weights, when already loaded (not changed here)."""
+    (weights in `<dst>.data`). `model`: src's proto without weights, when already loaded (not changed here).
+    `cut`: the recipe's `outputs:` (src is the part they make), named when a pin is not in that part."""
     from onnxruntime.quantization import quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
+    from ctxbuild.graph.cut import outputs_line
+
     model = model if model is not None else load(src, external_data=False)
-    pinned = pinned_nodes(model, s["nodes"], recipe)
+    part = f" as `{outputs_line(cut)}` cuts it" if cut else ""
+    pinned = pinned_nodes(model, s["nodes"], recipe, part)
     unfused, src, written, named = _for_quantizer(model, src, bool(s["nodes"] or s["tensors"]))
     pinned = {named.get(p, p): o for p, o in pinned.items()}
     nodes = {q: o for p, o in pinned.items() for q in written.get(p, [p])}  # a written-out RMSNorm: all its nodes
-    overrides = tensor_overrides(unfused, pinned_tensors(model, s["tensors"], recipe), nodes)
+    tensors = pinned_tensors(model, s["tensors"], recipe, part)
+    _check_weight_tensors(model, s, tensors, pinned, recipe)
+    overrides = tensor_overrides(unfused, tensors, nodes)
     try:
         config = get_qnn_qdq_config(str(src), _Reader(samples), init_overrides=overrides or None,
                                     nodes_to_exclude=[n for n, o in nodes.items() if o == FP16_NODE] or None,
@@ -117,19 +157,21 @@ def quantize_model(src: Path, dst: Path, s: dict[str, Any], samples: list[dict[s
         _refused(dst, fused, written)
 
 
-def pinned_nodes(model: Any, nodes: dict[str, Any], recipe: str) -> dict[str, Any]:
+def pinned_nodes(model: Any, nodes: dict[str, Any], recipe: str, part: str = "") -> dict[str, Any]:
     """quantization.nodes by the nodes of `model` (the prepared model, by nodenames.key: an unnamed node by its first
     output): each name, the user's model's or the prepared model's own, resolved through what prepare made of it
-    (graph/nodenames.py). A name in neither model, or two names of one node set apart, is the recipe's mistake."""
+    (graph/nodenames.py). A name in neither model, or two names of one node set apart, is the recipe's mistake
+    (`part`: how the recipe's `outputs:` cut the model, said with an unknown name)."""
     names = Names(model)
     return _by_prepared(nodes, names.resolve, names.close, f"{recipe}: quantization.nodes", "node",
-                        "use the node names Netron shows for the recipe's model (an unnamed node: its first output's)")
+                        "use the node names Netron shows for the recipe's model (an unnamed node: its first output's)",
+                        part)
 
 
-def pinned_tensors(model: Any, tensors: dict[str, Any], recipe: str) -> dict[str, Any]:
+def pinned_tensors(model: Any, tensors: dict[str, Any], recipe: str, part: str = "") -> dict[str, Any]:
     """quantization.tensors by the tensors of `model` (the prepared model): each name, the user's model's or the
     prepared model's own, through what prepare made of it (graph/nodenames.py). A name in neither model, a tensor
-    prepare folded away, or two names of one tensor set apart, is the recipe's mistake."""
+    prepare folded away, or two names of one tensor set apart, is the recipe's mistake (`part`: as pinned_nodes)."""
     names = Names(model)
     where = f"{recipe}: quantization.tensors"
 
@@ -143,21 +185,43 @@ def pinned_tensors(model: Any, tensors: dict[str, Any], recipe: str) -> dict[str
         return None if found is None else [found]
 
     return _by_prepared(tensors, resolve, names.close_tensor, where, "tensor",
-                        "use the tensor names Netron shows for the recipe's model")
+                        "use the tensor names Netron shows for the recipe's model", part)
+
+
+def _check_weight_tensors(model: Any, s: dict[str, Any], tensors: dict[str, Any], nodes: dict[str, Any],
+                          recipe: str) -> None:
+    """A weight tensor set to int16 needs 16-bit activations on the nodes reading it, as the whole model's and a
+    node's `weights: int16` do (recipes/quantization.problem: QNN refuses the node, error 3110). `tensors`, `nodes`:
+    the recipe's settings by the prepared model's names (pinned_tensors, pinned_nodes)."""
+    names = Names(model)
+    weights = {i.name for i in model.graph.initializer}
+    for given, o in s["tensors"].items():
+        t = names.tensor(given)
+        if o.get("type") != "int16" or t not in weights:
+            continue
+        for n in (n for n in model.graph.node if t in n.input and nodes.get(key(n)) != FP16_NODE):
+            acts = next((tensors[x]["type"] for x in n.output if "type" in tensors.get(x, {})), None)
+            if (acts or (nodes.get(key(n)) or {}).get("activations", s["activations"])) != "uint16":
+                raise RecipeError(f"{recipe}: quantization.tensors: '{given}': int16 weights need uint16 activations "
+                                  f"({names.label(n)} computes 8-bit activations)",
+                                  "set activations: uint16 (the block's, or the node's in quantization.nodes), or "
+                                  "leave the weight at the block's type")
 
 
 def _by_prepared(given: dict[str, Any], resolve: Callable[[str], list[str] | None],
-                 close: Callable[[str], str | None], where: str, what: str, otherwise: str) -> dict[str, Any]:
+                 close: Callable[[str], str | None], where: str, what: str, otherwise: str, part: str
+                 ) -> dict[str, Any]:
     """The recipe's settings by `what` name -> by the prepared model's `what`s (`resolve`); a name `resolve` does not
-    know is the recipe's mistake (with the `close` match, else `otherwise`), as are two names of one prepared `what`
-    set apart."""
+    know is the recipe's mistake (with the `close` match, else `otherwise`; `part`: the cut, when the recipe has
+    one: what lies past it is not in the prepared model), as are two names of one prepared `what` set apart."""
     out: dict[str, Any] = {}
     by: dict[str, str] = {}
     for name, o in given.items():
         found = resolve(name)
         if found is None:
             near = close(name)
-            raise RecipeError(f"{where}: '{name}' is not a {what} of the model",
+            past = f"{part} (what lies past the cut is not built)" if part else ""
+            raise RecipeError(f"{where}: '{name}' is not a {what} of the model{past}",
                               f"did you mean '{near}'?" if near else otherwise)
         for p in found:
             if out.get(p, o) != o:
@@ -170,7 +234,8 @@ def _by_prepared(given: dict[str, Any], resolve: Callable[[str], list[str] | Non
 def _for_quantizer(model: Any, src: Path, pins: bool) -> tuple[Any, Path, dict[str, list[str]], dict[str, str]]:
     """A copy of `model` as the quantizer reads it, the file holding it (saved beside `src`, its weights staying in
     the data files there; `src` itself when the copy is the same), each RMSNorm's written-out nodes and, with `pins`
-    (per-node or per-tensor settings), the names given to the nodes the model leaves unnamed by their key.
+    (per-node or per-tensor settings), the names given to the nodes the model leaves unnamed by their key. A graph
+    output a Relu or Clip alone reads keeps its own range (_own_range_for_outputs).
 
     prepare's fused RMSNorms are written out again (graph/legalize/rmsnorm.py: the quantizer's opset conversion has
     no schema for them, and quantized activations do not overflow like fp16). onnxruntime's quantizer finds nodes
@@ -193,11 +258,45 @@ def _for_quantizer(model: Any, src: Path, pins: bool) -> tuple[Any, Path, dict[s
             n.name = named[key(n)] = name
             taken.add(name)
     written = unfuse(copy)
-    if not written and not named:
+    if not written and not named and not _own_range_for_outputs(copy):
         return copy, src, written, named
     dst = src.with_name(src.name.replace("-input-", "-unfused-"))
     onnx.save(copy, str(dst))
     return copy, dst, written, named
+
+
+# onnxruntime's quantizer gives the input of these ops their output's range when they alone read it
+# (BaseQuantizer.adjust_tensor_ranges): a Relu's input then clamps at 0.
+_RANGE_FROM_OUTPUT = ("Relu", "Clip")
+
+
+def _own_range_for_outputs(model: Any) -> bool:
+    """A graph output that a Relu or Clip alone reads (a recipe's `outputs:` naming a tensor and the Relu after it,
+    or a model giving both) would take that op's range in the quantizer and lose its negative values (cosine 0.65
+    on a MatMul's output, on the CPU and the HTP alike): the op reads it through an Identity instead, so the output
+    keeps its own range (the quantizer then drops the Relu: the Identity's QuantizeLinear clamps). True when any."""
+    from collections import Counter
+
+    import onnx
+
+    outputs = {o.name for o in model.graph.output}
+    readers = Counter(t for n in model.graph.node for t in n.input)
+    nodes, taken, changed = [], {t for n in model.graph.node for t in (*n.input, *n.output, n.name)}, False
+    for n in model.graph.node:
+        t = n.input[0] if n.input else ""
+        if n.op_type in _RANGE_FROM_OUTPUT and t in outputs and readers[t] == 1:
+            via, k = f"{t}_own_range", 0
+            while via in taken:
+                k += 1
+                via = f"{t}_own_range_{k}"
+            taken.add(via)
+            nodes.append(onnx.helper.make_node("Identity", [t], [via], name=via))
+            n.input[0], changed = via, True
+        nodes.append(n)
+    if changed:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return changed
 
 
 def _refused(dst: Path, fused: list[Any], written: dict[str, list[str]]) -> None:

@@ -57,8 +57,9 @@ def finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, st
         for r in failed:  # each failure once: ninja's FAILED header and the action's own error line are not shown
             print(f"ctxbuild: FAILED {r['id']}: {r.get('cause', 'see log')} (log: {opts.out / r['log']})",
                   file=sys.stderr)
-        if not failed:
-            print("ctxbuild: ninja failed before running an action (see above)", file=sys.stderr)
+        if not failed:  # ninja itself stopped (killed, or a manifest it refused)
+            print(f"ctxbuild: ninja stopped after {len(ran)} action(s), none failed (see above)" if ran else
+                  "ctxbuild: ninja failed before running an action (see above)", file=sys.stderr)
         return conclude(opts, rc, noop=noop)
     return conclude(opts, deploy_gate(opts.out, manifest), noop=noop)
 

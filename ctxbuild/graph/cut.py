@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ctxbuild.errors import RecipeError
+
 # Ops whose refusal no quantization changes: control flow, data-dependent shapes, random draws (QNN has none of
 # them). Their nodes, and everything after them, are what a split leaves to the app.
 DATA_DEPENDENT_OPS = frozenset({"If", "Loop", "Scan", "NonZero", "Unique", "RandomNormal", "RandomNormalLike",
@@ -30,10 +32,16 @@ def tensors(model: Any) -> dict[str, list[str]]:
 
 def extract(model: Any, outputs: list[str]) -> Any:
     """The part of `model` (loaded without its external data: tensors keep their locations) that computes
-    `outputs` from the model's inputs (all of them, named as the model names them, so its samples still fit)."""
+    `outputs` from the model's inputs (all of them, named as the model names them, so its samples still fit).
+    Outputs none of which an input reaches are the recipe's mistake: the part would be constants alone."""
     import onnx
     from onnx.utils import Extractor
 
+    if not set(outputs) & _from_inputs(model):  # prepare would fold the whole part into constants
+        named = ", ".join(f"'{o}'" for o in outputs)
+        raise RecipeError(f"outputs: {named} {'does' if len(outputs) == 1 else 'do'} not depend on the model's inputs "
+                          "(computed from constants alone): nothing is left to compile",
+                          "name tensors the model computes from its inputs (the app has these as constants)")
     try:  # Extractor takes the outputs' types from value_info
         typed = onnx.shape_inference.infer_shapes(model)
     except onnx.shape_inference.InferenceError:  # ops onnx cannot infer: untyped outputs, onnxruntime types them
@@ -100,11 +108,7 @@ def static_outputs(model: Any, starts: set[int]) -> list[str]:
         if i in after or reads[i] & later:
             after.add(i)
             later.update(o for o in n.output if o)
-    inits = {t.name for t in model.graph.initializer}
-    data = {i.name for i in model.graph.input if i.name not in inits}
-    for i, n in enumerate(nodes):
-        if n.op_type not in _SHAPE_ONLY and any(t in data for t in reads[i]):
-            data.update(o for o in n.output if o)
+    data = _from_inputs(model)
     wanted = {t for i in after for t in reads[i]} | {o.name for o in model.graph.output}
     return [o for i, n in enumerate(nodes) if i not in after for o in n.output if o and o in wanted and o in data]
 
@@ -148,6 +152,17 @@ def _reads_back(line: str, wanted: dict[str, Any]) -> bool:
         return yaml.safe_load(line) == wanted
     except yaml.YAMLError:
         return False
+
+
+def _from_inputs(model: Any) -> set[str]:
+    """The model's inputs and the tensors its nodes compute from them: not constants, not what depends on the
+    input's shape alone (a build fixes it)."""
+    inits = {t.name for t in model.graph.initializer}
+    data = {i.name for i in model.graph.input if i.name not in inits}
+    for n in model.graph.node:  # graph order is topological
+        if n.op_type not in _SHAPE_ONLY and _reads(n) & data:
+            data.update(o for o in n.output if o)
+    return data
 
 
 def _reads(node: Any) -> set[str]:

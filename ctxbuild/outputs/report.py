@@ -84,7 +84,8 @@ def collect(out: Path, *, build_id: str | None = None, returncode: int = 0,
                else ("up to date" if not this_build else "ok"))
     note = None
     if returncode != 0 and not failures:
-        note = "ninja failed before running an action: see the console output"
+        note = (f"ninja stopped after {len(this_build)} action(s), none failed: see the console output" if this_build
+                else "ninja failed before running an action: see the console output")
     return {
         "version": REPORT_VERSION,
         "generated": time.strftime("%Y-%m-%d %H:%M:%S %z"),
@@ -279,13 +280,14 @@ def _verify(a: dict[str, Any], rec: dict[str, Any] | None, st: str) -> dict[str,
 
 
 def _layers(a: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any] | None:
-    """`ctxbuild verify --layers` wrote `<graph>_layers.json` beside the verify result: its gist, unless the
-    verification ran again since (then it describes another build)."""
+    """`ctxbuild verify --layers` wrote `<graph>_layers.json` beside the verify result (a precision search's: the
+    select's `<recipe>_verify.json`): its gist, unless the verification ran again since (then it describes another
+    build)."""
 
     outs = a.get("outputs") or []
     if not outs:
         return None
-    path = layers_path(outs[0])
+    path = layers_path(next((o for o in outs if o.endswith("_verify.json")), outs[0]))
     try:
         if path.stat().st_mtime < rec.get("finished", 0):
             return None

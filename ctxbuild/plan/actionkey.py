@@ -18,7 +18,7 @@ from ctxbuild.plan.action import Action
 from ctxbuild.toolchain import installed
 
 # Bump when an action's outputs change for the same inputs (new parameters, different layout...).
-ACTION_SCHEMA_VERSION = 16  # 2: verify checks output slices; 3: models carry <model>.data, compiled from staging.fixed_dir;
+ACTION_SCHEMA_VERSION = 17  # 2: verify checks output slices; 3: models carry <model>.data, compiled from staging.fixed_dir;
 # 4: wrappers lowered to the lowest IR and the opsets their nodes use (qnn/lower.py); 5: prepare legalizes ops
 # the HTP does not run (graph/legalize/); precision-search candidates are gated (verify/gates.py), a refused
 # candidate's compile status lists the refused nodes; 6: llm_quantize keeps weights at int8 by pattern (keep_8bit);
@@ -33,9 +33,11 @@ ACTION_SCHEMA_VERSION = 16  # 2: verify checks output slices; 3: models carry <m
 # user's node names it changed (graph/nodenames.py), quantize keeps a fused RMSNorm pinned at fp16 fused; 14: prepare
 # records unnamed nodes (by first output) and the tensors it changed, a compile refusal names the user's nodes; the
 # mixed rung's culprits on the HTP are the worst nodes until what the others add leaves the output clear; 15: the
-# mixed rung keeps nodes in fp16, not at 16-bit weights, where a 16-bit-weights candidate failed on the HTP only
+# mixed rung keeps nodes in fp16, not at 16-bit weights, where a 16-bit-weights candidate failed on the HTP only;
 # 16: prepare records the user's names of tensors it renamed (the diagnosis' tensor field), the LLM static graphs
-# the export's names of the nodes and the cut's tensors they renamed
+# the export's names of the nodes and the cut's tensors they renamed; 17: quantize keeps the range of a graph output
+# a Relu or Clip alone reads (it took the op's, clamping at 0); the mixed rung's loss is quantization's where the
+# base passes on the CPU by less than the screen's margin
 
 
 def fingerprint(kind: str, out_state: Path, toolchain: str | None = None) -> dict[str, Any]:

@@ -106,6 +106,8 @@ def quantize_action(recipe: Recipe, g: Graph, prepared: str, work: Path, setting
     quant = {k: v for k, v in settings.items() if k not in ("name", "samples")}
     params = {"quantization": quant, "samples": settings["samples"] or cal.samples, "random": cal.random,
               "inputs": {k: list(v) for k, v in sorted(g.inputs.items())}}
+    if g.outputs:  # the recipe's cut: a pin past it is named so (absent otherwise: existing keys stay)
+        params["outputs"] = list(g.outputs)
     inputs = model_files("model", prepared)
     if recipe.adapters and reference:  # LoRA: calibrate over the declared adapter set (a change recompiles)
         params["adapters"], more = calibration_inputs(recipe.adapters)

@@ -100,16 +100,20 @@ def problem(s: dict[str, Any], target: Target) -> str | None:
     """Why `target` cannot run these settings (measured, see INT16_WEIGHTS_MIN_ARCH), or None."""
     if is_fp16(s) or is_mixed(s):  # the mixed rung checks what it decides itself (culprits)
         return None
+    old = [a for a in target.htp_arch.split(",") if int(a) < INT16_WEIGHTS_MIN_ARCH]
+    too_old = (f"int16 weights need HTP v{INT16_WEIGHTS_MIN_ARCH} or newer; target {target.name} is v{', v'.join(old)}"
+               if old else None)
     if s["weights"] == "int16":
         if s["activations"] != "uint16":
             return "int16 weights need uint16 activations (with 8-bit activations they fail to compile)"
-        old = [a for a in target.htp_arch.split(",") if int(a) < INT16_WEIGHTS_MIN_ARCH]
-        if old:
-            return (f"int16 weights need HTP v{INT16_WEIGHTS_MIN_ARCH} or newer; target {target.name} is "
-                    f"v{', v'.join(old)}")
+        if too_old:
+            return too_old
     for name, node in s["nodes"].items():
-        if node != FP16_NODE and node.get("weights") == "int16" and node.get("activations", s["activations"]) != "uint16":
-            return f"node '{name}': int16 weights need uint16 activations"
+        if node != FP16_NODE and node.get("weights") == "int16":
+            if node.get("activations", s["activations"]) != "uint16":
+                return f"node '{name}': int16 weights need uint16 activations"
+            if too_old:  # QNN refuses the node (error 3110), as it does the whole model's
+                return f"node '{name}': {too_old}"
     return None
 
 
