@@ -29,6 +29,14 @@ HEAD = "model: models/mlp.onnx\nprecision: fp16\n"
     ("targets: [SM8650]\ncompile:\n  provider_options: {backend_type: gpu}\n", [":5:", "backend_type", "remove it"]),
     ("targets: [SM8650]\ncompile:\n  provider_options: {backend_path: /x/libQnnHtp.so}\n",
      [":5:", "backend_path", "remove it"]),
+    # session 13: a oneOf inside a oneOf said "'fp32' is not valid under any of the given schemas", and a
+    # list where a mapping goes "expected mapping or list, got mapping" about the enclosing field
+    ("targets: [SM8650]\nquantization:\n  nodes: {fc: fp61}\n",
+     [":5:", "quantization.nodes.fc", "expected mapping (activations, weights) or 'fp16', got str 'fp61'",
+      "did you mean 'fp16'"]),
+    ("targets: [SM8650]\nquantization:\n  nodes: {fc: {activations: int16}}\n",
+     [":5:", "quantization.nodes.fc.activations", "'int16' is not one of uint8, uint16"]),
+    ("targets: [SM8650]\nquantization:\n  nodes: [fc]\n", [":5:", "quantization.nodes", "expected mapping, got list"]),
 ])
 def test_bad_field_is_one_line(tree: Path, tmp_path: Path, ctxbuild, body: str, expect: list[str]) -> None:
     keep_only(tree)

@@ -159,26 +159,41 @@ def _validate(f: Path, data: Any, sch: dict[str, Any], prefix: list[str | int] |
     if not errors:
         return
     err = errors[0]
-    # oneOf hides the useful message in its context: the branch of the value's own type says what is wrong
-    # inside it (an unknown key in a mapping); when no branch has its type, all their types are the message.
-    described = None
-    if err.context:
-        inside = [e for e in err.context if e.validator != "type"]
-        if inside:
-            err = max(inside, key=lambda e: len(e.absolute_path))
-        else:
-            expected = " or ".join(dict.fromkeys(_YAML_TYPES.get(e.validator_value, e.validator_value)
-                                                 for e in err.context))
-            described = f"expected {expected}, got {_yaml_type(err.instance)} {err.instance!r}"
+    # oneOf hides the useful message in its context, nested as deep as the schema's oneOfs: the branch the value
+    # got into says what is wrong inside it (an unknown key, a wrong value under a key); when the value fits no
+    # branch at all, what each branch takes is the message.
+    described = hint = None
+    while err.context:
+        inside = [e for e in err.context if len(e.absolute_path) > len(err.absolute_path)
+                  or e.validator not in _ALTERNATIVE]
+        if not inside:
+            wants = [_wanted(e) for e in err.context]
+            described = f"expected {' or '.join(dict.fromkeys(wants))}, got {_yaml_type(err.instance)} {err.instance!r}"
+            consts = [str(e.validator_value) for e in err.context if e.validator == "const"]
+            hint = did_you_mean(str(err.instance), consts) if consts and isinstance(err.instance, str) else None
+            break
+        err = max(inside, key=lambda e: len(e.absolute_path))
     path = (prefix or []) + list(err.absolute_path)
     unknown = sorted(set(err.instance) - set(err.schema.get("properties", {}))) \
         if err.validator == "additionalProperties" else []
     line = line_of(root if root is not None else data, path + unknown[:1])  # an unknown key: its own line
     where = ".".join(str(p) for p in path) or "(top level)"
-    raise RecipeError(f"{f}:{line}: {where}: {described or _describe(err)}", _hint(err))
+    raise RecipeError(f"{f}:{line}: {where}: {described or _describe(err)}", hint if described else _hint(err))
 
 
 _YAML_TYPES = {"object": "mapping", "array": "list"}  # JSON Schema's names, as a YAML author knows them
+_ALTERNATIVE = frozenset({"type", "const", "enum"})  # a oneOf branch the value is not, rather than one it breaks
+
+
+def _wanted(err: Any) -> str:
+    """What a oneOf branch the value did not fit takes: a type (a mapping's few keys named), a constant or a choice."""
+    if err.validator == "const":
+        return repr(err.validator_value)
+    if err.validator == "enum":
+        return "one of " + ", ".join(map(str, err.validator_value))
+    want = _YAML_TYPES.get(err.validator_value, err.validator_value)
+    keys = sorted(err.schema.get("properties", {}))
+    return f"mapping ({', '.join(keys)})" if want == "mapping" and 0 < len(keys) <= 4 else want  # more would crowd the line
 
 
 def _yaml_type(value: Any) -> str:
