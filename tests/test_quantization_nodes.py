@@ -158,6 +158,25 @@ def test_names_through_onnxruntimes_folding(tmp_path: Path) -> None:
     assert names.user("conv") == "conv"
 
 
+def test_an_exports_own_dequantizelinear_keeps_its_name() -> None:
+    """An already-quantized export's DequantizeLinear is named as quantize_dynamic named it (`w_DequantizeLinear`),
+    as a quantizer's own would be: QNN's refusal lists it as the export has it (the real T5 encoder's embedding
+    table, tests/test_legalize_real.py), not as "the DequantizeLinear of 'w'", which no quantizer made."""
+    w = numpy_helper.from_array(np.ones((4, 4), np.int8), "w_quantized")
+    nodes = [helper.make_node("DequantizeLinear", ["w_quantized", "s"], ["w"], name="w_DequantizeLinear"),
+             helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    g = helper.make_graph(nodes, "dq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                          [w, numpy_helper.from_array(np.array(0.5, np.float32), "s")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    refused = [("w_DequantizeLinear", "DequantizeLinear"), ("w_DequantizeLinear/duplicated_0", "DequantizeLinear")]
+    assert named(model, refused) == [("the DequantizeLinear of 'w'", "DequantizeLinear")]  # no record: a quantizer's
+    record = renamed([outline(model), outline(model)])
+    assert record == {"qdq": ["w_DequantizeLinear"]}
+    helper.set_model_props(model, {KEY: json.dumps(record)})
+    assert named(model, refused) == [("w_DequantizeLinear", "DequantizeLinear")]
+
+
 def _build(ctxbuild, tree: Path, recipe: str, out: Path, code: int = 0):
     """t5norm.yaml = HEAD + `recipe`, built into `out`; the exit code as expected."""
     (tree / "t5norm.yaml").write_text(HEAD + recipe)

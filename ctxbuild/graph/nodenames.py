@@ -53,8 +53,8 @@ def key(node: Any) -> str:
 def renamed(steps: Sequence[Sequence[Any]]) -> dict[str, Any]:
     """{"became": {user node: [prepared nodes]}, "from": {added prepared node: [user nodes]}, "tensors": {user
     tensor: the prepared tensor carrying its value}, "folded": {user tensor: [prepared tensors computed from it in
-    its place]}, "tensor_from": {prepared tensor the user's model lacks: the user tensor whose value it carries}}
-    over prepare's steps: the node outlines of the user's model first, each step's after it, the
+    its place]}, "tensor_from": {prepared tensor the user's model lacks: the user tensor whose value it carries},
+    "qdq": [the user's own QuantizeLinear/DequantizeLinear nodes]} over prepare's steps: the node outlines of the user's model first, each step's after it, the
     prepared model's last; nodes by key() (an unnamed one by its first output); only what prepare changed, {} when
     nothing was."""
     user, final = steps[0], steps[-1]
@@ -87,6 +87,8 @@ def renamed(steps: Sequence[Sequence[Any]]) -> dict[str, Any]:
     mine = set(_tensors(user))
     if made := {where: t for t, where in carried.items() if where not in mine}:
         record["tensor_from"] = made  # the way back: what the diagnosis and QNN's refusal name these by
+    if own := sorted(k for n in user if n.op_type in ("QuantizeLinear", "DequantizeLinear") and (k := key(n))):
+        record["qdq"] = own  # an already-quantized export's: named as the export has them, not as a quantizer's
     return record
 
 
@@ -226,6 +228,7 @@ class Names:
         self.carried: dict[str, str] = record.get("tensors", {})
         self.folded: dict[str, list[str]] = record.get("folded", {})
         self.tensor_from: dict[str, str] = record.get("tensor_from", {})
+        self.own_qdq = set(record.get("qdq", []))
         self._have = set(self.nodes)
         g = model.graph
         self.tensors = set(_tensors(g.node)) | {i.name for i in (*g.initializer, *g.input, *g.output)}
@@ -327,7 +330,7 @@ def named(model: Any, nodes: list[tuple[str, str]]) -> list[tuple[str, str]]:
     listed = {op: sum(1 for name, o in nodes if not name and o == op) for _, op in nodes}
     out = []
     for name, op in nodes:
-        if (qdq := _QDQ_NODE.match(name)) and qdq.group(2) == op:
+        if (qdq := _QDQ_NODE.match(name)) and qdq.group(2) == op and name.split("/duplicated")[0] not in names.own_qdq:
             out.append((_quantizes(names, producer.get(qdq.group(1)), qdq.group(1), op), op))
         elif name:  # a name, or from a fallback compile's wrapper an unnamed node's key
             out.append((names.user(name.removesuffix(_QDQ_OUTPUT)), op))
