@@ -232,8 +232,9 @@ def _select(recipe: Recipe, t: Target, out: Path, candidates: list[tuple[dict[st
     inputs.update(measured)
     params = {"thresholds": thr, "predict": rules(recipe.quantization), "candidates": table,
               "skipped": skipped, "graphs": [recipe.graphs[0].name], "precision": "auto", "siblings": siblings}
-    return Action(id=f"select/{recipe.name}@{t.name}", kind="select",
-                  description=f"select {recipe.name}@{t.name} ({len(candidates)} candidates)", inputs=inputs,
+    many = f"{len(candidates)} candidate" + ("s" if len(candidates) != 1 else "")
+    return Action(id=f"select/{recipe.name}@{t.name}", kind="select", description=f"select {recipe.name}@{t.name} ({many})",
+                  inputs=inputs,
                   outputs=outputs, params=params, target=t.as_dict(), **common_params(recipe))
 
 

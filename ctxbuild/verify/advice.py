@@ -42,6 +42,16 @@ def where_lost(outputs: dict[str, Any], t: dict[str, float]) -> str:
     return "htp"
 
 
+def meets(outputs: dict[str, Any], t: dict[str, float]) -> bool:
+    """Whether what was diagnosed meets the thresholds on its samples: float vs the HTP for every output and slice
+    (float vs the QDQ model on the CPU where the HTP did not run)."""
+    for row in outputs.values():
+        m = row.get("total", row["quantization"])
+        if not all(_passes(x, t) for x in [m, *(m.get("slices") or [])]):
+            return False
+    return True
+
+
 def weak_slice_fix(outputs: dict[str, Any], t: dict[str, float]) -> str | None:
     weak = [f"'{o}' ({s['slice']})" for o, row in outputs.items() for side in row.values()
             for s in side.get("slices") or [] if not _passes(s, t)]

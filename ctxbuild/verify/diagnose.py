@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ctxbuild.verify import slices as output_slices
-from ctxbuild.verify.advice import (fp16_cause, likely_fix, weak_slice_fix, weights_per_node, where_lost,
+from ctxbuild.verify.advice import (fp16_cause, likely_fix, meets, weak_slice_fix, weights_per_node, where_lost,
                                     worst_nodes)
 from ctxbuild.verify.layerloss import CAP, CpuSide, Graph, activations, cpu_side, node_losses, noise, snr_db
 from ctxbuild.verify.probe import htp_run
@@ -133,11 +133,14 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
     worst_h = worst_nodes(nodes, "htp_added_db", top)
     # fp16 (the model compiled as given): what its float values show fp16 cannot hold
     cause = None if quantized else fp16_cause(float_model, cpu.float_acts, [n["node"] for n in worst_h])
-    return {"samples": len(samples), "thresholds": thresholds, "outputs": outputs, "where": where,
+    passed = meets(outputs, thresholds)
+    return {"samples": len(samples), "thresholds": thresholds, "outputs": outputs, "where": where, "meets": passed,
             "worst_quantization": worst_q, "worst_htp": worst_h, "nodes": len(nodes), "probe_runs": runs,
             # every node's own noise power on the HTP, summed: what the mixed rung's blame leaves (culprits.py)
             "htp_noise_added": sum(noise(-n["htp_added_db"]) for n in nodes if n["htp_added_db"] is not None),
-            "hint": weak_slice_fix(outputs, thresholds)
+            "hint": f"nothing to fix: it meets min cosine {thresholds['min_cosine']} / min SNR "
+                    f"{thresholds['min_snr_db']} dB on these samples (the tables show where the noise left comes from)"
+            if passed else weak_slice_fix(outputs, thresholds)
             or likely_fix(where, worst_q if where == "quantization" else worst_h, weights_of,
                           weights_per_node(float_model, cpu.weight_snr, role=2), cpu.activation_bits, cause)}
 
@@ -148,7 +151,8 @@ def _cat(x: list[np.ndarray], shape: list[int | None] | None) -> np.ndarray:
 
 
 def format_text(d: dict[str, Any]) -> str:
-    lines = [f"{d['graph']}@{d['target']}: loss is mostly in {d['where']} ({d['samples']} samples)"]
+    lines = [f"{d['graph']}@{d['target']}: " + ("meets the thresholds; what is lost is " if d.get("meets") else
+                                               "loss is ") + f"mostly in {d['where']} ({d['samples']} samples)"]
     for o, row in d["outputs"].items():
         parts = [f"{k} SNR {v['snr_db']:.1f} dB cos {v['cosine']:.4f}"
                  + "".join(f" [{x['slice']} {x['snr_db']:.1f} dB]" for x in v.get("slices") or []) for k, v in row.items()]
