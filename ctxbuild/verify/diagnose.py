@@ -138,8 +138,9 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
             "worst_quantization": worst_q, "worst_htp": worst_h, "nodes": len(nodes), "probe_runs": runs,
             # every node's own noise power on the HTP, summed: what the mixed rung's blame leaves (culprits.py)
             "htp_noise_added": sum(noise(-n["htp_added_db"]) for n in nodes if n["htp_added_db"] is not None),
-            "hint": f"nothing to fix: it meets min cosine {thresholds['min_cosine']} / min SNR "
-                    f"{thresholds['min_snr_db']} dB on these samples (the tables show where the noise left comes from)"
+            "hint": f"nothing to fix on these {len(samples)} samples: it meets min cosine {thresholds['min_cosine']} / "
+                    f"min SNR {thresholds['min_snr_db']} dB (where verification failed on others, diagnose more: "
+                    "--samples N)"
             if passed else weak_slice_fix(outputs, thresholds)
             or likely_fix(where, worst_q if where == "quantization" else worst_h, weights_of,
                           weights_per_node(float_model, cpu.weight_snr, role=2), cpu.activation_bits, cause)}
