@@ -159,6 +159,11 @@ def test_an_htp_only_loss_is_said_in_one_line_with_the_nodes_and_the_field() -> 
                     "simulator 1.5 dB at output 'y'): the mixed rung's rounds measure on the CPU and cannot grow "
                     "for it; the diagnosis blames /model.22/dfl/conv/Conv, /model.22/Sigmoid: pin them in float "
                     "with quantization.nodes ({/model.22/dfl/conv/Conv: fp16, ...})")
+    # the base's runs over every verification sample, where known, are the figures quoted: the diagnosis' few
+    # samples can read both sides above the thresholds while the whole run failed
+    whole = htp_only(d, "a16w8", 2.5, {"outputs": {"y": {"cosine": 0.9999, "snr_db": 44.2}}},
+                     {"outputs": {"y": {"cosine": 0.98, "snr_db": 17.3}}})
+    assert "on the CPU 44.2 dB at output 'y', on the simulator 17.3 dB at output 'y'" in whole, whole
     assert htp_only(_diagnosis("quantization", [_row("a", -3.0)]), "a16w8", 2.5) is None  # the rounds' case
     rows = [{"name": "mixed", "passed": False, "failures": ["SNR"], "bin_size": 1, "htp_only": line,
              "worst": {"cosine": 0.56, "snr_db": 1.5, "where": "output 'y'"}}]

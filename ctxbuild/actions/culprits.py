@@ -136,7 +136,8 @@ def _decide(ctx: Any, target: str, base: str, screens: dict[str, Any]) -> dict[s
                **({"int16_weights_fail_on_htp": no_wide} if no_wide else {})}
     if no_wide:
         print(f"{a.id}: {no_wide}")
-    if line := htp_only(d, base, margin):
+    simulated = known(a.inputs, f"verify.{target}.", [base]).get(base)
+    if line := htp_only(d, base, margin, screens[base], simulated if measured(simulated) else None):
         decided["htp_only"] = line
         print(f"{a.id}: {line}")
     print(f"{a.id}: base {base}, loss mostly in {d['where']} on {target}; keeping {len(decided['blamed'])} nodes at "
