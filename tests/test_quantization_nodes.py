@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ctxbuild.graph.legalize import legalize
 from ctxbuild.graph.nodenames import KEY, Names, named, outline, renamed, shown
-from tests.conftest import assert_pin_rebuilds_from_cache, records
+from tests.conftest import assert_pin_rebuilds_from_cache, keep_only, records
 
 NORM = ["pow", "mean", "add_eps", "sqrt", "div", "mul_norm"]  # the RMSNorm's nodes, as T5 exports write it
 
@@ -282,3 +282,16 @@ def test_the_searchs_answer_pins_unnamed_nodes_by_their_outputs(tmp_path: Path, 
 
     (tree / "t5norm.yaml").write_text(HEAD + "verify: {min_snr_db: 25}\n" + s["pin"])
     assert_pin_rebuilds_from_cache(ctxbuild, tree, tmp_path / "out2")
+
+
+def test_a_refusal_the_recipes_override_causes_names_the_override(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """A 16-bit signed activation into the examples' 8-bit-weights Conv (`tensors: {r1: {type: int16}}`): QNN
+    refuses conv2, and the hint names the override that set the types (it said only "set compile.cpu_fallback")."""
+    keep_only(tree)
+    (tree / "t.yaml").write_text("model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: int8\n"
+                                 "calibration: {dir: models/calib/tiny_cnn}\ntargets: [SM8650]\n"
+                                 "quantization:\n  tensors:\n    r1: {type: int16}\n")
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 1, r.text
+    failed = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED compile/t@SM8650"))
+    assert "conv2 (Conv)" in failed and "the recipe's quantization.tensors 'r1' set the types QNN refuses" in failed, failed

@@ -134,4 +134,6 @@ def test_qnns_refusal_names_the_users_nodes(tmp_path: Path, ctxbuild) -> None:
     r = _build(ctxbuild, tree, "precision: int16\nquantization: {tensors: {w2: {type: uint16}, w3: {type: uint16}, "
                "x: {type: int16}}}\nverify: false\n", tmp_path / "out", code=1)
     line = _failed_line(r)
-    assert "QNN cannot run 3 node(s): y (Gemm), z (Gemm), b (Conv) (set compile.cpu_fallback: true" in line, line
+    assert "QNN cannot run 3 node(s): y (Gemm), z (Gemm), b (Conv) (the recipe's quantization.tensors 'w2', 'w3', " \
+        "'x' set the types QNN refuses for these nodes: change or remove those overrides (or set " \
+        "compile.cpu_fallback: true" in line, line  # the overrides that made the refused types, by the user's names

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 from contextlib import contextmanager
@@ -15,7 +16,7 @@ from ctxbuild.errors import ActionError, RecipeError, cause_line
 from ctxbuild.recipes.quantization import FP16_NODE, QUANT_TYPES, get_qnn_qdq_kwargs
 from ctxbuild.graph.external_data import onnx_readable
 from ctxbuild.graph.modelio import data_path, load
-from ctxbuild.graph.nodenames import Names, key
+from ctxbuild.graph.nodenames import OVERRIDES, Names, key
 from ctxbuild.verify import gates
 from ctxbuild.graph.inputvalues import recorded
 from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
@@ -153,6 +154,10 @@ def quantize_model(src: Path, dst: Path, s: dict[str, Any], samples: list[dict[s
                           "ONNX schema", "SimplifiedLayerNormalization comes from prepare's rmsnorm rule (T5-style "
                           "RMSNorm, see docs/legalization.md): build it at precision fp16") from None
     data_path(dst).touch()  # the quantizer writes none when every tensor is small; the plan declares one
+    if tensors or nodes:  # for QNN's refusal of a node they reach (nodenames.overrides_on)
+        qdq = load(dst, external_data=False)
+        qdq.metadata_props.add(key=OVERRIDES, value=json.dumps({"tensors": sorted(tensors), "nodes": sorted(nodes)}))
+        write_bytes(dst, qdq.SerializeToString())
     if fused := [n for n in model.graph.node if n.name in written and pinned.get(n.name) == FP16_NODE]:
         _refused(dst, fused, written)
 

@@ -357,6 +357,41 @@ def _quantizes(names: Names, producer: Any, tensor: str, op: str) -> str:
     return said if mine == key(producer) else f"{said} (computed in '{mine}')"
 
 
+# The QDQ model's record of the recipe's per-tensor and per-node overrides (quantize), by the prepared model's names:
+# QNN's refusal of a node they reach names them (a 16-bit activation into an 8-bit-weights Conv, say).
+OVERRIDES = "ctxbuild.quantization_overrides"
+
+
+def overrides_on(model: Any, nodes: list[tuple[str, str]]) -> str | None:
+    """The recipe's quantization.tensors / quantization.nodes entries that reach the (name, op) nodes QNN refused in
+    `model` (a QDQ model quantize recorded them in), by the user's names ("quantization.tensors 'x', 'w2'"): a node
+    pinned itself, or a tensor it reads or writes (through the quantizer's QuantizeLinear/DequantizeLinear; a
+    weight, through its `<name>_quantized` initializer). None when none does."""
+    record = json.loads({p.key: p.value for p in model.metadata_props}.get(OVERRIDES, "{}"))
+    if not record:
+        return None
+    names = Names(model)
+    by_name = {n.name: n for n in model.graph.node if n.name}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    said: dict[str, list[str]] = {"nodes": [], "tensors": []}
+    for name, _ in nodes:
+        node = by_name.get(name) or by_name.get(names.user(name))  # the log's `<name>_token_<n>`: the node
+        if node is None:
+            continue
+        if node.name in record.get("nodes", []):
+            said["nodes"].append(names.user(node.name))
+        for t in (*node.input, *node.output):
+            while (p := producer.get(t)) is not None and p.op_type in ("QuantizeLinear", "DequantizeLinear"):
+                t = p.input[0]
+            if (t := t.removesuffix(_QUANTIZED)) in record.get("tensors", []):
+                said["tensors"].append(names.user_tensor(t))
+    fields = [f"quantization.{f} " + ", ".join(repr(x) for x in dict.fromkeys(v)) for f, v in said.items() if v]
+    return "; ".join(fields) or None
+
+
+_QUANTIZED = "_quantized"  # onnxruntime's quantizer names a weight's quantized initializer `<weight>_quantized`
+
+
 def shown(name: str, op: str) -> str:
     """One node of named() in a list: `name (op)`, a quantizer's Q/DQ as named() describes it (its op said)."""
     return name if name.startswith(f"the {op} of '") else f"{name} ({op})"

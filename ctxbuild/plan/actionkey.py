@@ -37,7 +37,8 @@ ACTION_SCHEMA_VERSION = 17  # 2: verify checks output slices; 3: models carry <m
 # 16: prepare records the user's names of tensors it renamed (the diagnosis' tensor field), the LLM static graphs
 # the export's names of the nodes and the cut's tensors they renamed; 17: quantize keeps the range of a graph output
 # a Relu or Clip alone reads (it took the op's, clamping at 0); the mixed rung's loss is quantization's where the
-# base passes on the CPU by less than the screen's margin
+# base passes on the CPU by less than the screen's margin; a QDQ model records the recipe's overrides (QNN's refusal
+# names them)
 
 
 def fingerprint(kind: str, out_state: Path, toolchain: str | None = None) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ctxbuild.errors import ActionError, cause_line
-from ctxbuild.graph.nodenames import named, shown
+from ctxbuild.graph.nodenames import named, overrides_on, shown
 from ctxbuild.qnn import fallback, isolated
 from ctxbuild.toolchain import installed as toolchain
 
@@ -126,14 +126,20 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_o
     if probe is not None and (unnamed or (nodes and cost and not cpu_fallback)):
         probed = probe()
         nodes = nodes or (probed.cpu_nodes if probed else [])
+    reached = None
     if nodes and model is not None:
         from ctxbuild.graph.modelio import load
 
-        nodes = named(load(model, external_data=False), nodes)
+        proto = load(model, external_data=False)
+        reached = overrides_on(proto, nodes)
+        nodes = named(proto, nodes)
     if nodes:
         listed = ", ".join(shown(n, t) for n, t in nodes[:8]) + (" ..." if len(nodes) > 8 else "")
         hint = None if cpu_fallback else "set compile.cpu_fallback: true to run them on the CPU instead" + (
             f" (measured: {probed.describe()}; verify tells whether the accuracy survives the cuts)"
             if probed and cost else "")
+        if reached:  # the recipe's own override made the types QNN refuses: that is what to change
+            hint = (f"the recipe's {reached} set the types QNN refuses for these nodes: change or remove those "
+                    "overrides" + (f" (or {hint})" if hint else ""))
         return UnsupportedNodes(f"QNN cannot run {len(nodes)} node(s): {listed}", hint, nodes)
     return ActionError(f"QNN compile failed: {cause_line(exc, last=True)}")
