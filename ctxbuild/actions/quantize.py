@@ -154,12 +154,16 @@ def quantize_model(src: Path, dst: Path, s: dict[str, Any], samples: list[dict[s
                           "ONNX schema", "SimplifiedLayerNormalization comes from prepare's rmsnorm rule (T5-style "
                           "RMSNorm, see docs/legalization.md): build it at precision fp16") from None
     data_path(dst).touch()  # the quantizer writes none when every tensor is small; the plan declares one
-    if tensors or nodes:  # for QNN's refusal of a node they reach (nodenames.overrides_on)
+    fused = [n for n in model.graph.node if n.name in written and pinned.get(n.name) == FP16_NODE]
+    if tensors or nodes:  # only the proto is rewritten, the weights stay in `<dst>.data`
+        from ctxbuild.graph.legalize.rmsnorm import refuse
+
         qdq = load(dst, external_data=False)
+        if fused:  # pinned RMSNorms (fp16: left in float) fused again: written out, the HTP's fp16 square overflows
+            refuse(qdq, fused, written)
+        # for QNN's refusal of a node they reach (nodenames.overrides_on)
         qdq.metadata_props.add(key=OVERRIDES, value=json.dumps({"tensors": sorted(tensors), "nodes": sorted(nodes)}))
         write_bytes(dst, qdq.SerializeToString())
-    if fused := [n for n in model.graph.node if n.name in written and pinned.get(n.name) == FP16_NODE]:
-        _refused(dst, fused, written)
 
 
 def pinned_nodes(model: Any, nodes: dict[str, Any], recipe: str, part: str = "") -> dict[str, Any]:
@@ -302,16 +306,6 @@ def _own_range_for_outputs(model: Any) -> bool:
         del model.graph.node[:]
         model.graph.node.extend(nodes)
     return changed
-
-
-def _refused(dst: Path, fused: list[Any], written: dict[str, list[str]]) -> None:
-    """The pinned RMSNorms (at fp16: left in float) fused again in the quantized model (rmsnorm.refuse: written out,
-    the HTP's fp16 square overflows); only its proto is rewritten, the weights stay in `<dst>.data`."""
-    from ctxbuild.graph.legalize.rmsnorm import refuse
-
-    qdq = load(dst, external_data=False)
-    refuse(qdq, fused, written)
-    write_bytes(dst, qdq.SerializeToString())
 
 
 # Inputs of these ops that are biases: QDQ quantizes them to int32 from the input and weight scales.
