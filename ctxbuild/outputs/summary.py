@@ -107,26 +107,23 @@ def pins(records: list[dict[str, Any]]) -> list[str]:
     """Per precision search this build decided with a mixed-precision answer: the recipe lines that pin it
     (settings the recipe does not hold, decided from the diagnosis), once for the targets that share it; a recipe
     whose targets' answers differ says that one recipe pins one answer for all of them."""
-    answers: dict[tuple[str, str], list[str]] = {}  # (recipe, pin) -> its targets
-    kept: dict[tuple[str, str], list[str]] = {}
+    answers: dict[tuple[str, str], tuple[list[str], list[str]]] = {}  # (recipe, pin) -> (its targets, kept nodes)
     for r in sorted(records, key=lambda r: r["id"]):
         search = r.get("search") or {}
         winner = next((c for c in search.get("candidates", []) if c["name"] == search.get("winner")), None)
         if r.get("kind") != "select" or not winner or winner.get("precision") != "mixed" or not search.get("pin"):
             continue
         recipe, _, target = r["id"].removeprefix("select/").rpartition("@")
-        answers.setdefault((recipe, search["pin"]), []).append(target)
-        kept[recipe, search["pin"]] = winner.get("blamed") or []
+        answers.setdefault((recipe, search["pin"]), ([], winner.get("blamed") or []))[0].append(target)
     lines = []
-    for (recipe, pin), targets in answers.items():
-        nodes = kept[recipe, pin]
+    for (recipe, pin), (targets, nodes) in answers.items():
         # a set grown in rounds holds tens of nodes: the lines below name them all
         named = ", ".join(nodes) if len(nodes) <= 4 else f"{len(nodes)} nodes ({', '.join(nodes[:3])}, ...)"
         lines.append(f"ctxbuild: {recipe}@{', '.join(targets)}: the search's answer keeps {named} at higher "
                      "precision; to pin it, put in the recipe:")
         lines += ["    " + ln for ln in pin.splitlines()]
     for recipe in dict.fromkeys(r for r, _ in answers):
-        split = [targets for (r, _), targets in answers.items() if r == recipe]
+        split = [targets for (r, _), (targets, _) in answers.items() if r == recipe]
         if len(split) > 1:
             lines.append(f"ctxbuild: {recipe}: the targets' answers differ and a recipe's quantization applies to "
                          "every target: pin each in a recipe of its own ("
