@@ -48,6 +48,11 @@ def test_a_failing_slice_is_recovered_by_a_mixed_candidate_and_the_answer_pins(t
         "auto": {"mixed": False, "fp16": False}}
     html = (out / "report.html").read_text()
     assert "the answer keeps head_concat at higher precision" in html and "head_concat: fp16" in html
+    # building again runs nothing and prints the same answer, from the stored search (a user's second look)
+    answer = [ln for ln in r.out.splitlines() if "the search's answer" in ln or ln.startswith("    ")]
+    again = ctxbuild("build", str(tree), "-o", str(out))
+    assert again.code == 0 and "up to date" in again.out, again.text
+    assert [ln for ln in again.out.splitlines() if "the search's answer" in ln or ln.startswith("    ")] == answer
     (tree / "det.yaml").write_text("model: det.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\n" + s["pin"])
     out2 = tmp_path / "out2"
     assert_pin_rebuilds_from_cache(ctxbuild, tree, out2)
