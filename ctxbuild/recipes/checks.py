@@ -18,6 +18,7 @@ from ctxbuild.recipes.yamlsrc import LineDict, line_of
 
 TENSORS_MEMO = "memo/graph-tensors"  # graph/cut.tensors(): what `outputs:` may name
 INPUT_TYPES_MEMO = "memo/graph-input-types"  # graph/inputvalues.declared(): what `input_values:` may set
+BOOL = 9  # onnx.TensorProto.BOOL (onnx is not imported to check a recipe)
 
 
 def check_auto(at: Any, bundle: bool, multi_soc: bool, verify: dict[str, Any]) -> None:
@@ -152,11 +153,22 @@ def check_input_values(model: Path, values: dict[str, Any], shapes: dict[str, An
         if name in shapes:
             raise RecipeError(f"{where[name]}: input_values: '{name}' is also in inputs: a fixed input is no longer "
                               "an input of the build", f"remove '{name}' from inputs")
+        if _booleans(value) and found[name][0] != BOOL:  # numpy would take true as 1 without a word
+            from onnx.helper import tensor_dtype_to_np_dtype
+
+            raise RecipeError(f"{where[name]}: input_values: '{name}': the input is "
+                              f"{tensor_dtype_to_np_dtype(found[name][0]).name}, {json.dumps(value)} is a boolean",
+                              "give a number (YAML reads on/off/yes/no, unquoted, as true/false)")
         try:
             as_array(value, *found[name])
         except ValueError as e:
             raise RecipeError(f"{where[name]}: input_values: '{name}': {e}",
                               "give the value the app always passes, as a number, true/false or a list") from None
+
+
+def _booleans(value: Any) -> bool:
+    """A value holding true/false anywhere (YAML's on/off/yes/no too)."""
+    return isinstance(value, bool) or isinstance(value, list) and any(map(_booleans, value))
 
 
 def check_outputs(model: Path, names: tuple[str, ...], where: str, values: dict[str, Any]) -> None:
