@@ -104,6 +104,9 @@ def test_recipe_errors_exit_2(tmp_path: Path, ctxbuild) -> None:
         ("input_values: {mode: }", f"{n}: input_values.mode: expected number or boolean or list, got NoneType None"),
         # YAML reads on/off/yes/no as booleans: not a number for an int64 input
         ("input_values: {mode: on}", f"{n}: input_values: 'mode': the input is int64, true is a boolean"),
+        # every input fixed: prepare folded the model into constants and the compile blamed QNN's op support (exit 1)
+        ("input_values: {mode: 1, x: [" + str([0.0] * 16) + "]}",
+         f"{n}: input_values fixes every input of branchy.onnx (mode, x): the model computes a constant"),
         ("inputs: {mode: []}\ninput_values: {mode: 1}", f"{n + 1}: input_values: 'mode' is also in inputs"),
     ]:
         recipe.write_text(RECIPE + line + "\n")
@@ -116,6 +119,12 @@ def test_recipe_errors_exit_2(tmp_path: Path, ctxbuild) -> None:
     recipe.write_text(RECIPE + "outputs: [h1]\n")
     with pytest.raises(RecipeError, match="outputs: 'h1' is not a tensor of branchy.onnx"):
         recipe_set.load([recipe])
+    # a tensor of the branch the values drop: said so (it read "is not a tensor of branchy.onnx", which it is)
+    recipe.write_text(RECIPE + "input_values: {mode: 0}\noutputs: [h1]\n")
+    with pytest.raises(RecipeError) as e:
+        recipe_set.load([recipe])
+    assert e.value.message == (f"{recipe}:{n + 1}: outputs: 'h1' is computed in an If branch `input_values: {{mode: 0}}` "
+                               "does not take (nothing of that branch is built)"), e.value.message
 
 
 def test_the_values_are_in_the_keys(tmp_path: Path) -> None:

@@ -287,3 +287,20 @@ def test_a_lone_fp16_pin_takes_a_neighbour_so_the_mixed_candidate_changes_what_s
     assert runs_quantized(qdq["widened"], {"s": ["s"], "c1": ["c1"]}) == []
     ops = {k: sorted(n.op_type for n in m.graph.node) for k, m in qdq.items()}
     assert ops["lone"] == ops["none"] != ops["widened"]
+
+
+def test_a_search_without_its_last_rungs_says_which_to_turn_back_on() -> None:
+    """`auto: {mixed: false, fp16: false}` and nothing passes: the hint said only "remove `auto: {fp16: false}`"
+    (the mixed rung, which recovers a failing slice, was left unsaid). It names the rungs the recipe left out."""
+    from ctxbuild.actions.select import no_winner
+
+    thr = {"min_cosine": 0.99, "min_snr_db": 20.0}
+    row = {"name": "a8w8", "passed": False, "note": "skipped: CPU screen 1.3 dB", "state": "rejected_cpu"}
+    mixed = {"name": "mixed", "precision": "mixed", "passed": False, "note": "not run", "state": "not_run"}
+    fp16 = {"name": "fp16", "precision": "fp16", "passed": False, "note": "not run", "state": "not_run"}
+    for rows, said in (([row], "remove `auto: {mixed: false, fp16: false}` to let the search try the mixed and fp16 "
+                                "rungs; or "),
+                       ([row, fp16], "remove `auto: {mixed: false}` to let the search try the mixed rung; or "),
+                       ([row, mixed], "remove `auto: {fp16: false}` to let the search try fp16; or ")):
+        hint = no_winner("SM8650", {"thresholds": thr, "candidates": rows, "winner": None, "skipped": []}).hint
+        assert hint.startswith(said), hint
