@@ -5,7 +5,6 @@ whose `If(mode == 1)` chooses between two weights, with an If inside decided by 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ from ctxbuild.errors import RecipeError
 from ctxbuild.graph.inputvalues import apply, inline_decided
 from ctxbuild.plan.planner import make_plan
 from ctxbuild.recipes import recipe as recipe_set
+from tests._hints import build_pasted, failed_line, pasted
 from tests._qnn_models import IR_VERSION, OPSET
 
 RECIPE = "model: branchy.onnx\nprecision: fp16\ntargets: [SM8650]\nverify: {dir: samples}\n"
@@ -62,20 +62,14 @@ def _tree(tmp_path: Path, mode: int = 1) -> Path:
 
 def test_the_refusal_names_the_field_and_the_pasted_line_builds(tmp_path: Path, ctxbuild) -> None:
     recipe = _tree(tmp_path)
-    r = ctxbuild("build", str(recipe), "-o", str(tmp_path / "out"))
-    assert r.code == 1, r.text
-    (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED prepare/")]
+    line = failed_line(ctxbuild, recipe, tmp_path / "out", "prepare/")
     assert ("control flow is not supported on QNN: node 'by_mode' (If) (If 'by_mode' takes its branch from input "
             "mode: if the app always passes mode = 1, fix it with `input_values: {mode: 1}` in the recipe; prepare "
             "keeps that branch)") in line, line
 
-    recipe.write_text(RECIPE + re.search(r"`(input_values: [^`]*)`", line)[1] + "\n")  # pasted as printed
     out = tmp_path / "fixed"
-    r = ctxbuild("build", str(recipe), "-o", str(out))
-    assert r.code == 0, r.text
-    wrapper = onnx.load(str(out / "SM8650" / "branchy" / "branchy_ctx.onnx"), load_external_data=False)
+    wrapper, result = build_pasted(ctxbuild, recipe, RECIPE + pasted(line, "input_values") + "\n", out)
     assert [i.name for i in wrapper.graph.input] == ["x"]
-    result = json.loads((out / "SM8650" / "branchy" / "branchy_verify.json").read_text())
     # against the user's model as given, run with mode = 1 on the samples
     assert result["passed"] and result["reference"] == "original" and result["outputs"]["y"]["snr_db"] >= 30
     (prepare,) = [json.loads(p.read_text()) for p in (out / ".ctxbuild" / "records").glob("prepare.*.json")]
