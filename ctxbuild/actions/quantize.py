@@ -39,11 +39,16 @@ def warnings(action: Action) -> list[str]:
     if gates.closed(action.inputs):  # a precision-search rung no target needed: nothing was quantized
         return found
     nodes = (gates.decided_settings(action.inputs) or action.params["quantization"]).get("nodes")
-    if nodes:  # a pinned node prepare folded: its pin does nothing
-        names = Names(load(Path(action.inputs["model"]), external_data=False))
+    if nodes:  # pins that do nothing: a node prepare folded, weights set on a node without, a lone fp16 node
+        prepared = load(Path(action.inputs["model"]), external_data=False)
+        names = Names(prepared)
         if folded := [n for n in nodes if names.resolve(n) == []]:
             found.append(f"{action.description}: quantization.nodes: {', '.join(folded)}: folded into constants by "
                          "prepare, nothing of them runs: remove them")
+        for name in weightless(prepared, nodes):
+            found.append(f"{action.description}: quantization.nodes: {name}: {{weights: {nodes[name]['weights']}}} "
+                         f"changes nothing here: {name} has no weights (set activations for its output, or pin a "
+                         "node with weights)")
         fp16 = {n: names.resolve(n) or [] for n, o in nodes.items() if o == FP16_NODE}
         if lone := runs_quantized(load(Path(action.outputs["model"]), external_data=False), fp16):
             them = "it" if len(lone) == 1 else "them"
@@ -52,6 +57,20 @@ def warnings(action: Action) -> list[str]:
                          f"outputs are too and QNN runs {them} as a quantized op; pin {them} together with a neighbour "
                          "(the tensor between nodes pinned side by side stays float)")
     return found
+
+
+def weightless(model: Any, nodes: dict[str, Any]) -> list[str]:
+    """The pins of `nodes` that set only weights on nodes of `model` (the prepared model) with none: every node the
+    name stands for reads no initializer but its bias (tensor_overrides' weights), so the pin sets nothing."""
+    names = Names(model)
+    inits = {i.name for i in model.graph.initializer}
+    by_key = {key(n): n for n in model.graph.node}
+
+    def weights(node: Any) -> bool:
+        return any(t in inits and i != _BIAS_INPUT.get(node.op_type) for i, t in enumerate(node.input))
+
+    return [n for n, o in nodes.items() if o != FP16_NODE and set(o) == {"weights"} and (found := names.resolve(n))
+            and not any(weights(by_key[k]) for k in found if k in by_key)]
 
 
 def runs_quantized(qdq: Any, pins: dict[str, list[str]]) -> list[str]:
