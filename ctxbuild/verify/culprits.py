@@ -112,7 +112,7 @@ def widen_lone(model: Any, nodes: dict[str, Any], worst: list[dict[str, Any]], s
     (lone_pins) gets a neighbour in fp16 too, so the tensor between them stays float and the HTP runs both in fp16:
     the neighbour the diagnosis' rows (`worst`, by `side`'s added dB) rate worst, else the node computing its first
     input (a node's noise is mostly its input's, amplified). Without it the mixed candidate would be the base to the
-    byte, and a verify would measure the base again (the adversary helper's case: a lone HardSigmoid)."""
+    byte, and a verify would measure the base again (PP-OCR's direction classifier: a lone HardSigmoid)."""
     rank = {r["node"]: r[side] for r in worst if r.get(side) is not None}
     nodes, widened = dict(nodes), {}
     for pin in lone_pins(model, nodes):
@@ -149,6 +149,7 @@ class _Graph:
         self.outputs = {o.name for o in g.output}
 
     def quantized_between(self, k: str) -> bool:
+        """Node `k` would sit between a DequantizeLinear on each input and QuantizeLinear nodes alone on each output."""
         node = self.by_key.get(k)
         if node is None:
             return False
