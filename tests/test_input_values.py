@@ -287,3 +287,20 @@ def test_a_pin_in_the_branch_the_values_drop_says_so(tmp_path: Path, ctxbuild) -
     (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED ")]
     assert r.code == 2 and ("quantization.nodes: 'fc2' is not a node of the model as `input_values: {mode: 1}` "
                             "makes it (an If branch the values do not take is not built)") in line, r.text
+
+
+def test_a_default_input_values_a_model_lacks_names_the_defaults_file(tmp_path: Path) -> None:
+    """`input_values:` in a directory's _defaults.yaml, and a recipe there whose model lacks the input: the error
+    named the recipe's line 1, which holds no input_values. It says where the field came from."""
+    (tmp_path / "sub").mkdir()
+    onnx.save(helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])]), opset_imports=OPSET, ir_version=IR_VERSION),
+        tmp_path / "sub" / "relu.onnx")
+    (tmp_path / "_defaults.yaml").write_text("defaults:\n  input_values: {mode: 1}\n")
+    (tmp_path / "sub" / "relu.yaml").write_text("model: relu.onnx\nprecision: fp16\ntargets: [SM8650]\n")
+    with pytest.raises(RecipeError) as e:
+        recipe_set.load([tmp_path])
+    assert e.value.message == (f"{tmp_path / 'sub' / 'relu.yaml'}:1 (input_values from the directory defaults, "
+                               "_defaults.yaml): input_values: 'mode' is not an input of relu.onnx"), e.value.message

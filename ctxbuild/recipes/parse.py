@@ -267,14 +267,22 @@ def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any],
     inputs = {k: tuple(v) for k, v in spec.get("inputs", {}).items()}
     from ctxbuild.recipes import inputs as input_check
 
+    own: Any = data  # the graph's own fields in the recipe's file (a bundle a directory default gave: none)
+    for p in path:
+        own = own[p] if isinstance(own, dict) and p in own or isinstance(own, list) and p < len(own) else {}
+
+    def at(field: str, *key: str) -> str:
+        """file:line of one of the graph's fields; one a directory's _defaults.yaml gave says so (the recipe's
+        file has no line for it)."""
+        return f"{f}:{line_of(data, path + [field, *key])}" + (
+            "" if field in own else f" ({field} from the directory defaults, _defaults.yaml)")
+
     values = dict(spec.get("input_values", {}))
     if values:  # before the shapes: a fixed input needs none
-        check_input_values(model, values, inputs,
-                           {k: f"{f}:{line_of(data, path + ['input_values', k])}" for k in values})
-    input_check.check(model, inputs, {k: f"{f}:{line_of(data, path + ['inputs', k])}" for k in inputs}, where,
-                      fixed=set(values))
+        check_input_values(model, values, inputs, {k: at("input_values", k) for k in values})
+    input_check.check(model, inputs, {k: at("inputs", k) for k in inputs}, where, fixed=set(values))
     if outputs := tuple(spec.get("outputs", ())):
-        check_outputs(model, outputs, f"{f}:{line_of(data, path + ['outputs'])}", values)
+        check_outputs(model, outputs, at("outputs"), values)
     return Graph(name=name, model=model, inputs=inputs, calibration=calibration, outputs=outputs,
                  input_values=values)
 
