@@ -232,6 +232,8 @@ def _hint(err: Any) -> str | None:
         return did_you_mean(str(err.instance), [str(x) for x in err.validator_value])
     if err.validator == "type" and err.validator_value == "string" and isinstance(err.instance, float):
         return 'quote it, e.g. "2.50": YAML reads 2.50 as the number 2.5'
+    if err.validator == "type" and err.validator_value == "array" and type(err.instance) in (str, int, float):
+        return f"write it as a list: [{err.instance}]"
     if err.validator == "type" and err.validator_value == "string" and type(err.instance) is int:  # a numbered name
         return f"quote it: '{err.instance}' (YAML reads {err.instance} unquoted as a number)"
     if err.validator == "type" and err.validator_value == "string" and isinstance(err.instance, bool):
