@@ -260,8 +260,9 @@ def test_a_lone_fp16_pin_takes_a_neighbour_so_the_mixed_candidate_changes_what_s
     between them stays float; quantized for real, the pins change the QDQ model."""
     import numpy as np
 
-    from ctxbuild.actions.quantize import quantize_model, runs_quantized
-    from ctxbuild.verify.culprits import htp_only, lone_pins, widen_lone
+    from ctxbuild.actions.quantize import quantize_model
+    from ctxbuild.verify.culprits import htp_only
+    from ctxbuild.verify.islands import lone_pins, runs_quantized, widen_lone
 
     model = conv_sigmoid_conv()
     assert lone_pins(model, {"s": "fp16"}) == ["s"]

@@ -32,8 +32,9 @@ from ctxbuild.graph.samples import for_verification, from_files, input_spec, lis
 from ctxbuild.plan.action import Action
 from ctxbuild.verify import gates
 from ctxbuild.verify import slices as output_slices
-from ctxbuild.verify.culprits import htp_only, node_overrides, widen_lone
+from ctxbuild.verify.culprits import htp_only, node_overrides
 from ctxbuild.verify.grow import grow
+from ctxbuild.verify.islands import widen_lone
 from ctxbuild.verify.ladder import state_of, walk
 from ctxbuild.verify.measure import compare, cpu_outputs, metrics
 from ctxbuild.verify.predict import cpu_rejection, int16_weights_fail_on_htp, measured

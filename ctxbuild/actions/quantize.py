@@ -18,6 +18,7 @@ from ctxbuild.graph.external_data import onnx_readable
 from ctxbuild.graph.modelio import data_path, load
 from ctxbuild.graph.nodenames import OVERRIDES, Names, key
 from ctxbuild.verify import gates
+from ctxbuild.verify.islands import runs_quantized
 from ctxbuild.graph.inputvalues import recorded
 from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
 
@@ -71,30 +72,6 @@ def weightless(model: Any, nodes: dict[str, Any]) -> list[str]:
 
     return [n for n, o in nodes.items() if o != FP16_NODE and set(o) == {"weights"} and (found := names.resolve(n))
             and not any(weights(by_key[k]) for k in found if k in by_key)]
-
-
-def runs_quantized(qdq: Any, pins: dict[str, list[str]]) -> list[str]:
-    """The pins (name -> the QDQ model's nodes it resolved to) whose nodes all sit between a DequantizeLinear on each
-    float input and QuantizeLinear nodes alone on each output: QNN takes DequantizeLinear -> op -> QuantizeLinear as
-    one quantized op, so leaving the op out of quantization (fp16) changed nothing. A float weight, a graph input or
-    output, or a neighbour pinned too keeps a tensor float: the op runs in fp16 then."""
-    import onnx
-
-    producer = {o: n.op_type for n in qdq.graph.node for o in n.output}
-    readers: dict[str, list[str]] = {}
-    for n in qdq.graph.node:
-        for t in n.input:
-            readers.setdefault(t, []).append(n.op_type)
-    non_float = {i.name for i in qdq.graph.initializer if i.data_type != onnx.TensorProto.FLOAT}
-    outputs = {o.name for o in qdq.graph.output}
-    by_name = {n.name: n for n in qdq.graph.node}
-
-    def quantized(node: Any) -> bool:
-        return (all(producer.get(t) == "DequantizeLinear" or t in non_float for t in node.input if t)
-                and all(o not in outputs and set(readers.get(o, [])) == {"QuantizeLinear"} for o in node.output if o))
-
-    return [pin for pin, found in pins.items()
-            if found and all(p in by_name and quantized(by_name[p]) for p in found)]
 
 
 def run(ctx: Any) -> None:
