@@ -37,6 +37,19 @@ def conv_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=OPSET, ir_version=IR_VERSION)
 
 
+def conv_sigmoid_conv() -> onnx.ModelProto:
+    """x -> Conv 'c1' -> Sigmoid 's' -> Conv 'c2' -> y: a weightless node between quantized ones."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) / 3).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) / 8).astype(np.float32), "w2")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="c1", pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["a"], ["b"], name="s"),
+             helper.make_node("Conv", ["b", "w2"], ["y"], name="c2", pads=[1, 1, 1, 1])]
+    g = helper.make_graph(nodes, "csc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], [w1, w2])
+    return helper.make_model(g, opset_imports=OPSET, ir_version=IR_VERSION)
+
+
 def nonzero_model() -> onnx.ModelProto:
     """Relu then NonZero (node `find_nonzero`), an op QNN rejects: a compile that fails for a real reason."""
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="relu0"),

@@ -191,6 +191,23 @@ def test_hint_for_weightless_nodes_names_no_weights() -> None:
     assert "weights" not in htp and "cpu_fallback" not in htp, htp
 
 
+def test_an_fp16_hint_for_a_node_between_quantized_ones_names_its_neighbour_too() -> None:
+    """The diagnosis' fp16 advice for a weightless node ({'/softmax/Exp': fp16} "for them alone") changes nothing
+    where its neighbours are quantized (the quantizer puts Q/DQ around it, QNN runs it quantized; quantize warns so
+    once pasted). The hint now pins the neighbour with it (verify/islands.widen_lone) and says why."""
+    from ctxbuild.verify.advice import likely_fix
+
+    worst = [{"node": "/softmax/Exp", "op_type": "Exp"}, {"node": "/softmax/Max", "op_type": "Max"}]
+    hint = likely_fix("quantization", worst, {}, {}, 16, neighbours={"/softmax/Exp": "/softmax/Sub"})
+    assert ("/softmax/Exp, /softmax/Max have no weights: fp16 keeps their range, for them alone (quantization.nodes: "
+            "{'/softmax/Exp': fp16, '/softmax/Sub': fp16, '/softmax/Max': fp16}; /softmax/Sub with /softmax/Exp, "
+            "which alone between quantized nodes would run quantized) or the whole model (precision: fp16)") in hint, hint
+    htp = likely_fix("htp", worst, {}, {}, 16, neighbours={"/softmax/Exp": "/softmax/Sub"})
+    assert ("keep them in float, the HTP runs them in fp16 (quantization.nodes: {'/softmax/Exp': fp16, "
+            "'/softmax/Sub': fp16, '/softmax/Max': fp16}; /softmax/Sub with /softmax/Exp, which alone between "
+            "quantized nodes would run quantized)") in htp, htp
+
+
 def test_fp16_cause_names_the_overflow_and_the_huge_constant() -> None:
     """The float values of the model say what fp16 cannot hold: the first node whose values pass 65504 (a sum
     of squares), else a worst node reading an infinite constant (a softmax's Max(-inf, m))."""

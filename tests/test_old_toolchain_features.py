@@ -4,7 +4,9 @@ as CI's gate-matrix test does), each verified on that release's own simulator an
   ignore the SoC list: refused, tests/test_toolchains.py). 2.5.0 names its per-SoC members `backend.metadataN`,
   not `htp.cache.<soc>.N` as 2.6.0 on: `inspect` reads them from the container's index;
 - LoRA adapters and `compile.quantized_io` with 2.3.0, the oldest release: every adapter's file bound on the
-  simulator, the quantized wrapper run as shipped."""
+  simulator, the quantized wrapper run as shipped;
+- `input_values:` with 2.3.0 (its onnxruntime prepares and verifies): a LoRA bundle whose graphs fix an input to
+  different values (tests/test_input_values.py's, built by the installed toolchain in the core suite)."""
 from __future__ import annotations
 
 import json
@@ -15,6 +17,7 @@ import onnx
 import pytest
 
 from tests.conftest import build_with_toolchains, RECIPES, keep_only
+from tests.test_input_values import lora_branchy_tree
 
 pytestmark = pytest.mark.slow
 
@@ -31,6 +34,7 @@ def out(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> Path:
     (tree / "lora_mlp.yaml").write_text((RECIPES / "lora_mlp.yaml").read_text().replace(
         "precision: int16\n", "precision: int16\ntargets: [SM8650]\n") + 'toolchain: "2.3.0"\n')
     (tree / "tiny_cnn_qio.yaml").write_text((RECIPES / "tiny_cnn.yaml").read_text().replace(*QIO) + 'toolchain: "2.3.0"\n')
+    lora_branchy_tree(tree / "values", 'toolchain: "2.3.0"\n')
     build_with_toolchains(tree, root / "out", root / "cache")
     return root / "out"
 
@@ -69,3 +73,12 @@ def test_lora_and_quantized_io_by_2_3_run_on_its_simulator(out: Path, ctxbuild) 
     for wrapper in ("lora_mlp/lora_mlp_ctx.onnx", "tiny_cnn_qio/tiny_cnn_qio_ctx.onnx"):
         r = ctxbuild("check", str(out / "SM8650" / wrapper), "--runtime", "qairt=2.47")
         assert r.code == 0 and "1 load, 0 will not load" in r.out, (wrapper, r.text)
+
+
+def test_input_values_in_a_lora_bundle_by_2_3(out: Path) -> None:
+    by_path = {a["path"]: a for a in json.loads((out / "manifest.json").read_text())["artifacts"]}
+    assert by_path["SM8650/lm/lm_qnn.bin"]["toolchain"] == "onnxruntime-qnn-2.3.0"
+    for graph in ("lora_on", "lora_off"):  # against the user's model run with mode 1 and 0 on 2.3.0's onnxruntime
+        assert _verified(out, f"SM8650/lm/{graph}_verify.json")["outputs"]["out"]["snr_db"] > 30
+        for adapter in ("formal", "pirate"):
+            assert _verified(out, f"SM8650/lm/adapters/{graph}.{adapter}_verify.json")

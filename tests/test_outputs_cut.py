@@ -4,7 +4,6 @@ line that builds the static part. Real QNN compiles and simulator runs of a MatM
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ from onnx import TensorProto, helper
 from ctxbuild.errors import ActionError
 from ctxbuild.graph.cut import extract, split_line, static_outputs
 from ctxbuild.verify.measure import cpu_outputs
+from tests._hints import build_pasted, failed_line, pasted
 from tests._qnn_models import IR_VERSION, OPSET, matmul_nonzero_model
 from tests.conftest import last_build, records
 
@@ -29,20 +29,13 @@ def _tree(tmp_path: Path, more: str = "") -> Path:
 
 def test_the_hopeless_stop_names_the_cut_and_the_pasted_line_builds(tmp_path: Path, ctxbuild) -> None:
     recipe = _tree(tmp_path)
-    r = ctxbuild("build", str(recipe), "-o", str(tmp_path / "out"))
-    assert r.code == 1, r.text
-    (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED select/nz@SM8650")]
+    line = failed_line(ctxbuild, recipe, tmp_path / "out", "select/nz@SM8650")
     assert ("a16w8: QNN cannot run NonZero at any precision: build the static part alone with `outputs: [h]` in the "
             "recipe (the rest, from NonZero 'nz' on, runs in the app); or set compile.cpu_fallback: true") in line, line
 
-    pasted = re.search(r"`(outputs: \[[^`]*\])`", line)[1]  # the line as the user pastes it
-    recipe.write_text(RECIPE + pasted + "\n")
     out = tmp_path / "cut"
-    r = ctxbuild("build", str(recipe), "-o", str(out))
-    assert r.code == 0, r.text
-    wrapper = onnx.load(str(out / "SM8650" / "nz" / "nz_ctx.onnx"), load_external_data=False)
+    wrapper, result = build_pasted(ctxbuild, recipe, RECIPE + pasted(line, "outputs") + "\n", out)
     assert [i.name for i in wrapper.graph.input] == ["x"] and [o.name for o in wrapper.graph.output] == ["h"]
-    result = json.loads((out / "SM8650" / "nz" / "nz_verify.json").read_text())
     # compared with the tensor `h` of the user's model as given (not the prepared one)
     assert result["passed"] and result["reference"] == "original" and list(result["outputs"]) == ["h"]
     assert result["outputs"]["h"]["snr_db"] >= 20

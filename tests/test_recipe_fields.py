@@ -37,6 +37,14 @@ HEAD = "model: models/mlp.onnx\nprecision: fp16\n"
     ("targets: [SM8650]\nquantization:\n  nodes: {fc: {activations: int16}}\n",
      [":5:", "quantization.nodes.fc.activations", "'int16' is not one of uint8, uint16"]),
     ("targets: [SM8650]\nquantization:\n  nodes: [fc]\n", [":5:", "quantization.nodes", "expected mapping, got list"]),
+    # session 14: numbered tensor and node names (PyTorch exports' `391`) read as numbers said no more than
+    # "mapping keys must be strings, got 391" (no field, nothing to do) or "expected string, got int 391"
+    ("targets: [SM8650]\nquantization:\n  nodes: {391: fp16}\n",
+     [":5:", "quantization.nodes: a key must be a string, got int 391", "quote it: '391'"]),
+    ("targets: [SM8650]\noutputs: [391]\n", [":4:", "outputs.0: expected string, got int 391", "quote it: '391'"]),
+    # no hint for a name given in the wrong case, or a list field given one value
+    ("targets: [SM8650]\nquantization:\n  nodes: {fc: FP16}\n", [":5:", "got str 'FP16'", "did you mean 'fp16'"]),
+    ("targets: [SM8650]\noutputs: h\n", [":4:", "outputs: expected list, got str 'h'", "write it as a list: [h]"]),
 ])
 def test_bad_field_is_one_line(tree: Path, tmp_path: Path, ctxbuild, body: str, expect: list[str]) -> None:
     keep_only(tree)

@@ -9,6 +9,7 @@ from pathlib import Path
 import onnx
 import yaml
 
+from tests._qnn_models import conv_sigmoid_conv
 from tests._sliced_model import BOXES, SCORES, write_tree
 from tests.conftest import assert_pin_rebuilds_from_cache, records
 from ctxbuild.verify.culprits import node_overrides
@@ -48,6 +49,11 @@ def test_a_failing_slice_is_recovered_by_a_mixed_candidate_and_the_answer_pins(t
         "auto": {"mixed": False, "fp16": False}}
     html = (out / "report.html").read_text()
     assert "the answer keeps head_concat at higher precision" in html and "head_concat: fp16" in html
+    # building again runs nothing and prints the same answer, from the stored search (a user's second look)
+    answer = [ln for ln in r.out.splitlines() if "the search's answer" in ln or ln.startswith("    ")]
+    again = ctxbuild("build", str(tree), "-o", str(out))
+    assert again.code == 0 and "up to date" in again.out, again.text
+    assert [ln for ln in again.out.splitlines() if "the search's answer" in ln or ln.startswith("    ")] == answer
     (tree / "det.yaml").write_text("model: det.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\n" + s["pin"])
     out2 = tmp_path / "out2"
     assert_pin_rebuilds_from_cache(ctxbuild, tree, out2)
@@ -244,3 +250,58 @@ def test_16_bit_weights_that_fail_on_the_htp_only_are_no_fix_for_the_mixed_rung(
     # it passes on the HTP (a loss the HTP makes, but not past the threshold)
     passing = {"outputs": {"y": {"snr_db": 22.4, "cosine": 0.998}}}
     assert int16_weights_fail_on_htp({"a16w16": passing}, screens, settings, thr) is None
+
+
+def test_a_lone_fp16_pin_takes_a_neighbour_so_the_mixed_candidate_changes_what_ships(tmp_path: Path) -> None:
+    """The mixed rung blaming a weightless node between quantized ones ({s: fp16}, a Sigmoid between two Convs) made
+    a candidate whose QDQ model was the base's to the byte (the quantizer still puts Q/DQ around it; QNN runs it as a
+    quantized op): a verify measured the base again and the printed answer changed nothing (only warned). The rung
+    now pins it with the neighbour the diagnosis rates worst (else the node computing its input), so the tensor
+    between them stays float; quantized for real, the pins change the QDQ model."""
+    import numpy as np
+
+    from ctxbuild.actions.quantize import quantize_model
+    from ctxbuild.verify.culprits import htp_only
+    from ctxbuild.verify.islands import lone_pins, runs_quantized, widen_lone
+
+    model = conv_sigmoid_conv()
+    assert lone_pins(model, {"s": "fp16"}) == ["s"]
+    assert lone_pins(model, {"s": "fp16", "c2": "fp16"}) == lone_pins(model, {"c1": "fp16"}) == []  # side by side; a weight
+    assert widen_lone(model, {"s": "fp16"}, [_row("s", -3.0), _row("c2", -9.0), _row("c1", -20.0)], "htp_added_db") == (
+        {"c2": "fp16", "s": "fp16"}, {"s": "c2"})
+    assert widen_lone(model, {"s": "fp16"}, [], "htp_added_db") == ({"c1": "fp16", "s": "fp16"}, {"s": "c1"})
+    assert widen_lone(model, {"c1": "fp16"}, [], "htp_added_db") == ({"c1": "fp16"}, {})
+    d = _diagnosis("htp", [_row("s", -3.0)], cpu_snr_db=45.0)
+    assert "the diagnosis blames s, c1: pin them in float" in htp_only(d, "a8w8", 2.5, widened={"s": "c1"})
+
+    # the prediction is the quantizer's: alone the pin leaves the QDQ model as it was, with its neighbour it does not
+    onnx.save(model, tmp_path / "csc.onnx")
+    rng = np.random.default_rng(1)
+    samples = [{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(2)]
+    qdq = {}
+    for label, nodes in (("none", {}), ("lone", {"s": "fp16"}), ("widened", {"s": "fp16", "c1": "fp16"})):
+        dst = tmp_path / label / "q.onnx"
+        dst.parent.mkdir()
+        quantize_model(tmp_path / "csc.onnx", dst, settings({"activations": "uint8", "nodes": nodes}), samples, "csc.yaml")
+        qdq[label] = onnx.load(str(dst), load_external_data=False)
+    assert runs_quantized(qdq["lone"], {"s": ["s"]}) == ["s"]
+    assert runs_quantized(qdq["widened"], {"s": ["s"], "c1": ["c1"]}) == []
+    ops = {k: sorted(n.op_type for n in m.graph.node) for k, m in qdq.items()}
+    assert ops["lone"] == ops["none"] != ops["widened"]
+
+
+def test_a_search_without_its_last_rungs_says_which_to_turn_back_on() -> None:
+    """`auto: {mixed: false, fp16: false}` and nothing passes: the hint said only "remove `auto: {fp16: false}`"
+    (the mixed rung, which recovers a failing slice, was left unsaid). It names the rungs the recipe left out."""
+    from ctxbuild.actions.select import no_winner
+
+    thr = {"min_cosine": 0.99, "min_snr_db": 20.0}
+    row = {"name": "a8w8", "passed": False, "note": "skipped: CPU screen 1.3 dB", "state": "rejected_cpu"}
+    mixed = {"name": "mixed", "precision": "mixed", "passed": False, "note": "not run", "state": "not_run"}
+    fp16 = {"name": "fp16", "precision": "fp16", "passed": False, "note": "not run", "state": "not_run"}
+    for rows, said in (([row], "remove `auto: {mixed: false, fp16: false}` to let the search try the mixed and fp16 "
+                                "rungs; or "),
+                       ([row, fp16], "remove `auto: {mixed: false}` to let the search try the mixed rung; or "),
+                       ([row, mixed], "remove `auto: {fp16: false}` to let the search try fp16; or ")):
+        hint = no_winner("SM8650", {"thresholds": thr, "candidates": rows, "winner": None, "skipped": []}).hint
+        assert hint.startswith(said), hint

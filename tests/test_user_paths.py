@@ -12,11 +12,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ctxbuild.graph.cut import split_line
-from tests._qnn_models import IR_VERSION, OPSET, conv_model, matmul_nonzero_model
+from tests._qnn_models import IR_VERSION, OPSET, conv_model, conv_sigmoid_conv, matmul_nonzero_model
 from tests.conftest import records
 
 CONV = "model: conv.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\n"
@@ -159,33 +160,29 @@ def test_ninja_killed_mid_build_then_a_rebuild(tmp_path: Path, cache_dir: Path, 
     assert records(out)["verify/conv@SM8650"]["result"]["passed"] is True
 
 
-def _conv_sigmoid_conv() -> onnx.ModelProto:
-    """x -> Conv 'c1' -> Sigmoid 's' -> Conv 'c2' -> y."""
-    rng = np.random.default_rng(0)
-    w1 = numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) / 3).astype(np.float32), "w1")
-    w2 = numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) / 8).astype(np.float32), "w2")
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="c1", pads=[1, 1, 1, 1]),
-             helper.make_node("Sigmoid", ["a"], ["b"], name="s"),
-             helper.make_node("Conv", ["b", "w2"], ["y"], name="c2", pads=[1, 1, 1, 1])]
-    g = helper.make_graph(nodes, "csc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], [w1, w2])
-    return helper.make_model(g, opset_imports=OPSET, ir_version=IR_VERSION)
-
-
-def test_a_lone_fp16_pin_between_quantized_nodes_says_it_changes_nothing(tmp_path: Path, ctxbuild) -> None:
-    """{s: fp16} on a weightless node whose neighbours are quantized: the quantizer still quantizes its input and
-    output, so the QDQ model is the unpinned one to the byte (measured: the same binary; DequantizeLinear -> Sigmoid
-    -> QuantizeLinear, one quantized op for QNN) and the pin did nothing, silently. It now warns, naming the node and what to do; pinned
-    with its neighbour the tensor between them stays float and no warning is given."""
-    head = "model: csc.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\nprecision: int8\nverify: false\n"
-    recipe = _tree(tmp_path, _conv_sigmoid_conv(), "csc", head)
-    said = ("quantization.nodes: s: fp16 changes nothing here: the nodes around it are quantized, so its inputs and "
-            "outputs are too and QNN runs it as a quantized op; pin it together with a neighbour")
-    for pins in ("{s: fp16}", "{s: fp16, c2: fp16}"):
+@pytest.mark.parametrize("precision, idle, working, said", [
+    # {s: fp16} on a weightless node whose neighbours are quantized: the quantizer still quantizes its input and
+    # output (measured: the same binary; DequantizeLinear -> Sigmoid -> QuantizeLinear, one quantized op for QNN);
+    # pinned with its neighbour the tensor between them stays float
+    ("int8", "{s: fp16}", "{s: fp16, c2: fp16}",
+     "quantization.nodes: s: fp16 changes nothing here: the nodes around it are quantized, so its inputs and outputs "
+     "are too and QNN runs it as a quantized op; pin it together with a neighbour"),
+    # {s: {weights: int16}}: the Sigmoid has no weights (checked: the same QDQ nodes and initializers); the Conv has
+    ("int16", "{s: {weights: int16}}", "{c2: {weights: int16}}",
+     "quantization.nodes: s: {weights: int16} changes nothing here: s has no weights (set activations for its "
+     "output, or pin a node with weights)"),
+])
+def test_a_pin_that_changes_nothing_says_so(tmp_path: Path, ctxbuild, precision: str, idle: str, working: str,
+                                            said: str) -> None:
+    """A pin whose QDQ model is the unpinned one to the byte did nothing, silently: it warns, naming the node and
+    what to do; a pin that changes the model does not."""
+    head = f"model: csc.onnx\ncalibration: {{dir: cal}}\ntargets: [SM8650]\nprecision: {precision}\nverify: false\n"
+    recipe = _tree(tmp_path, conv_sigmoid_conv(), "csc", head)
+    for pins in (idle, working):
         recipe.write_text(head + f"quantization: {{nodes: {pins}}}\n")
         r = ctxbuild("build", str(recipe), "-o", str(tmp_path / "out"))
         assert r.code == 0, r.text
-        assert (said in r.text) == (pins == "{s: fp16}"), r.text
+        assert (said in r.text) == (pins == idle), r.text
 
 
 def test_a_16_bit_weights_pin_on_an_arch_without_them_is_the_recipes_mistake(tmp_path: Path, ctxbuild) -> None:

@@ -133,10 +133,16 @@ def _check_shared_weights(a: Action, graphs: list[str]) -> None:
 
     floats = {g: initializer_digests(Path(a.inputs[f"reference:{g}"])) for g in graphs}
     quant = {g: initializer_digests(Path(a.inputs[f"model:{g}"])) for g in graphs}
+    # what each graph's nodes read: a weight one graph does not read (its `input_values:` took a branch without
+    # it) is that graph's to drop, not a weight the two share
+    read = {g: {t for n in load(Path(a.inputs[f"model:{g}"]), external_data=False).graph.node for t in n.input}
+            for g in graphs}
     first = graphs[0]
     for other in graphs[1:]:
         for name, t in floats[first].items():
             if floats[other].get(name) != t or t[1] < 2:
+                continue
+            if not all(read[g] & {name, name + "_quantized"} for g in (first, other)):
                 continue
             values = [quant[g].get(name + "_quantized") for g in (first, other)]
             if any(v is not None and v[0] == TensorProto.INT32 for v in values):

@@ -34,6 +34,7 @@ from ctxbuild.verify import gates
 from ctxbuild.verify import slices as output_slices
 from ctxbuild.verify.culprits import htp_only, node_overrides
 from ctxbuild.verify.grow import grow
+from ctxbuild.verify.islands import widen_lone
 from ctxbuild.verify.ladder import state_of, walk
 from ctxbuild.verify.measure import compare, cpu_outputs, metrics
 from ctxbuild.verify.predict import cpu_rejection, int16_weights_fail_on_htp, measured
@@ -115,6 +116,12 @@ def _decide(ctx: Any, target: str, base: str, screens: dict[str, Any]) -> dict[s
     no_wide = int16_weights_fail_on_htp(verified, screens, p["settings"], thr)
     wide = target not in p["no_int16_weights"] and not no_wide
     nodes = node_overrides(d, settings, ends, int16_weights=wide, margin_db=margin)
+    worst, added = ("worst_htp", "htp_added_db") if d["where"] == "htp" else ("worst_quantization", "quant_added_db")
+    # a lone fp16 pin would leave the candidate the base to the byte (a verify measuring the base again): it takes a
+    # neighbour along
+    nodes, widened = widen_lone(graph, nodes, d[worst], added)
+    for pin, near in widened.items():
+        print(f"{a.id}: {pin} alone in fp16 changes nothing (its neighbours are quantized): {near} kept in fp16 with it")
     ctx.facts.update(diagnose_seconds=round(time.monotonic() - started, 1))
     grown: dict[str, Any] = {}
     if d["where"] == "quantization":
@@ -131,13 +138,13 @@ def _decide(ctx: Any, target: str, base: str, screens: dict[str, Any]) -> dict[s
     decided = {"run": nodes != settings["nodes"], "base": base, "target": target, "where": d["where"],
                "quantization": {**settings, "nodes": nodes},
                "blamed": sorted(set(nodes) - set(settings["nodes"])),
-               "worst": d["worst_htp" if d["where"] == "htp" else "worst_quantization"],
-               "outputs": d["outputs"], "samples": d["samples"], **grown,
+               "worst": d[worst], "outputs": d["outputs"], "samples": d["samples"], **grown,
+               **({"widened": widened} if widened else {}),
                **({"int16_weights_fail_on_htp": no_wide} if no_wide else {})}
     if no_wide:
         print(f"{a.id}: {no_wide}")
     simulated = known(a.inputs, f"verify.{target}.", [base]).get(base)
-    if line := htp_only(d, base, margin, screens[base], simulated if measured(simulated) else None):
+    if line := htp_only(d, base, margin, screens[base], simulated if measured(simulated) else None, widened):
         decided["htp_only"] = line
         print(f"{a.id}: {line}")
     print(f"{a.id}: base {base}, loss mostly in {d['where']} on {target}; keeping {len(decided['blamed'])} nodes at "

@@ -18,6 +18,7 @@ from ctxbuild.graph.external_data import onnx_readable
 from ctxbuild.graph.modelio import data_path, load
 from ctxbuild.graph.nodenames import OVERRIDES, Names, key
 from ctxbuild.verify import gates
+from ctxbuild.verify.islands import runs_quantized
 from ctxbuild.graph.inputvalues import recorded
 from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
 
@@ -39,11 +40,16 @@ def warnings(action: Action) -> list[str]:
     if gates.closed(action.inputs):  # a precision-search rung no target needed: nothing was quantized
         return found
     nodes = (gates.decided_settings(action.inputs) or action.params["quantization"]).get("nodes")
-    if nodes:  # a pinned node prepare folded: its pin does nothing
-        names = Names(load(Path(action.inputs["model"]), external_data=False))
+    if nodes:  # pins that do nothing: a node prepare folded, weights set on a node without, a lone fp16 node
+        prepared = load(Path(action.inputs["model"]), external_data=False)
+        names = Names(prepared)
         if folded := [n for n in nodes if names.resolve(n) == []]:
             found.append(f"{action.description}: quantization.nodes: {', '.join(folded)}: folded into constants by "
                          "prepare, nothing of them runs: remove them")
+        for name in weightless(prepared, nodes):
+            found.append(f"{action.description}: quantization.nodes: {name}: {{weights: {nodes[name]['weights']}}} "
+                         f"changes nothing here: {name} has no weights (set activations for its output, or pin a "
+                         "node with weights)")
         fp16 = {n: names.resolve(n) or [] for n, o in nodes.items() if o == FP16_NODE}
         if lone := runs_quantized(load(Path(action.outputs["model"]), external_data=False), fp16):
             them = "it" if len(lone) == 1 else "them"
@@ -54,28 +60,18 @@ def warnings(action: Action) -> list[str]:
     return found
 
 
-def runs_quantized(qdq: Any, pins: dict[str, list[str]]) -> list[str]:
-    """The pins (name -> the QDQ model's nodes it resolved to) whose nodes all sit between a DequantizeLinear on each
-    float input and QuantizeLinear nodes alone on each output: QNN takes DequantizeLinear -> op -> QuantizeLinear as
-    one quantized op, so leaving the op out of quantization (fp16) changed nothing. A float weight, a graph input or
-    output, or a neighbour pinned too keeps a tensor float: the op runs in fp16 then."""
-    import onnx
+def weightless(model: Any, nodes: dict[str, Any]) -> list[str]:
+    """The pins of `nodes` that set only weights on nodes of `model` (the prepared model) with none: every node the
+    name stands for reads no initializer but its bias (tensor_overrides' weights), so the pin sets nothing."""
+    names = Names(model)
+    inits = {i.name for i in model.graph.initializer}
+    by_key = {key(n): n for n in model.graph.node}
 
-    producer = {o: n.op_type for n in qdq.graph.node for o in n.output}
-    readers: dict[str, list[str]] = {}
-    for n in qdq.graph.node:
-        for t in n.input:
-            readers.setdefault(t, []).append(n.op_type)
-    non_float = {i.name for i in qdq.graph.initializer if i.data_type != onnx.TensorProto.FLOAT}
-    outputs = {o.name for o in qdq.graph.output}
-    by_name = {n.name: n for n in qdq.graph.node}
+    def weights(node: Any) -> bool:
+        return any(t in inits and i != _BIAS_INPUT.get(node.op_type) for i, t in enumerate(node.input))
 
-    def quantized(node: Any) -> bool:
-        return (all(producer.get(t) == "DequantizeLinear" or t in non_float for t in node.input if t)
-                and all(o not in outputs and set(readers.get(o, [])) == {"QuantizeLinear"} for o in node.output if o))
-
-    return [pin for pin, found in pins.items()
-            if found and all(p in by_name and quantized(by_name[p]) for p in found)]
+    return [n for n, o in nodes.items() if o != FP16_NODE and set(o) == {"weights"} and (found := names.resolve(n))
+            and not any(weights(by_key[k]) for k in found if k in by_key)]
 
 
 def run(ctx: Any) -> None:
@@ -113,21 +109,26 @@ def _quantize(ctx: Any, src: Path) -> None:
                    else from_files(spec, discover_inputs(a), a.recipe_files[0], recorded(model)))
     if lora:
         samples = lora.expand(samples)
-    quantize_model(src, ctx.tmp_output("model"), s, samples, a.recipe_files[0], model, a.params.get("outputs"))
+    quantize_model(src, ctx.tmp_output("model"), s, samples, a.recipe_files[0], model, a.params.get("outputs"),
+                   a.params.get("input_values"))
 
 
 def quantize_model(src: Path, dst: Path, s: dict[str, Any], samples: list[dict[str, np.ndarray]], recipe: str,
-                   model: Any = None, cut: list[str] | None = None) -> None:
+                   model: Any = None, cut: list[str] | None = None, values: dict[str, Any] | None = None) -> None:
     """`src` (a private input: private_input) quantized with settings `s`, calibrated on `samples`, to `dst`
     (weights in `<dst>.data`). `model`: src's proto without weights, when already loaded (not changed here).
-    `cut`: the recipe's `outputs:` (src is the part they make), named when a pin is not in that part."""
+    `cut`, `values`: the recipe's `outputs:` (src is the part they make) and `input_values:` (src keeps the If
+    branches they take), named when a pin is not in the model they make."""
     from onnxruntime.quantization import quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-    from ctxbuild.graph.cut import outputs_line
+    from ctxbuild.graph.cut import outputs_line, values_line
 
     model = model if model is not None else load(src, external_data=False)
-    part = f" as `{outputs_line(cut)}` cuts it" if cut else ""
+    made = [(f"`{values_line(values)}`", "makes", "an If branch the values do not take")] if values else []
+    made += [(f"`{outputs_line(cut)}`", "cuts", "what lies past the cut")] if cut else []
+    part = "" if not made else f" as {made[0][0]} {made[0][1]} it ({made[0][2]} is not built)" if len(made) == 1 \
+        else f" as {made[0][0]} and {made[1][0]} make it ({made[0][2]} and {made[1][2]} are not built)"
     pinned = pinned_nodes(model, s["nodes"], recipe, part)
     unfused, src, written, named = _for_quantizer(model, src, bool(s["nodes"] or s["tensors"]))
     pinned = {named.get(p, p): o for p, o in pinned.items()}
@@ -170,7 +171,7 @@ def pinned_nodes(model: Any, nodes: dict[str, Any], recipe: str, part: str = "")
     """quantization.nodes by the nodes of `model` (the prepared model, by nodenames.key: an unnamed node by its first
     output): each name, the user's model's or the prepared model's own, resolved through what prepare made of it
     (graph/nodenames.py). A name in neither model, or two names of one node set apart, is the recipe's mistake
-    (`part`: how the recipe's `outputs:` cut the model, said with an unknown name)."""
+    (`part`: how the recipe's `input_values:` and `outputs:` made the model, said with an unknown name)."""
     names = Names(model)
     return _by_prepared(nodes, names.resolve, names.close, f"{recipe}: quantization.nodes", "node",
                         "use the node names Netron shows for the recipe's model (an unnamed node: its first output's)",
@@ -221,16 +222,15 @@ def _by_prepared(given: dict[str, Any], resolve: Callable[[str], list[str] | Non
                  close: Callable[[str], str | None], where: str, what: str, otherwise: str, part: str
                  ) -> dict[str, Any]:
     """The recipe's settings by `what` name -> by the prepared model's `what`s (`resolve`); a name `resolve` does not
-    know is the recipe's mistake (with the `close` match, else `otherwise`; `part`: the cut, when the recipe has
-    one: what lies past it is not in the prepared model), as are two names of one prepared `what` set apart."""
+    know is the recipe's mistake (with the `close` match, else `otherwise`; `part`: what the recipe's cut or values
+    left out of the prepared model, when it has them), as are two names of one prepared `what` set apart."""
     out: dict[str, Any] = {}
     by: dict[str, str] = {}
     for name, o in given.items():
         found = resolve(name)
         if found is None:
             near = close(name)
-            past = f"{part} (what lies past the cut is not built)" if part else ""
-            raise RecipeError(f"{where}: '{name}' is not a {what} of the model{past}",
+            raise RecipeError(f"{where}: '{name}' is not a {what} of the model{part}",
                               f"did you mean '{near}'?" if near else otherwise)
         for p in found:
             if out.get(p, o) != o:

@@ -15,7 +15,7 @@ from ctxbuild.plan.action import Action
 from ctxbuild.errors import ActionError
 from ctxbuild.actions.search_step import known
 from ctxbuild.actions.compile import partition_names
-from ctxbuild.recipes.quantization import FP16_RUNG, settings as quantization_settings
+from ctxbuild.recipes.quantization import FP16_RUNG, MIXED_RUNG, settings as quantization_settings
 from ctxbuild.verify.ladder import walk
 from ctxbuild.verify.measure import failures
 
@@ -124,8 +124,11 @@ def no_winner(target: str, search: dict[str, Any]) -> ActionError:
     sliced = any("slice" in r.get("worst", {}).get("where", "") and not r["passed"] for r in rows)
     hint = ("add a stronger candidate (weights: int16, per-node overrides) to the ladder, "
             "or lower verify.min_cosine/min_snr_db if the model tolerates it")
-    if not any(r["name"] == FP16_RUNG["name"] for r in rows):  # left out by the recipe
-        hint = "remove `auto: {fp16: false}` to let the search try fp16; or " + hint
+    left = [rung["name"] for rung in (MIXED_RUNG, FP16_RUNG)  # left out by the recipe (`auto: {...: false}`)
+            if not any(r.get("precision") == rung["precision"] for r in rows)]
+    if left:
+        what = {"mixed": "the mixed rung", "fp16": "fp16", "mixed fp16": "the mixed and fp16 rungs"}[" ".join(left)]
+        hint = f"remove `auto: {{{', '.join(f'{n}: false' for n in left)}}}` to let the search try {what}; or " + hint
     if stopped := next((r["note"] for r in rows if r.get("state") == "not_run" and "stopped" in r["note"]), None):
         split = next((r["compile_refused"]["split"] for r in rows if "split" in r.get("compile_refused", {})), None)
         hint = (f"{stopped.removeprefix('not run: the search stopped at ')}: "

@@ -87,9 +87,19 @@ def conclude(opts: BuildOptions, rc: int, *, noop: bool) -> int:
         print(json.dumps(summary.document(opts.out, rc, noop=noop), indent=2))
     elif opts.summary and not opts.console.quiet:
         sys.stderr.flush()
-        for line in summary.text(summary.document(opts.out, rc, noop=noop)):
+        for line in (stored_pins(opts.out) if noop else []) + summary.text(summary.document(opts.out, rc, noop=noop)):
             print(line)
     return rc
+
+
+def stored_pins(out: Path) -> list[str]:
+    """A build that ran nothing: the pin lines of the mixed answers OUT's plan holds, as the build that decided
+    them printed them (the user pastes them; a second look should not need <recipe>_search.json)."""
+    from ctxbuild.outputs.manifest import read_record
+    from ctxbuild.outputs.summary import pins
+
+    selects = [a["id"] for a in (ninja.read_state(out, "plan.json") or {}).get("actions", []) if a["kind"] == "select"]
+    return pins([r for r in (read_record(out, i) for i in selects) if r])
 
 
 def _explain(r: dict[str, Any]) -> str:

@@ -108,6 +108,8 @@ def quantize_action(recipe: Recipe, g: Graph, prepared: str, work: Path, setting
               "inputs": {k: list(v) for k, v in sorted(g.inputs.items())}}
     if g.outputs:  # the recipe's cut: a pin past it is named so (absent otherwise: existing keys stay)
         params["outputs"] = list(g.outputs)
+    if g.input_values:  # as the cut: a pin in a branch the values drop is named so
+        params["input_values"] = dict(sorted(g.input_values.items()))
     inputs = model_files("model", prepared)
     if recipe.adapters and reference:  # LoRA: calibrate over the declared adapter set (a change recompiles)
         params["adapters"], more = calibration_inputs(recipe.adapters)

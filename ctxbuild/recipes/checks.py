@@ -18,6 +18,7 @@ from ctxbuild.recipes.yamlsrc import LineDict, line_of
 
 TENSORS_MEMO = "memo/graph-tensors"  # graph/cut.tensors(): what `outputs:` may name
 INPUT_TYPES_MEMO = "memo/graph-input-types"  # graph/inputvalues.declared(): what `input_values:` may set
+BOOL = 9  # onnx.TensorProto.BOOL (onnx is not imported to check a recipe)
 
 
 def check_auto(at: Any, bundle: bool, multi_soc: bool, verify: dict[str, Any]) -> None:
@@ -144,6 +145,10 @@ def check_input_values(model: Path, values: dict[str, Any], shapes: dict[str, An
     found = _read_memoized(model, INPUT_TYPES_MEMO, declared)
     if found is None:
         return
+    if found and set(found) <= set(values):  # prepare would fold it all: the compile would blame QNN's op support
+        raise RecipeError(f"{where[next(iter(values))]}: input_values fixes every input of {model.name} "
+                          f"({', '.join(sorted(found))}): the model computes a constant, nothing is left to build",
+                          "leave the inputs the app feeds out of input_values")
     for name, value in values.items():
         if name not in found:
             raise RecipeError(f"{where[name]}: input_values: '{name}' is not an input of {model.name}",
@@ -152,11 +157,22 @@ def check_input_values(model: Path, values: dict[str, Any], shapes: dict[str, An
         if name in shapes:
             raise RecipeError(f"{where[name]}: input_values: '{name}' is also in inputs: a fixed input is no longer "
                               "an input of the build", f"remove '{name}' from inputs")
+        if _booleans(value) and found[name][0] != BOOL:  # numpy would take true as 1 without a word
+            from onnx.helper import tensor_dtype_to_np_dtype
+
+            raise RecipeError(f"{where[name]}: input_values: '{name}': the input is "
+                              f"{tensor_dtype_to_np_dtype(found[name][0]).name}, {json.dumps(value)} is a boolean",
+                              "give a number (YAML reads on/off/yes/no, unquoted, as true/false)")
         try:
             as_array(value, *found[name])
         except ValueError as e:
             raise RecipeError(f"{where[name]}: input_values: '{name}': {e}",
                               "give the value the app always passes, as a number, true/false or a list") from None
+
+
+def _booleans(value: Any) -> bool:
+    """A value holding true/false anywhere (YAML's on/off/yes/no too)."""
+    return isinstance(value, bool) or isinstance(value, list) and any(map(_booleans, value))
 
 
 def check_outputs(model: Path, names: tuple[str, ...], where: str, values: dict[str, Any]) -> None:
@@ -165,14 +181,16 @@ def check_outputs(model: Path, names: tuple[str, ...], where: str, values: dict[
     model is read with them applied: the Ifs they decide inlined, the tensors of the branches taken count."""
     import hashlib
 
-    from ctxbuild.graph.cut import tensors
+    from ctxbuild.graph.cut import tensors, values_line
     from ctxbuild.graph.inputvalues import apply
     from ctxbuild.recipes.suggest import did_you_mean
 
     def read(proto: Any) -> dict[str, list[str]]:
-        if values:
-            apply(proto, values)  # checked before: they fit
-        return tensors(proto)
+        if not values:
+            return tensors(proto)
+        branches = sorted(_in_branches(proto.graph))
+        apply(proto, values)  # checked before: they fit
+        return {**tensors(proto), "in_branches": branches}
 
     memo = TENSORS_MEMO + (f"/{hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]}"
                            if values else "")
@@ -184,10 +202,24 @@ def check_outputs(model: Path, names: tuple[str, ...], where: str, values: dict[
             what = "an input" if name in found["inputs"] else "a constant (initializer)"
             raise RecipeError(f"{where}: outputs: '{name}' is {what} of {model.name}, not a tensor it computes",
                               "name tensors the model's nodes compute")
+        if name not in found["computed"] and name in found.get("in_branches", ()):
+            raise RecipeError(f"{where}: outputs: '{name}' is computed in an If branch `{values_line(values)}` does not "
+                              "take (nothing of that branch is built)",
+                              "name a tensor of the branch the values take, or change input_values")
         if name not in found["computed"]:
             raise RecipeError(f"{where}: outputs: '{name}' is not a tensor of {model.name}",
                               did_you_mean(name, found["computed"], otherwise=None) or
                               "name tensors the model's nodes compute (as Netron shows them)")
+
+
+def _in_branches(graph: Any) -> set[str]:
+    """The tensors the nodes inside `graph`'s subgraphs (If branches, loop bodies) compute, nested ones too."""
+    found: set[str] = set()
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                found |= {o for n in sub.node for o in n.output if o} | _in_branches(sub)
+    return found
 
 
 def _read_memoized(model: Path, memo: str, read: Callable[[Any], Any]) -> Any:

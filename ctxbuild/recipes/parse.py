@@ -12,7 +12,7 @@ from ctxbuild.layout import OUT_FILES, PACKAGES
 from ctxbuild.recipes import quantization as quant
 from ctxbuild.recipes import targets as soc_table
 from ctxbuild.recipes import toolchains
-from ctxbuild.recipes.adapters import parse_adapters, parse_sections
+from ctxbuild.recipes.adapters import Adapters, parse_adapters, parse_sections
 from ctxbuild.recipes.checks import (
     check_auto, check_embed_size, check_file, check_input_values, check_layout, check_outputs, check_provider_options,
     check_quantized_io, check_vtcm,
@@ -56,6 +56,12 @@ def parse_recipe(f: Path, data: LineDict, merged: dict[str, Any], groups: dict[s
     if precision is None:
         raise RecipeError(f"{at()}: `precision` is required", f"one of {', '.join(PRECISIONS)}")
     if "bundle" in merged:
+        # the graphs' own fields: beside `bundle:` they would apply to none (a directory default's is left alone)
+        if own := next((k for k in ("inputs", "outputs", "input_values") if k in data), None):
+            first = merged["bundle"][0]
+            raise RecipeError(f"{at(own)}: {own}: a bundle's graphs set their own {own} (it applies to none here)",
+                              f"move it into each graph's entry, e.g. `- {{name: {first['name']}, model: {first['model']}, "
+                              f"{own}: {_flow(data[own])}}}`")
         # A graph's own calibration wins; the recipe's (or the directory default's) is its default.
         graphs = [_graph(f, data, ["bundle", i], {"calibration": merged.get("calibration"), **g}, g["name"], precision)
                   for i, g in enumerate(merged["bundle"])]
@@ -97,6 +103,8 @@ def parse_recipe(f: Path, data: LineDict, merged: dict[str, Any], groups: dict[s
         check_auto(at, "bundle" in merged, merged.get("multi_soc", False), verify)
     quantization = quant.from_recipe(precision, merged.get("quantization"), recipe_targets, at, merged.get("auto"))
     adapters = parse_adapters(f, data, merged["adapters"], precision) if "adapters" in merged else None
+    if adapters:
+        _check_fixed_slots(f, data, "bundle" in merged, graphs, adapters)
     if adapters and merged.get("multi_soc"):
         raise RecipeError(f"{at('adapters')}: adapters cannot be combined with multi_soc yet",
                           "build the adapters' base per SoC")
@@ -201,6 +209,31 @@ def _split_outputs(v: bool | list[str]) -> bool | tuple[str, ...]:
     return tuple(v) if isinstance(v, list) else bool(v)
 
 
+def _check_fixed_slots(f: Path, data: LineDict, bundle: bool, graphs: list[Graph], adapters: Adapters) -> None:
+    """An input `input_values:` fixes that the adapters set (adapters.scaling, or one a slot pattern matches): the
+    adapters would make it an input again and the value would be dropped; the recipe must say which one sets it."""
+    import fnmatch
+
+    for i, g in enumerate(graphs):
+        for name in g.input_values:
+            at = f"{f}:{line_of(data, (['bundle', i] if bundle else []) + ['input_values', name])}"
+            if adapters.scaling and fnmatch.fnmatchcase(name, adapters.scaling):
+                raise RecipeError(f"{at}: input_values: '{name}' is adapters.scaling: each adapter sets it (its "
+                                  "`scale`)", f"remove '{name}' from input_values, or give each adapter that scale")
+            if slot := next((p for p in adapters.slots if fnmatch.fnmatchcase(name, p)), None):
+                raise RecipeError(f"{at}: input_values: '{name}' is an adapter slot (adapters.slots '{slot}'): each "
+                                  "adapter sets it", f"remove '{name}' from input_values, or narrow adapters.slots")
+
+
+def _flow(v: Any) -> str:
+    """A recipe value as YAML flow style, as a hint's line to paste (`{mode: 1}`, `[y]`)."""
+    import json
+
+    import yaml
+
+    return yaml.safe_dump(json.loads(json.dumps(v)), default_flow_style=True, width=1 << 16).strip()
+
+
 def _opt_str(v: Any) -> str:
     return ("1" if v else "0") if isinstance(v, bool) else str(v)
 
@@ -234,14 +267,22 @@ def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any],
     inputs = {k: tuple(v) for k, v in spec.get("inputs", {}).items()}
     from ctxbuild.recipes import inputs as input_check
 
+    own: Any = data  # the graph's own fields in the recipe's file (a bundle a directory default gave: none)
+    for p in path:
+        own = own[p] if isinstance(own, dict) and p in own or isinstance(own, list) and p < len(own) else {}
+
+    def at(field: str, *key: str) -> str:
+        """file:line of one of the graph's fields; one a directory's _defaults.yaml gave says so (the recipe's
+        file has no line for it)."""
+        return f"{f}:{line_of(data, path + [field, *key])}" + (
+            "" if field in own else f" ({field} from the directory defaults, _defaults.yaml)")
+
     values = dict(spec.get("input_values", {}))
     if values:  # before the shapes: a fixed input needs none
-        check_input_values(model, values, inputs,
-                           {k: f"{f}:{line_of(data, path + ['input_values', k])}" for k in values})
-    input_check.check(model, inputs, {k: f"{f}:{line_of(data, path + ['inputs', k])}" for k in inputs}, where,
-                      fixed=set(values))
+        check_input_values(model, values, inputs, {k: at("input_values", k) for k in values})
+    input_check.check(model, inputs, {k: at("inputs", k) for k in inputs}, where, fixed=set(values))
     if outputs := tuple(spec.get("outputs", ())):
-        check_outputs(model, outputs, f"{f}:{line_of(data, path + ['outputs'])}", values)
+        check_outputs(model, outputs, at("outputs"), values)
     return Graph(name=name, model=model, inputs=inputs, calibration=calibration, outputs=outputs,
                  input_values=values)
 

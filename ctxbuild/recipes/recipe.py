@@ -191,9 +191,14 @@ def _wanted(err: Any) -> str:
         return repr(err.validator_value)
     if err.validator == "enum":
         return "one of " + ", ".join(map(str, err.validator_value))
-    want = _YAML_TYPES.get(err.validator_value, err.validator_value)
+    want = _type_names(err.validator_value)
     keys = sorted(err.schema.get("properties", {}))
     return f"mapping ({', '.join(keys)})" if want == "mapping" and 0 < len(keys) <= 4 else want  # more would crowd the line
+
+
+def _type_names(types: str | list[str]) -> str:
+    """A schema's `type` (one name or a list of them) as a YAML author knows them: `number or boolean`."""
+    return " or ".join(_YAML_TYPES.get(t, t) for t in ([types] if isinstance(types, str) else types))
 
 
 def _yaml_type(value: Any) -> str:
@@ -206,7 +211,7 @@ def _describe(err: Any) -> str:
         extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
         return f"unknown key '{extra[0]}'" if extra else err.message
     if v == "type":
-        expected = _YAML_TYPES.get(err.validator_value, err.validator_value)
+        expected = _type_names(err.validator_value)
         return f"expected {expected}, got {_yaml_type(err.instance)} {err.instance!r}"
     if v == "enum":
         return f"{err.instance!r} is not one of {', '.join(map(str, err.validator_value))}"
@@ -227,6 +232,12 @@ def _hint(err: Any) -> str | None:
         return did_you_mean(str(err.instance), [str(x) for x in err.validator_value])
     if err.validator == "type" and err.validator_value == "string" and isinstance(err.instance, float):
         return 'quote it, e.g. "2.50": YAML reads 2.50 as the number 2.5'
+    if err.validator == "type" and err.validator_value == "array" and type(err.instance) in (str, int, float):
+        return f"write it as a list: [{err.instance}]"
+    if err.validator == "type" and err.validator_value == "string" and type(err.instance) is int:  # a numbered name
+        return f"quote it: '{err.instance}' (YAML reads {err.instance} unquoted as a number)"
+    if err.validator == "type" and err.validator_value == "string" and isinstance(err.instance, bool):
+        return "quote it, e.g. 'on': YAML reads on/off/yes/no/true/false unquoted as a boolean"
     return None
 
 

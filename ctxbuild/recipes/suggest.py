@@ -6,6 +6,8 @@ from collections.abc import Iterable
 
 
 def did_you_mean(word: str, options: Iterable[str], *, otherwise: str | None = None, cutoff: float = 0.6) -> str | None:
-    """"did you mean 'x'?" for the option closest to `word`, else `otherwise`."""
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=cutoff)
+    """"did you mean 'x'?" for the option closest to `word` (one that differs in case only first), else `otherwise`."""
+    options = list(options)
+    close = [o for o in options if o.lower() == word.lower()][:1] or difflib.get_close_matches(word, options, n=1,
+                                                                                              cutoff=cutoff)
     return f"did you mean '{close[0]}'?" if close else otherwise

@@ -43,16 +43,38 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineDict:
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
         if not isinstance(key, str):
-            raise RecipeError(f"{key_node.start_mark.line + 1}: mapping keys must be strings, got {key!r}")
+            where = ".".join(_path(loader)) or "(top level)"
+            text = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            # numbered names (a PyTorch export's tensor `391`) and YAML 1.1's yes/no/on/off are read as non-strings
+            raise RecipeError(f"{key_node.start_mark.line + 1}: {where}: a key must be a string, got "
+                              f"{type(key).__name__} {key!r}",
+                              f"quote it: '{text}' (YAML reads {text} unquoted as {_AS.get(type(key), 'not a string')})"
+                              if text else None)
         if key in d:
             raise RecipeError(f"{key_node.start_mark.line + 1}: duplicate key '{key}'", "remove one of them")
+        _path(loader).append(key)  # the field a key below names, in its error
         d[key] = loader.construct_object(value_node, deep=True)
+        _path(loader).pop()
         d.key_lines[key] = key_node.start_mark.line + 1
     return d
 
 
+_AS = {int: "a number", float: "a number", bool: "a boolean", type(None): "null"}
+
+
+def _path(loader: _Loader) -> list[str]:
+    """The keys (and list indices) from the document's top to the node being constructed."""
+    if not hasattr(loader, "field_path"):
+        loader.field_path = []
+    return loader.field_path
+
+
 def _construct_sequence(loader: _Loader, node: yaml.SequenceNode) -> LineList:
-    lst = LineList(loader.construct_object(child, deep=True) for child in node.value)
+    lst = LineList()
+    for i, child in enumerate(node.value):
+        _path(loader).append(str(i))
+        lst.append(loader.construct_object(child, deep=True))
+        _path(loader).pop()
     lst.line = node.start_mark.line + 1
     lst.item_lines = [child.start_mark.line + 1 for child in node.value]
     return lst

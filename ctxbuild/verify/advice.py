@@ -11,6 +11,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ctxbuild.graph.nodenames import Names
+from ctxbuild.recipes.quantization import FP16_NODE
+from ctxbuild.verify.islands import widen_lone
 from ctxbuild.verify.layerloss import Graph, activations, cpu_side, node_losses
 
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
@@ -63,10 +65,11 @@ def weak_slice_fix(outputs: dict[str, Any], t: dict[str, float]) -> str | None:
 
 def likely_fix(where: str, worst: list[dict[str, Any]], weights: dict[str, float] | None = None,
                biases: dict[str, float] | None = None, activation_bits: int = 8,
-               cause: tuple[str, str] | None = None) -> str:
+               cause: tuple[str, str] | None = None, neighbours: dict[str, str] | None = None) -> str:
     """The fix the numbers point at. `weights`, `biases`: node -> SNR of its quantized weight / bias;
     `activation_bits`: what the QDQ model quantizes activations to (0: not quantized, an fp16 build; 16: do not
-    advise 16-bit activations); `cause`: what the float values show and its fix (fp16_cause), said first."""
+    advise 16-bit activations); `cause`: what the float values show and its fix (fp16_cause), said first;
+    `neighbours`: node -> the neighbour an fp16 pin of it needs (verify/islands.widen_lone), pinned with it."""
     names = [n["node"] for n in worst[:3]]
     listed = ", ".join(f"{n['node']} ({n['op_type']})" for n in worst[:3]) or "none measured"
     weighted = [n["node"] for n in worst[:3] if n["op_type"].split("+")[0] in WEIGHTED_OPS]
@@ -77,7 +80,7 @@ def likely_fix(where: str, worst: list[dict[str, Any]], weights: dict[str, float
                     f"the HTP's fp16 arithmetic loses it, most at {listed}: {FP16_FIX}")
         fix = (f"16-bit activations on them ({_nodes_field(names, 'activations: uint16')})" if activation_bits < 16
                else "they have 16-bit activations already: keep them in float, the HTP runs them in fp16 ("
-               + "quantization.nodes: {" + ", ".join(f"'{n}': fp16" for n in names) + "})")
+               + _fp16_field(names, neighbours or {}) + ")")
         if weighted:
             fix += f", 16-bit weights ({_nodes_field(weighted, 'weights: int16')})"
         return (f"the QDQ model meets the thresholds on the CPU; the HTP's own arithmetic loses it, most at "
@@ -102,11 +105,25 @@ def likely_fix(where: str, worst: list[dict[str, Any]], weights: dict[str, float
                          f"{_nodes_field(weighted, 'weights: int16')}")
         if weightless:  # no weights to widen: 16-bit weights would change nothing there
             fixes.append(f"{', '.join(weightless)} have no weights: fp16 keeps their range, for them alone "
-                         "(quantization.nodes: {" + ", ".join(f"'{n}': fp16" for n in weightless)
-                         + "}) or the whole model (precision: fp16)")
+                         f"({_fp16_field(weightless, neighbours or {})}) or the whole model (precision: fp16)")
         return f"{said}quantization loses it, most at {listed}, with 16-bit activations already: {'; '.join(fixes)}"
     return (f"{said}quantization loses it, most at {listed}: their activations need more range: 16-bit activations "
             f"(quantization.activations: uint16, or for these nodes {_nodes_field(names, 'activations: uint16')})")
+
+
+def fp16_neighbours(model: Any, worst: list[dict[str, Any]], added: str) -> dict[str, str]:
+    """node -> the neighbour an fp16 pin of it needs (verify/islands.widen_lone), for the first three of `worst`
+    (the nodes likely_fix may keep in float), the neighbour the rows' `added` figure rates worst first."""
+    return widen_lone(model, {r["node"]: FP16_NODE for r in worst[:3]}, worst, added)[1]
+
+
+def _fp16_field(names: list[str], neighbours: dict[str, str]) -> str:
+    """quantization.nodes keeping these nodes in float, each with the neighbour it needs (a weightless node between
+    quantized ones alone runs quantized: the pin would change nothing), and why those are there."""
+    pinned = list(dict.fromkeys(m for n in names for m in (n, neighbours.get(n)) if m))
+    why = "".join(f"; {neighbours[n]} with {n}, which alone between quantized nodes would run quantized"
+                  for n in names if n in neighbours)
+    return "quantization.nodes: {" + ", ".join(f"'{n}': fp16" for n in pinned) + "}" + why
 
 
 def _nodes_field(names: list[str], what: str) -> str:
@@ -206,8 +223,10 @@ def failure_hint(reference: Path, compiled: Path, samples: list[dict[str, np.nda
 
         model = load(reference, external_data=False)
         rows = list(node_losses(Graph(model), cpu.quant_snr, cpu.producer).values())
-        return likely_fix("quantization", worst_nodes(rows, "added_db", 3), weights_per_node(model, cpu.weight_snr),
-                          weights_per_node(model, cpu.weight_snr, role=2), cpu.activation_bits) + f"; {more}"
+        worst = worst_nodes(rows, "added_db", 3)
+        return likely_fix("quantization", worst, weights_per_node(model, cpu.weight_snr),
+                          weights_per_node(model, cpu.weight_snr, role=2), cpu.activation_bits,
+                          neighbours=fp16_neighbours(model, worst, "added_db")) + f"; {more}"
     except Exception as e:  # noqa: BLE001 - a hint must never hide the verification failure itself
         return f"{more} (no quick diagnosis: {type(e).__name__})"
 

@@ -95,13 +95,14 @@ def node_overrides(diagnosis: dict[str, Any], base: dict[str, Any], ends: dict[s
 
 
 def htp_only(diagnosis: dict[str, Any], base: str, margin_db: float, screen: dict[str, Any] | None = None,
-             simulated: dict[str, Any] | None = None) -> str | None:
+             simulated: dict[str, Any] | None = None, widened: dict[str, str] | None = None) -> str | None:
     """One line for a loss the HTP makes alone (the base's QDQ model passes on the CPU), or None: its figures on
     both sides, the nodes the mixed candidate pins for it (blamed_on_htp, worst first; the worst nodes when the
     HTP's own noise alone would leave the output clear) and how to pin them, since no round measured on the CPU
     can grow the set for it. `screen`, `simulated`: the base's CPU screen and simulator run over every
     verification sample, whose figures the line quotes where given (the diagnosis' few samples can read both
-    sides above the thresholds while the whole run fails)."""
+    sides above the thresholds while the whole run fails). `widened`: the neighbours lone pins take along
+    (widen_lone), named after the blamed nodes."""
     if diagnosis["where"] != "htp" or not diagnosis["worst_htp"]:
         return None
     sides = {k: {"outputs": {o: row[k] for o, row in diagnosis["outputs"].items() if k in row}}
@@ -110,6 +111,7 @@ def htp_only(diagnosis: dict[str, Any], base: str, margin_db: float, screen: dic
     sim = worst(simulated) if simulated and simulated.get("outputs") else (
         worst(sides["total"]) if sides["total"]["outputs"] else None)
     names = [r["node"] for r in blamed_on_htp(diagnosis, margin_db) or diagnosis["worst_htp"][:MAX_NODES]]
+    names += [n for n in dict.fromkeys((widened or {}).values()) if n not in names]
     return (f"the loss is on the HTP only ({base}'s QDQ model on the CPU {cpu['snr_db']} dB at {cpu['where']}"
             + (f", on the simulator {sim['snr_db']} dB at {sim['where']}" if sim else "")
             + f"): the mixed rung's rounds measure on the CPU and cannot grow for it; the diagnosis blames "

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from ctxbuild.verify import slices as output_slices
-from ctxbuild.verify.advice import (fp16_cause, likely_fix, meets, weak_slice_fix, weights_per_node, where_lost,
-                                    worst_nodes)
+from ctxbuild.verify.advice import (fp16_cause, fp16_neighbours, likely_fix, meets, weak_slice_fix, weights_per_node,
+                                    where_lost, worst_nodes)
 from ctxbuild.verify.layerloss import CAP, CpuSide, Graph, activations, cpu_side, node_losses, noise, snr_db
 from ctxbuild.verify.probe import htp_run
 
@@ -143,7 +143,10 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
                     "--samples N)"
             if passed else weak_slice_fix(outputs, thresholds)
             or likely_fix(where, worst_q if where == "quantization" else worst_h, weights_of,
-                          weights_per_node(float_model, cpu.weight_snr, role=2), cpu.activation_bits, cause)}
+                          weights_per_node(float_model, cpu.weight_snr, role=2), cpu.activation_bits, cause,
+                          fp16_neighbours(float_model, worst_q if where == "quantization" else worst_h,
+                                          "quant_added_db" if where == "quantization" else "htp_added_db"))}
+
 
 
 def _cat(x: list[np.ndarray], shape: list[int | None] | None) -> np.ndarray:
