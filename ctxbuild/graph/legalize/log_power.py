@@ -38,6 +38,7 @@ OPS = ("Log",)
 WHAT = ("log of a floored power spectrum (log-mel front ends) -> scaled into fp16's range at run time, the floor "
         "in the log domain (fp16 underflow; the HTP's Log(0) is finite)")
 BUDGET = 2.0 ** 15  # the largest value the scaled squares may sum to: half of fp16's 65504
+SCALED = "ctxbuild log_power: scaled into fp16's range"  # the doc_string of the Log it writes (the diagnosis reads it)
 LINEAR = ("Transpose", "Reshape", "Slice", "Squeeze", "Unsqueeze", "Flatten", "Identity", "ReduceMean")
 
 
@@ -90,7 +91,7 @@ def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
         for _ in range(d):
             lo_r = g.node("Mul", [lo_r, r], f"{base}_floor_r").output[0]
         floored = g.node("Add" if floor.added else "Max", [m, lo_r], f"{base}_floored").output[0]
-        log_m = g.node("Log", [floored], f"{base}_log").output[0]
+        log_m = g.node("Log", [floored], f"{base}_log", doc_string=SCALED).output[0]
         log_r = g.node("Log", [r], f"{base}_log_scale").output[0]
         unscale = g.node("Mul", [log_r, g.add_const(f"{base}_degree", np.array(d, np.float32))],
                          f"{base}_log_scale{d}").output[0]
