@@ -237,6 +237,26 @@ def test_int8_tables_kept_where_dynamic_int8_is_withdrawn(tmp_path: Path, ctxbui
     assert result["passed"] and result["reference"] == "original", result  # measured: 0.9998 / 34.3 dB
 
 
+def test_ort_fused(tmp_path: Path) -> None:
+    """onnxruntime's FastGelu (with its bias) and SkipLayerNormalization in an export (Kokoro-82M's ALBERT, saved
+    after onnxruntime's transformer optimizer): QNN refuses both; written out in standard ops, the same values."""
+    r = rng()
+    nodes = [helper.make_node("FastGelu", ["x", "b"], ["g"], domain="com.microsoft"),
+             helper.make_node("SkipLayerNormalization", ["g", "skip", "gamma", "beta"], ["y", "", "", "sum"],
+                              domain="com.microsoft", epsilon=1e-12),
+             helper.make_node("Relu", ["sum"], ["s"])]
+    inits = {"b": r.standard_normal(32), "gamma": r.standard_normal(32), "beta": r.standard_normal(32)}
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(k, TensorProto.FLOAT, [1, 8, 32])
+                                           for k in ("x", "skip")],
+                              [helper.make_tensor_value_info(k, TensorProto.FLOAT, [1, 8, 32]) for k in ("y", "s")],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                          ir_version=IR_VERSION)
+    feeds = {k: (3 * r.standard_normal((1, 8, 32))).astype(np.float32) for k in ("x", "skip")}
+    rewritten = _check(m, feeds, "ort_fused", "FastGelu", tmp_path)
+    assert not {"FastGelu", "SkipLayerNormalization"} & {n.op_type for n in rewritten.graph.node}
+
+
 def test_dynamic_int8_per_channel(tmp_path: Path) -> None:
     """quantize_dynamic with per_channel=True: one scale and zero point per weight column (prepare used to stop on
     numpy's "inhomogeneous shape"). The rewrite equals the float model with each column's int8 values dequantized."""
