@@ -199,42 +199,68 @@ def test_dynamic_int8(tmp_path: Path) -> None:
     assert _compiles(rewritten, tmp_path, "rewritten")
 
 
-def test_int8_tables_kept_where_dynamic_int8_is_withdrawn(tmp_path: Path, ctxbuild) -> None:
-    """Kokoro-82M's int8 export: embeddings as int8 tables (Gather, then Transpose, then DequantizeLinear) and
-    durations that round what per-run quantized MatMuls compute. Dropping the per-run quantization (dynamic_int8)
-    moves the durations, so the sample check withdraws it; the tables' rewrite is exact and is its own rule, so it
-    stays (one withdrawal took both, and QNN refused the int8 Gather): the model builds as the export computes."""
+def _int8_tts(tmp_path: Path, conv: bool = False) -> Path:
+    """A recipe for a TTS-like int8 export (Kokoro-82M's, small): an int8 embedding table (Gather, Transpose, then
+    DequantizeLinear), per-run quantized MatMuls [and a Conv] into durations rounded to integers."""
     r = rng()
     table = r.standard_normal((100, 64)).astype(np.float32)
     w1, w2 = (r.standard_normal((64, 128)) / 8).astype(np.float32), (r.standard_normal((128, 1)) / 11).astype(np.float32)
+    inits = {"table": table, "w1": w1, "w2": w2, "frames": np.array(40, np.float32),
+             "wc": (r.standard_normal((64, 64, 3)) / 14).astype(np.float32)}
     nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"]),
              helper.make_node("Transpose", ["emb"], ["channels"], perm=[0, 2, 1]),
-             helper.make_node("Transpose", ["channels"], ["tokens"], perm=[0, 2, 1]),
+             *([helper.make_node("Conv", ["channels", "wc"], ["conv"], pads=[1, 1])] if conv else []),
+             helper.make_node("Transpose", ["conv" if conv else "channels"], ["tokens"], perm=[0, 2, 1]),
              helper.make_node("MatMul", ["tokens", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["a"]),
              helper.make_node("MatMul", ["a", "w2"], ["d"]), helper.make_node("Mul", ["d", "frames"], ["df"]),
              helper.make_node("Round", ["df"], ["dr"]), helper.make_node("Cast", ["dr"], ["durations"], to=6)]
     graph = helper.make_graph(nodes, "tts", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 24])],
                               [helper.make_tensor_value_info("durations", TensorProto.INT32, [1, 24, 1])],
-                              [numpy_helper.from_array(v, k) for k, v in (("table", table), ("w1", w1), ("w2", w2),
-                                                                          ("frames", np.array(40, np.float32)))])
+                              [numpy_helper.from_array(v, k) for k, v in inits.items() if conv or k != "wc"])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION),
               str(tmp_path / "float.onnx"))
     quantize_dynamic(tmp_path / "float.onnx", tmp_path / "tts.onnx", weight_type=QuantType.QInt8,
-                     op_types_to_quantize=["MatMul", "Gather"])
+                     op_types_to_quantize=["MatMul", "Gather"] + (["Conv"] if conv else []))
     assert "DequantizeLinear" in {n.op_type for n in onnx.load(str(tmp_path / "tts.onnx")).graph.node}
     (tmp_path / "ids").mkdir()
     for k in range(4):
         np.save(tmp_path / "ids" / f"s{k}.npy", np.random.default_rng(k).integers(0, 100, (1, 24)).astype(np.int64))
     recipe = tmp_path / "tts.yaml"
     recipe.write_text("model: tts.onnx\nprecision: fp16\ntargets: [SM8650]\ncalibration: {dir: ids}\n")
-    out = tmp_path / "out"
-    res = ctxbuild("build", str(recipe), "-o", str(out))
+    return recipe
+
+
+def _prepared(out: Path) -> dict:
     (prepare,) = [json.loads(p.read_text()) for p in (out / ".ctxbuild" / "records").glob("prepare.*.json")]
+    return prepare
+
+
+def test_int8_tables_kept_where_dynamic_int8_is_withdrawn(tmp_path: Path, ctxbuild) -> None:
+    """Dropping the per-run quantization (dynamic_int8) moves the rounded durations, so the sample check withdraws
+    it; the tables' rewrite is exact and is its own rule, so it stays (one withdrawal took both, and QNN refused the
+    int8 Gather): the model builds as the export computes."""
+    out = tmp_path / "out"
+    res = ctxbuild("build", str(_int8_tts(tmp_path)), "-o", str(out))
+    prepare = _prepared(out)
     assert prepare.get("rewrites") == {"int8_tables": 1} and list(prepare["withdrawn"]) == ["dynamic_int8"], prepare
     # QNN runs the per-run quantized MatMuls here; it refused the int8 Gather and its DequantizeLinear
     assert res.code == 0, res.text
     result = json.loads((out / ".ctxbuild" / "records" / "verify.tts@SM8650.json").read_text())["result"]
     assert result["passed"] and result["reference"] == "original", result  # measured: 0.9998 / 34.3 dB
+
+
+def test_per_run_int8_refusal_says_why(tmp_path: Path, ctxbuild) -> None:
+    """With a per-run quantized Conv (ConvInteger, which QNN refuses) and dynamic_int8 withdrawn, the refusal says
+    the HTP cannot quantize per run, why the rule did not apply, and the export to build from (it said only
+    cpu_fallback, which on Kokoro-82M verifies at 18.1 dB)."""
+    out = tmp_path / "out"
+    res = ctxbuild("build", str(_int8_tts(tmp_path, conv=True)), "-o", str(out))
+    assert res.code == 1 and list(_prepared(out)["withdrawn"]) == ["dynamic_int8"], res.text
+    (line,) = [ln for ln in res.err.splitlines() if ln.startswith("ctxbuild: FAILED compile/")]
+    assert "(ConvInteger)" in line and "quantize activations per run, which the HTP cannot; prepare's dynamic_int8 " \
+        "rule, which makes them float, was withdrawn by the sample check (output 'durations' changed in" in line, line
+    assert "point the recipe's `model:` at the float model the export was quantized from, or set " \
+        "compile.cpu_fallback: true" in line, line
 
 
 def test_ort_fused(tmp_path: Path) -> None:

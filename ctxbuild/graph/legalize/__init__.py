@@ -71,6 +71,14 @@ def legalize(model: Any, only: Collection[str] | None = None) -> Legalized:
     return done
 
 
+def withdrawn(model: Any) -> dict[str, str]:
+    """rule -> why the sample check withdrew it, from a prepared model's metadata (empty: none, or not prepared)."""
+    import json
+
+    props = {p.key: p.value for p in model.metadata_props}
+    return json.loads(props[WITHDRAWN_KEY]) if WITHDRAWN_KEY in props else {}
+
+
 def _rules(only: Collection[str] | None) -> tuple[Any, ...]:
     return RULES if only is None else tuple(r for r in RULES if r.NAME in only)
 
