@@ -117,6 +117,20 @@ def per_run_cause(proto: Any, nodes: list[tuple[str, str]]) -> str:
             "`model:` at the float model the export was quantized from, or ")
 
 
+def _split_first(proto: Any, nodes: list[tuple[str, str]]) -> str | None:
+    """When refused nodes make the model's sizes follow its data (NonZero, ...): the line that builds its static
+    part (prepare's sample check found it, else cut before those ops), the first thing to do: every refusal
+    after them is moot for a fixed graph."""
+    from ctxbuild.graph.cut import DATA_DEPENDENT_OPS, split_line
+    from ctxbuild.graph.legalize import split_met
+
+    ops = sorted({t for _, t in nodes} & DATA_DEPENDENT_OPS)
+    if not ops:
+        return None
+    line = split_met(proto) or split_line(proto, set(ops))
+    return f"{', '.join(ops)}: {line}" if line else None
+
+
 def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_options: dict[str, str] | None = None,
                   probe: Callable[[], fallback.Fallback | None] | None = None, cost: bool = False,
                   model: Path | None = None) -> ActionError:
@@ -158,6 +172,8 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_o
             "set compile.cpu_fallback: true to run them on the CPU instead" + (
             f" (measured: {probed.describe()}; verify tells whether the accuracy survives the cuts)"
             if probed and cost else "")
+        if proto is not None and not cpu_fallback and (split := _split_first(proto, nodes)):
+            hint = split
         if reached:  # the recipe's own override made the types QNN refuses: that is what to change
             hint = (f"the recipe's {reached} set the types QNN refuses for these nodes: change or remove those "
                     "overrides" + (f" (or {hint})" if hint else ""))

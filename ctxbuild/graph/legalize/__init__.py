@@ -27,6 +27,7 @@ RULES = (static_shapes, qdq_weights, qdq_unsigned, qdq_bias, batchnorm_params, i
 METADATA_KEY = "ctxbuild.rewrites"
 KEPT_KEY = "ctxbuild.kept"  # rule -> the patterns left as written and why
 WITHDRAWN_KEY = "ctxbuild.withdrawn"  # rule -> why the sample check withdrew its rewrites
+SPLIT_KEY = "ctxbuild.split"  # the split hint prepare's sample check met: the model's sizes follow its data
 KEPT_LISTED = 5  # per rule: a model with a hundred such nodes lists the first ones and the count
 
 
@@ -73,10 +74,19 @@ def legalize(model: Any, only: Collection[str] | None = None) -> Legalized:
 
 def withdrawn(model: Any) -> dict[str, str]:
     """rule -> why the sample check withdrew it, from a prepared model's metadata (empty: none, or not prepared)."""
+    return _recorded(model, WITHDRAWN_KEY) or {}
+
+
+def split_met(model: Any) -> str | None:
+    """The split hint (the `outputs:` line) prepare's sample check met on this prepared model, if it did."""
+    return _recorded(model, SPLIT_KEY)
+
+
+def _recorded(model: Any, key: str) -> Any:
     import json
 
     props = {p.key: p.value for p in model.metadata_props}
-    return json.loads(props[WITHDRAWN_KEY]) if WITHDRAWN_KEY in props else {}
+    return json.loads(props[key]) if key in props else None
 
 
 def _rules(only: Collection[str] | None) -> tuple[Any, ...]:
