@@ -115,17 +115,21 @@ def test_the_static_part_before_the_data_dependent_nodes() -> None:
         "build alone; run the model on the CPU EP in the app")
 
 
+def _sized_by_data(x: str) -> list:
+    """Relu(x) summed into a count, a Range up to it, NonZero of that: sizes that follow the data (y, nz)."""
+    return [helper.make_node("Relu", [x], ["r"], name="relu"),
+            helper.make_node("ReduceSum", ["r"], ["s"], keepdims=0, name="sum"),
+            helper.make_node("Cast", ["s"], ["n"], to=TensorProto.INT64, name="count"),
+            helper.make_node("Range", ["zero", "n", "one"], ["steps"], name="steps"),
+            helper.make_node("Cast", ["steps"], ["y"], to=TensorProto.FLOAT, name="to_float"),
+            helper.make_node("NonZero", ["y"], ["nz"], name="nz")]
+
+
 def test_sizes_that_follow_the_data_without_a_known_op(tmp_path: Path) -> None:
     """A length computed from the data (Range up to a sum) has no op of the list: the samples whose output sizes
     differ find where the sizes start to differ, and the hint names that node; a NonZero after it does not move
     the cut past it (a TTS voice's durations before its iSTFT's NonZero)."""
-    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
-             helper.make_node("ReduceSum", ["r"], ["s"], keepdims=0, name="sum"),
-             helper.make_node("Cast", ["s"], ["n"], to=TensorProto.INT64, name="count"),
-             helper.make_node("Range", ["zero", "n", "one"], ["steps"], name="steps"),
-             helper.make_node("Cast", ["steps"], ["y"], to=TensorProto.FLOAT, name="to_float"),
-             helper.make_node("NonZero", ["y"], ["nz"], name="nz")]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+    g = helper.make_graph(_sized_by_data("x"), "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
                            helper.make_tensor_value_info("nz", TensorProto.INT64, None)],
                           [helper.make_tensor("zero", TensorProto.INT64, [], [0]),
@@ -158,13 +162,7 @@ def test_a_direct_build_refused_on_data_dependent_nodes_names_the_cut(tmp_path: 
     before the NonZero. (A log_power front end makes prepare check its rewrite on the samples.)"""
     nodes = [helper.make_node("Mul", ["x", "x"], ["sq"], name="square"),
              helper.make_node("Add", ["sq", "eps"], ["p"], name="floor"),
-             helper.make_node("Log", ["p"], ["l"], name="log"),
-             helper.make_node("Relu", ["l"], ["r"], name="relu"),
-             helper.make_node("ReduceSum", ["r"], ["s"], keepdims=0, name="sum"),
-             helper.make_node("Cast", ["s"], ["n"], to=TensorProto.INT64, name="count"),
-             helper.make_node("Range", ["zero", "n", "one"], ["steps"], name="steps"),
-             helper.make_node("Cast", ["steps"], ["y"], to=TensorProto.FLOAT, name="to_float"),
-             helper.make_node("NonZero", ["y"], ["nz"], name="nz")]
+             helper.make_node("Log", ["p"], ["l"], name="log"), *_sized_by_data("l")]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
                           [helper.make_tensor_value_info("nz", TensorProto.INT64, None)],
                           [helper.make_tensor("zero", TensorProto.INT64, [], [0]),
