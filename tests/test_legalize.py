@@ -252,7 +252,7 @@ def test_int8_tables_kept_where_dynamic_int8_is_withdrawn(tmp_path: Path, ctxbui
 def test_per_run_int8_refusal_says_why(tmp_path: Path, ctxbuild) -> None:
     """With a per-run quantized Conv (ConvInteger, which QNN refuses) and dynamic_int8 withdrawn, the refusal says
     the HTP cannot quantize per run, why the rule did not apply, and the export to build from (it said only
-    cpu_fallback, which on Kokoro-82M verifies at 18.1 dB)."""
+    cpu_fallback, which on Kokoro-82M verifies at 18.1 dB); at precision: auto the quantize step says the same."""
     out = tmp_path / "out"
     res = ctxbuild("build", str(_int8_tts(tmp_path, conv=True)), "-o", str(out))
     assert res.code == 1 and list(_prepared(out)["withdrawn"]) == ["dynamic_int8"], res.text
@@ -261,6 +261,14 @@ def test_per_run_int8_refusal_says_why(tmp_path: Path, ctxbuild) -> None:
         "rule, which makes them float, was withdrawn by the sample check (output 'durations' changed in" in line, line
     assert "point the recipe's `model:` at the float model the export was quantized from, or set " \
         "compile.cpu_fallback: true" in line, line
+    # precision: auto: onnxruntime's quantizer broke on such an export (KeyError on Kokoro-82M's); now refused so
+    recipe = tmp_path / "tts.yaml"
+    recipe.write_text(recipe.read_text().replace("precision: fp16", "precision: auto"))
+    res = ctxbuild("build", str(recipe), "-o", str(out))
+    assert res.code == 1, res.text
+    line = next(ln for ln in res.err.splitlines() if ln.startswith("ctxbuild: FAILED quantize/"))
+    assert "tts.yaml: no static quantization of this export: ConvInteger, DynamicQuantizeLinear, MatMulInteger " \
+        "quantize activations per run, which the HTP cannot" in line, line
 
 
 def test_ort_fused(tmp_path: Path) -> None:

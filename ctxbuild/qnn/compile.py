@@ -101,20 +101,20 @@ def _save_beside(model: Path, name: str, proto: Any) -> Path:
     return path
 
 
-def per_run_cause(proto: Any, nodes: list[tuple[str, str]]) -> str:
-    """'' or, when some refused nodes quantize activations per run: that the HTP cannot, why prepare's dynamic_int8
+def per_run_cause(proto: Any, ops: set[str]) -> str:
+    """'' or, when `ops` hold ops that quantize activations per run: that the HTP cannot, why prepare's dynamic_int8
     rule did not make them float (withdrawn by the sample check, or an op it does not rewrite), and the export to
-    build from instead (the recipe's `model:`), to come before the cpu_fallback alternative."""
+    build from instead (the recipe's `model:`)."""
     from ctxbuild.graph.legalize import withdrawn
 
-    ops = sorted({t for _, t in nodes} & PER_RUN)
-    if not ops:
+    found = sorted(ops & PER_RUN)
+    if not found:
         return ""
     why = withdrawn(proto).get("dynamic_int8")
     rule = (f"prepare's dynamic_int8 rule, which makes them float, was withdrawn by the sample check ({why})" if why
             else "prepare's dynamic_int8 rule makes MatMulInteger float, not these")
-    return (f"{', '.join(ops)} quantize activations per run, which the HTP cannot; {rule}: point the recipe's "
-            "`model:` at the float model the export was quantized from, or ")
+    return (f"{', '.join(found)} quantize activations per run, which the HTP cannot; {rule}: point the recipe's "
+            "`model:` at the float model the export was quantized from")
 
 
 def _split_first(proto: Any, nodes: list[tuple[str, str]]) -> str | None:
@@ -168,7 +168,8 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_o
         nodes = named(proto, nodes)
     if nodes:
         listed = ", ".join(shown(n, t) for n, t in nodes[:8]) + (" ..." if len(nodes) > 8 else "")
-        hint = None if cpu_fallback else (per_run_cause(proto, nodes) if proto is not None else "") + \
+        cause = per_run_cause(proto, {t for _, t in nodes}) if proto is not None else ""
+        hint = None if cpu_fallback else (f"{cause}, or " if cause else "") + \
             "set compile.cpu_fallback: true to run them on the CPU instead" + (
             f" (measured: {probed.describe()}; verify tells whether the accuracy survives the cuts)"
             if probed and cost else "")
