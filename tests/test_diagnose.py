@@ -252,6 +252,27 @@ def test_fp16_cause_names_the_log_of_an_underflowing_power() -> None:
     assert fp16_cause(model, {"floored": [np.array([1e-3, 21.5])]}, []) is None
 
 
+def test_fp16_cause_of_a_log_the_rule_scaled() -> None:
+    """basic-pitch after prepare's log_power rule (0.9993 / 28.5 dB at fp16): its own Log still reads values under
+    fp16's normal range, the spectrum spanning more than fp16 holds. The cause says the rule applied (it said "its
+    record says why it did not apply") and the fix names a field that exists."""
+    from ctxbuild.graph.legalize import legalize
+    from ctxbuild.verify.advice import fp16_cause
+
+    nodes = [helper.make_node("Mul", ["x", "x"], ["power"], name="square"),
+             helper.make_node("Add", ["power", "eps"], ["floored"], name="add"),
+             helper.make_node("Log", ["floored"], ["y"], name="log")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 80])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 80])],
+                              [numpy_helper.from_array(np.array(1e-10, np.float32), "eps")])
+    model = helper.make_model(graph)
+    assert legalize(model).rewrites == {"log_power": 1}
+    (scaled,) = [n for n in model.graph.node if n.op_type == "Log" and n.doc_string]  # not the Log of the scale
+    cause, fix = fp16_cause(model, {scaled.input[0]: [np.array([3e-8, 21.5])]}, [])
+    assert "even scaled into fp16's range by prepare's log_power rule" in cause and "did not apply" not in fix, cause
+    assert "verify.min_snr_db" in fix, fix
+
+
 def test_an_integer_output_is_left_out(tmp_path: Path, ctxbuild) -> None:
     """A front end returns its features and their count (an int64 the export computes from a Shape): the
     diagnosis compares the float output and leaves the count out (it stopped with KeyError on it)."""

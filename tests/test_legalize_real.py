@@ -123,14 +123,16 @@ def test_t5_dynamic_int8(tmp_path: Path, ctxbuild) -> None:
     model the rule makes differs from the export by design: the export quantizes each activation per run to uint8
     and T5's feed-forward inputs span +-2.4e3 (a step of ~19). That moves the output by 92% of its range (cosine
     0.55), where the HTP build verified at 0.9996 against the float model: against the model as given, the sample
-    check withdraws the rule. Its RMSNorms are fused (16: the first reads the embedding through two copies of its
-    DequantizeLinear), and the compile names the int8 nodes QNN cannot run as the export has them (with their op:
-    36 nodes of the prepared model, 34 of the export: onnxruntime copied a DequantizeLinear per reader)."""
+    check withdraws the rule. The int8 embedding table becomes float (int8_tables: exact, kept), its RMSNorms are
+    fused (17; 16 while the first read the embedding through two copies of its DequantizeLinear), and the compile
+    names the int8 nodes QNN cannot run as the export has them (with their op: 32 of the export; 34 with the int8
+    Gather and its DequantizeLinear)."""
     model, r, prepare = _run(tmp_path, ctxbuild, "t5_encoder", code=1)
-    assert prepare["rewrites"] == {"rmsnorm": 16} and list(prepare["withdrawn"]) == ["dynamic_int8"], prepare
+    assert prepare["rewrites"] == {"int8_tables": 1, "rmsnorm": 17} and list(prepare["withdrawn"]) == ["dynamic_int8"], \
+        prepare
     assert prepare["withdrawn"]["dynamic_int8"].startswith("output 'last_hidden_state' moved by"), prepare
     assert "ctxbuild: t5_encoder: rewrite withdrawn by the sample check: dynamic_int8: output" in r.out, r.out
-    assert "QNN cannot run 34 node(s)" in r.err and "(DynamicQuantizeLinear)" in r.err, r.err
+    assert "QNN cannot run 32 node(s)" in r.err and "(DynamicQuantizeLinear)" in r.err, r.err
     line = next(ln for ln in r.err.splitlines() if "QNN cannot run" in ln)
     listed = re.findall(r"(?:: |, )(\S+) \((\w+)\)", line.split(" node(s)", 1)[1].split(" (set ")[0])
     export = {n.name: n.op_type for n in onnx.load(str(model), load_external_data=False).graph.node}
@@ -176,7 +178,8 @@ def test_t5_decoder_dynamic_int8(tmp_path: Path, ctxbuild) -> None:
     54.6 dB against that float model; against the int8 export as given it is cosine 0.9989, 26.6 dB: below fp16's
     30 dB, by the export's own per-run quantization."""
     _, _, prepare = _run(tmp_path, ctxbuild, "t5_decoder", code=1)
-    assert prepare["rewrites"] == {"dynamic_int8": 90, "rmsnorm": 25} and "withdrawn" not in prepare, prepare
+    assert prepare["rewrites"] == {"int8_tables": 1, "dynamic_int8": 89, "rmsnorm": 25} and "withdrawn" not in prepare, \
+        prepare
     assert prepare["rewrite_check"]["moved"]["dynamic_int8"] <= 0.25, prepare
     records = tmp_path / "out" / ".ctxbuild" / "records"
     verify = json.loads((records / "verify.t5_decoder@SM8650.json").read_text())["result"]

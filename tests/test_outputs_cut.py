@@ -108,17 +108,21 @@ def test_the_static_part_before_the_data_dependent_nodes() -> None:
         "build alone; run the model on the CPU EP in the app")
 
 
+def _sized_by_data(x: str) -> list:
+    """Relu(x) summed into a count, a Range up to it, NonZero of that: sizes that follow the data (y, nz)."""
+    return [helper.make_node("Relu", [x], ["r"], name="relu"),
+            helper.make_node("ReduceSum", ["r"], ["s"], keepdims=0, name="sum"),
+            helper.make_node("Cast", ["s"], ["n"], to=TensorProto.INT64, name="count"),
+            helper.make_node("Range", ["zero", "n", "one"], ["steps"], name="steps"),
+            helper.make_node("Cast", ["steps"], ["y"], to=TensorProto.FLOAT, name="to_float"),
+            helper.make_node("NonZero", ["y"], ["nz"], name="nz")]
+
+
 def test_sizes_that_follow_the_data_without_a_known_op(tmp_path: Path) -> None:
     """A length computed from the data (Range up to a sum) has no op of the list: the samples whose output sizes
     differ find where the sizes start to differ, and the hint names that node; a NonZero after it does not move
     the cut past it (a TTS voice's durations before its iSTFT's NonZero)."""
-    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
-             helper.make_node("ReduceSum", ["r"], ["s"], keepdims=0, name="sum"),
-             helper.make_node("Cast", ["s"], ["n"], to=TensorProto.INT64, name="count"),
-             helper.make_node("Range", ["zero", "n", "one"], ["steps"], name="steps"),
-             helper.make_node("Cast", ["steps"], ["y"], to=TensorProto.FLOAT, name="to_float"),
-             helper.make_node("NonZero", ["y"], ["nz"], name="nz")]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+    g = helper.make_graph(_sized_by_data("x"), "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
                            helper.make_tensor_value_info("nz", TensorProto.INT64, None)],
                           [helper.make_tensor("zero", TensorProto.INT64, [], [0]),
@@ -142,3 +146,29 @@ def test_a_scalar_among_the_tensors_cut_at(tmp_path: Path) -> None:
     onnx.save(helper.make_model(g, opset_imports=OPSET, ir_version=IR_VERSION), tmp_path / "sum.onnx")
     got = cpu_outputs(tmp_path / "sum.onnx", [{"x": np.full((1, 8), v, np.float32)} for v in (0.5, 1.0)])
     assert got["s"].tolist() == [4.0, 8.0] and got["r"].shape == (2, 8)
+
+
+def test_a_direct_build_refused_on_data_dependent_nodes_names_the_cut(tmp_path: Path, ctxbuild) -> None:
+    """Kokoro-82M built whole at fp16: the compile refused 1453 nodes and named only cpu_fallback, while prepare's
+    sample check had met the outputs' sizes following the data (and the line that builds the static part). The
+    refusal now leads with that line, found on the samples: here the cut before the Range the data sizes, not only
+    before the NonZero. (A log_power front end makes prepare check its rewrite on the samples.)"""
+    nodes = [helper.make_node("Mul", ["x", "x"], ["sq"], name="square"),
+             helper.make_node("Add", ["sq", "eps"], ["p"], name="floor"),
+             helper.make_node("Log", ["p"], ["l"], name="log"), *_sized_by_data("l")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                          [helper.make_tensor_value_info("nz", TensorProto.INT64, None)],
+                          [helper.make_tensor("zero", TensorProto.INT64, [], [0]),
+                           helper.make_tensor("one", TensorProto.INT64, [], [1]),
+                           helper.make_tensor("eps", TensorProto.FLOAT, [], [1e-10])])
+    onnx.save(helper.make_model(g, opset_imports=OPSET, ir_version=IR_VERSION), tmp_path / "tts.onnx")
+    (tmp_path / "cal").mkdir()
+    for k, v in enumerate((2.0, 3.0, 5.0, 8.0)):
+        np.save(tmp_path / "cal" / f"s{k}.npy", np.full((1, 8), v, np.float32))
+    (tmp_path / "tts.yaml").write_text("model: tts.onnx\nprecision: fp16\ntargets: [SM8650]\ncalibration: {dir: cal}\n")
+    r = ctxbuild("build", str(tmp_path / "tts.yaml"), "-o", str(tmp_path / "out"))
+    assert r.code == 1, r.text
+    (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED compile/")]
+    assert ("NonZero: its size depends on the input data, which QNN's fixed shapes cannot follow: split the model: "
+            "build the static part alone with `outputs: [n]` in the recipe (the rest, from Range 'steps', NonZero "
+            "'nz' on, runs in the app)") in line, line

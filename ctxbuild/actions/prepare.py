@@ -215,7 +215,7 @@ def _legalize(ctx: Any, dst: Path, inputs: Callable[[], tuple[list[dict[str, np.
     """Rewrite what the HTP cannot run (rules in ctxbuild.graph.legalize), then check the rewrites on `inputs`;
     the weights are loaded only when a rule's op is present. dst keeps the folded model when no rewrite is kept
     (its metadata then says why). Returns the nodes after each rule of the rewrite kept (graph/nodenames.py)."""
-    from ctxbuild.graph.legalize import KEPT_KEY, WITHDRAWN_KEY, wanted
+    from ctxbuild.graph.legalize import KEPT_KEY, SPLIT_KEY, WITHDRAWN_KEY, wanted
 
     optimize, only = ctx.action.params["optimize"], _only(ctx.action.params)
     folded = load(dst, external_data=False)
@@ -234,7 +234,7 @@ def _legalize(ctx: Any, dst: Path, inputs: Callable[[], tuple[list[dict[str, np.
     if chosen is not None:
         for f in (chosen.path, data_path(chosen.path)):
             os.replace(f, dst.parent / f.name)
-    _stamp(dst, {KEPT_KEY: first.kept, WITHDRAWN_KEY: withdrawn})
+    _stamp(dst, {KEPT_KEY: first.kept, WITHDRAWN_KEY: withdrawn, SPLIT_KEY: facts.get("split")})
     return chosen.steps if chosen is not None else []
 
 
@@ -256,6 +256,10 @@ def _checked(ctx: Any, dst: Path, first: Candidate, samples: list[dict[str, np.n
             return cpu_outputs(model, samples, qdq_as_written=True)  # the rewrites keep the model's own math
         except MemoryError:
             raise
+        except ActionError as e:  # the sizes follow the data: the compile's refusal gives this line
+            if e.hint and "`outputs: [" in e.hint:
+                facts["split"] = e.hint
+            return f"onnxruntime's CPU EP could not run it ({cause_line(e, limit=200)})"
         except Exception as e:  # noqa: BLE001 - onnxruntime's (and the shape check's) errors: the reason recorded
             first_line = cause_line(e, limit=200)
             return f"onnxruntime's CPU EP could not run it ({first_line})"

@@ -17,6 +17,7 @@ from ctxbuild.recipes.quantization import FP16_NODE, QUANT_TYPES, get_qnn_qdq_kw
 from ctxbuild.graph.external_data import onnx_readable
 from ctxbuild.graph.modelio import data_path, load
 from ctxbuild.graph.nodenames import OVERRIDES, Names, key
+from ctxbuild.qnn.compile import per_run_cause
 from ctxbuild.verify import gates
 from ctxbuild.verify.islands import runs_quantized
 from ctxbuild.graph.inputvalues import recorded
@@ -101,6 +102,9 @@ def _quantize(ctx: Any, src: Path) -> None:
     a = ctx.action
     s = gates.decided_settings(a.inputs) or a.params["quantization"]  # the mixed rung's: decided by the search
     model = load(src, external_data=False)
+    if cause := per_run_cause(model, {n.op_type for n in model.graph.node}):  # onnxruntime's quantizer breaks on it
+        raise ActionError(f"{a.recipe_files[0]}: no static quantization of this export: {cause}",
+                          "or build it at precision: fp16 with compile.cpu_fallback: true")
     spec = input_spec(model)
     lora = CalibrationSet.of(a)  # LoRA: the slots' values come from the calibration adapters
     if lora:

@@ -14,6 +14,7 @@ from ctxbuild.plan.action import Action
 from ctxbuild.errors import ActionError
 from ctxbuild.actions.compile import compile_refusal
 from ctxbuild.graph.cut import split_line
+from ctxbuild.graph.legalize import withdrawn
 from ctxbuild.graph.inputvalues import apply, recorded
 from ctxbuild.graph.modelio import external_data_files, load
 from ctxbuild.graph.samples import for_verification, input_spec, list_samples
@@ -138,8 +139,12 @@ def run(ctx: Any) -> None:
 # the CPU EP, gives cosine 0.94-0.95, as the fallback build does on the simulator.
 DYNAMIC_ON_CPU = ("onnxruntime's per-run int8 quantization (DynamicQuantizeLinear) runs on the CPU between NPU "
                   "partitions: it rounds each activation to a step set by the run's range, so the fp16 rounding of "
-                  "the partition before it flips whole steps; let prepare rewrite it (the dynamic_int8 rule, on by "
-                  "default in prepare.rewrite): the graph then compiles whole")
+                  "the partition before it flips whole steps")
+DYNAMIC_REWRITE = ("; let prepare rewrite it (the dynamic_int8 rule, on by default in prepare.rewrite): the graph then "
+                   "compiles whole")
+DYNAMIC_WITHDRAWN = ("; prepare's dynamic_int8 rule, which makes the graph float, was withdrawn by the sample check "
+                     "({why}): the HTP cannot compute this export as given: point the recipe's `model:` at the float "
+                     "model it was quantized from")
 
 
 def _hint(a: Action, ref_model: Path, samples: list[dict[str, np.ndarray]], reference: dict[str, np.ndarray],
@@ -151,7 +156,8 @@ def _hint(a: Action, ref_model: Path, samples: list[dict[str, np.ndarray]], refe
 
     wrapper = onnx.load(a.inputs["ctx.ctx"], load_external_data=False)
     if any(n.op_type == "DynamicQuantizeLinear" for n in wrapper.graph.node):
-        return DYNAMIC_ON_CPU
+        why = withdrawn(onnx.load(a.inputs["compiled"], load_external_data=False)).get("dynamic_int8")
+        return DYNAMIC_ON_CPU + (DYNAMIC_WITHDRAWN.format(why=why) if why else DYNAMIC_REWRITE)
     split = any(n.name.endswith("__rejoin") for n in wrapper.graph.node)  # compiled with split_outputs already
     return failure_hint(ref_model, Path(a.inputs["compiled"]), samples, reference, result,
                         recipe=a.recipes[0], precision=a.params["precision"], split=split)

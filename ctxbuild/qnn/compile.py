@@ -23,6 +23,9 @@ class UnsupportedNodes(ActionError):
         self.nodes = nodes
 
 
+# onnxruntime's per-run (dynamic) int8 ops: the HTP has no run-time activation quantization
+PER_RUN = {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "DynamicQuantizeLSTM", "DynamicQuantizeMatMul"}
+
 CRASH_HINT = ("a fault in the QNN library on this graph, not in the model: the log's last lines show where; try "
               "another precision or compile.cpu_fallback: true, and report it with the model")
 
@@ -98,6 +101,36 @@ def _save_beside(model: Path, name: str, proto: Any) -> Path:
     return path
 
 
+def per_run_cause(proto: Any, ops: set[str]) -> str:
+    """'' or, when `ops` hold ops that quantize activations per run: that the HTP cannot, why prepare's dynamic_int8
+    rule did not make them float (withdrawn by the sample check, or an op it does not rewrite), and the export to
+    build from instead (the recipe's `model:`)."""
+    from ctxbuild.graph.legalize import withdrawn
+
+    found = sorted(ops & PER_RUN)
+    if not found:
+        return ""
+    why = withdrawn(proto).get("dynamic_int8")
+    rule = (f"prepare's dynamic_int8 rule, which makes them float, was withdrawn by the sample check ({why})" if why
+            else "prepare's dynamic_int8 rule makes MatMulInteger float, not these")
+    return (f"{', '.join(found)} quantize activations per run, which the HTP cannot; {rule}: point the recipe's "
+            "`model:` at the float model the export was quantized from")
+
+
+def _split_first(proto: Any, nodes: list[tuple[str, str]]) -> str | None:
+    """When refused nodes make the model's sizes follow its data (NonZero, ...): the line that builds its static
+    part (prepare's sample check found it, else cut before those ops), the first thing to do: every refusal
+    after them is moot for a fixed graph."""
+    from ctxbuild.graph.cut import DATA_DEPENDENT_OPS, split_line
+    from ctxbuild.graph.legalize import split_met
+
+    ops = sorted({t for _, t in nodes} & DATA_DEPENDENT_OPS)
+    if not ops:
+        return None
+    line = split_met(proto) or split_line(proto, set(ops))
+    return f"{', '.join(ops)}: {line}" if line else None
+
+
 def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_options: dict[str, str] | None = None,
                   probe: Callable[[], fallback.Fallback | None] | None = None, cost: bool = False,
                   model: Path | None = None) -> ActionError:
@@ -126,7 +159,7 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_o
     if probe is not None and (unnamed or (nodes and cost and not cpu_fallback)):
         probed = probe()
         nodes = nodes or (probed.cpu_nodes if probed else [])
-    reached = None
+    reached, proto = None, None
     if nodes and model is not None:
         from ctxbuild.graph.modelio import load
 
@@ -135,9 +168,13 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_o
         nodes = named(proto, nodes)
     if nodes:
         listed = ", ".join(shown(n, t) for n, t in nodes[:8]) + (" ..." if len(nodes) > 8 else "")
-        hint = None if cpu_fallback else "set compile.cpu_fallback: true to run them on the CPU instead" + (
+        cause = per_run_cause(proto, {t for _, t in nodes}) if proto is not None else ""
+        hint = None if cpu_fallback else (f"{cause}, or " if cause else "") + \
+            "set compile.cpu_fallback: true to run them on the CPU instead" + (
             f" (measured: {probed.describe()}; verify tells whether the accuracy survives the cuts)"
             if probed and cost else "")
+        if proto is not None and not cpu_fallback and (split := _split_first(proto, nodes)):
+            hint = split
         if reached:  # the recipe's own override made the types QNN refuses: that is what to change
             hint = (f"the recipe's {reached} set the types QNN refuses for these nodes: change or remove those "
                     "overrides" + (f" (or {hint})" if hint else ""))

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ctxbuild.graph.legalize.log_power import SCALED
 from ctxbuild.graph.nodenames import Names
 from ctxbuild.recipes.quantization import FP16_NODE
 from ctxbuild.verify.islands import widen_lone
@@ -134,6 +135,8 @@ def _nodes_field(names: list[str], what: str) -> str:
 FP16_MAX = 65504.0  # the largest finite float16
 FP16_NORMAL = 2.0 ** -14  # the smallest normal float16: the HTP flushes products below it to 0 (measured)
 FP16_FIX = "build at int16 (precision: int16), whose scale follows the values where fp16's range is fixed"
+SCALED_FIX = ("what is left is the quietest bins, floored: if they do not matter, lower verify.min_snr_db "
+              "(precision: auto verifies at 20 dB)")
 LOG_FIX = ("scale the Log's input into fp16's range and subtract the scale's log after it (prepare's log_power rule "
            "does this for a floored power spectrum; its record says why it did not apply)")
 
@@ -151,6 +154,10 @@ def fp16_cause(model: Any, float_acts: dict[str, list[np.ndarray]], among: list[
     producer = {o: n for n in model.graph.node for o in n.output}
     for n in model.graph.node:
         if n.op_type == "Log" and (low := _least(float_acts.get(n.input[0], []))) is not None and low < FP16_NORMAL:
+            if n.doc_string == SCALED:  # the log_power rule's own Log: scaled already, its zeros floored
+                return (f"fp16 underflow: {names.label(n)} (Log) reads values down to {low:.3g} in float even "
+                        f"scaled into fp16's range by prepare's log_power rule: the spectrum spans more than fp16 "
+                        f"holds"), SCALED_FIX
             return (f"fp16 underflow: {names.label(n)} (Log) reads values down to {low:.3g} in float"
                     f"{_zero_floor(producer.get(n.input[0]), consts, names.label)}; the HTP flushes values under {FP16_NORMAL:.2g} "
                     "to 0 and its Log(0) is -7.6, not -inf"), LOG_FIX

@@ -15,18 +15,19 @@ from dataclasses import dataclass, field
 from typing import Any, Collection
 
 from ctxbuild.graph.legalize import (batchnorm_params, clip, convtranspose, dynamic_int8, einsum, gathernd, gelu,
-                                     log_power, mask_fill, qdq_bias, qdq_unsigned, qdq_weights, rmsnorm,
-                                     static_shapes, sum_squares, variance)
+                                     int8_tables, log_power, mask_fill, ort_fused, qdq_bias, qdq_unsigned, qdq_weights,
+                                     rmsnorm, static_shapes, sum_squares, variance)
 from ctxbuild.graph.legalize.graphview import GraphView, static_shapes_of
 from ctxbuild.graph.nodenames import Outline, outline
 
 # The QDQ rules first: the shape and weight constants they fold are what the later rules' conditions read;
 # sum_squares before log_power, which finds the square its ReduceSumSquare becomes.
-RULES = (static_shapes, qdq_weights, qdq_unsigned, qdq_bias, batchnorm_params, dynamic_int8, einsum, gathernd, clip,
-         rmsnorm, variance, sum_squares, log_power, gelu, mask_fill, convtranspose)
+RULES = (static_shapes, qdq_weights, qdq_unsigned, qdq_bias, batchnorm_params, int8_tables, dynamic_int8, ort_fused,
+         einsum, gathernd, clip, rmsnorm, variance, sum_squares, log_power, gelu, mask_fill, convtranspose)
 METADATA_KEY = "ctxbuild.rewrites"
 KEPT_KEY = "ctxbuild.kept"  # rule -> the patterns left as written and why
 WITHDRAWN_KEY = "ctxbuild.withdrawn"  # rule -> why the sample check withdrew its rewrites
+SPLIT_KEY = "ctxbuild.split"  # the split hint prepare's sample check met: the model's sizes follow its data
 KEPT_LISTED = 5  # per rule: a model with a hundred such nodes lists the first ones and the count
 
 
@@ -69,6 +70,23 @@ def legalize(model: Any, only: Collection[str] | None = None) -> Legalized:
     if done.rewrites:
         del model.graph.value_info[:]  # rewired tensors may change type (int8 -> float): onnxruntime re-infers
     return done
+
+
+def withdrawn(model: Any) -> dict[str, str]:
+    """rule -> why the sample check withdrew it, from a prepared model's metadata (empty: none, or not prepared)."""
+    return _recorded(model, WITHDRAWN_KEY) or {}
+
+
+def split_met(model: Any) -> str | None:
+    """The split hint (the `outputs:` line) prepare's sample check met on this prepared model, if it did."""
+    return _recorded(model, SPLIT_KEY)
+
+
+def _recorded(model: Any, key: str) -> Any:
+    import json
+
+    props = {p.key: p.value for p in model.metadata_props}
+    return json.loads(props[key]) if key in props else None
 
 
 def _rules(only: Collection[str] | None) -> tuple[Any, ...]:

@@ -1,12 +1,11 @@
 """onnxruntime `quantize_dynamic` output -> the float model it was made from (weights dequantized).
 
 The HTP runs neither DynamicQuantizeLinear nor MatMulInteger (integer MatMul with a per-run activation
-scale). Two patterns, as `quantize_dynamic` writes them:
-- DynamicQuantizeLinear(x) -> MatMulInteger(xq, Wq, xzp, wzp) -> Cast(float) -> Mul(x_scale * w_scale)
-  becomes MatMul(x, (Wq - wzp) * w_scale);
-- an int8 table read by data movement only (Gather, Transpose, Reshape, ...) into a per-tensor
-  DequantizeLinear becomes the dequantized float table read the same way.
-The recipe's precision then quantizes the float model statically, like any other export."""
+scale). As `quantize_dynamic` writes it, DynamicQuantizeLinear(x) -> MatMulInteger(xq, Wq, xzp, wzp) -> Cast(float)
+-> Mul(x_scale * w_scale) becomes MatMul(x, (Wq - wzp) * w_scale); an int8 table read by data moves into
+MatMulInteger (its scale a constant) becomes the float table's. The recipe's precision then quantizes the float
+model statically, like any other export. An int8 table into a DequantizeLinear is int8_tables' (exact, checked
+on its own)."""
 from __future__ import annotations
 
 import functools
@@ -15,11 +14,11 @@ from typing import Any
 import numpy as np
 
 from ctxbuild.graph.legalize.graphview import GraphView
+from ctxbuild.graph.legalize.int8_tables import float_table
 
 NAME = "dynamic_int8"
-OPS = ("MatMulInteger", "DynamicQuantizeLinear", "DequantizeLinear")
-WHAT = "DynamicQuantizeLinear + MatMulInteger, int8 tables + DequantizeLinear -> float MatMul / float tables"
-MOVES = ("Gather", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Slice")  # value-preserving
+OPS = ("MatMulInteger", "DynamicQuantizeLinear")
+WHAT = "DynamicQuantizeLinear + MatMulInteger (and int8 tables into it) -> float MatMul"
 # The sample check's bound (check.py): the rewrite drops the export's per-run activation quantization, so it moves
 # the outputs by that quantization's error by design (measured on a small MLP: 0.4% of the largest output per
 # tensor, 9% per channel; a T5 encoder export: 92%, cosine 0.55). 25% still catches a misread scale or weight
@@ -29,10 +28,6 @@ TOLERANCE = 0.25
 
 
 def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
-    return _matmuls(g) + _tables(g)
-
-
-def _matmuls(g: GraphView) -> int:
     done = 0
     for mm in [n for n in g.graph.node if n.op_type == "MatMulInteger"]:
         chain = _scale_chain(g, mm)
@@ -51,7 +46,7 @@ def _matmuls(g: GraphView) -> int:
             azp = _zero_point(g, mm, 2, None)
             w_scale = g.const(scale) if g.const(scale) is not None else _other_factor(g, scale, None)
             if azp is None or azp.size != 1 or g.consumers.get(mm.input[0]) != [mm] or \
-                    not _float_table(g, mm.input[0], 1.0, float(azp.item())):
+                    not float_table(g, mm.input[0], 1.0, float(azp.item())):
                 continue
             x = mm.input[0]  # now the table's (q - zero point) in float, moved as before
         if w_scale is None:
@@ -104,55 +99,3 @@ def _other_factor(g: GraphView, product: str, known: str | None) -> np.ndarray |
     if not values or any(v is None for v in values):
         return None
     return functools.reduce(np.multiply, values)  # a per-tensor and a per-column factor broadcast
-
-
-def _tables(g: GraphView) -> int:
-    done = 0
-    quantized = {n.input[0] for n in g.graph.node if n.op_type == "DequantizeLinear"}
-    for name in sorted(quantized):
-        # onnxruntime's optimizer gives each consumer its own copy of a DequantizeLinear: all must agree
-        dqls = g.consumers.get(name, [])
-        params = {_per_tensor(g, d) for d in dqls}
-        if any(d.op_type != "DequantizeLinear" for d in dqls) or len(params) != 1 or None in params:
-            continue
-        if g.const(name) is not None:
-            continue  # a weight DequantizeLinear (static QDQ): kept, the QDQ path reads it
-        ((scale, zp),) = params
-        if _float_table(g, name, scale, zp):
-            for d in dqls:
-                g.replace_uses(d.output[0], name)
-            done += 1
-    return done
-
-
-def _float_table(g: GraphView, name: str, scale: float, zp: float) -> bool:
-    """Make `name`, data moves of a constant int8 table, the same moves of (table - zp) * scale in float."""
-    path = _moves_to_constant(g, name)
-    if path is None:
-        return False
-    first, table = path
-    value = (g.const(table).astype(np.float32) - np.float32(zp)) * np.float32(scale)
-    first.input[0] = g.add_const(f"{table}_float", value)  # the moves after it follow in float
-    return True
-
-
-def _per_tensor(g: GraphView, dql: Any) -> tuple[float, float] | None:
-    """(scale, zero point) of a per-tensor DequantizeLinear with constant parameters, else None."""
-    scale = g.const(dql.input[1])
-    zp = g.const(dql.input[2]) if len(dql.input) > 2 and dql.input[2] else np.zeros(())
-    if scale is None or zp is None or scale.size != 1 or zp.size != 1:
-        return None  # per-axis: the axis moves with Transpose/Gather; not a pattern seen
-    return float(scale.item()), float(zp.item())
-
-
-def _moves_to_constant(g: GraphView, name: str) -> tuple[Any, str] | None:
-    """Walk back from a DequantizeLinear's input through data moves (each read only by the next) to a
-    constant table: (the first move, the table's name), or None."""
-    node = g.producer.get(name)
-    while node is not None and node.op_type in MOVES:
-        if g.const(node.input[0]) is not None:
-            return node, node.input[0]
-        node = g.producer.get(node.input[0])
-        if node is not None and len(g.consumers.get(node.output[0], [])) != 1:
-            return None
-    return None

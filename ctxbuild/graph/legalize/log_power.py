@@ -13,12 +13,19 @@ and log lo where m is 0 (Where(m > 0, ...): digital silence, or squares fp16 flu
 the floor). The same values in float32, where the Max after the Log changes nothing; in fp16 lo r^2 may be 0, and
 it is that Max which floors.
 
-Matched: Log(Clip(m, lo[, hi])) or Log(Max(m, lo)), lo > 0 and hi constants, m reached from a square (Mul(x, x),
-Pow(x, 2)) through ops linear in it, each read by the next alone: MatMul by a constant, ReduceSum/ReduceMean,
-Transpose, Reshape, Slice, Squeeze, Unsqueeze, Flatten, Identity. The squares' sums (a ReduceSum's count, a
-MatMul's largest column of absolute sums) set K, so the scaled values stay under 2^15."""
+Matched: Log(Clip(m, lo[, hi])), Log(Max(m, lo)), Log(Add(m, c)) or Log(Add(c, Mul(m, k))) (log(c + k m) =
+log k + log(m + c/k): TensorFlow's `log(x + eps)`; silero-vad v4's `log(1 + 2^20 |STFT|)`, whose product passes
+fp16's 65504), lo, c, k > 0 and hi constants; m homogeneous in squared tensors: squares (Mul(x, x), Pow(x, 2);
+the square of a Sqrt is its input), Sqrt, the Add of two such terms (|re|^2 + |im|^2), and ops linear in them:
+MatMul by a constant, ReduceSum/ReduceMean, Transpose, Reshape, Slice, Squeeze, Unsqueeze, Flatten, Identity.
+Every squared tensor is scaled by the same r (from their largest magnitude), so m by r^d for its degree d (2 for a
+power, 1 for a magnitude). The squares' sums (a ReduceSum's count, a MatMul's largest column of absolute sums, an
+Add's terms) set K, so the scaled values stay under 2^15. The nodes from the squares to the Log are copied to take
+the scaled tensors: a power or magnitude the model also reads elsewhere (silero-vad v4 concatenates its magnitude
+with the log) keeps its values there."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from math import log, prod, sqrt
 from typing import Any
 
@@ -31,7 +38,30 @@ OPS = ("Log",)
 WHAT = ("log of a floored power spectrum (log-mel front ends) -> scaled into fp16's range at run time, the floor "
         "in the log domain (fp16 underflow; the HTP's Log(0) is finite)")
 BUDGET = 2.0 ** 15  # the largest value the scaled squares may sum to: half of fp16's 65504
+SCALED = "ctxbuild log_power: scaled into fp16's range"  # the doc_string of the Log it writes (the diagnosis reads it)
 LINEAR = ("Transpose", "Reshape", "Slice", "Squeeze", "Unsqueeze", "Flatten", "Identity", "ReduceMean")
+
+
+@dataclass
+class Floor:
+    """log(max(m, lo)) [min hi], or log(m + lo) + offset when `added` (log(c + k m): lo = c/k, offset = log k)."""
+    m: str
+    lo: float
+    hi: float | None = None
+    added: bool = False
+    offset: float = 0.0
+
+
+@dataclass
+class Power:
+    """m computed by `nodes` (from m's producer back to the squares) from the squares of tensors (square node,
+    its operand), of degree `degree` in them, its sums adding up to `gain` times their largest square. `same`:
+    squares of a Sqrt among the nodes, by id -> the Sqrt's input, which they equal."""
+    nodes: list[Any]
+    squares: list[tuple[Any, str]]
+    degree: float
+    gain: float
+    same: dict[int, str] = field(default_factory=dict)
 
 
 def wanted(g: GraphView) -> bool:
@@ -44,32 +74,39 @@ def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
         floor = _floor(g, node)
         if floor is None:
             continue
-        m, lo, hi = floor
-        found = _power(g, m, shapes)
+        found = _power(g, floor.m, shapes)
         if isinstance(found, str):
             g.keep(node, found)
             continue
-        x, square, gain = found
+        if found.degree != int(found.degree):
+            g.keep(node, f"'{floor.m}' is of degree {found.degree} in its squares, not a whole power")
+            continue
         base = node.name or "log_power"
-        k = sqrt(BUDGET / gain)
-        r = _scale(g, x, k, base)
-        scaled = g.node("Mul", [x, r], f"{base}_scaled").output[0]
-        square.input[:] = [scaled if i == x else i for i in square.input]
-        # the floor scaled as m is (exact in float32; 0 in fp16 for Whisper's 1e-10, where the Max after the Log
-        # floors instead): the Log's input stays finite for a quantizer's calibration
-        lo_r = g.node("Mul", [g.add_const(f"{base}_floor_value", np.array(lo, np.float32)), r], f"{base}_floor_r")
-        lo_rr = g.node("Mul", [lo_r.output[0], r], f"{base}_floor_rr").output[0]
-        log_m = g.node("Log", [g.node("Max", [m, lo_rr], f"{base}_floored").output[0]], f"{base}_log").output[0]
+        d = int(found.degree)
+        r = _scale(g, sorted({x for _, x in found.squares}), sqrt(BUDGET / found.gain), base)
+        m = _scaled_copy(g, found, r, base)[floor.m]
+        # the floor scaled as m is, lo r^d (exact in float32; 0 in fp16 for Whisper's 1e-10, where the Max after
+        # the Log floors instead): the Log's input stays finite for a quantizer's calibration
+        lo_r = g.add_const(f"{base}_floor_value", np.array(floor.lo, np.float32))
+        for _ in range(d):
+            lo_r = g.node("Mul", [lo_r, r], f"{base}_floor_r").output[0]
+        floored = g.node("Add" if floor.added else "Max", [m, lo_r], f"{base}_floored").output[0]
+        log_m = g.node("Log", [floored], f"{base}_log", doc_string=SCALED).output[0]
         log_r = g.node("Log", [r], f"{base}_log_scale").output[0]
-        twice = g.node("Add", [log_r, log_r], f"{base}_log_scale2").output[0]
-        y = g.node("Sub", [log_m, twice], f"{base}_unscaled").output[0]
-        log_lo = g.add_const(f"{base}_log_floor", np.array(log(lo), np.float32))
+        unscale = g.node("Mul", [log_r, g.add_const(f"{base}_degree", np.array(d, np.float32))],
+                         f"{base}_log_scale{d}").output[0]
+        y = g.node("Sub", [log_m, unscale], f"{base}_unscaled").output[0]
+        if floor.offset:
+            y = g.node("Add", [y, g.add_const(f"{base}_offset", np.array(floor.offset, np.float32))],
+                       f"{base}_offset").output[0]
+        log_lo = g.add_const(f"{base}_log_floor", np.array(log(floor.lo) + floor.offset, np.float32))
         y = g.node("Max", [y, log_lo], f"{base}_floor").output[0]
-        if hi is not None:
-            y = g.node("Min", [y, g.add_const(f"{base}_log_ceiling", np.array(log(hi), np.float32))],
+        if floor.hi is not None:
+            y = g.node("Min", [y, g.add_const(f"{base}_log_ceiling", np.array(log(floor.hi), np.float32))],
                        f"{base}_ceiling").output[0]
         # the HTP's Log(0) is finite: a zero (silence, or a product fp16 flushed) takes the floor by a Where
-        positive = g.node("Greater", [m, g.add_const(f"{base}_zero", np.array(0, np.float32))], f"{base}_positive")
+        positive = g.node("Greater", [m, g.add_const(f"{base}_zero", np.array(0, np.float32))],
+                          f"{base}_positive")
         g.replace_uses(node.output[0], g.node("Where", [positive.output[0], y, log_lo], f"{base}_where").output[0])
         done += 1
     if done:
@@ -77,40 +114,71 @@ def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
     return done
 
 
-def _floor(g: GraphView, log_node: Any) -> tuple[str, float, float | None] | None:
-    """(m, lo, hi or None) when `log_node` is Log(Clip(m, lo[, hi])) or Log(Max(m, lo)), lo > 0 and hi constant
-    scalars, the floor read by the Log alone."""
+def _floor(g: GraphView, log_node: Any) -> Floor | None:
+    """The Log's floor when its input is Clip(m, lo[, hi]), Max(m, lo), Add(m, c) or Add(c, Mul(m, k)), the
+    constants positive scalars (hi any)."""
     f = g.producer.get(log_node.input[0])
-    if f is None or len(g.consumers.get(f.output[0], [])) != 1 or f.output[0] in g.outputs:
+    if f is None:
         return None
     if f.op_type == "Clip" and len(f.input) > 1 and f.input[1]:
         bounds = [g.const(b) if b else None for b in list(f.input[1:3]) + [""] * (3 - len(f.input))]
         if bounds[0] is None or bounds[0].size != 1 or (len(f.input) > 2 and f.input[2] and bounds[1] is None):
             return None
         lo, hi = float(bounds[0].item()), (float(bounds[1].item()) if bounds[1] is not None else None)
-        return (f.input[0], lo, hi) if lo > 0 else None
-    if f.op_type == "Max" and len(f.input) == 2:
+        return Floor(f.input[0], lo, hi) if lo > 0 else None
+    if f.op_type in ("Max", "Add") and len(f.input) == 2:
         for k in (0, 1):
-            c = g.const(f.input[k])
-            if c is not None and c.size == 1 and float(c.item()) > 0 and g.const(f.input[1 - k]) is None:
-                return f.input[1 - k], float(c.item()), None
+            c, m = _positive(g, f.input[k]), f.input[1 - k]
+            if c is None or g.const(m) is not None:
+                continue
+            if f.op_type == "Max":
+                return Floor(m, c)
+            scaled = g.producer.get(m)
+            if scaled is not None and scaled.op_type == "Mul":
+                for j in (0, 1):
+                    gain = _positive(g, scaled.input[j])
+                    if gain is not None and g.const(scaled.input[1 - j]) is None:
+                        return Floor(scaled.input[1 - j], c / gain, added=True, offset=log(gain))
+            return Floor(m, c, added=True)
     return None
 
 
-def _power(g: GraphView, m: str, shapes: dict[str, list[int]]) -> tuple[str, Any, float] | str:
-    """(x, the square node, how much the ops after it can sum: the factor on x's largest square) when `m` is
-    linear in a square of x, each tensor on the way read by the next node alone; else why not."""
-    gain = 1.0
+def _positive(g: GraphView, name: str) -> float | None:
+    c = g.const(name)
+    return float(c.item()) if c is not None and c.size == 1 and float(c.item()) > 0 else None
+
+
+def _power(g: GraphView, m: str, shapes: dict[str, list[int]]) -> Power | str:
+    """How `m` is computed from squares; else why not."""
+    gain, nodes, same = 1.0, [], {}
     t = m
     while True:
         n = g.producer.get(t)
         if n is None:
             return f"'{t}' is not computed from a square (Mul(x, x) or Pow(x, 2)) by linear ops"
-        if t in g.outputs or len(g.consumers.get(t, [])) != 1:
-            return f"'{t}' is read elsewhere too: scaling it would change that reader"
         x = g.squared(n)
         if x is not None:
-            return x, n, gain
+            root = g.producer.get(x)
+            if root is not None and root.op_type == "Sqrt":
+                nodes.append(n)
+                t = same[id(n)] = root.input[0]  # Sqrt(s)^2 = s: the square of a magnitude is its power
+                continue
+            return Power(nodes + [n], [(n, x)], 2.0, gain, same)
+        nodes.append(n)
+        if n.op_type == "Sqrt":
+            inner = _power(g, n.input[0], shapes)
+            return inner if isinstance(inner, str) else Power(nodes + inner.nodes, inner.squares, inner.degree / 2,
+                                                              gain * inner.gain, same | inner.same)
+        if n.op_type == "Add" and all(g.const(i) is None for i in n.input):
+            terms = [_power(g, i, shapes) for i in n.input]
+            why = next((p for p in terms if isinstance(p, str)), None)
+            if why is not None:
+                return why
+            a, b = terms
+            if a.degree != b.degree:
+                return f"'{n.name}' (Add) adds terms of degrees {a.degree} and {b.degree} in their squares"
+            return Power(nodes + a.nodes + b.nodes, a.squares + b.squares, a.degree, gain * (a.gain + b.gain),
+                         same | a.same | b.same)
         if n.op_type == "MatMul":
             w = [(k, g.const(i)) for k, i in enumerate(n.input)]
             known = [(k, v) for k, v in w if v is not None]
@@ -130,6 +198,32 @@ def _power(g: GraphView, m: str, shapes: dict[str, list[int]]) -> tuple[str, Any
         t = n.input[0]
 
 
+def _scaled_copy(g: GraphView, power: Power, r: str, base: str) -> dict[str, str]:
+    """Copies of the power's nodes reading x * r where the originals square x: each original output -> its copy's.
+    The originals stay for any other reader (prune drops them where the Log was the only one)."""
+    from onnx import NodeProto
+
+    squares = {id(n): x for n, x in power.squares}
+    copied: dict[str, str] = {}
+    for n in reversed(power.nodes):  # the walk went from m back to the squares: reversed, producers come first
+        if id(n) in power.same:
+            copied[n.output[0]] = copied[power.same[id(n)]]
+            continue
+        inputs = [copied.get(i, i) for i in n.input]
+        if id(n) in squares:
+            x = squares[id(n)]
+            scaled = g.node("Mul", [x, r], f"{base}_scaled").output[0]
+            inputs = [scaled if i == x else i for i in n.input]
+        c = NodeProto()
+        c.CopyFrom(n)
+        c.name = g.fresh(f"{n.name or n.output[0]}_scaled")
+        c.input[:] = inputs
+        c.output[:] = [g.fresh(f"{o}_scaled") for o in n.output]
+        copied.update(zip(n.output, c.output))
+        g.graph.node.append(c)
+    return copied
+
+
 def _shape(g: GraphView, t: str, shapes: dict[str, list[int]]) -> list[int] | None:
     """t's static shape; for a square a rule before this one wrote (sum_squares), its operand's."""
     if t in shapes:
@@ -139,11 +233,13 @@ def _shape(g: GraphView, t: str, shapes: dict[str, list[int]]) -> list[int] | No
     return shapes.get(x) if x is not None and n.op_type == "Mul" else None
 
 
-def _scale(g: GraphView, x: str, k: float, base: str) -> str:
-    """r = k / max(max|x|, k / 2^15), a [1]-shaped tensor: the largest |x * r| is k (r at most 2^15, so an
-    all-zero x gives zeros, not 0 * inf)."""
+def _scale(g: GraphView, xs: list[str], k: float, base: str) -> str:
+    """r = k / max(max|x| over xs, k / 2^15), a [1]-shaped tensor: the largest |x * r| is k (r at most 2^15, so
+    all-zero xs give zeros, not 0 * inf)."""
     # keepdims 0, then [1]: with keepdims 1 (no axes) QNN 2.51's compiler aborts (measured, fp16)
-    peak = g.node("ReduceMax", [g.node("Abs", [x], f"{base}_abs").output[0]], f"{base}_peak", keepdims=0).output[0]
+    peaks = [g.node("ReduceMax", [g.node("Abs", [x], f"{base}_abs").output[0]], f"{base}_peak", keepdims=0).output[0]
+             for x in xs]
+    peak = peaks[0] if len(peaks) == 1 else g.node("Max", peaks, f"{base}_peaks").output[0]
     peak = g.node("Reshape", [peak, g.add_const(f"{base}_one", np.array([1], np.int64))], f"{base}_peak1").output[0]
     peak = g.node("Max", [peak, g.add_const(f"{base}_least", np.array(k / BUDGET, np.float32))],
                   f"{base}_guard").output[0]
