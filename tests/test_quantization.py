@@ -193,3 +193,32 @@ def test_defaults_file_quantization_merges_with_the_recipe(tree: Path, tmp_path:
     s = q["params"]["quantization"]
     got = (s["per_channel"], s["weights"], s["calibration_method"], s["percentile"])
     assert got == (True, "int16", "percentile", 99.999)
+
+
+def test_a_shared_bias_beside_a_tensor_named_like_its_copy(tmp_path: Path, ctxbuild) -> None:
+    """onnxruntime's quantizer copies a bias two Convs share as <name>0, <name>1, ... counting initializer names
+    only; a tensor already of that name (TensorFlow names a Conv's output <bias>2: basic-pitch) then reads the
+    copy's DequantizeLinear, and the QDQ model broke ("Concat axis must be in [-rank, rank-1]" at compile; basic-
+    pitch's integer candidates were skipped as the CPU EP refused their QDQ models). Each Conv gets its own bias."""
+    from onnx import TensorProto, helper
+
+    from tests._qnn_models import IR_VERSION, OPSET
+
+    r = np.random.default_rng(3)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b"], ["b0"], name="conv_a", pads=[1, 1]),
+             helper.make_node("Neg", ["b0"], ["n"], name="neg"),
+             helper.make_node("Conv", ["x", "w2", "b"], ["c"], name="conv_b", pads=[1, 1]),
+             helper.make_node("Concat", ["n", "c"], ["y"], name="cat", axis=1)]
+    inits = {"w1": r.standard_normal((4, 2, 3)), "w2": r.standard_normal((4, 2, 3)), "b": r.standard_normal(4)}
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])],
+                          [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    onnx.save(helper.make_model(g, opset_imports=OPSET, ir_version=IR_VERSION), tmp_path / "m.onnx")
+    (tmp_path / "cal").mkdir()
+    for k in range(4):
+        np.save(tmp_path / "cal" / f"s{k}.npy", np.random.default_rng(k).standard_normal((1, 2, 16)).astype(np.float32))
+    (tmp_path / "m.yaml").write_text("model: m.onnx\nprecision: int16\ntargets: [SM8650]\ncalibration: {dir: cal}\n")
+    res = ctxbuild("build", str(tmp_path / "m.yaml"), "-o", str(tmp_path / "out"))
+    assert res.code == 0, res.text
+    result = json.loads((tmp_path / "out" / "SM8650" / "m" / "m_verify.json").read_text())
+    assert result["passed"], result  # measured: 1.0000 / 43.4 dB

@@ -271,11 +271,36 @@ def _for_quantizer(model: Any, src: Path, pins: bool) -> tuple[Any, Path, dict[s
             n.name = named[key(n)] = name
             taken.add(name)
     written = unfuse(copy)
-    if not written and not named and not _own_range_for_outputs(copy):
+    changed = [bool(written), bool(named), _own_range_for_outputs(copy), _own_biases(copy)]  # each edits the copy
+    if not any(changed):
         return copy, src, written, named
     dst = src.with_name(src.name.replace("-input-", "-unfused-"))
     onnx.save(copy, str(dst))
     return copy, dst, written, named
+
+
+def _own_biases(model: Any) -> bool:
+    """Give each Conv/ConvTranspose/Gemm its own copy of a bias it shares (True if any): onnxruntime's quantizer
+    copies a shared bias as <name><n>, counting initializer names only, and a tensor already of that name then reads
+    the copy's DequantizeLinear (basic-pitch, a TensorFlow export: 18 Convs share one bias 'X' and a Conv's output
+    is 'X2'; onnxruntime's CPU EP refused the QDQ model). Copies named here are fresh against every name."""
+    inits = {i.name: i for i in model.graph.initializer}
+    readers: dict[str, list[Any]] = {}
+    for n in model.graph.node:
+        if n.op_type in ("Conv", "ConvTranspose", "Gemm") and len(n.input) > 2 and n.input[2] in inits:
+            readers.setdefault(n.input[2], []).append(n)
+    taken = set(inits) | {t for n in model.graph.node for t in list(n.input) + list(n.output)}
+    shared = {b: nodes for b, nodes in readers.items() if len(nodes) > 1}
+    for bias, nodes in shared.items():
+        for k, n in enumerate(nodes[1:], 1):
+            name = f"{bias}_own{k}"
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            model.graph.initializer.add().CopyFrom(inits[bias])
+            model.graph.initializer[-1].name = name
+            n.input[2] = name
+    return bool(shared)
 
 
 # onnxruntime's quantizer gives the input of these ops their output's range when they alone read it
