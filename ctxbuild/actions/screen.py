@@ -13,6 +13,7 @@ from typing import Any
 from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.graph.modelio import load
 from ctxbuild.actions import verify
+from ctxbuild.actions.quantize import static_refusal
 from ctxbuild.graph.inputvalues import recorded
 from ctxbuild.graph.samples import for_verification, input_spec
 from ctxbuild.plan.action import Action
@@ -35,6 +36,10 @@ def run(ctx: Any) -> None:
     ref_proto = load(ref_model, external_data=False)
     spec = input_spec(ref_proto)
     samples = for_verification(spec, p, lambda: verify.sample_files(a), a.recipe_files[0], recorded(ref_proto))
+    if refused := static_refusal(ref_proto):  # its quantize dropped out: nothing to run
+        result = {"samples": len(samples), "outputs": {}, "error": f"no static quantization of this export: {refused}"}
+        ctx.tmp_output("result").write_text(json.dumps(result, indent=2, sort_keys=True))
+        return
     memo = OutputsMemo(ctx.cache, ctx.tmp)
     reference, _ = float_reference(ctx, samples, memo)  # the candidates' verifies share the memo entry
     start = time.monotonic()
@@ -47,7 +52,7 @@ def run(ctx: Any) -> None:
     except Exception as e:  # noqa: BLE001 - onnxruntime's exceptions are untyped: the candidate drops out, said why
         why = cause_line(e)
         print(f"candidate {a.id} dropped out: onnxruntime's CPU EP cannot run its QDQ model: {why}")
-        result = {"samples": len(samples), "outputs": {}, "error": f"onnxruntime's CPU EP cannot run it: {why}"}
+        result = {"samples": len(samples), "outputs": {}, "error": f"onnxruntime's CPU EP cannot run its QDQ model: {why}"}
     ctx.facts.update(qdq_cpu_seconds=round(time.monotonic() - start, 3), memo_hits=memo.hits, memo_keys=memo.keys)
     ctx.tmp_output("result").write_text(json.dumps(result, indent=2, sort_keys=True))
 

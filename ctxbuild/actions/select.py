@@ -129,7 +129,10 @@ def no_winner(target: str, search: dict[str, Any]) -> ActionError:
     if left:
         what = {"mixed": "the mixed rung", "fp16": "fp16", "mixed fp16": "the mixed and fp16 rungs"}[" ".join(left)]
         hint = f"remove `auto: {{{', '.join(f'{n}: false' for n in left)}}}` to let the search try {what}; or " + hint
-    if stopped := next((r["note"] for r in rows if r.get("state") == "not_run" and "stopped" in r["note"]), None):
+    if any("no static quantization of this export" in r.get("note", "") for r in rows):  # actions/quantize.py
+        hint = ("point the recipe's `model:` at the float model the export was quantized from, or set "
+                "compile.cpu_fallback: true to run what QNN refuses on the CPU")
+    elif stopped := next((r["note"] for r in rows if r.get("state") == "not_run" and "stopped" in r["note"]), None):
         split = next((r["compile_refused"]["split"] for r in rows if "split" in r.get("compile_refused", {})), None)
         hint = (f"{stopped.removeprefix('not run: the search stopped at ')}: "
                 + (f"{split}; or" if split else "rewrite those nodes in the model, or")
@@ -140,8 +143,18 @@ def no_winner(target: str, search: dict[str, Any]) -> ActionError:
         hint = ("a slice of a concatenated output fails: compile.split_outputs: true gives each part its own scale "
                 "(as a search dimension: put it in the recipe and every candidate compiles split); or " + hint)
     return ActionError(f"{target}: no precision candidate meets min cosine {thr['min_cosine']} / min SNR "
-                       f"{thr['min_snr_db']} dB: " + "; ".join(f"{r['name']} {_worst(r)}" for r in rows),
+                       f"{thr['min_snr_db']} dB: " + "; ".join(f"{', '.join(names)} {why}" for why, names in
+                                                                _by_reason(rows).items()),
                        details={"passed": False, "search": search}, hint=hint)
+
+
+def _by_reason(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Candidates grouped by their worst figures or reason, in ladder order: a reason several share (an export no
+    candidate can quantize) is said once."""
+    grouped: dict[str, list[str]] = {}
+    for r in rows:
+        grouped.setdefault(_worst(r), []).append(r["name"])
+    return grouped
 
 
 def _worst(row: dict[str, Any]) -> str:

@@ -87,7 +87,7 @@ def search_actions(recipe: Recipe, out: Path) -> list[Action]:
                                 work / "search-cpu" / recipe.name / n)
             acts.append(decided)
             gate = settings_of[n] = decided.outputs["gate"]
-        model, q = quantize_action(recipe, g, prepared, work, s, gate=gate)
+        model, q = quantize_action(recipe, g, prepared, work, s, gate=gate, search=True)
         models[n] = model
         built = Built(g, prepared, model)
         screens[n] = _screen(recipe, built, work / "search-cpu" / recipe.name / n, gate)

@@ -97,10 +97,11 @@ def model_files(role: str, path: str) -> dict[str, str]:
     return {role: path, f"{role}.data": path + ".data"}
 
 def quantize_action(recipe: Recipe, g: Graph, prepared: str, work: Path, settings: dict[str, Any],
-              reference: str | None = None, gate: str | None = None) -> tuple[str, Action]:
+              reference: str | None = None, gate: str | None = None, search: bool = False) -> tuple[str, Action]:
     """`settings`: one of recipe.quantization (quantization.settings()); its name is a label, not a parameter.
     `reference`: the float model with LoRA slots as inputs (recipes with adapters). `gate`: a precision
-    search's gate file (verify/gates.py): its own node, apart from the ungated one other recipes share."""
+    search's gate file (verify/gates.py): its own node, apart from the ungated one other recipes share.
+    `search`: a precision search's candidate, which drops out where a plain build fails (actions/quantize.py)."""
     cal = g.calibration
     assert cal is not None  # recipe validation requires calibration for quantized precisions
     quant = {k: v for k, v in settings.items() if k not in ("name", "samples")}
@@ -110,6 +111,8 @@ def quantize_action(recipe: Recipe, g: Graph, prepared: str, work: Path, setting
         params["outputs"] = list(g.outputs)
     if g.input_values:  # as the cut: a pin in a branch the values drop is named so
         params["input_values"] = dict(sorted(g.input_values.items()))
+    if search:
+        params["search"] = True
     inputs = model_files("model", prepared)
     if recipe.adapters and reference:  # LoRA: calibrate over the declared adapter set (a change recompiles)
         params["adapters"], more = calibration_inputs(recipe.adapters)

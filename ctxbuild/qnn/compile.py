@@ -101,10 +101,10 @@ def _save_beside(model: Path, name: str, proto: Any) -> Path:
     return path
 
 
-def per_run_cause(proto: Any, ops: set[str]) -> str:
-    """'' or, when `ops` hold ops that quantize activations per run: that the HTP cannot, why prepare's dynamic_int8
-    rule did not make them float (withdrawn by the sample check, or an op it does not rewrite), and the export to
-    build from instead (the recipe's `model:`)."""
+def per_run_cause(proto: Any, ops: set[str], cannot: str = "the HTP") -> str:
+    """'' or, when `ops` hold ops that quantize activations per run: that `cannot` (what refuses them) cannot, why
+    prepare's dynamic_int8 rule did not make them float (withdrawn by the sample check, or an op it does not
+    rewrite), and the export to build from instead (the recipe's `model:`)."""
     from ctxbuild.graph.legalize import withdrawn
 
     found = sorted(ops & PER_RUN)
@@ -113,7 +113,7 @@ def per_run_cause(proto: Any, ops: set[str]) -> str:
     why = withdrawn(proto).get("dynamic_int8")
     rule = (f"prepare's dynamic_int8 rule, which makes them float, was withdrawn by the sample check ({why})" if why
             else "prepare's dynamic_int8 rule makes MatMulInteger float, not these")
-    return (f"{', '.join(found)} quantize activations per run, which the HTP cannot; {rule}: point the recipe's "
+    return (f"{', '.join(found)} quantize activations per run, which {cannot} cannot; {rule}: point the recipe's "
             "`model:` at the float model the export was quantized from")
 
 

@@ -56,7 +56,10 @@ def walk(names: list[str], screens: dict[str, Any], verifies: dict[str, Any], th
             break
         screen = screens.get(n)
         if is_skipped(screen):  # its gate closed though the walk reached it: the mixed rung found nothing to change
-            rows.append({"name": n, "state": "not_run", "why": "not run: the diagnosis blamed no node"})
+            unmeasured = rows and all((screens.get(r["name"]) or {}).get("error") for r in rows)
+            rows.append({"name": n, "state": "not_run",
+                         "why": "not run: no candidate before it could be measured to diagnose" if unmeasured
+                         else "not run: the diagnosis blamed no node"})
             continue
         if screen is not None and (why := cpu_rejection(screen, thr, predict["cpu_margin_db"])):
             rows.append({"name": n, "state": "rejected_cpu", "why": why})

@@ -62,10 +62,10 @@ def parts(result: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
 
 def cpu_rejection(screen: dict[str, Any], thr: dict[str, float], margin_db: float) -> str | None:
     """Why the CPU screen rejects a candidate, or None. The cosine bar moves with the same margin: for small
-    errors 1 - cosine scales as the error power, i.e. as 10^(-SNR/10). A candidate onnxruntime cannot run is
-    rejected with onnxruntime's reason."""
+    errors 1 - cosine scales as the error power, i.e. as 10^(-SNR/10). A candidate that could not be quantized
+    or that onnxruntime cannot run is rejected with the screen's reason."""
     if error := screen.get("error"):
-        return f"skipped: onnxruntime's CPU EP cannot run its QDQ model ({error})"
+        return f"skipped: {error}"
     snr_bar = thr["min_snr_db"] - margin_db
     cos_bar = 1 - (1 - thr["min_cosine"]) * 10 ** (margin_db / 10)
     short = [(m["snr_db"], m["cosine"], where) for where, m in parts(screen)
