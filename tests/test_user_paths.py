@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ctxbuild.graph.cut import split_line
 from tests._qnn_models import IR_VERSION, OPSET, conv_model, conv_sigmoid_conv, matmul_nonzero_model
-from tests.conftest import records
+from tests.conftest import keep_only, records
 
 CONV = "model: conv.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\n"
 
@@ -183,6 +183,21 @@ def test_a_pin_that_changes_nothing_says_so(tmp_path: Path, ctxbuild, precision:
         r = ctxbuild("build", str(recipe), "-o", str(tmp_path / "out"))
         assert r.code == 0, r.text
         assert (said in r.text) == (pins == idle), r.text
+
+
+def test_layers_on_a_lora_recipe_feeds_the_slots_their_defaults(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """`verify --layers` on a recipe with LoRA adapters crashed with a traceback, exit 1 ("Required inputs
+    (['layer1.lora_A', ...]) are missing from input feed (['x'])"): the QDQ model takes the slots as inputs, the
+    samples hold the model's own inputs only. The diagnosis feeds each slot its default (the base without an
+    adapter, as the base's verification runs it)."""
+    keep_only(tree, "lora_mlp.yaml")
+    (tree / "lora_mlp.yaml").write_text((tree / "lora_mlp.yaml").read_text().replace(
+        "precision: int16\n", "precision: int16\ntargets: [SM8650]\n"))
+    out = tmp_path / "out"
+    r = ctxbuild("verify", "--layers", "lora_mlp", str(tree), "-o", str(out))
+    assert r.code == 0 and "Traceback" not in r.err, r.text
+    d = json.loads((out / "SM8650" / "lora_mlp" / "lora_mlp_layers.json").read_text())
+    assert d["samples"] >= 1 and d["outputs"] and d["worst_quantization"], d
 
 
 def test_a_16_bit_weights_pin_on_an_arch_without_them_is_the_recipes_mistake(tmp_path: Path, ctxbuild) -> None:

@@ -145,10 +145,13 @@ def _samples(v: Action, limit: int | None) -> list[dict[str, Any]]:
     from ctxbuild.graph.inputvalues import recorded
     from ctxbuild.graph.samples import from_files, input_spec, random_samples
     from ctxbuild.actions.verify import discover_inputs
+    from ctxbuild.lora.adapters import slot_defaults_of
 
     reference = load(Path(v.inputs["reference"]), external_data=False)
     spec = input_spec(reference)
     n = limit or v.params["samples"]
-    if v.params["sample_source"] == "random":
-        return list(random_samples(spec, n))
-    return list(from_files(spec, dict(list(discover_inputs(v).items())[:n]), v.recipe_files[0], recorded(reference)))
+    samples = (random_samples(spec, n) if v.params["sample_source"] == "random" else
+               from_files(spec, dict(list(discover_inputs(v).items())[:n]), v.recipe_files[0], recorded(reference)))
+    # LoRA: the QDQ model takes the slots as inputs; the base is diagnosed with their defaults (no adapter)
+    slots = slot_defaults_of(Path(v.inputs["reference"]))
+    return [{**slots, **s} for s in samples]
