@@ -174,7 +174,7 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_o
             f" (measured: {probed.describe()}; verify tells whether the accuracy survives the cuts)"
             if probed and cost else "")
         if proto is not None and not cpu_fallback and (split := _split_first(proto, nodes)):
-            hint = split
+            hint = f"{split}; or {hint}"  # the cut first: every refusal after those ops is moot for a fixed graph
         if reached:  # the recipe's own override made the types QNN refuses: that is what to change
             hint = (f"the recipe's {reached} set the types QNN refuses for these nodes: change or remove those "
                     "overrides" + (f" (or {hint})" if hint else ""))
