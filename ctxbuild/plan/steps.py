@@ -151,6 +151,11 @@ def compile_action(recipe: Recipe, b: Built, t: Target, d: Path, *, name: str | 
               "graphs": [b.graph.name]}
     if recipe.compile.split_outputs:  # only when set: existing action keys stay as they were
         params["split_outputs"] = split_param(recipe.compile.split_outputs)
+    if recipe.precision == "fp16":  # what the HTP's fp16 computes coarsely, rewritten at compile (graph/legalize)
+        from ctxbuild.graph.legalize import fp16_rules
+
+        if rules := fp16_rules(recipe.rewrite):
+            params["fp16_rewrite"] = {"rules": rules, "code": source_digest(LEGALIZE_DIR)}
     if recipe.compile.quantized_io:
         params["quantized_io"] = True
     twin = " (verification twin)" if name else f" (candidate {candidate})" if candidate else ""
