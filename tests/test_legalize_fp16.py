@@ -66,3 +66,23 @@ def test_fp16_build_with_sigmoid_scores_passes(tmp_path: Path, ctxbuild) -> None
     assert r.code == 1, r.text
     assert "FAILED verify/head_as_written@SM8650" in r.err and "FAILED verify/head@SM8650" not in r.err, r.err
     assert (tmp_path / "out" / "SM8650" / "head" / "head_ctx_qnn.bin").is_file()
+
+
+def test_fp16_compiles_are_rewritten_except_a_bundles(tmp_path: Path) -> None:
+    """Plan: a single-graph fp16 compile carries the rules (and their code's digest, so a changed rule recompiles);
+    an int16 one does not, nor does prepare.rewrite: false; a bundle's verification twins do not, since the bundle
+    compiles the prepared models as they are and the twins must compile what it ships."""
+    from ctxbuild.plan.planner import make_plan
+    from ctxbuild.recipes import recipe
+    from tests.fake_tree import fake_tree
+
+    tree = fake_tree(tmp_path / "recipes")
+    (tree / "lm_bundle.yaml").write_text((tree / "lm_bundle.yaml").read_text().replace("precision: int16",
+                                                                                       "precision: fp16"))
+    (tree / "mlp_written.yaml").write_text((tree / "mlp_fp16.yaml").read_text() + "prepare: {rewrite: false}\n")
+    compiles = {a.id: a.params for a in make_plan(recipe.load([tree]), tmp_path / "out").actions
+                if a.kind == "compile"}
+    rewritten = {i.split("/")[1].split("@")[0] for i, p in compiles.items() if "fp16_rewrite" in p}
+    assert rewritten == {"mlp_fp16"}, sorted(compiles)
+    assert any(i.startswith("compile/lm_bundle.") for i in compiles)  # the twins, planned without it
+    assert compiles["compile/mlp_fp16@SM8650"]["fp16_rewrite"]["rules"] == ["sigmoid_exp"]

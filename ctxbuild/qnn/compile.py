@@ -38,7 +38,8 @@ class QnnCompileFailed(Exception):
 def compile_graph(model: Path, dst: Path, params: dict[str, Any], tmp: Path) -> None:
     """One graph through ModelCompiler. With `split_outputs` its final Concats are cut off before compiling and
     re-joined in the wrapper after (split_outputs.py); with `quantized_io` its boundary Q/DQ are removed and
-    their encodings recorded in the wrapper (quantized_io.py). Also builds verify/probe.py's debug variants."""
+    their encodings recorded in the wrapper (quantized_io.py); with `fp16_rewrite` the fp16 rules rewrite it first
+    (graph/legalize FP16_RULES). Also builds verify/probe.py's debug variants."""
     def compile_(src: Path) -> None:
         toolchain.qnn_devices()  # registered here, before the fork: each child inherits it
         try:

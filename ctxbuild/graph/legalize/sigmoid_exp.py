@@ -9,7 +9,7 @@ class logits: NudeNet's YOLOv8n at fp16 verified its score slice at 18.6 dB (max
 0.23), 36.6 dB rewritten (0.0028).
 
 Applied by compile to fp16 builds alone (legalize.FP16_RULES), not by prepare: quantized, Exp(-x) spans 1e-9
-to 1e9, which no 16-bit scale holds. The same function: in fp16 Exp(-x) overflows to inf below x = -11.1, where
+to 1e9, which no 16-bit scale holds. Not in bundles (one shared-weight compile of the prepared models). The same function: in fp16 Exp(-x) overflows to inf below x = -11.1, where
 1 / (1 + inf) = 0 and x / inf = 0 (sigmoid there is under 1.6e-5). The rewritten nodes keep the user's names:
 the Reciprocal is named and outputs as the Sigmoid, the Div as the SiLU's Mul."""
 from __future__ import annotations
