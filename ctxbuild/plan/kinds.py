@@ -50,8 +50,7 @@ class MemoryModel:
     # largest of params["context_lengths"]: an LLM's sessions' activations (attention scores, KV inputs, dequantized
     # weights), which grow with the context and which the weights do not measure
     unoptimized_factor: float | None = None  # with params["optimize"] false: the factor instead of `factor`
-    files_once: bool = False  # the sessions map the weight files and share their pages: a file several inputs name
-    # (a part's graphs share one) counts once
+    files_once: bool = False  # sessions map the weight files, sharing pages: a file inputs share counts once
 
 
 class Kind:
@@ -169,6 +168,7 @@ class _CompileRequired(TypedDict):
 class CompileParams(_CompileRequired, total=False):
     split_outputs: bool | list[str]  # only when the recipe sets it (existing keys stay as they were)
     quantized_io: bool  # likewise: the wrapper's I/O takes the quantized types (quantized_io.py)
+    fp16_rewrite: dict[str, Any]  # fp16: legalize's FP16_RULES applied first ({rules, code}: their sources' digest)
 
 
 class Compile(Kind):

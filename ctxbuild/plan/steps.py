@@ -156,6 +156,13 @@ def compile_action(recipe: Recipe, b: Built, t: Target, d: Path, *, name: str | 
               "graphs": [b.graph.name]}
     if recipe.compile.split_outputs:  # only when set: existing action keys stay as they were
         params["split_outputs"] = split_param(recipe.compile.split_outputs)
+    # What the HTP's fp16 computes coarsely, rewritten at compile (graph/legalize FP16_RULES). Not for a bundle's
+    # verification twins: the bundle compiles the prepared models as they are, and the twins must match it.
+    if recipe.precision == "fp16" and not recipe.is_bundle:
+        from ctxbuild.graph.legalize import fp16_rules
+
+        if rules := fp16_rules(recipe.rewrite):
+            params["fp16_rewrite"] = {"rules": rules, "code": source_digest(LEGALIZE_DIR)}
     if recipe.compile.quantized_io:
         params["quantized_io"] = True
     twin = " (verification twin)" if name else f" (candidate {candidate})" if candidate else ""

@@ -41,7 +41,8 @@ class QnnCompileFailed(Exception):
 def compile_graph(model: Path, dst: Path, params: dict[str, Any], tmp: Path) -> None:
     """One graph through ModelCompiler. With `split_outputs` its final Concats are cut off before compiling and
     re-joined in the wrapper after (split_outputs.py); with `quantized_io` its boundary Q/DQ are removed and
-    their encodings recorded in the wrapper (quantized_io.py). Also builds verify/probe.py's debug variants."""
+    their encodings recorded in the wrapper (quantized_io.py); with `fp16_rewrite` the fp16 rules rewrite it first
+    (graph/legalize FP16_RULES). Also builds verify/probe.py's debug variants."""
     def compile_(src: Path) -> None:
         toolchain.qnn_devices()  # registered here, before the fork: each child inherits it
         try:
@@ -53,12 +54,27 @@ def compile_graph(model: Path, dst: Path, params: dict[str, Any], tmp: Path) -> 
         except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped
             raise QnnCompileFailed(e) from e
 
+    if fp16 := params.get("fp16_rewrite"):
+        model = _fp16_rewritten(model, fp16["rules"])
     if split := params.get("split_outputs"):
         _compile_split(model, dst, None if split is True else list(split), compile_)
     elif params.get("quantized_io"):
         _compile_quantized_io(model, dst, compile_)
     else:
         compile_(model)
+
+
+def _fp16_rewritten(model: Path, rules: list[str]) -> Path:
+    """The model with the fp16 rules applied (graph/legalize FP16_RULES), beside it; itself when none applies."""
+    from ctxbuild.graph.legalize import legalize_fp16
+    from ctxbuild.graph.modelio import load
+
+    proto = load(model, external_data=False)  # the weights stay in the linked data files
+    done = legalize_fp16(proto, rules)
+    if not done:
+        return model
+    print("fp16 rewrites: " + ", ".join(f"{n} {r}" for r, n in done.items()))
+    return _save_beside(model, "fp16.onnx", proto)
 
 
 def _compile_split(model: Path, dst: Path, outputs: list[str] | None, compile_: Callable[[Path], None]) -> None:

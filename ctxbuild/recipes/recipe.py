@@ -25,11 +25,11 @@ SCHEMA_PATH = Path(__file__).with_name("recipe.schema.json")
 @lru_cache(maxsize=1)
 def schema() -> dict[str, Any]:
     """recipe.schema.json completed: the legalization rules' names (prepare.rewrite) come from the rules
-    themselves, so adding a rule touches its module and RULES only."""
-    from ctxbuild.graph.legalize import RULES
+    themselves, so adding a rule touches its module and RULES (or FP16_RULES) only."""
+    from ctxbuild.graph.legalize import FP16_RULES, RULES
 
     loaded = json.loads(SCHEMA_PATH.read_text())
-    loaded["$defs"]["rule"]["enum"] = [r.NAME for r in RULES]
+    loaded["$defs"]["rule"]["enum"] = [r.NAME for r in RULES + FP16_RULES]
     return loaded
 
 

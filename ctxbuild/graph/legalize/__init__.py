@@ -16,7 +16,7 @@ from typing import Any, Collection
 
 from ctxbuild.graph.legalize import (batchnorm_params, clip, convtranspose, dynamic_int8, einsum, gathernd, gelu,
                                      int8_tables, log_power, mask_fill, ort_fused, qdq_bias, qdq_unsigned, qdq_weights,
-                                     rmsnorm, static_shapes, sum_squares, variance)
+                                     rmsnorm, sigmoid_exp, static_shapes, sum_squares, variance)
 from ctxbuild.graph.legalize.graphview import GraphView, static_shapes_of
 from ctxbuild.graph.nodenames import Outline, outline
 
@@ -24,6 +24,9 @@ from ctxbuild.graph.nodenames import Outline, outline
 # sum_squares before log_power, which finds the square its ReduceSumSquare becomes.
 RULES = (static_shapes, qdq_weights, qdq_unsigned, qdq_bias, batchnorm_params, int8_tables, dynamic_int8, ort_fused,
          einsum, gathernd, clip, rmsnorm, variance, sum_squares, log_power, gelu, mask_fill, convtranspose)
+# Rules for fp16 builds alone, applied by compile (prepare's model is shared with the quantized candidates):
+# what the HTP's fp16 arithmetic computes coarsely, where the rewrite would not quantize.
+FP16_RULES = (sigmoid_exp,)
 METADATA_KEY = "ctxbuild.rewrites"
 KEPT_KEY = "ctxbuild.kept"  # rule -> the patterns left as written and why
 WITHDRAWN_KEY = "ctxbuild.withdrawn"  # rule -> why the sample check withdrew its rewrites
@@ -87,6 +90,20 @@ def _recorded(model: Any, key: str) -> Any:
 
     props = {p.key: p.value for p in model.metadata_props}
     return json.loads(props[key]) if key in props else None
+
+
+def fp16_rules(rewrite: bool | Collection[str]) -> list[str]:
+    """The fp16 rules prepare.rewrite allows (true: all; false: none; a list: those it names)."""
+    return [r.NAME for r in FP16_RULES if rewrite is True or (rewrite and r.NAME in rewrite)]
+
+
+def legalize_fp16(model: Any, rules: Collection[str]) -> dict[str, int]:
+    """Rewrite `model` (its weights need not be loaded) in place with the fp16 rules named: rule -> rewrites."""
+    view = GraphView(model)
+    done = {r.NAME: n for r in FP16_RULES if r.NAME in rules and (n := r.apply(view, {}))}
+    if done:
+        del model.graph.value_info[:]
+    return done
 
 
 def _rules(only: Collection[str] | None) -> tuple[Any, ...]:
