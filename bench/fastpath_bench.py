@@ -85,13 +85,13 @@ def real_tree(root: Path) -> Path | None:
     """Recipes for the real public models, with rendered calibration and verification inputs; None if the
     packages that ship them are not installed."""
     from bench.real_models.inputs import write_samples
-    from bench.real_models.models import MODELS, MissingModel, locate
+    from bench.real_models.models import MODELS, SEARCH_SET, MissingModel, locate
 
     try:
-        paths = {name: locate(name) for name in MODELS}
+        paths = {name: locate(name) for name in SEARCH_SET}
     except MissingModel:
         return None
-    for name, m in MODELS.items():
+    for name, m in ((n, MODELS[n]) for n in SEARCH_SET):
         write_samples(name, root / "cal" / name, 4, first_seed=0)
         write_samples(name, root / "ver" / name, 1, first_seed=100)
         (root / f"{name}.yaml").write_text(

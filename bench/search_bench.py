@@ -37,7 +37,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.real_models.inputs import write_samples  # noqa: E402
-from bench.real_models.models import MODELS, MissingModel, locate  # noqa: E402
+from bench.real_models.models import MODELS, SEARCH_SET, MissingModel, locate  # noqa: E402
 
 BENCHMARK = "cold precision search, base commit's search vs this tree's, real models x 2 SoCs"
 
@@ -255,7 +255,7 @@ def replay(figures: dict[str, Any], sibling_rule: bool = True) -> dict[str, Any]
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=",".join(SEARCH_SET))
     ap.add_argument("--base", default="main", help="the code compared with (97436d3: before the staged search)")
     ap.add_argument("--workdir", help="keep the runs here; reuse a base run already here")
     ap.add_argument("--replay", metavar="OUT[,OUT...]", help="counting mode: this tree's search over the base run in "

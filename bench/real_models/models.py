@@ -63,6 +63,10 @@ MODELS = {m.name: m for m in [
 ]}
 
 
+# The six models the precision search's cost is measured on (issue 32's goal, docs/measured.md): the benches' default
+SEARCH_SET = ("ppocr_cls", "ppocr_det", "ppocr_det_320", "ppocr_rec", "layout_cdla", "fall_yolov8")
+
+
 class MissingModel(RuntimeError):
     pass
 
