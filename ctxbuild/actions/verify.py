@@ -14,7 +14,6 @@ from ctxbuild.plan.action import Action
 from ctxbuild.errors import ActionError
 from ctxbuild.actions.compile import compile_refusal
 from ctxbuild.graph.cut import split_line
-from ctxbuild.graph.legalize import withdrawn
 from ctxbuild.graph.inputvalues import apply, recorded
 from ctxbuild.graph.modelio import external_data_files, load
 from ctxbuild.graph.samples import for_verification, input_spec, list_samples
@@ -150,9 +149,10 @@ DYNAMIC_WITHDRAWN = ("; prepare's dynamic_int8 rule, which makes the graph float
 def _hint(a: Action, ref_model: Path, samples: list[dict[str, np.ndarray]], reference: dict[str, np.ndarray],
           result: dict[str, Any]) -> str:
     """Where the accuracy went (quantization or the HTP) and the likely fix: verify/advice.py, CPU side only."""
-    from ctxbuild.verify.advice import failure_hint
-
     import onnx
+
+    from ctxbuild.graph.legalize import withdrawn  # its rules import numpy: not on the restore path
+    from ctxbuild.verify.advice import failure_hint
 
     wrapper = onnx.load(a.inputs["ctx.ctx"], load_external_data=False)
     if any(n.op_type == "DynamicQuantizeLinear" for n in wrapper.graph.node):

@@ -109,11 +109,24 @@ def _compile_quantized_io(model: Path, dst: Path, compile_: Callable[[Path], Non
 
 
 def _save_beside(model: Path, name: str, proto: Any) -> Path:
-    """A rewritten model beside `model`: in compile's fixed, key-named directory, with its data files."""
+    """A rewritten model beside `model`: in compile's fixed, key-named directory, with its data files. Where the
+    stage holds them as symlinks (OUT on another filesystem than /tmp: no hard links), they become copies:
+    onnxruntime refuses data that resolves outside the directory of a model that is a real file ("External data
+    path escapes model directory"; the symlinked model.onnx passes, resolved to its target's directory)."""
+    import shutil
+
     import onnx
+
+    from ctxbuild.graph.modelio import external_data_files
 
     path = model.with_name(name)
     onnx.save(proto, path)
+    for role in external_data_files(proto, path, follow_links=True):
+        data = path.parent / role.removeprefix("external:")
+        if data.is_symlink():
+            copy = data.with_name(f".{data.name}.copy")
+            shutil.copyfile(data.resolve(), copy)
+            copy.replace(data)
     return path
 
 
