@@ -10,15 +10,13 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
+
+from tests._speech_calls import CHUNK, record_calls
 
 pytestmark = pytest.mark.slow
 
-SPEECH_DIR = Path(__file__).parent / "speech"  # espeak-ng sentences at 16 kHz (make_speech.py there)
-CHUNK, CONTEXT = 512, 64  # silero-vad at 16 kHz: 512 new samples per call, after the last 64 of the previous one
-# (file, chunk indices): silence before the sentence, its onset, mid-speech, the silence after it
-PICKS = {"cal": [(0, [5, 11, 40, 104]), (1, [8, 12, 60, 120])], "verify": [(2, [6, 13, 50, 110])]}
+CONTEXT = 64  # silero-vad at 16 kHz: each call's 512 new samples follow the last 64 of the previous one
 
 
 def _model() -> Path:
@@ -30,23 +28,12 @@ def _model() -> Path:
 
 
 def _samples(model: Path, root: Path) -> None:
-    """Chunks of speech as the app feeds them: the model run over each sentence (padded with silence) on the CPU,
-    the state and the context carried from call to call; the picked calls' inputs saved, sr among them."""
-    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    files = sorted(SPEECH_DIR.glob("speech_*.npy"))
-    for sub, picks in PICKS.items():
-        (root / sub).mkdir()
-        for index, steps in picks:
-            x = np.load(files[index]).astype(np.float32) / 32768
-            x = np.concatenate([np.zeros(CHUNK * 10, np.float32), x, np.zeros(CHUNK * 40, np.float32)])
-            state, context = np.zeros((2, 1, 128), np.float32), np.zeros((1, CONTEXT), np.float32)
-            for k in range(max(steps) + 1):
-                feeds = {"input": np.concatenate([context, x[None, k * CHUNK:(k + 1) * CHUNK]], axis=1),
-                         "state": state, "sr": np.array(16000, np.int64)}
-                if k in steps:
-                    np.savez(root / sub / f"s{index}_{k:03d}.npz", **feeds)
-                _, state = sess.run(None, feeds)
-                context = feeds["input"][:, -CONTEXT:]
+    """Chunks of speech as the app feeds them: the state and the context carried from call to call."""
+    sr = np.array(16000, np.int64)
+    record_calls(model, root, lambda: {"state": np.zeros((2, 1, 128), np.float32),
+                                       "context": np.zeros((1, CONTEXT), np.float32)},
+                 lambda x, st: {"input": np.concatenate([st["context"], x], axis=1), "state": st["state"], "sr": sr},
+                 lambda call, out: {"state": out[1], "context": call["input"][:, -CONTEXT:]})
 
 
 def _recipe(root: Path, model: Path, precision: str) -> Path:

@@ -11,15 +11,12 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
+
+from tests._speech_calls import CHUNK, record_calls
 
 pytestmark = pytest.mark.slow
 
-SPEECH_DIR = Path(__file__).parent / "speech"  # espeak-ng sentences at 16 kHz (make_speech.py there)
-CHUNK = 512  # silero VAD v4 at 16 kHz: 512 samples per call
-# (file, chunk indices): silence before the sentence, its onset, mid-speech, the silence after it
-PICKS = {"cal": [(0, [5, 11, 40, 104]), (1, [8, 12, 60, 120])], "verify": [(2, [6, 13, 50, 110])]}
 
 
 def _model() -> Path:
@@ -31,21 +28,10 @@ def _model() -> Path:
 
 
 def _samples(model: Path, root: Path) -> None:
-    """Chunks of speech as pysilero feeds v4: the model run over each sentence (padded with silence) on the CPU,
-    h and c carried from call to call; the picked calls' inputs saved, sr among them."""
-    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    files = sorted(SPEECH_DIR.glob("speech_*.npy"))
-    for sub, picks in PICKS.items():
-        (root / sub).mkdir()
-        for index, steps in picks:
-            x = np.load(files[index]).astype(np.float32) / 32768
-            x = np.concatenate([np.zeros(CHUNK * 10, np.float32), x, np.zeros(CHUNK * 40, np.float32)])
-            h, c = np.zeros((2, 1, 64), np.float32), np.zeros((2, 1, 64), np.float32)
-            for k in range(max(steps) + 1):
-                feeds = {"input": x[None, k * CHUNK:(k + 1) * CHUNK], "h": h, "c": c, "sr": np.array(16000, np.int64)}
-                if k in steps:
-                    np.savez(root / sub / f"s{index}_{k:03d}.npz", **feeds)
-                _, h, c = sess.run(None, feeds)
+    """Chunks of speech as pysilero feeds v4: h and c carried from call to call."""
+    sr = np.array(16000, np.int64)
+    record_calls(model, root, lambda: {"h": np.zeros((2, 1, 64), np.float32), "c": np.zeros((2, 1, 64), np.float32)},
+                 lambda x, st: {"input": x, **st, "sr": sr}, lambda call, out: {"h": out[1], "c": out[2]})
 
 
 def _recipe(root: Path, model: Path, precision: str) -> Path:
