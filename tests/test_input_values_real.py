@@ -5,13 +5,13 @@ on SM8650 and verifies against the model as shipped, run with sr = 16000 on spee
 from __future__ import annotations
 
 import json
-import re
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests._hints import failed_line, pasted
 from tests._speech_calls import CHUNK, record_calls
 
 pytestmark = pytest.mark.slow
@@ -53,14 +53,12 @@ def tree(tmp_path: Path) -> tuple[Path, Path]:
 def test_fp16_from_the_refusal_to_a_verified_build(tree: tuple[Path, Path], ctxbuild) -> None:
     root, model = tree
     recipe = _recipe(root, model, "fp16")
-    r = ctxbuild("build", str(recipe), "-o", str(root / "out"))
-    assert r.code == 1, r.text
-    (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED prepare/")]
+    line = failed_line(ctxbuild, recipe, root / "out", "prepare/")
     assert "If 'If_0' takes its branch from input sr: if the app always passes sr = 16000" in line, line
-    pasted = re.search(r"`(input_values: [^`]*)`", line)[1]
-    assert pasted == "input_values: {sr: 16000}"
+    line_to_paste = pasted(line, "input_values")
+    assert line_to_paste == "input_values: {sr: 16000}"
 
-    recipe.write_text(recipe.read_text() + pasted + "\n")
+    recipe.write_text(recipe.read_text() + line_to_paste + "\n")
     r = ctxbuild("build", str(recipe), "-o", str(root / "out"))
     assert r.code == 0, r.text
     result = json.loads((root / "out" / "SM8650" / "vad_fp16" / "vad_fp16_verify.json").read_text())

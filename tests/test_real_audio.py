@@ -6,13 +6,13 @@ chunks with the state carried. Opt-in: pytest -m slow."""
 from __future__ import annotations
 
 import json
-import re
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests._hints import failed_line, pasted
 from tests._speech_calls import CHUNK, record_calls
 
 pytestmark = pytest.mark.slow
@@ -51,13 +51,11 @@ def tree(tmp_path: Path) -> tuple[Path, Path]:
 def test_silero_v4_fp16_from_the_refusal(tree: tuple[Path, Path], ctxbuild) -> None:
     root, model = tree
     recipe = _recipe(root, model, "fp16")
-    r = ctxbuild("build", str(recipe), "-o", str(root / "out"))
-    assert r.code == 1, r.text
-    (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED prepare/")]
-    pasted = re.search(r"`(input_values: [^`]*)`", line)[1]
-    assert pasted == "input_values: {sr: 16000}", line
+    line = failed_line(ctxbuild, recipe, root / "out", "prepare/")
+    line_to_paste = pasted(line, "input_values")
+    assert line_to_paste == "input_values: {sr: 16000}", line
 
-    recipe.write_text(recipe.read_text() + pasted + "\n")
+    recipe.write_text(recipe.read_text() + line_to_paste + "\n")
     r = ctxbuild("build", str(recipe), "-o", str(root / "out"))
     assert r.code == 0, r.text
     assert "rewritten for the HTP: 1 log_power" in r.text, r.text
