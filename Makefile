@@ -26,14 +26,20 @@ $(MODELS) &: recipes/models/make_models.py recipes/models/llm_decoder.py $(STAMP
 build: $(STAMP) $(MODELS)
 	+$(BIN)/ctxbuild build recipes -o out
 
+# The suites run their files on TEST_WORKERS pytest workers (pytest-xdist; 0: one process). A serial run keeps
+# about 1.2 of 2 cores busy (most tests wait on one QNN compile or simulator child), so two workers on 2 cores
+# shorten it; a file's tests stay on one worker (--dist loadfile) and share its module fixtures.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile
+
 # The core suite, under 10 minutes on 2 cores: unit tests and the main end-to-end paths. `make test-full` runs
 # the long end-to-end files (farm, faults, caches, big models, bundles, LoRA, old toolchains); CI runs both, then
 # the real public models (.ci/run). pytest's exit 5 (nothing collected) fails either target.
 test: $(STAMP) $(MODELS)
-	$(BIN)/python -m pytest -q --durations=15 -m "not full" tests
+	$(PYTEST) -m "not full" tests
 
 test-full: $(STAMP) $(MODELS)
-	$(BIN)/python -m pytest -q --durations=15 -m full tests
+	$(PYTEST) -m full tests
 
 # The fast unit tests only (planner, action key, golden build.ninja, cache stores, CLI): seconds, no QNN run.
 unit: $(STAMP)

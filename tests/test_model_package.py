@@ -3,10 +3,12 @@ own API (ModelPackageContext, select_component with the QNN EP on this machine's
 it creates from the variant it selects, run on the simulator against the float model.
 
 Selections run in child processes, retried when one crashes: on this x86 simulator, onnxruntime 1.32's
-select_component with onnxruntime-qnn 2.7.0 dies with SIGSEGV (or SIGBUS) in about half the runs, inside
+select_component with onnxruntime-qnn 2.7.0 dies with SIGSEGV (or SIGBUS) inside
 QnnEp::ValidateCompiledModelCompatibilityInfo as it logs its "skip on x86" warning through a logger that is not
-valid (gdb; 5 of 8 runs of one selection over a 2-variant package crashed; none of 10 with a QNN session alive
-in the process). A vendor bug: the tests check the outcome of the runs that live."""
+valid (gdb). Whether it dies depends on where the package lies, the same way every time (session 15: a package at
+/tmp/qq/r/s/t/moved crashed 2 of 2 runs and 16 of 16 copies beside it, at /tmp/qq/r/s/moved 0 of 2; under
+pytest-xdist's popen-gw1 directory 16 retries in place all crashed); a copy in a new temporary directory ran. So a
+retry runs on such a copy. A vendor bug: the tests check the outcome of the runs that live."""
 from __future__ import annotations
 
 import json
@@ -14,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -103,12 +106,21 @@ CRASHES = (-11, -7)  # SIGSEGV, SIGBUS: the EP's verdict callback (module docstr
 
 
 def _select(root: Path, component: str, sample: Path | None = None) -> tuple[dict[str, Any], str]:
-    """One selection (and run) in a child; a crash of the EP's verdict callback is retried, up to 16 times."""
-    args = [str(root), component, "run" if sample else "select"] + ([str(sample)] if sample else [])
-    for _ in range(16):
-        r = subprocess.run([sys.executable, "-c", _SELECT, *args], capture_output=True, text=True, timeout=600)
-        if r.returncode not in CRASHES:
-            break
+    """One selection (and run) in a child; a crash of the EP's verdict callback is retried, up to 16 times, each on
+    a copy of the package in a new temporary directory (module docstring)."""
+    at, copies = root, []
+    try:
+        for attempt in range(1, 17):
+            args = [str(at), component, "run" if sample else "select"] + ([str(sample)] if sample else [])
+            r = subprocess.run([sys.executable, "-c", _SELECT, *args], capture_output=True, text=True, timeout=600)
+            if r.returncode not in CRASHES:
+                break
+            copies.append(Path(tempfile.mkdtemp(prefix=f"ctxbuild-select{attempt}-")))
+            at = copies[-1] / root.name
+            shutil.copytree(root, at)
+    finally:
+        for d in copies:
+            shutil.rmtree(d, ignore_errors=True)
     assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-3000:]}"
     return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
 
