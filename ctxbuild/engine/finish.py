@@ -60,8 +60,8 @@ def finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, st
         if not failed:  # ninja itself stopped (killed, or a manifest it refused)
             print(f"ctxbuild: ninja stopped after {len(ran)} action(s), none failed (see above)" if ran else
                   "ctxbuild: ninja failed before running an action (see above)", file=sys.stderr)
-        return conclude(opts, rc, noop=noop)
-    return conclude(opts, deploy_gate(opts.out, manifest), noop=noop)
+        return conclude(opts, rc, noop=noop, ran=ran)
+    return conclude(opts, deploy_gate(opts.out, manifest), noop=noop, ran=ran)
 
 
 def deploy_gate(out: Path, manifest: dict[str, Any] | None) -> int:
@@ -79,27 +79,32 @@ def deploy_gate(out: Path, manifest: dict[str, Any] | None) -> int:
     return 1 if lines else 0
 
 
-def conclude(opts: BuildOptions, rc: int, *, noop: bool) -> int:
-    """The summary (last lines: accuracy per graph, the report's path), or with --json the results document."""
+def conclude(opts: BuildOptions, rc: int, *, noop: bool, ran: list[dict[str, Any]] | None = None) -> int:
+    """The summary (last lines: accuracy per graph, the report's path), or with --json the results document.
+    `ran`: the records of this build's actions (finish printed their pin lines already)."""
     from ctxbuild.outputs import summary
 
-    if opts.console.json and opts.summary:  # without the summary (--layers) the caller prints the document
-        print(json.dumps(summary.document(opts.out, rc, noop=noop), indent=2))
-    elif opts.summary and not opts.console.quiet:
+    if not (opts.summary and (opts.console.json or not opts.console.quiet)):
+        return rc  # without the summary (--layers) the caller prints its own
+    searched = stored_selects(opts.out) if noop else ran or []
+    doc = summary.document(opts.out, rc, noop=noop, searched=searched)
+    if opts.console.json:
+        print(json.dumps(doc, indent=2))
+    else:
         sys.stderr.flush()
-        for line in (stored_pins(opts.out) if noop else []) + summary.text(summary.document(opts.out, rc, noop=noop)):
+        for line in (summary.pins(searched) if noop else []) + summary.text(doc):
             print(line)
     return rc
 
 
-def stored_pins(out: Path) -> list[str]:
-    """A build that ran nothing: the pin lines of the mixed answers OUT's plan holds, as the build that decided
-    them printed them (the user pastes them; a second look should not need <recipe>_search.json)."""
+def stored_selects(out: Path) -> list[dict[str, Any]]:
+    """A build that ran nothing: the records of the precision searches OUT's plan holds, whose answers it reports
+    as the build that decided them did (the user pastes the pin lines; a second look should not need
+    <recipe>_search.json)."""
     from ctxbuild.outputs.manifest import read_record
-    from ctxbuild.outputs.summary import pins
 
     selects = [a["id"] for a in (ninja.read_state(out, "plan.json") or {}).get("actions", []) if a["kind"] == "select"]
-    return pins([r for r in (read_record(out, i) for i in selects) if r])
+    return [r for r in (read_record(out, i) for i in selects) if r]
 
 
 def _explain(r: dict[str, Any]) -> str:
