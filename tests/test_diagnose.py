@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -26,16 +28,20 @@ def _flat_calibration(tree: Path) -> None:
 
 
 def test_quantization_loss_is_named_per_node(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """Recipes and OUT elsewhere than recipes/ and out/: the hint's `verify --layers` command names them (it said
+    `ctxbuild verify --layers flat`, which looks in recipes/), so pasting it diagnoses what was built."""
     _flat_calibration(tree)
-    out = tmp_path / "out"
-    r = ctxbuild("build", str(tree), "-o", str(out))
+    tree = tree.rename(tmp_path / "npu recipes")
+    out = tmp_path / "build" / "npu"
+    r = ctxbuild("build", "npu recipes", "-o", "build/npu")
     assert r.code == 1
     line = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED verify/flat@SM8650"))
     # the hint, from the CPU half: calibrated on zeros, conv1's bias cannot fit its int32 scale
     assert "quantization loses it: the biases of conv1" in line and "calibration samples" in line
-    assert "verify --layers flat" in line
+    command = re.search(r"`ctxbuild (verify --layers flat[^`]*)`", line)
+    assert command and command[1] == "verify --layers flat 'npu recipes' -o build/npu", line
 
-    r = ctxbuild("verify", "--layers", "flat", str(tree), "-o", str(out))
+    r = ctxbuild(*shlex.split(command[1]))
     assert r.code == 1  # the verification itself still fails
     d = json.loads((out / "SM8650" / "flat" / "flat_layers.json").read_text())
     assert d["where"] == "quantization" and d["graph"] == "flat" and d["target"] == "SM8650"
@@ -54,6 +60,7 @@ def test_quantization_loss_is_named_per_node(tree: Path, tmp_path: Path, ctxbuil
     v = next(v for row in report["rows"] for v in row["verify"] if v["id"] == "verify/flat@SM8650")
     assert v["layers"]["where"] == "quantization" and v["layers"]["worst"][0]["node"] == worst[0]["node"]
     assert "Per-layer diagnosis" in (out / "report.html").read_text()
+    assert [f["cause"].count(command[0]) for f in report["failures"]] == [1], report["failures"]  # the report's too
 
 
 def test_float_model_loss_is_the_htps(tree: Path, tmp_path: Path, ctxbuild) -> None:

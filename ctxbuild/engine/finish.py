@@ -34,6 +34,8 @@ def finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, st
             print(f"explain: {r['id']}: {_explain(r)}")
     _drop_stale_diagnoses(state, ran)
     failed = [r for r in ran if r.get("status") == "failed"]
+    if opts.recipe_args:
+        _complete_commands(opts.out, failed, opts.recipe_args)
     if rc != 0:  # every failure the recipe's own mistake (a RecipeError in an action): a bad recipe, exit 2
         rc = 2 if failed and all(r.get("exit_code") == 2 for r in failed) else 1
     _invalidate_downstream(opts.out, state, {r["id"] for r in failed})
@@ -62,6 +64,22 @@ def finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, st
                   "ctxbuild: ninja failed before running an action (see above)", file=sys.stderr)
         return conclude(opts, rc, noop=noop, ran=ran)
     return conclude(opts, deploy_gate(opts.out, manifest), noop=noop, ran=ran)
+
+
+LAYERS_COMMAND = re.compile(r"`ctxbuild verify --layers (\S+)`")  # verify's hint (verify/advice.py)
+
+
+def _complete_commands(out: Path, failed: list[dict[str, Any]], recipe_args: tuple[str, ...]) -> None:
+    """A failed action's hint gives a command to paste, written by the action, which does not know the command
+    line: it gets this build's -C, PATHS and -o, in the record too (the report and --json show its cause)."""
+    from ctxbuild.digests import canonical_json
+
+    for r in failed:
+        cause = LAYERS_COMMAND.sub(lambda m: f"`ctxbuild verify --layers {m[1]} {' '.join(recipe_args)}`",
+                                   r.get("cause") or "")
+        if cause != (r.get("cause") or ""):
+            r["cause"] = cause
+            write_bytes(record_path(out, r["id"]), canonical_json(r), durable=False)
 
 
 def deploy_gate(out: Path, manifest: dict[str, Any] | None) -> int:
