@@ -53,6 +53,30 @@ def test_unknown_name_and_open_dims(tmp_path: Path) -> None:
     assert recipe.load([f]).recipes[0].graphs[0].inputs == {"image": (4, 3, 32, 48)}
 
 
+def test_open_dims_take_the_samples_shape_and_nhwc_samples_say_so(tmp_path: Path) -> None:
+    """A newcomer leaves the dynamic dims open, samples in calibration.dir: the hint gave 1 for every open dim
+    (`[1, 3, 1, 1]`, pasted it builds a 1x1 model the samples then fail); it gives the samples' shape. Samples saved
+    channels last said only "regenerate the samples": it names the layout and the transpose."""
+    import numpy as np
+
+    from ctxbuild.errors import ActionError
+    from ctxbuild.graph.samples import check_sample
+
+    f = _tree(tmp_path, "calibration: {dir: cal}\n", ["N", 3, "h", "w"])
+    (tmp_path / "cal").mkdir()
+    np.save(tmp_path / "cal" / "a.npy", np.zeros((2, 3, 32, 48), np.float32))
+    assert _error(f).endswith("(add inputs: {image: [2, 3, 32, 48]} (the shape of your sample a.npy))")
+    np.savez(tmp_path / "cal" / "0.npz", image=np.zeros((1, 3, 8, 8), np.float32))
+    assert _error(f).endswith("(add inputs: {image: [1, 3, 8, 8]} (the shape of your sample 0.npz))")
+    np.savez(tmp_path / "cal" / "0.npz", image=np.zeros((1, 8, 8, 3), np.float32))  # does not fit: the 1s as before
+    assert _error(f).endswith("(add inputs: {image: [1, 3, 1, 1]} (1 where the model leaves a dim open: use your real "
+                              "size))")
+    with pytest.raises(ActionError) as e:
+        check_sample({"image": np.zeros((1, 32, 48, 3), np.float32)}, {"image": ((1, 3, 32, 48), np.float32)},
+                     tmp_path / "s.npz", "r", {})
+    assert e.value.hint == "the sample is NHWC, the model takes NCHW: save numpy.transpose(array, (0, 3, 1, 2)) instead"
+
+
 def test_graph_inputs_are_memoized_by_stat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     f = _tree(tmp_path, "inputs:\n  image: [1, 3, 32, 48]\n")
     recipe.load([f])
@@ -73,6 +97,8 @@ def test_device_names_are_target_aliases(tmp_path: Path) -> None:
     [r] = recipe.load([f]).recipes
     assert [(t.name, t.soc_model, t.htp_arch) for t in r.targets] == [
         ("SM8650", "57", "75"), ("SM8750", "69", "79"), ("SC8380XP", "60", "73"), ("SM8550", "43", "73")]
+    f.write_text(f.read_text().replace("Snapdragon 8 Gen 2]", "8 gen 2, x-elite, sm 8650]"))  # aliases spaced
+    assert [t.name for t in recipe.load([f]).recipes[0].targets] == ["SM8650", "SM8750", "SC8380XP", "SM8550"]
     f.write_text(f.read_text().replace("Samsung Galaxy S24,", "Samsung Galaxy S42,"))
     assert "unknown SoC or target group 'Samsung Galaxy S42'" in _error(f)
     assert "did you mean 'Samsung Galaxy S2" in _error(f)

@@ -107,13 +107,24 @@ def check_sample(sample: dict[str, np.ndarray], spec: InputSpec, path: Path, rec
         shape, dtype = spec[name]
         if tuple(arr.shape) != shape:
             raise ActionError(f"{path}: '{name}' has shape {list(arr.shape)}, the recipe fixes it to {list(shape)}",
-                              "regenerate the samples at the recipe's input shape")
+                              _layout_fix(tuple(arr.shape), shape) or "regenerate the samples at the recipe's input shape")
         if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
             bad = int(arr.size - np.isfinite(arr).sum())
             raise ActionError(f"{path}: '{name}' holds {bad} NaN/Inf value(s)",
                               "samples must be real, finite inputs; regenerate this file")
         out[name] = arr.astype(dtype, copy=False)
     return out
+
+
+def _layout_fix(got: tuple[int, ...], want: tuple[int, ...]) -> str | None:
+    """The sample holds the input in the other image layout (NHWC for NCHW, or back): the transpose that fixes it."""
+    from ctxbuild.recipes.inputs import LAYOUTS
+
+    for perm, layout in LAYOUTS.items() if len(got) == len(want) == 4 else ():
+        if tuple(got[p] for p in perm) == want:
+            return (f"the sample is {layout}, the model takes {'NCHW' if layout == 'NHWC' else 'NHWC'}: save "
+                    f"numpy.transpose(array, {perm}) instead")
+    return None
 
 
 def for_verification(spec: InputSpec, params: dict[str, Any], find: Callable[[], Any],

@@ -293,7 +293,8 @@ def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any],
     values = dict(spec.get("input_values", {}))
     if values:  # before the shapes: a fixed input needs none
         check_input_values(model, values, inputs, {k: at("input_values", k) for k in values})
-    input_check.check(model, inputs, {k: at("inputs", k) for k in inputs}, where, fixed=set(values))
+    input_check.check(model, inputs, {k: at("inputs", k) for k in inputs}, where, fixed=set(values),
+                      samples=calibration.dir if calibration else None)
     if outputs := tuple(spec.get("outputs", ())):
         check_outputs(model, outputs, at("outputs"), values)
     return Graph(name=name, model=model, inputs=inputs, calibration=calibration, outputs=outputs,
