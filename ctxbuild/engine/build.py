@@ -13,7 +13,9 @@ from typing import Any
 
 from ctxbuild import machine, settings
 from ctxbuild.engine import edited, links, ninja, outdir, toolchains
-from ctxbuild.engine.finish import conclude, deploy_gate, finish, summaries_current, write_summary
+from ctxbuild.engine.finish import (
+    conclude, deploy_gate, finish, set_aside_interrupted, summaries_current, write_summary,
+)
 from ctxbuild.engine.options import BuildOptions, make_dry_run, ninja_targets
 from ctxbuild.engine.replan import current, ensure_planned, invocation
 from ctxbuild.errors import CtxbuildError
@@ -112,8 +114,12 @@ def _build(opts: BuildOptions) -> int:
             if restore_pending(opts.out, state, pending, build_id, on_miss=w.start, say=opts.console.info):
                 return finish(opts, state, build_id, 0, started)  # all restored: ninja has nothing to do
         # Without -j, ninja 1.13.2 (PyPI) takes its slots from make's jobserver itself, fifo or pipe (make 4.3)
-        rc = ninja.run(opts.out, targets, jobs=opts.jobs, keep_going=opts.keep_going, dry_run=False,
-                       env={**env, **w_env}, console=opts.console)
+        try:
+            rc = ninja.run(opts.out, targets, jobs=opts.jobs, keep_going=opts.keep_going, dry_run=False,
+                           env={**env, **w_env}, console=opts.console)
+        except KeyboardInterrupt:
+            set_aside_interrupted(opts, state)
+            raise
     return finish(opts, state, build_id, rc, started)
 
 

@@ -157,10 +157,20 @@ def _invalidate_downstream(out: Path, state: dict[str, Any], failed: set[str]) -
                 record_path(out, c).unlink(missing_ok=True)
 
 
-def pending_actions(out: Path, targets: list[str], plan: dict[str, Any]) -> set[str]:
+def set_aside_interrupted(opts: BuildOptions, state: dict[str, Any]) -> None:
+    """Ctrl-C stopped ninja: what the build made but did not verify leaves OUT/<target>/, as after a failure (a
+    step copying OUT/<target>/ must not ship it); the rest of finish (records, report) waits for the next build."""
+    if opts.set_aside_failed:
+        plan = ninja.read_state(opts.out, "plan.json") or state
+        ship_only_verified(opts.out, state, pending=pending_actions(opts.out, ninja_targets(state, opts), plan,
+                                                                   after_interrupt=True))
+
+
+def pending_actions(out: Path, targets: list[str], plan: dict[str, Any], *, after_interrupt: bool = False) -> set[str]:
     """The actions of `plan` a build of `targets` would still run in OUT (after a failed or stopped build: what
     did not run and is not up to date), read from ninja's dry run, whose commands name each action's spec file."""
-    names = set(re.findall(r"actions/(\S+?\.json)", "\n".join(ninja.pending(out, targets) or [])))
+    names = set(re.findall(r"actions/(\S+?\.json)",
+                           "\n".join(ninja.pending(out, targets, after_interrupt=after_interrupt) or [])))
     return {a["id"] for a in plan["actions"] if spec_name(a["id"]) in names}
 
 

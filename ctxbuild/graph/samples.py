@@ -107,7 +107,8 @@ def check_sample(sample: dict[str, np.ndarray], spec: InputSpec, path: Path, rec
         shape, dtype = spec[name]
         if tuple(arr.shape) != shape:
             raise ActionError(f"{path}: '{name}' has shape {list(arr.shape)}, the recipe fixes it to {list(shape)}",
-                              _layout_fix(tuple(arr.shape), shape) or "regenerate the samples at the recipe's input shape")
+                              _layout_fix(tuple(arr.shape), shape)
+                              or "regenerate the samples at the recipe's input shape")
         if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
             bad = int(arr.size - np.isfinite(arr).sum())
             raise ActionError(f"{path}: '{name}' holds {bad} NaN/Inf value(s)",

@@ -56,7 +56,7 @@ def parse_recipe(f: Path, data: LineDict, merged: dict[str, Any], groups: dict[s
     if precision is None:
         raise RecipeError(f"{at()}: `precision` is required", f"one of {', '.join(PRECISIONS)}")
     if "bundle" in merged:
-        # the graphs' own fields: beside `bundle:` they would apply to none (a directory default's applies to each graph)
+        # the graphs' own fields: beside `bundle:` they apply to none (a directory default's applies to each graph)
         if own := next((k for k in ("inputs", "outputs", "input_values") if k in data), None):
             first = merged["bundle"][0]
             raise RecipeError(f"{at(own)}: {own}: a bundle's graphs set their own {own} (it applies to none here)",
@@ -213,7 +213,8 @@ def _with_defaults(merged: dict[str, Any], graph: dict[str, Any]) -> dict[str, A
     for field in ("inputs", "input_values", "outputs"):
         if field in merged:
             default = merged[field]
-            spec[field] = {**default, **graph.get(field, {})} if isinstance(default, dict) else graph.get(field, default)
+            own = graph.get(field)
+            spec[field] = {**default, **(own or {})} if isinstance(default, dict) else default if own is None else own
     return spec
 
 
