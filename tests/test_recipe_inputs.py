@@ -102,3 +102,23 @@ def test_device_names_are_target_aliases(tmp_path: Path) -> None:
     f.write_text(f.read_text().replace("Samsung Galaxy S24,", "Samsung Galaxy S42,"))
     assert "unknown SoC or target group 'Samsung Galaxy S42'" in _error(f)
     assert "did you mean 'Samsung Galaxy S2" in _error(f)
+
+
+def test_a_sample_dir_of_images_and_misnamed_arrays_say_what_to_save(tmp_path: Path) -> None:
+    """A newcomer's samples: the image files themselves ("has no .npz/.npy files", nothing about what to save), an
+    .npz whose array is named otherwise than the input ("name the arrays after the inputs")."""
+    import numpy as np
+
+    from ctxbuild.errors import ActionError
+    from ctxbuild.graph.samples import check_sample, list_samples
+
+    (tmp_path / "a.png").write_bytes(b"\x89PNG")
+    with pytest.raises(ActionError) as e:
+        list_samples(tmp_path, 8, "r.yaml")
+    assert str(e.value) == (f"r.yaml: sample dir {tmp_path} has no .npz/.npy files (it holds .png files) (add "
+                            "samples, one .npz per sample keyed by input name (or a .npy for a single-input model): "
+                            "the arrays as the app feeds them to the model, e.g. an image decoded, resized and "
+                            "normalized, not the image file)"), str(e.value)
+    with pytest.raises(ActionError) as e:
+        check_sample({"image": np.zeros((1, 3), np.float32)}, {"x": ((1, 3), np.float32)}, tmp_path / "s.npz", "r", {})
+    assert e.value.hint == "name the arrays after the inputs, numpy.savez(file, x=...) (recipe r)", e.value.hint

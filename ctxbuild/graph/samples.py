@@ -17,8 +17,12 @@ InputSpec = dict[str, tuple[tuple[int, ...], "np.dtype"]]
 def list_samples(d: Path, limit: int, recipe: str) -> dict[str, Path]:
     files = sorted(p for p in d.iterdir() if p.suffix in (".npz", ".npy") and p.is_file())
     if not files:
-        raise ActionError(f"{recipe}: sample dir {d} has no .npz/.npy files",
-                          "add samples, one .npz per sample keyed by input name")
+        other = sorted({p.suffix or p.name for p in d.iterdir() if p.is_file()})
+        raise ActionError(f"{recipe}: sample dir {d} has no .npz/.npy files" + (
+                          f" (it holds {', '.join(other[:5])} files)" if other else ""),
+                          "add samples, one .npz per sample keyed by input name (or a .npy for a single-input "
+                          "model): the arrays as the app feeds them to the model, e.g. an image decoded, resized "
+                          "and normalized, not the image file")
     return {f"sample:{p.name}": p for p in files[:limit]}
 
 
@@ -101,7 +105,8 @@ def check_sample(sample: dict[str, np.ndarray], spec: InputSpec, path: Path, rec
         raise ActionError(f"{path}: sample keys {sorted(sample)} do not match the model inputs {sorted(spec)}"
                           + (f" (unknown: {', '.join(unknown)})" if unknown else "")
                           + (f" (missing: {', '.join(missing)})" if missing else ""),
-                          f"name the arrays after the inputs (recipe {recipe})")
+                          "name the arrays after the inputs, numpy.savez(file, "
+                          f"{', '.join(f'{n}=...' for n in sorted(spec))}) (recipe {recipe})")
     out = {}
     for name, arr in sample.items():
         shape, dtype = spec[name]
