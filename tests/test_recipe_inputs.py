@@ -75,6 +75,13 @@ def test_open_dims_take_the_samples_shape_and_nhwc_samples_say_so(tmp_path: Path
         check_sample({"image": np.zeros((1, 32, 48, 3), np.float32)}, {"image": ((1, 3, 32, 48), np.float32)},
                      tmp_path / "s.npz", "r", {})
     assert e.value.hint == "the sample is NHWC, the model takes NCHW: save numpy.transpose(array, (0, 3, 1, 2)) instead"
+    for shape, hint in (((32, 48, 3), "the sample is HWC without the batch dim, the model takes NCHW: save "
+                                      "numpy.transpose(array, (2, 0, 1))[None] instead"),
+                        ((3, 32, 48), "the sample lacks the batch dim of 1: save array[None] instead")):
+        with pytest.raises(ActionError) as e:  # an image as decoded (cv2.imread: HWC), or without its batch dim
+            check_sample({"image": np.zeros(shape, np.float32)}, {"image": ((1, 3, 32, 48), np.float32)},
+                         tmp_path / "s.npz", "r", {})
+        assert e.value.hint == hint, e.value.hint
 
 
 def test_graph_inputs_are_memoized_by_stat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,3 +129,24 @@ def test_a_sample_dir_of_images_and_misnamed_arrays_say_what_to_save(tmp_path: P
     with pytest.raises(ActionError) as e:
         check_sample({"image": np.zeros((1, 3), np.float32)}, {"x": ((1, 3), np.float32)}, tmp_path / "s.npz", "r", {})
     assert e.value.hint == "name the arrays after the inputs, numpy.savez(file, x=...) (recipe r)", e.value.hint
+
+
+def test_integer_samples_of_a_float_input_are_warned_about(tmp_path: Path) -> None:
+    """Images saved as decoded (uint8, 0-255) for a float model were cast silently: the model was calibrated and
+    verified on a range the app may never feed it. quantize warns, from the first sample's header."""
+    import numpy as np
+
+    from ctxbuild.actions.quantize import integer_samples
+
+    spec = {"images": ((1, 3, 4, 4), np.dtype(np.float32))}
+    np.save(tmp_path / "s0.npy", np.zeros((1, 3, 4, 4), np.uint8))
+    assert integer_samples("quantize d (int16)", tmp_path, spec) == [
+        "quantize d (int16): sample s0.npy holds images as uint8, the model takes float32: used as stored (e.g. "
+        "0-255); if the app normalizes its inputs, save the samples normalized"]
+    np.save(tmp_path / "s0.npy", np.zeros((1, 3, 4, 4), np.float64))
+    assert integer_samples("q", tmp_path, spec) == []
+    (tmp_path / "s0.npy").unlink()
+    np.savez(tmp_path / "s0.npz", images=np.zeros((1, 3, 4, 4), np.int32), mask=np.zeros(3, np.int64))
+    spec["mask"] = ((3,), np.dtype(np.int64))  # an integer input: as it should be
+    assert [w.split(": ")[1] for w in integer_samples("q", tmp_path, spec)] == [
+        "sample s0.npz holds images as int32, the model takes float32"]

@@ -26,6 +26,34 @@ def list_samples(d: Path, limit: int, recipe: str) -> dict[str, Path]:
     return {f"sample:{p.name}": p for p in files[:limit]}
 
 
+Header = tuple[tuple[int, ...], "np.dtype"]  # an array's shape and dtype, as its .npy header says
+
+
+def first_header(samples: Path, name: str, only_input: bool) -> tuple[Header | None, str] | None:
+    """(shape, dtype) of input `name` in the first sample of directory `samples` (a .npy for a model's only input,
+    an .npz's array of that name), read from the array's header alone (None if it cannot be), and the file's
+    name; None when the directory holds no sample."""
+    import zipfile
+
+    import numpy as np
+
+    files = sorted(p for p in samples.iterdir() if p.suffix in (".npy", ".npz") and p.is_file()) \
+        if samples.is_dir() else []
+    if not files or (files[0].suffix == ".npy" and not only_input):
+        return (None, files[0].name) if files else None
+    from contextlib import nullcontext
+
+    try:
+        with (zipfile.ZipFile(files[0]) if files[0].suffix == ".npz" else nullcontext()) as z, \
+                (z.open(f"{name}.npy") if z else open(files[0], "rb")) as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+            return (tuple(shape), dtype), files[0].name
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        return None, files[0].name
+
+
 def input_spec(model: Any) -> InputSpec:
     import numpy as np
     from onnx.helper import tensor_dtype_to_np_dtype
@@ -123,13 +151,21 @@ def check_sample(sample: dict[str, np.ndarray], spec: InputSpec, path: Path, rec
 
 
 def _layout_fix(got: tuple[int, ...], want: tuple[int, ...]) -> str | None:
-    """The sample holds the input in the other image layout (NHWC for NCHW, or back): the transpose that fixes it."""
+    """The sample holds the input in the other image layout (NHWC for NCHW, or back), or without the batch dim of
+    one (an image as decoded, HWC): the expression that fixes it."""
     from ctxbuild.recipes.inputs import LAYOUTS
 
+    batch = ""
+    if len(got) == 3 and len(want) == 4 and want[0] == 1:
+        got, batch = (1, *got), "[None]"
     for perm, layout in LAYOUTS.items() if len(got) == len(want) == 4 else ():
         if tuple(got[p] for p in perm) == want:
-            return (f"the sample is {layout}, the model takes {'NCHW' if layout == 'NHWC' else 'NHWC'}: save "
-                    f"numpy.transpose(array, {perm}) instead")
+            layouts = f"{layout[1:]} without the batch dim" if batch else layout
+            other = "NCHW" if layout == "NHWC" else "NHWC"
+            return (f"the sample is {layouts}, the model takes {other}: save numpy.transpose(array, "
+                    f"{tuple(p - 1 for p in perm[1:]) if batch else perm}){batch} instead")
+    if batch and got == want:
+        return "the sample lacks the batch dim of 1: save array[None] instead"
     return None
 
 

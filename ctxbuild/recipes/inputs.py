@@ -3,7 +3,6 @@ dim, or a dynamic dim left open, is a recipe error with file:line (not a failed 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ctxbuild.errors import RecipeError
 from ctxbuild.graph.signature import Dim, graph_input_shapes
@@ -29,42 +28,16 @@ def check(model: Path, given: dict[str, tuple[int, ...]], where: dict[str, str],
         _fits(model, name, list(want), shapes[name], where.get(name, default_where))
     for name, shape in shapes.items():
         if name not in given and name not in fixed and not all(isinstance(d, int) and d > 0 for d in shape):
-            found = sample_shape(samples, name, len(shapes) == 1) if samples else None
-            if found and found[0] and not _differs(list(found[0]), shape):
-                hint = f"add inputs: {{{name}: {_fmt(list(found[0]))}}} (the shape of your sample {found[1]})"
+            from ctxbuild.graph.samples import first_header
+
+            found = first_header(samples, name, len(shapes) == 1) if samples else None
+            if found and found[0] and found[0][0] and not _differs(list(found[0][0]), shape):
+                hint = f"add inputs: {{{name}: {_fmt(list(found[0][0]))}}} (the shape of your sample {found[1]})"
             else:
                 fill = ", ".join(str(d) if isinstance(d, int) and d > 0 else "1" for d in shape)
                 hint = f"add inputs: {{{name}: [{fill}]}} (1 where the model leaves a dim open: use your real size)"
             raise RecipeError(f"{default_where}: input '{name}' of {model.name} has dynamic dims {_fmt(shape)}; "
                               "QNN needs fixed shapes", hint)
-
-
-def sample_shape(samples: Path, name: str, only_input: bool) -> tuple[tuple[int, ...] | None, str] | None:
-    """The shape input `name` has in the first sample of directory `samples` (a .npy for a model's only input, an
-    .npz's array of that name), read from the array's header, and the file's name; None when there is no sample."""
-    import zipfile
-
-    import numpy as np
-
-    files = sorted(p for p in samples.iterdir() if p.suffix in (".npy", ".npz") and p.is_file()) \
-        if samples.is_dir() else []
-    if not files:
-        return None
-    try:
-        if files[0].suffix == ".npy":
-            if not only_input:
-                return None, files[0].name
-            with open(files[0], "rb") as f:
-                return _header_shape(np, f), files[0].name
-        with zipfile.ZipFile(files[0]) as z, z.open(f"{name}.npy") as f:
-            return _header_shape(np, f), files[0].name
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
-        return None, files[0].name
-
-
-def _header_shape(np: Any, f: Any) -> tuple[int, ...]:
-    version = np.lib.format.read_magic(f)
-    return (np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0)(f)[0]
 
 
 def _differs(want: list[int], shape: list[Dim]) -> bool:
