@@ -50,6 +50,10 @@ HEAD = "model: models/mlp.onnx\nprecision: fp16\n"
                                                         "write it as a mapping: {dir: models/calib}"]),
     ("targets: [SM8650]\nverify: models/calib\n", [":4:", "verify: expected boolean or mapping, got str",
                                                    "write it as a mapping: {dir: models/calib}"]),
+    # a hint's field path (`compile.split_outputs: true`) pasted as a key: "unknown key", and every known key listed
+    ("targets: [SM8650]\ncompile.split_outputs: true\n", [":4:", "unknown key 'compile.split_outputs'",
+                                                          "YAML does not nest by dots: write compile: {split_outputs: "
+                                                          "true} (in the recipe's compile: if it has one)"]),
 ])
 def test_bad_field_is_one_line(tree: Path, tmp_path: Path, ctxbuild, body: str, expect: list[str]) -> None:
     keep_only(tree)

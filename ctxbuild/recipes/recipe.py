@@ -238,6 +238,8 @@ def _hint(err: Any) -> str | None:
     if err.validator == "additionalProperties":
         known = sorted(err.schema.get("properties", {}))
         extra = sorted(set(err.instance) - set(known))
+        if extra and (nested := _undotted(extra[0], err.instance[extra[0]], known)):
+            return nested
         otherwise = f"known keys: {', '.join(known)}"
         return did_you_mean(extra[0], known, otherwise=otherwise) if extra else otherwise
     if err.validator == "enum" and list(err.absolute_path) == ["precision"] \
@@ -256,6 +258,22 @@ def _hint(err: Any) -> str | None:
     if err.validator == "type" and err.validator_value == "string" and isinstance(err.instance, bool):
         return "quote it, e.g. 'on': YAML reads on/off/yes/no/true/false unquoted as a boolean"
     return None
+
+
+def _undotted(key: str, value: Any, known: list[str]) -> str | None:
+    """`compile.split_outputs: true`, a hint's field path pasted as a key: the nested YAML to write instead."""
+    import json
+
+    import yaml
+
+    head, *rest = key.split(".")
+    if not rest or head not in known:
+        return None
+    nested: Any = json.loads(json.dumps(value, default=str))
+    for part in reversed(rest):
+        nested = {part: nested}
+    line = yaml.safe_dump({head: nested}, default_flow_style=True, width=1 << 16).strip()[1:-1]
+    return f"YAML does not nest by dots: write {line} (in the recipe's {head}: if it has one)"
 
 
 def _dir_hint(value: Any, schemas: list[dict[str, Any]]) -> str | None:
