@@ -45,13 +45,17 @@ def accuracy(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if v.get("id") in seen:
                 continue
             seen.add(v.get("id"))
-            outs = v.get("outputs") or []
+            # an output's slices are measured too (a concatenated output): its worst part is the graph's worst
+            outs = [{**o, "label": o.get("name")} for o in v.get("outputs") or []]
+            outs += [{**x, "label": f"{o['label']} slice {x.get('range')}"} for o in outs for x in o.get("slices") or []
+                     if x.get("cosine") is not None and x.get("snr_db") is not None]
             result.append({"recipe": row.get("recipe"), "graph": v.get("graph"), "adapter": v.get("adapter"),
                            "context_lengths": v.get("context_lengths"), "sample_source": v.get("sample_source"),
                            "target": (row.get("target") or {}).get("name"), "status": v.get("status"),
                            "passed": v.get("passed"), "blocked_by": v.get("blocked_by"),
                            "cosine": min((o["cosine"] for o in outs), default=None),
                            "snr_db": min((o["snr_db"] for o in outs), default=None),
+                           "worst": min(outs, key=lambda o: o["snr_db"])["label"] if outs else None,
                            "thresholds": v.get("thresholds")})
     return result
 
@@ -167,4 +171,5 @@ def _verdict(r: dict[str, Any]) -> str:
         return f"not run: {r['blocked_by']} failed" if r.get("blocked_by") else "not run (the build stopped first)"
     if r["cosine"] is None:
         return "FAILED (see above)"
-    return f"FAILED (min cosine {t.get('min_cosine')}, min SNR {t.get('min_snr_db')} dB)"
+    at = f" at {r['worst']}" if " slice " in (r.get("worst") or "") else ""  # a part: the whole may look fine
+    return f"FAILED{at} (min cosine {t.get('min_cosine')}, min SNR {t.get('min_snr_db')} dB)"
