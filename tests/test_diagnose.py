@@ -92,6 +92,30 @@ def test_weak_slice_diagnosis_points_at_split(tmp_path: Path, ctxbuild) -> None:
     assert "debug_vs_delivered_snr_db" in d["probe_runs"][-1]
 
 
+def test_layers_on_a_split_outputs_recipe(tmp_path: Path, ctxbuild) -> None:
+    """The weak-slice hint's fix, `compile: {split_outputs: true}`, then `verify --layers` as the next hint says: it
+    stopped with "output '<a Concat's tensor>__probe': ... cannot cut the Concat off (drop this output from
+    split_outputs)" (NudeNet's YOLOv8), splitting the probes of inner Concats as if they were outputs; and its
+    hint offered split_outputs again. Now it splits the graph's own outputs and offers another fix."""
+    tree = write_tree(tmp_path / "recipes", {"det": "compile: {split_outputs: true}\n"})
+    model = onnx.load(str(tree / "det.onnx"))  # the stem doubled by an inner Concat, as YOLO's blocks do
+    model.graph.node.insert(2, helper.make_node("Concat", ["r1", "r1"], ["wide"], name="inner_concat", axis=1))
+    rng = np.random.default_rng(2)
+    for n in model.graph.node:
+        if n.name in ("box_conv", "score_conv"):
+            n.input[0] = "wide"
+    for i, init in enumerate(model.graph.initializer):
+        if init.name in ("wb", "ws"):
+            shape = (init.dims[0], 2 * init.dims[1], 1, 1)
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(
+                (rng.standard_normal(shape) * 0.3).astype(np.float32), init.name))
+    onnx.save(model, tree / "det.onnx")
+    r = ctxbuild("verify", "--layers", "det", str(tree), "-o", str(tmp_path / "out"))
+    assert "cannot cut the Concat off" not in r.err and "Traceback" not in r.err, r.text
+    d = json.loads((tmp_path / "out" / "SM8650" / "det" / "det_layers.json").read_text())
+    assert d["probe_runs"] and "split_outputs" not in d["hint"], d["hint"]
+
+
 def test_layers_needs_a_known_recipe(tree: Path, tmp_path: Path, ctxbuild) -> None:
     r = ctxbuild("verify", "--layers", "nope", str(tree), "-o", str(tmp_path / "out"))
     assert r.code == 2 and "--layers nope: no such recipe" in r.err

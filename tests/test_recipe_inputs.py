@@ -51,6 +51,11 @@ def test_unknown_name_and_open_dims(tmp_path: Path) -> None:
                          "(add inputs: {image: [1, 3, 32, 48]} (1 where the model leaves a dim open: use your real size))")
     f = _tree(tmp_path, "inputs:\n  image: [4, 3, 32, 48]\n")
     assert recipe.load([f]).recipes[0].graphs[0].inputs == {"image": (4, 3, 32, 48)}
+    # a typo'd size (two zeros too many): QNN compiled a 110 GB input for minutes; refused when planning
+    f = _tree(tmp_path, "inputs:\n  image: [1, 3, 48000, 192000]\n", ["N", 3, "h", "w"])
+    assert _error(f) == (f"{f}:5: inputs: 'image' [1, 3, 48000, 192000] holds 27,648,000,000 elements per sample, "
+                         "103 GiB as float32: beyond what the HTP (a 32-bit DSP) addresses (give the shape the app "
+                         "feeds the model (a typo?))")
 
 
 def test_open_dims_take_the_samples_shape_and_nhwc_samples_say_so(tmp_path: Path) -> None:

@@ -2,11 +2,13 @@
 dim, or a dynamic dim left open, is a recipe error with file:line (not a failed prepare action)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ctxbuild.errors import RecipeError
 from ctxbuild.graph.signature import Dim, graph_input_shapes
 
+MAX_INPUT_ELEMENTS = 2**30  # 4 GiB of float32: more than a 32-bit address space holds
 LAYOUTS = {(0, 3, 1, 2): "NHWC", (0, 2, 3, 1): "NCHW"}  # the recipe's dims taken in this order fit the model: its layout
 
 
@@ -26,6 +28,10 @@ def check(model: Path, given: dict[str, tuple[int, ...]], where: dict[str, str],
             raise RecipeError(f"{where.get(name, default_where)}: inputs: '{name}' is not an input of {model.name}",
                               did_you_mean(name, list(shapes), otherwise=None) or f"its inputs are: {have}")
         _fits(model, name, list(want), shapes[name], where.get(name, default_where))
+        if (size := math.prod(want)) > MAX_INPUT_ELEMENTS:  # QNN would try, for as long as it takes
+            raise RecipeError(f"{where.get(name, default_where)}: inputs: '{name}' {_fmt(list(want))} holds "
+                              f"{size:,} elements per sample, {size * 4 / 2**30:,.0f} GiB as float32: beyond what "
+                              "the HTP (a 32-bit DSP) addresses", "give the shape the app feeds the model (a typo?)")
     for name, shape in shapes.items():
         if name not in given and name not in fixed and not all(isinstance(d, int) and d > 0 for d in shape):
             from ctxbuild.graph.samples import first_header
