@@ -56,6 +56,7 @@ def accuracy(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                            "cosine": min((o["cosine"] for o in outs), default=None),
                            "snr_db": min((o["snr_db"] for o in outs), default=None),
                            "worst": min(outs, key=lambda o: o["snr_db"])["label"] if outs else None,
+                           "precision": row.get("precision"),  # a search's: "auto: <the candidate it ships>"
                            "thresholds": v.get("thresholds")})
     return result
 
@@ -164,8 +165,8 @@ def sibling_skips(records: list[dict[str, Any]]) -> list[str]:
 def _verdict(r: dict[str, Any]) -> str:
     if r["passed"] and r.get("sample_source") == "random":
         return "unverified: random inputs (give verify.dir or calibration.dir)"
-    if r["passed"]:
-        return "ok"
+    if r["passed"]:  # a precision search says what it chose: the user did not
+        return f"ok ({r['precision']})" if (r.get("precision") or "").startswith("auto: ") else "ok"
     t = r.get("thresholds") or {}
     if r.get("status") == "not built":  # a failure upstream, or the build stopped first (-k, Ctrl-C)
         return f"not run: {r['blocked_by']} failed" if r.get("blocked_by") else "not run (the build stopped first)"
