@@ -155,3 +155,13 @@ def test_integer_samples_of_a_float_input_are_warned_about(tmp_path: Path) -> No
     spec["mask"] = ((3,), np.dtype(np.int64))  # an integer input: as it should be
     assert [w.split(": ")[1] for w in integer_samples("q", tmp_path, spec)] == [
         "sample s0.npz holds images as int32, the model takes float32"]
+
+
+def test_a_default_target_the_table_lacks_names_the_defaults_file(tmp_path: Path) -> None:
+    """`targets: [phones]` in _defaults.yaml, its group spelled `phone`: the error named the recipe's line 1, which
+    holds no targets."""
+    f = _tree(tmp_path, "inputs:\n  image: [1, 3, 32, 48]\n")
+    f.write_text(f.read_text().replace("targets: [SM8650]\n", ""))
+    (tmp_path / "_defaults.yaml").write_text("defaults:\n  targets: [phones]\ntarget_groups:\n  phone: [SM8650]\n")
+    assert _error(tmp_path) == (f"{f}:1 (targets from the directory defaults, _defaults.yaml): unknown SoC or target "
+                                "group 'phones' (did you mean 'phone'? (`ctxbuild targets` lists them))")

@@ -342,6 +342,7 @@ def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list],
         if tc is not None and chosen is not None:
             chosen[t.name] = tc
 
+    given = "" if "targets" in data else " (targets from the directory defaults, _defaults.yaml)"  # no line here
     for i, spec in enumerate(specs):
-        add(spec, f"{f}:{line_of(data, ['targets', i])}", ())
+        add(spec, f"{f}:{line_of(data, ['targets', i])}{given}", ())
     return list(out.values())
