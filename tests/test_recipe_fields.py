@@ -50,6 +50,11 @@ HEAD = "model: models/mlp.onnx\nprecision: fp16\n"
                                                         "write it as a mapping: {dir: models/calib}"]),
     ("targets: [SM8650]\nverify: models/calib\n", [":4:", "verify: expected boolean or mapping, got str",
                                                    "write it as a mapping: {dir: models/calib}"]),
+    # an entry not indented under its key, or indented with a tab (which an editor does not show)
+    ("targets: [SM8650]\nverify:\nmin_cosine: 0.9\n",
+     [":5:", "unknown key 'min_cosine'", "indent it under `verify:` (the key before it, which holds nothing)"]),
+    ("targets: [SM8650]\nverify:\n\tmin_cosine: 0.9\n", [":5:", "invalid YAML",
+                                                         "the line is indented with a tab: YAML indents with spaces"]),
     # a hint's field path (`compile.split_outputs: true`) pasted as a key: "unknown key", and every known key listed
     ("targets: [SM8650]\ncompile.split_outputs: true\n", [":4:", "unknown key 'compile.split_outputs'",
                                                           "YAML does not nest by dots: write compile: {split_outputs: "

@@ -240,6 +240,10 @@ def _hint(err: Any) -> str | None:
         extra = sorted(set(err.instance) - set(known))
         if extra and (nested := _undotted(extra[0], err.instance[extra[0]], known)):
             return nested
+        keys = list(err.instance)
+        before = keys[keys.index(extra[0]) - 1] if extra and keys.index(extra[0]) else None
+        if before in known and err.instance[before] is None:  # `inputs:` with its entry not indented under it
+            return f"indent it under `{before}:` (the key before it, which holds nothing)"
         otherwise = f"known keys: {', '.join(known)}"
         return did_you_mean(extra[0], known, otherwise=otherwise) if extra else otherwise
     if err.validator == "enum" and list(err.absolute_path) == ["precision"] \
