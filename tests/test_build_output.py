@@ -90,6 +90,32 @@ def test_summary_lists_each_verification_once_by_recipe() -> None:
     assert lines[3].split()[0] == "other" and len(lines) == 5
 
 
+def test_a_rows_figures_are_its_worst_part_and_a_search_names_its_answer() -> None:
+    """NudeNet's YOLOv8 with split_outputs failed verification on its scores slice (0.43 / 0.8 dB) while the row
+    showed the whole output, 0.9955 / 20.5 dB, above both thresholds, and said FAILED. The row takes the worst
+    part, and names it."""
+    from ctxbuild.outputs import summary
+
+    v = {"id": "verify/det@SM8650", "graph": "det", "status": "failed", "passed": False,
+         "thresholds": {"min_cosine": 0.99, "min_snr_db": 20.0},
+         "outputs": [{"name": "output0", "cosine": 0.995516, "snr_db": 20.483, "slices": [
+             {"range": "0:4", "cosine": 0.995516, "snr_db": 20.483},
+             {"range": "4:22", "cosine": 0.433787, "snr_db": 0.85}]}]}
+    [acc] = summary.accuracy([{"recipe": "det", "target": {"name": "SM8650"}, "verify": [v]}])
+    assert (acc["cosine"], acc["snr_db"], acc["worst"]) == (0.433787, 0.85, "output0 slice 4:22"), acc
+    doc = {"actions": {"built": 1, "restored": 0, "failed": 1}, "up_to_date": False, "wall_seconds": 1.0,
+           "accuracy": [acc], "artifacts": [], "report": "out/report.html"}
+    assert summary.text(doc)[2].split(None, 5)[3:] == [
+        "0.4338", "0.8", "FAILED at output0 slice 4:22 (min cosine 0.99, min SNR 20.0 dB)"]
+
+    # a precision search's row says what it ships (the console said nothing of it: only <recipe>_search.json did)
+    v = {**v, "passed": True, "outputs": v["outputs"][:1]}
+    v["outputs"][0] = {k: x for k, x in v["outputs"][0].items() if k != "slices"}
+    [acc] = summary.accuracy([{"recipe": "det", "target": {"name": "SM8650"}, "verify": [v],
+                               "precision": "auto: a16w8-pc"}])
+    assert summary.text({**doc, "accuracy": [acc]})[2].split(None, 5)[5] == "ok (auto: a16w8-pc)"
+
+
 def test_a_cache_warning_is_said_once(tree: Path, tmp_path: Path, ctxbuild) -> None:
     """An unusable local cache is one warning for the build, not one per action (24 lines in one build before),
     and the build goes on without it."""

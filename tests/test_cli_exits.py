@@ -180,6 +180,9 @@ def test_interrupt_ends_the_worker_and_what_its_actions_forked(tmp_path: Path, c
     if sig == signal.SIGINT:
         assert driver.returncode == 130, stderr
         assert json.loads(stdout)["error"]["message"] == "interrupted"
+        # compiled, not verified: out of the deliverable tree, as after a failure (it stayed in OUT/SM8650/)
+        assert not (out / "SM8650").exists() and (out / ".ctxbuild" / "failed" / "SM8650" / "chain").is_dir(), stderr
+        assert "not verified in this build" in stderr, stderr
     else:
         assert driver.returncode == -signal.SIGTERM, stderr
     deadline = time.monotonic() + 1.0

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -26,16 +28,20 @@ def _flat_calibration(tree: Path) -> None:
 
 
 def test_quantization_loss_is_named_per_node(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """Recipes and OUT elsewhere than recipes/ and out/: the hint's `verify --layers` command names them (it said
+    `ctxbuild verify --layers flat`, which looks in recipes/), so pasting it diagnoses what was built."""
     _flat_calibration(tree)
-    out = tmp_path / "out"
-    r = ctxbuild("build", str(tree), "-o", str(out))
+    tree = tree.rename(tmp_path / "npu recipes")
+    out = tmp_path / "build" / "npu"
+    r = ctxbuild("build", "npu recipes", "-o", "build/npu")
     assert r.code == 1
     line = next(ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED verify/flat@SM8650"))
     # the hint, from the CPU half: calibrated on zeros, conv1's bias cannot fit its int32 scale
     assert "quantization loses it: the biases of conv1" in line and "calibration samples" in line
-    assert "verify --layers flat" in line
+    command = re.search(r"`ctxbuild (verify --layers flat[^`]*)`", line)
+    assert command and command[1] == "verify --layers flat 'npu recipes' -o build/npu", line
 
-    r = ctxbuild("verify", "--layers", "flat", str(tree), "-o", str(out))
+    r = ctxbuild(*shlex.split(command[1]))
     assert r.code == 1  # the verification itself still fails
     d = json.loads((out / "SM8650" / "flat" / "flat_layers.json").read_text())
     assert d["where"] == "quantization" and d["graph"] == "flat" and d["target"] == "SM8650"
@@ -54,6 +60,7 @@ def test_quantization_loss_is_named_per_node(tree: Path, tmp_path: Path, ctxbuil
     v = next(v for row in report["rows"] for v in row["verify"] if v["id"] == "verify/flat@SM8650")
     assert v["layers"]["where"] == "quantization" and v["layers"]["worst"][0]["node"] == worst[0]["node"]
     assert "Per-layer diagnosis" in (out / "report.html").read_text()
+    assert [f["cause"].count(command[0]) for f in report["failures"]] == [1], report["failures"]  # the report's too
 
 
 def test_float_model_loss_is_the_htps(tree: Path, tmp_path: Path, ctxbuild) -> None:
@@ -83,6 +90,30 @@ def test_weak_slice_diagnosis_points_at_split(tmp_path: Path, ctxbuild) -> None:
     assert d["where"] == "quantization" and "compile.split_outputs: true" in d["hint"]
     # the debug build's extra outputs may change what QNN fuses: recorded, not assumed away
     assert "debug_vs_delivered_snr_db" in d["probe_runs"][-1]
+
+
+def test_layers_on_a_split_outputs_recipe(tmp_path: Path, ctxbuild) -> None:
+    """The weak-slice hint's fix, `compile: {split_outputs: true}`, then `verify --layers` as the next hint says: it
+    stopped with "output '<a Concat's tensor>__probe': ... cannot cut the Concat off (drop this output from
+    split_outputs)" (NudeNet's YOLOv8), splitting the probes of inner Concats as if they were outputs; and its
+    hint offered split_outputs again. Now it splits the graph's own outputs and offers another fix."""
+    tree = write_tree(tmp_path / "recipes", {"det": "compile: {split_outputs: true}\n"})
+    model = onnx.load(str(tree / "det.onnx"))  # the stem doubled by an inner Concat, as YOLO's blocks do
+    model.graph.node.insert(2, helper.make_node("Concat", ["r1", "r1"], ["wide"], name="inner_concat", axis=1))
+    rng = np.random.default_rng(2)
+    for n in model.graph.node:
+        if n.name in ("box_conv", "score_conv"):
+            n.input[0] = "wide"
+    for i, init in enumerate(model.graph.initializer):
+        if init.name in ("wb", "ws"):
+            shape = (init.dims[0], 2 * init.dims[1], 1, 1)
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(
+                (rng.standard_normal(shape) * 0.3).astype(np.float32), init.name))
+    onnx.save(model, tree / "det.onnx")
+    r = ctxbuild("verify", "--layers", "det", str(tree), "-o", str(tmp_path / "out"))
+    assert "cannot cut the Concat off" not in r.err and "Traceback" not in r.err, r.text
+    d = json.loads((tmp_path / "out" / "SM8650" / "det" / "det_layers.json").read_text())
+    assert d["probe_runs"] and "split_outputs" not in d["hint"], d["hint"]
 
 
 def test_layers_needs_a_known_recipe(tree: Path, tmp_path: Path, ctxbuild) -> None:

@@ -45,3 +45,21 @@ def test_readme_is_a_front_page() -> None:
     assert not re.search(r"pip install\s+['\"]?ctxbuild", text)  # not on PyPI: never suggest installing it from there
     for link in re.findall(r"\]\(([^)#]+)\)", text):  # every page the front page points at exists
         assert link.startswith("http") or (ROOT / link).exists(), link
+
+
+def test_every_yaml_block_in_the_docs_is_a_valid_recipe_or_defaults_file() -> None:
+    """What a reader copies: each ```yaml block of the README and docs/ (recipes, fragments of one, a _defaults.yaml)
+    passes the schema ctxbuild checks recipes with (a renamed or retyped field would fail the reader's build)."""
+    import yaml
+
+    from ctxbuild.recipes import recipe
+
+    checked = 0
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for block in re.findall(r"```yaml\n(.*?)```", page.read_text(), re.S):
+            data = yaml.safe_load(block)
+            defaults = bool({"defaults", "target_groups", "cache", "executor"} & set(data))
+            schema = recipe.schema()["$defs"]["defaults_file"] if defaults else recipe._partial_recipe_schema()
+            recipe._validate(page, data, schema)  # raises RecipeError naming the field
+            checked += 1
+    assert checked >= 15, checked

@@ -303,3 +303,31 @@ def test_a_default_input_values_a_model_lacks_names_the_defaults_file(tmp_path: 
         recipe_set.load([tmp_path])
     assert e.value.message == (f"{tmp_path / 'sub' / 'relu.yaml'}:1 (input_values from the directory defaults, "
                                "_defaults.yaml): input_values: 'mode' is not an input of relu.onnx"), e.value.message
+
+
+def test_a_default_input_values_applies_to_a_bundles_graphs(tmp_path: Path) -> None:
+    """`input_values: {mode: 1}` in a directory's _defaults.yaml reached a single-model recipe but not the graphs
+    of a bundle there: they were planned with `mode` an input, and prepare refused the If it decides. Defaults
+    apply wherever they can: each graph gets it, a graph's own entry wins key by key, and a graph whose model
+    lacks the input names the defaults file."""
+    _tree(tmp_path)
+    (tmp_path / "_defaults.yaml").write_text("defaults:\n  input_values: {mode: 1}\n")
+    (tmp_path / "branchy.yaml").write_text(
+        "bundle:\n  - {name: one, model: branchy.onnx}\n  - {name: zero, model: branchy.onnx, input_values: {mode: 0}}\n"
+        "precision: fp16\ntargets: [SM8650]\nverify: {dir: samples}\n")
+    (recipe,) = recipe_set.load([tmp_path]).recipes
+    assert {g.name: g.input_values for g in recipe.graphs} == {"one": {"mode": 1}, "zero": {"mode": 0}}
+    prepares = [a for a in make_plan(recipe_set.load([tmp_path]), tmp_path / "out").actions if a.kind == "prepare"]
+    assert sorted(a.params["input_values"]["mode"] for a in prepares) == [0, 1], [a.params for a in prepares]
+
+    onnx.save(helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])]), opset_imports=OPSET, ir_version=IR_VERSION),
+        tmp_path / "relu.onnx")
+    (tmp_path / "branchy.yaml").write_text("bundle:\n  - {name: one, model: branchy.onnx}\n  - {name: r, model: relu.onnx}\n"
+                                           "precision: fp16\ntargets: [SM8650]\n")
+    with pytest.raises(RecipeError) as e:
+        recipe_set.load([tmp_path])
+    assert e.value.message == (f"{tmp_path / 'branchy.yaml'}:3 (input_values from the directory defaults, "
+                               "_defaults.yaml): input_values: 'mode' is not an input of relu.onnx"), e.value.message

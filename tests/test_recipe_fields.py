@@ -45,6 +45,20 @@ HEAD = "model: models/mlp.onnx\nprecision: fp16\n"
     # no hint for a name given in the wrong case, or a list field given one value
     ("targets: [SM8650]\nquantization:\n  nodes: {fc: FP16}\n", [":5:", "got str 'FP16'", "did you mean 'fp16'"]),
     ("targets: [SM8650]\noutputs: h\n", [":4:", "outputs: expected list, got str 'h'", "write it as a list: [h]"]),
+    # session 15, a newcomer's: the sample directory alone where a mapping with `dir` goes said no more than the types
+    ("targets: [SM8650]\ncalibration: models/calib\n", [":4:", "calibration: expected mapping, got str",
+                                                        "write it as a mapping: {dir: models/calib}"]),
+    ("targets: [SM8650]\nverify: models/calib\n", [":4:", "verify: expected boolean or mapping, got str",
+                                                   "write it as a mapping: {dir: models/calib}"]),
+    # an entry not indented under its key, or indented with a tab (which an editor does not show)
+    ("targets: [SM8650]\nverify:\nmin_cosine: 0.9\n",
+     [":5:", "unknown key 'min_cosine'", "indent it under `verify:` (the key before it, which holds nothing)"]),
+    ("targets: [SM8650]\nverify:\n\tmin_cosine: 0.9\n", [":5:", "invalid YAML",
+                                                         "the line is indented with a tab: YAML indents with spaces"]),
+    # a hint's field path (`compile.split_outputs: true`) pasted as a key: "unknown key", and every known key listed
+    ("targets: [SM8650]\ncompile.split_outputs: true\n", [":4:", "unknown key 'compile.split_outputs'",
+                                                          "YAML does not nest by dots: write compile: {split_outputs: "
+                                                          "true} (in the recipe's compile: if it has one)"]),
 ])
 def test_bad_field_is_one_line(tree: Path, tmp_path: Path, ctxbuild, body: str, expect: list[str]) -> None:
     keep_only(tree)
@@ -65,3 +79,21 @@ def test_custom_targets_within_range_still_plan(tree: Path, tmp_path: Path, ctxb
     r = ctxbuild("plan", str(tree), "-o", str(tmp_path / "out"))
     assert r.code == 0, r.text
     assert "compile/ok@mine" in r.out and "compile/ok@future" in r.out
+
+
+@pytest.mark.parametrize("given, hint", [
+    ("W8A16", "that is precision: int16 here (uint16 activations, uint8 weights)"),
+    ("a16w16", "write precision: int16 with quantization: {weights: int16} (HTP v73 or newer)"),
+    ("float32", "write precision: fp16 (the HTP computes float models in fp16)"),
+    ("int61", "did you mean 'int16'?"),
+])
+def test_other_tools_precision_names_say_what_they_are_here(tmp_path: Path, given: str, hint: str) -> None:
+    """AI Hub's names (w8a16, ...) and float32 said only "is not one of int16, int8, fp16, qdq, auto"."""
+    from ctxbuild.errors import RecipeError
+    from ctxbuild.recipes import recipe
+
+    (tmp_path / "r.yaml").write_text(f"model: m.onnx\nprecision: {given}\ntargets: [SM8650]\n")
+    with pytest.raises(RecipeError) as e:
+        recipe.load([tmp_path / "r.yaml"])
+    assert str(e.value) == (f"{tmp_path / 'r.yaml'}:2: precision: '{given}' is not one of int16, int8, fp16, qdq, "
+                            f"auto ({hint})"), str(e.value)

@@ -51,6 +51,42 @@ def test_unknown_name_and_open_dims(tmp_path: Path) -> None:
                          "(add inputs: {image: [1, 3, 32, 48]} (1 where the model leaves a dim open: use your real size))")
     f = _tree(tmp_path, "inputs:\n  image: [4, 3, 32, 48]\n")
     assert recipe.load([f]).recipes[0].graphs[0].inputs == {"image": (4, 3, 32, 48)}
+    # a typo'd size (two zeros too many): QNN compiled a 110 GB input for minutes; refused when planning
+    f = _tree(tmp_path, "inputs:\n  image: [1, 3, 48000, 192000]\n", ["N", 3, "h", "w"])
+    assert _error(f) == (f"{f}:5: inputs: 'image' [1, 3, 48000, 192000] holds 27,648,000,000 elements per sample, "
+                         "103 GiB as float32: beyond what the HTP (a 32-bit DSP) addresses (give the shape the app "
+                         "feeds the model (a typo?))")
+
+
+def test_open_dims_take_the_samples_shape_and_nhwc_samples_say_so(tmp_path: Path) -> None:
+    """A newcomer leaves the dynamic dims open, samples in calibration.dir: the hint gave 1 for every open dim
+    (`[1, 3, 1, 1]`, pasted it builds a 1x1 model the samples then fail); it gives the samples' shape. Samples saved
+    channels last said only "regenerate the samples": it names the layout and the transpose."""
+    import numpy as np
+
+    from ctxbuild.errors import ActionError
+    from ctxbuild.graph.samples import check_sample
+
+    f = _tree(tmp_path, "calibration: {dir: cal}\n", ["N", 3, "h", "w"])
+    (tmp_path / "cal").mkdir()
+    np.save(tmp_path / "cal" / "a.npy", np.zeros((2, 3, 32, 48), np.float32))
+    assert _error(f).endswith("(add inputs: {image: [2, 3, 32, 48]} (the shape of your sample a.npy))")
+    np.savez(tmp_path / "cal" / "0.npz", image=np.zeros((1, 3, 8, 8), np.float32))
+    assert _error(f).endswith("(add inputs: {image: [1, 3, 8, 8]} (the shape of your sample 0.npz))")
+    np.savez(tmp_path / "cal" / "0.npz", image=np.zeros((1, 8, 8, 3), np.float32))  # does not fit: the 1s as before
+    assert _error(f).endswith("(add inputs: {image: [1, 3, 1, 1]} (1 where the model leaves a dim open: use your real "
+                              "size))")
+    with pytest.raises(ActionError) as e:
+        check_sample({"image": np.zeros((1, 32, 48, 3), np.float32)}, {"image": ((1, 3, 32, 48), np.float32)},
+                     tmp_path / "s.npz", "r", {})
+    assert e.value.hint == "the sample is NHWC, the model takes NCHW: save numpy.transpose(array, (0, 3, 1, 2)) instead"
+    for shape, hint in (((32, 48, 3), "the sample is HWC without the batch dim, the model takes NCHW: save "
+                                      "numpy.transpose(array, (2, 0, 1))[None] instead"),
+                        ((3, 32, 48), "the sample lacks the batch dim of 1: save array[None] instead")):
+        with pytest.raises(ActionError) as e:  # an image as decoded (cv2.imread: HWC), or without its batch dim
+            check_sample({"image": np.zeros(shape, np.float32)}, {"image": ((1, 3, 32, 48), np.float32)},
+                         tmp_path / "s.npz", "r", {})
+        assert e.value.hint == hint, e.value.hint
 
 
 def test_graph_inputs_are_memoized_by_stat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,6 +109,59 @@ def test_device_names_are_target_aliases(tmp_path: Path) -> None:
     [r] = recipe.load([f]).recipes
     assert [(t.name, t.soc_model, t.htp_arch) for t in r.targets] == [
         ("SM8650", "57", "75"), ("SM8750", "69", "79"), ("SC8380XP", "60", "73"), ("SM8550", "43", "73")]
+    f.write_text(f.read_text().replace("Snapdragon 8 Gen 2]", "8 gen 2, x-elite, sm 8650]"))  # aliases spaced
+    assert [t.name for t in recipe.load([f]).recipes[0].targets] == ["SM8650", "SM8750", "SC8380XP", "SM8550"]
     f.write_text(f.read_text().replace("Samsung Galaxy S24,", "Samsung Galaxy S42,"))
     assert "unknown SoC or target group 'Samsung Galaxy S42'" in _error(f)
     assert "did you mean 'Samsung Galaxy S2" in _error(f)
+
+
+def test_a_sample_dir_of_images_and_misnamed_arrays_say_what_to_save(tmp_path: Path) -> None:
+    """A newcomer's samples: the image files themselves ("has no .npz/.npy files", nothing about what to save), an
+    .npz whose array is named otherwise than the input ("name the arrays after the inputs")."""
+    import numpy as np
+
+    from ctxbuild.errors import ActionError
+    from ctxbuild.graph.samples import check_sample, list_samples
+
+    (tmp_path / "a.png").write_bytes(b"\x89PNG")
+    with pytest.raises(ActionError) as e:
+        list_samples(tmp_path, 8, "r.yaml")
+    assert str(e.value) == (f"r.yaml: sample dir {tmp_path} has no .npz/.npy files (it holds .png files) (add "
+                            "samples, one .npz per sample keyed by input name (or a .npy for a single-input model): "
+                            "the arrays as the app feeds them to the model, e.g. an image decoded, resized and "
+                            "normalized, not the image file)"), str(e.value)
+    with pytest.raises(ActionError) as e:
+        check_sample({"image": np.zeros((1, 3), np.float32)}, {"x": ((1, 3), np.float32)}, tmp_path / "s.npz", "r", {})
+    assert e.value.hint == "name the arrays after the inputs, numpy.savez(file, x=...) (recipe r)", e.value.hint
+
+
+def test_integer_samples_of_a_float_input_are_warned_about(tmp_path: Path) -> None:
+    """Images saved as decoded (uint8, 0-255) for a float model were cast silently: the model was calibrated and
+    verified on a range the app may never feed it. quantize warns, from the first sample's header."""
+    import numpy as np
+
+    from ctxbuild.actions.quantize import integer_samples
+
+    spec = {"images": ((1, 3, 4, 4), np.dtype(np.float32))}
+    np.save(tmp_path / "s0.npy", np.zeros((1, 3, 4, 4), np.uint8))
+    assert integer_samples("quantize d (int16)", tmp_path, spec) == [
+        "quantize d (int16): sample s0.npy holds images as uint8, the model takes float32: used as stored (e.g. "
+        "0-255); if the app normalizes its inputs, save the samples normalized"]
+    np.save(tmp_path / "s0.npy", np.zeros((1, 3, 4, 4), np.float64))
+    assert integer_samples("q", tmp_path, spec) == []
+    (tmp_path / "s0.npy").unlink()
+    np.savez(tmp_path / "s0.npz", images=np.zeros((1, 3, 4, 4), np.int32), mask=np.zeros(3, np.int64))
+    spec["mask"] = ((3,), np.dtype(np.int64))  # an integer input: as it should be
+    assert [w.split(": ")[1] for w in integer_samples("q", tmp_path, spec)] == [
+        "sample s0.npz holds images as int32, the model takes float32"]
+
+
+def test_a_default_target_the_table_lacks_names_the_defaults_file(tmp_path: Path) -> None:
+    """`targets: [phones]` in _defaults.yaml, its group spelled `phone`: the error named the recipe's line 1, which
+    holds no targets."""
+    f = _tree(tmp_path, "inputs:\n  image: [1, 3, 32, 48]\n")
+    f.write_text(f.read_text().replace("targets: [SM8650]\n", ""))
+    (tmp_path / "_defaults.yaml").write_text("defaults:\n  targets: [phones]\ntarget_groups:\n  phone: [SM8650]\n")
+    assert _error(tmp_path) == (f"{f}:1 (targets from the directory defaults, _defaults.yaml): unknown SoC or target "
+                                "group 'phones' (did you mean 'phone'? (`ctxbuild targets` lists them))")

@@ -54,6 +54,11 @@ def test_a_failing_slice_is_recovered_by_a_mixed_candidate_and_the_answer_pins(t
     again = ctxbuild("build", str(tree), "-o", str(out))
     assert again.code == 0 and "up to date" in again.out, again.text
     assert [ln for ln in again.out.splitlines() if "the search's answer" in ln or ln.startswith("    ")] == answer
+    # --json carries the answer too: on a no-op, and from a fresh OUT that restores the search from the cache
+    for o in (out, tmp_path / "restored"):
+        doc = json.loads(ctxbuild("build", str(tree), "-o", str(o), "--json").out)
+        assert doc["ok"] and doc["pins"] == [{"recipe": "det", "targets": ["SM8650"], "nodes": ["head_concat"],
+                                              "pin": s["pin"]}], doc
     (tree / "det.yaml").write_text("model: det.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\n" + s["pin"])
     out2 = tmp_path / "out2"
     assert_pin_rebuilds_from_cache(ctxbuild, tree, out2)

@@ -40,6 +40,11 @@ def test_missing_recipe_file_says_no_such_file(tmp_path: Path, ctxbuild) -> None
     line = _one_line(r)
     assert r.code == 2 and "typo.yaml: no such file or directory" in line, line
     assert "output directory" not in line
+    # run elsewhere than the project, with the default PATHS: the line says where it looked and how to point it there
+    r = ctxbuild("build", cwd=tmp_path)
+    assert r.code == 2 and _one_line(r) == (f"ctxbuild: error: recipes: no such file or directory in {tmp_path} (give "
+                                            "recipe files or directories (default: recipes), or -C the project's "
+                                            "directory)"), r.text
 
 
 @pytest.mark.parametrize("flag, value", [("-j", "-1"), ("--compile-jobs", "-2"), ("--compile-jobs", "0"),

@@ -239,6 +239,18 @@ def test_a_searchs_answer_is_printed_once_for_the_targets_it_pins_and_different_
         "in a recipe of its own (targets: [SM8650] and targets: [SM8750])"], apart
 
 
+def test_the_json_document_carries_the_searchs_answers(tmp_path: Path) -> None:
+    """`build --json` had no pin lines (the console's answer to paste): `pins` holds them, one entry per answer."""
+    from ctxbuild.outputs.summary import document
+
+    records = [_select("det", "SM8650", {"head": "fp16"}), _select("det", "SM8750", {"head": "fp16"}),
+               _select("cls", "SM8650", {"fc": "fp16"})]
+    doc = document(tmp_path, 0, searched=records)
+    assert [(p["recipe"], p["targets"], p["nodes"]) for p in doc["pins"]] == [
+        ("cls", ["SM8650"], ["fc"]), ("det", ["SM8650", "SM8750"], ["head"])], doc["pins"]
+    assert doc["pins"][0]["pin"] == records[2]["search"]["pin"] and document(tmp_path, 0)["pins"] == []
+
+
 def test_a_16_bit_weight_tensor_under_8_bit_activations_is_the_recipes_mistake(tmp_path: Path, ctxbuild) -> None:
     """quantization.tensors {w: {type: int16}} at int8: the rule the uniform and per-node settings are refused by
     (int16 weights need uint16 activations) held not for a weight tensor: the compile failed, exit 1, with "QNN

@@ -27,6 +27,20 @@ if TYPE_CHECKING:
     import numpy as np
 
 
+def integer_samples(what: str, samples: Path, spec: dict[str, Any]) -> list[str]:
+    """Samples of a float input stored as integers (an image as decoded, 0-255) are used as stored: the model
+    calibrates, and verifies, on that range. Said once, from the first sample's header: the app may normalize."""
+    from ctxbuild.graph.samples import first_header
+
+    found = []
+    for name, (_, dtype) in spec.items():
+        header = first_header(samples, name, len(spec) == 1)
+        if header and header[0] and dtype.kind == "f" and header[0][1].kind in "iub":
+            found.append(f"{what}: sample {header[1]} holds {name} as {header[0][1]}, the model takes {dtype}: used "
+                         "as stored (e.g. 0-255); if the app normalizes its inputs, save the samples normalized")
+    return found
+
+
 def discover_inputs(action: Action) -> dict[str, Path]:
     if not action.watch:
         return {}
@@ -40,6 +54,9 @@ def warnings(action: Action) -> list[str]:
                      "accuracy on real inputs is unknown")
     if gates.closed(action.inputs):  # a precision-search rung no target needed: nothing was quantized
         return found
+    if action.watch:
+        found += integer_samples(action.description, Path(action.watch[0]),
+                                 input_spec(load(Path(action.inputs["model"]), external_data=False)))
     nodes = (gates.decided_settings(action.inputs) or action.params["quantization"]).get("nodes")
     if nodes:  # pins that do nothing: a node prepare folded, weights set on a node without, a lone fp16 node
         prepared = load(Path(action.inputs["model"]), external_data=False)

@@ -19,7 +19,7 @@ from ctxbuild.layout import STATE, layers_path, spec_name
 
 
 def main(paths: list[Path], out: Path, recipe: str, targets: list[str], *, samples: int | None,
-         cache_env: dict[str, str], as_json: bool) -> int:
+         cache_env: dict[str, str], as_json: bool, recipe_args: tuple[str, ...] = ()) -> int:
     from ctxbuild.verify import diagnose
     from ctxbuild.engine import ninja
     from ctxbuild.engine.build import build
@@ -32,7 +32,8 @@ def main(paths: list[Path], out: Path, recipe: str, targets: list[str], *, sampl
 
     out = out.resolve()
     rc = build(BuildOptions(paths=paths, out=out, only=[recipe], only_flag="--layers", targets=targets,
-                            cache_env=cache_env, set_aside_failed=False,  # the diagnosis reads the failed graph's artifacts
+                            cache_env=cache_env, recipe_args=recipe_args,
+                            set_aside_failed=False,  # the diagnosis reads the failed graph's artifacts
                             summary=False, console=Console(json=as_json)))  # the diagnosis follows instead
     if make_dry_run(os.environ.get("MAKEFLAGS", "")):  # under `make -n` the build only said what it would run
         return rc

@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
             catch_ctrl_c()
         for p in getattr(args, "paths", []):  # before OUT's placement is judged against a file that is not there
             if not p.exists():
-                raise UsageError(f"{p}: no such file or directory", "give recipe files or directories")
+                where = "" if p.is_absolute() else f" in {Path.cwd()}"
+                raise UsageError(f"{p}: no such file or directory{where}",
+                                 "give recipe files or directories (default: recipes), or -C the project's directory")
         code = args.command.run(args)
         # A Ctrl-C whose KeyboardInterrupt was lost: the command finished, its --json document is out already.
         return _interrupted(as_json=False) if interrupted() else code

@@ -47,6 +47,17 @@ def paths_out(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--out", type=out_dir, default=Path("out"), help="output directory (default: out)")
 
 
+def recipe_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """-C, PATHS and -o as this command line gave them (defaults left out), shell-quoted: what a command a hint
+    tells the user to run needs to find the same recipes and OUT."""
+    import shlex
+
+    given = (["-C", str(args.directory)] if args.directory is not None else []) + (
+        [] if args.paths == [Path("recipes")] else [str(p) for p in args.paths]) + (
+        [] if args.out == Path("out") else ["-o", str(args.out)])
+    return tuple(shlex.quote(a) for a in given)
+
+
 def jobs(p: argparse.ArgumentParser) -> None:
     p.add_argument("-j", "--jobs", type=count(0), help="parallel actions (0: no limit; default: make's jobserver, "
                    "else ninja's, about CPUs + 2)")

@@ -13,7 +13,9 @@ from typing import Any
 
 from ctxbuild import machine, settings
 from ctxbuild.engine import edited, links, ninja, outdir, toolchains
-from ctxbuild.engine.finish import conclude, deploy_gate, finish, summaries_current, write_summary
+from ctxbuild.engine.finish import (
+    conclude, deploy_gate, finish, set_aside_interrupted, summaries_current, write_summary,
+)
 from ctxbuild.engine.options import BuildOptions, make_dry_run, ninja_targets
 from ctxbuild.engine.replan import current, ensure_planned, invocation
 from ctxbuild.errors import CtxbuildError
@@ -104,16 +106,20 @@ def _build(opts: BuildOptions) -> int:
         for tc in toolchains.used(state):
             w_env.update(stack.enter_context(worker.running(opts.out / STATE / f"worker-{tc}.log", tc)).env)
         os.environ.update(env)  # the cache settings, for the actions restored in this process
-        if pending is None:
-            w.start()
-        else:
-            from ctxbuild.engine.prerestore import restore_pending
+        try:
+            if pending is None:
+                w.start()
+            else:
+                from ctxbuild.engine.prerestore import restore_pending
 
-            if restore_pending(opts.out, state, pending, build_id, on_miss=w.start, say=opts.console.info):
-                return finish(opts, state, build_id, 0, started)  # all restored: ninja has nothing to do
-        # Without -j, ninja 1.13.2 (PyPI) takes its slots from make's jobserver itself, fifo or pipe (make 4.3)
-        rc = ninja.run(opts.out, targets, jobs=opts.jobs, keep_going=opts.keep_going, dry_run=False,
-                       env={**env, **w_env}, console=opts.console)
+                if restore_pending(opts.out, state, pending, build_id, on_miss=w.start, say=opts.console.info):
+                    return finish(opts, state, build_id, 0, started)  # all restored: ninja has nothing to do
+            # Without -j, ninja 1.13.2 (PyPI) takes its slots from make's jobserver itself, fifo or pipe (make 4.3)
+            rc = ninja.run(opts.out, targets, jobs=opts.jobs, keep_going=opts.keep_going, dry_run=False,
+                           env={**env, **w_env}, console=opts.console)
+        except KeyboardInterrupt:  # what was restored or built but not verified leaves OUT/<target>/
+            set_aside_interrupted(opts, state)
+            raise
     return finish(opts, state, build_id, rc, started)
 
 

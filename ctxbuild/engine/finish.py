@@ -34,6 +34,8 @@ def finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, st
             print(f"explain: {r['id']}: {_explain(r)}")
     _drop_stale_diagnoses(state, ran)
     failed = [r for r in ran if r.get("status") == "failed"]
+    if opts.recipe_args:
+        _complete_commands(opts.out, failed, opts.recipe_args)
     if rc != 0:  # every failure the recipe's own mistake (a RecipeError in an action): a bad recipe, exit 2
         rc = 2 if failed and all(r.get("exit_code") == 2 for r in failed) else 1
     _invalidate_downstream(opts.out, state, {r["id"] for r in failed})
@@ -60,8 +62,24 @@ def finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, st
         if not failed:  # ninja itself stopped (killed, or a manifest it refused)
             print(f"ctxbuild: ninja stopped after {len(ran)} action(s), none failed (see above)" if ran else
                   "ctxbuild: ninja failed before running an action (see above)", file=sys.stderr)
-        return conclude(opts, rc, noop=noop)
-    return conclude(opts, deploy_gate(opts.out, manifest), noop=noop)
+        return conclude(opts, rc, noop=noop, ran=ran)
+    return conclude(opts, deploy_gate(opts.out, manifest), noop=noop, ran=ran)
+
+
+LAYERS_COMMAND = re.compile(r"`ctxbuild verify --layers (\S+)`")  # verify's hint (verify/advice.py)
+
+
+def _complete_commands(out: Path, failed: list[dict[str, Any]], recipe_args: tuple[str, ...]) -> None:
+    """A failed action's hint gives a command to paste, written by the action, which does not know the command
+    line: it gets this build's -C, PATHS and -o, in the record too (the report and --json show its cause)."""
+    from ctxbuild.digests import canonical_json
+
+    for r in failed:
+        cause = LAYERS_COMMAND.sub(lambda m: f"`ctxbuild verify --layers {m[1]} {' '.join(recipe_args)}`",
+                                   r.get("cause") or "")
+        if cause != (r.get("cause") or ""):
+            r["cause"] = cause
+            write_bytes(record_path(out, r["id"]), canonical_json(r), durable=False)
 
 
 def deploy_gate(out: Path, manifest: dict[str, Any] | None) -> int:
@@ -79,27 +97,32 @@ def deploy_gate(out: Path, manifest: dict[str, Any] | None) -> int:
     return 1 if lines else 0
 
 
-def conclude(opts: BuildOptions, rc: int, *, noop: bool) -> int:
-    """The summary (last lines: accuracy per graph, the report's path), or with --json the results document."""
+def conclude(opts: BuildOptions, rc: int, *, noop: bool, ran: list[dict[str, Any]] | None = None) -> int:
+    """The summary (last lines: accuracy per graph, the report's path), or with --json the results document.
+    `ran`: the records of this build's actions (finish printed their pin lines already)."""
     from ctxbuild.outputs import summary
 
-    if opts.console.json and opts.summary:  # without the summary (--layers) the caller prints the document
-        print(json.dumps(summary.document(opts.out, rc, noop=noop), indent=2))
-    elif opts.summary and not opts.console.quiet:
+    if not (opts.summary and (opts.console.json or not opts.console.quiet)):
+        return rc  # without the summary (--layers) the caller prints its own
+    searched = stored_selects(opts.out) if noop else ran or []
+    doc = summary.document(opts.out, rc, noop=noop, searched=searched)
+    if opts.console.json:
+        print(json.dumps(doc, indent=2))
+    else:
         sys.stderr.flush()
-        for line in (stored_pins(opts.out) if noop else []) + summary.text(summary.document(opts.out, rc, noop=noop)):
+        for line in (summary.pins(searched) if noop else []) + summary.text(doc):
             print(line)
     return rc
 
 
-def stored_pins(out: Path) -> list[str]:
-    """A build that ran nothing: the pin lines of the mixed answers OUT's plan holds, as the build that decided
-    them printed them (the user pastes them; a second look should not need <recipe>_search.json)."""
+def stored_selects(out: Path) -> list[dict[str, Any]]:
+    """A build that ran nothing: the records of the precision searches OUT's plan holds, whose answers it reports
+    as the build that decided them did (the user pastes the pin lines; a second look should not need
+    <recipe>_search.json)."""
     from ctxbuild.outputs.manifest import read_record
-    from ctxbuild.outputs.summary import pins
 
     selects = [a["id"] for a in (ninja.read_state(out, "plan.json") or {}).get("actions", []) if a["kind"] == "select"]
-    return pins([r for r in (read_record(out, i) for i in selects) if r])
+    return [r for r in (read_record(out, i) for i in selects) if r]
 
 
 def _explain(r: dict[str, Any]) -> str:
@@ -134,10 +157,20 @@ def _invalidate_downstream(out: Path, state: dict[str, Any], failed: set[str]) -
                 record_path(out, c).unlink(missing_ok=True)
 
 
-def pending_actions(out: Path, targets: list[str], plan: dict[str, Any]) -> set[str]:
+def set_aside_interrupted(opts: BuildOptions, state: dict[str, Any]) -> None:
+    """Ctrl-C stopped ninja: what the build made but did not verify leaves OUT/<target>/, as after a failure (a
+    step copying OUT/<target>/ must not ship it); the rest of finish (records, report) waits for the next build."""
+    if opts.set_aside_failed:
+        plan = ninja.read_state(opts.out, "plan.json") or state
+        ship_only_verified(opts.out, state, pending=pending_actions(opts.out, ninja_targets(state, opts), plan,
+                                                                   after_interrupt=True))
+
+
+def pending_actions(out: Path, targets: list[str], plan: dict[str, Any], *, after_interrupt: bool = False) -> set[str]:
     """The actions of `plan` a build of `targets` would still run in OUT (after a failed or stopped build: what
     did not run and is not up to date), read from ninja's dry run, whose commands name each action's spec file."""
-    names = set(re.findall(r"actions/(\S+?\.json)", "\n".join(ninja.pending(out, targets) or [])))
+    names = set(re.findall(r"actions/(\S+?\.json)",
+                           "\n".join(ninja.pending(out, targets, after_interrupt=after_interrupt) or [])))
     return {a["id"] for a in plan["actions"] if spec_name(a["id"]) in names}
 
 

@@ -237,13 +237,15 @@ def jobserver_fds(env: dict[str, str]) -> tuple[int, ...]:
         return ()
 
 
-def pending(out: Path, targets: list[str]) -> list[str] | None:
+def pending(out: Path, targets: list[str], *, after_interrupt: bool = False) -> list[str] | None:
     """The commands a build of `targets` would run, in ninja's order (its dry run, `ninja -n -v`); [] for a
-    no-op; None if ninja could not tell (a broken build.ninja: the real run will say why)."""
+    no-op; None if ninja could not tell (a broken build.ninja: the real run will say why). `after_interrupt`:
+    asked by the cleanup of a build Ctrl-C stopped, which must not stop again on that Ctrl-C."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS")}  # a dry run takes no job slots
     p = subprocess.run([ninja_binary(), "-n", "-v", *targets], cwd=out, capture_output=True,
                        env={**env, "NINJA_STATUS": ""})
-    check_interrupt()
+    if not after_interrupt:
+        check_interrupt()
     if p.returncode != 0:
         return None
     lines = p.stdout.decode(errors="surrogateescape").splitlines()

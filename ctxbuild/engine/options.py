@@ -32,6 +32,7 @@ class BuildOptions:
     set_aside_failed: bool = True  # a failed verification's artifacts leave OUT/<target>/ (not for --layers)
     console: Console = field(default_factory=Console)  # -q, -v, --json
     summary: bool = True  # end with the summary (built/restored/failed, accuracy, report path) or --json's document
+    recipe_args: tuple[str, ...] = ()  # -C, PATHS, -o as given (quoted): the commands hints give repeat them
 
 
 def default_compile_jobs() -> int:

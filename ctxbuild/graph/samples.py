@@ -17,9 +17,41 @@ InputSpec = dict[str, tuple[tuple[int, ...], "np.dtype"]]
 def list_samples(d: Path, limit: int, recipe: str) -> dict[str, Path]:
     files = sorted(p for p in d.iterdir() if p.suffix in (".npz", ".npy") and p.is_file())
     if not files:
-        raise ActionError(f"{recipe}: sample dir {d} has no .npz/.npy files",
-                          "add samples, one .npz per sample keyed by input name")
+        other = sorted({p.suffix or p.name for p in d.iterdir() if p.is_file()})
+        raise ActionError(f"{recipe}: sample dir {d} has no .npz/.npy files" + (
+                          f" (it holds {', '.join(other[:5])} files)" if other else ""),
+                          "add samples, one .npz per sample keyed by input name (or a .npy for a single-input "
+                          "model): the arrays as the app feeds them to the model, e.g. an image decoded, resized "
+                          "and normalized, not the image file")
     return {f"sample:{p.name}": p for p in files[:limit]}
+
+
+Header = tuple[tuple[int, ...], "np.dtype"]  # an array's shape and dtype, as its .npy header says
+
+
+def first_header(samples: Path, name: str, only_input: bool) -> tuple[Header | None, str] | None:
+    """(shape, dtype) of input `name` in the first sample of directory `samples` (a .npy for a model's only input,
+    an .npz's array of that name), read from the array's header alone (None if it cannot be), and the file's
+    name; None when the directory holds no sample."""
+    import zipfile
+
+    import numpy as np
+
+    files = sorted(p for p in samples.iterdir() if p.suffix in (".npy", ".npz") and p.is_file()) \
+        if samples.is_dir() else []
+    if not files or (files[0].suffix == ".npy" and not only_input):
+        return (None, files[0].name) if files else None
+    from contextlib import nullcontext
+
+    try:
+        with (zipfile.ZipFile(files[0]) if files[0].suffix == ".npz" else nullcontext()) as z, \
+                (z.open(f"{name}.npy") if z else open(files[0], "rb")) as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+            return (tuple(shape), dtype), files[0].name
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        return None, files[0].name
 
 
 def input_spec(model: Any) -> InputSpec:
@@ -101,19 +133,40 @@ def check_sample(sample: dict[str, np.ndarray], spec: InputSpec, path: Path, rec
         raise ActionError(f"{path}: sample keys {sorted(sample)} do not match the model inputs {sorted(spec)}"
                           + (f" (unknown: {', '.join(unknown)})" if unknown else "")
                           + (f" (missing: {', '.join(missing)})" if missing else ""),
-                          f"name the arrays after the inputs (recipe {recipe})")
+                          "name the arrays after the inputs, numpy.savez(file, "
+                          f"{', '.join(f'{n}=...' for n in sorted(spec))}) (recipe {recipe})")
     out = {}
     for name, arr in sample.items():
         shape, dtype = spec[name]
         if tuple(arr.shape) != shape:
             raise ActionError(f"{path}: '{name}' has shape {list(arr.shape)}, the recipe fixes it to {list(shape)}",
-                              "regenerate the samples at the recipe's input shape")
+                              _layout_fix(tuple(arr.shape), shape)
+                              or "regenerate the samples at the recipe's input shape")
         if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
             bad = int(arr.size - np.isfinite(arr).sum())
             raise ActionError(f"{path}: '{name}' holds {bad} NaN/Inf value(s)",
                               "samples must be real, finite inputs; regenerate this file")
         out[name] = arr.astype(dtype, copy=False)
     return out
+
+
+def _layout_fix(got: tuple[int, ...], want: tuple[int, ...]) -> str | None:
+    """The sample holds the input in the other image layout (NHWC for NCHW, or back), or without the batch dim of
+    one (an image as decoded, HWC): the expression that fixes it."""
+    from ctxbuild.recipes.inputs import LAYOUTS
+
+    batch = ""
+    if len(got) == 3 and len(want) == 4 and want[0] == 1:
+        got, batch = (1, *got), "[None]"
+    for perm, layout in LAYOUTS.items() if len(got) == len(want) == 4 else ():
+        if tuple(got[p] for p in perm) == want:
+            layouts = f"{layout[1:]} without the batch dim" if batch else layout
+            other = "NCHW" if layout == "NHWC" else "NHWC"
+            return (f"the sample is {layouts}, the model takes {other}: save numpy.transpose(array, "
+                    f"{tuple(p - 1 for p in perm[1:]) if batch else perm}){batch} instead")
+    if batch and got == want:
+        return "the sample lacks the batch dim of 1: save array[None] instead"
+    return None
 
 
 def for_verification(spec: InputSpec, params: dict[str, Any], find: Callable[[], Any],

@@ -9,8 +9,10 @@ from typing import Any
 from ctxbuild.outputs.search_table import search_of
 
 
-def document(out: Path, returncode: int, *, noop: bool = False) -> dict[str, Any]:
-    """The build's results. `noop`: nothing ran (the accuracy is the last build's, still current)."""
+def document(out: Path, returncode: int, *, noop: bool = False, searched: list[dict[str, Any]] | None = None
+             ) -> dict[str, Any]:
+    """The build's results. `noop`: nothing ran (the accuracy is the last build's, still current). `searched`: the
+    select records whose answers the build reports (the console's pin lines), as `pins`."""
     try:
         report = json.loads((out / "report.json").read_text())
     except (OSError, ValueError):
@@ -27,6 +29,7 @@ def document(out: Path, returncode: int, *, noop: bool = False) -> dict[str, Any
             "accuracy": accuracy(report.get("rows") or []),
             "failures": [{k: f.get(k) for k in ("id", "cause", "log")} for f in report.get("failures") or []
                          if f.get("this_build") and not noop],
+            "pins": answers(searched or []),
             "artifacts": [{k: a.get(k) for k in ("recipe", "graph", "kind", "path", "size", "sha256")}
                           | {"target": (a.get("target") or {}).get("name")} for a in artifacts],
             "report": str(out / "report.html"), "manifest": str(out / "manifest.json")}
@@ -42,13 +45,18 @@ def accuracy(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if v.get("id") in seen:
                 continue
             seen.add(v.get("id"))
-            outs = v.get("outputs") or []
+            # an output's slices are measured too (a concatenated output): its worst part is the graph's worst
+            outs = [{**o, "label": o.get("name")} for o in v.get("outputs") or []]
+            outs += [{**x, "label": f"{o['label']} slice {x.get('range')}"} for o in outs for x in o.get("slices") or []
+                     if x.get("cosine") is not None and x.get("snr_db") is not None]
             result.append({"recipe": row.get("recipe"), "graph": v.get("graph"), "adapter": v.get("adapter"),
                            "context_lengths": v.get("context_lengths"), "sample_source": v.get("sample_source"),
                            "target": (row.get("target") or {}).get("name"), "status": v.get("status"),
                            "passed": v.get("passed"), "blocked_by": v.get("blocked_by"),
                            "cosine": min((o["cosine"] for o in outs), default=None),
                            "snr_db": min((o["snr_db"] for o in outs), default=None),
+                           "worst": min(outs, key=lambda o: o["snr_db"])["label"] if outs else None,
+                           "precision": row.get("precision"),  # a search's: "auto: <the candidate it ships>"
                            "thresholds": v.get("thresholds")})
     return result
 
@@ -103,27 +111,35 @@ def rewrites(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def pins(records: list[dict[str, Any]]) -> list[str]:
-    """Per precision search this build decided with a mixed-precision answer: the recipe lines that pin it
-    (settings the recipe does not hold, decided from the diagnosis), once for the targets that share it; a recipe
-    whose targets' answers differ says that one recipe pins one answer for all of them."""
-    answers: dict[tuple[str, str], tuple[list[str], list[str]]] = {}  # (recipe, pin) -> (its targets, kept nodes)
+def answers(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per precision search in `records` decided with a mixed-precision answer: {recipe, targets, nodes, pin}, once
+    for the targets that share it (`pin`: the recipe lines, settings the recipe does not hold, decided from the
+    diagnosis; `nodes`: those it keeps at higher precision)."""
+    found: dict[tuple[str, str], dict[str, Any]] = {}
     for r in sorted(records, key=lambda r: r["id"]):
         search = r.get("search") or {}
         winner = next((c for c in search.get("candidates", []) if c["name"] == search.get("winner")), None)
         if r.get("kind") != "select" or not winner or winner.get("precision") != "mixed" or not search.get("pin"):
             continue
         recipe, _, target = r["id"].removeprefix("select/").rpartition("@")
-        answers.setdefault((recipe, search["pin"]), ([], winner.get("blamed") or []))[0].append(target)
+        found.setdefault((recipe, search["pin"]), {"recipe": recipe, "targets": [], "nodes": winner.get("blamed") or [],
+                                                   "pin": search["pin"]})["targets"].append(target)
+    return list(found.values())
+
+
+def pins(records: list[dict[str, Any]]) -> list[str]:
+    """The answers as lines to paste; a recipe whose targets' answers differ says that one recipe pins one answer
+    for all of them."""
     lines = []
-    for (recipe, pin), (targets, nodes) in answers.items():
-        # a set grown in rounds holds tens of nodes: the lines below name them all
+    found = answers(records)
+    for a in found:
+        nodes = a["nodes"]  # a set grown in rounds holds tens of nodes: the lines below name them all
         named = ", ".join(nodes) if len(nodes) <= 4 else f"{len(nodes)} nodes ({', '.join(nodes[:3])}, ...)"
-        lines.append(f"ctxbuild: {recipe}@{', '.join(targets)}: the search's answer keeps {named} at higher "
+        lines.append(f"ctxbuild: {a['recipe']}@{', '.join(a['targets'])}: the search's answer keeps {named} at higher "
                      "precision; to pin it, put in the recipe:")
-        lines += ["    " + ln for ln in pin.splitlines()]
-    for recipe in dict.fromkeys(r for r, _ in answers):
-        split = [targets for (r, _), (targets, _) in answers.items() if r == recipe]
+        lines += ["    " + ln for ln in a["pin"].splitlines()]
+    for recipe in dict.fromkeys(a["recipe"] for a in found):
+        split = [a["targets"] for a in found if a["recipe"] == recipe]
         if len(split) > 1:
             lines.append(f"ctxbuild: {recipe}: the targets' answers differ and a recipe's quantization applies to "
                          "every target: pin each in a recipe of its own ("
@@ -149,11 +165,12 @@ def sibling_skips(records: list[dict[str, Any]]) -> list[str]:
 def _verdict(r: dict[str, Any]) -> str:
     if r["passed"] and r.get("sample_source") == "random":
         return "unverified: random inputs (give verify.dir or calibration.dir)"
-    if r["passed"]:
-        return "ok"
+    if r["passed"]:  # a precision search says what it chose: the user did not
+        return f"ok ({r['precision']})" if (r.get("precision") or "").startswith("auto: ") else "ok"
     t = r.get("thresholds") or {}
     if r.get("status") == "not built":  # a failure upstream, or the build stopped first (-k, Ctrl-C)
         return f"not run: {r['blocked_by']} failed" if r.get("blocked_by") else "not run (the build stopped first)"
     if r["cosine"] is None:
         return "FAILED (see above)"
-    return f"FAILED (min cosine {t.get('min_cosine')}, min SNR {t.get('min_snr_db')} dB)"
+    at = f" at {r['worst']}" if " slice " in (r.get("worst") or "") else ""  # a part: the whole may look fine
+    return f"FAILED{at} (min cosine {t.get('min_cosine')}, min SNR {t.get('min_snr_db')} dB)"

@@ -2,18 +2,21 @@
 dim, or a dynamic dim left open, is a recipe error with file:line (not a failed prepare action)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ctxbuild.errors import RecipeError
 from ctxbuild.graph.signature import Dim, graph_input_shapes
 
+MAX_INPUT_ELEMENTS = 2**30  # 4 GiB of float32: more than a 32-bit address space holds
 LAYOUTS = {(0, 3, 1, 2): "NHWC", (0, 2, 3, 1): "NCHW"}  # the recipe's dims taken in this order fit the model: its layout
 
 
 def check(model: Path, given: dict[str, tuple[int, ...]], where: dict[str, str], default_where: str,
-          fixed: frozenset[str] | set[str] = frozenset()) -> None:
+          fixed: frozenset[str] | set[str] = frozenset(), samples: Path | None = None) -> None:
     """`where`: input name -> `file:line` of its entry in the recipe; `default_where`: the recipe's `model:`;
-    `fixed`: the inputs `input_values:` makes constants (no shape needed)."""
+    `fixed`: the inputs `input_values:` makes constants (no shape needed); `samples`: the calibration directory,
+    whose first sample gives the shape to write for a dynamic input the recipe leaves open."""
     shapes = graph_input_shapes(model)
     if shapes is None:
         return
@@ -25,17 +28,31 @@ def check(model: Path, given: dict[str, tuple[int, ...]], where: dict[str, str],
             raise RecipeError(f"{where.get(name, default_where)}: inputs: '{name}' is not an input of {model.name}",
                               did_you_mean(name, list(shapes), otherwise=None) or f"its inputs are: {have}")
         _fits(model, name, list(want), shapes[name], where.get(name, default_where))
+        if (size := math.prod(want)) > MAX_INPUT_ELEMENTS:  # QNN would try, for as long as it takes
+            raise RecipeError(f"{where.get(name, default_where)}: inputs: '{name}' {_fmt(list(want))} holds "
+                              f"{size:,} elements per sample, {size * 4 / 2**30:,.0f} GiB as float32: beyond what "
+                              "the HTP (a 32-bit DSP) addresses", "give the shape the app feeds the model (a typo?)")
     for name, shape in shapes.items():
         if name not in given and name not in fixed and not all(isinstance(d, int) and d > 0 for d in shape):
-            fill = ", ".join(str(d) if isinstance(d, int) and d > 0 else "1" for d in shape)
+            from ctxbuild.graph.samples import first_header
+
+            found = first_header(samples, name, len(shapes) == 1) if samples else None
+            if found and found[0] and found[0][0] and not _differs(list(found[0][0]), shape):
+                hint = f"add inputs: {{{name}: {_fmt(list(found[0][0]))}}} (the shape of your sample {found[1]})"
+            else:
+                fill = ", ".join(str(d) if isinstance(d, int) and d > 0 else "1" for d in shape)
+                hint = f"add inputs: {{{name}: [{fill}]}} (1 where the model leaves a dim open: use your real size)"
             raise RecipeError(f"{default_where}: input '{name}' of {model.name} has dynamic dims {_fmt(shape)}; "
-                              "QNN needs fixed shapes",
-                              f"add inputs: {{{name}: [{fill}]}} (1 where the model leaves a dim open: use your real size)")
+                              "QNN needs fixed shapes", hint)
+
+
+def _differs(want: list[int], shape: list[Dim]) -> bool:
+    """`want` does not fit the model's `shape`: another rank, or a fixed dim of another size."""
+    return len(want) != len(shape) or any(isinstance(d, int) and d > 0 and d != w for d, w in zip(shape, want))
 
 
 def _fits(model: Path, name: str, want: list[int], shape: list[Dim], where: str) -> None:
-    bad = len(want) != len(shape) or any(isinstance(d, int) and d > 0 and d != w for d, w in zip(shape, want))
-    if not bad:
+    if not _differs(want, shape):
         return
     differ = [str(i) for i, (d, w) in enumerate(zip(shape, want)) if isinstance(d, int) and d > 0 and d != w]
     what = (f"rank {len(want)}, the model's is {len(shape)}" if len(want) != len(shape) else

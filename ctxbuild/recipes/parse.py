@@ -56,14 +56,14 @@ def parse_recipe(f: Path, data: LineDict, merged: dict[str, Any], groups: dict[s
     if precision is None:
         raise RecipeError(f"{at()}: `precision` is required", f"one of {', '.join(PRECISIONS)}")
     if "bundle" in merged:
-        # the graphs' own fields: beside `bundle:` they would apply to none (a directory default's is left alone)
+        # the graphs' own fields: beside `bundle:` they apply to none (a directory default's applies to each graph)
         if own := next((k for k in ("inputs", "outputs", "input_values") if k in data), None):
             first = merged["bundle"][0]
             raise RecipeError(f"{at(own)}: {own}: a bundle's graphs set their own {own} (it applies to none here)",
                               f"move it into each graph's entry, e.g. `- {{name: {first['name']}, model: {first['model']}, "
                               f"{own}: {_flow(data[own])}}}`")
-        # A graph's own calibration wins; the recipe's (or the directory default's) is its default.
-        graphs = [_graph(f, data, ["bundle", i], {"calibration": merged.get("calibration"), **g}, g["name"], precision)
+        # A graph's own fields win; the recipe's calibration and the directory defaults' graph fields are theirs
+        graphs = [_graph(f, data, ["bundle", i], _with_defaults(merged, g), g["name"], precision)
                   for i, g in enumerate(merged["bundle"])]
         names = [g.name for g in graphs]
         dup = next((n for n in names if names.count(n) > 1), None)
@@ -205,6 +205,19 @@ def _package(f: Path, data: LineDict, merged: dict[str, Any], name: str, adapter
     return name
 
 
+def _with_defaults(merged: dict[str, Any], graph: dict[str, Any]) -> dict[str, Any]:
+    """A bundle graph's entry over what the recipe gives every graph: its calibration, and the graph fields
+    (inputs, input_values, outputs) only a directory default can hold here (beside `bundle:` they are refused).
+    Mappings merge key by key, as defaults do; a graph's own `outputs` list replaces the default's."""
+    spec = {"calibration": merged.get("calibration"), **graph}
+    for field in ("inputs", "input_values", "outputs"):
+        if field in merged:
+            default = merged[field]
+            own = graph.get(field)
+            spec[field] = {**default, **(own or {})} if isinstance(default, dict) else default if own is None else own
+    return spec
+
+
 def _split_outputs(v: bool | list[str]) -> bool | tuple[str, ...]:
     return tuple(v) if isinstance(v, list) else bool(v)
 
@@ -274,13 +287,15 @@ def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any],
     def at(field: str, *key: str) -> str:
         """file:line of one of the graph's fields; one a directory's _defaults.yaml gave says so (the recipe's
         file has no line for it)."""
+        given = field in own and (not key or key[0] in own[field])  # a bundle graph's key may be the default's
         return f"{f}:{line_of(data, path + [field, *key])}" + (
-            "" if field in own else f" ({field} from the directory defaults, _defaults.yaml)")
+            "" if given else f" ({field} from the directory defaults, _defaults.yaml)")
 
     values = dict(spec.get("input_values", {}))
     if values:  # before the shapes: a fixed input needs none
         check_input_values(model, values, inputs, {k: at("input_values", k) for k in values})
-    input_check.check(model, inputs, {k: at("inputs", k) for k in inputs}, where, fixed=set(values))
+    input_check.check(model, inputs, {k: at("inputs", k) for k in inputs}, where, fixed=set(values),
+                      samples=calibration.dir if calibration else None)
     if outputs := tuple(spec.get("outputs", ())):
         check_outputs(model, outputs, at("outputs"), values)
     return Graph(name=name, model=model, inputs=inputs, calibration=calibration, outputs=outputs,
@@ -327,6 +342,7 @@ def _targets(f: Path, data: LineDict, specs: list[Any], groups: dict[str, list],
         if tc is not None and chosen is not None:
             chosen[t.name] = tc
 
+    given = "" if "targets" in data else " (targets from the directory defaults, _defaults.yaml)"  # no line here
     for i, spec in enumerate(specs):
-        add(spec, f"{f}:{line_of(data, ['targets', i])}", ())
+        add(spec, f"{f}:{line_of(data, ['targets', i])}{given}", ())
     return list(out.values())

@@ -171,6 +171,7 @@ def _validate(f: Path, data: Any, sch: dict[str, Any], prefix: list[str | int] |
             described = f"expected {' or '.join(dict.fromkeys(wants))}, got {_yaml_type(err.instance)} {err.instance!r}"
             consts = [str(e.validator_value) for e in err.context if e.validator == "const"]
             hint = did_you_mean(str(err.instance), consts) if consts and isinstance(err.instance, str) else None
+            hint = hint or _dir_hint(err.instance, [e.schema for e in err.context])
             break
         err = max(inside, key=lambda e: len(e.absolute_path))
     path = (prefix or []) + list(err.absolute_path)
@@ -181,6 +182,17 @@ def _validate(f: Path, data: Any, sch: dict[str, Any], prefix: list[str | int] |
     raise RecipeError(f"{f}:{line}: {where}: {described or _describe(err)}", hint if described else _hint(err))
 
 
+# Other tools' names for a precision (Qualcomm AI Hub's w8a16, ...): what this recipe calls it.
+PRECISION_NAMES = {
+    **dict.fromkeys(("w8a16", "a16w8"), "that is precision: int16 here (uint16 activations, uint8 weights)"),
+    **dict.fromkeys(("w8a8", "a8w8"), "that is precision: int8 here (uint8 activations and weights)"),
+    **dict.fromkeys(("w16a16", "a16w16"),
+                    "write precision: int16 with quantization: {weights: int16} (HTP v73 or newer)"),
+    **dict.fromkeys(("w4a16", "a16w4"), "4-bit weights are an llm: recipe's (llm.precision: w4a16, docs/llm.md); "
+                    "precision: int16 is uint16 activations with uint8 weights"),
+    **dict.fromkeys(("float16", "half", "fp32", "float32", "float"),
+                    "write precision: fp16 (the HTP computes float models in fp16)"),
+}
 _YAML_TYPES = {"object": "mapping", "array": "list"}  # JSON Schema's names, as a YAML author knows them
 _ALTERNATIVE = frozenset({"type", "const", "enum"})  # a oneOf branch the value is not, rather than one it breaks
 
@@ -226,10 +238,21 @@ def _hint(err: Any) -> str | None:
     if err.validator == "additionalProperties":
         known = sorted(err.schema.get("properties", {}))
         extra = sorted(set(err.instance) - set(known))
+        if extra and (nested := _undotted(extra[0], err.instance[extra[0]], known)):
+            return nested
+        keys = list(err.instance)
+        before = keys[keys.index(extra[0]) - 1] if extra and keys.index(extra[0]) else None
+        if before in known and err.instance[before] is None:  # `inputs:` with its entry not indented under it
+            return f"indent it under `{before}:` (the key before it, which holds nothing)"
         otherwise = f"known keys: {', '.join(known)}"
         return did_you_mean(extra[0], known, otherwise=otherwise) if extra else otherwise
+    if err.validator == "enum" and list(err.absolute_path) == ["precision"] \
+            and str(err.instance).lower() in PRECISION_NAMES:
+        return PRECISION_NAMES[str(err.instance).lower()]  # a model recipe's (an llm: block has its own names)
     if err.validator == "enum":
         return did_you_mean(str(err.instance), [str(x) for x in err.validator_value])
+    if err.validator == "type" and err.validator_value == "object" and (found := _dir_hint(err.instance, [err.schema])):
+        return found
     if err.validator == "type" and err.validator_value == "string" and isinstance(err.instance, float):
         return 'quote it, e.g. "2.50": YAML reads 2.50 as the number 2.5'
     if err.validator == "type" and err.validator_value == "array" and type(err.instance) in (str, int, float):
@@ -238,6 +261,29 @@ def _hint(err: Any) -> str | None:
         return f"quote it: '{err.instance}' (YAML reads {err.instance} unquoted as a number)"
     if err.validator == "type" and err.validator_value == "string" and isinstance(err.instance, bool):
         return "quote it, e.g. 'on': YAML reads on/off/yes/no/true/false unquoted as a boolean"
+    return None
+
+
+def _undotted(key: str, value: Any, known: list[str]) -> str | None:
+    """`compile.split_outputs: true`, a hint's field path pasted as a key: the nested YAML to write instead."""
+    import json
+
+    import yaml
+
+    head, *rest = key.split(".")
+    if not rest or head not in known:
+        return None
+    nested: Any = json.loads(json.dumps(value, default=str))
+    for part in reversed(rest):
+        nested = {part: nested}
+    line = yaml.safe_dump({head: nested}, default_flow_style=True, width=1 << 16).strip()[1:-1]
+    return f"YAML does not nest by dots: write {line} (in the recipe's {head}: if it has one)"
+
+
+def _dir_hint(value: Any, schemas: list[dict[str, Any]]) -> str | None:
+    """`calibration: samples/` (or `verify:`): the directory alone, where a mapping with `dir` belongs."""
+    if isinstance(value, str) and any("dir" in sch.get("properties", {}) for sch in schemas):
+        return f"write it as a mapping: {{dir: {value}}}"
     return None
 
 

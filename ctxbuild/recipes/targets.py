@@ -13,8 +13,8 @@ SOCS: tuple[Soc, ...] = tuple(s for s in TABLE if s.htp_arch is not None)
 
 
 def _key(name: str) -> str:
-    """Case and spacing do not matter: 'samsung galaxy s24' is 'Samsung Galaxy S24'."""
-    return " ".join(name.upper().split())
+    """Case, spaces and hyphens do not matter: 'samsung galaxy s24' is 'Samsung Galaxy S24', '8 gen 2' is '8Gen2'."""
+    return "".join(name.upper().replace("-", " ").split())
 
 
 _BY_NAME: dict[str, Soc] = {}

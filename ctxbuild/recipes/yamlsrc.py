@@ -114,7 +114,10 @@ def load_mapping(path: Path) -> LineDict:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise RecipeError(f"{where}: invalid YAML: {problem}") from None
+        line = text.splitlines()[mark.line] if mark and mark.line < len(text.splitlines()) else ""
+        tab = "\t" in line[:len(line) - len(line.lstrip())]  # editors hide it; PyYAML: "cannot start any token"
+        raise RecipeError(f"{where}: invalid YAML: {problem}",
+                          "the line is indented with a tab: YAML indents with spaces" if tab else None) from None
     _check_expanded_size(path, data)
     if not isinstance(data, LineDict):
         kind = "empty" if data is None else type(data).__name__

@@ -141,7 +141,9 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
             "hint": f"nothing to fix on these {len(samples)} samples: it meets min cosine {thresholds['min_cosine']} / "
                     f"min SNR {thresholds['min_snr_db']} dB (where verification failed on others, diagnose more: "
                     "--samples N)"
-            if passed else (cpu.activation_bits and weak_slice_fix(outputs, thresholds))  # fp16: no scale to split
+            # fp16: no scale to split; split already: the parts have their scales, the fix is elsewhere
+            if passed else (cpu.activation_bits and not compile_params.get("split_outputs")
+                            and weak_slice_fix(outputs, thresholds))
             or likely_fix(where, worst_q if where == "quantization" else worst_h, weights_of,
                           weights_per_node(float_model, cpu.weight_snr, role=2), cpu.activation_bits, cause,
                           fp16_neighbours(float_model, worst_q if where == "quantization" else worst_h,

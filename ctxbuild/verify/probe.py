@@ -56,11 +56,15 @@ def htp_run(qdq_path: Path, tensors: list[str], shapes: dict[str, Any], samples:
     from ctxbuild.graph.modelio import load
     from ctxbuild.verify.measure import simulate
 
+    params = {**compile_params, "embed": False, "cpu_fallback": True}
+    if params.get("split_outputs") is True:  # the graph's own outputs: a probe of a Concat is not one to split
+        from ctxbuild.qnn.split_outputs import concat_outputs
+
+        params["split_outputs"] = list(concat_outputs(load(qdq_path, external_data=False)))
     model, probes = probe_model(load(qdq_path), tensors, shapes)
     d = Path(tempfile.mkdtemp(prefix="probe-", dir=tmp))
     src, ctx = d / "debug.onnx", d / "debug_ctx.onnx"
     onnx.save(model, src)
-    params = {**compile_params, "embed": False, "cpu_fallback": True}
     try:
         compile_graph(src, ctx, params, d)
     except ActionError:

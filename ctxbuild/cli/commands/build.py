@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
                               cache_env=options.cache_env(args),
                               memory_budget=options.size(args.memory_budget, "--memory-budget"),
                               executor=args.executor, executor_fallback=args.executor_fallback,
-                              console=options.console(args)))
+                              console=options.console(args),
+                              recipe_args=options.recipe_args(args)))
 
 
 COMMAND = Command("build", "build recipes (default: recipes/) into OUT", arguments, run, EXAMPLES)

@@ -29,13 +29,14 @@ def run(args: argparse.Namespace) -> int:
         from ctxbuild.cli.layers import main as layers
 
         return layers(args.paths, args.out, args.layers, args.target, samples=args.samples,
-                      cache_env=options.cache_env(args), as_json=args.json)
+                      cache_env=options.cache_env(args), as_json=args.json, recipe_args=options.recipe_args(args))
     from ctxbuild.engine.build import build
     from ctxbuild.engine.options import BuildOptions
 
     return build(BuildOptions(paths=args.paths, out=args.out, jobs=args.jobs, verify_only=True,
                               cache_env=options.cache_env(args), executor=args.executor,
-                              executor_fallback=args.executor_fallback, console=options.console(args)))
+                              executor_fallback=args.executor_fallback, console=options.console(args),
+                              recipe_args=options.recipe_args(args)))
 
 
 COMMAND = Command("verify", "run only the verification of built artifacts (cached results reused)", arguments, run,
