@@ -75,3 +75,16 @@ def test_khmer_segmenter_mask_fill_and_auto(tmp_path: Path, ctxbuild) -> None:
     assert screen["snr_db"] >= 40, screen
     search = json.loads((out / "SM8650" / "khmer" / "khmer_search.json").read_text())
     assert search["winner"] in ("a16w8", "fp16"), search
+
+
+def test_khmer_segmenter_memory_refusal_hint_pasted(tmp_path: Path, ctxbuild) -> None:
+    """The same model at int16: QNN refuses it at finalize (QNN_COMMON_ERROR_MEM_ALLOC), which said nothing more;
+    the hint's compile: {optimization_mode: 1}, pasted, builds it (measured: 3 refuses it too)."""
+    tree = _tree(tmp_path / "recipes", "khmer_seg", {"khmer": "precision: int16"}, verify="false")
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"), timeout=900)
+    assert r.code == 1 and "QNN_COMMON_ERROR_MEM_ALLOC" in r.err, r.text
+    assert "try compile: {optimization_mode: 1}" in r.err, r.err
+    recipe = tree / "khmer.yaml"
+    recipe.write_text(recipe.read_text() + "compile: {optimization_mode: 1}\n")
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"), timeout=900)
+    assert r.code == 0, r.text
