@@ -20,7 +20,12 @@ FOLD_AT = 2 ** 16  # input channels x dilation: a quarter of the smallest produc
 
 
 def wanted(g: GraphView) -> bool:
-    return any(_dilation(n, g) > 1 for n in g.graph.node if n.op_type == "Conv")
+    """A Conv whose weight's dims (read without its data) give channels x dilation >= FOLD_AT, or are unknown."""
+    for n in (n for n in g.graph.node if n.op_type == "Conv" and _dilation(n, g) > 1):
+        w = g.inits.get(n.input[1])
+        if w is None or len(w.dims) != 3 or w.dims[1] * g.attr(n, "group", 1) * _dilation(n, g) >= FOLD_AT:
+            return True
+    return False
 
 
 def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
