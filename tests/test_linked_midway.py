@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from ctxbuild.actions.quantize import private_input, quantize_model
 from ctxbuild.graph.modelio import data_path
@@ -16,14 +17,15 @@ from ctxbuild.recipes.quantization import settings as quantization
 from tests.test_linked_weights import mlp
 
 
-def test_quantize_survives_a_link_made_midway(tmp_path: Path) -> None:
+@pytest.mark.parametrize("nodes", [{}, {"r": "fp16"}])  # a pin: the quantizer reads a rewritten copy (-unfused-)
+def test_quantize_survives_a_link_made_midway(tmp_path: Path, nodes: dict) -> None:
     model = tmp_path / "work" / "m.onnx"
     model.parent.mkdir()
     mlp(model)
     fresh = tmp_path / "fresh" / "m.onnx"
     fresh.parent.mkdir()
     mlp(fresh)
-    settings = quantization({"activations": "uint8", "weights": "uint8"})
+    settings = quantization({"activations": "uint8", "weights": "uint8", "nodes": nodes})
     samples = [{"x": np.random.default_rng(i).standard_normal((1, 64)).astype(np.float32)} for i in range(4)]
     listing = sorted(p.name for p in model.parent.iterdir())
     stage = tmp_path / "stage"

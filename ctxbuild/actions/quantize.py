@@ -169,7 +169,7 @@ def quantize_model(src: Path, dst: Path, s: dict[str, Any], samples: list[dict[s
             # a data file gained a link after private_input found one (a compile of the same model stages it by
             # hard link): onnx's loader refuses it now, so the quantizer reads private copies of every data file
             src.with_name(f"{src.stem}-inferred.onnx").unlink(missing_ok=True)  # the quantizer's, left by the error
-            with onnx_readable(src, src.name.replace("-input-", "-copied-"), copy=True) as copied:
+            with onnx_readable(src, src.with_suffix(".copied.onnx").name, copy=True) as copied:
                 try:
                     run(copied)
                 finally:
