@@ -199,3 +199,24 @@ def write_samples(name: str, model: Path, d: Path, n: int, first_seed: int = 0) 
     for i in range(n):
         np.savez(d / f"{name}_{first_seed + i:03d}.npz", **make(np.random.default_rng(first_seed + i)))
     return d
+
+
+def write_tree(root: Path, names: list[str], targets: str = "[SM8650]") -> Path:
+    """The recipes docs/measured.md's table was built from: per model `<name>_fp16.yaml` and `<name>_auto.yaml`,
+    8 calibration and 4 verification samples (build with `ctxbuild build ROOT -o OUT -j2`)."""
+    for name in names:
+        model, m = locate(name), FAMILIES[name]
+        write_samples(name, model, root / f"cal_{name}", 8, 0)
+        write_samples(name, model, root / f"verify_{name}", 4, 100)
+        shapes = ", ".join(f"{k}: {list(v)}" for k, v in m.inputs.items())
+        for precision in ("fp16", "auto"):
+            (root / f"{name}_{precision}.yaml").write_text(
+                f"model: {model}\ninputs: {{{shapes}}}\ncalibration: {{dir: cal_{name}}}\ntargets: {targets}\n"
+                f"precision: {precision}\nverify: {{dir: verify_{name}, timeout_s: 1800}}\n")
+    return root
+
+
+if __name__ == "__main__":  # python -m bench.real_models.families ROOT [NAME ...]
+    import sys
+
+    print(write_tree(Path(sys.argv[1]), sys.argv[2:] or list(FAMILIES)))
