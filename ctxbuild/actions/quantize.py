@@ -168,14 +168,29 @@ def quantize_model(src: Path, dst: Path, s: dict[str, Any], samples: list[dict[s
     tensors = pinned_tensors(model, s["tensors"], recipe, part)
     _check_weight_tensors(model, s, tensors, pinned, recipe)
     overrides = tensor_overrides(unfused, tensors, nodes)
-    try:
-        config = get_qnn_qdq_config(str(src), _Reader(samples), init_overrides=overrides or None,
+    def run(path: Path) -> None:
+        config = get_qnn_qdq_config(str(path), _Reader(samples), init_overrides=overrides or None,
                                     nodes_to_exclude=[n for n, o in nodes.items() if o == FP16_NODE] or None,
                                     **get_qnn_qdq_kwargs(s))
         if s["percentile"] is not None:
             config.extra_options["CalibPercentile"] = s["percentile"]
         config.use_external_data_format = True  # weights to `<output>.data`: no 2 GB protobuf limit
-        quantize(str(src), str(dst), config)
+        quantize(str(path), str(dst), config)
+
+    try:
+        try:
+            run(src)
+        except Exception as e:  # noqa: BLE001 - onnx's ValidationError; re-raised unless it is the link below
+            if "hard link" not in str(e):
+                raise
+            # a data file gained a link after private_input found one (a compile of the same model stages it by
+            # hard link): onnx's loader refuses it now, so the quantizer reads private copies of every data file
+            src.with_name(f"{src.stem}-inferred.onnx").unlink(missing_ok=True)  # the quantizer's, left by the error
+            with onnx_readable(src, src.with_suffix(".copied.onnx").name, copy=True) as copied:
+                try:
+                    run(copied)
+                finally:
+                    copied.with_name(f"{copied.stem}-inferred.onnx").unlink(missing_ok=True)
     except ValueError as e:  # onnxruntime's checks of the overrides (unknown tensor, bad axis...)
         raise ActionError(f"{recipe}: quantization: {cause_line(e)}",
                           "fix the recipe's quantization overrides") from None

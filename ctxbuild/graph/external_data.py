@@ -144,10 +144,12 @@ def tensor_array(t: Any, model_path: Path, follow_links: bool = False) -> Any:
 class PrivateData:
     """Copies of the external data files with several hard links that models name, each made once beside its
     original for onnx's own loader (onnxruntime's quantization tools read their input through it) and removed on
-    exit. A file with one link is used in place: without the cache's links nothing is copied."""
+    exit. A file with one link is used in place: without the cache's links nothing is copied (`always`: every
+    file is copied, for a reader that met a link made after it looked)."""
 
-    def __init__(self) -> None:
+    def __init__(self, always: bool = False) -> None:
         self.copies: dict[Path, Path | None] = {}  # data file -> its private copy (None: used in place)
+        self.always = always
 
     def __enter__(self) -> "PrivateData":
         return self
@@ -169,7 +171,7 @@ class PrivateData:
             path = checked_location(model_path, t.name, location(t)[0])
             if path not in self.copies:
                 self.copies[path] = None
-                if path.stat().st_nlink > 1:
+                if self.always or path.stat().st_nlink > 1:
                     self.copies[path] = path.with_name(f".{path.name}.private-{os.getpid()}-{next(_names)}")
                     shutil.copyfile(path, self.copies[path])  # in the kernel (sendfile); the copy has one link
             if (copy := self.copies[path]) is not None:
@@ -181,14 +183,15 @@ class PrivateData:
 
 
 @contextmanager
-def onnx_readable(model: Path, name: str) -> Iterator[Path]:
+def onnx_readable(model: Path, name: str, copy: bool = False) -> Iterator[Path]:
     """`model` as a private proto `name` beside it that onnx's loader takes (onnxruntime's quantization tools also
     write scratch files beside their input: actions sharing a model would race on them): a hard link to the
-    proto, or where a data file has several links, the proto pointing at private copies (PrivateData)."""
+    proto, or where a data file has several links (every file, with `copy`), the proto pointing at private copies
+    (PrivateData)."""
     import onnx
 
     src = model.with_name(name)
-    with PrivateData() as data:
+    with PrivateData(always=copy) as data:
         proto = onnx.load(str(model), load_external_data=False)
         if data.relocate(proto, model):
             onnx.save(proto, str(src))

@@ -46,6 +46,21 @@ def weighted(model: Any) -> list[str]:
                           if n.op_type in WEIGHTED_OPS and len(n.input) > 1 and n.input[1] in inits])
 
 
+def _one_setting(model: Any, nodes: dict[str, Any], fix: Any) -> dict[str, Any]:
+    """`nodes` with one setting for the names of one prepared node (a MatMul and its bias Add fused into a Gemm: the
+    diagnosis may name one, the pool the other; quantize refuses two settings for one node): `fix` when any of
+    them has it, else the first name's."""
+    names = Names(model)
+    group: dict[str, str] = {}  # prepared node -> the first name standing for it
+    out = dict(nodes)
+    for name in nodes:
+        for p in names.resolve(name) or []:
+            lead = group.setdefault(p, name)
+            if lead != name and out[lead] != out[name]:
+                out[lead] = out[name] = fix if fix in (out[lead], out[name]) else out[lead]
+    return out
+
+
 def _users(model: Any, nodes: list[Any]) -> list[str]:
     """The user's names for these prepared nodes (graph/nodenames.py; an unnamed one by its first output), each
     once, in order."""
@@ -92,7 +107,7 @@ def grow(model: Any, first: dict[str, Any], outputs: set[str], wide: bool,
     tried: list[tuple[float, dict[str, Any]]] = []
     kept = 0
     for k in [0, *sizes(len(pool), bound - sum(1 for n in first if n in set(kind)))]:
-        nodes = dict(sorted({**first, **{n: fix for n in pool[:k]}}.items()))
+        nodes = dict(sorted(_one_setting(model, {**first, **{n: fix for n in pool[:k]}}, fix).items()))
         start = time.monotonic()
         got = measure(nodes)
         row = worst(got)

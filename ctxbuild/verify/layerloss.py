@@ -210,7 +210,7 @@ def weight_snr(reference: Path, qdq: Path) -> dict[str, float]:
         if n.op_type != "DequantizeLinear" or n.input[0] not in inits:
             continue
         name = n.output[0].removesuffix("_DequantizeLinear_Output")
-        if name not in floats:
+        if name not in floats or not np.prod(inits[n.input[0]].dims):  # an empty constant has no SNR
             continue
         q = numpy_helper.to_array(inits[n.input[0]]).astype(np.float64)
         scale = numpy_helper.to_array(inits[n.input[1]]).astype(np.float64)

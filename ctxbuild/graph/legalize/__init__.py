@@ -14,16 +14,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Collection
 
-from ctxbuild.graph.legalize import (batchnorm_params, clip, convtranspose, dynamic_int8, einsum, gathernd, gelu,
-                                     int8_tables, log_power, mask_fill, ort_fused, qdq_bias, qdq_unsigned, qdq_weights,
-                                     rmsnorm, sigmoid_exp, static_shapes, sum_squares, variance)
+from ctxbuild.graph.legalize import (batchnorm_params, clip, convtranspose, dilated_conv, dynamic_int8, einsum,
+                                     gathernd, gelu, int8_tables, log_power, mask_fill, ort_fused, qdq_bias,
+                                     qdq_unsigned, qdq_weights, rmsnorm, sigmoid_exp, static_shapes, sum_squares,
+                                     variance)
 from ctxbuild.graph.legalize.graphview import GraphView, static_shapes_of
 from ctxbuild.graph.nodenames import Outline, outline
 
 # The QDQ rules first: the shape and weight constants they fold are what the later rules' conditions read;
 # sum_squares before log_power, which finds the square its ReduceSumSquare becomes.
 RULES = (static_shapes, qdq_weights, qdq_unsigned, qdq_bias, batchnorm_params, int8_tables, dynamic_int8, ort_fused,
-         einsum, gathernd, clip, rmsnorm, variance, sum_squares, log_power, gelu, mask_fill, convtranspose)
+         einsum, gathernd, clip, rmsnorm, variance, sum_squares, log_power, gelu, mask_fill, convtranspose,
+         dilated_conv)
 # Rules for fp16 builds alone, applied by compile (prepare's model is shared with the quantized candidates):
 # what the HTP's fp16 arithmetic computes coarsely, where the rewrite would not quantize.
 FP16_RULES = (sigmoid_exp,)

@@ -6,7 +6,8 @@ cosine 0.28). exp(-100) underflows float32 like exp(-inf) does, so the float mod
 logit is 100 above another (attention logits are tens at most).
 
 Rewritten only in the additive form: the Where picks between the fill and a constant at least MARGIN above -100
-(0 as exports write it), and its result is added to the scores. Then the masked logits are the scores minus 100
+(0 as exports write it, a scalar or a tensor of zeros), and its result, moved to the scores' shape by data moves
+(Reshape, Expand, ...: torch's key padding mask), is added to the scores. Then the masked logits are the scores minus 100
 and the rewrite does not depend on the scores' level. Where the fill replaces the scores themselves
 (Where(mask, scores, -inf) -> Softmax), kept scores below -100 would leave the masked positions all the weight,
 and nothing on the graph bounds them: left as written. What the graph cannot show (scores 100 apart, a row with
@@ -25,6 +26,8 @@ WHAT = "attention-mask fill (-inf, -3.4e38, -1e9 ...) added to Softmax logits ->
 FILL = -100.0
 HUGE = -1e4  # fills at or below this are masks, not values
 MARGIN = 80.0  # the kept value lies this far above the fill at least: exp(-80) ~ 2e-35, nothing in float32
+# Ops that only move or repeat values (their first input): a fill moved by them is the same fill
+MOVES = ("Reshape", "Expand", "Unsqueeze", "Squeeze", "Transpose", "Flatten", "Tile", "Identity")
 
 
 def wanted(g: GraphView) -> bool:
@@ -51,7 +54,7 @@ def apply(g: GraphView, shapes: dict[str, list[int]]) -> int:
 
 def _not_additive(g: GraphView, where: Any, kept: str) -> str | None:
     """Why `where` (a fill feeding a Softmax) is not an additive mask the rewrite keeps exact, or None."""
-    if any(u.op_type != "Add" for u in g.consumers[where.output[0]]):
+    if not _added(g, where.output[0]):
         return (f"the fill replaces the scores on their way to the Softmax (not added to them): -{-FILL:g} is "
                 "exact only while every kept score stays above it, which the graph does not bound")
     value = g.const(kept)
@@ -63,10 +66,23 @@ def _not_additive(g: GraphView, where: Any, kept: str) -> str | None:
     return None
 
 
-def _feeds_softmax(g: GraphView, name: str, depth: int = 3) -> bool:
-    """Every use of `name` is an Add whose result reaches a Softmax through Adds only (or the Softmax)."""
+def _feeds_softmax(g: GraphView, name: str, depth: int = 3, moves: int = 6) -> bool:
+    """Every use of `name` is an Add whose result reaches a Softmax through Adds only (or the Softmax), or a data
+    move (MOVES, reading it as its data) whose result does."""
     uses = g.consumers.get(name, [])
     if not uses or depth == 0:
         return False
-    return all(u.op_type == "Softmax" or (u.op_type == "Add" and _feeds_softmax(g, u.output[0], depth - 1))
+    return all(u.op_type == "Softmax" or (u.op_type == "Add" and _feeds_softmax(g, u.output[0], depth - 1, moves))
+               or (_moves(u, name) and moves > 0 and _feeds_softmax(g, u.output[0], depth, moves - 1))
                for u in uses)
+
+
+def _added(g: GraphView, name: str, moves: int = 6) -> bool:
+    """Every use of `name`, past data moves, is an Add (the fill is added to the scores, not put in their place)."""
+    uses = g.consumers.get(name, [])
+    return bool(uses) and all(u.op_type == "Add" or (_moves(u, name) and moves > 0 and _added(g, u.output[0], moves - 1))
+                              for u in uses)
+
+
+def _moves(node: Any, name: str) -> bool:
+    return node.op_type in MOVES and node.input[0] == name and name not in node.input[1:]
