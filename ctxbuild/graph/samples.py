@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.graph.modelio import graph_inputs
+from ctxbuild.graph.signature import LAYOUTS
 
 RANDOM_SEED = 0
 if TYPE_CHECKING:  # numpy is imported where arrays are made: listing samples (a cache lookup) needs none
@@ -153,8 +154,6 @@ def check_sample(sample: dict[str, np.ndarray], spec: InputSpec, path: Path, rec
 def _layout_fix(got: tuple[int, ...], want: tuple[int, ...]) -> str | None:
     """The sample holds the input in the other image layout (NHWC for NCHW, or back), or without the batch dim of
     one (an image as decoded, HWC): the expression that fixes it."""
-    from ctxbuild.recipes.inputs import LAYOUTS
-
     batch = ""
     if len(got) == 3 and len(want) == 4 and want[0] == 1:
         got, batch = (1, *got), "[None]"

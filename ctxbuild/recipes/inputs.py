@@ -6,10 +6,9 @@ import math
 from pathlib import Path
 
 from ctxbuild.errors import RecipeError
-from ctxbuild.graph.signature import Dim, graph_input_shapes
+from ctxbuild.graph.signature import LAYOUTS, Dim, graph_input_shapes
 
 MAX_INPUT_ELEMENTS = 2**30  # 4 GiB of float32: more than a 32-bit address space holds
-LAYOUTS = {(0, 3, 1, 2): "NHWC", (0, 2, 3, 1): "NCHW"}  # the recipe's dims taken in this order fit the model: its layout
 
 
 def check(model: Path, given: dict[str, tuple[int, ...]], where: dict[str, str], default_where: str,
