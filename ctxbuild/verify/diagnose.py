@@ -91,6 +91,7 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
             _, a, b = max(gaps)
             inside = order[order.index(a) + 1:order.index(b)]
             chosen = _pick([t for t in inside if t not in probed], max_probes)
+        fusions = htp_fusions(qdq, compile_params, tmp) if htp else []
         debug_outputs = {o: probed[o] for o in outs if o in probed}
         if delivered is not None:  # does the debug build still compute what the delivered one does?
             real = simulate(delivered, samples, cpu_fallback=True, timeout=timeout)
@@ -102,16 +103,20 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
     q_rows = node_losses(g, cpu.quant_snr, cpu.producer)
     h_rows = node_losses(g, htp, cpu.producer)
     weights_of = weights_per_node(float_model, cpu.weight_snr)
+    fused_with = {n: f for f in fusions for n in f["nodes"]}
     nodes = []
     for name, qr in q_rows.items():
         hr = h_rows.get(name)
+        fusion = fused_with.get(name)
         # the tensor by the user's name too (prepare's new name for one it carries: the user's)
         nodes.append({"node": name, "op_type": qr["op_type"], "tensor": g.names.user_tensor(qr["tensor"]),
                       "fused": qr["fused"],
                       "weight_snr_db": weights_of.get(name),
                       "quant_snr_db": qr["snr_db"], "quant_added_db": qr["added_db"],
                       "htp_snr_db": hr["snr_db"] if hr else None, "htp_added_db": hr["added_db"] if hr else None,
-                      "total_snr_db": round(total[qr["tensor"]], 2) if qr["tensor"] in total else None})
+                      "total_snr_db": round(total[qr["tensor"]], 2) if qr["tensor"] in total else None,
+                      **({"htp_fused": {"qnn_op": fusion["qnn_op"], "with": [n for n in fusion["nodes"] if n != name]}}
+                         if fusion else {})})
     sliced = output_slices.find(float_model, slices)
     outputs = {}
     for o in outs:
@@ -136,6 +141,7 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
     passed = meets(outputs, thresholds)
     return {"samples": len(samples), "thresholds": thresholds, "outputs": outputs, "where": where, "meets": passed,
             "worst_quantization": worst_q, "worst_htp": worst_h, "nodes": len(nodes), "probe_runs": runs,
+            "htp_fusions": fusions,
             # every node's own noise power on the HTP, summed: what the mixed rung's blame leaves (culprits.py)
             "htp_noise_added": sum(noise(-n["htp_added_db"]) for n in nodes if n["htp_added_db"] is not None),
             "hint": f"nothing to fix on these {len(samples)} samples: it meets min cosine {thresholds['min_cosine']} / "
@@ -147,6 +153,33 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
                           fp16_neighbours(float_model, worst_q if where == "quantization" else worst_h,
                                           "quant_added_db" if where == "quantization" else "htp_added_db"))}
 
+
+
+def htp_fusions(model: Path, compile_params: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
+    """The QNN ops the delivered graph's compile made of several of the user's nodes, from the EP's op trace
+    (qnn/optrace.py): `model` compiled again as the compile action did (one compile: deterministic, and the trace is
+    not written when a compiled model is loaded). The debug builds' probes can break a fusion, so theirs would not
+    do. [] on a toolchain without the trace."""
+    from ctxbuild.errors import ActionError
+    from ctxbuild.graph.modelio import load
+    from ctxbuild.graph.nodenames import named
+    from ctxbuild.qnn import optrace
+    from ctxbuild.qnn.compile import QnnCompileFailed, compile_graph, trace_dir
+
+    d = Path(tempfile.mkdtemp(prefix="traced-", dir=tmp))
+    try:
+        compile_graph(model, d / "traced_ctx.onnx", {**compile_params, "embed": False}, d)
+    except (ActionError, QnnCompileFailed) as e:  # it compiled for the delivery: a diagnosis goes on without it
+        print(f"the compile for the op trace failed ({e}): fusions not shown")
+        return []
+    found = optrace.fused(trace_dir(d))
+    if not found:
+        return []
+    proto = load(model, external_data=False)
+    op = {n.name: n.op_type for n in proto.graph.node}
+    return [{"qnn_op": f.qnn_op, "fusion": f.group,
+             "nodes": list(dict.fromkeys(u for n in f.nodes for u, _ in named(proto, [(n, op.get(n, ""))])))}
+            for f in found]
 
 
 def _cat(x: list[np.ndarray], shape: list[int | None] | None) -> np.ndarray:
@@ -171,6 +204,9 @@ def format_text(d: dict[str, Any]) -> str:
         lines += [f" {title}:", head]
         lines += [f"  {r['node']:<{w}} {r['op_type'][:14]:<14} {_f(r['weight_snr_db']):>6} {_f(r['quant_snr_db']):>9} "
                   f"{_f(r['quant_added_db']):>8} {_f(r['htp_snr_db']):>8} {_f(r['htp_added_db']):>8}" for r in rows]
+    shown_nodes = {r["node"] for r in d["worst_quantization"] + d["worst_htp"]}
+    lines += [f" on the HTP one QNN {f['qnn_op']} ({f['fusion']}) computes: {', '.join(f['nodes'])}"
+              for f in d.get("htp_fusions", []) if shown_nodes & set(f["nodes"])]
     lines.append(f" hint: {d['hint']}")
     return "\n".join(lines)
 

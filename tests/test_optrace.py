@@ -1,0 +1,99 @@
+"""The QNN EP's op trace (qnn/optrace.py) in what ctxbuild tells the user: why QNN refused a node, which of the
+user's nodes one QNN op computes. Real compiles with onnxruntime-qnn; small synthetic models."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _tree(tmp_path: Path, nodes: list, inits: dict[str, float], recipe: str) -> Path:
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+                              [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in inits.items()])
+    tree = tmp_path / "recipes"
+    tree.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), tree / "m.onnx")
+    (tree / "m.yaml").write_text("model: m.onnx\ntargets: [SM8650]\n" + recipe)
+    return tree
+
+
+def _refusal(r) -> str:
+    return next(ln for ln in r.err.splitlines() if "QNN cannot run" in ln)
+
+
+def test_a_refusal_says_the_eps_reason(tmp_path: Path, ctxbuild) -> None:
+    """QNN refuses a C-style Mod (fmod=1): the line says why, which the EP's log does not."""
+    tree = _tree(tmp_path, [helper.make_node("Relu", ["x"], ["r"], name="relu0"),
+                            helper.make_node("Mod", ["r", "three"], ["y"], name="wrap", fmod=1)],
+                 {"three": 3.0}, "precision: fp16\n")
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 1, r.text
+    line = _refusal(r)
+    assert "QNN cannot run 1 node(s): wrap (Mod): QNN Mod Op only support fmod == 0 for now" in line, line
+    assert "cpu_fallback: true" in line, line
+
+
+def test_a_graph_qnn_takes_no_node_of_is_named_by_the_trace(tmp_path: Path, ctxbuild) -> None:
+    """QNN takes none of the nodes: its log names none (the compile fails with "assigned to the default CPU EP");
+    the trace names the node and why."""
+    tree = _tree(tmp_path, [helper.make_node("Mod", ["x", "three"], ["y"], name="wrap", fmod=1)],
+                 {"three": 3.0}, "precision: fp16\n")
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 1, r.text
+    line = _refusal(r)
+    assert "QNN cannot run 1 node(s): wrap (Mod): QNN Mod Op only support fmod == 0 for now" in line, line
+
+
+def test_a_refused_qdq_unit_is_its_node(tmp_path: Path) -> None:
+    """QNN refuses a quantized Erf's QDQ unit whole: the trace lists the unit's DequantizeLinear and QuantizeLinear
+    with the Erf's reason; refused() keeps the Erf and sets them apart."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    from ctxbuild.qnn import optrace
+    from ctxbuild.toolchain.installed import compile_model
+
+    tree = _tree(tmp_path, [helper.make_node("Mul", ["x", "two"], ["m"], name="scale"),
+                            helper.make_node("Erf", ["m"], ["e"], name="erf0"),
+                            helper.make_node("Mul", ["e", "two"], ["y"], name="rescale")], {"two": 2.0}, "")
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter([{"x": np.random.default_rng(i).normal(size=(1, 8)).astype(np.float32)} for i in range(4)])
+
+        def get_next(self) -> dict | None:
+            return next(self.it, None)
+
+    qdq = tmp_path / "m.qdq.onnx"
+    quantize(str(tree / "m.onnx"), str(qdq), get_qnn_qdq_config(str(tree / "m.onnx"), Reader(),
+                                                               activation_type=QuantType.QUInt16,
+                                                               weight_type=QuantType.QUInt8))
+    with pytest.raises(Exception, match="default CPU EP"):
+        compile_model(qdq, tmp_path / "m_ctx.onnx", {"soc_model": "57", "htp_arch": "75"}, embed=False,
+                      cpu_fallback=False, trace_dir=tmp_path / "trace")
+    why, unit = optrace.refused(tmp_path / "trace")
+    assert why == {("erf0", "Erf"): None}, why
+    assert unit == {("m_DequantizeLinear", "DequantizeLinear"), ("e_QuantizeLinear", "QuantizeLinear")}, unit
+
+
+def test_the_diagnosis_names_the_nodes_one_qnn_op_computes(tmp_path: Path, ctxbuild) -> None:
+    """fp16: QNN folds an attention-style scale into the Softmax after it (one QNN Softmax, ScaleSoftmaxFusion); the
+    diagnosis says which of the user's nodes that op computes."""
+    tree = _tree(tmp_path, [helper.make_node("Relu", ["x"], ["r"], name="relu0"),
+                            helper.make_node("Mul", ["r", "k"], ["s"], name="scale_logits"),
+                            helper.make_node("Softmax", ["s"], ["y"], name="probs", axis=-1)],
+                 {"k": 0.125}, "precision: fp16\n")
+    out = tmp_path / "out"
+    r = ctxbuild("verify", "--layers", "m", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    d = json.loads((out / "SM8650" / "m" / "m_layers.json").read_text())
+    assert d["htp_fusions"] == [{"qnn_op": "Softmax", "fusion": "ScaleSoftmaxFusion",
+                                 "nodes": ["scale_logits", "probs"]}], d["htp_fusions"]
+    rows = {n["node"]: n for n in d["worst_htp"]}
+    assert rows["probs"]["htp_fused"] == {"qnn_op": "Softmax", "with": ["scale_logits"]}, rows
+    assert "one QNN Softmax (ScaleSoftmaxFusion) computes: scale_logits, probs" in r.out, r.out
