@@ -97,3 +97,31 @@ def test_the_diagnosis_names_the_nodes_one_qnn_op_computes(tmp_path: Path, ctxbu
     rows = {n["node"]: n for n in d["worst_htp"]}
     assert rows["probs"]["htp_fused"] == {"qnn_op": "Softmax", "with": ["scale_logits"]}, rows
     assert "one QNN Softmax (ScaleSoftmaxFusion) computes: scale_logits, probs" in r.out, r.out
+
+
+def test_an_fp16_hardswish_written_x_times_hardsigmoid_verifies(tmp_path: Path, ctxbuild) -> None:
+    """QNN 2.7.0 computes Mul(x, HardSigmoid(x)) (alpha 1/6) as x * HardSwish(x) at fp16 (3.4 dB on these samples,
+    found through the diagnosis: its probe on the HardSigmoid's output undoes it); hardswish_order swaps the Mul's
+    inputs, which computes the same bit for bit, and the build verifies."""
+    from ctxbuild.graph.legalize import legalize_fp16
+
+    nodes = [helper.make_node("Mul", ["x", "two"], ["m"], name="scale"),
+             helper.make_node("HardSigmoid", ["m"], ["h"], name="gate", alpha=1 / 6, beta=0.5),
+             helper.make_node("Mul", ["m", "h"], ["y"], name="swish")]
+    tree = _tree(tmp_path, nodes, {"two": 2.0}, "precision: fp16\n")
+    model = onnx.load(tree / "m.onnx")
+    assert legalize_fp16(model, ["hardswish_order"]) == {"hardswish_order": 1}
+    assert [(n.name, list(n.input)) for n in model.graph.node][2] == ("swish", ["h", "m"])
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 0, r.text
+    v = json.loads((tmp_path / "out" / "SM8650" / "m" / "m_verify.json").read_text())
+    assert v["outputs"]["y"]["snr_db"] > 50, v["outputs"]
+    (tree / "m.yaml").write_text("model: m.onnx\ntargets: [SM8650]\nprecision: fp16\nprepare: {rewrite: false}\n")
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 1 and "SNR 3.4 dB" in r.err, r.text  # the EP's fusion, as written
+    # the diagnosis' probe on 'h' undoes it: it says its figures describe another computation (it said "nothing
+    # to fix: it meets the thresholds")
+    r = ctxbuild("verify", "--layers", "m", str(tree), "-o", str(tmp_path / "out"))
+    d = json.loads((tmp_path / "out" / "SM8650" / "m" / "m_layers.json").read_text())
+    assert not d["meets"] and round(d["outputs"]["y"]["delivered"]["snr_db"], 1) == 3.4, d["outputs"]
+    assert d["hint"].startswith("the delivered build fails ('y' SNR 3.4 dB delivered, "), d["hint"]

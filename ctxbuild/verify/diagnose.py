@@ -47,9 +47,11 @@ def _pick(order: list[str], limit: int) -> list[str]:
 def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], compile_params: dict[str, Any],
              thresholds: dict[str, float], *, slices: dict[str, Any] | None = None,
              delivered: Path | None = None, max_probes: int = MAX_PROBES,
-             rounds: int = ROUNDS, timeout: float = 600, top: int = TOP, htp: bool = True) -> dict[str, Any]:
+             rounds: int = ROUNDS, timeout: float = 600, top: int = TOP, htp: bool = True,
+             fusions: bool = True) -> dict[str, Any]:
     """`htp`: False runs the CPU half only (float vs QDQ on the CPU), where the loss is already known to be
-    quantization's: no debug build, no simulator run."""
+    quantization's: no debug build, no simulator run. `fusions`: False skips htp_fusions' compile (the mixed
+    rung's culprits, which do not read them)."""
     import onnx
 
     from ctxbuild.graph.modelio import load
@@ -91,8 +93,9 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
             _, a, b = max(gaps)
             inside = order[order.index(a) + 1:order.index(b)]
             chosen = _pick([t for t in inside if t not in probed], max_probes)
-        fusions = htp_fusions(qdq, compile_params, tmp) if htp else []
+        fused = htp_fusions(qdq, compile_params, tmp) if htp and fusions else []
         debug_outputs = {o: probed[o] for o in outs if o in probed}
+        real: dict[str, np.ndarray] = {}
         if delivered is not None:  # does the debug build still compute what the delivered one does?
             real = simulate(delivered, samples, cpu_fallback=True, timeout=timeout)
             runs.append({"debug_vs_delivered_snr_db": {o: round(snr_db(real[o], v), 2)
@@ -103,7 +106,7 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
     q_rows = node_losses(g, cpu.quant_snr, cpu.producer)
     h_rows = node_losses(g, htp, cpu.producer)
     weights_of = weights_per_node(float_model, cpu.weight_snr)
-    fused_with = {n: f for f in fusions for n in f["nodes"]}
+    fused_with = {n: f for f in fused for n in f["nodes"]}
     nodes = []
     for name, qr in q_rows.items():
         hr = h_rows.get(name)
@@ -132,6 +135,8 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
             per_slice = output_slices.measure(ref, got, sliced[o], metrics) if o in sliced else None
             if per_slice:
                 row[k]["slices"] = per_slice
+        if o in real and o in probed:  # the delivered build against the float model, as verify measures it
+            row["delivered"] = metrics(flo, np.ravel(real[o]))
         outputs[o] = row
     where = where_lost(outputs, thresholds)
     worst_q = worst_nodes(nodes, "quant_added_db", top)
@@ -139,20 +144,39 @@ def diagnose(reference: Path, qdq: Path, samples: list[dict[str, np.ndarray]], c
     # fp16 (the model compiled as given): what its float values show fp16 cannot hold
     cause = None if quantized else fp16_cause(float_model, cpu.float_acts, [n["node"] for n in worst_h])
     passed = meets(outputs, thresholds)
-    return {"samples": len(samples), "thresholds": thresholds, "outputs": outputs, "where": where, "meets": passed,
+    # the debug build meets them and the delivered one does not: its figures describe another computation
+    unlike = _unlike(outputs, thresholds, len(probed)) if passed else None
+    return {"samples": len(samples), "thresholds": thresholds, "outputs": outputs, "where": where,
+            "meets": passed and not unlike,
             "worst_quantization": worst_q, "worst_htp": worst_h, "nodes": len(nodes), "probe_runs": runs,
-            "htp_fusions": fusions,
+            "htp_fusions": fused,
             # every node's own noise power on the HTP, summed: what the mixed rung's blame leaves (culprits.py)
             "htp_noise_added": sum(noise(-n["htp_added_db"]) for n in nodes if n["htp_added_db"] is not None),
-            "hint": f"nothing to fix on these {len(samples)} samples: it meets min cosine {thresholds['min_cosine']} / "
-                    f"min SNR {thresholds['min_snr_db']} dB (where verification failed on others, diagnose more: "
-                    "--samples N)"
+            "hint": unlike or (f"nothing to fix on these {len(samples)} samples: it meets min cosine "
+                               f"{thresholds['min_cosine']} / min SNR {thresholds['min_snr_db']} dB (where verification "
+                               "failed on others, diagnose more: --samples N)")
             if passed else (cpu.activation_bits and weak_slice_fix(outputs, thresholds))  # fp16: no scale to split
             or likely_fix(where, worst_q if where == "quantization" else worst_h, weights_of,
                           weights_per_node(float_model, cpu.weight_snr, role=2), cpu.activation_bits, cause,
                           fp16_neighbours(float_model, worst_q if where == "quantization" else worst_h,
                                           "quant_added_db" if where == "quantization" else "htp_added_db"))}
 
+
+
+def _unlike(outputs: dict[str, Any], thresholds: dict[str, float], probes: int) -> str | None:
+    """None, or when the debug build meets the thresholds and the delivered one does not: that the per-node figures
+    describe another computation (an fp16 Mul(x, HardSigmoid(x)) with hardswish_order off: delivered 3.4 dB, the
+    debug build, the HardSigmoid's output probed, 69.6 dB)."""
+    failing = {o: row["delivered"] for o, row in outputs.items()
+               if "delivered" in row and not meets({o: {"quantization": row["delivered"]}}, thresholds)}
+    if not failing:
+        return None
+    said = ", ".join(f"'{o}' SNR {m['snr_db']:.1f} dB delivered, {outputs[o]['total']['snr_db']:.1f} dB in the debug "
+                     f"build" for o, m in failing.items())
+    return (f"the delivered build fails ({said}) where the debug build with {probes} probed tensors as outputs meets "
+            "the thresholds: the HTP computes the delivered graph differently (a fusion across a probed tensor, which "
+            "the EP's op trace does not show: docs/verification.md, \"Fused nodes\"), so these per-node figures do not "
+            "describe its loss")
 
 
 def htp_fusions(model: Path, compile_params: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
@@ -168,7 +192,8 @@ def htp_fusions(model: Path, compile_params: dict[str, Any], tmp: Path) -> list[
 
     d = Path(tempfile.mkdtemp(prefix="traced-", dir=tmp))
     try:
-        compile_graph(model, d / "traced_ctx.onnx", {**compile_params, "embed": False}, d)
+        compile_graph(model, d / "traced_ctx.onnx",
+                      {"cpu_fallback": True, **compile_params, "embed": False}, d)  # the mixed rung's: no fallback key
     except (ActionError, QnnCompileFailed) as e:  # it compiled for the delivery: a diagnosis goes on without it
         print(f"the compile for the op trace failed ({e}): fusions not shown")
         return []
