@@ -96,7 +96,7 @@ def test_the_diagnosis_names_the_nodes_one_qnn_op_computes(tmp_path: Path, ctxbu
                                  "nodes": ["scale_logits", "probs"]}], d["htp_fusions"]
     rows = {n["node"]: n for n in d["worst_htp"]}
     assert rows["probs"]["htp_fused"] == {"qnn_op": "Softmax", "with": ["scale_logits"]}, rows
-    assert "one QNN Softmax (ScaleSoftmaxFusion) computes: scale_logits, probs" in r.out, r.out
+    assert "fused on the HTP into one Softmax (ScaleSoftmaxFusion): scale_logits, probs" in r.out, r.out
 
 
 def test_an_fp16_hardswish_written_x_times_hardsigmoid_verifies(tmp_path: Path, ctxbuild) -> None:

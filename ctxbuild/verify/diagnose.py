@@ -202,9 +202,11 @@ def htp_fusions(model: Path, compile_params: dict[str, Any], tmp: Path) -> list[
         return []
     proto = load(model, external_data=False)
     op = {n.name: n.op_type for n in proto.graph.node}
-    return [{"qnn_op": f.qnn_op, "fusion": f.group,
-             "nodes": list(dict.fromkeys(u for n in f.nodes for u, _ in named(proto, [(n, op.get(n, ""))])))}
-            for f in found]
+    groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}  # one group may make several QNN ops (a Reshape, an FC)
+    for f in found:
+        nodes = tuple(dict.fromkeys(u for n in f.nodes for u, _ in named(proto, [(n, op.get(n, ""))])))
+        groups.setdefault((f.group, nodes), []).append(f.qnn_op)
+    return [{"qnn_op": " + ".join(ops), "fusion": group, "nodes": list(nodes)} for (group, nodes), ops in groups.items()]
 
 
 def _cat(x: list[np.ndarray], shape: list[int | None] | None) -> np.ndarray:
@@ -230,7 +232,7 @@ def format_text(d: dict[str, Any]) -> str:
         lines += [f"  {r['node']:<{w}} {r['op_type'][:14]:<14} {_f(r['weight_snr_db']):>6} {_f(r['quant_snr_db']):>9} "
                   f"{_f(r['quant_added_db']):>8} {_f(r['htp_snr_db']):>8} {_f(r['htp_added_db']):>8}" for r in rows]
     shown_nodes = {r["node"] for r in d["worst_quantization"] + d["worst_htp"]}
-    lines += [f" on the HTP one QNN {f['qnn_op']} ({f['fusion']}) computes: {', '.join(f['nodes'])}"
+    lines += [f" fused on the HTP into one {f['qnn_op']} ({f['fusion']}): {', '.join(f['nodes'])}"
               for f in d.get("htp_fusions", []) if shown_nodes & set(f["nodes"])]
     lines.append(f" hint: {d['hint']}")
     return "\n".join(lines)
