@@ -125,3 +125,51 @@ def test_an_fp16_hardswish_written_x_times_hardsigmoid_verifies(tmp_path: Path, 
     d = json.loads((tmp_path / "out" / "SM8650" / "m" / "m_layers.json").read_text())
     assert not d["meets"] and round(d["outputs"]["y"]["delivered"]["snr_db"], 1) == 3.4, d["outputs"]
     assert d["hint"].startswith("the delivered build fails ('y' SNR 3.4 dB delivered, "), d["hint"]
+
+
+def test_an_fp16_conv_then_gelu_is_kept_apart() -> None:
+    """conv_gelu_clip puts a Clip at fp16's bounds between a Conv and the Gelu reading it (QNN's fused Conv -> Gelu is
+    coarse at fp16): the same values, the Gelu under its own name."""
+    import onnxruntime as ort
+
+    from ctxbuild.graph.legalize import legalize_fp16
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(0, 0.44, (32, 16, 1, 1)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.normal(-0.23, 0.55, 32).astype(np.float32), "b")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv"),
+                               helper.make_node("Gelu", ["c"], ["y"], name="act", domain="com.microsoft")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 8, 8])], [w, b])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17),
+                                                                   helper.make_opsetid("com.microsoft", 1)])
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    assert legalize_fp16(rewritten, ["conv_gelu_clip"]) == {"conv_gelu_clip": 1}
+    assert [(n.name, n.op_type) for n in rewritten.graph.node] == [("conv", "Conv"), ("act_apart", "Clip"),
+                                                                   ("act", "Gelu")]
+    x = rng.normal(0, 3, (1, 16, 8, 8)).astype(np.float32)
+    (a,), (c,) = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+                  for m in (model, rewritten))
+    assert np.array_equal(a, c)
+
+
+@pytest.mark.slow
+def test_ppocrv6_recognizer_passes_at_fp16(tmp_path: Path, ctxbuild) -> None:
+    """PP-OCRv6's small recognizer (rapidocr 3.10.0; 13 Gelus, each after a Conv) at fp16 on rendered text lines:
+    0.9933 / 18.7 dB before conv_gelu_clip, 0.9998 / 33.8 dB with it (SM8650 simulator, 4 samples, 63 s)."""
+    from bench.real_models.inputs import write_samples
+    from bench.real_models.models import MODELS, MissingModel, locate
+
+    try:
+        model, m = locate("ppocrv6_rec"), MODELS["ppocrv6_rec"]
+    except MissingModel as e:
+        pytest.skip(str(e))
+    tree = tmp_path / "recipes"
+    write_samples("ppocrv6_rec", tree / "verify", 4, 100)
+    (tree / "rec.yaml").write_text(f"model: {model}\ninputs: {{{m.input}: {list(m.shape)}}}\ntargets: [SM8650]\n"
+                                   "precision: fp16\nverify: {dir: verify, timeout_s: 1800}\n")
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
+    assert r.code == 0, r.text
+    (y,) = json.loads((tmp_path / "out" / "SM8650" / "rec" / "rec_verify.json").read_text())["outputs"].values()
+    assert y["cosine"] >= 0.9995 and y["snr_db"] > 32, y
