@@ -18,7 +18,7 @@ from ctxbuild.errors import ActionError
 from ctxbuild.graph.protowire import wrapper_facts
 from ctxbuild.qnn.staging import fixed_dir, link_model, stage_name
 from ctxbuild.qnn import fallback, soccheck
-from ctxbuild.qnn.compile import QnnCompileFailed, compile_error, compile_graph
+from ctxbuild.qnn.compile import QnnCompileFailed, compile_error, compile_graph, trace_dir
 from ctxbuild.verify import gates
 
 def summarize(action: Action) -> dict[str, Any]:
@@ -64,7 +64,7 @@ def run(ctx: Any) -> None:
         error = compile_error(ctx.log_path, e, a.params["cpu_fallback"], options,
                               probe=lambda: fallback.probe(src, options, ctx.tmp),
                               cost="status" not in a.outputs,  # a search's refusal: no extra compile
-                              model=src)
+                              model=src, trace=trace_dir(ctx.tmp))
         if "status" not in a.outputs:
             raise error from None
         print(f"candidate {a.id} dropped out: {error.message}")

@@ -104,7 +104,7 @@ def _decide(ctx: Any, target: str, base: str, screens: dict[str, Any]) -> dict[s
     started = time.monotonic()
     d = diagnose(Path(a.inputs["reference"]), Path(a.inputs[f"model.{base}"]), samples[:p["diagnose_samples"]],
                  {"provider_options": p["provider_options"][target]}, thr, slices=p.get("slices"),
-                 timeout=p["timeout_s"], htp=not cpu_only)
+                 timeout=p["timeout_s"], htp=not cpu_only, fusions=False)
     if cpu_only:
         d["where"] = "quantization"  # as the screen measured it on every verification sample
     names = Names(graph)  # the answer speaks the user's node names (prepare's rewrites mapped back)

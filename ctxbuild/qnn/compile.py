@@ -42,12 +42,13 @@ def compile_graph(model: Path, dst: Path, params: dict[str, Any], tmp: Path) -> 
     """One graph through ModelCompiler. With `split_outputs` its final Concats are cut off before compiling and
     re-joined in the wrapper after (split_outputs.py); with `quantized_io` its boundary Q/DQ are removed and
     their encodings recorded in the wrapper (quantized_io.py); with `fp16_rewrite` the fp16 rules rewrite it first
-    (graph/legalize FP16_RULES). Also builds verify/probe.py's debug variants."""
+    (graph/legalize FP16_RULES). The EP's op trace goes to trace_dir(tmp), failed or not (qnn/optrace.py). Also
+    builds verify/probe.py's debug variants."""
     def compile_(src: Path) -> None:
         toolchain.qnn_devices()  # registered here, before the fork: each child inherits it
         try:
             isolated.call(toolchain.compile_model, src, dst, params["provider_options"], embed=params["embed"],
-                          cpu_fallback=params["cpu_fallback"], what="the QNN compiler",
+                          cpu_fallback=params["cpu_fallback"], trace_dir=trace_dir(tmp), what="the QNN compiler",
                           hint=CRASH_HINT)
         except (ActionError, MemoryError, OSError):
             raise
@@ -62,6 +63,11 @@ def compile_graph(model: Path, dst: Path, params: dict[str, Any], tmp: Path) -> 
         _compile_quantized_io(model, dst, compile_)
     else:
         compile_(model)
+
+
+def trace_dir(tmp: Path) -> Path:
+    """Where compile_graph has the EP write its op trace."""
+    return tmp / "optrace"
 
 
 def _fp16_rewritten(model: Path, rules: list[str]) -> Path:
@@ -162,15 +168,18 @@ def _split_first(proto: Any, nodes: list[tuple[str, str]]) -> str | None:
 
 def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_options: dict[str, str] | None = None,
                   probe: Callable[[], fallback.Fallback | None] | None = None, cost: bool = False,
-                  model: Path | None = None) -> ActionError:
+                  model: Path | None = None, trace: Path | None = None) -> ActionError:
     """Turn an EP failure into one line: a device configuration QNN refused (naming soc_model/htp_arch), or
     the nodes QNN rejected, named by its log or found by `probe` (a compile with CPU fallback: the nodes left
     outside EPContext, for ops QNN has no builder for, e.g. Det, which its log does not list). With `cost`, the
     hint to fall back says what the probe measured it would cost (partitions, CPU nodes, their MACs). `model`: the
     graph compiled (the prepared or QDQ model), whose nodes are named as the user's model names them
     (graph/nodenames.py: through prepare's rewrites, an unnamed node by its first output, a quantizer's Q/DQ by the
-    user's tensor it quantizes)."""
+    user's tensor it quantizes). `trace`: the compile's op trace directory (qnn/optrace.py): the refused nodes
+    where the log names none, and the EP's reason for each, said beside the node."""
     import sys
+
+    from ctxbuild.qnn import optrace
 
     sys.stderr.flush()
     try:
@@ -183,8 +192,12 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_o
                            f"{opts.get('htp_arch', '?')} (QNN_DEVICE_ERROR_INVALID_CONFIG)",
                            "check the target's soc_model and htp_arch (`ctxbuild targets` lists valid pairs)")
     nodes = list(dict.fromkeys(_UNSUPPORTED.findall(log)))
+    why, unit = optrace.refused(trace)
+    nodes = [n for n in nodes if n not in unit]  # a refused QDQ unit is its node
+    unnamed = not nodes and "assigned to the default CPU EP" in str(exc)  # the log names none (QNN took nothing)
+    if unnamed and why:
+        nodes, unnamed = list(why), False  # the trace does: no probe compile to find them
     probed = None
-    unnamed = not nodes and "assigned to the default CPU EP" in str(exc)  # ops QNN has no builder for
     if probe is not None and (unnamed or (nodes and cost and not cpu_fallback)):
         probed = probe()
         nodes = nodes or (probed.cpu_nodes if probed else [])
@@ -194,9 +207,13 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_o
 
         proto = load(model, external_data=False)
         reached = overrides_on(proto, nodes)
+        why = {named(proto, [n])[0]: r for n, r in why.items()}
         nodes = named(proto, nodes)
     if nodes:
-        listed = ", ".join(shown(n, t) for n, t in nodes[:8]) + (" ..." if len(nodes) > 8 else "")
+        # the EP's reason after its node: "; " between them, as a reason may hold commas
+        listed = ("; " if any(why.get(n) for n in nodes[:8]) else ", ").join(
+            shown(n, t) + (f": {r}" if (r := why.get((n, t))) else "") for n, t in nodes[:8]) + (
+            " ..." if len(nodes) > 8 else "")
         cause = per_run_cause(proto, {t for _, t in nodes}) if proto is not None else ""
         hint = None if cpu_fallback else (f"{cause}, or " if cause else "") + \
             "set compile.cpu_fallback: true to run them on the CPU instead" + (

@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Collection
 
-from ctxbuild.graph.legalize import (batchnorm_params, clip, convtranspose, dilated_conv, dynamic_int8, einsum,
-                                     gathernd, gelu, int8_tables, log_power, mask_fill, ort_fused, qdq_bias,
-                                     qdq_unsigned, qdq_weights, rmsnorm, sigmoid_exp, static_shapes, sum_squares,
-                                     variance)
+from ctxbuild.graph.legalize import (batchnorm_params, clip, conv_gelu_clip, convtranspose, dilated_conv,
+                                     dynamic_int8, einsum, gathernd, gelu, hardswish_order, int8_tables, log_power,
+                                     mask_fill, ort_fused, qdq_bias, qdq_unsigned, qdq_weights, rmsnorm, sigmoid_exp,
+                                     static_shapes, sum_squares, variance)
 from ctxbuild.graph.legalize.graphview import GraphView, static_shapes_of
 from ctxbuild.graph.nodenames import Outline, outline
 
@@ -28,7 +28,7 @@ RULES = (static_shapes, qdq_weights, qdq_unsigned, qdq_bias, batchnorm_params, i
          dilated_conv)
 # Rules for fp16 builds alone, applied by compile (prepare's model is shared with the quantized candidates):
 # what the HTP's fp16 arithmetic computes coarsely, where the rewrite would not quantize.
-FP16_RULES = (sigmoid_exp,)
+FP16_RULES = (sigmoid_exp, hardswish_order, conv_gelu_clip)
 METADATA_KEY = "ctxbuild.rewrites"
 KEPT_KEY = "ctxbuild.kept"  # rule -> the patterns left as written and why
 WITHDRAWN_KEY = "ctxbuild.withdrawn"  # rule -> why the sample check withdrew its rewrites
