@@ -13,15 +13,22 @@ from typing import Any
 
 PR_SET_PDEATHSIG = 1
 _interrupted = False
+_by = signal.SIGINT  # the signal that interrupted: Ctrl-C, or SIGTERM (a CI job cancelled, `kill`)
 
 
-def note_interrupt() -> None:
-    global _interrupted
+def note_interrupt(signum: int = signal.SIGINT) -> None:
+    global _interrupted, _by
+    if not _interrupted:
+        _by = signal.Signals(signum)
     _interrupted = True
 
 
 def interrupted() -> bool:
     return _interrupted
+
+
+def interrupted_by() -> signal.Signals:
+    return _by
 
 
 def check_interrupt() -> None:
@@ -70,18 +77,19 @@ def run_interruptible(cmd: list[str], *, on_start: Callable[[subprocess.Popen[by
 
 @contextmanager
 def _sigint_noted() -> Iterator[int | None]:
-    """SIGINT sets the flag and wakes the returned fd (None, and no change, off the main thread)."""
+    """SIGINT or SIGTERM sets the flag and wakes the returned fd (None, and no change, off the main thread)."""
     if threading.current_thread() is not threading.main_thread():
         yield None
         return
     r, w = os.pipe()
     os.set_blocking(w, False)
     old_fd = signal.set_wakeup_fd(w)
-    old = signal.signal(signal.SIGINT, lambda signum, frame: note_interrupt())
+    old = {s: signal.signal(s, lambda signum, frame: note_interrupt(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield r
     finally:
-        signal.signal(signal.SIGINT, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
         signal.set_wakeup_fd(old_fd)
         os.close(r)
         os.close(w)

@@ -13,7 +13,7 @@ from typing import Any
 
 from ctxbuild.cli.commands import COMMANDS
 from ctxbuild.cli.parser import build as build_parser
-from ctxbuild.procs import interrupted, note_interrupt
+from ctxbuild.procs import interrupted, interrupted_by, note_interrupt
 from ctxbuild.errors import CtxbuildError, UsageError, machine_limit
 
 
@@ -75,12 +75,14 @@ def _fields(message: str, *, file: str | None = None) -> dict[str, Any]:
 
 
 def catch_ctrl_c() -> None:
-    """Ctrl-C raises KeyboardInterrupt wherever Python is. Where that is a weakref callback or a __del__ (the
+    """Ctrl-C (and SIGTERM, the same way: a cancelled CI job must not leave unverified files in OUT/<target>/
+    either) raises KeyboardInterrupt wherever Python is. Where that is a weakref callback or a __del__ (the
     garbage collector runs them inside any allocation: planning imports networkx and jsonschema), Python
     cannot raise it: it printed 'Exception ignored in ... Traceback ... KeyboardInterrupt' and went on. The
     flag is set either way (the driver checks it before ninja and at the end: exit 130), so such a lost
     interrupt is dropped quietly; every other unraisable exception still goes to Python's own hook."""
     signal.signal(signal.SIGINT, _on_sigint)
+    signal.signal(signal.SIGTERM, _on_sigint)
     default = sys.unraisablehook
 
     def hook(unraisable: Any) -> None:
@@ -99,16 +101,20 @@ def _chdir(directory: Path) -> None:
 
 
 def _on_sigint(signum: int, frame: object) -> None:
-    note_interrupt()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # one is enough: the cleanup on the way out runs undisturbed
+    note_interrupt(signum)
+    for s in (signal.SIGINT, signal.SIGTERM):  # one is enough: the cleanup on the way out runs undisturbed
+        signal.signal(s, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
 def _interrupted(as_json: bool) -> int:
-    print("ctxbuild: interrupted", file=sys.stderr)
+    """130 after Ctrl-C; after SIGTERM 143, which entry() turns into the death by SIGTERM callers expect."""
+    term = interrupted_by() == signal.SIGTERM
+    word, code = ("terminated", 143) if term else ("interrupted", 130)
+    print(f"ctxbuild: {word}", file=sys.stderr)
     if as_json:
-        print(json.dumps({"ok": False, "exit_code": 130, "error": _fields("interrupted")}, indent=2))
-    return 130
+        print(json.dumps({"ok": False, "exit_code": code, "error": _fields(word)}, indent=2))
+    return code
 
 
 def entry() -> None:
@@ -118,12 +124,15 @@ def entry() -> None:
     except BrokenPipeError:  # `ctxbuild targets | head`: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = 0
-    if code == 130:
+    if code in (130, 143):
         # Interrupted. CPython remembers a KeyboardInterrupt that once escaped code it ran via PyRun_* (some
         # library imports do) and then ends itself with SIGINT at exit (-2, measured 3 in 40 Ctrl-Cs while
-        # planning), whatever we return. Our cleanup is done: leave with our exit code.
+        # planning), whatever we return. Our cleanup is done: leave with our exit code, or after SIGTERM by it.
         sys.stdout.flush()
         sys.stderr.flush()
+        if code == 143 and interrupted_by() == signal.SIGTERM:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
         os._exit(code)
     sys.exit(code)
 
