@@ -1,6 +1,7 @@
 """`inspect` against binaries compiled by the real onnxruntime-qnn toolchain (nothing mocked)."""
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Callable
@@ -152,6 +153,10 @@ def test_bad_input_is_an_inspect_error(tmp_path: Path, built: Built,
     assert str(path) in e.value.message and "\n" not in str(e.value) and e.value.hint
 
 
-def test_child_timeout_is_an_inspect_error(built: Built) -> None:
+def test_child_timeout_is_an_inspect_error(tmp_path: Path) -> None:
+    """A reader that never finishes (a FIFO no one writes: its open blocks) ends at the timeout. A real binary with
+    a 1 ms timeout did not: on a loaded machine the child could finish before communicate() started counting."""
+    stuck = tmp_path / "stuck.bin"
+    os.mkfifo(stuck)
     with pytest.raises(InspectError, match="did not finish"):
-        read_binary_info("slow", path=bin_of(built.conv_ctx), timeout=0.001)
+        read_binary_info("slow", path=stuck, timeout=1.0)

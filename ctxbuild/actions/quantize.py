@@ -47,6 +47,16 @@ def discover_inputs(action: Action) -> dict[str, Path]:
     return list_samples(Path(action.watch[0]), action.params["samples"], action.recipe_files[0])
 
 
+def summarize(action: Action) -> dict[str, Any]:
+    """Run once when quantize ran (the cache entry keeps it): what its samples show. Not in `warnings`, which
+    runs on every restore too, where loading the model would import onnx and numpy (engine/runner.py)."""
+    if gates.closed(action.inputs) or not action.watch:
+        return {}
+    found = integer_samples(action.description, Path(action.watch[0]),
+                            input_spec(load(Path(action.inputs["model"]), external_data=False)))
+    return {"warnings": found} if found else {}
+
+
 def warnings(action: Action) -> list[str]:
     found = []
     if action.params["random"]:
@@ -54,9 +64,6 @@ def warnings(action: Action) -> list[str]:
                      "accuracy on real inputs is unknown")
     if gates.closed(action.inputs):  # a precision-search rung no target needed: nothing was quantized
         return found
-    if action.watch:
-        found += integer_samples(action.description, Path(action.watch[0]),
-                                 input_spec(load(Path(action.inputs["model"]), external_data=False)))
     nodes = (gates.decided_settings(action.inputs) or action.params["quantization"]).get("nodes")
     if nodes:  # pins that do nothing: a node prepare folded, weights set on a node without, a lone fp16 node
         prepared = load(Path(action.inputs["model"]), external_data=False)

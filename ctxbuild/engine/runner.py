@@ -287,7 +287,8 @@ def complete_record(action: Action, out: Path, record: dict[str, Any], known: An
         summary = known.meta["summary"]
     record.update(kinds.get(action.kind).hook("summarize")(action) if summary is None else summary)
     record["status"] = "ok"
-    record["warnings"] = kinds.get(action.kind).hook("warnings")(action)
+    # the summary's warnings were found when the action ran (kept with its cache entry), the hook's on every build
+    record["warnings"] = [*record.pop("warnings", []), *kinds.get(action.kind).hook("warnings")(action)]
     if cache:  # the driver prints each distinct one once at the end (one per action was 24 lines of the same)
         record["cache_warnings"] = cache.warnings
     return list(record["warnings"])

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.graph.nodenames import named, overrides_on, shown
-from ctxbuild.qnn import fallback, isolated
+from ctxbuild.qnn import fallback, isolated, optrace
 from ctxbuild.toolchain import installed as toolchain
 
 _UNSUPPORTED = re.compile(r"\{ name: ([^,]*), type: ([^ }]*) \}")
@@ -44,12 +44,14 @@ def compile_graph(model: Path, dst: Path, params: dict[str, Any], tmp: Path) -> 
     their encodings recorded in the wrapper (quantized_io.py); with `fp16_rewrite` the fp16 rules rewrite it first
     (graph/legalize FP16_RULES). The EP's op trace goes to trace_dir(tmp), failed or not (qnn/optrace.py). Also
     builds verify/probe.py's debug variants."""
+    # the trace: the same binary, not part of the action key; {} where the toolchain has none
+    options = {**params["provider_options"], **optrace.provider_options(trace_dir(tmp))}
+
     def compile_(src: Path) -> None:
         toolchain.qnn_devices()  # registered here, before the fork: each child inherits it
         try:
-            isolated.call(toolchain.compile_model, src, dst, params["provider_options"], embed=params["embed"],
-                          cpu_fallback=params["cpu_fallback"], trace_dir=trace_dir(tmp), what="the QNN compiler",
-                          hint=CRASH_HINT)
+            isolated.call(toolchain.compile_model, src, dst, options, embed=params["embed"],
+                          cpu_fallback=params["cpu_fallback"], what="the QNN compiler", hint=CRASH_HINT)
         except (ActionError, MemoryError, OSError):
             raise
         except Exception as e:  # noqa: BLE001 - ORT's exceptions are untyped
@@ -178,8 +180,6 @@ def compile_error(log_path: Path, exc: Exception, cpu_fallback: bool, provider_o
     user's tensor it quantizes). `trace`: the compile's op trace directory (qnn/optrace.py): the refused nodes
     where the log names none, and the EP's reason for each, said beside the node."""
     import sys
-
-    from ctxbuild.qnn import optrace
 
     sys.stderr.flush()
     try:

@@ -231,10 +231,8 @@ def session_options(provider_options: dict[str, str], *, cpu_fallback: bool,
 
 
 def compile_model(src: Path, dst: Path, provider_options: dict[str, str], *, embed: bool, cpu_fallback: bool,
-                  config: dict[str, str] | None = None, trace_dir: Path | None = None) -> None:
-    """ModelCompiler: writes `dst` (EPContext wrapper) and, unless embedded, `<dst stem>_qnn.bin` beside it;
-    with `trace_dir`, the EP's op trace there, failed or not, where the toolchain has it (qnn/optrace.py: the
-    same binary, not part of the action key).
+                  config: dict[str, str] | None = None) -> None:
+    """ModelCompiler: writes `dst` (EPContext wrapper) and, unless embedded, `<dst stem>_qnn.bin` beside it.
 
     The EP derives the partition (graph) name and bits of the binary from `src`'s path: actions pass a
     path from staging.fixed_dir, so outputs are byte-identical wherever they are built (measured, 2.7.0).
@@ -242,9 +240,5 @@ def compile_model(src: Path, dst: Path, provider_options: dict[str, str], *, emb
     """
     import onnxruntime as ort
 
-    if trace_dir is not None:
-        from ctxbuild.qnn import optrace
-
-        provider_options = {**provider_options, **optrace.provider_options(trace_dir)}
     so = session_options(provider_options, cpu_fallback=cpu_fallback, config=config)
     ort.ModelCompiler(so, str(src), embed_compiled_data_into_model=embed).compile_to_file(str(dst))
