@@ -74,8 +74,9 @@ def test_a_refused_qdq_unit_is_its_node(tmp_path: Path) -> None:
                                                                activation_type=QuantType.QUInt16,
                                                                weight_type=QuantType.QUInt8))
     with pytest.raises(Exception, match="default CPU EP"):
-        compile_model(qdq, tmp_path / "m_ctx.onnx", {"soc_model": "57", "htp_arch": "75"}, embed=False,
-                      cpu_fallback=False, trace_dir=tmp_path / "trace")
+        compile_model(qdq, tmp_path / "m_ctx.onnx",
+                      {"soc_model": "57", "htp_arch": "75", **optrace.provider_options(tmp_path / "trace")},
+                      embed=False, cpu_fallback=False)
     why, unit = optrace.refused(tmp_path / "trace")
     assert why == {("erf0", "Erf"): None}, why
     assert unit == {("m_DequantizeLinear", "DequantizeLinear"), ("e_QuantizeLinear", "QuantizeLinear")}, unit
