@@ -81,8 +81,8 @@ def catch_ctrl_c() -> None:
     cannot raise it: it printed 'Exception ignored in ... Traceback ... KeyboardInterrupt' and went on. The
     flag is set either way (the driver checks it before ninja and at the end: exit 130), so such a lost
     interrupt is dropped quietly; every other unraisable exception still goes to Python's own hook."""
-    signal.signal(signal.SIGINT, _on_sigint)
-    signal.signal(signal.SIGTERM, _on_sigint)
+    signal.signal(signal.SIGINT, _on_interrupt)
+    signal.signal(signal.SIGTERM, _on_interrupt)
     default = sys.unraisablehook
 
     def hook(unraisable: Any) -> None:
@@ -100,7 +100,7 @@ def _chdir(directory: Path) -> None:
         raise UsageError(f"-C {directory}: {e.strerror}", "give an existing directory") from None
 
 
-def _on_sigint(signum: int, frame: object) -> None:
+def _on_interrupt(signum: int, frame: object) -> None:
     note_interrupt(signum)
     for s in (signal.SIGINT, signal.SIGTERM):  # one is enough: the cleanup on the way out runs undisturbed
         signal.signal(s, signal.SIG_IGN)

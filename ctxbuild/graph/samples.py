@@ -157,10 +157,9 @@ def _layout_fix(got: tuple[int, ...], want: tuple[int, ...]) -> str | None:
     batch = ""
     if len(got) == 3 and len(want) == 4 and want[0] == 1:
         got, batch = (1, *got), "[None]"
-    for perm, layout in LAYOUTS.items() if len(got) == len(want) == 4 else ():
+    for perm, (layout, other) in LAYOUTS.items() if len(got) == len(want) == 4 else ():
         if tuple(got[p] for p in perm) == want:
             layouts = f"{layout[1:]} without the batch dim" if batch else layout
-            other = "NCHW" if layout == "NHWC" else "NHWC"
             return (f"the sample is {layouts}, the model takes {other}: save numpy.transpose(array, "
                     f"{tuple(p - 1 for p in perm[1:]) if batch else perm}){batch} instead")
     if batch and got == want:

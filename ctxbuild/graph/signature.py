@@ -12,7 +12,8 @@ from typing import Any, Callable
 from ctxbuild.atomic import write_bytes
 from ctxbuild.layout import cache_dir
 
-LAYOUTS = {(0, 3, 1, 2): "NHWC", (0, 2, 3, 1): "NCHW"}  # dims taken in this order fit the other shape: its layout
+# dims taken in this order fit the other shape: (their layout, the other's)
+LAYOUTS = {(0, 3, 1, 2): ("NHWC", "NCHW"), (0, 2, 3, 1): ("NCHW", "NHWC")}
 
 Dim = int | str | None  # a fixed size, a named dynamic dim, or an unnamed one
 MEMO = "memo/graph-signature"  # {"inputs": name -> shape, "quantize_linear": [node names]}

@@ -64,10 +64,9 @@ def _transpose_hint(want: list[int], shape: list[Dim]) -> str | None:
     """The recipe's dims are the model's in NHWC/NCHW order swapped: say so and give the model's order."""
     if len(want) != len(shape) or len(want) != 4:
         return None
-    for perm, layout in LAYOUTS.items():
+    for perm, (layout, other) in LAYOUTS.items():
         moved = [want[p] for p in perm]
         if all(not (isinstance(d, int) and d > 0) or d == m for d, m in zip(shape, moved)):
-            other = "NCHW" if layout == "NHWC" else "NHWC"
             return f"the recipe's shape is {layout}, the model's input is {other}: write [{', '.join(map(str, moved))}]"
     return None
 
