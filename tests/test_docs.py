@@ -2,8 +2,12 @@
 README stays a front page (what it is, install, quick start, where to go next) under 150 lines."""
 from __future__ import annotations
 
+import bisect
+import io
 import json
 import re
+import subprocess
+import tokenize
 from pathlib import Path
 from typing import Any
 
@@ -63,3 +67,95 @@ def test_every_yaml_block_in_the_docs_is_a_valid_recipe_or_defaults_file() -> No
             recipe._validate(page, data, schema)  # raises RecipeError naming the field
             checked += 1
     assert checked >= 15, checked
+
+
+# The word "session" in the project means an onnxruntime session (InferenceSession, its options and config entries,
+# a simulator or CPU session over a graph), a Dask client's, pytest's fixture scope or a POSIX process session;
+# figures say which ctxbuild commit, toolchain and machine they were measured on, never which "session" made them.
+_SESSION = re.compile(r"\bsessions?\b", re.I)
+# always narrative, whatever surrounds it: numbered, pointed at in time, or somebody's
+_NARRATIVE = re.compile(
+    r"\bsessions?\s+\d+(?:-\d+)?(?=[\s:,;)']|$)(?!\s*(?:GB|GiB|MB|KB|s|ms)\b)|"  # "session 12", "sessions 14-15"
+    r"\b(?:this|that|these|those|later|earlier|previous|next|last|other|former|current|new)\s+sessions?\b|"
+    r"\b(?:lead|helper|agent|maintainer|reviewer|newcomer|contributor)s?'s?\s+sessions?\b|"
+    r"\b(?:during|since|until)\s+(?:a|an|the)\s+(?:\w+\s+)?session\b", re.I)
+# what marks the technical meaning near an occurrence (within the sentence around it)
+_TECHNICAL = re.compile(
+    r"onnxruntime|InferenceSession|SessionOptions|session[._]\w|\bORT\b|\bort\b|\bEPs?\b|QNN|HTP|simulator|\bCPU\b|"
+    r"genai|Dask|client|pytest|fixture|killpg|setsid|process group|signal|option|config|arena|\.run\b|\bruns?\b|"
+    r"load|creat|start-?up|alive|child|graphs?\b|weights?\b|\bARs?\b|\bCLs?\b|calibrat|quantiz|mapp|twin|provider|"
+    r"backend|activation", re.I)
+_PROSE_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".j2", ".toml", ".txt", ".cfg", ".sh", ".html", ".ninja"}
+
+
+def _project_text_files() -> list[Path]:
+    try:
+        names = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.split()
+        files = [ROOT / n for n in names]
+    except (OSError, subprocess.CalledProcessError):  # not a git clone (an unpacked sdist): walk the tree
+        files = [p for p in ROOT.rglob("*") if not any(part.startswith(".") or part in {"out", "build"}
+                                                       for part in p.relative_to(ROOT).parts[:-1])]
+    return [p for p in files if p.is_file() and (p.suffix in _PROSE_SUFFIXES or p.name == "Makefile"
+                                                  or p.parent.name == ".ci")]
+
+
+def _code_names(path: Path, text: str) -> set[tuple[int, int]]:
+    """(line, column) of each `session`/`sessions` that is a Python identifier, not prose."""
+    if path.suffix != ".py":
+        return set()
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return set()
+    return {t.start for t in tokens if t.type == tokenize.NAME and t.string.lower() in {"session", "sessions"}}
+
+
+def narrative_sessions(path: Path, text: str) -> list[str]:
+    """`file:line: excerpt` for each use of the word that is not an onnxruntime/Dask/pytest/process session."""
+    code = _code_names(path, text)
+    line_starts = [0] + [i + 1 for i, c in enumerate(text) if c == "\n"]
+    found = []
+    for m in _SESSION.finditer(text):
+        line = bisect.bisect_right(line_starts, m.start())
+        if (line, m.start() - line_starts[line - 1]) in code:
+            continue
+        before, after = text[max(0, m.start() - 200):m.start()], text[m.end():m.end() + 100]
+        # the sentence around it: from the last sentence end before to the next one after
+        before = re.split(r"[.;!?](?:\s|$)|\n\s*\n", before)[-1]
+        after = re.split(r"[.;!?](?:\s|$)|\n\s*\n", after)[0]
+        here = " ".join((before + m.group() + after).split())
+        narrative = _NARRATIVE.search(" ".join(text[max(0, m.start() - 40):m.end() + 12].split()))
+        if narrative or not _TECHNICAL.search(here):
+            found.append(f"{path.relative_to(ROOT)}:{line}: {here[:160]}")
+    return found
+
+
+def test_no_session_narrative_in_the_project() -> None:
+    """Nothing in the project (docs, README, tests, comments, bench, recipes) tells which session made what: the
+    word is left to onnxruntime, Dask, pytest and POSIX sessions (this file names the narrative forms it refuses)."""
+    files = [p for p in _project_text_files() if p != Path(__file__).resolve()]
+    assert len(files) > 300, len(files)  # the walk saw the project, not nothing
+    found = [hit for p in files for hit in narrative_sessions(p, p.read_text(errors="replace"))]
+    assert not found, "say which commit, toolchain and machine, not which session:\n" + "\n".join(found)
+
+
+def test_the_session_check_tells_narrative_from_onnxruntime() -> None:
+    """The classifier on the forms it must refuse and the ones it must leave alone."""
+    page = ROOT / "docs" / "x.md"
+    refused = ["Measured in session 12 on SM8650.", "Decision (session 10): links.", "sessions 14-15 tried it.",
+               "That was so when this session measured the graph.", "A later session should run it.",
+               "the lead's session ran the simulator beside it", "Figures of the previous session.",
+               "It was found during a long session."]
+    kept = ["One simulator session per action runs all samples.", "Set the session options' log severity.",
+            "`session.disable_cpu_ep_fallback` keeps the graph whole.", "an onnxruntime session on the CPU EP",
+            "InferenceSession and SessionOptions", "the fixture is pytest's scope=\"session\" one",
+            "a Dask client session", "killpg reaches the driver in its own session",
+            "sessions of one CL at a time: the graphs hold the weights"]
+    for text in refused:
+        assert narrative_sessions(page, text), text
+    for text in kept:
+        assert not narrative_sessions(page, text), text
+    code = "session = ort.InferenceSession(path)\nout = session.run(None, feeds)  # one call\n"
+    assert not narrative_sessions(ROOT / "x.py", code)
+    assert narrative_sessions(ROOT / "x.py", "x = 1  # measured in session 9\n")

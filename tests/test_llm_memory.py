@@ -106,7 +106,7 @@ def test_3b_shape_plan_fits_24_gb(tmp_path: Path) -> None:
 
 
 def test_1b_shape_estimates_cover_its_measured_peaks(tmp_path: Path) -> None:
-    """The whole Llama-3.2-1B shape at 4 parts, built on this machine (session 11, docs/llm.md "At LLM sizes"): each
+    """The whole Llama-3.2-1B shape at 4 parts, built on the 2-core x86_64 machine (docs/llm-reference.md "At LLM sizes", ctxbuild 1e60b32): each
     action's estimate covers its measured peak RSS (GiB) by 3% at least: the quantizes and the split as measured once
     calibration and the split's records no longer held closed sessions' arenas (9.35-10.79 and 8.07 GiB before), the
     genai check's what it held (its RSS counts the mapped part files once per AR session)."""
