@@ -159,3 +159,36 @@ def test_the_session_check_tells_narrative_from_onnxruntime() -> None:
     code = "session = ort.InferenceSession(path)\nout = session.run(None, feeds)  # one call\n"
     assert not narrative_sessions(ROOT / "x.py", code)
     assert narrative_sessions(ROOT / "x.py", "x = 1  # measured in session 9\n")
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces to hyphens, -1, -2 on
+    repeats."""
+    seen: dict[str, int] = {}
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        if seen[slug]:
+            seen[f"{slug}-{seen[slug]}"] = 0
+    return set(seen)
+
+
+def test_every_relative_link_resolves() -> None:
+    """Each relative link of the README and docs/ names a file that exists, and an anchor that page has."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "tests" / "exports" / "README.md"]
+    broken, checked = [], 0
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            checked += 1
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading in {dest.name})")
+    assert checked > 30, checked
+    assert not broken, "\n".join(broken)
