@@ -192,3 +192,74 @@ def test_every_relative_link_resolves() -> None:
                 broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading in {dest.name})")
     assert checked > 30, checked
     assert not broken, "\n".join(broken)
+
+
+_ROOTS = ("ctxbuild/", "tests/", "bench/", "templates/", "recipes/", "docs/", ".ci/")
+# paths a fresh clone does not have: made by builds and benchmarks
+_GENERATED = ("OUT/", "bench/results/", "out/")
+
+
+def _named_paths(text: str) -> set[str]:
+    """The files and directories a page names: in plain code blocks (the diagrams) every token with a slash or a
+    file suffix, in prose backticked ones with a slash or a suffix and bare ones under a top-level directory or
+    ending in .py."""
+    names: set[str] = set()
+    path_like = r"\.?[a-z_][\w.-]*(?:/[\w.-]+)*/?"
+    for lang, block in re.findall(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
+        if lang:  # ```python blocks are code, not paths
+            continue
+        under = ""  # a line starting with `dir/` lists what is in it, up to the next such line
+        for line in block.splitlines():
+            tokens = re.findall(rf"(?<![\w./<-])({path_like})(?![\w/<])", line)
+            if tokens and re.match(rf"{re.escape(tokens[0])}\s{{2,}}", line) and tokens[0].endswith("/"):
+                under, tokens = tokens[0], tokens[1:]
+                names.add(under)
+            names.update(t if t.startswith(_ROOTS) else under + t for t in tokens
+                         if "/" in t or re.search(r"\.(py|j2)$", t))
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    for tick in re.findall(r"`([^`\s]+)`", prose):
+        if re.fullmatch(path_like, tick) and ("/" in tick.rstrip("/") or re.search(r"\.(py|j2)$", tick)):
+            names.add(tick)
+    names.update(re.findall(r"(?<![\w./`-])((?:ctxbuild|tests|bench|templates|recipes|docs|\.ci)/[\w./-]*[\w/]"
+                            r"|[a-z_]\w*\.py)(?![\w`])", prose))
+    return {n.rstrip(".") for n in names if not n.startswith(_GENERATED)}
+
+
+def _exists(name: str) -> bool:
+    """A path from the project's root, or from ctxbuild/ (`graph/cut.py`, `engine/`, a base module `errors.py`):
+    a bare name elsewhere (`plan.py`) would be ambiguous, so it does not count."""
+    if name.startswith(_ROOTS):
+        return (ROOT / name).exists()
+    return (ROOT / name).exists() or (ROOT / "ctxbuild" / name).exists()
+
+
+def _layout_modules(text: str) -> list[str]:
+    """Module paths the Layout table names: each package row's 'owns' items, their first word."""
+    found = []
+    for package, owns in re.findall(r"^\|\s*(?:base|\d+)\s*\|\s*`([^`]+)`\s*\|(.*)\|\s*$", text, re.M):
+        while re.search(r"\([^()]*\)", owns):
+            owns = re.sub(r"\([^()]*\)", "", owns)
+        base = "ctxbuild/" if package == "ctxbuild/*.py" else f"ctxbuild/{package.rstrip('/')}/"
+        for item in re.split(r"[,+]", owns):
+            word = re.fullmatch(r"\s*([a-z_]\w*/?)\s*", item)  # a module or package name, not prose
+            if word:
+                found.append(base + word.group(1) if word.group(1).endswith("/") else f"{base}{word.group(1)}.py")
+    return found
+
+
+def test_internals_names_files_that_exist() -> None:
+    """docs/internals.md as a map of the tree: every file, directory and module it names is there."""
+    text = (ROOT / "docs" / "internals.md").read_text()
+    named, modules = _named_paths(text), _layout_modules(text)
+    assert len(named) > 40 and len(modules) > 100, (len(named), len(modules))  # the parse saw the page
+    missing = sorted(n for n in named if not _exists(n)) + [m for m in modules if not (ROOT / m).exists()]
+    assert not missing, f"docs/internals.md names what the tree does not have: {', '.join(missing)}"
+
+
+def test_the_internals_check_sees_a_missing_file() -> None:
+    page = ("Then plan.py creates edges; see `cli/cache.py` and ctxbuild/engine/runner.py.\n"
+            "| 1 | `cache/` | store (the protocol), nosuchmodule, local |\n")
+    named = _named_paths(page)
+    assert {"plan.py", "cli/cache.py", "ctxbuild/engine/runner.py"} <= named
+    assert [n for n in sorted(named) if not _exists(n)] == ["cli/cache.py", "plan.py"]
+    assert [m for m in _layout_modules(page) if not (ROOT / m).exists()] == ["ctxbuild/cache/nosuchmodule.py"]
