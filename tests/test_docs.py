@@ -3,6 +3,8 @@ README stays a front page (what it is, install, quick start, where to go next) u
 from __future__ import annotations
 
 import bisect
+import contextlib
+import functools
 import io
 import json
 import re
@@ -165,7 +167,7 @@ def _anchors(page: Path) -> set[str]:
     """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces to hyphens, -1, -2 on
     repeats."""
     seen: dict[str, int] = {}
-    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    text = _prose(page.read_text())
     for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*$", text, re.M):
         slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
         seen[slug] = seen.get(slug, -1) + 1
@@ -179,7 +181,7 @@ def test_every_relative_link_resolves() -> None:
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "tests" / "exports" / "README.md"]
     broken, checked = [], 0
     for page in pages:
-        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        text = _prose(page.read_text())
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
             if re.match(r"[a-z]+:", target):
                 continue
@@ -199,13 +201,39 @@ _ROOTS = ("ctxbuild/", "tests/", "bench/", "templates/", "recipes/", "docs/", ".
 _GENERATED = ("OUT/", "bench/results/", "out/")
 
 
+def _fences(text: str) -> list[tuple[str, str]]:
+    """(language, body) of each fenced block, fences paired in order (a closing ``` never opens one)."""
+    blocks, lang, body = [], None, []
+    for line in text.splitlines():
+        fence = re.match(r"^\s*```\s*([\w+-]*)\s*$", line)
+        if fence and lang is None:
+            lang, body = fence.group(1), []
+        elif fence and not fence.group(1):
+            blocks.append((lang, "\n".join(body) + "\n"))
+            lang = None
+        elif lang is not None:
+            body.append(line)
+    return blocks
+
+
+def _prose(text: str) -> str:
+    """The page without its fenced blocks."""
+    kept, inside = [], False
+    for line in text.splitlines():
+        if re.match(r"^\s*```", line):
+            inside = not inside
+        elif not inside:
+            kept.append(line)
+    return "\n".join(kept)
+
+
 def _named_paths(text: str) -> set[str]:
     """The files and directories a page names: in plain code blocks (the diagrams) every token with a slash or a
     file suffix, in prose backticked ones with a slash or a suffix and bare ones under a top-level directory or
     ending in .py."""
     names: set[str] = set()
     path_like = r"\.?[a-z_][\w.-]*(?:/[\w.-]+)*/?"
-    for lang, block in re.findall(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
+    for lang, block in _fences(text):
         if lang:  # ```python blocks are code, not paths
             continue
         under = ""  # a line starting with `dir/` lists what is in it, up to the next such line
@@ -216,7 +244,7 @@ def _named_paths(text: str) -> set[str]:
                 names.add(under)
             names.update(t if t.startswith(_ROOTS) else under + t for t in tokens
                          if "/" in t or re.search(r"\.(py|j2)$", t))
-    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    prose = _prose(text)
     for tick in re.findall(r"`([^`\s]+)`", prose):
         if re.fullmatch(path_like, tick) and ("/" in tick.rstrip("/") or re.search(r"\.(py|j2)$", tick)):
             names.add(tick)
@@ -263,3 +291,119 @@ def test_the_internals_check_sees_a_missing_file() -> None:
     assert {"plan.py", "cli/cache.py", "ctxbuild/engine/runner.py"} <= named
     assert [n for n in sorted(named) if not _exists(n)] == ["cli/cache.py", "plan.py"]
     assert [m for m in _layout_modules(page) if not (ROOT / m).exists()] == ["ctxbuild/cache/nosuchmodule.py"]
+
+
+@functools.cache
+def _help(*command: str) -> str:
+    """`ctxbuild COMMAND --help` as a user sees it."""
+    from ctxbuild.cli.main import parser
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        parser().parse_args([*command, "--help"])
+    return out.getvalue()
+
+
+def _options(help_text: str) -> dict[str, str]:
+    """option string (every alias) or positional name -> its help text, whitespace joined."""
+    entries: list[tuple[list[str], str]] = []
+    for line in help_text.splitlines():
+        head = re.match(r"^  (\S.*?)(?:\s{2,}(.*))?$", line)
+        if head and not line.startswith("   "):
+            names = re.findall(r"(?:^|, )(--?[a-zA-Z][\w-]*|[A-Z]+|\{[\w,]+\})", head.group(1))
+            entries.append((names, head.group(2) or ""))
+        elif line.startswith("   ") and entries:
+            entries[-1] = (entries[-1][0], f"{entries[-1][1]} {line.strip()}")
+        elif not line.strip() or not line.startswith(" "):
+            entries.append(([], ""))
+    return {n: " ".join(text.split()) for names, text in entries for n in names}
+
+
+_PUBLIC = ("build", "verify", "inspect", "wrap", "check", "toolchain", "plan", "targets", "clean", "schema", "cache",
+           "completion")
+_COMMON = {"-h", "--help", "-C", "-v", "--verbose", "-q", "--quiet"}
+
+
+def _doc_command_lines() -> list[tuple[str, str, str]]:
+    """(page, command, the rest of the line) for each `ctxbuild COMMAND ...` of the README and docs/, in code blocks
+    and backticks."""
+    found = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text()
+        spans = [line for _, block in _fences(text) for line in block.splitlines()]
+        spans += re.findall(r"`([^`\n]+)`", _prose(text))
+        for span in spans:
+            for m in re.finditer(r"(?<![\w/.-])ctxbuild(?:\s+-C\s+\S+|\s+-[vq])*\s+([a-z][a-z-]*)\b([^`#\n]*)", span):
+                if m.group(1) in _PUBLIC:
+                    found.append((page.name, m.group(1), m.group(2)))
+    return found
+
+
+def test_every_documented_command_line_uses_real_options() -> None:
+    """Each option a `ctxbuild COMMAND ...` line of the docs gives is one that command's --help lists."""
+    lines = _doc_command_lines()
+    assert len(lines) > 40, len(lines)
+    wrong = []
+    for page, command, rest in lines:
+        choices = re.search(r"\{([\w,]+)\}", _help(command))  # cache {stats,gc,clear}: each has its options
+        subs = [w for w in re.split(r"[|\s]+", rest) if choices and w in choices.group(1).split(",")]
+        helps = [_help(command, s) for s in subs] or [_help(command)]
+        known = _COMMON.union(*(_options(h) for h in helps))
+        for option in re.findall(r"(?<![\w/.=:-])(--?[a-zA-Z][\w-]*)", rest):
+            option = re.sub(r"^(-[a-zA-Z])\d+$", r"\1", option)  # -j2 is -j 2
+            if option not in known:
+                wrong.append(f"{page}: ctxbuild {command} ... {option}")
+    assert not wrong, "options the command does not have:\n" + "\n".join(wrong)
+
+
+def test_the_command_line_synopsis_lists_every_option() -> None:
+    """docs/outputs-and-cli.md's synopsis names every public command and, for each, every option its --help has."""
+    text = (ROOT / "docs" / "outputs-and-cli.md").read_text()
+    [synopsis] = [b for _, b in _fences(text) if b.startswith("ctxbuild [-C DIR]")]
+    missing = []
+    for command in _PUBLIC:
+        listed = "\n".join(line for line in synopsis.split("\nctxbuild ") if line.startswith(command + " ")
+                           or line == command or line.startswith(command + "\n"))
+        if not listed:
+            missing.append(command)
+            continue
+        choices = re.search(r"\{([\w,]+)\}", _help(command))
+        helps = [_help(command)] + ([_help(command, c) for c in choices.group(1).split(",")] if choices else [])
+        first = {o for h in helps for m in re.finditer(r"^  (-\S.*?)(?:\s{2,}|$)", h, re.M)
+                 for o in re.findall(r"(?:^|, )(--?[a-zA-Z][\w-]*)", m.group(1))}
+        missing += [f"{command} {o}" for o in sorted(first - _COMMON)
+                    if not any(a in listed for a in _aliases(helps, o))]
+    assert not missing, f"the synopsis lacks: {', '.join(missing)}"
+
+
+def _aliases(helps: list[str], option: str) -> set[str]:
+    """`-o` and `--out` are one option: either in the synopsis is enough."""
+    for h in helps:
+        for m in re.finditer(r"^  (-\S.*?)(?:\s{2,}|$)", h, re.M):
+            names = re.findall(r"(?:^|, )(--?[a-zA-Z][\w-]*)", m.group(1))
+            if option in names:
+                return set(names)
+    return {option}
+
+
+def test_documented_defaults_are_the_parser_defaults() -> None:
+    """docs/outputs-and-cli.md's 'PATHS defaults to `recipes`, `-o` to `out`, `-k` to `0`' against `build --help`."""
+    text = " ".join((ROOT / "docs" / "outputs-and-cli.md").read_text().split())
+    [sentence] = re.findall(r"PATHS defaults to [^.]*\.", text)
+    pairs = re.findall(r"(PATHS|`-[\w-]+`) (?:defaults )?to `([^`]+)`", sentence)
+    assert {p for p, _ in pairs} >= {"PATHS", "`-o`", "`-k`"}, pairs
+    options = _options(_help("build"))
+    for name, value in pairs:
+        said = re.search(r"default:? ([^;,)\s]+)", options[name.strip("`")])
+        assert said and said.group(1) == value, (name, value, options[name.strip("`")])
+
+
+def test_make_targets_take_the_time_the_makefile_says() -> None:
+    """The README's `make unit` / `make test` durations are the Makefile's own comments' (they once said 'about a
+    minute' and 'seconds' for one 102 s target)."""
+    readme, makefile = (ROOT / "README.md").read_text(), (ROOT / "Makefile").read_text()
+    duration = r"(about \d+ s|under \d+ minutes)"
+    for target in ("unit", "test"):
+        [said] = re.findall(rf"^make {target}\s+#.*?{duration}", readme, re.M)
+        comment = re.search(rf"((?:^#.*\n)+)(?:\S.*\n)*?{target}:", makefile, re.M)
+        assert comment and said in " ".join(comment.group(1).replace("#", " ").split()), (target, said)
