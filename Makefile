@@ -41,7 +41,7 @@ test: $(STAMP) $(MODELS)
 test-full: $(STAMP) $(MODELS)
 	$(PYTEST) -m full tests
 
-# The unit tests only (planner, action key, golden build.ninja, cache stores, CLI; 444 of them): about 100 s
+# The unit tests only (planner, action key, golden build.ninja, cache stores, CLI): about 100 s
 # (102 s on a clean clone at 563f969), no QNN run.
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not e2e" tests
