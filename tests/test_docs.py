@@ -407,3 +407,15 @@ def test_make_targets_take_the_time_the_makefile_says() -> None:
         [said] = re.findall(rf"^make {target}\s+#.*?{duration}", readme, re.M)
         comment = re.search(rf"((?:^#.*\n)+)(?:\S.*\n)*?{target}:", makefile, re.M)
         assert comment and said in " ".join(comment.group(1).replace("#", " ").split()), (target, said)
+
+
+def test_pages_with_figures_say_where_they_were_measured() -> None:
+    """A page that gives measured times, sizes or accuracies names the machine and the toolchain they are from."""
+    figure = re.compile(r"\b\d+(?:\.\d+)? ?(?:s|ms|GiB|MiB|GB|MB|dB)\b")
+    unsaid = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text()
+        if re.search(r"\bmeasured\b", text, re.I) and len(figure.findall(text)) >= 3:
+            if not ("2 cores" in text and re.search(r"onnxruntime-qnn \d+\.\d+\.\d+", text)):
+                unsaid.append(page.name)
+    assert not unsaid, f"say the machine (2 cores) and toolchain (onnxruntime-qnn X.Y.Z) of the figures in: {unsaid}"
