@@ -15,7 +15,7 @@ from typing import Any
 
 from ctxbuild.recipes.recipe import SCHEMA_PATH
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 
 
 def _properties(node: Any, path: str = "") -> dict[str, str]:

@@ -18,9 +18,9 @@ import yaml
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 WALKTHROUGH = (ROOT / "docs" / "llm.md").read_text()
-EXPORT = Path(__file__).parent / "exports" / "llama_builder"
+EXPORT = ROOT / "tests" / "exports" / "llama_builder"
 PROMPTS = ["The recipe names the model and its targets.", "A build writes the binaries and the report."]
 # what a tiny random-weight decoder takes instead of the walkthrough's 1B sizes
 SMALL = {"sequence_lengths": [16, 1], "context_lengths": [64], "parts": 2, "precision": "w8a16"}
