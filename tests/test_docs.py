@@ -80,7 +80,9 @@ _NARRATIVE = re.compile(
     r"\bsessions?\s+\d+(?:-\d+)?(?=[\s:,;)']|$)(?!\s*(?:GB|GiB|MB|KB|s|ms)\b)|"  # "session 12", "sessions 14-15"
     r"\b(?:this|that|these|those|later|earlier|previous|next|last|other|former|current|new)\s+sessions?\b|"
     r"\b(?:lead|helper|agent|maintainer|reviewer|newcomer|contributor)s?'s?\s+sessions?\b|"
-    r"\b(?:during|since|until)\s+(?:a|an|the)\s+(?:\w+\s+)?session\b", re.I)
+    r"\b(?:during|since|until)\s+(?:a|an|the)\s+(?:\w+\s+)?session\b|"
+    r"\bsessions?(?:'s?)?\s+(?:found|measured|built|fixed|added|wrote|merged|landed|tried|decided|filed|helpers?|"
+    r"work|fixes|figures?|code)\b", re.I)  # a session that did work, or whose work it was
 # what marks the technical meaning near an occurrence (within the sentence around it)
 _TECHNICAL = re.compile(
     r"onnxruntime|InferenceSession|SessionOptions|session[._]\w|\bORT\b|\bort\b|\bEPs?\b|QNN|HTP|simulator|\bCPU\b|"
@@ -148,7 +150,8 @@ def test_the_session_check_tells_narrative_from_onnxruntime() -> None:
     refused = ["Measured in session 12 on SM8650.", "Decision (session 10): links.", "sessions 14-15 tried it.",
                "That was so when this session measured the graph.", "A later session should run it.",
                "the lead's session ran the simulator beside it", "Figures of the previous session.",
-               "It was found during a long session."]
+               "It was found during a long session.", "The session found why the graph fails on the HTP.",
+               "before this session's fixes the graphs failed", "the session's helpers merged the graph code"]
     kept = ["One simulator session per action runs all samples.", "Set the session options' log severity.",
             "`session.disable_cpu_ep_fallback` keeps the graph whole.", "an onnxruntime session on the CPU EP",
             "InferenceSession and SessionOptions", "the fixture is pytest's scope=\"session\" one",
