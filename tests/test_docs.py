@@ -230,38 +230,56 @@ def _prose(text: str) -> str:
     return "\n".join(kept)
 
 
-def _named_paths(text: str) -> set[str]:
-    """The files and directories a page names: in plain code blocks (the diagrams) every token with a slash or a
-    file suffix, in prose backticked ones with a slash or a suffix and bare ones under a top-level directory or
-    ending in .py."""
+_PATH_LIKE = r"\.?[a-z_][\w.-]*(?:/[\w.-]+)*/?"
+
+
+def _diagram_paths(text: str) -> set[str]:
+    """In plain code blocks (the diagrams; ```python blocks are code, not paths) every token with a slash or a
+    file suffix; a line starting with `dir/` lists what is in it, up to the next such line."""
     names: set[str] = set()
-    path_like = r"\.?[a-z_][\w.-]*(?:/[\w.-]+)*/?"
     for lang, block in _fences(text):
-        if lang:  # ```python blocks are code, not paths
+        if lang:
             continue
-        under = ""  # a line starting with `dir/` lists what is in it, up to the next such line
+        under = ""
         for line in block.splitlines():
-            tokens = re.findall(rf"(?<![\w./<-])({path_like})(?![\w/<])", line)
+            tokens = re.findall(rf"(?<![\w./<-])({_PATH_LIKE})(?![\w/<])", line)
             if tokens and re.match(rf"{re.escape(tokens[0])}\s{{2,}}", line) and tokens[0].endswith("/"):
                 under, tokens = tokens[0], tokens[1:]
                 names.add(under)
             names.update(t if t.startswith(_ROOTS) else under + t for t in tokens
                          if "/" in t or re.search(r"\.(py|j2)$", t))
-    prose = _prose(text)
-    for tick in re.findall(r"`([^`\s]+)`", prose):
-        if re.fullmatch(path_like, tick) and ("/" in tick.rstrip("/") or re.search(r"\.(py|j2)$", tick)):
-            names.add(tick)
+    return {n for n in names if not n.startswith(_GENERATED)}
+
+
+def _prose_paths(prose: str) -> set[str]:
+    """Backticked tokens with a slash or a file suffix, and bare ones under a top-level directory or ending in .py."""
+    names = {tick for tick in re.findall(r"`([^`\s]+)`", prose) if re.fullmatch(_PATH_LIKE, tick)
+             and ("/" in tick.rstrip("/") or re.search(r"\.(py|j2)$", tick))}
     names.update(re.findall(r"(?<![\w./`-])((?:ctxbuild|tests|bench|templates|recipes|docs|\.ci)/[\w./-]*[\w/]"
                             r"|[a-z_]\w*\.py)(?![\w`])", prose))
     return {n.rstrip(".") for n in names if not n.startswith(_GENERATED)}
 
 
-def _exists(name: str) -> bool:
-    """A path from the project's root, or from ctxbuild/ (`graph/cut.py`, `engine/`, a base module `errors.py`):
-    a bare name elsewhere (`plan.py`) would be ambiguous, so it does not count."""
+def _exists(name: str, near: frozenset[str] | set[str] = frozenset()) -> bool:
+    """A path from the project's root or from ctxbuild/ (`graph/cut.py`, `engine/`, a base module `errors.py`); a
+    bare file name only in a directory the same paragraph names (`base.py` beside `ctxbuild/plan/kinds/`): alone,
+    `plan.py` would be ambiguous."""
     if name.startswith(_ROOTS):
         return (ROOT / name).exists()
-    return (ROOT / name).exists() or (ROOT / "ctxbuild" / name).exists()
+    if (ROOT / name).exists() or (ROOT / "ctxbuild" / name).exists():
+        return True
+    return "/" not in name.rstrip("/") and any((base / d / name).exists() for d in near
+                                               for base in (ROOT, ROOT / "ctxbuild"))
+
+
+def _missing_paths(text: str) -> list[str]:
+    """What a page names that the tree does not have, each prose paragraph read with the directories it names."""
+    missing = {n for n in _diagram_paths(text) if not _exists(n)}
+    for paragraph in re.split(r"\n\s*\n", _prose(text)):
+        names = _prose_paths(paragraph)
+        near = {n if n.endswith("/") else n.rsplit("/", 1)[0] + "/" for n in names if "/" in n}
+        missing.update(n for n in names if not _exists(n, near))
+    return sorted(missing)
 
 
 def _layout_modules(text: str) -> list[str]:
@@ -281,18 +299,18 @@ def _layout_modules(text: str) -> list[str]:
 def test_internals_names_files_that_exist() -> None:
     """docs/internals.md as a map of the tree: every file, directory and module it names is there."""
     text = (ROOT / "docs" / "internals.md").read_text()
-    named, modules = _named_paths(text), _layout_modules(text)
+    named, modules = _diagram_paths(text) | _prose_paths(_prose(text)), _layout_modules(text)
     assert len(named) > 40 and len(modules) > 100, (len(named), len(modules))  # the parse saw the page
-    missing = sorted(n for n in named if not _exists(n)) + [m for m in modules if not (ROOT / m).exists()]
+    missing = _missing_paths(text) + [m for m in modules if not (ROOT / m).exists()]
     assert not missing, f"docs/internals.md names what the tree does not have: {', '.join(missing)}"
 
 
 def test_the_internals_check_sees_a_missing_file() -> None:
     page = ("Then plan.py creates edges; see `cli/cache.py` and ctxbuild/engine/runner.py.\n"
             "| 1 | `cache/` | store (the protocol), nosuchmodule, local |\n")
-    named = _named_paths(page)
-    assert {"plan.py", "cli/cache.py", "ctxbuild/engine/runner.py"} <= named
-    assert [n for n in sorted(named) if not _exists(n)] == ["cli/cache.py", "plan.py"]
+    assert {"plan.py", "cli/cache.py", "ctxbuild/engine/runner.py"} <= _prose_paths(page)
+    assert _missing_paths(page) == ["cli/cache.py", "plan.py"]
+    assert _missing_paths("`ctxbuild/plan/kinds/` holds `base.py`; `llm_quantize.py` beside `actions/quantize.py`.") == []
     assert [m for m in _layout_modules(page) if not (ROOT / m).exists()] == ["ctxbuild/cache/nosuchmodule.py"]
 
 
