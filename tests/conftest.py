@@ -118,7 +118,7 @@ def plan_only(paths: list[Path], out: Path, **options: Any) -> dict[str, Any]:
     """Plan into OUT as a build does (build.ninja, action specs, plan.json) and run nothing: what a dry run did
     before it wrote nothing. Point CTXBUILD_CACHE_DIR at the test's cache first (the plan cache lives there)."""
     from ctxbuild.engine.options import BuildOptions
-    from ctxbuild.engine.replan import ensure_planned
+    from ctxbuild.engine.fast.replan import ensure_planned
 
     return ensure_planned(BuildOptions(paths=paths, out=out.resolve(), **options))
 

@@ -127,7 +127,7 @@ def test_ninja_output_filter_drops_failed_headers_and_escapes(capsys: pytest.Cap
     from ctxbuild.engine.console import Console
 
     ninja = (b"[1/2] compile a@SM8650\n\x1b[31mFAILED: [code=1] \x1b[0mSM8650/a/a_verify.json \n"
-             b"/venv/bin/python -S /x/ctxbuild/engine/client.py .ctxbuild/actions/verify.a.json\n"
+             b"/venv/bin/python -S /x/ctxbuild/engine/run/client.py .ctxbuild/actions/verify.a.json\n"
              b"--- log of verify a@SM8650, last lines:\nboom\nninja: build stopped: subcommand failed.\n")
     Console().ninja_output(io.BytesIO(ninja))
     assert capsys.readouterr().out == "[1/2] compile a@SM8650\n--- log of verify a@SM8650, last lines:\nboom\n"

@@ -255,8 +255,8 @@ def _prose_paths(prose: str) -> set[str]:
     """Backticked tokens with a slash or a file suffix, and bare ones under a top-level directory or ending in .py."""
     names = {tick for tick in re.findall(r"`([^`\s]+)`", prose) if re.fullmatch(_PATH_LIKE, tick)
              and ("/" in tick.rstrip("/") or re.search(r"\.(py|j2)$", tick))}
-    names.update(re.findall(r"(?<![\w./`-])((?:ctxbuild|tests|bench|templates|recipes|docs|\.ci)/[\w./-]*[\w/]"
-                            r"|[a-z_]\w*\.py)(?![\w`])", prose))
+    names.update(re.findall(r"(?<![\w./-])((?:ctxbuild|tests|bench|templates|recipes|docs|\.ci)/[\w./-]*[\w/]"
+                            r"|[a-z_]\w*\.py)(?!\w)", prose))
     return {n.rstrip(".") for n in names if not n.startswith(_GENERATED)}
 
 
@@ -306,9 +306,9 @@ def test_internals_names_files_that_exist() -> None:
 
 
 def test_the_internals_check_sees_a_missing_file() -> None:
-    page = ("Then plan.py creates edges; see `cli/cache.py` and ctxbuild/engine/runner.py.\n"
+    page = ("Then plan.py creates edges; see `cli/cache.py` and ctxbuild/errors.py.\n"
             "| 1 | `cache/` | store (the protocol), nosuchmodule, local |\n")
-    assert {"plan.py", "cli/cache.py", "ctxbuild/engine/runner.py"} <= _prose_paths(page)
+    assert {"plan.py", "cli/cache.py", "ctxbuild/errors.py"} <= _prose_paths(page)
     assert _missing_paths(page) == ["cli/cache.py", "plan.py"]
     assert _missing_paths("`ctxbuild/plan/kinds/` holds `base.py`; `llm_quantize.py` beside `actions/quantize.py`.") == []
     assert [m for m in _layout_modules(page) if not (ROOT / m).exists()] == ["ctxbuild/cache/nosuchmodule.py"]
@@ -440,3 +440,20 @@ def test_pages_with_figures_say_where_they_were_measured() -> None:
             if not ("2 cores" in text and re.search(r"onnxruntime-qnn \d+\.\d+\.\d+", text)):
                 unsaid.append(page.name)
     assert not unsaid, f"say the machine (2 cores) and toolchain (onnxruntime-qnn X.Y.Z) of the figures in: {unsaid}"
+
+
+def test_every_code_path_in_the_docs_exists() -> None:
+    """The README and docs/ name modules, tests and benchmarks by path (`ctxbuild/verify/measure.py`,
+    `engine/finish.py`, tests/test_llm.py): each is in the tree, so a moved module moves its docs too."""
+    packages = tuple(f"{p.name}/" for p in (ROOT / "ctxbuild").iterdir() if (p / "__init__.py").is_file())
+    code = (*packages, "ctxbuild/", "tests/", "bench/", "templates/", ".ci/")
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "tests" / "exports" / "README.md"]
+    checked, missing = 0, []
+    for page in pages:
+        text = page.read_text()
+        paths = [n for n in _diagram_paths(text) | _prose_paths(_prose(text)) if n.startswith(code)
+                 and re.search(r"(\.py|\.j2|/)$", n)]  # files and directories, not `plan/adapters.adapter_param`
+        checked += len(paths)
+        missing += [f"{page.relative_to(ROOT)}: {n}" for n in _missing_paths(text) if n in paths]
+    assert checked > 200, checked
+    assert not missing, "named but not in the tree:\n" + "\n".join(missing)

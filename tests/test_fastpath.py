@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ctxbuild.engine import plancache
+from ctxbuild.engine.fast import plancache
 from ctxbuild.engine.ninja import ninja_binary
 from ctxbuild.engine.ninjalog import rapidhash
 from tests.conftest import last_build, records

@@ -75,7 +75,7 @@ def test_input_edited_while_its_action_runs_is_not_stored(tree: Path, tmp_path: 
                                                          monkeypatch, capsys) -> None:
     """The real prepare action runs in this process; the model is rewritten after it read it, before the
     runner stores the outputs. Nothing may be stored under the old content's key, nothing placed."""
-    from ctxbuild.engine import runner
+    from ctxbuild.engine.run import runner
     from ctxbuild.plan import kinds
     from tests.conftest import plan_only, records
 

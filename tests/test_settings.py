@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ctxbuild import settings
-from ctxbuild.engine import client
+from ctxbuild.engine.run import client
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = re.compile(r"CTXBUILD_[A-Z0-9_]*[A-Z0-9]")

@@ -19,12 +19,12 @@ from typing import Any
 
 from ctxbuild import settings
 from ctxbuild.atomic import write_bytes, write_if_changed
-from ctxbuild.engine.links import stamp
+from ctxbuild.engine.fast.links import stamp
 from ctxbuild.layout import STATE, memo_dir
 
 VERSION = 3  # 2: QNN libraries by stat; 3: outside inputs by stat and symlinks, not size
 KEEP = 32  # entries kept (most recently used): one per OUT path x invocation x ctxbuild version
-_PACKAGE = Path(__file__).resolve().parents[1]  # ctxbuild/
+_PACKAGE = Path(__file__).resolve().parents[2]  # ctxbuild/
 
 
 def restore(out: Path, inv: dict[str, Any]) -> bool:

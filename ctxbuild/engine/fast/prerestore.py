@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ctxbuild.plan import kinds
+from ctxbuild.plan import actionkey, kinds
 from ctxbuild.engine import ninjalog
 from ctxbuild.digests import canonical_json
 from ctxbuild.plan.action import load_spec
@@ -60,7 +60,7 @@ def restore_pending(out: Path, plan: dict[str, Any], commands: list[str], build_
         if pending:
             on_miss()
         return not pending
-    from ctxbuild.engine import runner  # the action kinds' hooks; imported here, not in each thread
+    from ctxbuild.engine.run import runner  # the action kinds' hooks; imported here, not in each thread
 
     deps = {a["id"]: [d for d in a["deps"] if d in pending] for a in plan["actions"] if a["id"] in pending}
     restorer = _Restorer(out, build_id, runner)
@@ -142,7 +142,7 @@ class _Restorer:
         action = load_spec(out / STATE / "actions" / spec_name(aid))
         memo = self._memo()
         cache = open_cache()
-        key, components = runner.action_key(action, out, memo, runner.discover(action, memo))
+        key, components = runner.action_key(action, out, memo, actionkey.discover(action, memo))
         hit = cache.lookup(key)
         outputs = {r: Path(p) for r, p in action.outputs.items()}
         before = [_identity(p) for p in outputs.values()]

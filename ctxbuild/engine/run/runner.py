@@ -5,8 +5,6 @@ Protocol with the driver: the spec file names everything; the record file writte
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import sys
@@ -23,7 +21,7 @@ from ctxbuild.cache.backends import open_cache
 from ctxbuild.capture import captured
 from ctxbuild.digests import DigestMemo, canonical_json, sha256_file
 from ctxbuild.errors import ActionError, cause_line, CtxbuildError, machine_limit
-from ctxbuild.layout import STATE, depfile_path, log_path, memo_dir, record_path, rel, spec_name
+from ctxbuild.layout import STATE, depfile_path, log_path, record_path, rel, spec_name
 from ctxbuild.engine.ninjaquote import depfile_path as depfile_quote
 
 
@@ -115,7 +113,7 @@ def _restore_or_run(action: Action, kind: type[kinds.Kind], out: Path, tmp: Path
     hook's result when the action ran here (it goes into the cache record: a restore need not load the
     outputs again to make it)."""
     start = time.monotonic()
-    discovered = discover(action, memo)
+    discovered = actionkey.discover(action, memo)
     key, components = action_key(action, out, memo, discovered)
     note_key(record, key, components, previous)
     dests = {r: Path(p) for r, p in action.outputs.items()}
@@ -228,41 +226,12 @@ def note_key(record: dict[str, Any], key: str, components: dict[str, Any], previ
     record["why"] = actionkey.why(previous, record)
 
 
-def discover(action: Action, memo: DigestMemo) -> dict[str, Path]:
-    """The files `action` reads beyond its declared inputs (its kind's discover_inputs hook). prepare and verify
-    find a model's external data (and samples) by parsing it (importing onnx, ~0.1 s): a pure function of the
-    model's bytes and place, the action's params and the listing of the directories it watches (kinds:
-    discovery_follows), so it is memoized in the user cache by those: a restore into a fresh OUT parses nothing."""
-    hook = kinds.get(action.kind).hook("discover_inputs")
-    if (role := kinds.get(action.kind).discovery_follows) is None:
-        return hook(action)
-    model = Path(action.inputs[role])
-    listing = [[d, sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(d) if e.is_file())]
-               for d in action.watch if os.path.isdir(d)]
-    try:
-        key = hashlib.sha256(canonical_json([memo.digest(model), action.params, listing])).hexdigest()
-    except OSError:  # the model is missing: the hook says so in its own words
-        return hook(action)
-    memo_file = memo_dir("discovered-2") / f"{key}.json"
-    try:
-        return {name: (model.parent / rel).resolve() for name, rel in json.loads(memo_file.read_bytes()).items()}
-    except (OSError, ValueError, AttributeError, TypeError):
-        pass
-    found = hook(action)
-    try:
-        write_bytes(memo_file, json.dumps({k: os.path.relpath(p, model.parent) for k, p in found.items()}).encode(),
-                    durable=False)
-    except OSError:
-        pass
-    return found
-
-
 def action_key(action: Action, out: Path, memo: DigestMemo,
                discovered: dict[str, Path] | None = None) -> tuple[str, dict[str, Any]]:
     """The action key and its components; files found at run time (`discovered`: already found) also go to
     ninja's depfile."""
     if discovered is None:
-        discovered = discover(action, memo)
+        discovered = actionkey.discover(action, memo)
     _write_depfile(out, action, discovered)
     components = actionkey.components(action, discovered, memo, out / STATE)
     return actionkey.digest(components), components

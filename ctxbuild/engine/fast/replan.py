@@ -51,7 +51,7 @@ def _stale(out: Path, state: dict[str, Any]) -> bool:
 
 
 def plan_and_render(out: Path, inv: dict[str, Any]) -> None:
-    from ctxbuild.engine import plancache
+    from ctxbuild.engine.fast import plancache
 
     if plancache.restore(out, inv):  # the same recipes were planned into this OUT path before
         toolchain.sdk_build_id(out / STATE)

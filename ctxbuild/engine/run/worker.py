@@ -29,7 +29,7 @@ from typing import Iterator
 
 from ctxbuild import machine, settings
 from ctxbuild.plan import memory
-from ctxbuild.engine.client import worker_env
+from ctxbuild.engine.run.client import worker_env
 from ctxbuild.engine.farm.wire import recv_exactly
 from ctxbuild.procs import die_with_parent
 
@@ -223,7 +223,7 @@ def serve(listen_fd: int) -> None:
 def _preload() -> None:
     """Import once, before any fork: every action kind's implementation, the quantizer, the registered EP."""
     from ctxbuild import cache  # noqa: F401
-    from ctxbuild.engine import runner  # noqa: F401
+    from ctxbuild.engine.run import runner  # noqa: F401
     from ctxbuild.plan import kinds
     from ctxbuild.qnn import system as qnn_system  # noqa: F401
     from ctxbuild.toolchain import installed as toolchain  # noqa: F401
@@ -252,7 +252,7 @@ def _reap(pid: int, sel: selectors.BaseSelector, children: dict[int, tuple[socke
     try:
         conn.sendall(struct.pack("!i", code))
         if code < 0:
-            from ctxbuild.engine.runner import record_crash
+            from ctxbuild.engine.run.runner import record_crash
 
             record_crash(Path(req["cwd"]) / req["spec"], req["env"].get(settings.BUILD_ID.name), -code)
     except OSError:  # the client is gone (an interrupted build): its action was stopped on purpose
@@ -357,7 +357,7 @@ def _spawn(conn: socket.socket, fds: list[int], req: dict, srv: socket.socket) -
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
-        from ctxbuild.engine.runner import main as run_action
+        from ctxbuild.engine.run.runner import main as run_action
 
         code = run_action(req["spec"])
         sys.stdout.flush()

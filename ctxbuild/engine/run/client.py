@@ -78,7 +78,7 @@ def main(argv: list[str]) -> int:
         return code
     # Without a worker the action runs here, and the runner moves into the spec's toolchain itself.
     if __package__:  # imported (`ctxbuild action`): site-packages are there, run the action here
-        from ctxbuild.engine.runner import main as run_action
+        from ctxbuild.engine.run.runner import main as run_action
 
         return run_action(argv[0])
     os.execv(sys.executable, [sys.executable, "-m", "ctxbuild", "action", argv[0]])
