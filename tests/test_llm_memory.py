@@ -81,7 +81,7 @@ def test_3b_shape_plan_fits_24_gb(tmp_path: Path) -> None:
     which counts each part's float weight file once: its AR sessions share the mapped file); the parts are the sizes
     a device takes. The largest: the split (20.0 GiB), the genai check (19.1), the first and last parts' quantizes
     (18.7: onnxruntime's quantizer on a 4.4 GB graph, 4.5x) and calibration (18.3: every part's float sessions of
-    one CL and AR, 1.3x their 14.4 GB, and their activations at CL 2048), docs/llm.md."""
+    one CL and AR, 1.3x their 14.4 GB, and their activations at CL 2048), docs/llm-reference.md."""
     from ctxbuild.plan.planned_sizes import planned_sizes
 
     cfg = llm_decoder.Config(vocab=128256, hidden=3072, layers=28, heads=24, kv_heads=8, intermediate=8192,
@@ -106,10 +106,11 @@ def test_3b_shape_plan_fits_24_gb(tmp_path: Path) -> None:
 
 
 def test_1b_shape_estimates_cover_its_measured_peaks(tmp_path: Path) -> None:
-    """The whole Llama-3.2-1B shape at 4 parts, built on this machine (session 11, docs/llm.md "At LLM sizes"): each
-    action's estimate covers its measured peak RSS (GiB) by 3% at least: the quantizes and the split as measured once
-    calibration and the split's records no longer held closed sessions' arenas (9.35-10.79 and 8.07 GiB before), the
-    genai check's what it held (its RSS counts the mapped part files once per AR session)."""
+    """The whole Llama-3.2-1B shape at 4 parts, built on the 2-core x86_64 machine (ctxbuild 1e60b32,
+    docs/llm-reference.md "At LLM sizes"): each action's estimate covers its measured peak RSS (GiB) by 3% at least:
+    the quantizes and the split as measured once calibration and the split's records no longer held closed
+    sessions' arenas (9.35-10.79 and 8.07 GiB before), the genai check's what it held (its RSS counts the mapped part
+    files once per AR session)."""
     cfg = llm_decoder.Config(vocab=128256, hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192,
                              max_positions=2048)
     plan, estimates = _sparse_plan(tmp_path, cfg, 4)

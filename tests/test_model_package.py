@@ -5,8 +5,8 @@ it creates from the variant it selects, run on the simulator against the float m
 Selections run in child processes, retried when one crashes: on this x86 simulator, onnxruntime 1.32's
 select_component with onnxruntime-qnn 2.7.0 dies with SIGSEGV (or SIGBUS) inside
 QnnEp::ValidateCompiledModelCompatibilityInfo as it logs its "skip on x86" warning through a logger that is not
-valid (gdb). Whether it dies depends on where the package lies, the same way every time (session 15: a package at
-/tmp/qq/r/s/t/moved crashed 2 of 2 runs and 16 of 16 copies beside it, at /tmp/qq/r/s/moved 0 of 2; under
+valid (gdb). Whether it dies depends on where the package lies, the same way every time (onnxruntime-qnn 2.7.0:
+a package at /tmp/qq/r/s/t/moved crashed 2 of 2 runs and 16 of 16 copies beside it, at /tmp/qq/r/s/moved 0 of 2; under
 pytest-xdist's popen-gw1 directory 16 retries in place all crashed); a copy in a new temporary directory ran. So a
 retry runs on such a copy. A vendor bug: the tests check the outcome of the runs that live."""
 from __future__ import annotations

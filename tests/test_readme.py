@@ -1,6 +1,7 @@
 """The README's commands, run: the quick start on a generated model (its recipe block verbatim, its build
-command, the files it promises), the Makefile snippet, `ctxbuild --version`; the developer commands
-(`make build`, `make test`, the install lines) as far as a test can without recursing into the suite."""
+command, the files it promises), its "load and run it" block on what that built (and the log lines the README says
+it silences and prints), the Makefile snippet, `ctxbuild --version`; the developer commands (`make build`,
+`make test`, the install lines) as far as a test can without recursing into the suite."""
 from __future__ import annotations
 
 import os
@@ -47,7 +48,7 @@ def test_quick_start_and_makefile_snippet(tmp_path: Path) -> None:
     _detector(tmp_path / "models" / "detector.onnx")
     rng = np.random.default_rng(1)
     for i in range(3):  # "a few representative inputs saved as .npy files in models/calib/"
-        np.save(tmp_path / "models" / "calib" / f"s{i}.npy", rng.random((1, 3, 320, 320), np.float32))
+        np.save(tmp_path / "models" / "calib" / f"{i}.npy", rng.random((1, 3, 320, 320), np.float32))
     recipe = _block("yaml", "name: detector")
     assert recipe.startswith("# recipes/detector.yaml\n")
     (tmp_path / "recipes" / "detector.yaml").write_text(recipe)
@@ -63,6 +64,7 @@ def test_quick_start_and_makefile_snippet(tmp_path: Path) -> None:
     assert r.stdout.splitlines()[-1] == f"ctxbuild: report: {out / 'report.html'}"  # "ends with an answer"
     r = _shell(build, tmp_path, tmp_path / "cache")  # "A second `ctxbuild build` does nothing"
     assert "no work to do" in r.stdout
+    _load_and_run(tmp_path)
 
     snippet = _block("make", "ctxbuild build")
     (tmp_path / "Makefile").write_text(snippet)
@@ -86,3 +88,40 @@ def test_developer_commands_exist() -> None:
     install = _block("", "pip install")
     assert "pip install ." in install and "ctxbuild --version" in install
     assert "pip wheel" in (ROOT / ".ci" / "wheel-check").read_text()
+
+
+def _python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTXBUILD_")}
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _load_and_run(tree: Path) -> None:
+    """The "Load and run it" block as written, in the quick start's directory after its build: it runs the built
+    binary on the simulator, and its output is the float model's; onnxruntime logs nothing (its two warnings are
+    silenced), and without the silencing line it logs exactly the two the README quotes, the simulator's own line
+    aside on stdout."""
+    block = _block("python", "InferenceSession")
+    assert len(block.strip().splitlines()) == 5
+    r = _python(block + "np.save('boxes.npy', boxes)\n", tree)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[W:onnxruntime" not in r.stderr and "[E:onnxruntime" not in r.stderr, r.stderr
+    sample = np.load(tree / "models" / "calib" / "0.npy")
+    import onnxruntime as ort
+
+    (ref,) = ort.InferenceSession(str(tree / "models" / "detector.onnx"),
+                                  providers=["CPUExecutionProvider"]).run(None, {"image": sample})
+    got = np.load(tree / "boxes.npy").ravel().astype(np.float64)
+    assert got @ ref.ravel() / (np.linalg.norm(got) * np.linalg.norm(ref)) > 0.999
+
+    said = README[README.index(block):].split("\n## ")[0]
+    quoted = [" ".join(q.split()) for q in re.findall(r"`([^`]+) \.\.\.`", said)]  # each line up to "..."
+    assert len(quoted) == 3, quoted
+    [silenced] = [line for line in block.splitlines() if "log_severity_level" in line]
+    r = _python(block.replace(silenced, silenced.split(";")[0]), tree)  # the SessionOptions without the setting
+    assert r.returncode == 0, r.stdout + r.stderr
+    warnings = [line for line in r.stderr.splitlines() if "[W:onnxruntime" in line]
+    assert len(warnings) == 2 and len(r.stderr.strip().splitlines()) == 2, r.stderr
+    for warning, quote in zip(warnings, quoted[:2]):
+        assert quote in warning, (quote, warning)
+    printed = [line for line in r.stdout.splitlines() if line.strip()]
+    assert printed and all(quoted[2] in line for line in printed), r.stdout  # the simulator's line, nothing else

@@ -29,7 +29,7 @@ HEAD = "model: models/mlp.onnx\nprecision: fp16\n"
     ("targets: [SM8650]\ncompile:\n  provider_options: {backend_type: gpu}\n", [":5:", "backend_type", "remove it"]),
     ("targets: [SM8650]\ncompile:\n  provider_options: {backend_path: /x/libQnnHtp.so}\n",
      [":5:", "backend_path", "remove it"]),
-    # session 13: a oneOf inside a oneOf said "'fp32' is not valid under any of the given schemas", and a
+    # a oneOf inside a oneOf said "'fp32' is not valid under any of the given schemas", and a
     # list where a mapping goes "expected mapping or list, got mapping" about the enclosing field
     ("targets: [SM8650]\nquantization:\n  nodes: {fc: fp61}\n",
      [":5:", "quantization.nodes.fc", "expected mapping (activations, weights) or 'fp16', got str 'fp61'",
@@ -37,7 +37,7 @@ HEAD = "model: models/mlp.onnx\nprecision: fp16\n"
     ("targets: [SM8650]\nquantization:\n  nodes: {fc: {activations: int16}}\n",
      [":5:", "quantization.nodes.fc.activations", "'int16' is not one of uint8, uint16"]),
     ("targets: [SM8650]\nquantization:\n  nodes: [fc]\n", [":5:", "quantization.nodes", "expected mapping, got list"]),
-    # session 14: numbered tensor and node names (PyTorch exports' `391`) read as numbers said no more than
+    # numbered tensor and node names (PyTorch exports' `391`) read as numbers said no more than
     # "mapping keys must be strings, got 391" (no field, nothing to do) or "expected string, got int 391"
     ("targets: [SM8650]\nquantization:\n  nodes: {391: fp16}\n",
      [":5:", "quantization.nodes: a key must be a string, got int 391", "quote it: '391'"]),
@@ -45,7 +45,7 @@ HEAD = "model: models/mlp.onnx\nprecision: fp16\n"
     # no hint for a name given in the wrong case, or a list field given one value
     ("targets: [SM8650]\nquantization:\n  nodes: {fc: FP16}\n", [":5:", "got str 'FP16'", "did you mean 'fp16'"]),
     ("targets: [SM8650]\noutputs: h\n", [":4:", "outputs: expected list, got str 'h'", "write it as a list: [h]"]),
-    # session 15, a newcomer's: the sample directory alone where a mapping with `dir` goes said no more than the types
+    # a newcomer's: the sample directory alone where a mapping with `dir` goes said no more than the types
     ("targets: [SM8650]\ncalibration: models/calib\n", [":4:", "calibration: expected mapping, got str",
                                                         "write it as a mapping: {dir: models/calib}"]),
     ("targets: [SM8650]\nverify: models/calib\n", [":4:", "verify: expected boolean or mapping, got str",
