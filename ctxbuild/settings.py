@@ -4,7 +4,7 @@ Values are read at call time, not at import: the driver sets some for the proces
 own later reads), and tests set them per test. A module that writes one for a child process writes
 `SETTING.name`. One exception reads its variable itself: engine/run/client.py, run once per action without
 site-packages, imports only C modules and so not this one (CTXBUILD_WORKER, see WORKER).
-docs/outputs-and-cli.md ("Environment variables") lists them all; tests/test_settings.py keeps that table and
+docs/outputs-and-cli.md ("Environment variables") lists them all; tests/unit/test_settings.py keeps that table and
 this module in step.
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ RECIPES = ROOT / "recipes"
 
 pytest_plugins = ["tests.nginx_fixture"]
 
-# Copies of the example tree leave the LLM example out: tests/test_llm.py builds it; in every whole-tree
+# Copies of the example tree leave the LLM example out: tests/e2e/test_llm.py builds it; in every whole-tree
 # build its 27 actions would double the time and change the counts those tests check.
 EXAMPLES_IGNORE = shutil.ignore_patterns("models", "llm_*.yaml")
 
@@ -74,6 +74,18 @@ def example_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("models")
     subprocess.run([sys.executable, str(RECIPES / "models" / "make_models.py"), str(d)], check=True)
     return d
+
+
+# The example CNN as a test recipe's first lines (the model as the example tree holds it, its input fixed).
+TINY_CNN = "model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\n"
+
+
+def write_recipe(root: Path, name: str, body: str) -> Path:
+    """A test's recipe: `root/<name>.yaml` holding `body`; the file returned."""
+    root.mkdir(parents=True, exist_ok=True)
+    f = root / f"{name}.yaml"
+    f.write_text(body)
+    return f
 
 
 def copy_examples(dst: Path, example_models: Path) -> Path:
