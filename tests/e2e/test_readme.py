@@ -12,7 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
+
+pytestmark = pytest.mark.e2e  # the quick start builds through the real CLI and runs the binary on the simulator
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
