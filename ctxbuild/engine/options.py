@@ -79,6 +79,12 @@ def ninja_targets(state: dict[str, Any], opts: BuildOptions) -> list[str]:
     return []
 
 
+def selection(opts: BuildOptions) -> dict[str, list[str]]:
+    """The recipes and targets the build was limited to (--only, --target; empty: all), after ninja_targets
+    resolved device names: the summary and the report show only their rows."""
+    return {"recipes": sorted(opts.only), "targets": sorted(opts.targets)}
+
+
 def _close(name: str, options: list[str]) -> str:
     from ctxbuild.recipes.suggest import did_you_mean  # difflib: only for a bad name, not on every build
 

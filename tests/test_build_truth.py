@@ -1,0 +1,89 @@
+"""Issue 48, a build that tells the truth at a glance: progress, counts and report show only work that ran or was
+restored; `--target` limits every row; ninja's own lines never reach the user; a CPU-fallback build's verdict says
+what ran on the CPU as a share of the compute."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper, save
+
+from tests._qnn_models import IR_VERSION
+from tests.conftest import keep_only, records
+
+STATUS = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
+
+
+def test_search_progress_and_counts_show_only_work_that_ran(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """precision: auto where the first candidate passes: the later candidates' actions only write placeholders.
+    Before, progress printed `compile tiny_cnn@SM8650 (candidate fp16)` and the summary counted them."""
+    keep_only(tree, "tiny_cnn.yaml")
+    recipe = tree / "tiny_cnn.yaml"
+    recipe.write_text(recipe.read_text().replace("precision: int16", "precision: auto"))
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650")
+    assert r.code == 0, r.text
+    progress = [m for line in r.out.splitlines() if (m := STATUS.match(line))]
+    worked = {i: rec for i, rec in records(out).items() if not rec.get("not_needed")}
+    assert len(worked) < len(records(out))  # the search did skip candidates
+    assert {m[3] for m in progress if not m[3].startswith("search ")} == \
+        {rec_desc for rec_desc in _descriptions(out, worked) if not rec_desc.startswith("search ")}
+    assert not any("(candidate fp16)" in m[3] or "fp16@" in m[3] for m in progress), r.out
+    assert [int(m[1]) for m in progress] == list(range(1, len(progress) + 1))
+    assert progress[-1][1] == progress[-1][2]  # the last line's count is the whole: nothing left out is counted
+    assert any(re.search(r"search tiny_cnn: need \S+\? no: a16w8 passed$", m[3]) for m in progress), r.out
+    head = next(line for line in r.out.splitlines() if " built, " in line)
+    assert head.startswith(f"ctxbuild: {len(worked)} built, 0 restored, 0 failed"), head
+    report = json.loads((out / "report.json").read_text())
+    assert report["build"]["built"] == len(worked) and report["build"]["actions"] == len(worked)
+    assert {n["id"] for n in report["graph"]["nodes"]} == set(worked)
+
+
+def _descriptions(out: Path, ids: dict[str, object]) -> set[str]:
+    plan = json.loads((out / ".ctxbuild" / "plan.json").read_text())
+    return {a["description"] for a in plan["actions"] if a["id"] in ids}
+
+
+def test_target_limits_every_row_and_ninja_says_nothing(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """`--target SM8650` on a recipe for SM8650 and SM8750: no SM8750 row ("not run (the build stopped first)"
+    before) in the summary, --json or the report; the no-op after it says `ctxbuild: up to date`, not ninja's
+    `ninja: no work to do.` (on stderr under --json before)."""
+    keep_only(tree, "mlp_fp16.yaml")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650")
+    assert r.code == 0, r.text
+    rows = [line.split() for line in r.out.splitlines() if line.startswith("  mlp_fp16")]
+    assert [row[2] for row in rows] == ["SM8650"], r.out
+    report = json.loads((out / "report.json").read_text())
+    assert [row["target"]["name"] for row in report["rows"]] == ["SM8650"]
+    assert report["build"]["selection"] == {"recipes": [], "targets": ["SM8650"]}
+    assert "SM8750" not in (out / "report.html").read_text()
+    r = ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650", "--json")
+    assert r.code == 0 and r.err == "", r.text
+    doc = json.loads(r.out)
+    assert doc["up_to_date"] and [a["target"] for a in doc["accuracy"]] == ["SM8650"]
+    r = ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650")
+    assert r.code == 0 and "ninja" not in r.text and r.out.startswith("ctxbuild: up to date\n"), r.text
+    r = ctxbuild("build", str(tree), "-o", str(out))  # all targets again: both rows
+    assert r.code == 0 and [row["target"]["name"] for row in json.loads((out / "report.json").read_text())["rows"]] \
+        == ["SM8650", "SM8750"], r.text
+
+
+def test_a_stopped_build_shows_ctxbuilds_line_not_ninjas(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """A compile QNN refuses under `-k 0`: its verify cannot run, and ninja's `ninja: build stopped: cannot make
+    progress due to previous errors.` came above ctxbuild's FAILED line."""
+    keep_only(tree)
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "W")
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"), helper.make_node("Det", ["m"], ["y"], name="det0")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [w])
+    save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION),
+         tree / "models" / "det.onnx")
+    (tree / "det.yaml").write_text("model: models/det.onnx\nprecision: fp16\ntargets: [SM8650]\n")
+    r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"), "-k", "0")
+    assert r.code == 1, r.text
+    assert "ctxbuild: FAILED compile/det@SM8650: " in r.err, r.text
+    assert not [line for line in r.text.splitlines() if line.startswith("ninja")], r.text
