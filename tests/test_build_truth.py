@@ -87,3 +87,40 @@ def test_a_stopped_build_shows_ctxbuilds_line_not_ninjas(tree: Path, tmp_path: P
     assert r.code == 1, r.text
     assert "ctxbuild: FAILED compile/det@SM8650: " in r.err, r.text
     assert not [line for line in r.text.splitlines() if line.startswith("ninja")], r.text
+
+
+def test_cpu_fallback_verdict_says_the_cpus_share_of_the_compute(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """An LSTM QNN refuses (its `clip` attribute) runs on the CPU under compile.cpu_fallback: nearly all the MACs.
+    The verdict said a plain "ok" and verify.json `cpu_macs_share: null` (the int16 Q/DQ before the LSTM hid its
+    shapes from the count)."""
+    keep_only(tree)
+    rng = np.random.default_rng(0)
+    steps, hidden, size = 20, 32, 16
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype(np.float32), n) for n, s in
+             (("W", (1, 4 * hidden, size)), ("R", (1, 4 * hidden, hidden)), ("Wo", (hidden, 8)))]
+    inits.append(numpy_helper.from_array(np.array([0], np.int64), "axis"))
+    g = helper.make_graph(
+        [helper.make_node("LSTM", ["x", "W", "R"], ["Y", "Yh"], name="lstm", hidden_size=hidden, clip=3.0),
+         helper.make_node("Squeeze", ["Yh", "axis"], ["h"], name="squeeze"),
+         helper.make_node("MatMul", ["h", "Wo"], ["y"], name="proj")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 1, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], inits)
+    save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION),
+         tree / "models" / "lstm.onnx")
+    (tree / "models" / "calib_lstm").mkdir()
+    for i in range(4):
+        np.save(tree / "models" / "calib_lstm" / f"{i}.npy", rng.standard_normal((steps, 1, size)).astype(np.float32))
+    (tree / "lstm.yaml").write_text("model: models/lstm.onnx\nprecision: int16\ncalibration: {dir: models/calib_lstm}\n"
+                                    "targets: [SM8650]\ncompile: {cpu_fallback: true}\n")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    lstm_macs = steps * (4 * hidden * size + 4 * hidden * hidden)
+    share = lstm_macs / (lstm_macs + hidden * 8)
+    (row,) = [line for line in r.out.splitlines() if line.startswith("  lstm ")]
+    assert row.endswith(f"ok; on the CPU: {100 * share:.1f}% of the MACs (1 LSTM, 2 other nodes)"), r.out
+    coverage = json.loads((out / "SM8650" / "lstm" / "lstm_verify.json").read_text())["coverage"]
+    assert coverage["cpu_macs_share"] == round(share, 4) and coverage["total_macs"] == lstm_macs + hidden * 8
+    doc = json.loads(ctxbuild("build", str(tree), "-o", str(out), "--json").out)
+    assert doc["accuracy"][0]["on_cpu"]["ops"]["LSTM"] == 1
+    assert "on the CPU: 1 DequantizeLinear, 1 LSTM, 1 QuantizeLinear" in (out / "report.html").read_text()

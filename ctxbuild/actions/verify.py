@@ -176,9 +176,9 @@ def coverage(ctx_model: Path, compiled: Path) -> dict[str, Any]:
     total = len(model.graph.node)
     qnn = max(total - cpu, 0)
     found = {"qnn_nodes": qnn, "cpu_nodes": cpu, "fraction": round(qnn / total, 4) if total else 1.0}
-    if cpu:
+    if cpu:  # what ran on the CPU, as a share of the counted compute, and the nodes whose MACs are unknown
         cost = of_wrapper(model, wrapper)
-        found |= {"partitions": cost.partitions,
+        found |= {**cost.as_dict(), "cpu_nodes": cpu,
                   "cpu_macs_share": round(cost.cpu_macs / cost.total_macs, 4) if cost.total_macs else None}
     return found
 

@@ -328,9 +328,14 @@ def _coverage(verify: list[dict[str, Any]]) -> dict[str, Any] | None:
     frac = qnn / (qnn + cpu) if qnn + cpu else covs[0].get("fraction")
     found = {"qnn_nodes": qnn, "cpu_nodes": cpu, "fraction": None if frac is None else round(frac, 4)}
     shares = [c["cpu_macs_share"] for c in covs if c.get("cpu_macs_share") is not None]
-    if cpu:  # cpu_fallback (qnn/fallback.py): the cuts, and the worst graph's share of its MACs on the CPU
+    if cpu:  # cpu_fallback (qnn/fallback.py): the cuts, the worst graph's share of its MACs on the CPU, the CPU's ops
+        ops: dict[str, int] = {}
+        for c in covs:
+            for op, n in (c.get("cpu_ops") or {}).items():
+                ops[op] = ops.get(op, 0) + n
         found |= {"partitions": max(int(c.get("partitions") or 0) for c in covs),
-                  "cpu_macs_share": max(shares) if shares else None}
+                  "cpu_macs_share": max(shares) if shares else None, "cpu_ops": ops,
+                  "macs_unknown": [u for c in covs for u in c.get("macs_unknown") or []]}
     return found
 
 
