@@ -124,3 +124,35 @@ def test_cpu_fallback_verdict_says_the_cpus_share_of_the_compute(tree: Path, tmp
     doc = json.loads(ctxbuild("build", str(tree), "-o", str(out), "--json").out)
     assert doc["accuracy"][0]["on_cpu"]["ops"]["LSTM"] == 1
     assert "on the CPU: 1 DequantizeLinear, 1 LSTM, 1 QuantizeLinear" in (out / "report.html").read_text()
+
+
+def test_samples_of_another_dtype_warn_or_fail_in_one_line(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """float32 samples for a bool input were cast silently: 0/1 is a warning naming the input, 0.5 (which the cast
+    makes True) an error, exit 2, in one line naming the file and the input."""
+    keep_only(tree)
+    g = helper.make_graph(
+        [helper.make_node("Cast", ["mask"], ["keep"], to=TensorProto.FLOAT, name="cast"),
+         helper.make_node("Mul", ["x", "keep"], ["y"], name="mul")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+              helper.make_tensor_value_info("mask", TensorProto.BOOL, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION),
+         tree / "models" / "masked.onnx")
+    samples = tree / "models" / "masked_samples"
+    samples.mkdir()
+    x = np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32)
+    for i in range(2):
+        np.savez(samples / f"{i}.npz", x=x, mask=np.array([[1, 0, 1, 1]], np.float32))
+    (tree / "masked.yaml").write_text("model: models/masked.onnx\nprecision: fp16\nverify: {dir: models/masked_samples}\n"
+                                      "targets: [SM8650]\n")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 0, r.text
+    assert "ctxbuild: warning: verify masked@SM8650: sample 0.npz holds mask as float32, the model takes bool: cast " \
+           "to bool (every value kept); save the samples as bool" in r.text, r.text
+    np.savez(samples / "1.npz", x=x, mask=np.array([[0.5, 0, 1, 1]], np.float32))
+    r = ctxbuild("build", str(tree), "-o", str(out))
+    assert r.code == 2, r.text
+    (failed,) = [line for line in r.err.splitlines() if line.startswith("ctxbuild: FAILED")]
+    assert f"{samples / '1.npz'}: 'mask' is float32, the model takes bool, and the cast changes values (0.5 becomes " \
+           "True, 1 of 4)" in failed, r.text

@@ -67,7 +67,7 @@ def ninja_targets(state: dict[str, Any], opts: BuildOptions) -> list[str]:
         opts.targets = [n if n in targets or lookup(n) is None else lookup(n).name for n in opts.targets]
     for name in opts.targets:
         if name not in targets:
-            raise UsageError(f"--target {name}: no recipe builds for it", _close(name, targets))
+            raise UsageError(f"--target {name}: no recipe builds for it", _close(name, targets, n=3))
     if opts.only and opts.targets:
         pairs = [f"{r}@{t}" for r in opts.only for t in opts.targets]
         have = {f"{r}@{a['target']['name']}" for a in state["actions"] if a["target"] for r in a["recipes"]}
@@ -85,7 +85,7 @@ def selection(opts: BuildOptions) -> dict[str, list[str]]:
     return {"recipes": sorted(opts.only), "targets": sorted(opts.targets)}
 
 
-def _close(name: str, options: list[str]) -> str:
+def _close(name: str, options: list[str], n: int = 1) -> str:
     from ctxbuild.recipes.suggest import did_you_mean  # difflib: only for a bad name, not on every build
 
-    return did_you_mean(name, options, otherwise=f"known: {', '.join(options) or 'none'}") or ""
+    return did_you_mean(name, options, otherwise=f"known: {', '.join(options) or 'none'}", n=n) or ""
