@@ -156,3 +156,27 @@ def test_samples_of_another_dtype_warn_or_fail_in_one_line(tree: Path, tmp_path:
     (failed,) = [line for line in r.err.splitlines() if line.startswith("ctxbuild: FAILED")]
     assert f"{samples / '1.npz'}: 'mask' is float32, the model takes bool, and the cast changes values (0.5 becomes " \
            "True, 1 of 4)" in failed, r.text
+
+
+def test_every_will_not_load_in_check_ends_with_its_fix(tree: Path, tmp_path: Path, ctxbuild) -> None:
+    """`ctxbuild check` said "will not load" and never what to do (issue 48)."""
+    keep_only(tree, "mlp_fp16.yaml")
+    out = tmp_path / "out"
+    assert ctxbuild("build", str(tree), "-o", str(out)).code == 0
+    r = ctxbuild("check", str(out), "--runtime", "qairt=2.47", "--no-ep")
+    assert r.code == 1, r.text
+    refused = [line for line in r.out.splitlines() if " will not load " in line]
+    assert len(refused) == 2, r.out  # SM8650 and SM8750, both compiled by QAIRT 2.51
+    for line in refused:
+        assert line.endswith('; fix: build for that runtime too: `toolchain: [installed, {qairt: "2.47"}]` in the '
+                             "recipe"), line
+    rows = json.loads(ctxbuild("check", str(out), "--runtime", "onnxruntime-qnn=2.3.0", "--no-ep", "--json").out)
+    assert {r["fix"] for r in rows} == {'build for that runtime too: `toolchain: [installed, "2.3.0"]` in the recipe'}
+    # the SM8750 build (HTP v79) on an SM8650 (v75): the same recipe's SM8650 build loads there
+    r = ctxbuild("check", str(out), "--runtime", "qairt=2.51", "--soc", "SM8650", "--no-ep")
+    (line,) = [line for line in r.out.splitlines() if " will not load " in line]
+    assert line.startswith("SM8750/mlp_fp16/mlp_fp16_ctx.onnx") and line.endswith(
+        "built for HTP v79, the SoC has v75; fix: ship SM8650/mlp_fp16/mlp_fp16_ctx.onnx to these devices: it loads")
+    r = ctxbuild("check", str(out / "SM8750" / "mlp_fp16" / "mlp_fp16_ctx.onnx"), "--runtime", "qairt=2.51", "--soc",
+                 "SM8650", "--no-ep")
+    assert r.code == 1 and "fix: build for that SoC too: add SM8650 to the recipe's `targets:`" in r.out, r.text
