@@ -86,7 +86,7 @@ def _build(opts: BuildOptions) -> int:
         if address is not None:  # before ninja's dry run (it makes output directories): a dead farm leaves none
             state, jobs_default = _start_farm(opts, address, stack, env, build_id, state)
             opts.jobs = opts.jobs or jobs_default
-        toolchains.ensure_provisioned(state, opts.console.info)
+        toolchains.ensure_provisioned(state, opts.console.info, opts.console.live if opts.console.tty() else None)
         toolchains.note_changes(opts.out, state)
         links.invalidate_retargeted(opts.out, state)  # before ninja: it follows links and sees old mtimes
         edited.remove_edited_outputs(opts.out, state)  # ninja sees an edited output as up to date

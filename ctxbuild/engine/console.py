@@ -31,6 +31,7 @@ class Console:
     # a progress line's description -> what to show for it once the edge finished (None: not shown)
     progress: Callable[[str], str | None] | None = None
     _hidden: int = field(default=0, init=False)  # progress lines left out so far: the count shown skips them
+    _live: int = field(default=0, init=False)  # the length of the status line a terminal shows (live), or 0
 
     @property
     def stream(self) -> IO[str]:
@@ -39,7 +40,20 @@ class Console:
     def info(self, line: str) -> None:
         """A progress or summary line: hidden by -q."""
         if not self.quiet:
+            if self._live:  # below the status line, which stays as it was last written
+                print(file=self.stream)
+                self._live = 0
             print(line, file=self.stream, flush=True)
+
+    def tty(self) -> bool:
+        return not self.quiet and self.stream.isatty()
+
+    def live(self, line: str) -> None:
+        """A status line rewritten in place (on a terminal: a carriage return, no escape codes); hidden by -q."""
+        if not self.quiet:
+            self.stream.write("\r" + line.ljust(self._live))
+            self.stream.flush()
+            self._live = len(line)
 
     def ninja_env(self) -> dict[str, str]:
         """ninja colours `FAILED:` when CLICOLOR_FORCE is set (1.13 reads it; through a pipe it sees no
