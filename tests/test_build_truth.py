@@ -21,7 +21,7 @@ def test_search_progress_and_counts_show_only_work_that_ran(tree: Path, tmp_path
     Before, progress printed `compile tiny_cnn@SM8650 (candidate fp16)` and the summary counted them."""
     keep_only(tree, "tiny_cnn.yaml")
     recipe = tree / "tiny_cnn.yaml"
-    recipe.write_text(recipe.read_text().replace("precision: int16", "precision: auto"))
+    recipe.write_text(recipe.read_text().replace("precision: w8a16", "precision: auto"))
     out = tmp_path / "out"
     r = ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650")
     assert r.code == 0, r.text
@@ -33,7 +33,7 @@ def test_search_progress_and_counts_show_only_work_that_ran(tree: Path, tmp_path
     assert not any("(candidate fp16)" in m[3] or "fp16@" in m[3] for m in progress), r.out
     assert [int(m[1]) for m in progress] == list(range(1, len(progress) + 1))
     assert progress[-1][1] == progress[-1][2]  # the last line's count is the whole: nothing left out is counted
-    assert any(re.search(r"search tiny_cnn: need \S+\? no: a16w8 passed$", m[3]) for m in progress), r.out
+    assert any(re.search(r"search tiny_cnn: need \S+\? no: w8a16 passed$", m[3]) for m in progress), r.out
     head = next(line for line in r.out.splitlines() if " built, " in line)
     assert head.startswith(f"ctxbuild: {len(worked)} built, 0 restored, 0 failed"), head
     report = json.loads((out / "report.json").read_text())
@@ -110,7 +110,7 @@ def test_cpu_fallback_verdict_says_the_cpus_share_of_the_compute(tree: Path, tmp
     (tree / "models" / "calib_lstm").mkdir()
     for i in range(4):
         np.save(tree / "models" / "calib_lstm" / f"{i}.npy", rng.standard_normal((steps, 1, size)).astype(np.float32))
-    (tree / "lstm.yaml").write_text("model: models/lstm.onnx\nprecision: int16\ncalibration: {dir: models/calib_lstm}\n"
+    (tree / "lstm.yaml").write_text("model: models/lstm.onnx\nprecision: w8a16\ncalibration: {dir: models/calib_lstm}\n"
                                     "targets: [SM8650]\ncompile: {cpu_fallback: true}\n")
     out = tmp_path / "out"
     r = ctxbuild("build", str(tree), "-o", str(out))

@@ -156,8 +156,8 @@ def test_samples_of_another_dtype_are_warned_about(tmp_path: Path) -> None:
     spec = {"images": ((1, 3, 4, 4), np.dtype(np.float32))}
     np.save(tmp_path / "s0.npy", np.zeros((1, 3, 4, 4), np.uint8))
     files = [tmp_path / "s0.npy"]
-    assert cast_warnings("quantize d (int16)", files, spec) == [
-        "quantize d (int16): sample s0.npy holds images as uint8, the model takes float32: used as stored (e.g. "
+    assert cast_warnings("quantize d (w8a16)", files, spec) == [
+        "quantize d (w8a16): sample s0.npy holds images as uint8, the model takes float32: used as stored (e.g. "
         "0-255); if the app normalizes its inputs, save the samples normalized"]
     np.save(tmp_path / "s0.npy", np.zeros((1, 3, 4, 4), np.float64))
     assert cast_warnings("q", files, spec) == [
