@@ -11,6 +11,7 @@ from typing import IO, Any
 
 from ctxbuild.atomic import read_json
 from ctxbuild.layout import record_path
+from ctxbuild.plan import kinds
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _STATUS = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
@@ -110,7 +111,7 @@ def progress_lines(out: Path, actions: list[dict[str, Any]]) -> Callable[[str], 
         record = (read_json(record_path(out, ids[0])) or {}) if len(ids) == 1 else {}
         if record.get("not_needed"):
             return None
-        if record.get("kind") == "search_step" and record.get("status") == "ok":
+        if record.get("status") == "ok" and kinds.get(record["kind"]).decides_gate:
             why = dict.fromkeys(w.split(": not run: ", 1)[-1] for w in record.get("why_closed") or [])
             return f"{description} " + (f"no: {'; '.join(why)}" if why else "yes")
         return description
