@@ -62,7 +62,7 @@ def test_pip_install_says_packages_and_bytes(tmp_path: Path) -> None:
             assert said[-1].startswith(f"ctxbuild: toolchain: downloaded {fmt_size(sum(wheels.values()))}; installing ")
             assert "ctxbuild: toolchain: downloading beta-1.0-py3-none-any.whl (2.0 MB), package 2 of 2" in said
             status = shown if tty else beats  # a terminal's status line, else lasting lines (every 0 s here)
-            assert any(s.startswith(f"ctxbuild: toolchain: downloading alpha-1.0-py3-none-any.whl: 2.9 MiB of 2.9 MiB")
+            assert any(s.startswith("ctxbuild: toolchain: downloading alpha-1.0-py3-none-any.whl: 2.9 MiB of 2.9 MiB")
                        for s in status), status
     finally:
         server.shutdown()
