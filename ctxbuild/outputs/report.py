@@ -76,10 +76,10 @@ def collect(out: Path, *, build_id: str | None = None, returncode: int = 0,
     status = {a["id"]: _action_status(records[a["id"]], a["id"] in this_build) for a in actions}
     rows = [r for r in _rows(out, plan, manifest, records, status, this_build)
             if _selected({"recipes": [r["recipe"]], "target": r["target"]}, selection)]
-    failures = _failures(actions, records, status, this_build, rows)
     # Shown and counted: what the build was limited to (--only, --target), and whatever else it ran (a precision
     # search measures sibling SoCs); not a candidate's placeholders (an earlier candidate made it unneeded).
     shown = [a for a in actions if status[a["id"]] != NOT_NEEDED and (_selected(a, selection) or a["id"] in this_build)]
+    failures = _failures(shown, records, status, this_build, rows)
     counts = _counts({a["id"]: status[a["id"]] for a in shown}, this_build, len(shown))
     if wall_seconds is None:  # not given by the driver: the span of this build's actions
         spans = [(r["started"], r["finished"]) for i, r in records.items()
@@ -87,7 +87,8 @@ def collect(out: Path, *, build_id: str | None = None, returncode: int = 0,
         wall_seconds = max(f for _, f in spans) - min(s for s, _ in spans) if spans else None
     # The outcome is this build's; a failure left from an earlier build still shows in its row and in failures.
     gate = [{"path": a["path"], "runtime": v["runtime"]["label"], "soc": v["soc"], "verdict": v["verdict"],
-             "reason": v["reason"]} for a in manifest.get("artifacts", []) for v in a.get("runtimes", [])]
+             "reason": v["reason"], "fix": v.get("fix")}
+            for a in manifest.get("artifacts", []) for v in a.get("runtimes", [])]
     blocked = any(g["verdict"] == WILL_NOT_LOAD for g in gate)  # the build failed on it (engine/build.py)
     outcome = ("failed" if returncode != 0 or counts["failed"] or blocked
                else ("up to date" if not this_build else "ok"))
