@@ -14,8 +14,7 @@ import threading
 import zipfile
 from pathlib import Path
 
-from ctxbuild.toolchain.pipprogress import PipProgress, run_pip
-from ctxbuild.units import fmt_size
+from ctxbuild.toolchain.pipprogress import PipProgress, megabytes, run_pip
 
 
 def _wheel(d: Path, name: str, size: int) -> Path:
@@ -59,10 +58,10 @@ def test_pip_install_says_packages_and_bytes(tmp_path: Path) -> None:
             said = [s for s in said if s not in beats]
             assert (tmp_path / f"t{tty}" / "alpha" / "blob.bin").stat().st_size == sizes["alpha"]
             assert said[0] == "ctxbuild: toolchain: downloading alpha-1.0-py3-none-any.whl (3.0 MB), package 1 of 2"
-            assert said[-1].startswith(f"ctxbuild: toolchain: downloaded {fmt_size(sum(wheels.values()))}; installing ")
+            assert said[-1].startswith(f"ctxbuild: toolchain: downloaded {megabytes(sum(wheels.values()))}; installing ")
             assert "ctxbuild: toolchain: downloading beta-1.0-py3-none-any.whl (2.0 MB), package 2 of 2" in said
             status = shown if tty else beats  # a terminal's status line, else lasting lines (every 0 s here)
-            assert any(s.startswith("ctxbuild: toolchain: downloading alpha-1.0-py3-none-any.whl: 2.9 MiB of 2.9 MiB")
+            assert any(s.startswith("ctxbuild: toolchain: downloading alpha-1.0-py3-none-any.whl: 3.0 MB of 3.0 MB")
                        for s in status), status
     finally:
         server.shutdown()
@@ -73,15 +72,15 @@ def test_off_a_terminal_a_line_every_interval_while_pip_is_silent() -> None:
     said: list[str] = []
     progress = PipProgress(2, said.append, None, every=10.0, clock=lambda: now[0])
     progress.feed("  Downloading onnxruntime_qnn-2.3.0-cp311-cp311-manylinux_2_35_x86_64.whl (98.7 MB)")
-    for t, got in ((1.0, 0), (5.0, 40 * 2**20), (12.0, 60 * 2**20)):
+    for t, got in ((1.0, 0), (5.0, 40_000_000), (12.0, 60_000_000)):
         now[0] = t
-        progress.feed(f"Progress {got} of {99 * 2**20}")
+        progress.feed(f"Progress {got} of 98_700_000".replace("_", ""))
     assert said == ["ctxbuild: toolchain: downloading onnxruntime_qnn-2.3.0-cp311-cp311-manylinux_2_35_x86_64.whl "
                     "(98.7 MB), package 1 of 2",
                     "ctxbuild: toolchain: downloading onnxruntime_qnn-2.3.0-cp311-cp311-manylinux_2_35_x86_64.whl: "
-                    "60.0 MiB of 99.0 MiB, 12 s"]
+                    "60.0 MB of 98.7 MB, 12 s"]
     progress.feed("Installing collected packages: onnxruntime-qnn")
     now[0] = 30.0
     progress.heartbeat()  # unpacking: pip says nothing for a while
-    assert said[-2:] == ["ctxbuild: toolchain: downloaded 99.0 MiB; installing onnxruntime-qnn (unpacking)",
+    assert said[-2:] == ["ctxbuild: toolchain: downloaded 98.7 MB; installing onnxruntime-qnn (unpacking)",
                          "ctxbuild: toolchain: installing (unpacking), 30 s"]

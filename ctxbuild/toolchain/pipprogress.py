@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-from ctxbuild.units import fmt_size
 
 _COLLECTING = re.compile(r"^Collecting (\S+)")
 _DOWNLOADING = re.compile(r"^\s*Downloading (\S+) \(([^)]*)\)")
@@ -62,7 +61,7 @@ class PipProgress:
             elif m := _INSTALLING.match(line):
                 self._finish_download()
                 self.phase = "installing (unpacking)"
-                self._say(f"downloaded {fmt_size(self.downloaded)}; installing {m[1]} (unpacking)")
+                self._say(f"downloaded {megabytes(self.downloaded)}; installing {m[1]} (unpacking)")
 
     def heartbeat(self) -> None:
         """Off a terminal, while pip is silent (unpacking; an older pip's download): a line every `every` s."""
@@ -79,8 +78,8 @@ class PipProgress:
     def _status(self, force: bool) -> None:
         secs = self.clock() - self.started
         if self.current is not None:
-            of = f" of {fmt_size(self.total)}" if self.total else f" of {self.size}"
-            text = f"downloading {self.current}: {fmt_size(self.got)}{of}, {secs:.0f} s"
+            of = f" of {megabytes(self.total)}" if self.total else f" of {self.size}"
+            text = f"downloading {self.current}: {megabytes(self.got)}{of}, {secs:.0f} s"
         else:
             text = f"{self.phase}, {secs:.0f} s"
         if self.live is not None:
@@ -91,6 +90,11 @@ class PipProgress:
     def _say(self, text: str) -> None:
         self.last = self.clock()
         self.say(f"ctxbuild: toolchain: {text}")
+
+
+def megabytes(n: int) -> str:
+    """In pip's own unit (it says "98.7 MB"): decimal megabytes."""
+    return f"{n / 1e6:.1f} MB"
 
 
 def run_pip(cmd: list[str], packages: int, say: Callable[[str], None], live: Callable[[str], None] | None,

@@ -25,8 +25,7 @@ from ctxbuild.atomic import write_bytes
 from ctxbuild.errors import cause_line, UsageError
 from ctxbuild.procs import die_with_parent
 from ctxbuild.toolchain.choose import Toolchain, by_name
-from ctxbuild.toolchain.pipprogress import run_pip
-from ctxbuild.units import fmt_size
+from ctxbuild.toolchain.pipprogress import megabytes, run_pip
 
 MARKER = "toolchain.json"
 
@@ -117,12 +116,12 @@ def ensure(tc: Toolchain, say: Callable[[str], None], *, revalidate: bool = Fals
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (info := provisioned(tc)) is not None:  # another build made it while we waited
             return info
-        say(f"ctxbuild: provisioning toolchain {tc.label} into {root() / tc.name} (once: about 290 MB, "
-            f"{' and '.join(tc.pins)})")
+        say(f"ctxbuild: provisioning toolchain {tc.label} into {root() / tc.name} (once: {' and '.join(tc.pins)} "
+            "from PyPI)")
         started = time.monotonic()
         info = _provision(tc, say, live)
         size = sum(f.stat().st_size for f in (root() / tc.name).rglob("*") if f.is_file())
-        say(f"ctxbuild: toolchain {tc.name} provisioned in {time.monotonic() - started:.0f} s ({fmt_size(size)})")
+        say(f"ctxbuild: toolchain {tc.name} provisioned in {time.monotonic() - started:.0f} s ({megabytes(size)})")
         return info
 
 
