@@ -101,7 +101,7 @@ class Console:
 def progress_lines(out: Path, actions: list[dict[str, Any]]) -> Callable[[str], str | None]:
     """Console.progress for OUT's plan, from the record of the action a description names (one two actions share
     is shown as is): None when it wrote only a precision search's placeholders (engine/runner.py: `not_needed`);
-    a search step with its answer (`search tiny_cnn: need fp16? no: a16w8 passed`)."""
+    a search step with its answer (`search tiny_cnn: need fp16? no: w8a16 passed`)."""
     by_description: dict[str, list[str]] = {}
     for a in actions:
         by_description.setdefault(a["description"], []).append(a["id"])

@@ -148,7 +148,7 @@ def _einsum(equation: str, ins: list[list[int] | None]) -> int:
 
 def _shapes(model: Any) -> dict[str, list[int]]:
     """Static shapes from onnx's inference. It stops at onnxruntime's contrib ops (the rmsnorm rule's
-    SimplifiedLayerNormalization, the 16-bit QuantizeLinear/DequantizeLinear of an int16 QDQ model, before every
+    SimplifiedLayerNormalization, the 16-bit QuantizeLinear/DequantizeLinear of a w8a16 QDQ model, before every
     weight and activation): in a copy, those that keep their input's shape become Identity."""
     import onnx
     from onnx import TensorProto, helper
