@@ -148,3 +148,17 @@ def test_every_will_not_load_in_check_ends_with_its_fix(tree: Path, tmp_path: Pa
     r = ctxbuild("check", str(out / "SM8750" / "mlp_fp16" / "mlp_fp16_ctx.onnx"), "--runtime", "qairt=2.51", "--soc",
                  "SM8650", "--no-ep")
     assert r.code == 1 and "fix: build for that SoC too: add SM8650 to the recipe's `targets:`" in r.out, r.text
+
+
+def test_the_cpu_note_says_unknown_macs() -> None:
+    """A node whose MACs cannot be counted is named in the verdict, with where it ran, never counted as 0."""
+    from ctxbuild.outputs.summary import cpu_note, on_cpu
+
+    coverage = {"qnn_nodes": 10, "cpu_nodes": 3, "cpu_macs_share": 0.25, "cpu_ops": {"LSTM": 1, "Mul": 2},
+                "macs_unknown": [{"node": "attn", "op": "SparseAttention", "on": "NPU"}]}
+    assert cpu_note(on_cpu(coverage)) == ("; on the CPU: 25.0% of the counted MACs (1 LSTM, 2 other nodes); MACs "
+                                          "unknown: attn (SparseAttention, NPU)")
+    coverage |= {"cpu_macs_share": None, "macs_unknown": [{"node": "lstm", "op": "LSTM", "on": "CPU"}]}
+    assert cpu_note(on_cpu(coverage)) == "; on the CPU: share of MACs unknown (1 LSTM, 2 other nodes); MACs unknown: " \
+                                         "lstm (LSTM, CPU)"
+    assert on_cpu({"qnn_nodes": 4, "cpu_nodes": 0, "fraction": 1.0}) is None and cpu_note(None) == ""
