@@ -131,6 +131,8 @@ def stored_selects(out: Path) -> list[dict[str, Any]]:
 def _explain(r: dict[str, Any]) -> str:
     if r.get("status") == "failed":
         return f"failed: {r.get('cause')}"
+    if r.get("not_needed"):  # not counted as built or restored either
+        return "not needed by the precision search (an earlier candidate decided it): placeholders only"
     if r.get("source") == "cache":
         src = "restored from cache" + (" (remote)" if r.get("cache_origin") == "remote" else "")
     elif r.get("cache_origin") == "farm":

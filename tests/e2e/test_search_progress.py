@@ -20,7 +20,7 @@ def test_search_progress_and_counts_show_only_work_that_ran(tree: Path, tmp_path
     recipe = tree / "tiny_cnn.yaml"
     recipe.write_text(recipe.read_text().replace("precision: w8a16", "precision: auto"))
     out = tmp_path / "out"
-    r = ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650")
+    r = ctxbuild("build", str(tree), "-o", str(out), "--target", "SM8650", "--explain")
     assert r.code == 0, r.text
     progress = [m for line in r.out.splitlines() if (m := STATUS.match(line))]
     worked = {i: rec for i, rec in records(out).items() if not rec.get("not_needed")}
@@ -33,6 +33,9 @@ def test_search_progress_and_counts_show_only_work_that_ran(tree: Path, tmp_path
     assert any(re.search(r"search tiny_cnn: need \S+\? no: w8a16 passed$", m[3]) for m in progress), r.out
     head = next(line for line in r.out.splitlines() if " built, " in line)
     assert head.startswith(f"ctxbuild: {len(worked)} built, 0 restored, 0 failed"), head
+    skipped = sorted(set(records(out)) - set(worked))
+    assert f"explain: {skipped[0]}: not needed by the precision search (an earlier candidate decided it): " \
+           "placeholders only" in r.out, r.out
     report = json.loads((out / "report.json").read_text())
     assert report["build"]["built"] == len(worked) and report["build"]["actions"] == len(worked)
     assert {n["id"] for n in report["graph"]["nodes"]} == set(worked)
