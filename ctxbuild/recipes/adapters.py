@@ -48,6 +48,12 @@ def parse_adapters(f: Path, data: LineDict, spec: dict[str, Any], precision: str
     def at(*path: str | int) -> str:
         return f"{f}:{line_of(data, [*where, *path])}"
 
+    if "slots" not in spec:
+        raise RecipeError(f"{at()}: adapters: `slots` is required (the base's LoRA weights that become inputs)",
+                          "name them, e.g. slots: ['*lora_A', '*lora_B'], or set `switch: alpha` to attach the "
+                          "adapters as branches switched by a lora_alpha input")
+    if extra := next((k for k in ("input", "targets") if k in spec), None):
+        raise RecipeError(f"{at(extra)}: adapters.{extra} belongs to `switch: alpha`", "add `switch: alpha` or remove it")
     if precision == "qdq":  # its LoRA weights are already quantized initializers behind DequantizeLinear
         raise RecipeError(f"{at()}: adapters need a float base model, not precision qdq",
                           "export the float model and use precision int16, int8 or fp16")

@@ -154,6 +154,9 @@ def _adapters(f: Path, data: LineDict, spec: dict[str, Any], precision: str, fac
     def at(*path: str | int) -> str:
         return f"{f}:{line_of(data, ['llm', 'adapters', *path])}"
 
+    if spec["adapters"].get("switch") == "alpha":
+        raise RecipeError(f"{at('switch')}: llm.adapters with switch: alpha is not built yet (single-graph recipes "
+                          "take it)", "bind the adapters as .onnx_adapter files here (drop `switch: alpha`)")
     if precision == "fp16":  # the float graphs would go to the compiler with the slots' defaults as initializers
         raise RecipeError(f"{at()}: llm.adapters with precision fp16 is not built yet",
                           "use precision w8a16 or w4a16 (the slots are uint16 inputs there)")
