@@ -37,3 +37,11 @@ def adapter_entries(out: Path, rows: list[dict[str, Any]], memo: DigestMemo,
         entries.append(entry)
     return entries
 
+
+
+def alpha_summary(alpha_map: dict[str, Any]) -> dict[str, Any]:
+    """An alpha-switched wrapper's map as the manifest and `inspect` show it: the input, the values for off and on,
+    and per index the adapter's name, rank, scale and the nodes it adapts."""
+    return {"input": alpha_map["input"], "codes": alpha_map.get("codes"),
+            "adapters": [{"index": a["index"], "name": a["name"], "rank": a["rank"], "scale": a["scale"],
+                          "targets": [t["node"] for t in a["targets"]]} for a in alpha_map["adapters"]]}

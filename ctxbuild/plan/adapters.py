@@ -75,6 +75,23 @@ def _verify_adapter(base: Action, binding: Action, name: str, calibrated: bool, 
     return v
 
 
+def alpha_verify_action(recipe: Recipe, base_verify: Action, compiled: Action) -> Action:
+    """switch: alpha: the graph's verification per alpha vector (actions/verify_alpha.py), beside the plain verify
+    (lora_alpha not fed: its default, all zeros). Reads the adapter files: a changed one re-verifies (and, through
+    prepare, rebuilds)."""
+    assert recipe.alpha is not None
+    v = copy.deepcopy(base_verify)
+    v.id = base_verify.id.replace("verify/", "verify_alpha/", 1)
+    v.kind = "verify_alpha"
+    v.description = f"verify {recipe.name}@{compiled.target['name']} per lora_alpha ({len(recipe.alpha.items)} adapters)"
+    v.params["alpha"] = recipe.alpha.param()
+    v.inputs.update(recipe.alpha.files())
+    v.inputs.update({f"ctx.{k}": p for k, p in compiled.outputs.items()})
+    result = Path(base_verify.outputs["result"])
+    v.outputs = {"result": str(result.with_name(f"{recipe.name}_alpha_verify.json"))}
+    return v
+
+
 def section_actions(recipe: Recipe, t: Target, out: Path) -> list[Action]:
     """A prebuilt binary's LoRAv2 sections for one target: copied beside the wrapper, one lora_config each."""
     pb = recipe.prebuilt
