@@ -54,6 +54,8 @@ def float_io_wrapper(wrapper: Path, qio: Path) -> None:
         typed.name = q
         g.value_info.append(typed)
         value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    for n in ep:  # the EP's own map (onnx name -> name in the binary), as qnn/wrap.py writes it for prebuilt binaries
+        _override_names(n, {f"{name}/quantized": name for name in enc})
     quantize_first = [n for n in nodes if n.op_type == "QuantizeLinear"]
     rest = [n for n in g.node]
     del g.node[:]
@@ -64,6 +66,19 @@ def float_io_wrapper(wrapper: Path, qio: Path) -> None:
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
     onnx.save(model, str(wrapper))
+
+
+def _override_names(node: Any, renamed: dict[str, str]) -> None:
+    from onnx import helper
+
+    pairs: dict[str, str] = {}
+    for attr in list(node.attribute):
+        if attr.name == "io_name_overrides":
+            pairs = dict(kv.split("=", 1) for kv in attr.s.decode().split(";") if "=" in kv)
+            node.attribute.remove(attr)
+    pairs = {**{k: v for k, v in pairs.items() if k not in renamed.values()},
+             **{new: pairs.get(old, old) for new, old in renamed.items()}}
+    node.attribute.append(helper.make_attribute("io_name_overrides", "".join(f"{k}={v};" for k, v in sorted(pairs.items()))))
 
 
 def carry_alpha_map(wrapper: Path, reference: Path) -> None:

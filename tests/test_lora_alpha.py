@@ -1,0 +1,247 @@
+"""adapters: {switch: alpha} (LoRA v3 hot switch) end to end with the real EP: four adapters resident in one binary
+per SoC, both wrappers, the alpha map in manifest and inspect, verification per alpha row on the simulator, and the
+float-I/O wrapper in plain onnxruntime with a float lora_alpha giving the verification's figures."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import onnxruntime_qnn
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from safetensors.numpy import save_file
+
+from ctxbuild.lora import alpha as lora_alpha
+from ctxbuild.verify.measure import metrics
+from tests.conftest import ROOT
+from tests._qnn_models import cpu_run
+
+NAMES = ["formal", "casual", "pirate", "terse"]
+
+
+def _recipe(d: Path, models: Path, extra: str = "", files: str | None = None, targets: str = "[SM8650, SM8750]") -> Path:
+    text = (ROOT / "examples" / "lora_alpha.yaml").read_text().replace("../recipes/models/", f"{models}/")
+    text = text.replace("targets: [SM8650, SM8750]", f"targets: {targets}")
+    if files is not None:
+        text = text.split("  files:\n")[0] + "  files:\n" + files + f"targets: {targets}\n"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "lora_alpha.yaml").write_text(text + extra)
+    return d / "lora_alpha.yaml"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> Path:
+    from tests.conftest import run_cli
+
+    tmp = tmp_path_factory.mktemp("alpha")
+    recipe = _recipe(tmp / "recipes", example_models)
+    r = run_cli(("build", str(recipe.parent), "-o", str(tmp / "out")), tmp / "cache", tmp)
+    assert r.code == 0, r.text
+    return tmp / "out"
+
+
+def plain_session(model: Path) -> ort.InferenceSession:
+    """onnxruntime with the QNN EP as onnxruntime-qnn's docs set it up (the CPU EP stays for the wrapper's Q/DQ)."""
+    if not any(d.ep_name == "QNNExecutionProvider" for d in ort.get_ep_devices()):
+        ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
+    so = ort.SessionOptions()
+    so.add_provider_for_devices(devices, {"backend_type": "htp"})
+    return ort.InferenceSession(str(model), so)
+
+
+def test_four_adapters_one_binary_per_soc_each_row_passes(built: Path) -> None:
+    manifest = json.loads((built / "manifest.json").read_text())
+    for soc in ("SM8650", "SM8750"):
+        d = built / soc / "lora_alpha"
+        assert sorted(p.name for p in d.glob("*_qnn.bin")) == ["lora_alpha_ctx_qnn.bin"]  # one binary for all four
+        result = json.loads((d / "lora_alpha_alpha_verify.json").read_text())
+        rows = {r["row"]: r for r in result["rows"]}
+        assert list(rows) == ["base", *NAMES, "formal+casual at 0.5"]
+        for label, row in rows.items():
+            assert row["verdict"] == "passed", (soc, label, row)
+            assert row["outputs"]["y"]["cosine"] >= 0.999, (soc, label)  # at the recipe's precision, int16
+            assert row["qio_max_abs_diff"] < 1e-3  # both wrappers, one binary: the same codes out
+        for name in NAMES:  # each adapter changes the output well beyond the quantization noise
+            assert rows[name]["base_vs_merged"]["y"]["cosine"] < 0.99
+        assert result["indistinguishable"] == [] and result["samples"] == 4
+    kinds = {(a["target"]["name"], a["kind"]) for a in manifest["artifacts"]}
+    assert ("SM8650", "epcontext_model_quantized_io") in kinds and ("SM8750", "epcontext_model") in kinds
+    for art in manifest["artifacts"]:
+        if art["kind"].startswith("epcontext_model"):
+            m = art["lora_alpha"]
+            assert [(a["index"], a["name"], a["rank"], a["scale"]) for a in m["adapters"]] == [
+                (0, "formal", 8, 1.0), (1, "casual", 8, 1.0), (2, "pirate", 8, 0.5), (3, "terse", 4, 2.0)]
+            assert m["adapters"][3]["targets"] == ["layer1"] and m["adapters"][0]["targets"] == ["layer1", "layer2"]
+            qio = art["kind"] == "epcontext_model_quantized_io"
+            assert m["codes"] == ({"dtype": "uint16", "off": 0, "on": 65535, "scale": pytest.approx(1 / 65535),
+                                   "zero_point": 0} if qio else {"dtype": "float32", "off": 0.0, "on": 1.0})
+            assert art["verification"]["status"] == "passed"
+
+
+def test_inspect_shows_the_alpha_map(built: Path, ctxbuild) -> None:
+    r = ctxbuild("inspect", str(built / "SM8650" / "lora_alpha" / "lora_alpha_ctx_qio.onnx"))
+    assert r.code == 0, r.text
+    assert "LoRA alpha switch: input lora_alpha[4], uint16 codes: off 0, on 65535" in r.out
+    assert "3      terse    4     2      layer1" in r.out
+    r = ctxbuild("inspect", "--json", str(built / "SM8650" / "lora_alpha" / "lora_alpha_ctx.onnx"))
+    assert json.loads(r.out)["lora_alpha"]["codes"]["dtype"] == "float32"
+
+
+def test_float_io_wrapper_in_plain_onnxruntime_gives_the_verification_figures(built: Path, example_models: Path,
+                                                                              tmp_path: Path) -> None:
+    d = built / "SM8650" / "lora_alpha"
+    result = json.loads((d / "lora_alpha_alpha_verify.json").read_text())
+    sess = plain_session(d / "lora_alpha_ctx.onnx")
+    inputs = onnx.load(str(d / "lora_alpha_ctx.onnx")).graph.input  # (the session lists inputs without a default)
+    assert [(i.name, i.type.tensor_type.elem_type) for i in inputs] == [("x", TensorProto.FLOAT),
+                                                                         ("lora_alpha", TensorProto.FLOAT)]
+    samples = [np.load(p)["x"] for p in sorted((example_models / "calib" / "lora_mlp").glob("*.npz"))]
+    qio = plain_session(d / "lora_alpha_ctx_qio.onnx")
+    enc = json.loads(qio.get_modelmeta().custom_metadata_map["ctxbuild.quantized_io"])
+    for row in result["rows"]:
+        alpha = np.asarray(row["lora_alpha"], np.float32)
+        got = np.concatenate([sess.run(None, {"x": x, "lora_alpha": alpha})[0] for x in samples])
+        ref = _merged_reference(example_models, row["lora_alpha"], tmp_path / row["row"].replace(" ", "_"), samples)
+        m = metrics(ref, got)
+        assert m["cosine"] == row["outputs"]["y"]["cosine"] and m["snr_db"] == row["outputs"]["y"]["snr_db"], row["row"]
+        # the quantized-I/O wrapper fed the codes: the same binary, the same outputs
+        q = lambda v, e: np.clip(np.round(v / e["scale"]) + e["zero_point"], 0, 65535).astype(np.uint16)  # noqa: E731
+        codes = [qio.run(None, {"x": q(x, enc["x"]), "lora_alpha": q(alpha, enc["lora_alpha"])})[0] for x in samples]
+        y = (np.concatenate(codes).astype(np.float64) - enc["y"]["zero_point"]) * enc["y"]["scale"]
+        assert np.abs(y - got).max() < 1e-3
+    off = sess.run(None, {"x": samples[0]})[0]  # lora_alpha is optional: its default is all zeros, the base
+    assert np.array_equal(off, sess.run(None, {"x": samples[0], "lora_alpha": np.zeros(4, np.float32)})[0])
+
+
+def _merged_reference(models: Path, alpha: list[float], d: Path, samples: list[np.ndarray]) -> np.ndarray:
+    """The base with the adapters merged into its weights, written here from the files (not ctxbuild's merge)."""
+    from safetensors.numpy import load_file
+
+    raw = [load_file(str(models / "adapters" / "formal.safetensors")),
+           {k.replace("base_model.", "").replace(".weight", ""): v
+            for k, v in np.load(models / "adapters" / "casual.npz").items()},
+           {k: v.numpy() for k, v in ort.AdapterFormat.read_adapter(
+               str(models / "adapters" / "pirate.onnx_adapter")).get_parameters().items()},
+           {k.replace("base_model.model.", "").replace(".weight", ""): v
+            for k, v in load_file(str(models / "adapters" / "terse.safetensors")).items()}]
+    scales = [1.0, 1.0, 0.5, 2.0]
+    model = onnx.load(str(models / "lora_base.onnx"))
+    for t in model.graph.initializer:
+        w = numpy_helper.to_array(t).copy()
+        layer = t.name.removesuffix(".weight")
+        for a, s, ad in zip(alpha, scales, raw):
+            if a and f"{layer}.lora_A" in ad:
+                A, B = ad[f"{layer}.lora_A"], ad[f"{layer}.lora_B"]
+                w += a * s * (A.T @ B.T if A.shape[1] == w.shape[0] and A.shape[0] != w.shape[0] else A @ B)
+        t.CopyFrom(numpy_helper.from_array(w.astype(np.float32), t.name))
+    d.mkdir(parents=True)
+    onnx.save(model, str(d / "merged.onnx"))
+    return np.concatenate([cpu_run(d / "merged.onnx", {"x": x})[0] for x in samples])
+
+
+def test_an_adapter_the_samples_cannot_tell_from_the_base_is_reported(tmp_path: Path, example_models: Path,
+                                                                      ctxbuild) -> None:
+    ghost = tmp_path / "ghost.safetensors"
+    rng = np.random.default_rng(5)
+    save_file({"base_model.model.layer2.lora_A.weight": (rng.standard_normal((4, 128)) * 1e-4).astype(np.float32),
+               "base_model.model.layer2.lora_B.weight": (rng.standard_normal((64, 4)) * 1e-4).astype(np.float32)},
+              str(ghost))
+    files = (f"    - {{name: formal, file: {example_models}/adapters/formal.safetensors}}\n"
+             f"    - {{name: ghost, file: {ghost}}}\n")
+    recipe = _recipe(tmp_path / "r", example_models, files=files, targets="[SM8650]")
+    r = ctxbuild("build", str(recipe.parent), "-o", str(tmp_path / "out"))
+    assert r.code == 0, r.text
+    assert "adapter 'ghost': on these samples its outputs cannot be told from the base's" in r.text
+    result = json.loads((tmp_path / "out" / "SM8650" / "lora_alpha" / "lora_alpha_alpha_verify.json").read_text())
+    assert result["indistinguishable"] == ["ghost"]
+    assert {r["row"]: r["verdict"] for r in result["rows"]}["ghost"] == "indistinguishable"
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("  slots: ['*lora_A']\n", "adapters.slots belongs to adapters bound as .onnx_adapter, not to switch: alpha"),
+    ("multi_soc: true\n", "switch: alpha is built for single-graph recipes (multi_soc is not supported with it yet)"),
+])
+def test_recipe_errors_are_one_line_exit_2(tmp_path: Path, example_models: Path, ctxbuild, extra: str,
+                                           message: str) -> None:
+    recipe = _recipe(tmp_path / "r", example_models)
+    text = recipe.read_text()
+    text = text.replace("  switch: alpha", "  switch: alpha\n" + extra.rstrip("\n")) if extra.startswith("  ") \
+        else text + extra
+    recipe.write_text(text)
+    r = ctxbuild("build", str(recipe.parent), "-o", str(tmp_path / "out"))
+    assert r.code == 2, r.text
+    assert message in r.err and r.err.count("\n") <= 2, r.err
+
+
+def test_a_module_no_node_matches_fails_naming_it(tmp_path: Path, example_models: Path, ctxbuild) -> None:
+    bad = tmp_path / "bad.safetensors"
+    save_file({"base_model.model.layer9.lora_A.weight": np.zeros((4, 64), np.float32),
+               "base_model.model.layer9.lora_B.weight": np.zeros((128, 4), np.float32)}, str(bad))
+    recipe = _recipe(tmp_path / "r", example_models, files=f"    - {{name: bad, file: {bad}}}\n", targets="[SM8650]")
+    r = ctxbuild("build", str(recipe.parent), "-o", str(tmp_path / "out"))
+    assert r.code == 1
+    assert "module 'layer9' matches no MatMul, Gemm or Conv node of the model" in r.text
+    assert "targets: {layer9: <node name>}" in r.text
+
+
+def _conv_gemm_model() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "conv.weight"),
+             numpy_helper.from_array(rng.standard_normal((10, 8 * 6 * 6)).astype(np.float32) * 0.1, "fc.weight"),
+             numpy_helper.from_array(np.asarray([1, -1], np.int64), "shape")]
+    nodes = [helper.make_node("Conv", ["x", "conv.weight"], ["c"], name="conv", pads=[0, 0, 0, 0]),
+             helper.make_node("Reshape", ["c", "shape"], ["f"], name="flat"),
+             helper.make_node("Gemm", ["f", "fc.weight"], ["y"], name="fc", transB=1, alpha=0.5)]
+    g = helper.make_graph(nodes, "cg", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_branches_on_conv_and_gemm_equal_the_merged_weights(tmp_path: Path) -> None:
+    """The graph the binary is compiled from: lora_alpha one-hot (and a mix) gives the base with the adapters merged
+    (float, CPU EP), for a Conv (PEFT's conv LoRA: A a conv with the base's kernel, B 1x1) and a Gemm (transB, alpha)."""
+    rng = np.random.default_rng(1)
+    files = {}
+    for name, r in (("one", 2), ("two", 3)):
+        files[name] = tmp_path / f"{name}.safetensors"
+        save_file({"conv.lora_A.weight": rng.standard_normal((r, 3, 3, 3)).astype(np.float32) * 0.3,
+                   "conv.lora_B.weight": rng.standard_normal((8, r, 1, 1)).astype(np.float32) * 0.3,
+                   "fc.lora_A.weight": rng.standard_normal((r, 288)).astype(np.float32) * 0.1,
+                   "fc.lora_B.weight": rng.standard_normal((10, r)).astype(np.float32) * 0.1}, str(files[name]))
+    spec = {"input": "lora_alpha", "targets": {},
+            "adapters": [{"name": "one", "tensors": {}, "scale": 1.0}, {"name": "two", "tensors": {}, "scale": 0.5}]}
+    model = _conv_gemm_model()
+    alpha_map = lora_alpha.attach(model, spec, files)
+    assert [(a["rank"], [t["op"] for t in a["targets"]]) for a in alpha_map["adapters"]] == [
+        (2, ["Conv", "Gemm"]), (3, ["Conv", "Gemm"])]
+    onnx.save(model, str(tmp_path / "branched.onnx"))
+    deltas = lora_alpha.deltas(alpha_map, spec, files)
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    for alpha in ([0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.5, 0.5]):
+        got = cpu_run(tmp_path / "branched.onnx", {"x": x, "lora_alpha": np.asarray(alpha, np.float32)})[0]
+        merged = _conv_gemm_model()
+        for t in merged.graph.initializer:
+            w = numpy_helper.to_array(t).astype(np.float32)
+            for a, d in zip(alpha, deltas):
+                w = w + a * d.get(t.name, 0)
+            t.CopyFrom(numpy_helper.from_array(w.astype(w.dtype if t.name != "shape" else np.int64), t.name))
+        onnx.save(merged, str(tmp_path / "merged.onnx"))
+        ref = cpu_run(tmp_path / "merged.onnx", {"x": x})[0]
+        assert np.allclose(got, ref, rtol=1e-4, atol=1e-4), alpha
+        if any(alpha):
+            assert not np.allclose(got, cpu_run(tmp_path / "branched.onnx", {"x": x, "lora_alpha": np.zeros(2, np.float32)})[0])
+
+
+def test_switch_alpha_in_llm_recipes_is_refused_with_the_reason(tmp_path: Path, example_models: Path, ctxbuild) -> None:
+    text = (ROOT / "recipes" / "llm_lora.yaml").read_text().replace("    slots: [", "    switch: alpha\n    slots: [")
+    d = tmp_path / "llm"
+    d.mkdir()
+    (d / "llm_lora.yaml").write_text(text.replace("models/", f"{example_models}/"))
+    r = ctxbuild("build", str(d), "-o", str(tmp_path / "out"))
+    assert r.code == 2 and "llm.adapters with switch: alpha is not built yet" in r.err, r.text
+    shutil.rmtree(d)
