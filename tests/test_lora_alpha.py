@@ -245,3 +245,52 @@ def test_switch_alpha_in_llm_recipes_is_refused_with_the_reason(tmp_path: Path, 
     r = ctxbuild("build", str(d), "-o", str(tmp_path / "out"))
     assert r.code == 2 and "llm.adapters with switch: alpha is not built yet" in r.err, r.text
     shutil.rmtree(d)
+
+
+def test_section_configs_name_the_binarys_graphs_and_check_refuses_wrong_ones(built: Path, tmp_path: Path,
+                                                                              ctxbuild) -> None:
+    """LoRAv2 sections made elsewhere (opaque here: no section can be made without the QAIRT SDK), one plain and one
+    grouped (encodings, then weights), for two bases: configs per section with the graph names libQnnSystem reads
+    from each binary; `check` exits 2 on a graph name the binary lacks or another base's section."""
+    from ctxbuild.qnn.contextbin import describe
+
+    d = tmp_path / "vendor"
+    d.mkdir()
+    for soc in ("SM8650", "SM8750"):
+        shutil.copy(built / soc / "lora_alpha" / "lora_alpha_ctx_qnn.bin", d / f"base_{soc}.bin")
+    for name in ("fr", "de_enc", "de_w"):
+        (d / f"{name}.bin").write_bytes(name.encode() * 64)
+    for soc in ("SM8650", "SM8750"):
+        (d / f"v_{soc}.yaml").write_text(
+            f"prebuilt:\n  bin: base_{soc}.bin\n  adapters:\n    fr: fr.bin\n"
+            f"    de: {{encodings: de_enc.bin, weights: de_w.bin}}\ntargets: [{soc}]\n")
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(d), "-o", str(out))
+    assert r.code == 0, r.text
+    t = out / "SM8650" / "v_SM8650"
+    graph = describe(d / "base_SM8650.bin")["binaries"][0]["graphs"][0]["name"]
+    assert graph.startswith("QNNExecutionProvider_QNNExecutionProvider_")  # the binary's own name for its graph
+    assert (t / "fr.lora_config").read_text() == f"{graph};adapters/fr.bin\n"
+    assert (t / "de.encodings.lora_config").read_text() == f"{graph};adapters/de.encodings.bin\n"
+    assert (t / "de.weights.lora_config").read_text() == f"{graph};adapters/de.weights.bin\n"
+    manifest = json.loads((out / "manifest.json").read_text())
+    de = next(a for a in manifest["adapters"] if a["name"] == "de" and a["target"]["name"] == "SM8650")
+    assert de["apply_in_order"] == ["SM8650/v_SM8650/de.encodings.lora_config", "SM8650/v_SM8650/de.weights.lora_config"]
+    assert de["binds"]["graphs"] == [graph]
+
+    r = ctxbuild("check", str(out), "--runtime", "onnxruntime-qnn=2.7.0", "--no-ep")
+    assert r.code == 0, r.text
+    r = ctxbuild("check", str(t / "fr.lora_config"))
+    assert r.code == 0 and "every line names a graph of the binary beside it" in r.out, r.text
+
+    (t / "fr.lora_config").write_text("model_graph;adapters/fr.bin\n")  # a name that is not the binary's
+    r = ctxbuild("check", str(out), "--runtime", "onnxruntime-qnn=2.7.0", "--no-ep")
+    assert r.code == 2, r.text
+    assert f"fr.lora_config:1: graph 'model_graph' is not in v_SM8650_qnn.bin (its graphs: {graph})" in r.err
+    r = ctxbuild("check", str(t / "fr.lora_config"))
+    assert r.code == 2 and "graph 'model_graph' is not in" in r.err and r.err.count("\n") <= 2, r.err
+
+    other = "../../SM8750/v_SM8750/adapters/fr.bin"  # the section ctxbuild packaged for the other base
+    (t / "fr.lora_config").write_text(f"{graph};{other}\n")
+    r = ctxbuild("check", str(out), "--runtime", "onnxruntime-qnn=2.7.0", "--no-ep")
+    assert r.code == 2 and f"section {other} was packaged for v_SM8750@SM8750's binary, not v_SM8650@SM8650's" in r.err

@@ -32,7 +32,10 @@ def adapter_entries(out: Path, rows: list[dict[str, Any]], memo: DigestMemo,
             entry["binds"] = {"graph": row["graph"], "slots": info.get("slots")}
             entry["verification"] = verification(out, row["verified_by"])
         else:
-            entry["binds"] = {"graphs": record.get("sections", {}).get(row["name"], {}).get("graphs")}
+            keys = row.get("sections") or [row["name"]]
+            entry["binds"] = {"graphs": record.get("sections", {}).get(keys[0], {}).get("graphs")}
+            if len(keys) > 1:  # grouped LoRA: qnn.lora_config takes one section per run, these in this order
+                entry["apply_in_order"] = [str(Path(p).relative_to(out)) for p in paths[len(keys):]]
             entry["verification"] = {"status": "not run", "reason": SECTION_UNVERIFIED}
         entries.append(entry)
     return entries

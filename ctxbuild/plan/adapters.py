@@ -13,7 +13,7 @@ from typing import Any
 
 from ctxbuild.plan.action import Action
 from ctxbuild.recipes.objects import Recipe
-from ctxbuild.recipes.adapters import Adapter, Adapters
+from ctxbuild.recipes.adapters import GROUPED, Adapter, Adapters
 from ctxbuild.recipes.targets import Target
 
 
@@ -119,9 +119,12 @@ def adapter_rows(actions: list[Action], successors: Any) -> list[dict[str, Any]]
             rows.append({"action": a.id, "recipe": a.recipes[0], "target": a.target, "name": a.params["name"],
                          "kind": "onnx_adapter", "graph": a.params["graph"], "files": [a.outputs["binding"]],
                          "verified_by": [v for v in successors(a.id) if v.startswith(("verify_adapter/", "llm_eval/"))]})
-        elif a.kind == "lora_sections":
-            rows += [{"action": a.id, "recipe": a.recipes[0], "target": a.target, "name": n,
-                      "kind": "lora_v2_section", "graph": None, "files": [a.outputs[f"section:{n}"],
-                                                                       a.outputs[f"config:{n}"]],
-                      "verified_by": []} for n in a.params["names"]]
+        elif a.kind == "lora_sections":  # grouped LoRA: one row, its sections and configs in the order applied
+            groups: dict[str, list[str]] = {}
+            for n in a.params["names"]:
+                groups.setdefault(n.rsplit(".", 1)[0] if n.rsplit(".", 1)[-1] in GROUPED else n, []).append(n)
+            rows += [{"action": a.id, "recipe": a.recipes[0], "target": a.target, "name": name,
+                      "kind": "lora_v2_section", "graph": None, "sections": keys,
+                      "files": [a.outputs[f"section:{k}"] for k in keys] + [a.outputs[f"config:{k}"] for k in keys],
+                      "verified_by": []} for name, keys in groups.items()]
     return rows

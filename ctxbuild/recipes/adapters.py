@@ -15,6 +15,9 @@ from ctxbuild.recipes.paths import named_path
 
 
 
+GROUPED = ("encodings", "weights")  # grouped LoRA: the two sections of one adapter, in the order they are applied
+
+
 @dataclass(frozen=True)
 class Adapter:
     name: str
@@ -38,7 +41,7 @@ class Adapters:
 class Sections:
     """LoRAv2 binary sections made elsewhere (QAIRT SDK) for a prebuilt base binary."""
 
-    files: tuple[tuple[str, Path], ...]  # adapter name -> section file
+    files: tuple[tuple[str, Path], ...]  # section -> file: `<adapter>`, or `<adapter>.encodings`/`.weights` (grouped)
     sdk_mismatch: str  # "error" | "warn"
 
 
@@ -88,14 +91,17 @@ def parse_adapters(f: Path, data: LineDict, spec: dict[str, Any], precision: str
 
 def parse_sections(f: Path, data: LineDict, spec: dict[str, Any]) -> Sections:
     files = []
-    for name, rel in spec.get("adapters", {}).items():
-        where = f"{f}:{line_of(data, ['prebuilt', 'adapters', name])}"
-        path = named_path(f.parent, rel)
-        if not path.is_file():
-            raise RecipeError(f"{where}: LoRAv2 section '{name}': '{rel}' not found (looked in {path})",
-                              "paths are relative to the recipe file")
-        if path.stat().st_size == 0:
-            raise RecipeError(f"{where}: LoRAv2 section '{name}': '{rel}' is empty",
-                              "re-export it with the QAIRT SDK (qnn-context-binary-generator --adapter_weight_config)")
-        files.append((name, path))
+    for name, given in spec.get("adapters", {}).items():
+        parts = [("", given)] if isinstance(given, str) else [(p, given[p]) for p in GROUPED]
+        for part, rel in parts:
+            where = f"{f}:{line_of(data, ['prebuilt', 'adapters', name, *([part] if part else [])])}"
+            path = named_path(f.parent, rel)
+            what = f"LoRAv2 section '{name}'" + (f" ({part})" if part else "")
+            if not path.is_file():
+                raise RecipeError(f"{where}: {what}: '{rel}' not found (looked in {path})",
+                                  "paths are relative to the recipe file")
+            if path.stat().st_size == 0:
+                raise RecipeError(f"{where}: {what}: '{rel}' is empty",
+                                  "re-export it with the QAIRT SDK (qnn-context-binary-generator --adapter_weight_config)")
+            files.append((f"{name}.{part}" if part else name, path))
     return Sections(tuple(files), spec.get("sdk_mismatch", "error"))
