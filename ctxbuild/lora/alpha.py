@@ -192,9 +192,9 @@ def quantize_alpha_input(qdq_model: Path, name: str) -> None:
     for n in gathers:
         n.input[0] = dq
     g.node.insert(0, helper.make_node("DequantizeLinear", [f"{name}_QuantizeLinear_Output", *q.input[1:]], [dq],
-                                      name=f"{name}_DequantizeLinear"))
+                                      name=f"{name}_DequantizeLinear", domain=q.domain))  # com.microsoft below opset 21
     g.node.insert(0, helper.make_node("QuantizeLinear", [name, *q.input[1:]], [f"{name}_QuantizeLinear_Output"],
-                                      name=f"{name}_QuantizeLinear"))
+                                      name=f"{name}_QuantizeLinear", domain=q.domain))
     onnx.save(model, str(qdq_model))
 
 
