@@ -59,7 +59,7 @@ def test_four_adapters_one_binary_per_soc_each_row_passes(built: Path) -> None:
     for soc in ("SM8650", "SM8750"):
         d = built / soc / "lora_alpha"
         assert sorted(p.name for p in d.glob("*_qnn.bin")) == ["lora_alpha_ctx_qnn.bin"]  # one binary for all four
-        result = json.loads((d / "lora_alpha_alpha_verify.json").read_text())
+        result = json.loads((d / "lora_alpha_verify_alpha.json").read_text())
         rows = {r["row"]: r for r in result["rows"]}
         assert list(rows) == ["base", *NAMES, "formal+casual at 0.5"]
         for label, row in rows.items():
@@ -95,7 +95,7 @@ def test_inspect_shows_the_alpha_map(built: Path, ctxbuild) -> None:
 def test_float_io_wrapper_in_plain_onnxruntime_gives_the_verification_figures(built: Path, example_models: Path,
                                                                               tmp_path: Path) -> None:
     d = built / "SM8650" / "lora_alpha"
-    result = json.loads((d / "lora_alpha_alpha_verify.json").read_text())
+    result = json.loads((d / "lora_alpha_verify_alpha.json").read_text())
     sess = plain_session(d / "lora_alpha_ctx.onnx")
     inputs = onnx.load(str(d / "lora_alpha_ctx.onnx")).graph.input  # (the session lists inputs without a default)
     assert [(i.name, i.type.tensor_type.elem_type) for i in inputs] == [("x", TensorProto.FLOAT),
@@ -122,11 +122,11 @@ def _merged_reference(models: Path, alpha: list[float], d: Path, samples: list[n
     """The base with the adapters merged into its weights, written here from the files (not ctxbuild's merge)."""
     from safetensors.numpy import load_file
 
+    pirate = ort.AdapterFormat.read_adapter(str(models / "adapters" / "pirate.onnx_adapter"))
     raw = [load_file(str(models / "adapters" / "formal.safetensors")),
            {k.replace("base_model.", "").replace(".weight", ""): v
             for k, v in np.load(models / "adapters" / "casual.npz").items()},
-           {k: v.numpy() for k, v in ort.AdapterFormat.read_adapter(
-               str(models / "adapters" / "pirate.onnx_adapter")).get_parameters().items()},
+           {k: v.numpy().copy() for k, v in pirate.get_parameters().items()},  # copies: the format owns the memory
            {k.replace("base_model.model.", "").replace(".weight", ""): v
             for k, v in load_file(str(models / "adapters" / "terse.safetensors")).items()}]
     scales = [1.0, 1.0, 0.5, 2.0]
@@ -157,7 +157,7 @@ def test_an_adapter_the_samples_cannot_tell_from_the_base_is_reported(tmp_path: 
     r = ctxbuild("build", str(recipe.parent), "-o", str(tmp_path / "out"))
     assert r.code == 0, r.text
     assert "adapter 'ghost': on these samples its outputs cannot be told from the base's" in r.text
-    result = json.loads((tmp_path / "out" / "SM8650" / "lora_alpha" / "lora_alpha_alpha_verify.json").read_text())
+    result = json.loads((tmp_path / "out" / "SM8650" / "lora_alpha" / "lora_alpha_verify_alpha.json").read_text())
     assert result["indistinguishable"] == ["ghost"]
     assert {r["row"]: r["verdict"] for r in result["rows"]}["ghost"] == "indistinguishable"
 
@@ -294,3 +294,21 @@ def test_section_configs_name_the_binarys_graphs_and_check_refuses_wrong_ones(bu
     (t / "fr.lora_config").write_text(f"{graph};{other}\n")
     r = ctxbuild("check", str(out), "--runtime", "onnxruntime-qnn=2.7.0", "--no-ep")
     assert r.code == 2 and f"section {other} was packaged for v_SM8750@SM8750's binary, not v_SM8650@SM8650's" in r.err
+
+
+def test_every_published_toolchain_builds_and_passes_it(tmp_path: Path, example_models: Path) -> None:
+    """onnxruntime-qnn 2.3.0 to 2.6.0 (QAIRT 2.47-2.50, provisioned as a user's build does) and the installed 2.7.0:
+    each builds the 4-adapter recipe for one SoC and every alpha row passes on its own simulator."""
+    from tests.conftest import build_with_toolchains
+
+    versions = ["2.3.0", "2.4.0", "2.5.0", "2.6.0"]
+    recipe = _recipe(tmp_path / "r", example_models, targets="[SM8750]",
+                     extra="toolchain: [installed, " + ", ".join(f'"{v}"' for v in versions) + "]\n")
+    build_with_toolchains(recipe.parent, tmp_path / "out", tmp_path / "cache")
+    built = sorted(p.parent.name for p in (tmp_path / "out" / "SM8750").glob("*/*_verify_alpha.json"))
+    assert built == ["lora_alpha", "lora_alpha-qairt-2.47.0", "lora_alpha-qairt-2.48.40", "lora_alpha-qairt-2.49.40",
+                     "lora_alpha-qairt-2.50.40"]
+    for name in built:
+        result = json.loads((tmp_path / "out" / "SM8750" / name / f"{name}_verify_alpha.json").read_text())
+        assert [r["verdict"] for r in result["rows"]] == ["passed"] * 6, name
+        assert min(r["outputs"]["y"]["cosine"] for r in result["rows"]) >= 0.999, name

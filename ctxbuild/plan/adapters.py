@@ -88,7 +88,7 @@ def alpha_verify_action(recipe: Recipe, base_verify: Action, compiled: Action) -
     v.inputs.update(recipe.alpha.files())
     v.inputs.update({f"ctx.{k}": p for k, p in compiled.outputs.items()})
     result = Path(base_verify.outputs["result"])
-    v.outputs = {"result": str(result.with_name(f"{recipe.name}_alpha_verify.json"))}
+    v.outputs = {"result": str(result.with_name(f"{recipe.name}_verify_alpha.json"))}
     return v
 
 
