@@ -88,7 +88,7 @@ def write_case(root: Path, n: int, rank: int) -> tuple[Path, Path]:
 def build(tree: Path, out: Path, env: dict[str, str]) -> float:
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "ctxbuild", "build", "-j1", "-o", str(out), str(tree)], env=env,
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, check=False)
     if p.returncode != 0:
         raise SystemExit(f"failed: {tree}\n{p.stdout}\n{p.stderr}")
     return time.perf_counter() - t
@@ -108,7 +108,7 @@ def per_run(out: Path, n: int, route: str, runs: int, sample: Path, env: dict[st
     code = PER_RUN.format(root=str(ROOT), ctx=str(d / "bench_ctx.onnx"), sample=str(sample), runs=runs,
                           alpha=[1.0] + [0.0] * (n - 1) if route == "alpha" else None,
                           adapter=str(d / "adapters" / "a0.onnx_adapter") if route == "slots" else None)
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     if p.returncode != 0:
         raise SystemExit(p.stderr[-2000:])
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -160,8 +160,9 @@ def main() -> None:
 def table(rows: list[dict]) -> str:
     """The markdown table of docs/bundles-and-lora.md: alpha against .onnx_adapter per (rank, N)."""
     by = {(r["rank"], r["adapters"], r["route"]): r for r in rows}
-    lines = ["| rank | N | binary + wrappers (+ adapters), KiB: alpha / .onnx_adapter | compile s | verify s | "
-             "simulator per run, ms |", "|---|---|---|---|---|---|"]
+    head = ("| rank | N | binary + wrappers (+ adapters), KiB: alpha / .onnx_adapter | compile s | verify s | "
+            "simulator per run, ms |")
+    lines = [head, "|---|---|---|---|---|---|"]
     for rank, n in sorted({(r["rank"], r["adapters"]) for r in rows}):
         a, s = by[(rank, n, "alpha")], by[(rank, n, "slots")]
         lines.append(f"| {rank} | {n} | {a['shipped_bytes'] / 1024:.0f} / {s['shipped_bytes'] / 1024:.0f} | "

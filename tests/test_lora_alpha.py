@@ -17,8 +17,8 @@ from safetensors.numpy import save_file
 
 from ctxbuild.lora import alpha as lora_alpha
 from ctxbuild.verify.measure import metrics
-from tests.conftest import ROOT
 from tests._qnn_models import cpu_run
+from tests.conftest import ROOT
 
 NAMES = ["formal", "casual", "pirate", "terse"]
 
@@ -110,7 +110,7 @@ def test_float_io_wrapper_in_plain_onnxruntime_gives_the_verification_figures(bu
         m = metrics(ref, got)
         assert m["cosine"] == row["outputs"]["y"]["cosine"] and m["snr_db"] == row["outputs"]["y"]["snr_db"], row["row"]
         # the quantized-I/O wrapper fed the codes: the same binary, the same outputs
-        q = lambda v, e: np.clip(np.round(v / e["scale"]) + e["zero_point"], 0, 65535).astype(np.uint16)  # noqa: E731
+        q = lambda v, e: np.clip(np.round(v / e["scale"]) + e["zero_point"], 0, 65535).astype(np.uint16)
         codes = [qio.run(None, {"x": q(x, enc["x"]), "lora_alpha": q(alpha, enc["lora_alpha"])})[0] for x in samples]
         y = (np.concatenate(codes).astype(np.float64) - enc["y"]["zero_point"]) * enc["y"]["scale"]
         assert np.abs(y - got).max() < 1e-3

@@ -12,9 +12,6 @@ from ctxbuild.errors import RecipeError
 from ctxbuild.recipes.yamlsrc import LineDict, line_of
 from ctxbuild.recipes.paths import named_path
 
-
-
-
 GROUPED = ("encodings", "weights")  # grouped LoRA: the two sections of one adapter, in the order they are applied
 
 
@@ -63,13 +60,7 @@ def parse_adapters(f: Path, data: LineDict, spec: dict[str, Any], precision: str
 
     items = []
     for i, item in enumerate(spec["files"]):
-        path = named_path(f.parent, item["file"])
-        if path.suffix not in FORMATS:
-            raise RecipeError(f"{at('files', i, 'file')}: adapter '{item['name']}': '{item['file']}' is not an "
-                              "adapter file", f"use one of {', '.join(FORMATS)}")
-        if not path.is_file():
-            raise RecipeError(f"{at('files', i, 'file')}: adapter '{item['name']}': file '{item['file']}' not "
-                              f"found (looked in {path})", "paths are relative to the recipe file")
+        path = adapter_file(f, at, i, item)
         if "scale" in item and not math.isfinite(item["scale"]):
             raise RecipeError(f"{at('files', i, 'scale')}: adapter '{item['name']}': scale {item['scale']} is not "
                               "a finite number", "give a number such as 0.5 (YAML .nan and .inf are not)")
@@ -77,16 +68,31 @@ def parse_adapters(f: Path, data: LineDict, spec: dict[str, Any], precision: str
             raise RecipeError(f"{at('files', i, 'scale')}: adapter '{item['name']}' sets `scale` but the recipe "
                               "has no `adapters.scaling` input", "name the model's scaling input or initializer")
         items.append(Adapter(item["name"], path, tuple(sorted(item.get("tensors", {}).items())), item.get("scale")))
-    names = [a.name for a in items]
-    dup = next((n for n in names if names.count(n) > 1), None)
-    if dup:
-        raise RecipeError(f"{at('files')}: adapter name '{dup}' appears twice", "adapter names must be unique")
+    names = unique_names(at, [a.name for a in items])
     calibrate = spec.get("calibrate", names)
     for i, n in enumerate(calibrate):
         if n not in names:
             raise RecipeError(f"{at('calibrate', i)}: '{n}' is not an adapter of this recipe",
                               f"adapters: {', '.join(names)}")
     return Adapters(tuple(spec["slots"]), spec.get("scaling"), tuple(items), tuple(calibrate))
+
+
+def adapter_file(f: Path, at: Any, i: int, item: dict[str, Any]) -> Path:
+    """files[i]'s path, checked: an adapter format, and there. `at(*path)`: file:line of a field of the block."""
+    path = named_path(f.parent, item["file"])
+    if path.suffix not in FORMATS:
+        raise RecipeError(f"{at('files', i, 'file')}: adapter '{item['name']}': '{item['file']}' is not an "
+                          "adapter file", f"use one of {', '.join(FORMATS)}")
+    if not path.is_file():
+        raise RecipeError(f"{at('files', i, 'file')}: adapter '{item['name']}': file '{item['file']}' not "
+                          f"found (looked in {path})", "paths are relative to the recipe file")
+    return path
+
+
+def unique_names(at: Any, names: list[str]) -> list[str]:
+    if dup := next((n for n in names if names.count(n) > 1), None):
+        raise RecipeError(f"{at('files')}: adapter name '{dup}' appears twice", "adapter names must be unique")
+    return names
 
 
 def parse_sections(f: Path, data: LineDict, spec: dict[str, Any]) -> Sections:

@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.errors import RecipeError
-from ctxbuild.lora.adapters import FORMATS
-from ctxbuild.recipes.paths import named_path
+from ctxbuild.recipes.adapters import adapter_file, unique_names
 from ctxbuild.recipes.yamlsrc import LineDict, line_of
 
 # fields of the `.onnx_adapter` form (slots bound at run time) that mean nothing when alpha switches
@@ -62,19 +61,11 @@ def parse_alpha(f: Path, data: LineDict, spec: dict[str, Any], precision: str, *
                           "build the alpha-switched graph in its own recipe")
     items = []
     for i, item in enumerate(spec["files"]):
-        path = named_path(f.parent, item["file"])
-        if path.suffix not in FORMATS:
-            raise RecipeError(f"{at('files', i, 'file')}: adapter '{item['name']}': '{item['file']}' is not an "
-                              "adapter file", f"use one of {', '.join(FORMATS)}")
-        if not path.is_file():
-            raise RecipeError(f"{at('files', i, 'file')}: adapter '{item['name']}': file '{item['file']}' not "
-                              f"found (looked in {path})", "paths are relative to the recipe file")
+        path = adapter_file(f, at, i, item)
         scale = item.get("scale", 1.0)
         if not math.isfinite(scale):
             raise RecipeError(f"{at('files', i, 'scale')}: adapter '{item['name']}': scale {scale} is not a finite "
                               "number", "give the adapter's lora_alpha / r, e.g. 2.0")
         items.append(AlphaAdapter(item["name"], path, tuple(sorted(item.get("tensors", {}).items())), float(scale)))
-    names = [a.name for a in items]
-    if dup := next((n for n in names if names.count(n) > 1), None):
-        raise RecipeError(f"{at('files')}: adapter name '{dup}' appears twice", "adapter names must be unique")
+    unique_names(at, [a.name for a in items])
     return AlphaSwitch(spec.get("input", "lora_alpha"), tuple(items), tuple(sorted(spec.get("targets", {}).items())))
