@@ -237,14 +237,33 @@ def test_branches_on_conv_and_gemm_equal_the_merged_weights(tmp_path: Path) -> N
             assert not np.allclose(got, cpu_run(tmp_path / "branched.onnx", {"x": x, "lora_alpha": np.zeros(2, np.float32)})[0])
 
 
-def test_switch_alpha_in_llm_recipes_is_refused_with_the_reason(tmp_path: Path, example_models: Path, ctxbuild) -> None:
-    text = (ROOT / "recipes" / "llm_lora.yaml").read_text().replace("    slots: [", "    switch: alpha\n    slots: [")
+def test_llm_recipe_switches_by_alpha_across_parts(tmp_path: Path, example_models: Path, ctxbuild) -> None:
+    """examples/llm_alpha.yaml: both adapters of the llm example attached to the base decoder's q_proj/v_proj, 2
+    parts; every part takes the same lora_alpha, each adapter is verified token by token with its one-hot bound."""
     d = tmp_path / "llm"
     d.mkdir()
-    (d / "llm_lora.yaml").write_text(text.replace("models/", f"{example_models}/"))
-    r = ctxbuild("build", str(d), "-o", str(tmp_path / "out"))
-    assert r.code == 2 and "llm.adapters with switch: alpha is not built yet" in r.err, r.text
-    shutil.rmtree(d)
+    text = (ROOT / "examples" / "llm_alpha.yaml").read_text().replace("../recipes/models/", f"{example_models}/")
+    (d / "llm_alpha.yaml").write_text(text)
+    r = ctxbuild("build", str(d), "-o", str(tmp_path / "out"), timeout=1200)
+    assert r.code == 0, r.text
+    t = tmp_path / "out" / "SM8650" / "llm_alpha"
+    for name in ("chat", "summarize"):
+        result = json.loads((t / "adapters" / f"{name}_llm_verify.json").read_text())
+        row = result["by_cl"]["64"]
+        assert result["passed"] and row["simulator"]["token_agreement"] >= 0.75, result
+        assert row["tokens_changed_by_adapter"] > 0.2  # the adapter is on: it changes the greedy tokens
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    wrappers = [a for a in manifest["artifacts"] if a["kind"] == "epcontext_model"]
+    assert len(wrappers) == 4  # 2 parts x (prompt, token) graphs, all of them with a branch
+    for art in wrappers:
+        inputs = {i.name: i for i in onnx.load(str(tmp_path / "out" / art["path"])).graph.input}
+        assert list(inputs["lora_alpha"].type.tensor_type.shape.dim)[0].dim_value == 2
+        assert [(a["index"], a["name"], a["rank"]) for a in art["lora_alpha"]["adapters"]] == [(0, "chat", 4),
+                                                                                              (1, "summarize", 4)]
+    text = text.replace("precision: w8a16", "precision: fp16")
+    (d / "llm_alpha.yaml").write_text(text)
+    r = ctxbuild("build", str(d), "-o", str(tmp_path / "out2"))
+    assert r.code == 2 and "llm.adapters with switch: alpha at precision fp16 is not built yet" in r.err, r.text
 
 
 def test_section_configs_name_the_binarys_graphs_and_check_refuses_wrong_ones(built: Path, tmp_path: Path,
