@@ -64,7 +64,7 @@ def test_four_adapters_one_binary_per_soc_each_row_passes(built: Path) -> None:
         assert list(rows) == ["base", *NAMES, "formal+casual at 0.5"]
         for label, row in rows.items():
             assert row["verdict"] == "passed", (soc, label, row)
-            assert row["outputs"]["y"]["cosine"] >= 0.999, (soc, label)  # at the recipe's precision, int16
+            assert row["outputs"]["y"]["cosine"] >= 0.999, (soc, label)  # at the recipe's precision, w8a16
             assert row["qio_max_abs_diff"] < 1e-3  # both wrappers, one binary: the same codes out
         for name in NAMES:  # each adapter changes the output well beyond the quantization noise
             assert rows[name]["base_vs_merged"]["y"]["cosine"] < 0.99

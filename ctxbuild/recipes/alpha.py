@@ -54,7 +54,7 @@ def parse_alpha(f: Path, data: LineDict, spec: dict[str, Any], precision: str, *
                                            "`switch: alpha`")
     if precision in ("qdq", "auto"):
         raise RecipeError(f"{at('switch')}: switch: alpha needs a float base model and a fixed precision, not "
-                          f"precision {precision}", "use precision int16, int8 or fp16")
+                          f"precision {precision}", "use precision w8a16, w8a8, w16a16 or fp16")
     if bundle or multi_soc:
         raise RecipeError(f"{at('switch')}: switch: alpha is built for single-graph recipes "
                           f"({'bundle' if bundle else 'multi_soc'} is not supported with it yet)",

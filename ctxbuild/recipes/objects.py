@@ -11,8 +11,6 @@ from ctxbuild.recipes.alpha import AlphaSwitch
 from ctxbuild.recipes.llm import LlmSpec
 from ctxbuild.recipes.targets import Target
 
-PRECISIONS = ("int16", "int8", "fp16", "qdq", "auto")
-
 
 @dataclass(frozen=True)
 class Calibration:
@@ -65,7 +63,7 @@ class Recipe:
     multi_soc: bool = False
     verify: dict[str, Any] = field(default_factory=dict)
     prebuilt: Prebuilt | None = None
-    # quantization.settings() dicts: one for int16/int8, the ordered candidates for auto, none for fp16/qdq
+    # quantization.settings() dicts: one for a quantized precision (w8a16 ...), the ordered candidates for auto, none for fp16/qdq
     quantization: list[dict[str, Any]] = field(default_factory=list)
     adapters: Adapters | None = None
     alpha: AlphaSwitch | None = None  # adapters: {switch: alpha}: all resident, switched by the lora_alpha input
