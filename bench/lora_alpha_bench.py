@@ -7,8 +7,9 @@ verification actions' seconds (alpha: verify + verify_alpha over its N + 2 rows;
 N adapter actions), and the simulator's time per run (one sample, the median of --runs runs in one session, an
 adapter on: a one-hot lora_alpha, or the .onnx_adapter bound with RunOptions). Build times are medians of --reps.
 
-Usage: python bench/lora_alpha_bench.py [--reps R] [--runs K] [--ns 1,2,4,8] [--ranks 8,16]
-Writes bench/results/lora_alpha_bench.json and prints the table docs/bundles-and-lora.md shows.
+Usage: python bench/lora_alpha_bench.py [--reps R] [--runs K] [--ns 1,2,4,8] [--ranks 8,16] [--llm]
+Writes bench/results/lora_alpha_bench.json and prints the table docs/bundles-and-lora.md shows (--llm: the llm
+example's two adapters, alpha against .onnx_adapter, one cold build each: bench/results/lora_alpha_bench_llm.json).
 """
 from __future__ import annotations
 
@@ -119,16 +120,46 @@ def shipped(out: Path) -> int:
     return sum(p.stat().st_size for p in d.rglob("*") if p.is_file() and not p.name.endswith(".json"))
 
 
+def llm_case(root: Path, env: dict[str, str]) -> list[dict]:
+    """The llm example's two adapters (rank 4, q_proj/v_proj of 4 layers, 2 parts, w8a16): examples/llm_alpha.yaml
+    against recipes/llm_lora.yaml (the same adapters as .onnx_adapter files over LoRA slots), one cold build each.
+    The part binaries are multi-graph: the simulator cannot run them, so no per-run figure."""
+    models = ROOT / "recipes" / "models"
+    rows = []
+    for route, src in (("alpha", ROOT / "examples" / "llm_alpha.yaml"), ("slots", ROOT / "recipes" / "llm_lora.yaml")):
+        tree = root / f"llm-{route}"
+        tree.mkdir()
+        text = src.read_text().replace("../recipes/models/", f"{models}/").replace(" models/", f" {models}/")
+        (tree / src.name).write_text(text)
+        out = root / f"llm-out-{route}"
+        wall = build(tree, out, env)
+        s = action_seconds(out)
+        d = next((out / TARGET).iterdir())
+        rows.append({"route": route, "adapters": 2, "build_seconds": round(wall, 3),
+                     "compile_seconds": round(s.get("bundle", 0.0), 3),
+                     "verify_seconds": round(sum(v for k, v in s.items() if k in ("llm_eval", "adapter")), 3),
+                     "binaries_bytes": sum(p.stat().st_size for p in d.glob("*_qnn.bin")),
+                     "adapter_files_bytes": sum(p.stat().st_size for p in d.glob("adapters/*.onnx_adapter"))})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--ns", default="1,2,4,8")
     ap.add_argument("--ranks", default="8,16")
+    ap.add_argument("--llm", action="store_true", help="the llm example's two adapters instead (one build each)")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="ctxbuild-lora-alpha-bench-"))
     env = {**os.environ, "CTXBUILD_NO_CACHE": "1", "CTXBUILD_CACHE_DIR": str(root / "cache")}
     env.pop("MAKEFLAGS", None)
+    if args.llm:
+        (HERE / "results").mkdir(exist_ok=True)
+        result = {"target": TARGET, "load_average": os.getloadavg(), "rows": llm_case(root, env)}
+        (HERE / "results" / "lora_alpha_bench_llm.json").write_text(json.dumps(result, indent=2))
+        return
     rows = []
     for rank in map(int, args.ranks.split(",")):
         for n in map(int, args.ns.split(",")):
