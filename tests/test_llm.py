@@ -425,8 +425,51 @@ def test_part_check_gates_the_cpu_on_graphs_the_simulator_skipped() -> None:
     assert not result["passed"]
     assert result["failures"] == ["graph token_ar1_cl64_1_of_2, output hidden_states.2: QDQ graph on the CPU cosine "
                                   "-1.0000 (min 0.95), SNR -6.0 dB over 1 call"], result["failures"]
+    # shown: every gated backend's figures of each graph it ran (the CPU gated on all four, the simulator on two)
     assert set(result["outputs"]) == {"hidden_states.2@prompt_ar16_cl64_1_of_2", "hidden_states.2@token_ar1_cl128_1_of_2",
-                                      "hidden_states.2@token_ar1_cl64_1_of_2 (QDQ graph on the CPU)",
-                                      "hidden_states.2@prompt_ar16_cl128_1_of_2 (QDQ graph on the CPU)"}
+                                      *(f"hidden_states.2@{g.name} (QDQ graph on the CPU)" for g in mine.values())}
     assert result["by_cl"]["64"]["simulator"]["token_ar1_cl64_1_of_2"]["calls"] == 0
     assert _result(p, mine, calls, {"simulator": sim, "qdq_cpu": same})["passed"]
+
+
+def test_a_part_row_shows_only_gated_figures_and_a_bad_kv_output_fails() -> None:
+    """A part's verdict and its summary row agree: every output the row shows is gated, a KV output at its own floor
+    (min_kv_cosine). A part whose hidden states pass while a layer's KV is at cosine ~0.15 (SmolLM2-135M's part 1 at
+    w8a16 read "ok" at 0.1460 / -16.2 dB before KV was gated) fails, and the summary row says FAILED; a KV output between
+    min_kv_cosine and min_cosine passes and the row names the floor it met."""
+    from ctxbuild.actions.llm_part_eval import _result
+    from ctxbuild.llm.records import Call
+    from ctxbuild.llm.static import GraphSpec
+    from ctxbuild.outputs import summary
+    from ctxbuild.outputs.report import _verify
+
+    rng = np.random.default_rng(1)
+    mine = {(ar, 64): GraphSpec(f"{'prompt' if ar > 1 else 'token'}_ar{ar}_cl64_1_of_2", 0, ar, 64) for ar in (16, 1)}
+    calls = [Call(0, ar, 64, 0, ar, {}, {n: rng.standard_normal((ar, 32)).astype(np.float32)
+                                         for n in ("hidden_states.2", "present.0.key", "present.1.value")})
+             for ar in (16, 1)]
+    p = {"part": 0, "parts": 2, "precision": "w8a16", "prompts": 1, "simulator": "all",
+         "thresholds": {"min_cosine": 0.95, "min_token_agreement": 0.75, "min_kv_cosine": 0.8}}
+
+    def run(kv_noise: float) -> tuple[dict, dict]:
+        sim = {}
+        for i, c in enumerate(calls):
+            v = c.outputs["present.1.value"]
+            sim[i] = {**c.outputs, "present.1.value": v + kv_noise * rng.standard_normal(v.shape).astype(np.float32)}
+        result = _result(p, mine, calls, {"simulator": sim, "qdq_cpu": sim})
+        v = _verify({"id": "llm_part_eval/x.part1@SM8650", "kind": "llm_part_eval", "outputs": []},
+                    {"result": result}, "ok" if result["passed"] else "failed")
+        [row] = summary.accuracy([{"recipe": "x", "target": {"name": "SM8650"}, "verify": [v]}])
+        return result, row
+
+    result, row = run(6.5)  # cosine ~0.15
+    assert not result["passed"] and row["cosine"] < 0.3, row
+    assert any("output present.1.value: simulator cosine 0.1" in f and "(min 0.8)" in f for f in result["failures"]), result
+    assert summary._verdict(row).startswith("FAILED"), summary._verdict(row)
+    shown = {k: m["cosine"] for k, m in result["outputs"].items()}
+    assert min(shown.values()) == row["cosine"] and "present.1.value@token_ar1_cl64_1_of_2" in shown, shown
+    result, row = run(0.6)  # cosine ~0.86: under min_cosine, over min_kv_cosine
+    assert result["passed"] and 0.8 < row["cosine"] < 0.95, (result["failures"], row)
+    assert summary._verdict(row) == "ok (KV min cosine 0.8)"
+    result, row = run(0.0)
+    assert result["passed"] and summary._verdict(row) == "ok"

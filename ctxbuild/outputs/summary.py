@@ -56,6 +56,8 @@ def accuracy(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                            "cosine": min((o["cosine"] for o in outs), default=None),
                            "snr_db": min((o["snr_db"] for o in outs), default=None),
                            "worst": min(outs, key=lambda o: o["snr_db"])["label"] if outs else None,
+                           # the floor gating the lowest cosine shown, where it is an output's own (an LLM part's KV)
+                           "worst_floor": min(outs, key=lambda o: o["cosine"]).get("min_cosine") if outs else None,
                            "precision": row.get("precision"),  # a search's: "auto: <the candidate it ships>"
                            "thresholds": v.get("thresholds")})
     return result
@@ -166,7 +168,11 @@ def _verdict(r: dict[str, Any]) -> str:
     if r["passed"] and r.get("sample_source") == "random":
         return "unverified: random inputs (give verify.dir or calibration.dir)"
     if r["passed"]:  # a precision search says what it chose: the user did not
-        return f"ok ({r['precision']})" if (r.get("precision") or "").startswith("auto: ") else "ok"
+        if (r.get("precision") or "").startswith("auto: "):
+            return f"ok ({r['precision']})"
+        floor, t = r.get("worst_floor"), r.get("thresholds") or {}
+        # the row's cosine is the lowest shown; gated at its own floor (KV), the row says which
+        return f"ok (KV min cosine {floor})" if floor is not None and floor != t.get("min_cosine") else "ok"
     t = r.get("thresholds") or {}
     if r.get("status") == "not built":  # a failure upstream, or the build stopped first (-k, Ctrl-C)
         return f"not run: {r['blocked_by']} failed" if r.get("blocked_by") else "not run (the build stopped first)"

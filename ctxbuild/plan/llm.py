@@ -155,7 +155,8 @@ def _part_eval(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int
               "context_lengths": list(spec.context_lengths), "precision": spec.precision,
               "provider_options": _options(recipe, t), "prompts": spec.verify_prompts,
               "timeout_s": recipe.verify.get("timeout_s", 600), "simulator": spec.simulator,
-              "thresholds": {"min_token_agreement": spec.min_token_agreement, "min_cosine": spec.min_cosine}}
+              "thresholds": {"min_token_agreement": spec.min_token_agreement, "min_cosine": spec.min_cosine,
+                             "min_kv_cosine": spec.min_kv_cosine}}
     name = f"part{part + 1}_of_{spec.parts}"
     return Action(id=f"llm_part_eval/{recipe.name}.part{part + 1}@{t.name}", kind="llm_part_eval",
                   description=f"verify {recipe.name} part {part + 1} of {spec.parts}@{t.name} (recorded calls)",
