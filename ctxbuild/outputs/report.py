@@ -275,6 +275,7 @@ def _verify(a: dict[str, Any], rec: dict[str, Any] | None, st: str) -> dict[str,
             "context_lengths": sorted(int(c) for c in res["by_cl"]) if res.get("by_cl") else None,  # llm_part_eval, llm_eval
             "sample_source": res.get("sample_source"), "thresholds": thr, "outputs": outputs,
             "coverage": res.get("coverage"), "simulator_seconds": rec.get("simulator_seconds"),
+            "quality": res.get("quality"),  # llm_quality: perplexity, agreement, the texts side by side
             "clipping": [c["tensor"] for c in res.get("clipping") or []],  # LoRA: tensors leaving their encodings
             "seconds": rec.get("seconds"), "cause": _one_line(rec.get("cause")), "log": rec.get("log"),
             "href": _href(rec.get("log")), "layers": _layers(a, rec)}

@@ -58,6 +58,7 @@ def accuracy(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                            "worst": min(outs, key=lambda o: o["snr_db"])["label"] if outs else None,
                            # the floor gating the lowest cosine shown, where it is an output's own (an LLM part's KV)
                            "worst_floor": min(outs, key=lambda o: o["cosine"]).get("min_cosine") if outs else None,
+                           "quality": quality_line(v.get("quality")),  # llm_quality's figures
                            "precision": row.get("precision"),  # a search's: "auto: <the candidate it ships>"
                            "thresholds": v.get("thresholds")})
     return result
@@ -164,7 +165,26 @@ def sibling_skips(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def quality_line(q: dict[str, Any] | None) -> str | None:
+    """An LLM's quality figures in a few words: perplexity ratio and greedy agreement per backend measured."""
+    if not q:
+        return None
+    names = {"qdq_cpu": "CPU", "simulator": "simulator"}
+    parts = []
+    for b, m in q.items():
+        if b in names and isinstance(m, dict):
+            said = [f"ppl {m['ppl_ratio']:.3f}x"] if m.get("ppl_ratio") is not None else []
+            said += [f"agreement {m['agreement']:.2f}"] if m.get("agreement") is not None else []
+            parts += [f"{names[b]} {', '.join(said)}"] if said else []
+    return "; ".join(parts) or None
+
+
 def _verdict(r: dict[str, Any]) -> str:
+    if r.get("quality"):  # an LLM's quality gates: their figures, not a cosine
+        t = r.get("thresholds") or {}
+        gates = f"max {t.get('max_ppl_ratio')}x, min {t.get('min_agreement')}"
+        return f"{'ok' if r['passed'] else 'FAILED'} ({r['quality']}; {gates})" if r.get("passed") is not None \
+            else _verdict({**r, "quality": None})
     if r["passed"] and r.get("sample_source") == "random":
         return "unverified: random inputs (give verify.dir or calibration.dir)"
     if r["passed"]:  # a precision search says what it chose: the user did not

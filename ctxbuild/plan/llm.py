@@ -20,6 +20,7 @@ from ctxbuild.llm.genai_config import helper_names
 from ctxbuild.recipes.llm import LlmSpec
 from ctxbuild.llm.static import GraphSpec, records_name, records_role, specs, weights_name, weights_role
 from ctxbuild.plan.adapters import adapter_actions, calibration_inputs
+from ctxbuild.plan.llm_quality import quality_cpu, quality_float, quality_gate
 from ctxbuild.digests import short_hash
 from ctxbuild.plan.action import Action
 from ctxbuild.plan.steps import common_params, provider_options
@@ -41,17 +42,25 @@ def llm_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
             acts.append(q)
             compiled.update(q.outputs)
     verify = verify and recipe.verify.get("enabled", True)
+    floats = cpu = None
+    if verify:  # the quality figures: the float export's once, the QDQ parts' on the CPU once (every target's)
+        floats = quality_float(recipe, spec, work)
+        cpu = quality_cpu(recipe, spec, graphs, split, compiled, floats, work) if spec.precision != "fp16" else None
+        acts += [a for a in (floats, cpu) if a is not None]
     for t in recipe.targets:
         bundles = [_bundle(recipe, [g for g in graphs if g.part == p], compiled, split, t, out) for p in range(spec.parts)]
         acts += bundles
+        twins: dict[str, Action] = {}  # single-graph twins compiled alone and kept (the simulator's, QNN-NOTES)
         if verify:  # each part on the calls the float decode recorded, its twins compiled inside (not kept)
             acts += [_part_eval(recipe, spec, graphs, p, split, compiled, b, t, out) for p, b in enumerate(bundles)]
+            # the adapters' whole-chain decode needs every graph's; the quality gates the largest CL's
+            chained = graphs if spec.adapters else [g for g in graphs if g.cl == max(spec.context_lengths)]
+            twins = {g.name: _twin(recipe, g, compiled, split, t, work / "twins" / t.name / recipe.name) for g in chained}
+            acts += twins.values()
+            assert floats is not None
+            acts.append(quality_gate(recipe, spec, chained, split, twins, floats, cpu, bundles, t, out))
         if spec.adapters:
-            twins: list[Action] = []
-            if verify:  # the adapters' whole-chain decode: each graph's twin compiled alone and kept (QNN-NOTES)
-                twins = [_twin(recipe, g, compiled, split, t, work / "twins" / t.name / recipe.name) for g in graphs]
-                acts += twins
-            acts += _adapters(recipe, spec, graphs, split, compiled, twins, bundles, t, out)
+            acts += _adapters(recipe, spec, graphs, split, compiled, list(twins.values()), bundles, t, out)
         package = _package(recipe, spec, bundles, split, t, out)
         acts.append(package)
         if verify:

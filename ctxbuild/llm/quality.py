@@ -1,0 +1,119 @@
+"""What a build costs an LLM, in the terms its users judge it by: the perplexity of a text and the tokens it
+generates, each against the float export.
+
+Perplexity: the text tokenized with the export's tokenizer, cut into segments of one context length (non-overlapping;
+each read from an empty cache, its first token predicted by nothing), exp(mean negative log-likelihood of every other
+token). The float export runs each segment in one call; the static parts (QDQ on the CPU, twins on the simulator) run
+it as a device does, in windows of the largest AR through every part, the KV cache carried between windows.
+
+Agreement: the float export's greedy continuation of each prompt; the parts teacher-forced on it (every step sees the
+float model's history), the share of steps whose top-1 token is the float's. The first step where it is not is where a
+free-running greedy decode diverges (before it, the two histories are the same).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ctxbuild.llm.pipeline import Chain, Runner, export_call, open_export
+
+
+def segments(ids: np.ndarray, length: int, limit: int | None = None) -> list[np.ndarray]:
+    """`ids` in consecutive segments of `length` tokens (a shorter last one kept if it has 2 or more); the first
+    `limit`."""
+    segs = [ids[i:i + length] for i in range(0, len(ids), length)]
+    segs = [s for s in segs if len(s) >= 2]
+    return segs[:limit] if limit is not None else segs
+
+
+def nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Negative log-likelihood of each target under its row of logits ([n, vocab], [n]), in float64."""
+    x = logits.astype(np.float64)
+    top = x.max(axis=1, keepdims=True)
+    lse = top[:, 0] + np.log(np.exp(x - top).sum(axis=1))
+    return lse - x[np.arange(len(targets)), targets]
+
+
+def export_nll(model: Path, segs: list[np.ndarray]) -> list[np.ndarray]:
+    """Per segment, the float export's NLL of its tokens 1..n-1 (one call each, an empty cache)."""
+    s, past = open_export(model)
+    return [nll(export_call(s, seg[None].astype(np.int64), 0, past)["logits"][0, :-1], seg[1:]) for seg in segs]
+
+
+def static_nll(run: Runner, parts: list[tuple[int, int]], kv_shape: tuple[int, int], segs: list[np.ndarray],
+               cl: int, ar: int) -> list[np.ndarray]:
+    """Per segment, the chained static parts' NLL of its tokens 1..n-1 (windows of `ar`, the cache carried)."""
+    return [nll(Chain(run, parts, kv_shape, cl).prefill(seg, ar)[:-1], seg[1:]) for seg in segs]
+
+
+def perplexity(nlls: list[np.ndarray] | list[dict[str, float]]) -> float:
+    """exp(mean NLL) over every token of the segments (NLL arrays, or their {"nll_sum", "count"} summaries)."""
+    sums = [summary(x) if isinstance(x, np.ndarray) else x for x in nlls]
+    return float(np.exp(sum(s["nll_sum"] for s in sums) / sum(s["count"] for s in sums)))
+
+
+def summary(x: np.ndarray) -> dict[str, float]:
+    return {"nll_sum": float(x.sum()), "count": int(len(x))}
+
+
+def agreement(reference: list[list[int]], forced: list[list[np.ndarray]]) -> dict[str, Any]:
+    """Top-1 agreement of teacher-forced logits with the reference tokens, pooled; the first divergence per prompt
+    (None: none within the steps compared)."""
+    agree, first = [], []
+    for ref, logits in zip(reference, forced):
+        same = [int(g.argmax()) == t for g, t in zip(logits, ref)]
+        agree += same
+        first.append(next((i for i, s in enumerate(same) if not s), None))
+    return {"steps": len(agree), "agreement": round(float(np.mean(agree)), 4) if agree else None,
+            "first_divergence": first}
+
+
+def decode(tokenizer: Path | None, ids: list[int]) -> str | None:
+    """Token ids as text with the export's tokenizer.json (None without one)."""
+    if tokenizer is None:
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tokenizer)).decode(ids)
+
+
+def failures(measured: dict[str, dict[str, Any]], t: dict[str, float]) -> list[str]:
+    """The gates: per backend (its label -> {"ppl_ratio", "agreement", "steps", "tokens"}), perplexity within
+    `max_ppl_ratio` of the float export's and top-1 agreement at least `min_agreement`; one line each that fails."""
+    out = []
+    for label, m in measured.items():
+        ratio, agree = m.get("ppl_ratio"), m.get("agreement")
+        if ratio is not None and not ratio <= t["max_ppl_ratio"]:  # NaN fails too
+            out.append(f"{label}: perplexity {ratio:.3f}x the float export's (max {t['max_ppl_ratio']}) over "
+                       f"{m['tokens']} tokens")
+        if agree is not None and not agree >= t["min_agreement"]:
+            out.append(f"{label}: greedy agreement {agree:.2f} (min {t['min_agreement']}) over {m['steps']} steps")
+    return out
+
+
+def measure(run: Runner, parts: list[tuple[int, int]], kv_shape: tuple[int, int], floats: dict[str, Any], cl: int,
+            ar: int, subset: dict[str, int] | None = None, free: bool = False) -> dict[str, Any]:
+    """The chained parts behind `run` against the float export's figures (llm_float_eval's result): perplexity and
+    its ratio, teacher-forced agreement and first divergences, and with `free` each prompt's own greedy tokens.
+    `subset`: only the first `segments` segments, `prompts` prompts and `tokens` steps of each (the simulator's)."""
+    from ctxbuild.llm.pipeline import generate
+
+    subset = subset or {}
+    segs = [np.array(s, np.int64) for s in floats["text"]["segments"][:subset.get("segments")]]
+    out: dict[str, Any] = {"ppl": None, "float_ppl": None, "ppl_ratio": None, "tokens": 0, "segments": len(segs)}
+    if segs:
+        ppl = perplexity(static_nll(run, parts, kv_shape, segs, cl, ar))
+        ref = perplexity(floats["by_segment"][:len(segs)])
+        out.update(ppl=round(ppl, 4), float_ppl=round(ref, 4), ppl_ratio=round(ppl / ref, 4),
+                   tokens=sum(len(s) - 1 for s in segs))
+    prompts = floats["prompts"][:subset.get("prompts")]
+    tokens = [p["tokens"][:subset.get("tokens")] for p in prompts]
+    forced = [generate(run, parts, kv_shape, np.array(p["ids"], np.int64), len(t), cl, ar, forced=t).logits
+              for p, t in zip(prompts, tokens)]
+    out.update(agreement(tokens, forced))
+    if free:
+        out["generated"] = [generate(run, parts, kv_shape, np.array(p["ids"], np.int64), len(p["tokens"]), cl, ar).tokens
+                            for p in prompts]
+    return out
