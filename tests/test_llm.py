@@ -180,7 +180,9 @@ def test_example_builds_bundles_per_part_verified_with_a_genai_config(tree: Path
                             assert checked["outputs"]["logits"]["argmax_agreement"] >= 0.75
             rec = records(out)[f"llm_part_eval/llm_tiny.part{part}@{target}"]
             assert rec["simulator_seconds"] > 0 and rec["twin_bin_bytes"] > 0
-        assert not (out / ".ctxbuild" / "work" / "llm" / "twins").exists()  # compiled inside the checks, not kept
+        # the part checks compile theirs inside, not kept; the quality check's chain: the largest CL's, kept
+        assert sorted(p.name for p in (out / ".ctxbuild" / "work" / "llm" / "twins" / target / "llm_tiny").glob("*_ctx.onnx")) \
+            == sorted(f"{k}_cl128_{p}_of_2_ctx.onnx" for p in (1, 2) for k in ("prompt_ar16", "token_ar1"))
         wrapper = next(a for a in manifest["artifacts"] if a["path"] == f"{target}/llm_tiny/token_ar1_cl64_1_of_2_ctx.onnx")
         assert wrapper["verification"]["tokens_by_cl"] == results[0]["by_cl"]  # the part's figures in the manifest
         config = json.loads((d / "genai_config.json").read_text())
@@ -197,6 +199,11 @@ def test_example_builds_bundles_per_part_verified_with_a_genai_config(tree: Path
             assert 0 < rec["held_float_twin"] <= rec["peak_rss_float_twin"] <= rec["peak_rss"], rec
         assert (d / "cpu_twin" / "genai_config.json").is_file()
         assert wrapper["verification"]["status"] == "passed"
+        # the quality gates (defaults): their figures in the manifest, the texts in the report
+        quality = wrapper["verification"]["quality"]
+        assert quality["thresholds"] == {"max_ppl_ratio": 1.15, "min_agreement": 0.8}, quality
+        for backend in ("qdq_cpu", "simulator"):
+            assert quality[backend]["ppl_ratio"] <= 1.15 and quality[backend]["agreement"] >= 0.8, quality
         package = next(a for a in manifest["artifacts"] if a["path"] == f"{target}/llm_tiny/genai_config.json")
         assert package["verification"]["status"] == "passed" and "onnxruntime-genai" in package["verification"]["method"]
     report = json.loads((out / "report.json").read_text())
@@ -291,8 +298,10 @@ def test_a_failing_part_names_its_graph_and_output(decoder: Path, tmp_path: Path
     """A part under the thresholds fails the build (exit 1) with one line naming the part, graph, output and figures;
     its bundle is set aside (ship_only_verified), the summary's row for that part says FAILED."""
     out = tmp_path / "out"
-    r = ctxbuild("build", str(_recipe(tmp_path / "r", decoder, context_lengths=[24], min_cosine=0.999999)), "-o", str(out))
+    r = ctxbuild("build", str(_recipe(tmp_path / "r", decoder, context_lengths=[24], min_cosine=0.999999,
+                                      min_agreement=1.0)), "-o", str(out))
     assert r.code == 1, r.text
+    _quality_failed(r, out)
     for part in (1, 2):
         line = next(x for x in r.err.splitlines() if x.startswith(f"ctxbuild: FAILED llm_part_eval/llama.part{part}@SM8650"))
         assert f"llama@SM8650: part {part} of 2: graph prompt_ar8_cl24_{part}_of_2, output " in line, line
@@ -306,6 +315,27 @@ def test_a_failing_part_names_its_graph_and_output(decoder: Path, tmp_path: Path
     record = records(out)["llm_part_eval/llama.part2@SM8650"]
     assert record["status"] == "failed" and not record["result"]["passed"]
     assert any("output logits: simulator cosine" in f for f in record["result"]["failures"]), record["result"]
+
+
+def _quality_failed(r: object, out: Path) -> None:
+    """The quality gates (min_agreement 1.0) fail the build like any verification: one line
+    naming the backend, figure and gate; the row says FAILED with the figures; report.json has each prompt's float
+    and QDQ continuation side by side (ids: this decoder has no tokenizer)."""
+    line = next(x for x in r.err.splitlines() if x.startswith("ctxbuild: FAILED llm_quality/llama@SM8650"))
+    assert "QDQ parts on the CPU: greedy agreement 0." in line and "(min 1.0) over " in line and " steps" in line, line
+    row = next(x for x in r.out.splitlines() if "FAILED (CPU ppl " in x)
+    assert "max 1.15x, min 1.0)" in row and " quality " in row, r.out
+    report = json.loads((out / "report.json").read_text())
+    [v] = {v["id"]: v for row in report["rows"] for v in row["verify"] if v["graph"] == "quality"}.values()
+    q = v["quality"]
+    assert q["float"]["text"].startswith("the verification prompts' token ids"), q["float"]
+    assert q["qdq_cpu"]["segments"] >= 1 and q["simulator"]["segments"] == 1 and q["simulator"]["steps"] <= 16, q
+    assert q["qdq_cpu"]["steps"] == sum(t["float_tokens"] for t in q["texts"]) and len(q["texts"]) == 2, q
+    assert all(isinstance(t["qdq_cpu"], list) and t["float"] is None for t in q["texts"]), q["texts"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    verdicts = [a["verification"] for a in manifest["artifacts"] if (a.get("verification") or {}).get("quality")]
+    assert not verdicts, verdicts  # what it verified is set aside (ship_only_verified), the config too
+    assert not (out / "SM8650" / "llama" / "genai_config.json").exists()
 
 
 def _rotary_style(path: Path) -> None:

@@ -29,7 +29,7 @@ def summarize(action: Action) -> dict[str, Any]:
 
 
 def run(ctx: Any) -> None:
-    from ctxbuild.llm.pipeline import reference_generate
+    from ctxbuild.llm.pipeline import open_export, reference_generate
 
     a, p = ctx.action, ctx.action.params
     model = Path(a.inputs["model"])
@@ -47,7 +47,8 @@ def run(ctx: Any) -> None:
     if not segs:
         raise ActionError(f"the evaluation text tokenizes to {len(ids)} token(s); perplexity needs 2 or more",
                           "give llm.eval.text a longer text")
-    nlls = quality.export_nll(model, segs)
+    opened = open_export(model)  # one session for the text and every prompt
+    nlls = quality.export_nll(model, segs, opened)
     result: dict[str, Any] = {
         "text": {"source": source, "tokens": int(sum(len(s) for s in segs)), "segment": p["segment"],
                  "segments": [s.tolist() for s in segs]},
@@ -57,7 +58,7 @@ def run(ctx: Any) -> None:
         if n < 1:
             raise ActionError(f"a verification prompt of {len(prompt)} tokens leaves no room to generate within "
                               f"context length {p['segment']}", "use shorter prompts or a larger context length")
-        got = reference_generate(model, prompt, n).tokens
+        got = reference_generate(model, prompt, n, opened=opened).tokens
         result["prompts"].append({"ids": prompt.tolist(), "prompt": quality.decode(tok, prompt.tolist()),
                                   "tokens": got, "text": quality.decode(tok, got)})
     Path(ctx.tmp_output("result")).write_text(json.dumps(result, indent=1))

@@ -156,11 +156,12 @@ def export_call(s: Any, ids: np.ndarray, n: int, past: dict[str, np.ndarray],
     return dict(zip([o.name for o in s.get_outputs()], got))
 
 
-def reference_generate(model: Path, prompt: np.ndarray, new_tokens: int, slots: dict[str, np.ndarray] | None = None
-                       ) -> Decoded:
+def reference_generate(model: Path, prompt: np.ndarray, new_tokens: int, slots: dict[str, np.ndarray] | None = None,
+                       opened: tuple[Any, dict[str, np.ndarray]] | None = None) -> Decoded:
     """Greedy decode with the original dynamic model (growing KV cache, 2-D attention_mask). `slots`: values for
-    LoRA weights the model takes as inputs (fed where it has such an input)."""
-    s, feeds = open_export(model)
+    LoRA weights the model takes as inputs (fed where it has such an input). `opened`: open_export(model)'s session,
+    reused (opening a large export costs seconds)."""
+    s, feeds = opened or open_export(model)
     ids, n, out = prompt[None].astype(np.int64), 0, Decoded([])
     for _ in range(new_tokens):
         got = export_call(s, ids, n, feeds, slots)

@@ -36,9 +36,11 @@ def nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return lse - x[np.arange(len(targets)), targets]
 
 
-def export_nll(model: Path, segs: list[np.ndarray]) -> list[np.ndarray]:
-    """Per segment, the float export's NLL of its tokens 1..n-1 (one call each, an empty cache)."""
-    s, past = open_export(model)
+def export_nll(model: Path, segs: list[np.ndarray], opened: tuple[Any, dict[str, np.ndarray]] | None = None
+               ) -> list[np.ndarray]:
+    """Per segment, the float export's NLL of its tokens 1..n-1 (one call each, an empty cache). `opened`: its
+    session (pipeline.open_export), reused."""
+    s, past = opened or open_export(model)
     return [nll(export_call(s, seg[None].astype(np.int64), 0, past)["logits"][0, :-1], seg[1:]) for seg in segs]
 
 
@@ -97,9 +99,9 @@ def measure(run: Runner, parts: list[tuple[int, int]], kv_shape: tuple[int, int]
             ar: int, subset: dict[str, int] | None = None, free: bool = False) -> dict[str, Any]:
     """The chained parts behind `run` against the float export's figures (llm_float_eval's result): perplexity and
     its ratio, teacher-forced agreement and first divergences, and with `free` each prompt's own greedy tokens.
-    `subset`: only the first `segments` segments, `prompts` prompts and `tokens` steps of each (the simulator's)."""
-    from ctxbuild.llm.pipeline import generate
-
+    `subset`: only the first `segments` segments, `prompts` prompts and `tokens` steps of each (the simulator's).
+    Everything at the largest AR runs first (the text's windows, every prompt), then every token step at AR 1: a
+    runner holding one AR's sessions at a time (llm/ar_sessions.py) switches once."""
     subset = subset or {}
     segs = [np.array(s, np.int64) for s in floats["text"]["segments"][:subset.get("segments")]]
     out: dict[str, Any] = {"ppl": None, "float_ppl": None, "ppl_ratio": None, "tokens": 0, "segments": len(segs)}
@@ -110,10 +112,21 @@ def measure(run: Runner, parts: list[tuple[int, int]], kv_shape: tuple[int, int]
                    tokens=sum(len(s) - 1 for s in segs))
     prompts = floats["prompts"][:subset.get("prompts")]
     tokens = [p["tokens"][:subset.get("tokens")] for p in prompts]
-    forced = [generate(run, parts, kv_shape, np.array(p["ids"], np.int64), len(t), cl, ar, forced=t).logits
-              for p, t in zip(prompts, tokens)]
-    out.update(agreement(tokens, forced))
+    # per prompt a teacher-forced chain (and a free one): each prefilled at the largest AR, then stepped at AR 1
+    chains = [(t, Chain(run, parts, kv_shape, cl)) for t in tokens] + \
+        ([(None, Chain(run, parts, kv_shape, cl)) for _ in prompts] if free else [])
+    ids = [np.array(p["ids"], np.int64) for p in prompts]
+    last = [c.prefill(ids[i % len(prompts)], ar)[-1] for i, (_, c) in enumerate(chains)]
+    logits: list[list[np.ndarray]] = [[] for _ in chains]
+    taken: list[list[int]] = [[] for _ in chains]
+    for i, (forced, c) in enumerate(chains):
+        want = len(forced) if forced is not None else len(prompts[i % len(prompts)]["tokens"])
+        for s in range(want):
+            logits[i].append(last[i])
+            taken[i].append(forced[s] if forced is not None else int(last[i].argmax()))
+            if s < want - 1:
+                last[i] = c.step(np.array([taken[i][-1]]), 1)[-1]
+    out.update(agreement(tokens, logits[:len(tokens)]))
     if free:
-        out["generated"] = [generate(run, parts, kv_shape, np.array(p["ids"], np.int64), len(p["tokens"]), cl, ar).tokens
-                            for p in prompts]
+        out["generated"] = taken[len(tokens):]
     return out

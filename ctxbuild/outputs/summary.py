@@ -199,4 +199,7 @@ def _verdict(r: dict[str, Any]) -> str:
     if r["cosine"] is None:
         return "FAILED (see above)"
     at = f" at {r['worst']}" if " slice " in (r.get("worst") or "") else ""  # a part: the whole may look fine
-    return f"FAILED{at} (min cosine {t.get('min_cosine')}, min SNR {t.get('min_snr_db')} dB)"
+    gates = [f"min cosine {t.get('min_cosine')}"]
+    gates += [f"min SNR {t['min_snr_db']} dB"] if t.get("min_snr_db") is not None else []
+    gates += [f"KV min cosine {t['min_kv_cosine']}"] if t.get("min_kv_cosine") is not None else []  # an LLM part
+    return f"FAILED{at} ({', '.join(gates)})"

@@ -572,7 +572,7 @@ class LlmGenai(Kind):
 class LlmFloatEvalParams(TypedDict):
     text: str  # where the evaluation text comes from (the recipe's file, or ctxbuild's own), for the result
     segment: int  # tokens per perplexity segment: the largest context length
-    max_segments: int | None  # llm.eval.segments
+    max_segments: int  # llm.eval.segments
     tokens: int  # greedy tokens per prompt (llm.eval.tokens; fewer where the context length leaves less room)
     prompts: int  # verification prompts
 

@@ -51,18 +51,20 @@ def llm_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
         bundles = [_bundle(recipe, [g for g in graphs if g.part == p], compiled, split, t, out) for p in range(spec.parts)]
         acts += bundles
         twins: dict[str, Action] = {}  # single-graph twins compiled alone and kept (the simulator's, QNN-NOTES)
-        if verify:  # each part on the calls the float decode recorded, its twins compiled inside (not kept)
-            acts += [_part_eval(recipe, spec, graphs, p, split, compiled, b, t, out) for p, b in enumerate(bundles)]
+        if verify:
             # the adapters' whole-chain decode needs every graph's; the quality gates the largest CL's
             chained = graphs if spec.adapters else [g for g in graphs if g.cl == max(spec.context_lengths)]
             twins = {g.name: _twin(recipe, g, compiled, split, t, work / "twins" / t.name / recipe.name) for g in chained}
             acts += twins.values()
-            assert floats is not None
-            acts.append(quality_gate(recipe, spec, chained, split, twins, floats, cpu, bundles, t, out))
+            # each part on the calls the float decode recorded: those twins, the others compiled inside (not kept)
+            acts += [_part_eval(recipe, spec, graphs, p, split, compiled, b, twins, t, out) for p, b in enumerate(bundles)]
         if spec.adapters:
             acts += _adapters(recipe, spec, graphs, split, compiled, list(twins.values()), bundles, t, out)
         package = _package(recipe, spec, bundles, split, t, out)
         acts.append(package)
+        if verify:  # the whole model's quality: a verdict on the bundles and the config naming them
+            assert floats is not None
+            acts.append(quality_gate(recipe, spec, chained, split, twins, floats, cpu, [*bundles, package], t, out))
         if verify:
             acts.append(_genai(recipe, spec, graphs, split, compiled, bundles, package, t, out))
     return acts
@@ -150,7 +152,7 @@ def _twin(recipe: Recipe, g: GraphSpec, compiled: dict[str, str], split: Action,
 
 
 def _part_eval(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int, split: Action,
-               compiled: dict[str, str], bundle: Action, t: Target, out: Path) -> Action:
+               compiled: dict[str, str], bundle: Action, twins: dict[str, Action], t: Target, out: Path) -> Action:
     """Part `part` checked on the calls the float decode recorded: its graphs compiled alone inside the action
     (the bundle's QDQ models and options), run on the simulator and the CPU against the float outputs."""
     mine = [g for g in graphs if g.part == part]
@@ -160,6 +162,9 @@ def _part_eval(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int
         if spec.adapters:  # the slots' defaults (the QDQ graphs take them as inputs)
             inputs.update(graph_files(split.outputs, g, f"reference:{g.name}"))
     inputs.update({f"bundle.{k}": v for k, v in bundle.outputs.items()})  # re-verified whenever it changes
+    for g in mine:  # kept twins (the quality check's), used rather than compiled again
+        if g.name in twins:
+            inputs.update({f"twin:{g.name}": twins[g.name].outputs["ctx"], f"twin:{g.name}.bin": twins[g.name].outputs["bin"]})
     params = {"part": part, "parts": spec.parts, "graphs": [g.name for g in mine],
               "context_lengths": list(spec.context_lengths), "precision": spec.precision,
               "provider_options": _options(recipe, t), "prompts": spec.verify_prompts,

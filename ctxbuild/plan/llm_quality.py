@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ctxbuild.digests import short_hash
-from ctxbuild.llm.static import GraphSpec
+from ctxbuild.llm.static import GraphSpec, weights_role
 from ctxbuild.plan.action import Action
 from ctxbuild.plan.steps import common_params
 from ctxbuild.recipes.llm import LlmSpec
@@ -35,15 +35,14 @@ def quality_float(recipe: Recipe, spec: LlmSpec, work: Path) -> Action:
 
 def quality_cpu(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], split: Action, compiled: dict[str, str],
                 floats: Action, work: Path) -> Action:
-    from ctxbuild.plan.llm import graph_files
-
     cl = max(spec.context_lengths)
     inputs = {"layout": split.outputs["layout"], "float": floats.outputs["result"]}
     for g in graphs:
-        if g.cl == cl:
-            inputs.update(graph_files(compiled, g, f"qdq:{g.name}"))
+        if g.cl == cl:  # each graph and its part's weight file (plan/llm.py graph_files' roles)
+            inputs.update({f"qdq:{g.name}": compiled[f"model:{g.name}"], f"qdq:{g.name}.data": compiled[weights_role(g.part)]})
             if spec.adapters:  # the slots are required inputs of the QDQ graphs: fed the float graphs' defaults
-                inputs.update(graph_files(split.outputs, g, f"reference:{g.name}"))
+                inputs.update({f"reference:{g.name}": split.outputs[f"model:{g.name}"],
+                               f"reference:{g.name}.data": split.outputs[weights_role(g.part)]})
     params = {"context_length": cl}
     return Action(id=f"llm_quality_cpu/{recipe.name}", kind="llm_quality_cpu",
                   description=f"quality of {recipe.name} ({spec.precision}, QDQ parts on the CPU)", inputs=inputs,
@@ -52,7 +51,7 @@ def quality_cpu(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], split: A
 
 
 def quality_gate(recipe: Recipe, spec: LlmSpec, chained: list[GraphSpec], split: Action, twins: dict[str, Action],
-                 floats: Action, cpu: Action | None, bundles: list[Action], t: Target, out: Path) -> Action:
+                 floats: Action, cpu: Action | None, delivered: list[Action], t: Target, out: Path) -> Action:
     q = spec.quality
     assert q is not None
     cl = max(spec.context_lengths)
@@ -64,8 +63,8 @@ def quality_gate(recipe: Recipe, spec: LlmSpec, chained: list[GraphSpec], split:
     for g in chained:
         if g.cl == cl:
             inputs.update({f"twin:{g.name}": twins[g.name].outputs["ctx"], f"twin:{g.name}.bin": twins[g.name].outputs["bin"]})
-    for p, b in enumerate(bundles):  # re-verified whenever a deliverable changes
-        inputs.update({f"bundle{p + 1}.{k}": v for k, v in b.outputs.items()})
+    for p, b in enumerate(delivered):  # the bundles and the config: re-verified whenever a deliverable changes
+        inputs.update({f"delivered{p + 1}.{k}": v for k, v in b.outputs.items()})
     params = {"context_length": cl, "precision": spec.precision, "subset": dict(q.simulator),
               "thresholds": {"max_ppl_ratio": q.max_ppl_ratio, "min_agreement": q.min_agreement},
               "timeout_s": recipe.verify.get("timeout_s", 600)}

@@ -28,7 +28,7 @@ class Quality:
     text: Path  # the evaluation text (ctxbuild's own unless llm.eval.text)
     text_given: bool
     tokenizer: Path | None  # the export's tokenizer.json; without one the prompts' ids are the text
-    segments: int | None  # at most this many segments on the CPU
+    segments: int  # at most this many segments on the CPU
     tokens: int  # greedy tokens per prompt
     simulator: dict[str, int]  # segments, prompts, tokens
     max_ppl_ratio: float
@@ -41,6 +41,7 @@ class Quality:
 MAX_PPL_RATIO = 1.15
 MIN_AGREEMENT = 0.8
 EVAL_TOKENS = 64
+PPL_TOKENS = 1024  # unless llm.eval.segments: the segments (one largest CL each) covering this many of the text's tokens
 SIMULATOR_SUBSET = {"segments": 1, "prompts": 1, "tokens": 16}
 
 
@@ -135,7 +136,7 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
             raise RecipeError(f"{at('prompts', 'dir')}: llm.prompts.dir holds text prompts and there is no "
                               "tokenizer.json to tokenize them with",
                               "list the export's tokenizer.json under llm.tokenizer, or keep it beside the model")
-    quality = _quality(f, spec, model, tokenizer, at)
+    quality = _quality(f, spec, model, tokenizer, max(cls), at)
     adapters, slot_parts = None, ()
     if "adapters" in spec:
         adapters, wheres = _adapters(f, data, spec, precision, facts, model.name)
@@ -150,7 +151,7 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
                    tokenizer=tokenizer, prompt_tokenizer=prompt_tokenizer, quality=quality)
 
 
-def _quality(f: Path, spec: dict[str, Any], model: Path, tokenizer: tuple[Path, ...], at: Any) -> Quality:
+def _quality(f: Path, spec: dict[str, Any], model: Path, tokenizer: tuple[Path, ...], cl: int, at: Any) -> Quality:
     """llm.eval and the gates; the evaluation text checked here (one line naming the field)."""
     ev = spec.get("eval", {})
     tok = next((p for p in tokenizer if p.name == "tokenizer.json"), None) or (
@@ -167,7 +168,7 @@ def _quality(f: Path, spec: dict[str, Any], model: Path, tokenizer: tuple[Path, 
         if tok is None:
             raise RecipeError(f"{at('eval', 'text')}: llm.eval.text needs the export's tokenizer.json to read it",
                               "list it under llm.tokenizer, or keep it beside the model")
-    return Quality(text=text, text_given="text" in ev, tokenizer=tok, segments=ev.get("segments"),
+    return Quality(text=text, text_given="text" in ev, tokenizer=tok, segments=ev.get("segments", -(-PPL_TOKENS // cl)),
                    tokens=ev.get("tokens", EVAL_TOKENS), simulator={**SIMULATOR_SUBSET, **ev.get("simulator", {})},
                    max_ppl_ratio=spec.get("max_ppl_ratio", MAX_PPL_RATIO),
                    min_agreement=spec.get("min_agreement", MIN_AGREEMENT))
