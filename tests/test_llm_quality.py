@@ -82,6 +82,13 @@ def test_the_float_static_parts_reproduce_the_exports_perplexity_and_tokens(tmp_
     assert got["ppl_ratio"] == pytest.approx(1.0, abs=2e-4) and got["ppl"] > 1, got
     assert got["agreement"] == 1.0 and got["first_divergence"] == [None] * len(prompts), got
     assert got["generated"] == [p["tokens"] for p in floats["prompts"]]
+    # the simulator's subset: the first windows of the first segment, against the float NLL of the same tokens
+    floats["first_nll"] = want[0].tolist()
+    sub = quality.measure(run, ranges, (shape.kv_heads, shape.head_dim), floats, cl, ar,
+                          {"windows": 2, "prompts": 1, "tokens": 5})
+    assert sub["tokens"] == 2 * ar - 1 and sub["steps"] == 5 and sub["first_divergence"] == [None], sub
+    assert sub["float_ppl"] == pytest.approx(float(np.exp(want[0][:2 * ar - 1].mean())), rel=1e-4)
+    assert sub["ppl_ratio"] == pytest.approx(1.0, abs=2e-4)
 
 
 def _recipe(d: Path, **llm: object) -> Path:
@@ -98,7 +105,7 @@ def _recipe(d: Path, **llm: object) -> Path:
     ({"max_ppl_ratio": 0.9}, "max_ppl_ratio"),
     ({"min_agreement": 1.5}, "min_agreement"),
     ({"eval": {"tokens": 0}}, "tokens"),
-    ({"eval": {"simulator": {"prompt": 1}}}, "prompt"),
+    ({"eval": {"simulator": {"segments": 1}}}, "segments"),
 ])
 def test_bad_eval_values_exit_2_with_one_line(tmp_path: Path, llm: dict[str, object], expect: str) -> None:
     from ctxbuild.errors import RecipeError

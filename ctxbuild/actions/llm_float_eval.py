@@ -52,7 +52,8 @@ def run(ctx: Any) -> None:
     result: dict[str, Any] = {
         "text": {"source": source, "tokens": int(sum(len(s) for s in segs)), "segment": p["segment"],
                  "segments": [s.tolist() for s in segs]},
-        "ppl": round(quality.perplexity(nlls), 4), "by_segment": [quality.summary(x) for x in nlls], "prompts": []}
+        "ppl": round(quality.perplexity(nlls), 4), "by_segment": [quality.summary(x) for x in nlls],
+        "first_nll": nlls[0].tolist(), "prompts": []}  # per token: the simulator's subset is the first windows
     for prompt in prompts:
         n = min(p["tokens"], p["segment"] - len(prompt))  # the static graphs decode within one context length
         if n < 1:

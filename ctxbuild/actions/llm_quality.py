@@ -18,8 +18,8 @@ from ctxbuild.llm.layout import Layout
 from ctxbuild.plan.action import Action
 
 METHOD = ("perplexity of the evaluation text and top-1 agreement with the float export's greedy tokens (teacher-forced): "
-          "the QDQ parts on the CPU over all of it, the compiled parts on the HTP simulator over the first {segments} "
-          "segment(s), {prompts} prompt(s) and {tokens} token(s) each")
+          "the QDQ parts on the CPU over all of it, the compiled parts on the HTP simulator over the text's first {windows} "
+          "window(s) of the largest AR, {prompts} prompt(s) and {tokens} token(s) each")
 BACKENDS = {"qdq_cpu": "QDQ parts on the CPU", "simulator": "compiled parts on the simulator"}
 
 

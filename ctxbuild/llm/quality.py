@@ -99,15 +99,21 @@ def measure(run: Runner, parts: list[tuple[int, int]], kv_shape: tuple[int, int]
             ar: int, subset: dict[str, int] | None = None, free: bool = False) -> dict[str, Any]:
     """The chained parts behind `run` against the float export's figures (llm_float_eval's result): perplexity and
     its ratio, teacher-forced agreement and first divergences, and with `free` each prompt's own greedy tokens.
-    `subset`: only the first `segments` segments, `prompts` prompts and `tokens` steps of each (the simulator's).
+    `subset` (the simulator's): the perplexity of the first `windows` windows of `ar` tokens of the text, the first
+    `prompts` prompts and `tokens` steps of each.
     Everything at the largest AR runs first (the text's windows, every prompt), then every token step at AR 1: a
     runner holding one AR's sessions at a time (llm/ar_sessions.py) switches once."""
     subset = subset or {}
-    segs = [np.array(s, np.int64) for s in floats["text"]["segments"][:subset.get("segments")]]
+    segs = [np.array(s, np.int64) for s in floats["text"]["segments"]]
+    if "windows" in subset:  # the first segment's first windows of `ar` tokens, against the float NLL of those tokens
+        segs = [segs[0][:subset["windows"] * ar]] if subset["windows"] and segs else []
+        refs: list[Any] = [np.array(floats["first_nll"][:len(segs[0]) - 1])] if segs else []
+    else:
+        segs = segs[:subset.get("segments")]
+        refs = floats["by_segment"][:len(segs)]
     out: dict[str, Any] = {"ppl": None, "float_ppl": None, "ppl_ratio": None, "tokens": 0, "segments": len(segs)}
-    if segs:
-        ppl = perplexity(static_nll(run, parts, kv_shape, segs, cl, ar))
-        ref = perplexity(floats["by_segment"][:len(segs)])
+    if segs and len(segs[0]) >= 2:
+        ppl, ref = perplexity(static_nll(run, parts, kv_shape, segs, cl, ar)), perplexity(refs)
         out.update(ppl=round(ppl, 4), float_ppl=round(ref, 4), ppl_ratio=round(ppl / ref, 4),
                    tokens=sum(len(s) - 1 for s in segs))
     prompts = floats["prompts"][:subset.get("prompts")]
