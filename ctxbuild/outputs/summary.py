@@ -193,7 +193,8 @@ def _verdict(r: dict[str, Any]) -> str:
             return f"ok ({r['precision']})"
         floor, t = r.get("worst_floor"), r.get("thresholds") or {}
         # the row's cosine is the lowest shown; gated at its own floor (KV), the row says which
-        return f"ok (KV min cosine {floor})" if floor is not None and floor != t.get("min_cosine") else "ok"
+        below = r.get("cosine") is not None and t.get("min_cosine") is not None and r["cosine"] < t["min_cosine"]
+        return f"ok (KV min cosine {floor})" if below and floor is not None and floor != t.get("min_cosine") else "ok"
     t = r.get("thresholds") or {}
     if r.get("status") == "not built":  # a failure upstream, or the build stopped first (-k, Ctrl-C)
         return f"not run: {r['blocked_by']} failed" if r.get("blocked_by") else "not run (the build stopped first)"
