@@ -20,7 +20,7 @@ def quality_float(recipe: Recipe, spec: LlmSpec, work: Path) -> Action:
     assert q is not None
     params = {"text": str(q.text) if q.text_given else "ctxbuild's English text (734 words)",
               "segment": max(spec.context_lengths), "max_segments": q.segments, "tokens": q.tokens,
-              "prompts": spec.verify_prompts}
+              "prompts": spec.verify_prompts, "context_lengths": [max(spec.context_lengths)]}
     inputs = {"model": str(spec.model)}
     if q.tokenizer is not None:  # without one the prompts' ids are the text (the result says so)
         inputs.update(text=str(q.text), tokenizer=str(q.tokenizer))
@@ -43,7 +43,7 @@ def quality_cpu(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], split: A
             if spec.adapters:  # the slots are required inputs of the QDQ graphs: fed the float graphs' defaults
                 inputs.update({f"reference:{g.name}": split.outputs[f"model:{g.name}"],
                                f"reference:{g.name}.data": split.outputs[weights_role(g.part)]})
-    params = {"context_length": cl}
+    params = {"context_length": cl, "context_lengths": [cl]}  # the CL the memory estimate's activations count
     return Action(id=f"llm_quality_cpu/{recipe.name}", kind="llm_quality_cpu",
                   description=f"quality of {recipe.name} ({spec.precision}, QDQ parts on the CPU)", inputs=inputs,
                   outputs={"result": str(work / f"{recipe.name}-quality-{short_hash([params, inputs])}" / "qdq_cpu.json")},
@@ -65,7 +65,7 @@ def quality_gate(recipe: Recipe, spec: LlmSpec, chained: list[GraphSpec], split:
             inputs.update({f"twin:{g.name}": twins[g.name].outputs["ctx"], f"twin:{g.name}.bin": twins[g.name].outputs["bin"]})
     for p, b in enumerate(delivered):  # the bundles and the config: re-verified whenever a deliverable changes
         inputs.update({f"delivered{p + 1}.{k}": v for k, v in b.outputs.items()})
-    params = {"context_length": cl, "precision": spec.precision, "subset": dict(q.simulator),
+    params = {"context_length": cl, "context_lengths": [cl], "precision": spec.precision, "subset": dict(q.simulator),
               "thresholds": {"max_ppl_ratio": q.max_ppl_ratio, "min_agreement": q.min_agreement},
               "timeout_s": recipe.verify.get("timeout_s", 600)}
     return Action(id=f"llm_quality/{recipe.name}@{t.name}", kind="llm_quality",

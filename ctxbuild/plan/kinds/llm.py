@@ -182,6 +182,7 @@ class LlmFloatEvalParams(TypedDict):
     max_segments: int  # llm.eval.segments
     tokens: int  # greedy tokens per prompt (llm.eval.tokens; fewer where the context length leaves less room)
     prompts: int  # verification prompts
+    context_lengths: list[int]  # [segment]: what the memory estimate's activations count
 
 
 class LlmFloatEval(Kind):
@@ -196,6 +197,7 @@ class LlmFloatEval(Kind):
 
 class LlmQualityCpuParams(TypedDict):
     context_length: int  # the graphs chained: the largest CL's
+    context_lengths: list[int]  # [context_length], for the memory estimate
 
 
 class LlmQualityCpu(Kind):
@@ -210,6 +212,7 @@ class LlmQualityCpu(Kind):
 
 class LlmQualityParams(TypedDict):
     context_length: int
+    context_lengths: list[int]  # [context_length], for the memory estimate
     precision: str
     thresholds: dict[str, float]  # max_ppl_ratio, min_agreement
     subset: dict[str, int]  # what the simulator runs: segments, prompts, tokens
