@@ -47,7 +47,7 @@ def run(ctx: Any) -> None:
     if not segs:
         raise ActionError(f"the evaluation text tokenizes to {len(ids)} token(s); perplexity needs 2 or more",
                           "give llm.eval.text a longer text")
-    opened = open_export(model)  # one session for the text and every prompt
+    opened = open_export(model)  # one InferenceSession for the text and every prompt
     nlls = quality.export_nll(model, segs, opened)
     result: dict[str, Any] = {
         "text": {"source": source, "tokens": int(sum(len(s) for s in segs)), "segment": p["segment"],

@@ -49,7 +49,7 @@ def run(ctx: Any) -> None:
     if result["failures"]:
         raise ActionError(f"{a.recipes[0]}@{a.target['name']}: " + "; ".join(result["failures"]),
                           "try precision w8a16, more calibration prompts, or set llm.max_ppl_ratio / "
-                          "llm.min_agreement to what the model may lose (docs/llm.md, Quality)", details=result)
+                          "llm.min_agreement to what the model may lose (docs/llm-reference.md, Quality)", details=result)
 
 
 def report(p: dict[str, Any], floats: dict[str, Any], measured: dict[str, dict[str, Any]], tokenizer: Path | None

@@ -122,7 +122,7 @@ def cpu_runner(models: dict[tuple[int, int, int], Path], bound: Bound | None = N
         # copies: an output array onnxruntime returns is a view of its session's activation arena, and one kept
         # (a hidden state recorded as the next part's calibration input, a recorded output) keeps the whole arena
         # resident after the session closed: a 32 MB output held 190 MB; 16 AR switches of a 1B-shape calibration
-        # held GBs of closed sessions' arenas (docs/llm.md, At LLM sizes)
+        # held GBs of closed sessions' arenas (docs/llm-reference.md, At LLM sizes)
         return {n: np.array(v) for n, v in zip(names, s.run(None, {n: given[n] for n in wanted}))}
 
     return run
@@ -159,8 +159,8 @@ def export_call(s: Any, ids: np.ndarray, n: int, past: dict[str, np.ndarray],
 def reference_generate(model: Path, prompt: np.ndarray, new_tokens: int, slots: dict[str, np.ndarray] | None = None,
                        opened: tuple[Any, dict[str, np.ndarray]] | None = None) -> Decoded:
     """Greedy decode with the original dynamic model (growing KV cache, 2-D attention_mask). `slots`: values for
-    LoRA weights the model takes as inputs (fed where it has such an input). `opened`: open_export(model)'s session,
-    reused (opening a large export costs seconds)."""
+    LoRA weights the model takes as inputs (fed where it has such an input). `opened`: open_export(model)'s
+    InferenceSession, reused (opening a large export costs seconds)."""
     s, feeds = opened or open_export(model)
     ids, n, out = prompt[None].astype(np.int64), 0, Decoded([])
     for _ in range(new_tokens):

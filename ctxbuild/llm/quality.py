@@ -39,7 +39,7 @@ def nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 def export_nll(model: Path, segs: list[np.ndarray], opened: tuple[Any, dict[str, np.ndarray]] | None = None
                ) -> list[np.ndarray]:
     """Per segment, the float export's NLL of its tokens 1..n-1 (one call each, an empty cache). `opened`: its
-    session (pipeline.open_export), reused."""
+    InferenceSession (pipeline.open_export), reused."""
     s, past = opened or open_export(model)
     return [nll(export_call(s, seg[None].astype(np.int64), 0, past)["logits"][0, :-1], seg[1:]) for seg in segs]
 

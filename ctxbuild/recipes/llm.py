@@ -16,7 +16,7 @@ from ctxbuild.recipes.targets import Target
 from ctxbuild.recipes.yamlsrc import LineDict, line_of
 
 GENAI_TOKENS = 32  # the runtime check's tokens per prompt unless llm.generate says (actions/llm_genai.py)
-# A KV output's cosine floor in the part checks (docs/llm.md, "KV outputs"): the trained glasslm at w4a16 passed its
+# A KV output's cosine floor in the part checks (docs/llm-reference.md, "KV outputs"): the trained glasslm at w4a16 passed its
 # tokens with int4 layers' KV down to 0.835 on the simulator; SmolLM2-135M at w8a16, whose decode diverges at the first
 # generated token, moved later layers' KV to 0.15-0.69. min_cosine (0.95) would fail the first.
 MIN_KV_COSINE = 0.8
@@ -24,7 +24,7 @@ MIN_KV_COSINE = 0.8
 
 @dataclass(frozen=True)
 class Quality:
-    """llm.eval and the gates (ctxbuild/llm/quality.py, docs/llm.md "Quality")."""
+    """llm.eval and the gates (ctxbuild/llm/quality.py, docs/llm-reference.md "Quality")."""
     text: Path  # the evaluation text (ctxbuild's own unless llm.eval.text)
     text_given: bool
     tokenizer: Path | None  # the export's tokenizer.json; without one the prompts' ids are the text
@@ -35,7 +35,7 @@ class Quality:
     min_agreement: float
 
 
-# The quality gates' defaults: what a shipped phone model should keep (docs/llm.md, Quality): the issue's figure for
+# The quality gates' defaults: what a shipped phone model should keep (docs/llm-reference.md, Quality): the issue's figure for
 # the best w4a16 setting, which devices ship, so a w4a16 build that keeps the model passes and `precision: auto` can
 # choose it; w8a16 is expected to do much better (1.03x / 0.95), which a recipe asks for by setting them.
 MAX_PPL_RATIO = 1.15
@@ -112,7 +112,7 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
         raise RecipeError(f"{at('kv_cache')}: kv_cache sets a quantized type; precision fp16 keeps the cache in fp16",
                           "remove kv_cache, or use w4a16/w8a16")
     names = facts.get("weights", [])
-    # Default (measured on a trained decoder, docs/llm.md): the first and last blocks' weights at int8
+    # Default (measured on a trained decoder, docs/llm-reference.md): the first and last blocks' weights at int8
     edges = sorted({"model.layers.0.*", f"model.layers.{(layers or 1) - 1}.*"})
     keep_8bit = tuple(spec["keep_8bit"]) if "keep_8bit" in spec else tuple(
         p for p in edges if precision == "w4a16" and fnmatch.filter(names, p))

