@@ -64,7 +64,8 @@ def llm_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
         acts.append(package)
         if verify:  # the whole model's quality: a verdict on the bundles and the config naming them
             assert floats is not None
-            acts.append(quality_gate(recipe, spec, chained, split, twins, floats, cpu, [*bundles, package], t, out))
+            acts.append(quality_gate(recipe, spec, chained, split, compiled, twins, floats, cpu, [*bundles, package], t,
+                                     out))
         if verify:
             acts.append(_genai(recipe, spec, graphs, split, compiled, bundles, package, t, out))
     return acts

@@ -50,8 +50,9 @@ def quality_cpu(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], split: A
                   params=params, **common_params(recipe))
 
 
-def quality_gate(recipe: Recipe, spec: LlmSpec, chained: list[GraphSpec], split: Action, twins: dict[str, Action],
-                 floats: Action, cpu: Action | None, delivered: list[Action], t: Target, out: Path) -> Action:
+def quality_gate(recipe: Recipe, spec: LlmSpec, chained: list[GraphSpec], split: Action, compiled: dict[str, str],
+                 twins: dict[str, Action], floats: Action, cpu: Action | None, delivered: list[Action], t: Target,
+                 out: Path) -> Action:
     q = spec.quality
     assert q is not None
     cl = max(spec.context_lengths)
@@ -62,7 +63,9 @@ def quality_gate(recipe: Recipe, spec: LlmSpec, chained: list[GraphSpec], split:
         inputs["tokenizer"] = str(q.tokenizer)
     for g in chained:
         if g.cl == cl:
-            inputs.update({f"twin:{g.name}": twins[g.name].outputs["ctx"], f"twin:{g.name}.bin": twins[g.name].outputs["bin"]})
+            inputs.update({f"twin:{g.name}": twins[g.name].outputs["ctx"], f"twin:{g.name}.bin": twins[g.name].outputs["bin"],
+                           # what the twins were compiled from: sized before they exist, for the memory estimate
+                           f"qdq:{g.name}": compiled[f"model:{g.name}"], f"qdq:{g.name}.data": compiled[weights_role(g.part)]})
     for p, b in enumerate(delivered):  # the bundles and the config: re-verified whenever a deliverable changes
         inputs.update({f"delivered{p + 1}.{k}": v for k, v in b.outputs.items()})
     params = {"context_length": cl, "context_lengths": [cl], "precision": spec.precision, "subset": dict(q.simulator),
