@@ -10,7 +10,12 @@ from typing import Any
 from ctxbuild.errors import RecipeError
 from ctxbuild.recipes import precisions
 from ctxbuild.recipes.adapters import Adapters, parse_adapters
+<<<<<<< HEAD
 from ctxbuild.llm.prompts import DEFAULT_TEXT, has_text
+=======
+from ctxbuild.recipes.alpha import AlphaSwitch, parse_alpha
+from ctxbuild.llm.prompts import has_text
+>>>>>>> main
 from ctxbuild.recipes.paths import named_path, outside
 from ctxbuild.recipes.targets import Target
 from ctxbuild.recipes.yamlsrc import LineDict, line_of
@@ -68,6 +73,7 @@ class LlmSpec:
     quality: Quality | None = None  # llm.eval and its gates (every build has one: parse_llm fills the defaults)
     adapters: Adapters | None = None  # LoRA (llm.adapters): slots kept as inputs of every graph reading them
     slot_parts: tuple[int, ...] = ()  # llm.adapters: the parts (0-based) whose graphs read slots
+    alpha: AlphaSwitch | None = None  # llm.adapters with switch: alpha (plan/llm.py binds it as the slot lora_alpha)
     tokenizer: tuple[Path, ...] = ()  # files copied beside genai_config.json
     prompt_tokenizer: Path | None = None  # the tokenizer.json text prompts are tokenized with
 
@@ -139,9 +145,17 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
             raise RecipeError(f"{at('prompts', 'dir')}: llm.prompts.dir holds text prompts and there is no "
                               "tokenizer.json to tokenize them with",
                               "list the export's tokenizer.json under llm.tokenizer, or keep it beside the model")
+<<<<<<< HEAD
     quality = _quality(f, spec, model, tokenizer, max(cls), at)
     adapters, slot_parts = None, ()
     if "adapters" in spec:
+=======
+    adapters, slot_parts, alpha = None, (), None
+    if "adapters" in spec and spec["adapters"].get("switch") == "alpha":
+        alpha, wheres = _alpha(f, data, spec, precision, facts)
+        slot_parts = _parts_reading(wheres, layers, parts)
+    elif "adapters" in spec:
+>>>>>>> main
         adapters, wheres = _adapters(f, data, spec, precision, facts, model.name)
         slot_parts = _parts_reading(wheres, layers, parts)
     return LlmSpec(model=model, sequence_lengths=ars, context_lengths=cls, parts=parts, precision=precision,
@@ -149,6 +163,7 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
                    calibration_prompts=spec["prompts"].get("samples", 4), verify_prompts=spec["prompts"].get("verify", 2),
                    generate=spec.get("generate", 8), genai_tokens=spec.get("generate", GENAI_TOKENS),
                    min_token_agreement=spec.get("min_token_agreement", 0.75),
+<<<<<<< HEAD
                    min_cosine=spec.get("min_cosine", 0.95), min_kv_cosine=spec.get("min_kv_cosine", MIN_KV_COSINE),
                    simulator=spec.get("simulator", "auto"), adapters=adapters, slot_parts=slot_parts,
                    tokenizer=tokenizer, prompt_tokenizer=prompt_tokenizer, quality=quality)
@@ -175,6 +190,10 @@ def _quality(f: Path, spec: dict[str, Any], model: Path, tokenizer: tuple[Path, 
                    tokens=ev.get("tokens", EVAL_TOKENS), simulator={**SIMULATOR_SUBSET, **ev.get("simulator", {})},
                    max_ppl_ratio=spec.get("max_ppl_ratio", MAX_PPL_RATIO),
                    min_agreement=spec.get("min_agreement", MIN_AGREEMENT))
+=======
+                   min_cosine=spec.get("min_cosine", 0.95), simulator=spec.get("simulator", "auto"), adapters=adapters, slot_parts=slot_parts, alpha=alpha,
+                   tokenizer=tokenizer, prompt_tokenizer=prompt_tokenizer)
+>>>>>>> main
 
 
 # what llm_package, llm_part_eval and llm_genai write into the same directory (its stage files are *.onnx, wrappers
@@ -230,6 +249,27 @@ def _adapters(f: Path, data: LineDict, spec: dict[str, Any], precision: str, fac
                               f"input of {model}", f"a name or glob pattern of its LoRA weights, e.g. {example!r}")
         wheres.update(w for n in hits for w in readers[n])
     return adapters, tuple(sorted(wheres))
+
+
+def _alpha(f: Path, data: LineDict, spec: dict[str, Any], precision: str, facts: dict[str, Any]
+           ) -> tuple[AlphaSwitch, tuple[int, ...]]:
+    """llm.adapters with switch: alpha, and where the adapted weights are read: the parts taking lora_alpha (each of
+    them the same vector). A module found by its weight `<module>.weight`; otherwise every part."""
+    from ctxbuild.lora.alpha import modules
+
+    if precision == "fp16":
+        raise RecipeError(f"{f}:{line_of(data, ['llm', 'adapters', 'switch'])}: llm.adapters with switch: alpha at "
+                          "precision fp16 is not built yet", "use precision w8a16 or w4a16")
+    alpha = parse_alpha(f, data, spec["adapters"], precision, bundle=False, multi_soc=False, where=("llm", "adapters"))
+    readers: dict[str, list[int]] = facts.get("readers", {})
+    wheres: set[int] = set()
+    for a in alpha.items:
+        for module in modules(a.file, dict(a.tensors)):
+            weight = dict(alpha.targets).get(module, f"{module}.weight")
+            if weight not in readers:
+                return alpha, ()  # a node named in targets, or not found by weight: every part (split says which)
+            wheres.update(readers[weight])
+    return alpha, tuple(sorted(wheres))
 
 
 def _parts_reading(wheres: tuple[int, ...], layers: int | None, parts: int) -> tuple[int, ...]:
