@@ -166,7 +166,6 @@ def sibling_skips(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-<<<<<<< HEAD
 def quality_line(q: dict[str, Any] | None) -> str | None:
     """An LLM's quality figures in a few words: perplexity ratio and greedy agreement per backend measured."""
     if not q:
@@ -181,13 +180,6 @@ def quality_line(q: dict[str, Any] | None) -> str | None:
     return "; ".join(parts) or None
 
 
-def _verdict(r: dict[str, Any]) -> str:
-    if r.get("quality"):  # an LLM's quality gates: their figures, not a cosine
-        t = r.get("thresholds") or {}
-        gates = f"max {t.get('max_ppl_ratio')}x, min {t.get('min_agreement')}"
-        return f"{'ok' if r['passed'] else 'FAILED'} ({r['quality']}; {gates})" if r.get("passed") is not None \
-            else _verdict({**r, "quality": None})
-=======
 def on_cpu(coverage: dict[str, Any] | None) -> dict[str, Any] | None:
     """What compile.cpu_fallback left on the CPU (verify's coverage): the CPU's share of the model's counted MACs,
     its ops, the nodes whose MACs are unknown; None when the whole graph ran on the NPU (or was not verified)."""
@@ -222,7 +214,11 @@ def _verdict(r: dict[str, Any]) -> str:
 
 
 def _outcome(r: dict[str, Any]) -> str:
->>>>>>> main
+    if r.get("quality"):  # an LLM's quality gates: their figures, not a cosine
+        t = r.get("thresholds") or {}
+        gates = f"max {t.get('max_ppl_ratio')}x, min {t.get('min_agreement')}"
+        return f"{'ok' if r['passed'] else 'FAILED'} ({r['quality']}; {gates})" if r.get("passed") is not None \
+            else _outcome({**r, "quality": None})
     if r["passed"] and r.get("sample_source") == "random":
         return "unverified: random inputs (give verify.dir or calibration.dir)"
     if r["passed"]:  # a precision search says what it chose: the user did not

@@ -22,11 +22,8 @@ from ctxbuild.llm.genai_config import helper_names
 from ctxbuild.recipes.llm import LlmSpec
 from ctxbuild.llm.static import GraphSpec, records_name, records_role, specs, weights_name, weights_role
 from ctxbuild.plan.adapters import adapter_actions, calibration_inputs
-<<<<<<< HEAD
 from ctxbuild.plan.llm_quality import quality_cpu, quality_float, quality_gate
-=======
 from ctxbuild.recipes.adapters import Adapter, Adapters
->>>>>>> main
 from ctxbuild.digests import short_hash
 from ctxbuild.plan.action import Action
 from ctxbuild.plan.steps import common_params, provider_options

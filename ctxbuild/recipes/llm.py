@@ -10,12 +10,8 @@ from typing import Any
 from ctxbuild.errors import RecipeError
 from ctxbuild.recipes import precisions
 from ctxbuild.recipes.adapters import Adapters, parse_adapters
-<<<<<<< HEAD
-from ctxbuild.llm.prompts import DEFAULT_TEXT, has_text
-=======
 from ctxbuild.recipes.alpha import AlphaSwitch, parse_alpha
-from ctxbuild.llm.prompts import has_text
->>>>>>> main
+from ctxbuild.llm.prompts import DEFAULT_TEXT, has_text
 from ctxbuild.recipes.paths import named_path, outside
 from ctxbuild.recipes.targets import Target
 from ctxbuild.recipes.yamlsrc import LineDict, line_of
@@ -145,17 +141,12 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
             raise RecipeError(f"{at('prompts', 'dir')}: llm.prompts.dir holds text prompts and there is no "
                               "tokenizer.json to tokenize them with",
                               "list the export's tokenizer.json under llm.tokenizer, or keep it beside the model")
-<<<<<<< HEAD
     quality = _quality(f, spec, model, tokenizer, max(cls), at)
-    adapters, slot_parts = None, ()
-    if "adapters" in spec:
-=======
     adapters, slot_parts, alpha = None, (), None
     if "adapters" in spec and spec["adapters"].get("switch") == "alpha":
         alpha, wheres = _alpha(f, data, spec, precision, facts)
         slot_parts = _parts_reading(wheres, layers, parts)
     elif "adapters" in spec:
->>>>>>> main
         adapters, wheres = _adapters(f, data, spec, precision, facts, model.name)
         slot_parts = _parts_reading(wheres, layers, parts)
     return LlmSpec(model=model, sequence_lengths=ars, context_lengths=cls, parts=parts, precision=precision,
@@ -163,9 +154,8 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
                    calibration_prompts=spec["prompts"].get("samples", 4), verify_prompts=spec["prompts"].get("verify", 2),
                    generate=spec.get("generate", 8), genai_tokens=spec.get("generate", GENAI_TOKENS),
                    min_token_agreement=spec.get("min_token_agreement", 0.75),
-<<<<<<< HEAD
                    min_cosine=spec.get("min_cosine", 0.95), min_kv_cosine=spec.get("min_kv_cosine", MIN_KV_COSINE),
-                   simulator=spec.get("simulator", "auto"), adapters=adapters, slot_parts=slot_parts,
+                   simulator=spec.get("simulator", "auto"), adapters=adapters, slot_parts=slot_parts, alpha=alpha,
                    tokenizer=tokenizer, prompt_tokenizer=prompt_tokenizer, quality=quality)
 
 
@@ -190,10 +180,6 @@ def _quality(f: Path, spec: dict[str, Any], model: Path, tokenizer: tuple[Path, 
                    tokens=ev.get("tokens", EVAL_TOKENS), simulator={**SIMULATOR_SUBSET, **ev.get("simulator", {})},
                    max_ppl_ratio=spec.get("max_ppl_ratio", MAX_PPL_RATIO),
                    min_agreement=spec.get("min_agreement", MIN_AGREEMENT))
-=======
-                   min_cosine=spec.get("min_cosine", 0.95), simulator=spec.get("simulator", "auto"), adapters=adapters, slot_parts=slot_parts, alpha=alpha,
-                   tokenizer=tokenizer, prompt_tokenizer=prompt_tokenizer)
->>>>>>> main
 
 
 # what llm_package, llm_part_eval and llm_genai write into the same directory (its stage files are *.onnx, wrappers
