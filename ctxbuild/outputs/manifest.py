@@ -107,11 +107,15 @@ def _verification(out: Path, verifiers: list[str]) -> dict[str, Any] | None:
     passed = all(r.get("status") == "ok" for r in results)  # type: ignore[union-attr]
     methods = sorted({r.get("result", {}).get("method", "?") for r in results})  # type: ignore[union-attr]
     tokens = [r["result"]["by_cl"] for r in results if "by_cl" in (r.get("result") or {})]  # type: ignore[union-attr]
+    # llm_quality: perplexity and agreement per backend (the texts are in the report and llm_quality.json)
+    quality = [{k: v for k, v in r["result"]["quality"].items() if k != "texts"} | {"thresholds": r["result"]["thresholds"]}
+               for r in results if "quality" in (r.get("result") or {})]  # type: ignore[union-attr]
     random = any((r.get("result") or {}).get("sample_source") == "random" for r in results)  # type: ignore[union-attr]
     # on seeded random inputs a pass proves the graph runs, not that it computes the user's results
     return {"status": "failed" if not passed else "unverified (random inputs)" if random else "passed",
             "method": ", ".join(methods),
-            **({"tokens_by_cl": tokens[0]} if tokens else {})}  # llm_part_eval, llm_eval: per CL and backend (docs/llm.md)
+            **({"tokens_by_cl": tokens[0]} if tokens else {}),  # llm_part_eval, llm_eval: per CL and backend (docs/llm.md)
+            **({"quality": quality[0]} if quality else {})}
 
 
 def _sharing(out: Path, twins: list[str], bundle_size: int) -> dict[str, Any] | None:

@@ -274,9 +274,10 @@ def _verify(a: dict[str, Any], rec: dict[str, Any] | None, st: str) -> dict[str,
     outputs = []
     for name, m in sorted((res.get("outputs") or {}).items()):
         cos, snr = m.get("cosine"), m.get("snr_db")
+        floor = m.get("min_cosine", min_cos)  # an LLM part's KV output has a floor of its own (min_kv_cosine)
         outputs.append({"name": name, "cosine": cos, "snr_db": snr, "max_abs": m.get("max_abs"),
-                        "mean_abs": m.get("mean_abs"), "argmax_agreement": m.get("argmax_agreement"),
-                        "cosine_ok": None if cos is None or min_cos is None else cos >= min_cos,
+                        "mean_abs": m.get("mean_abs"), "argmax_agreement": m.get("argmax_agreement"), "min_cosine": floor,
+                        "cosine_ok": None if cos is None or floor is None else cos >= floor,
                         "snr_ok": None if snr is None or min_snr is None else snr >= min_snr,
                         "slices": [{"slice": x.get("slice"), "range": f"{x.get('start')}:{x.get('stop')}",
                                     "cosine": x.get("cosine"), "snr_db": x.get("snr_db"),
@@ -293,6 +294,7 @@ def _verify(a: dict[str, Any], rec: dict[str, Any] | None, st: str) -> dict[str,
             "context_lengths": sorted(int(c) for c in res["by_cl"]) if res.get("by_cl") else None,  # llm_part_eval, llm_eval
             "sample_source": res.get("sample_source"), "thresholds": thr, "outputs": outputs,
             "coverage": res.get("coverage"), "simulator_seconds": rec.get("simulator_seconds"),
+            "quality": res.get("quality"),  # llm_quality: perplexity, agreement, the texts side by side
             "clipping": [c["tensor"] for c in res.get("clipping") or []],  # LoRA: tensors leaving their encodings
             "seconds": rec.get("seconds"), "cause": _one_line(rec.get("cause")), "log": rec.get("log"),
             "href": _href(rec.get("log")), "layers": _layers(a, rec)}

@@ -22,6 +22,7 @@ from ctxbuild.llm.genai_config import helper_names
 from ctxbuild.recipes.llm import LlmSpec
 from ctxbuild.llm.static import GraphSpec, records_name, records_role, specs, weights_name, weights_role
 from ctxbuild.plan.adapters import adapter_actions, calibration_inputs
+from ctxbuild.plan.llm_quality import quality_cpu, quality_float, quality_gate
 from ctxbuild.recipes.adapters import Adapter, Adapters
 from ctxbuild.digests import short_hash
 from ctxbuild.plan.action import Action
@@ -46,19 +47,30 @@ def llm_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
             acts.append(q)
             compiled.update(q.outputs)
     verify = verify and recipe.verify.get("enabled", True)
+    floats = cpu = None
+    if verify:  # the quality figures: the float export's once, the QDQ parts' on the CPU once (every target's)
+        floats = quality_float(recipe, spec, work)
+        cpu = quality_cpu(recipe, spec, graphs, split, compiled, floats, work) if spec.precision != "fp16" else None
+        acts += [a for a in (floats, cpu) if a is not None]
     for t in recipe.targets:
         bundles = [_bundle(recipe, [g for g in graphs if g.part == p], compiled, split, t, out) for p in range(spec.parts)]
         acts += bundles
-        if verify:  # each part on the calls the float decode recorded, its twins compiled inside (not kept)
-            acts += [_part_eval(recipe, spec, graphs, p, split, compiled, b, t, out) for p, b in enumerate(bundles)]
+        twins: dict[str, Action] = {}  # single-graph twins compiled alone and kept (the simulator's, QNN-NOTES)
+        if verify:
+            # the adapters' whole-chain decode needs every graph's; the quality gates the largest CL's
+            chained = graphs if spec.adapters else [g for g in graphs if g.cl == max(spec.context_lengths)]
+            twins = {g.name: _twin(recipe, g, compiled, split, t, work / "twins" / t.name / recipe.name) for g in chained}
+            acts += twins.values()
+            # each part on the calls the float decode recorded: those twins, the others compiled inside (not kept)
+            acts += [_part_eval(recipe, spec, graphs, p, split, compiled, b, twins, t, out) for p, b in enumerate(bundles)]
         if spec.adapters:
-            twins: list[Action] = []
-            if verify:  # the adapters' whole-chain decode: each graph's twin compiled alone and kept (QNN-NOTES)
-                twins = [_twin(recipe, g, compiled, split, t, work / "twins" / t.name / recipe.name) for g in graphs]
-                acts += twins
-            acts += _adapters(recipe, spec, graphs, split, compiled, twins, bundles, t, out)
+            acts += _adapters(recipe, spec, graphs, split, compiled, list(twins.values()), bundles, t, out)
         package = _package(recipe, spec, bundles, split, t, out)
         acts.append(package)
+        if verify:  # the whole model's quality: a verdict on the bundles and the config naming them
+            assert floats is not None
+            acts.append(quality_gate(recipe, spec, chained, split, compiled, twins, floats, cpu, [*bundles, package], t,
+                                     out))
         if verify:
             acts.append(_genai(recipe, spec, graphs, split, compiled, bundles, package, t, out))
     return acts
@@ -163,7 +175,7 @@ def _twin(recipe: Recipe, g: GraphSpec, compiled: dict[str, str], split: Action,
 
 
 def _part_eval(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int, split: Action,
-               compiled: dict[str, str], bundle: Action, t: Target, out: Path) -> Action:
+               compiled: dict[str, str], bundle: Action, twins: dict[str, Action], t: Target, out: Path) -> Action:
     """Part `part` checked on the calls the float decode recorded: its graphs compiled alone inside the action
     (the bundle's QDQ models and options), run on the simulator and the CPU against the float outputs."""
     mine = [g for g in graphs if g.part == part]
@@ -173,11 +185,15 @@ def _part_eval(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int
         if spec.adapters:  # the slots' defaults (the QDQ graphs take them as inputs)
             inputs.update(graph_files(split.outputs, g, f"reference:{g.name}"))
     inputs.update({f"bundle.{k}": v for k, v in bundle.outputs.items()})  # re-verified whenever it changes
+    for g in mine:  # kept twins (the quality check's), used rather than compiled again
+        if g.name in twins:
+            inputs.update({f"twin:{g.name}": twins[g.name].outputs["ctx"], f"twin:{g.name}.bin": twins[g.name].outputs["bin"]})
     params = {"part": part, "parts": spec.parts, "graphs": [g.name for g in mine],
               "context_lengths": list(spec.context_lengths), "precision": spec.precision,
               "provider_options": _options(recipe, t), "prompts": spec.verify_prompts,
               "timeout_s": recipe.verify.get("timeout_s", 600), "simulator": spec.simulator,
-              "thresholds": {"min_token_agreement": spec.min_token_agreement, "min_cosine": spec.min_cosine}}
+              "thresholds": {"min_token_agreement": spec.min_token_agreement, "min_cosine": spec.min_cosine,
+                             "min_kv_cosine": spec.min_kv_cosine}}
     name = f"part{part + 1}_of_{spec.parts}"
     return Action(id=f"llm_part_eval/{recipe.name}.part{part + 1}@{t.name}", kind="llm_part_eval",
                   description=f"verify {recipe.name} part {part + 1} of {spec.parts}@{t.name} (recorded calls)",

@@ -43,7 +43,11 @@ class Plan:
                 v for v in self.graph.successors(a.id) if kinds.get(self.graph.nodes[v]["action"].kind).verdict]
             twins = sorted({u for v in verifiers for u in self.graph.predecessors(v)
                             if u != a.id and _single_graph_deliverable(t := self.graph.nodes[u]["action"])
-                            and set(t.params["graphs"]) <= set(a.params.get("graphs") or [])})  # llm: this part's
+                            and set(t.params.get("graphs") or [None]) <= set(a.params.get("graphs") or [])})  # llm: this part's
+            # the savings compare with every graph compiled apart: twins of some graphs only (an LLM's quality chain
+            # keeps the largest CL's) measure nothing
+            if {g for u in twins for g in self.graph.nodes[u]["action"].params["graphs"]} != set(a.params.get("graphs") or []):
+                twins = []
             note = None if verifiers or not kind.verified_here else verification_note(self._recipe(a.recipes[0]))
             for role, path in a.outputs.items():
                 if role in ("result", "search"):  # select's verification records, not artifacts
