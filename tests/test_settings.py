@@ -68,3 +68,34 @@ def test_values_are_read_when_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert cache_dir() == tmp_path / "a"
     monkeypatch.setenv("CTXBUILD_CACHE_DIR", str(tmp_path / "b"))
     assert cache_dir() == tmp_path / "b"
+
+
+@pytest.mark.parametrize("name, value, says", [
+    ("CTXBUILD_REMOTE_TIMEOUT", "inf", "expected a finite number above 0"),
+    ("CTXBUILD_REMOTE_TIMEOUT", "-1", "expected a finite number above 0"),
+    ("CTXBUILD_REMOTE_MIN_RATE", "0", "expected a finite number above 0"),
+    ("CTXBUILD_REMOTE_MAX_DOWNLOAD", "0", "1 or more"),
+    ("CTXBUILD_TOOLCHAIN_OVERRIDE", "{bad", "expected a JSON object"),
+    ("CTXBUILD_TOOLCHAIN_OVERRIDE", "[1]", "expected a JSON object"),
+    ("CTXBUILD_VERIFY_WORKERS", "0", "1 or more"),
+    ("CTXBUILD_ORT_LOG_LEVEL", "abc", "0 (verbose) to 4 (fatal)"),
+    ("CTXBUILD_ORT_LOG_LEVEL", "7", "0 (verbose) to 4 (fatal)"),
+    ("CTXBUILD_EXECUTOR_FALLBACK", "maybe", "expected fail or local"),
+])
+def test_a_bad_value_is_refused_at_start_naming_the_variable(tmp_path: Path, ctxbuild, name: str, value: str,
+                                                             says: str) -> None:
+    """Checked once before anything runs (issue 46): before, inf or 0 failed every action, a negative timeout blamed
+    the token, {bad ended in a traceback, VERIFY_WORKERS=0 was found after compiling and abc was reported as a
+    failure of the QNN SDK's probe."""
+    (tmp_path / "recipes").mkdir()
+    r = ctxbuild("build", "recipes", "-o", "out", env={name: value})
+    assert r.code == 2, r.text
+    assert r.err.startswith(f"ctxbuild: error: {name}={value!r}: ") and says in r.err and r.err.count("\n") == 1, r.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_setting_takes_its_default_and_good_values() -> None:
+    settings.check_all({})
+    settings.check_all({"CTXBUILD_REMOTE_TIMEOUT": "0.5", "CTXBUILD_ORT_LOG_LEVEL": "4", "CTXBUILD_VERIFY_WORKERS": "2",
+                        "CTXBUILD_TOOLCHAIN_OVERRIDE": '{"qnn_sdk": "v0"}', "CTXBUILD_EXECUTOR_FALLBACK": "local"})
+    assert settings.TOOLCHAIN_OVERRIDE.get({"CTXBUILD_TOOLCHAIN_OVERRIDE": '{"qnn_sdk": "v0"}'}) == {"qnn_sdk": "v0"}
