@@ -12,6 +12,7 @@ from typing import Any
 
 from ctxbuild import settings
 from ctxbuild.digests import DigestMemo, canonical_json
+from ctxbuild.userfiles import checked, roots_for
 from ctxbuild.plan import kinds
 from ctxbuild.plan.action import Action
 from ctxbuild.toolchain import installed
@@ -59,8 +60,11 @@ def components(action: Action, discovered: dict[str, Path], memo: DigestMemo, st
     return {
         "kind": action.kind,
         "params": action.params,
-        "inputs": {role: memo.digest(Path(p)) for role, p in sorted(action.inputs.items())},
-        "discovered_inputs": {name: memo.digest(p) for name, p in sorted(discovered.items())},
+        # read through userfiles.checked: confinement and file type as the files are now (issue 46)
+        "inputs": {role: memo.digest(checked(Path(p), roots_for(action.confine, role)))
+                   for role, p in sorted(action.inputs.items())},
+        "discovered_inputs": {name: memo.digest(checked(p, roots_for(action.confine, name)))
+                              for name, p in sorted(discovered.items())},
         "outputs": sorted(Path(p).name for p in action.outputs.values()),
         "toolchain": fingerprint(action.kind, state, action.toolchain),
         **({"extras": extras} if (extras := kinds.get(action.kind).hook("key_extras")(action)) else {}),
