@@ -230,3 +230,12 @@ def test_random_settings_through_the_cli(tmp_path: Path, example_models: Path, e
     wrote = {f for f in set(_listing(tmp_path)) - set(before)
              if not Path(f).is_relative_to(tmp_path / "cache") and not Path(f).is_relative_to(tmp_path / "out")}
     assert not wrote, sorted(wrote)
+
+
+def test_a_line_break_in_a_key_stays_one_line(project: Path, cache_env: None) -> None:
+    """What the 10,000-case run found first: `"\\n": 0` at the top level made a two-line error."""
+    _load_and_plan(project, '{"model": "models/mlp.onnx", "precision": "fp16", "targets": ["SM8650"], "\\n": 0}', None)
+    with pytest.raises(CtxbuildError, match=r"unknown key '\\n'"):
+        from ctxbuild.recipes import recipe
+
+        recipe.load([project / "recipes"])
