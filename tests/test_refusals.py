@@ -78,6 +78,14 @@ def test_check_judges_binary_paths_as_the_ep_and_never_leaves_out(tree: Path, tm
     code, [row] = with_manifest(lambda a, m: a.update(path="SM8650/linked_ctx.onnx"))
     assert code == 1 and "leads outside" in row["reason"], row
     link.unlink()
+    binary = out / "SM8650" / "tiny_cnn_int8" / BIN  # the binary linked to the copy outside: never opened
+    kept = binary.read_bytes()
+    binary.unlink()
+    binary.symlink_to(wrapper.parent / BIN)
+    code, [row] = with_manifest(lambda a, m: None)
+    assert code == 1 and "leads outside" in row["reason"], row
+    binary.unlink()
+    binary.write_bytes(kept)
     # An entry without a sha256 is unverified, never "loads"; its binary's too
     code, [row] = with_manifest(lambda a, m: a.pop("sha256"))
     assert code == 1 and row["verdict"] == "unverified" and "no sha256" in row["reason"], row

@@ -72,9 +72,8 @@ def bind(out: Path) -> None:
     if m is not None and m["out"] == str(out):
         return
     if m is not None or (out / STATE / "plan.json").exists() or (out / "build.ninja").exists():
-        was = m["out"] if m is not None else "an older ctxbuild's OUT"
-        print(f"ctxbuild: {out} was built as {was}: re-binding it here (re-planning)",
-              file=sys.stderr, flush=True)
+        was = f"was built as {m['out']}" if m is not None else "has no owner marker (an older ctxbuild's OUT)"
+        print(f"ctxbuild: {out} {was}: re-binding it here (re-planning)", file=sys.stderr, flush=True)
         unbind(out)
     write_bytes(marker_path(out), json.dumps({"out": str(out), "id": os.urandom(16).hex()}).encode(), durable=False)
 

@@ -166,12 +166,14 @@ def check(path: Path, runtimes: list[Runtime], soc_name: str | None) -> list[dic
             fact: dict[str, Any] = {"ir_version": 0, "changed": outside}
         else:
             wf = wrapper_facts(wrapper) if wrapper.is_file() else None
-            fact = facts(wrapper, wf) if wf else {"ir_version": 0, "changed": f"{art['path']} is missing"}
             binaries = wf["binaries"] if wf else []
+            # checked before its binary is read: a binary linked out of OUT is never opened
             if changed := _changed(path, art["path"], binaries, expected):
-                fact["changed"] = changed
-            elif path.is_dir() and (missing := _no_digest(art["path"], binaries, expected)):
-                fact["unverified"] = missing
+                fact = {"ir_version": wf["ir_version"] if wf else 0, "changed": changed}
+            else:
+                fact = facts(wrapper, wf) if wf else {"ir_version": 0, "changed": f"{art['path']} is missing"}
+                if path.is_dir() and (missing := _no_digest(art["path"], binaries, expected)):
+                    fact["unverified"] = missing
         for rt in runtimes:
             for v in judge(fact, art.get("serves") or [], rt, soc):
                 rows.append({"path": art["path"], "recipe": art.get("recipe", "-"),
