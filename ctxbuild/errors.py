@@ -126,5 +126,5 @@ class ExecutorUnavailable(CtxbuildError):
 
 
 def _one_line(text: str) -> str:
-    """Line breaks shown as escapes (found by tests/test_fuzz.py: a YAML key '\\n' made a two-line error)."""
+    """Line breaks shown as escapes (found by tests/e2e/test_fuzz.py: a YAML key '\\n' made a two-line error)."""
     return text.replace("\r", "\\r").replace("\n", "\\n")

@@ -81,7 +81,7 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
         raise RecipeError(f"{at('kv_cache')}: kv_cache sets a quantized type; precision fp16 keeps the cache in fp16",
                           "remove kv_cache, or use w4a16/w8a16")
     names = facts.get("weights", [])
-    # Default (measured on a trained decoder, docs/llm.md): the first and last blocks' weights at int8
+    # Default (measured on a trained decoder, docs/llm-reference.md): the first and last blocks' weights at int8
     edges = sorted({"model.layers.0.*", f"model.layers.{(layers or 1) - 1}.*"})
     keep_8bit = tuple(spec["keep_8bit"]) if "keep_8bit" in spec else tuple(
         p for p in edges if precision == "w4a16" and fnmatch.filter(names, p))
