@@ -59,6 +59,12 @@ class ActionError(CtxbuildError):
         self.details = details  # structured result worth keeping in the record (e.g. failed metrics)
 
 
+class SampleError(ActionError):
+    """A sample file's values cannot be fed to the model as they are (a cast would change them): bad input, exit 2."""
+
+    exit_code = 2
+
+
 class InspectError(CtxbuildError):
     """A context binary cannot be read (missing, truncated, corrupt, not a QNN binary)."""
 

@@ -40,6 +40,7 @@ FULL_FILES = frozenset({
     "test_full_cache", "test_gate", "test_model_package", "test_old_toolchain_bundles", "test_llm_exporters",
     "test_search_mixed", "test_linked_weights", "test_user_paths", "test_input_values", "test_outputs_cut",
     "test_refusal_builds",
+    "test_search_progress",
 })
 
 

@@ -21,24 +21,10 @@ from ctxbuild.qnn.compile import per_run_cause
 from ctxbuild.verify import gates
 from ctxbuild.verify.islands import runs_quantized
 from ctxbuild.graph.inputvalues import recorded
-from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
+from ctxbuild.graph.samples import cast_warnings, from_files, input_spec, list_samples, random_samples
 
 if TYPE_CHECKING:
     import numpy as np
-
-
-def integer_samples(what: str, samples: Path, spec: dict[str, Any]) -> list[str]:
-    """Samples of a float input stored as integers (an image as decoded, 0-255) are used as stored: the model
-    calibrates, and verifies, on that range. Said once, from the first sample's header: the app may normalize."""
-    from ctxbuild.graph.samples import first_header
-
-    found = []
-    for name, (_, dtype) in spec.items():
-        header = first_header(samples, name, len(spec) == 1)
-        if header and header[0] and dtype.kind == "f" and header[0][1].kind in "iub":
-            found.append(f"{what}: sample {header[1]} holds {name} as {header[0][1]}, the model takes {dtype}: used "
-                         "as stored (e.g. 0-255); if the app normalizes its inputs, save the samples normalized")
-    return found
 
 
 def discover_inputs(action: Action) -> dict[str, Path]:
@@ -52,8 +38,8 @@ def summarize(action: Action) -> dict[str, Any]:
     runs on every restore too, where loading the model would import onnx and numpy (engine/run/runner.py)."""
     if gates.closed(action.inputs) or not action.watch:
         return {}
-    found = integer_samples(action.description, Path(action.watch[0]),
-                            input_spec(load(Path(action.inputs["model"]), external_data=False)))
+    files = list(list_samples(Path(action.watch[0]), action.params["samples"], action.recipe_files[0]).values())
+    found = cast_warnings(action.description, files, input_spec(load(Path(action.inputs["model"]), external_data=False)))
     return {"warnings": found} if found else {}
 
 

@@ -58,7 +58,7 @@ def accuracy(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                            "snr_db": min((o["snr_db"] for o in outs), default=None),
                            "worst": min(outs, key=lambda o: o["snr_db"])["label"] if outs else None,
                            "precision": row.get("precision"),  # a search's: "auto: <the candidate it ships>"
-                           "thresholds": v.get("thresholds")})
+                           "thresholds": v.get("thresholds"), "on_cpu": on_cpu(v.get("coverage"))})
     return result
 
 
@@ -163,7 +163,40 @@ def sibling_skips(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def on_cpu(coverage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What compile.cpu_fallback left on the CPU (verify's coverage): the CPU's share of the model's counted MACs,
+    its ops, the nodes whose MACs are unknown; None when the whole graph ran on the NPU (or was not verified)."""
+    if not coverage or not coverage.get("cpu_nodes"):
+        return None
+    return {"macs_share": coverage.get("cpu_macs_share"), "nodes": coverage["cpu_nodes"],
+            "ops": coverage.get("cpu_ops") or {}, "macs_unknown": coverage.get("macs_unknown") or []}
+
+
+def cpu_note(cpu: dict[str, Any] | None) -> str:
+    """'on the CPU: 97.1% of the MACs (3 LSTM, 2 other nodes)': a CPU-fallback build's verdict says where the
+    compute ran; MACs that could not be counted are said, not left out."""
+    if cpu is None:
+        return ""
+    from ctxbuild.graph.macs import WITH_MACS
+
+    heavy = {op: n for op, n in sorted(cpu["ops"].items()) if op in WITH_MACS}
+    others = cpu["nodes"] - sum(heavy.values())
+    ops = ", ".join([f"{n} {op}" for op, n in heavy.items()]
+                    + ([f"{others} {'other ' * bool(heavy)}node{'s' * (others != 1)}"] if others > 0 else []))
+    unknown = cpu["macs_unknown"]
+    counted = "counted " if unknown else ""
+    share = (f"{100 * cpu['macs_share']:.1f}% of the {counted}MACs" if cpu["macs_share"] is not None
+             else "share of MACs unknown" if unknown else "no MACs counted in the model")
+    named = ", ".join(f"{u['node']} ({u['op']}, {u['on']})" for u in unknown[:3]) + (
+        f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+    return f"; on the CPU: {share} ({ops})" + (f"; MACs unknown: {named}" if unknown else "")
+
+
 def _verdict(r: dict[str, Any]) -> str:
+    return _outcome(r) + (cpu_note(r.get("on_cpu")) if r.get("cosine") is not None else "")
+
+
+def _outcome(r: dict[str, Any]) -> str:
     if r["passed"] and r.get("sample_source") == "random":
         return "unverified: random inputs (give verify.dir or calibration.dir)"
     if r["passed"]:  # a precision search says what it chose: the user did not

@@ -27,6 +27,7 @@ that the rest of ctxbuild reads instead of keeping lists of kind names:
 - `binds_adapter`: it runs a graph with one LoRA adapter bound, named after the `+` in its id (report rows);
 - `package_part`: its outputs are part of a model package (a variant's files): a build that did not make the
   package's manifest sets them aside with it (engine/finish.py), so no package is left without its manifest;
+- `decides_gate`: it writes a precision search's gate (`{"run": ...}`): its progress line says the answer;
 - `verified_here`: False for deliverables ctxbuild did not build (prebuilt binaries): no verification note;
 - `memory`: its measured peak-memory model (memory.py schedules and checks actions by it).
 
@@ -75,6 +76,7 @@ class Kind:
     per_layer: ClassVar[bool] = False
     binds_adapter: ClassVar[bool] = False
     package_part: ClassVar[bool] = False
+    decides_gate: ClassVar[bool] = False
     verified_here: ClassVar[bool] = True
     memory: ClassVar[MemoryModel] = MemoryModel()
 
