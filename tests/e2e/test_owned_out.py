@@ -90,7 +90,7 @@ def test_a_copied_out_never_writes_into_the_original(tree: Path, tmp_path: Path,
                    *(copy / ".ctxbuild" / "actions").glob("*.json"), copy / ".ctxbuild" / "plan.json"])
     assert json.loads((copy / ".ctxbuild" / "owner.json").read_text())["out"] == str(copy)
     r = ctxbuild("build", str(tree), "-o", str(copy))  # bound now: a no-op
-    assert r.code == 0 and "re-binding" not in r.err and "no work to do" in r.text, r.text
+    assert r.code == 0 and "re-binding" not in r.err and "up to date" in r.text, r.text
 
 
 def test_a_moved_out_is_rebound_and_the_old_place_stays_gone(tree: Path, tmp_path: Path, ctxbuild) -> None:
