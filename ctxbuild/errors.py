@@ -59,6 +59,12 @@ class ActionError(CtxbuildError):
         self.details = details  # structured result worth keeping in the record (e.g. failed metrics)
 
 
+class SectionConfigError(CtxbuildError):
+    """A qnn.lora_config file that does not fit the binary beside it (a graph name it lacks, another binary's section)."""
+
+    exit_code = 2
+
+
 class SampleError(ActionError):
     """A sample file's values cannot be fed to the model as they are (a cast would change them): bad input, exit 2."""
 

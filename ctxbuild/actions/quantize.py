@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import CalibrationSet
+from ctxbuild.lora.alpha import quantize_alpha_input
 from ctxbuild.atomic import write_bytes
 from ctxbuild.errors import ActionError, RecipeError, cause_line
 from ctxbuild.recipes.quantization import FP16_NODE, QUANT_TYPES, get_qnn_qdq_kwargs
@@ -130,6 +131,8 @@ def _quantize(ctx: Any, src: Path) -> None:
         samples = lora.expand(samples)
     quantize_model(src, ctx.tmp_output("model"), s, samples, a.recipe_files[0], model, a.params.get("outputs"),
                    a.params.get("input_values"))
+    if a.params.get("alpha"):  # switch: alpha: lora_alpha itself quantized (the quantizer leaves a Gather's input)
+        quantize_alpha_input(ctx.tmp_output("model"), next(iter(lora.defaults)) if lora else "lora_alpha")
 
 
 def static_refusal(model: Any) -> str:

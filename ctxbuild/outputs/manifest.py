@@ -10,13 +10,16 @@ from ctxbuild.atomic import read_json, write_if_changed
 from ctxbuild.digests import DigestMemo
 from ctxbuild.layout import STATE, record_path
 from ctxbuild.outputs.search_table import search_of, with_costs
-from ctxbuild.outputs.adapters import adapter_entries
+from ctxbuild.outputs.adapters import adapter_entries, alpha_summary
+from ctxbuild.graph.protowire import wrapper_facts
+from ctxbuild.lora.alpha import KEY as ALPHA_KEY
 from ctxbuild.outputs import gate
 from ctxbuild.outputs.lineage import rewrites
 from ctxbuild.toolchain.runtimes import Runtime, runtime
 
 MANIFEST_VERSION = 1
-KINDS = {"ctx": "epcontext_model", "bin": "context_binary", "package": "model_package"}
+KINDS = {"ctx": "epcontext_model", "bin": "context_binary", "package": "model_package",
+         "ctx_qio": "epcontext_model_quantized_io"}  # switch: alpha: the same binary's wrapper fed codes
 
 
 def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, str]) -> dict[str, Any]:
@@ -52,6 +55,8 @@ def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, s
         if role.startswith("ctx"):  # an EPContext model names one graph of its binary
             graph = role.split(":", 1)[1] if ":" in role else art["graphs"][0]
             entry.update(graph=graph, graph_name_in_binary=names.get(graph), compatibility=gate.facts(path))
+            if alpha_map := wrapper_facts(path)["metadata"].get(ALPHA_KEY):  # switch: alpha: index <-> adapter
+                entry["lora_alpha"] = alpha_summary(json.loads(alpha_map))
             if art.get("runtimes"):  # the deploy gate, for the runtimes the recipe declares
                 entry["runtimes"] = [{"runtime": rt.as_dict(), **v} for rt in map(_runtime, art["runtimes"])
                                      for v in gate.judge(entry["compatibility"], entry["serves"], rt)]

@@ -14,12 +14,15 @@ parts, on single-graph twins compiled by their own `compile` actions (the per-pa
 yet). Neither feeds a compile."""
 from __future__ import annotations
 
+import copy
+import dataclasses
 from pathlib import Path
 
 from ctxbuild.llm.genai_config import helper_names
 from ctxbuild.recipes.llm import LlmSpec
 from ctxbuild.llm.static import GraphSpec, records_name, records_role, specs, weights_name, weights_role
 from ctxbuild.plan.adapters import adapter_actions, calibration_inputs
+from ctxbuild.recipes.adapters import Adapter, Adapters
 from ctxbuild.digests import short_hash
 from ctxbuild.plan.action import Action
 from ctxbuild.plan.steps import common_params, provider_options
@@ -33,6 +36,8 @@ def llm_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
     graphs = specs(spec.parts, list(spec.sequence_lengths), list(spec.context_lengths))
     work = out / ".ctxbuild" / "work" / "llm"
     split = _split(recipe, spec, graphs, work)
+    if spec.alpha:  # switch: alpha: lora_alpha is the one slot, each adapter a one-hot value of it (split writes them)
+        recipe, spec = _alpha_as_slot(recipe, spec, split)
     acts = [split]
     compiled = dict(split.outputs)  # graph -> what the compiler reads (float for fp16)
     for p in range(spec.parts):
@@ -70,17 +75,34 @@ def _split(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], work: Path) -
                         "original_tokens": spec.genai_tokens}}  # the original's, kept for llm_genai
     if spec.adapters:  # only then: the keys of recipes without adapters stay as they were
         params["adapter_slots"] = {"patterns": list(spec.adapters.slots), "scaling": spec.adapters.scaling}
+    if spec.alpha:  # the branches attached to the canonical decoder, lora_alpha its slot
+        params["alpha"] = spec.alpha.param()
+        params["adapter_slots"] = {"patterns": [spec.alpha.input], "scaling": None}
     h = short_hash(["llm_split", params, str(spec.model)])
     d = work / f"{recipe.name}-{h}"
     outputs = {"layout": str(d / "layout.json")}
+    if spec.alpha:
+        outputs.update({f"alpha:{a.name}": str(d / f"alpha_{a.name}.npz") for a in spec.alpha.items})
     outputs.update({f"model:{g.name}": str(d / f"{g.name}.onnx") for g in graphs})
     outputs.update({weights_role(p): str(d / weights_name(p, spec.parts)) for p in range(spec.parts)})
     outputs.update({records_role(p): str(d / records_name(p, spec.parts)) for p in range(spec.parts)})
     # sorted: the depfile names the outputs in the order the spec file (sorted JSON) gives them, which must be ninja's
     return Action(id=f"llm_split/{recipe.name}-{h}", kind="llm_split",
                   description=f"static graphs of {spec.model.name} ({len(graphs)})",
-                  inputs={"model": str(spec.model), **prompt_tokenizer(spec)},
+                  inputs={"model": str(spec.model), **prompt_tokenizer(spec), **(spec.alpha.files() if spec.alpha else {})},
                   outputs=dict(sorted(outputs.items())), params=params, watch=[str(spec.prompts)], **common_params(recipe))
+
+
+def _alpha_as_slot(recipe: Recipe, spec: LlmSpec, split: Action) -> tuple[Recipe, LlmSpec]:
+    """The alpha switch in the terms the llm actions know: the slot `lora_alpha` (an input of every graph with a
+    branch, default all zeros) and one adapter per alpha index, the one-hot value llm_split writes (`alpha:<name>`):
+    calibrated over each, bound as an .onnx_adapter for its token check, and fed as a plain input by an app."""
+    assert spec.alpha is not None
+    items = tuple(Adapter(a.name, Path(split.outputs[f"alpha:{a.name}"]), (), None) for a in spec.alpha.items)
+    adapters = Adapters((spec.alpha.input,), None, items, tuple(a.name for a in items))
+    recipe = copy.copy(recipe)
+    recipe.adapters = adapters
+    return recipe, dataclasses.replace(spec, adapters=adapters)
 
 
 def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int, split: Action, work: Path) -> Action:

@@ -11,7 +11,7 @@ from ctxbuild.plan import kinds
 from ctxbuild.plan.action import Action
 from ctxbuild.layout import spec_name
 from ctxbuild.errors import PlanError
-from ctxbuild.plan.adapters import adapter_actions, section_actions
+from ctxbuild.plan.adapters import adapter_actions, alpha_verify_action, section_actions
 from ctxbuild.plan.packages import package_actions
 from ctxbuild.recipes import precisions
 from ctxbuild.recipes.objects import Recipe, RecipeSet
@@ -161,6 +161,8 @@ def _recipe_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
             acts += [v] if v else []
             if recipe.adapters:
                 acts += adapter_actions(recipe, built[0].graph.name, t, c, v, out)
+            if recipe.alpha and v:
+                acts.append(alpha_verify_action(recipe, v, c))
     return acts
 
 

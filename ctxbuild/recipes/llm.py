@@ -10,6 +10,7 @@ from typing import Any
 from ctxbuild.errors import RecipeError
 from ctxbuild.recipes import precisions
 from ctxbuild.recipes.adapters import Adapters, parse_adapters
+from ctxbuild.recipes.alpha import AlphaSwitch, parse_alpha
 from ctxbuild.llm.prompts import HINT as PROMPTS_HINT, BadPrompt, check as check_prompts, has_text
 from ctxbuild.recipes.paths import named_path, outside
 from ctxbuild.recipes.targets import Target
@@ -37,6 +38,7 @@ class LlmSpec:
     simulator: str  # what the part checks run on the simulator: auto, all, covering (llm_part_eval.on_simulator)
     adapters: Adapters | None = None  # LoRA (llm.adapters): slots kept as inputs of every graph reading them
     slot_parts: tuple[int, ...] = ()  # llm.adapters: the parts (0-based) whose graphs read slots
+    alpha: AlphaSwitch | None = None  # llm.adapters with switch: alpha (plan/llm.py binds it as the slot lora_alpha)
     tokenizer: tuple[Path, ...] = ()  # files copied beside genai_config.json
     prompt_tokenizer: Path | None = None  # the tokenizer.json text prompts are tokenized with
 
@@ -113,8 +115,11 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
         check_prompts(prompts, max(samples, verify), prompt_tokenizer, facts.get("vocab"))
     except BadPrompt as e:
         raise RecipeError(f"{at('prompts', 'dir')}: {e}", PROMPTS_HINT) from None
-    adapters, slot_parts = None, ()
-    if "adapters" in spec:
+    adapters, slot_parts, alpha = None, (), None
+    if "adapters" in spec and spec["adapters"].get("switch") == "alpha":
+        alpha, wheres = _alpha(f, data, spec, precision, facts)
+        slot_parts = _parts_reading(wheres, layers, parts)
+    elif "adapters" in spec:
         adapters, wheres = _adapters(f, data, spec, precision, facts, model.name)
         slot_parts = _parts_reading(wheres, layers, parts)
     return LlmSpec(model=model, sequence_lengths=ars, context_lengths=cls, parts=parts, precision=precision,
@@ -122,7 +127,7 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
                    calibration_prompts=samples, verify_prompts=verify,
                    generate=spec.get("generate", 8), genai_tokens=spec.get("generate", GENAI_TOKENS),
                    min_token_agreement=spec.get("min_token_agreement", 0.75),
-                   min_cosine=spec.get("min_cosine", 0.95), simulator=spec.get("simulator", "auto"), adapters=adapters, slot_parts=slot_parts,
+                   min_cosine=spec.get("min_cosine", 0.95), simulator=spec.get("simulator", "auto"), adapters=adapters, slot_parts=slot_parts, alpha=alpha,
                    tokenizer=tokenizer, prompt_tokenizer=prompt_tokenizer)
 
 
@@ -183,6 +188,27 @@ def _adapters(f: Path, data: LineDict, spec: dict[str, Any], precision: str, fac
                               f"input of {model}", f"a name or glob pattern of its LoRA weights, e.g. {example!r}")
         wheres.update(w for n in hits for w in readers[n])
     return adapters, tuple(sorted(wheres))
+
+
+def _alpha(f: Path, data: LineDict, spec: dict[str, Any], precision: str, facts: dict[str, Any]
+           ) -> tuple[AlphaSwitch, tuple[int, ...]]:
+    """llm.adapters with switch: alpha, and where the adapted weights are read: the parts taking lora_alpha (each of
+    them the same vector). A module found by its weight `<module>.weight`; otherwise every part."""
+    from ctxbuild.lora.alpha import modules
+
+    if precision == "fp16":
+        raise RecipeError(f"{f}:{line_of(data, ['llm', 'adapters', 'switch'])}: llm.adapters with switch: alpha at "
+                          "precision fp16 is not built yet", "use precision w8a16 or w4a16")
+    alpha = parse_alpha(f, data, spec["adapters"], precision, bundle=False, multi_soc=False, where=("llm", "adapters"))
+    readers: dict[str, list[int]] = facts.get("readers", {})
+    wheres: set[int] = set()
+    for a in alpha.items:
+        for module in modules(a.file, dict(a.tensors)):
+            weight = dict(alpha.targets).get(module, f"{module}.weight")
+            if weight not in readers:
+                return alpha, ()  # a node named in targets, or not found by weight: every part (split says which)
+            wheres.update(readers[weight])
+    return alpha, tuple(sorted(wheres))
 
 
 def _parts_reading(wheres: tuple[int, ...], layers: int | None, parts: int) -> tuple[int, ...]:
