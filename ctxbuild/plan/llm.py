@@ -74,8 +74,10 @@ def llm_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
         if verify:
             acts.append(_genai(recipe, spec, graphs, split, compiled, bundles, package, t, out))
     roots = sorted({str(recipe.file.parent), str(spec.model.parent)})  # as recipes/llm.py confines them
+    made = {p for a in acts for p in a.outputs.values()}  # llm_genai reads llm_package's tokenizer copies in OUT
     for a in acts:  # checked again whenever an action reads them (userfiles.py): links may be retargeted
-        a.confine = {role: roots for role in ("prompt:", "prompt_tokenizer", "tokenizer:")}
+        a.confine = {"prompt:": roots, "prompt_tokenizer": roots,
+                     **{role: roots for role, path in a.inputs.items() if role.startswith("tokenizer:") and path not in made}}
     return acts
 
 
