@@ -77,7 +77,8 @@ def llm_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
     made = {p for a in acts for p in a.outputs.values()}  # llm_genai reads llm_package's tokenizer copies in OUT
     for a in acts:  # checked again whenever an action reads them (userfiles.py): links may be retargeted
         a.confine = {"prompt:": roots, "prompt_tokenizer": roots,
-                     **{role: roots for role, path in a.inputs.items() if role.startswith("tokenizer:") and path not in made}}
+                     **{role: roots for role, path in a.inputs.items()
+                        if role.startswith("tokenizer:") and path not in made}}
     return acts
 
 
