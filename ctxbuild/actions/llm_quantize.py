@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from ctxbuild.errors import ActionError
 from ctxbuild.graph.external_data import PrivateData
 from ctxbuild.graph.modelio import SharedData, data_path, load
 from ctxbuild.llm.ar_sessions import one_ar_runner
+from ctxbuild.llm.int4_graph import Weights4, choose, matmul_weights, ranked_8bit, rewrite
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.pipeline import Bound
 from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
@@ -85,6 +87,10 @@ def run(ctx: Any) -> None:
                           "use shorter prompts, fewer llm.generate tokens or larger context_lengths") from None
     kv = getattr(QuantType, {"uint16": "QUInt16", "uint8": "QUInt8"}[p["kv_cache"]])
     mine = [g for g in layout.graphs if g.name in p["graphs"]]
+    print(f"calibration: {len(prompts)} prompts, per graph " + ", ".join(
+        f"{g.name} {len(feeds.get((g.part, g.ar, g.cl), []))} calls / "
+        f"{sum(c.valid for c in feeds.get((g.part, g.ar, g.cl), []))} tokens" for g in mine))
+    w4, ranked = _int4_weights(p, floats, feeds, mine)
     # onnxruntime's quantizer reads its input through onnx's loader: copies of the part's weight file where the
     # cache shares it by hard link, made once for all the part's graphs
     with PrivateData() as data:
@@ -97,8 +103,8 @@ def run(ctx: Any) -> None:
             try:
                 names, sensitive, weights = _io_and_sensitive(src)
                 overrides = {n: [{"quant_type": kv}] for n in names if n.startswith(("past_key_values.", "present."))}
-                if p["precision"] == "w4a16":  # embedding, LM head and the recipe's keep_8bit stay 8-bit
-                    kept = sensitive + [n for n in weights if any(fnmatch.fnmatchcase(n, k) for k in p["keep_8bit"])]
+                if p["precision"] == "w4a16":  # embedding, LM head, the recipe's keep_8bit and the ranked stay 8-bit
+                    kept = sensitive + ranked + [n for n in weights if any(fnmatch.fnmatchcase(n, k) for k in p["keep_8bit"])]
                     overrides.update({n: [{"quant_type": QuantType.QInt8, "symmetric": True}] for n in kept})
                 config = get_qnn_qdq_config(str(src), _Reader(samples), activation_type=QuantType.QUInt16,
                                             weight_type=getattr(QuantType, WEIGHTS[p["precision"]]), per_channel=True,
@@ -110,7 +116,37 @@ def run(ctx: Any) -> None:
             finally:
                 src.unlink()
             print(f"{g.name}: calibrated on {len(samples)} calls")
+            if w4 is not None:
+                print(f"{g.name}: {rewrite(ctx.tmp_output(f'model:{g.name}'), model, w4)} int4 weights rewritten")
     share_weights([ctx.tmp_output(f"model:{g.name}") for g in mine], ctx.tmp_output(weights_role(p["part"])))
+
+
+def _int4_weights(p: dict[str, Any], floats: dict[tuple[int, int, int], Path],
+                  feeds: dict[tuple[int, int, int], list[Call]], mine: list[Any]) -> tuple[Weights4 | None, list[str]]:
+    """llm.quantization at w4a16 (None without it): each int4 weight's values and scales (block-wise or per
+    channel, searched or min/max) from the activations of the part's graphs at the smallest CL, and the weights the
+    sensitivity ranking keeps at int8 (the most sensitive first, up to `keep_8bit_share` of the int4 elements)."""
+    q = p.get("quantization")
+    if p["precision"] != "w4a16" or not q:
+        return None, []
+    cl = min(g.cl for g in mine)
+    graphs = [(floats[(g.part, g.ar, g.cl)], feeds.get((g.part, g.ar, g.cl), []))
+              for g in sorted(mine, key=lambda g: -g.ar) if g.cl == cl]
+    names, sensitive, _ = _io_and_sensitive(graphs[0][0])
+    m = load(graphs[0][0], external_data=False)
+    int4 = {w for w in matmul_weights(m).values() if w not in sensitive
+            and not any(fnmatch.fnmatchcase(w, k) for k in p["keep_8bit"])}
+    start = time.monotonic()
+    w4 = choose(graphs, int4, q["block_size"] if q["int4"] == "block" else None, q["scale_search"])
+    ranked = ranked_8bit(w4, q.get("keep_8bit_share", 0.0))
+    for w in ranked:
+        del w4.chosen[w]
+    print(f"int4 weights: {len(w4.chosen)} ({q['int4']}{', scale search' if q['scale_search'] else ''}) on "
+          f"{w4.tokens} activation rows in {time.monotonic() - start:.1f} s; kept at int8 by the ranking: "
+          f"{', '.join(ranked) or 'none'}")
+    print("int4 sensitivity (relative output error, most sensitive first): " + ", ".join(
+        f"{r['weight']} {r['error']:.2e}" for r in w4.summary()["ranking"]))
+    return w4, ranked
 
 
 def share_weights(models: list[Path], weights: Path) -> None:

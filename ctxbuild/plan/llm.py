@@ -88,6 +88,8 @@ def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int,
     inputs = {"layout": split.outputs["layout"], **prompt_tokenizer(spec)}
     for g in graphs:  # calibration runs every part's float graphs
         inputs.update(graph_files(split.outputs, g, f"model:{g.name}"))
+    if spec.quantization:  # only then: the keys of recipes without it stay as they were
+        params["quantization"] = spec.quantization
     if spec.adapters:  # calibrated over no adapter + the `calibrate` set: a change there re-quantizes
         params["adapters"], files = calibration_inputs(spec.adapters)
         inputs.update(files)
@@ -105,6 +107,9 @@ def _options(recipe: Recipe, t: Target) -> dict[str, str]:
     opts = provider_options(recipe, t)
     if recipe.precision == "fp16":
         opts["enable_htp_fp16_precision"] = "1"
+    q = recipe.llm.quantization if recipe.llm else None
+    if q and q["int4"] == "block":  # block-wise int4 runs as LPBQ only so (docs/llm.md, Weight quantization)
+        opts["enable_block_quant_weight_optimization"] = "1"
     return dict(sorted(opts.items()))
 
 

@@ -39,6 +39,7 @@ class LlmSpec:
     slot_parts: tuple[int, ...] = ()  # llm.adapters: the parts (0-based) whose graphs read slots
     tokenizer: tuple[Path, ...] = ()  # files copied beside genai_config.json
     prompt_tokenizer: Path | None = None  # the tokenizer.json text prompts are tokenized with
+    quantization: dict[str, Any] | None = None  # w4a16: llm.quantization with its defaults (int4, block_size, ...)
 
 
 def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Target]) -> LlmSpec:
@@ -80,10 +81,13 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
         raise RecipeError(f"{at('kv_cache')}: kv_cache sets a quantized type; precision fp16 keeps the cache in fp16",
                           "remove kv_cache, or use w4a16/w8a16")
     names = facts.get("weights", [])
-    # Default (measured on a trained decoder, docs/llm.md): the first and last blocks' weights at int8
+    quantization = _quantization(at, spec, precision, facts)
+    # Default (measured on a trained decoder, docs/llm.md): the first and last blocks' weights at int8, unless the
+    # sensitivity ranking chooses (llm.quantization.keep_8bit_share)
     edges = sorted({"model.layers.0.*", f"model.layers.{(layers or 1) - 1}.*"})
+    ranked = bool(quantization and quantization["keep_8bit_share"])
     keep_8bit = tuple(spec["keep_8bit"]) if "keep_8bit" in spec else tuple(
-        p for p in edges if precision == "w4a16" and fnmatch.filter(names, p))
+        p for p in edges if precision == "w4a16" and not ranked and fnmatch.filter(names, p))
     if "keep_8bit" in spec and precision != "w4a16":
         raise RecipeError(f"{at('keep_8bit')}: keep_8bit keeps weights of a w4a16 model at int8; precision is {precision}",
                           "remove keep_8bit, or use precision: w4a16")
@@ -117,7 +121,35 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
                    generate=spec.get("generate", 8), genai_tokens=spec.get("generate", GENAI_TOKENS),
                    min_token_agreement=spec.get("min_token_agreement", 0.75),
                    min_cosine=spec.get("min_cosine", 0.95), simulator=spec.get("simulator", "auto"), adapters=adapters, slot_parts=slot_parts,
-                   tokenizer=tokenizer, prompt_tokenizer=prompt_tokenizer)
+                   tokenizer=tokenizer, prompt_tokenizer=prompt_tokenizer, quantization=quantization)
+
+
+def _quantization(at: Any, spec: dict[str, Any], precision: str, facts: dict[str, Any]) -> dict[str, Any] | None:
+    """llm.quantization with its defaults; exit 2 where the HTP simulator was measured not to run the blocks."""
+    from ctxbuild.llm.int4 import blockable
+
+    q = spec.get("quantization")
+    if q is None:
+        return None
+    if precision != "w4a16":
+        raise RecipeError(f"{at('quantization')}: llm.quantization sets how int4 weights are made; precision is "
+                          f"{precision}", "remove llm.quantization, or use precision: w4a16")
+    if "block_size" in q and q.get("int4") != "block":
+        raise RecipeError(f"{at('quantization', 'block_size')}: block_size is for int4: block",
+                          "add int4: block, or remove block_size")
+    out = {"int4": q.get("int4", "channel"), "block_size": q.get("block_size", BLOCK_SIZE),
+           "scale_search": q.get("scale_search", False), "keep_8bit_share": q.get("keep_8bit_share", 0.0)}
+    if out["int4"] == "block":
+        for name, rows in sorted(facts.get("matmul_rows", {}).items()):
+            if blockable(rows, out["block_size"]) and rows // out["block_size"] == 8 and out["block_size"] >= 64:
+                raise RecipeError(
+                    f"{at('quantization', 'block_size')}: block_size {out['block_size']} cuts {name} ({rows} rows) "
+                    "into 8 blocks: the HTP simulator crashed (SIGSEGV) running 8 blocks of 64 rows or more "
+                    "(onnxruntime-qnn 2.7.0, every htp_arch)", "use another block_size (e.g. 32 or 16)")
+    return out
+
+
+BLOCK_SIZE = 64  # llm.quantization.block_size default
 
 
 # what llm_package, llm_part_eval and llm_genai write into the same directory (its stage files are *.onnx, wrappers

@@ -1,0 +1,137 @@
+"""Symmetric int4 weights of a MatMul, per output channel or block-wise in the form the QNN EP runs as LPBQ, with
+an optional scale search against the activations the float model feeds the matrix.
+
+A MatMul weight W is [K, N] (input features x output channels). Per channel: one scale per output channel, as
+onnxruntime's quantizer writes it. Block-wise: one scale per block of `block_size` input rows and output channel,
+written as an ONNX DequantizeLinear with `block_size` (opset 21). The QNN EP (onnxruntime-qnn 2.7.0, provider option
+`enable_block_quant_weight_optimization=1`) turns such scales into LPBQ: a float scale per channel (the channel's
+largest block scale / 16) times a 4-bit integer per block (round(block scale / channel scale), 1..16). Scales that
+are not already on that grid are rounded by the EP, so the CPU's QDQ graph and the HTP would compute different
+weights (measured: simulator vs CPU cosine 0.9990 instead of 0.99998 on a 1024x1024 MatMul); every block scale
+written here is a channel scale times an integer 1..16 with 16 in each channel, which the EP keeps as is.
+
+Scale search (sequential MSE in AIMET's terms, here on the float model's activations): for each output channel the
+clipping ratio of its range (RATIOS) that minimizes the matrix's output error ||X (W - Q(W))||^2 over the calibration
+rows X; block-wise, then each block's integer (within BLOCK_STEPS of its min/max value) by the block's own share
+of that error (the cross terms between blocks of a channel are left out)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+QMIN, QMAX = -8, 7  # symmetric int4 (zero point 0)
+LPBQ_LEVELS = 16  # the EP's per-block integer scales: 1..16 times the channel's scale
+BLOCK_SIZES = (16, 32, 64, 128, 256)  # powers of two the EP ran (docs/llm.md); 48 gave wrong outputs on v75
+RATIOS = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0 .. 0.5 of the channel's range
+BLOCK_STEPS = (-2, -1, 1)  # a block's integer tried around its min/max value
+ROW_CHUNK = 1024  # output channels per error evaluation (bounds the [T, blocks, chunk] intermediate)
+TINY = 1e-12  # floor of a scale: an all-zero channel quantizes to zeros
+
+
+@dataclass
+class Int4:
+    """A matrix at int4: `values` [K, N] int8 in QMIN..QMAX, `scales` [N] (per channel) or [K / block_size, N]."""
+    values: np.ndarray
+    scales: np.ndarray
+    block_size: int | None
+    error: float = float("nan")  # relative output error ||X(W - Wq)||^2 / ||XW||^2 (nan: no activations)
+    clipped: float = 0.0  # share of channels whose range the search clipped
+
+    def dequantized(self) -> np.ndarray:
+        return self.values.astype(np.float32) * _expand(self.scales, self.block_size, self.values.shape[0])
+
+
+def blockable(k: int, block_size: int) -> bool:
+    """Whether a K-row matrix takes `block_size` blocks: whole blocks only (the EP's LPBQ needs K / block_size
+    blocks exactly), more than one."""
+    return k % block_size == 0 and k > block_size
+
+
+def minmax_scales(w: np.ndarray, block_size: int | None) -> np.ndarray:
+    """Scales covering each channel's (or block's) range: per channel max|w| / 7; block-wise on the LPBQ grid."""
+    if block_size is None:
+        return np.maximum(np.abs(w).max(0) / QMAX, TINY).astype(np.float32)
+    k, n = w.shape
+    block = np.abs(w).reshape(k // block_size, block_size, n).max(1) / QMAX  # [blocks, N]
+    channel = np.maximum(block.max(0) / LPBQ_LEVELS, TINY)
+    return lpbq(channel, np.ceil(block / channel - 1e-6))  # ceil: no block's range is clipped
+
+
+def lpbq(channel: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """Block scales on the EP's grid: channel scale x integer 1..16 (`steps` clipped so)."""
+    return (channel[None] * np.clip(steps, 1, LPBQ_LEVELS)).astype(np.float32)
+
+
+def quantize(w: np.ndarray, scales: np.ndarray, block_size: int | None) -> Int4:
+    q = np.clip(np.round(w / _expand(scales, block_size, w.shape[0])), QMIN, QMAX).astype(np.int8)
+    return Int4(q, scales.astype(np.float32), block_size)
+
+
+def relative_error(w: np.ndarray, q: Int4, x: np.ndarray) -> float:
+    """||X(W - Wq)||^2 / ||XW||^2 over the rows of x [T, K]."""
+    ref = float(np.square(x @ w).sum())
+    return float(_column_errors(x, w - q.dequantized()).sum()) / max(ref, TINY)
+
+
+def int4(w: np.ndarray, block_size: int | None, x: np.ndarray | None = None, search: bool = False) -> Int4:
+    """W [K, N] at int4 (per channel when block_size is None); with `search` and activations x [T, K], the scales
+    minimizing the output error; `error` filled when x is given."""
+    w = w.astype(np.float32)
+    base = minmax_scales(w, block_size)
+    if search and x is not None:
+        q, clipped = _search(w, x.astype(np.float32), base, block_size)
+    else:
+        q, clipped = quantize(w, base, block_size), 0.0
+    q.clipped = clipped
+    if x is not None:
+        q.error = relative_error(w, q, x.astype(np.float32))
+    return q
+
+
+def _search(w: np.ndarray, x: np.ndarray, base: np.ndarray, block_size: int | None) -> tuple[Int4, float]:
+    """Per channel the best ratio of RATIOS (the whole column's output error: exact), then block-wise each block's
+    integer among its neighbours (its own share of the error); the block holding a channel's largest scale keeps
+    16, so the grid stays the one the EP derives."""
+    errors = np.stack([_column_errors(x, w - quantize(w, base * r, block_size).dequantized()) for r in RATIOS])
+    best = np.asarray(RATIOS, np.float32)[errors.argmin(0)]  # [N]
+    scales = base * best
+    if block_size is not None:
+        scales = _refine_blocks(w, x, scales, block_size)
+    return quantize(w, scales, block_size), float((best < 1.0).mean())
+
+
+def _refine_blocks(w: np.ndarray, x: np.ndarray, scales: np.ndarray, block_size: int) -> np.ndarray:
+    channel = scales.max(0) / LPBQ_LEVELS  # [N]
+    steps = np.rint(scales / np.maximum(channel, TINY))  # [blocks, N], 16 at each channel's largest
+    fixed = steps >= LPBQ_LEVELS
+    best_steps, best_err = steps, _block_errors(x, w, lpbq(channel, steps), block_size)
+    for d in BLOCK_STEPS:
+        trial = np.where(fixed, steps, np.clip(steps + d, 1, LPBQ_LEVELS - 1))
+        err = _block_errors(x, w, lpbq(channel, trial), block_size)
+        better = err < best_err
+        best_steps, best_err = np.where(better, trial, best_steps), np.where(better, err, best_err)
+    return lpbq(channel, best_steps)
+
+
+def _block_errors(x: np.ndarray, w: np.ndarray, scales: np.ndarray, block_size: int) -> np.ndarray:
+    """Each block's own output error ||X_b (W_b - Q(W_b))||^2 per channel: [blocks, N]."""
+    k, n = w.shape
+    e = (w - quantize(w, scales, block_size).dequantized()).reshape(k // block_size, block_size, n)
+    xb = x.reshape(x.shape[0], k // block_size, block_size)
+    out = np.empty((k // block_size, n), np.float64)
+    for c in range(0, n, ROW_CHUNK):
+        out[:, c:c + ROW_CHUNK] = np.square(np.einsum("tbk,bkn->tbn", xb, e[:, :, c:c + ROW_CHUNK])).sum(0)
+    return out
+
+
+def _column_errors(x: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """||X e_n||^2 per output channel n."""
+    out = np.empty(e.shape[1], np.float64)
+    for c in range(0, e.shape[1], ROW_CHUNK):
+        out[c:c + ROW_CHUNK] = np.square(x @ e[:, c:c + ROW_CHUNK]).sum(0)
+    return out
+
+
+def _expand(scales: np.ndarray, block_size: int | None, k: int) -> np.ndarray:
+    return scales[None] if block_size is None else np.repeat(scales, block_size, axis=0)[:k]
