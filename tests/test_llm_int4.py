@@ -96,15 +96,15 @@ class _Reader:
         return None if x is None else {"x": x}
 
 
-def qdq_int4(d: Path, w1: np.ndarray, w2: np.ndarray, xs: list[np.ndarray]) -> tuple[Path, Path]:
+def qdq_int4(d: Path, w1: np.ndarray, w2: np.ndarray, xs: list[np.ndarray], bits: int = 4) -> tuple[Path, Path]:
     """A float model and its QDQ model as llm_quantize makes it: onnxruntime's QNN config, uint16 activations,
-    symmetric int4 per-channel weights, external data."""
+    symmetric int4 (int8) weights (one scale per MatMul weight: the config's choice), external data."""
     from onnxruntime.quantization import QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     src = _float_model(d, w1, w2)
     config = get_qnn_qdq_config(str(src), _Reader(xs), activation_type=QuantType.QUInt16,
-                                weight_type=QuantType.QInt4, per_channel=True)
+                                weight_type=QuantType.QInt4 if bits == 4 else QuantType.QInt8, per_channel=True)
     config.use_external_data_format = True
     quantize(str(src), str(d / "qdq.onnx"), config)
     return src, d / "qdq.onnx"
@@ -118,19 +118,23 @@ def _run(path: Path, x: np.ndarray, outputs: list[str]) -> list[np.ndarray]:
     return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(outputs, {"x": x})
 
 
-@pytest.mark.parametrize("block_size", [None, 32])
-def test_rewrite_dequantizes_to_the_chosen_weights(tmp_path: Path, block_size: int | None) -> None:
+@pytest.mark.parametrize("block_size,bits", [(None, 4), (32, 4), (None, 8)])
+def test_rewrite_dequantizes_to_the_chosen_weights(tmp_path: Path, block_size: int | None, bits: int) -> None:
     w1, x = _weights(256, 64)
     w2 = _weights(64, 32, seed=1)[0]
     xs = [np.random.default_rng(i).standard_normal((1, 16, 256)).astype(np.float32) for i in range(4)]
-    src, qdq = qdq_int4(tmp_path, w1, w2, xs)
+    src, qdq = qdq_int4(tmp_path, w1, w2, xs, bits)
     names = matmul_weights(onnx.load(str(src)))
     assert names == {"mm1": "w1", "mm2": "w2"}
-    chosen = Weights4({"w1": int4.int4(w1, block_size, x, search=True), "w2": int4.int4(w2, None)})
+    before = {t.name: t.dims for t in onnx.load(str(qdq)).graph.initializer}
+    assert all(before[f"{w}_scale"] == [] for w in ("w1", "w2"))  # onnxruntime's QNN config: one scale per matrix
+    chosen = Weights4({"w1": int4.int4(w1, block_size, x, search=True, bits=bits),
+                       "w2": int4.int4(w2, None, bits=bits)})
     assert rewrite(qdq, src, chosen) == 2
     m = onnx.load(str(qdq))
+    kind = TensorProto.INT4 if bits == 4 else TensorProto.INT8
     dq = {n.input[0]: n for n in m.graph.node if n.op_type == "DequantizeLinear"
-          and any(t.name == n.input[0] and t.data_type == TensorProto.INT4 for t in m.graph.initializer)}
+          and any(t.name == n.input[0] and t.data_type == kind for t in m.graph.initializer)}
     assert len(dq) == 2
     first = next(n for n in dq.values() if n.output[0] in {i for k in m.graph.node if k.name == "mm1" for i in k.input})
     attrs = {a.name: a.i for a in first.attribute}

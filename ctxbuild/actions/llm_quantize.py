@@ -117,35 +117,45 @@ def run(ctx: Any) -> None:
                 src.unlink()
             print(f"{g.name}: calibrated on {len(samples)} calls")
             if w4 is not None:
-                print(f"{g.name}: {rewrite(ctx.tmp_output(f'model:{g.name}'), model, w4)} int4 weights rewritten")
+                print(f"{g.name}: {rewrite(ctx.tmp_output(f'model:{g.name}'), model, w4)} weights rewritten")
     share_weights([ctx.tmp_output(f"model:{g.name}") for g in mine], ctx.tmp_output(weights_role(p["part"])))
 
 
 def _int4_weights(p: dict[str, Any], floats: dict[tuple[int, int, int], Path],
                   feeds: dict[tuple[int, int, int], list[Call]], mine: list[Any]) -> tuple[Weights4 | None, list[str]]:
-    """llm.quantization at w4a16 (None without it): each int4 weight's values and scales (block-wise or per
-    channel, searched or min/max) from the activations of the part's graphs at the smallest CL, and the weights the
-    sensitivity ranking keeps at int8 (the most sensitive first, up to `keep_8bit_share` of the int4 elements)."""
+    """llm.quantization (None without it): each MatMul weight's values and scales from the activations of the
+    part's graphs at the smallest CL, per channel (int4 also block-wise), searched or min/max, and the weights the
+    sensitivity ranking keeps at int8 (the most sensitive first, up to `keep_8bit_share` of the int4 elements).
+    int8 weights (w8a16's; w4a16's LM head, keep_8bit and ranked) are rewritten per channel unless `int8: tensor`
+    (onnxruntime's QNN config writes every MatMul weight per tensor)."""
     q = p.get("quantization")
-    if p["precision"] != "w4a16" or not q:
+    if not q:
         return None, []
     cl = min(g.cl for g in mine)
     graphs = [(floats[(g.part, g.ar, g.cl)], feeds.get((g.part, g.ar, g.cl), []))
               for g in sorted(mine, key=lambda g: -g.ar) if g.cl == cl]
-    names, sensitive, _ = _io_and_sensitive(graphs[0][0])
-    m = load(graphs[0][0], external_data=False)
-    int4 = {w for w in matmul_weights(m).values() if w not in sensitive
-            and not any(fnmatch.fnmatchcase(w, k) for k in p["keep_8bit"])}
+    _, sensitive, _ = _io_and_sensitive(graphs[0][0])
+    matmuls = set(matmul_weights(load(graphs[0][0], external_data=False)).values())
+    kept = {w for w in matmuls if w in sensitive or any(fnmatch.fnmatchcase(w, k) for k in p["keep_8bit"])}
+    bits = {w: 8 for w in matmuls} if p["precision"] == "w8a16" else {w: 8 if w in kept else 4 for w in matmuls}
+    if q["int8"] == "tensor":
+        bits = {w: b for w, b in bits.items() if b == 4}
     start = time.monotonic()
-    w4 = choose(graphs, int4, q["block_size"] if q["int4"] == "block" else None, q["scale_search"])
-    ranked = ranked_8bit(w4, q.get("keep_8bit_share", 0.0))
-    for w in ranked:
-        del w4.chosen[w]
-    print(f"int4 weights: {len(w4.chosen)} ({q['int4']}{', scale search' if q['scale_search'] else ''}) on "
-          f"{w4.tokens} activation rows in {time.monotonic() - start:.1f} s; kept at int8 by the ranking: "
-          f"{', '.join(ranked) or 'none'}")
-    print("int4 sensitivity (relative output error, most sensitive first): " + ", ".join(
-        f"{r['weight']} {r['error']:.2e}" for r in w4.summary()["ranking"]))
+    block = q["block_size"] if q["int4"] == "block" else None
+    w4 = choose(graphs, bits, block, q["scale_search"])
+    ranked = ranked_8bit(w4, q["keep_8bit_share"])
+    if ranked:  # the ranking's pick at int8 (per channel unless int8: tensor)
+        again = choose(graphs, {w: 8 for w in ranked}, None, q["scale_search"]) if q["int8"] == "channel" else None
+        for w in ranked:
+            del w4.chosen[w]
+            if again:
+                w4.chosen[w] = again.chosen[w]
+    print(f"weights: {sum(c.bits == 4 for c in w4.chosen.values())} int4 ({q['int4']}), "
+          f"{sum(c.bits == 8 for c in w4.chosen.values())} int8 per channel"
+          f"{', scale search' if q['scale_search'] else ''} on {w4.tokens} activation rows in "
+          f"{time.monotonic() - start:.1f} s; kept at int8 by the ranking: {', '.join(ranked) or 'none'}")
+    print("sensitivity (relative output error, most sensitive first): " + ", ".join(
+        f"{r['weight']} int{r['bits']} {r['error']:.2e}" for r in w4.summary()["ranking"]))
     return w4, ranked
 
 

@@ -1,5 +1,5 @@
-"""Symmetric int4 weights of a MatMul, per output channel or block-wise in the form the QNN EP runs as LPBQ, with
-an optional scale search against the activations the float model feeds the matrix.
+"""Symmetric int4 and int8 weights of a MatMul, per output channel or (int4) block-wise in the form the QNN EP runs
+as LPBQ, with an optional scale search against the activations the float model feeds the matrix.
 
 A MatMul weight W is [K, N] (input features x output channels). Per channel: one scale per output channel, as
 onnxruntime's quantizer writes it. Block-wise: one scale per block of `block_size` input rows and output channel,
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-QMIN, QMAX = -8, 7  # symmetric int4 (zero point 0)
+QMAX = {4: 7, 8: 127}  # symmetric (zero point 0): int4 -8..7, int8 -128..127; ranges scale to QMAX
 LPBQ_LEVELS = 16  # the EP's per-block integer scales: 1..16 times the channel's scale
 BLOCK_SIZES = (16, 32, 64, 128, 256)  # powers of two the EP ran (docs/llm.md); 48 gave wrong outputs on v75
 RATIOS = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0 .. 0.5 of the channel's range
@@ -31,10 +31,12 @@ TINY = 1e-12  # floor of a scale: an all-zero channel quantizes to zeros
 
 @dataclass
 class Int4:
-    """A matrix at int4: `values` [K, N] int8 in QMIN..QMAX, `scales` [N] (per channel) or [K / block_size, N]."""
+    """A matrix at `bits` (4 or 8): `values` [K, N] int8 in the type's range, `scales` [N] (per channel) or
+    [K / block_size, N] (int4 only)."""
     values: np.ndarray
     scales: np.ndarray
     block_size: int | None
+    bits: int = 4
     error: float = float("nan")  # relative output error ||X(W - Wq)||^2 / ||XW||^2 (nan: no activations)
     clipped: float = 0.0  # share of channels whose range the search clipped
 
@@ -48,12 +50,12 @@ def blockable(k: int, block_size: int) -> bool:
     return k % block_size == 0 and k > block_size
 
 
-def minmax_scales(w: np.ndarray, block_size: int | None) -> np.ndarray:
-    """Scales covering each channel's (or block's) range: per channel max|w| / 7; block-wise on the LPBQ grid."""
+def minmax_scales(w: np.ndarray, block_size: int | None, bits: int = 4) -> np.ndarray:
+    """Scales covering each channel's (or block's) range: per channel max|w| / QMAX; block-wise on the LPBQ grid."""
     if block_size is None:
-        return np.maximum(np.abs(w).max(0) / QMAX, TINY).astype(np.float32)
+        return np.maximum(np.abs(w).max(0) / QMAX[bits], TINY).astype(np.float32)
     k, n = w.shape
-    block = np.abs(w).reshape(k // block_size, block_size, n).max(1) / QMAX  # [blocks, N]
+    block = np.abs(w).reshape(k // block_size, block_size, n).max(1) / QMAX[4]  # [blocks, N]
     channel = np.maximum(block.max(0) / LPBQ_LEVELS, TINY)
     return lpbq(channel, np.ceil(block / channel - 1e-6))  # ceil: no block's range is clipped
 
@@ -63,9 +65,9 @@ def lpbq(channel: np.ndarray, steps: np.ndarray) -> np.ndarray:
     return (channel[None] * np.clip(steps, 1, LPBQ_LEVELS)).astype(np.float32)
 
 
-def quantize(w: np.ndarray, scales: np.ndarray, block_size: int | None) -> Int4:
-    q = np.clip(np.round(w / _expand(scales, block_size, w.shape[0])), QMIN, QMAX).astype(np.int8)
-    return Int4(q, scales.astype(np.float32), block_size)
+def quantize(w: np.ndarray, scales: np.ndarray, block_size: int | None, bits: int = 4) -> Int4:
+    q = np.clip(np.round(w / _expand(scales, block_size, w.shape[0])), -QMAX[bits] - 1, QMAX[bits])
+    return Int4(q.astype(np.int8), scales.astype(np.float32), block_size, bits)
 
 
 def relative_error(w: np.ndarray, q: Int4, x: np.ndarray) -> float:
@@ -74,31 +76,33 @@ def relative_error(w: np.ndarray, q: Int4, x: np.ndarray) -> float:
     return float(_column_errors(x, w - q.dequantized()).sum()) / max(ref, TINY)
 
 
-def int4(w: np.ndarray, block_size: int | None, x: np.ndarray | None = None, search: bool = False) -> Int4:
-    """W [K, N] at int4 (per channel when block_size is None); with `search` and activations x [T, K], the scales
-    minimizing the output error; `error` filled when x is given."""
+def int4(w: np.ndarray, block_size: int | None, x: np.ndarray | None = None, search: bool = False,
+         bits: int = 4) -> Int4:
+    """W [K, N] at int4 (or int8: `bits`; per channel when block_size is None); with `search` and activations
+    x [T, K], the scales minimizing the output error; `error` filled when x is given."""
     w = w.astype(np.float32)
-    base = minmax_scales(w, block_size)
+    base = minmax_scales(w, block_size, bits)
     if search and x is not None:
-        q, clipped = _search(w, x.astype(np.float32), base, block_size)
+        q, clipped = _search(w, x.astype(np.float32), base, block_size, bits)
     else:
-        q, clipped = quantize(w, base, block_size), 0.0
+        q, clipped = quantize(w, base, block_size, bits), 0.0
     q.clipped = clipped
     if x is not None:
         q.error = relative_error(w, q, x.astype(np.float32))
     return q
 
 
-def _search(w: np.ndarray, x: np.ndarray, base: np.ndarray, block_size: int | None) -> tuple[Int4, float]:
+def _search(w: np.ndarray, x: np.ndarray, base: np.ndarray, block_size: int | None, bits: int
+            ) -> tuple[Int4, float]:
     """Per channel the best ratio of RATIOS (the whole column's output error: exact), then block-wise each block's
     integer among its neighbours (its own share of the error); the block holding a channel's largest scale keeps
     16, so the grid stays the one the EP derives."""
-    errors = np.stack([_column_errors(x, w - quantize(w, base * r, block_size).dequantized()) for r in RATIOS])
+    errors = np.stack([_column_errors(x, w - quantize(w, base * r, block_size, bits).dequantized()) for r in RATIOS])
     best = np.asarray(RATIOS, np.float32)[errors.argmin(0)]  # [N]
     scales = base * best
     if block_size is not None:
         scales = _refine_blocks(w, x, scales, block_size)
-    return quantize(w, scales, block_size), float((best < 1.0).mean())
+    return quantize(w, scales, block_size, bits), float((best < 1.0).mean())
 
 
 def _refine_blocks(w: np.ndarray, x: np.ndarray, scales: np.ndarray, block_size: int) -> np.ndarray:

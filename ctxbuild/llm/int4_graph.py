@@ -31,13 +31,13 @@ class Weights4:
     tokens: int = 0  # activation rows used
 
     def ranking(self) -> list[str]:
-        """The weights, most sensitive first: the largest relative output error at int4."""
+        """The weights, most sensitive first: the largest relative output error at their width."""
         return sorted(self.chosen, key=lambda n: -self.chosen[n].error)
 
     def summary(self) -> dict[str, Any]:
         return {"tokens": self.tokens, "matrices": len(self.chosen),
                 "blockwise": sum(q.block_size is not None for q in self.chosen.values()),
-                "ranking": [{"weight": n, "error": round(self.chosen[n].error, 6),
+                "ranking": [{"weight": n, "bits": self.chosen[n].bits, "error": round(self.chosen[n].error, 6),
                              "clipped": round(self.chosen[n].clipped, 3), "block_size": self.chosen[n].block_size}
                             for n in self.ranking()]}
 
@@ -49,11 +49,12 @@ def matmul_weights(model: Any) -> dict[str, str]:
             if n.op_type == "MatMul" and n.input[1] in inits and len(inits[n.input[1]].dims) == 2}
 
 
-def choose(graphs: list[tuple[Path, list[Call]]], weights: set[str], block_size: int | None,
+def choose(graphs: list[tuple[Path, list[Call]]], bits: dict[str, int], block_size: int | None,
            search: bool) -> Weights4:
-    """Each of `weights` at int4 with the activations its MatMul sees in the float static graphs on their calls
-    (the part's calibration calls; rows from the graphs in order up to MAX_TOKENS): scales searched or min/max,
-    the relative output error measured."""
+    """Each weight of `bits` at its width (4 or 8; block-wise only at 4) with the activations its MatMul sees in the
+    float static graphs on their calls (the part's calibration calls; rows from the graphs in order up to
+    MAX_TOKENS): scales searched or min/max, the relative output error measured."""
+    weights = set(bits)
     rows: dict[str, list[np.ndarray]] = {}
     arrays: dict[str, np.ndarray] = {}
     taken = 0
@@ -72,8 +73,8 @@ def choose(graphs: list[tuple[Path, list[Call]]], weights: set[str], block_size:
             break
     out = Weights4(tokens=taken)
     for w in sorted(arrays):
-        bs = block_size if block_size is not None and blockable(arrays[w].shape[0], block_size) else None
-        out.chosen[w] = int4(arrays[w], bs, np.concatenate(rows[w]) if rows.get(w) else None, search)
+        bs = block_size if block_size and bits[w] == 4 and blockable(arrays[w].shape[0], block_size) else None
+        out.chosen[w] = int4(arrays[w], bs, np.concatenate(rows[w]) if rows.get(w) else None, search, bits[w])
     return out
 
 
@@ -131,12 +132,13 @@ def rewrite(qdq_path: Path, float_path: Path, chosen: Weights4) -> int:
         if node.op_type != "MatMul" or q is None:
             continue
         dq = producer.get(node.input[1])
-        if dq is None or dq.op_type != "DequantizeLinear" or inits[dq.input[0]].data_type != TensorProto.INT4:
-            continue  # kept at int8 by an override: not this rewrite's
-        values, scale, zp = dq.input[0], dq.input[1], dq.input[2] if len(dq.input) > 2 else f"{dq.input[0]}_zp4"
-        _replace(m, inits, helper.make_tensor(values, TensorProto.INT4, list(q.values.shape), q.values.ravel()))
+        kind = {4: TensorProto.INT4, 8: TensorProto.INT8}[q.bits]
+        if dq is None or dq.op_type != "DequantizeLinear" or inits[dq.input[0]].data_type != kind:
+            raise ValueError(f"{qdq_path.name}: {node.name}'s weight is not a {q.bits}-bit DequantizeLinear")
+        values, scale, zp = dq.input[0], dq.input[1], dq.input[2] if len(dq.input) > 2 else f"{dq.input[0]}_zp"
+        _replace(m, inits, helper.make_tensor(values, kind, list(q.values.shape), q.values.ravel()))
         _replace(m, inits, numpy_helper.from_array(q.scales, scale))
-        _replace(m, inits, helper.make_tensor(zp, TensorProto.INT4, list(q.scales.shape), np.zeros(q.scales.size, np.int8)))
+        _replace(m, inits, helper.make_tensor(zp, kind, list(q.scales.shape), np.zeros(q.scales.size, np.int8)))
         del dq.input[2:]
         dq.input.append(zp)
         del dq.attribute[:]
@@ -159,11 +161,11 @@ def _replace(m: Any, inits: dict[str, Any], t: Any) -> None:
 
 
 def ranked_8bit(w4: Weights4, share: float) -> list[str]:
-    """The sensitivity ranking's pick for int8: the weights with the largest int4 output error, most sensitive
-    first, while their elements stay within `share` of all int4 candidates' elements."""
-    total = sum(q.values.size for q in w4.chosen.values())
+    """The sensitivity ranking's pick for int8: the int4 weights with the largest output error, most sensitive
+    first, while their elements stay within `share` of all int4 weights' elements."""
+    total = sum(q.values.size for q in w4.chosen.values() if q.bits == 4)
     picked, size = [], 0
-    for w in w4.ranking():
+    for w in (w for w in w4.ranking() if w4.chosen[w].bits == 4):
         n = w4.chosen[w].values.size
         if size + n > share * total:
             break

@@ -131,14 +131,19 @@ def _quantization(at: Any, spec: dict[str, Any], precision: str, facts: dict[str
     q = spec.get("quantization")
     if q is None:
         return None
-    if precision != "w4a16":
-        raise RecipeError(f"{at('quantization')}: llm.quantization sets how int4 weights are made; precision is "
-                          f"{precision}", "remove llm.quantization, or use precision: w4a16")
+    if precision == "fp16":
+        raise RecipeError(f"{at('quantization')}: llm.quantization sets how integer weights are made; precision is "
+                          "fp16", "remove llm.quantization, or use precision: w4a16 or w8a16")
+    for key in ("int4", "block_size", "keep_8bit_share"):
+        if key in q and precision != "w4a16":
+            raise RecipeError(f"{at('quantization', key)}: {key} is for int4 weights; precision is {precision}",
+                              f"remove {key}, or use precision: w4a16")
     if "block_size" in q and q.get("int4") != "block":
         raise RecipeError(f"{at('quantization', 'block_size')}: block_size is for int4: block",
                           "add int4: block, or remove block_size")
     out = {"int4": q.get("int4", "channel"), "block_size": q.get("block_size", BLOCK_SIZE),
-           "scale_search": q.get("scale_search", False), "keep_8bit_share": q.get("keep_8bit_share", 0.0)}
+           "int8": q.get("int8", "channel"), "scale_search": q.get("scale_search", False),
+           "keep_8bit_share": q.get("keep_8bit_share", 0.0)}
     if out["int4"] == "block":
         for name, rows in sorted(facts.get("matmul_rows", {}).items()):
             if blockable(rows, out["block_size"]) and rows // out["block_size"] == 8 and out["block_size"] >= 64:
