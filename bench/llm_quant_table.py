@@ -3,7 +3,8 @@ one SoC, a private cache whose float split is shared), and per setting the part 
 actions' seconds. Prints a Markdown table (docs/llm.md, Weight quantization) and writes
 bench/results/llm_quant_table.json.
 
-    python bench/llm_quant_table.py MODEL.onnx PROMPTS_DIR [--ar 16 1 --cl 64 --parts 2 --soc SM8650 --verify 6]
+    python bench/llm_quant_table.py MODEL.onnx PROMPTS_DIR [--ar 16 1 --cl 64 --parts 2 --soc SM8650 --verify 6
+                                    --block-size 32 --only 0 3]
 """
 from __future__ import annotations
 
@@ -19,22 +20,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SETTINGS: dict[str, dict[str, object]] = {  # name -> llm fields (precision, keep_8bit, quantization)
-    "w8a16": {"precision": "w8a16"},
-    "w4a16 onnxruntime per channel, first/last blocks int8 (default)": {"precision": "w4a16"},
-    "w4a16 onnxruntime per channel": {"precision": "w4a16", "keep_8bit": []},
-    "w4a16 per channel": {"precision": "w4a16", "keep_8bit": [], "quantization": {"int4": "channel"}},
-    "w4a16 per channel + scale search": {"precision": "w4a16", "keep_8bit": [],
-                                         "quantization": {"int4": "channel", "scale_search": True}},
-    "w4a16 block 32": {"precision": "w4a16", "keep_8bit": [], "quantization": {"int4": "block", "block_size": 32}},
-    "w4a16 block 32 + scale search": {"precision": "w4a16", "keep_8bit": [],
-                                      "quantization": {"int4": "block", "block_size": 32, "scale_search": True}},
-    "w4a16 block 64 + scale search": {"precision": "w4a16", "keep_8bit": [],
-                                      "quantization": {"int4": "block", "block_size": 64, "scale_search": True}},
-    "w4a16 block 32 + scale search, ranking keeps 10% int8": {
-        "precision": "w4a16", "quantization": {"int4": "block", "block_size": 32, "scale_search": True,
-                                               "keep_8bit_share": 0.1}},
-}
+def settings(block: int) -> dict[str, dict[str, object]]:
+    """Setting name -> llm fields (precision, keep_8bit, quantization)."""
+    b = {"int4": "block", "block_size": block}
+    return {
+        "w8a16 onnxruntime (one scale per matrix)": {"precision": "w8a16"},
+        "w8a16 per channel": {"precision": "w8a16", "quantization": {"int8": "channel"}},
+        "w4a16 onnxruntime, first/last blocks int8 (default)": {"precision": "w4a16"},
+        "w4a16 onnxruntime": {"precision": "w4a16", "keep_8bit": []},
+        "w4a16 per channel": {"precision": "w4a16", "keep_8bit": [], "quantization": {"int4": "channel"}},
+        "w4a16 per channel + scale search": {"precision": "w4a16", "keep_8bit": [],
+                                             "quantization": {"int4": "channel", "scale_search": True}},
+        f"w4a16 block {block}": {"precision": "w4a16", "keep_8bit": [], "quantization": b},
+        f"w4a16 block {block} + scale search": {"precision": "w4a16", "keep_8bit": [],
+                                                "quantization": {**b, "scale_search": True}},
+        f"w4a16 block {block} + scale search, ranking keeps 10% int8": {
+            "precision": "w4a16", "quantization": {**b, "scale_search": True, "keep_8bit_share": 0.1}},
+    }
 
 
 def figures(out: Path, parts: int) -> dict[str, object]:
@@ -70,13 +72,14 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--verify", type=int, default=6)
     ap.add_argument("--generate", type=int, default=8)
-    ap.add_argument("--only", nargs="*", help="settings to run (names as in SETTINGS)")
+    ap.add_argument("--block-size", type=int, default=32)
+    ap.add_argument("--only", nargs="*", help="settings to run, by number (0 = the first of settings())")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="llm-quant-"))
     env = {**os.environ, "CTXBUILD_CACHE_DIR": str(work / "cache"), "PYTHONPATH": str(ROOT)}
     rows = []
-    for name, fields in SETTINGS.items():
-        if args.only and name not in args.only:
+    for i, (name, fields) in enumerate(settings(args.block_size).items()):
+        if args.only and str(i) not in args.only:
             continue
         spec = {"model": str(args.model.resolve()), "sequence_lengths": args.ar, "context_lengths": args.cl,
                 "parts": args.parts, "prompts": {"dir": str(args.prompts.resolve()), "samples": args.samples,
@@ -92,7 +95,7 @@ def main() -> None:
         logs = sorted((r / "out" / ".ctxbuild" / "logs").glob("llm_quantize.*.log"))
         row["int4_seconds"] = sum(float(s) for f in logs for s in re.findall(r"activation rows in ([\d.]+) s", f.read_text()))
         row["quantize_lines"] = [line for f in logs for line in f.read_text().splitlines()
-                                 if line.startswith(("calibration:", "int4 weights:"))]
+                                 if line.startswith(("calibration:", "weights:"))]
         if done.returncode == 0:
             row.update(figures(r / "out" / args.soc / "m" / "llm_verify", args.parts))
         else:
@@ -100,7 +103,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     print("\n| setting | logits cos / SNR / top-1 (prompt) | logits cos / SNR / top-1 (token) | worst hidden | worst KV |"
-          " int4 choice s |\n|---|---|---|---|---|---|")
+          " weight choice s |\n|---|---|---|---|---|---|")
     for r in rows:
         if r["exit"] != 0:
             print(f"| {r['setting']} | failed (exit {r['exit']}) | | | | |")
