@@ -15,7 +15,8 @@ from ctxbuild.digests import hash_file, hash_stream
 if TYPE_CHECKING:
     from ctxbuild.cache.record import OutputEntry
 
-__all__ = ["copy_hashing", "hard_link", "hash_file", "read_no_follow", "restore_outputs", "same_content", "temp_path"]
+__all__ = ["copy_hashing", "discard", "hard_link", "hash_file", "mtime_or_zero", "read_no_follow", "regular_stat",
+           "restore_outputs", "same_content", "scandir_list", "stat_identity", "temp_path", "touch_or_drop"]
 
 CHUNK = 1 << 20
 # linux/fs.h: _IOW(0x94, 9, int). fcntl.FICLONE only exists from Python 3.12.
@@ -159,3 +160,49 @@ def restore_outputs(entries: Iterable[OutputEntry], dest: dict[str, Path],
     finally:
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
+
+
+def scandir_list(path: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as it:
+            return list(it)
+    except FileNotFoundError:
+        return []
+
+
+def regular_stat(entry: os.DirEntry[str]) -> os.stat_result | None:
+    """A regular file's stat, or None if it is not one or was renamed or deleted since it was listed."""
+    try:
+        return entry.stat(follow_symlinks=False) if entry.is_file(follow_symlinks=False) else None
+    except FileNotFoundError:
+        return None
+
+
+def stat_identity(st: os.stat_result) -> str:
+    """What a seal records: a write in place moves the mtime (and usually the size), a replaced file the inode."""
+    return f"{st.st_ino} {st.st_size} {st.st_mtime_ns}"
+
+
+def touch_or_drop(path: Path) -> bool:
+    """mtime now; False (the file removed) where that is refused (a blob another user owns: the caller copies)."""
+    try:
+        os.utime(path)
+    except PermissionError:
+        path.unlink()
+        return False
+    return True
+
+
+def mtime_or_zero(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def discard(path: Path) -> None:
+    """Best effort: bad data is never used either way, and a read-only cache cannot delete it."""
+    try:
+        path.unlink()
+    except OSError:
+        pass

@@ -45,8 +45,9 @@ from typing import Any
 
 from ctxbuild.atomic import write_bytes
 from ctxbuild.errors import CacheUnavailable
-from ctxbuild.cache.files import (copy_hashing, hard_link, hash_file, read_no_follow, restore_outputs, same_content,
-                                  temp_path)
+from ctxbuild.cache.files import (copy_hashing, discard, hard_link, hash_file, mtime_or_zero, read_no_follow,
+                                  regular_stat, restore_outputs, same_content, scandir_list, stat_identity, temp_path,
+                                  touch_or_drop)
 from ctxbuild.digests import hash_stream
 from ctxbuild.cache.record import ActionRecord, OutputEntry, check_digest, check_key
 from ctxbuild.cache.store import Store
@@ -84,7 +85,7 @@ class LocalStore(Store):
             if record.key != key:
                 raise ValueError("record stored under another key")
         except ValueError:
-            _discard(path)
+            discard(path)
             self.on_warning(f"local cache record {key[:12]} was corrupt; deleted it")
             return None
         try:
@@ -211,14 +212,14 @@ class LocalStore(Store):
 
     def _gc(self, max_bytes: int, start: float) -> dict[str, Any]:
         stale = start - GRACE_SECONDS
-        for entry in _scandir(self.root / "tmp"):  # leftovers of inserts that were killed
-            st = _stat(entry)
+        for entry in scandir_list(self.root / "tmp"):  # leftovers of inserts that were killed
+            st = regular_stat(entry)
             if st is not None and st.st_mtime < stale:
-                _discard(Path(entry.path))
+                discard(Path(entry.path))
         blobs = {path.name: (path, st.st_size) for path, st in self._files("cas")}
         for path, st in self._files("seal"):  # seals of blobs gone (deleted as corrupt or foreign)
             if path.name not in blobs and st.st_mtime < stale:
-                _discard(path)
+                discard(path)
         records: list[tuple[int, Path, int, set[str]]] = []
         refs: Counter[str] = Counter()
         for path, st in self._files("ac"):
@@ -227,7 +228,7 @@ class LocalStore(Store):
             except FileNotFoundError:  # another gc got there first
                 continue
             except ValueError:
-                _discard(path)
+                discard(path)
                 continue
             refs.update(digests)
             records.append((st.st_mtime_ns, path, st.st_size, digests))
@@ -257,27 +258,27 @@ class LocalStore(Store):
         touched by put) since `older_than`: a concurrent put may be about to name it in a record."""
         seal = self._seal_path(path.name)
         try:
-            if max(path.lstat().st_mtime, _mtime(seal)) >= older_than:
+            if max(path.lstat().st_mtime, mtime_or_zero(seal)) >= older_than:
                 return False
             path.unlink()
         except FileNotFoundError:
             return False
-        _discard(seal)
+        discard(seal)
         return True
 
     def _files(self, sub: str) -> Iterator[tuple[Path, os.stat_result]]:
         """Records or blobs: the files in root/<sub>/<2 hex>/ (temps live in root/tmp, never here). Links
         found on the way are removed, never followed."""
         self._drop_foreign(self.root / sub, is_dir=True)
-        for d in _scandir(self.root / sub):
+        for d in scandir_list(self.root / sub):
             if d.is_symlink():
-                _discard(Path(d.path))
+                discard(Path(d.path))
             elif d.is_dir(follow_symlinks=False):
-                for entry in _scandir(Path(d.path)):
+                for entry in scandir_list(Path(d.path)):
                     if entry.is_symlink():
-                        _discard(Path(entry.path))
+                        discard(Path(entry.path))
                         continue
-                    st = _stat(entry)
+                    st = regular_stat(entry)
                     if st is not None:
                         yield Path(entry.path), st
 
@@ -291,7 +292,7 @@ class LocalStore(Store):
                 if not self._intact(blob, entry.digest):
                     self._drop_corrupt(blob)
                     return False
-                if hard_link(blob, tmp) and _touch(tmp):
+                if hard_link(blob, tmp) and touch_or_drop(tmp):
                     self._seal(entry.digest, os.lstat(tmp))
                     return True
             digest, _ = copy_hashing(blob, tmp, durable=False, follow=False)  # into OUT
@@ -327,11 +328,11 @@ class LocalStore(Store):
         """The blob holds `digest`'s bytes: its stat is the one its seal records, or its content hashes to it
         (then it is sealed again: the next restore need not hash)."""
         st = os.lstat(blob)
-        if self._seal_of(digest) == _identity(st):
+        if self._seal_of(digest) == stat_identity(st):
             return True
         with open(os.open(blob, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
             ok = hash_stream(f)[0] == digest
-            unchanged = _identity(os.fstat(f.fileno())) == _identity(st)
+            unchanged = stat_identity(os.fstat(f.fileno())) == stat_identity(st)
         if ok and unchanged:
             self._seal(digest, st)
         return ok
@@ -348,7 +349,7 @@ class LocalStore(Store):
         path = self._seal_path(digest)
         try:
             self._own_dir(path.parent)
-            write_bytes(path, _identity(st).encode(), self._tmp_dir(), durable=False)
+            write_bytes(path, stat_identity(st).encode(), self._tmp_dir(), durable=False)
         except OSError:
             pass
 
@@ -361,7 +362,7 @@ class LocalStore(Store):
         tmp = temp_path(self._tmp_dir(), digest)
         try:
             if not (self._linked(size) and hard_link(src, tmp)
-                    and _identity(os.lstat(tmp)) == _identity(st)):
+                    and stat_identity(os.lstat(tmp)) == stat_identity(st)):
                 tmp.unlink(missing_ok=True)
                 digest, size = copy_hashing(src, tmp)
             self._place_blob(tmp, self.blob_path(digest))
@@ -440,8 +441,8 @@ class LocalStore(Store):
         return True
 
     def _drop_corrupt(self, blob: Path) -> None:
-        _discard(blob)
-        _discard(self._seal_path(blob.name))
+        discard(blob)
+        discard(self._seal_path(blob.name))
         self.on_warning(f"local cache blob {blob.name[:12]} failed its sha256 check; deleted it")
 
     def _record_path(self, key: str) -> Path:
@@ -456,49 +457,3 @@ class LocalStore(Store):
 
 
 _FOREIGN = (errno.ELOOP, errno.EISDIR)  # opening a record or blob found a link, or a directory
-
-
-def _scandir(path: Path) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(path) as it:
-            return list(it)
-    except FileNotFoundError:
-        return []
-
-
-def _stat(entry: os.DirEntry[str]) -> os.stat_result | None:
-    """A regular file's stat, or None if it is not one or was renamed or deleted since it was listed."""
-    try:
-        return entry.stat(follow_symlinks=False) if entry.is_file(follow_symlinks=False) else None
-    except FileNotFoundError:
-        return None
-
-
-def _identity(st: os.stat_result) -> str:
-    """What a seal records: a write in place moves the mtime (and usually the size), a replaced file the inode."""
-    return f"{st.st_ino} {st.st_size} {st.st_mtime_ns}"
-
-
-def _touch(path: Path) -> bool:
-    """mtime now; False (the file removed) where that is refused (a blob another user owns: the caller copies)."""
-    try:
-        os.utime(path)
-    except PermissionError:
-        path.unlink()
-        return False
-    return True
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.lstat().st_mtime
-    except FileNotFoundError:
-        return 0.0
-
-
-def _discard(path: Path) -> None:
-    """Best effort: bad data is never used either way, and a read-only cache cannot delete it."""
-    try:
-        path.unlink()
-    except OSError:
-        pass

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ctxbuild.plan import kinds
 from ctxbuild.plan.action import Action, load_spec
 from ctxbuild.capture import captured
 from ctxbuild.errors import UsageError
@@ -39,7 +40,7 @@ def main(paths: list[Path], out: Path, recipe: str, targets: list[str], *, sampl
         return rc
     state = ninja.read_state(out, "plan.json") or {"actions": []}
     verifies = [load_spec(out / STATE / "actions" / spec_name(a["id"])) for a in state["actions"]
-                if a["kind"] == "verify" and recipe in a["recipes"]
+                if kinds.get(a["kind"]).per_layer and recipe in a["recipes"]
                 and (not targets or a["target"]["name"] in targets)]
     if not verifies:
         raise UsageError(f"--layers {recipe}: the recipe has no verified graph"
@@ -49,7 +50,8 @@ def main(paths: list[Path], out: Path, recipe: str, targets: list[str], *, sampl
     def spec_of(output: str) -> Action:
         return load_spec(out / STATE / "actions" / spec_name(by_output[output]["id"]))
 
-    selects = [spec_of(a["outputs"][0]) for a in state["actions"] if a["kind"] == "select" and recipe in a["recipes"]
+    selects = [spec_of(a["outputs"][0]) for a in state["actions"]
+               if kinds.get(a["kind"]).picks_candidate and recipe in a["recipes"]
                and (not targets or a["target"]["name"] in targets)]
     jobs = [_Job(v, v.params["thresholds"], layers_path(v.outputs["result"])) for v in verifies
             if "thresholds" in v.params]  # the rest are a precision search's candidates, judged by its select

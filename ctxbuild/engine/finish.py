@@ -120,8 +120,10 @@ def stored_selects(out: Path) -> list[dict[str, Any]]:
     as the build that decided them did (the user pastes the pin lines; a second look should not need
     <recipe>_search.json)."""
     from ctxbuild.outputs.manifest import read_record
+    from ctxbuild.plan import kinds
 
-    selects = [a["id"] for a in (ninja.read_state(out, "plan.json") or {}).get("actions", []) if a["kind"] == "select"]
+    actions = (ninja.read_state(out, "plan.json") or {}).get("actions", [])
+    selects = [a["id"] for a in actions if kinds.get(a["kind"]).picks_candidate]
     return [r for r in (read_record(out, i) for i in selects) if r]
 
 
@@ -198,11 +200,12 @@ def _drop_stale_diagnoses(state: dict[str, Any], ran: list[dict[str, Any]]) -> N
     """A `<graph>_layers.json` that `verify --layers` wrote before the graph was verified again in this build
     describes another artifact (an int16 diagnosis beside fp16 files): it goes."""
     from ctxbuild.layout import layers_path
+    from ctxbuild.plan import kinds
 
     by_id = {a["id"]: a for a in state["actions"]}
     for r in ran:
         result = (by_id.get(r["id"]) or {}).get("outputs") or []
-        if r.get("kind") == "verify" and result:
+        if r.get("kind") and kinds.get(r["kind"]).per_layer and result:
             layers = layers_path(result[0])
             try:
                 if layers.stat().st_mtime < (r.get("finished") or 0):

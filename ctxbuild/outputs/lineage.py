@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ctxbuild.plan import kinds
+
 
 def ancestors(aid: str, by_id: dict[str, Any]) -> list[str]:
     """Every action `aid` depends on, directly or not, nearest first."""
@@ -21,7 +23,7 @@ def rewrites(aid: str, by_id: dict[str, Any], record: Callable[[str], dict[str, 
     """rule -> count of the rewrites prepare made in the model(s) behind `aid` (graph/legalize), from records."""
     found: dict[str, int] = {}
     for dep in ancestors(aid, by_id):
-        if by_id[dep]["kind"] == "prepare":
+        if kinds.get(by_id[dep]["kind"]).legalizes:
             found.update((record(dep) or {}).get("rewrites") or {})
     return found
 

@@ -108,7 +108,7 @@ def _rows(out: Path, plan: dict[str, Any], manifest: dict[str, Any], records: di
     failed_up = _failed_ancestors(actions, status)
     verifies: dict[tuple[str, str], list[dict[str, Any]]] = {}
     # A precision search's candidate verifies are measurements; its select is the verification that counts.
-    candidates = {d for a in actions if a["kind"] == "select" for d in a["deps"]}
+    candidates = {d for a in actions if kinds.get(a["kind"]).picks_candidate for d in a["deps"]}
     for a in actions:
         if kinds.get(a["kind"]).verification and a.get("target") and a["id"] not in candidates:
             for r in a["recipes"]:
@@ -268,7 +268,7 @@ def _verify(a: dict[str, Any], rec: dict[str, Any] | None, st: str) -> dict[str,
     if st == "failed" and passed is None:
         passed = False
     graph = res.get("graph") or a["id"].split("/", 1)[-1].split("@")[0]
-    adapter = res.get("adapter") or (a["id"].rsplit("@", 1)[0].rsplit("+", 1)[-1] if a["kind"] == "verify_adapter" else None)
+    adapter = res.get("adapter") or (a["id"].rsplit("@", 1)[0].rsplit("+", 1)[-1] if kinds.get(a["kind"]).binds_adapter else None)
     return {"id": a["id"], "status": st, "graph": f"{graph} + adapter {adapter}" if adapter else graph, "adapter": adapter,
             "passed": passed, "method": res.get("method"), "samples": res.get("samples"),
             "context_lengths": sorted(int(c) for c in res["by_cl"]) if res.get("by_cl") else None,  # llm_part_eval, llm_eval

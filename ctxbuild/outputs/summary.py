@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.outputs.search_table import search_of
+from ctxbuild.plan import kinds
 
 
 def document(out: Path, returncode: int, *, noop: bool = False, searched: list[dict[str, Any]] | None = None
@@ -98,7 +99,7 @@ def rewrites(records: list[dict[str, Any]]) -> list[str]:
     with the rules its sample check withdrew and why (each when there are any)."""
     lines = []
     for r in sorted(records, key=lambda r: r["id"]):
-        if r.get("kind") != "prepare" or r.get("status") != "ok":
+        if not _kind(r).legalizes or r.get("status") != "ok":
             continue
         who = ", ".join(r.get("recipes") or [r["id"]])
         if r.get("rewrites"):
@@ -119,7 +120,7 @@ def answers(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in sorted(records, key=lambda r: r["id"]):
         search = r.get("search") or {}
         winner = next((c for c in search.get("candidates", []) if c["name"] == search.get("winner")), None)
-        if r.get("kind") != "select" or not winner or winner.get("precision") != "mixed" or not search.get("pin"):
+        if not _kind(r).picks_candidate or not winner or winner.get("precision") != "mixed" or not search.get("pin"):
             continue
         recipe, _, target = r["id"].removeprefix("select/").rpartition("@")
         found.setdefault((recipe, search["pin"]), {"recipe": recipe, "targets": [], "nodes": winner.get("blamed") or [],
@@ -153,7 +154,7 @@ def sibling_skips(records: list[dict[str, Any]]) -> list[str]:
     lines = []
     for r in sorted(records, key=lambda r: r["id"]):
         by: dict[str, list[str]] = {}
-        for c in (search_of(r) or {}).get("candidates", []) if r.get("kind") == "select" else []:
+        for c in (search_of(r) or {}).get("candidates", []) if _kind(r).picks_candidate else []:
             if c.get("predicted_by"):
                 by.setdefault(c["predicted_by"], []).append(c["name"])
         if by:
@@ -174,3 +175,7 @@ def _verdict(r: dict[str, Any]) -> str:
         return "FAILED (see above)"
     at = f" at {r['worst']}" if " slice " in (r.get("worst") or "") else ""  # a part: the whole may look fine
     return f"FAILED{at} (min cosine {t.get('min_cosine')}, min SNR {t.get('min_snr_db')} dB)"
+
+
+def _kind(record: dict[str, Any]) -> type[kinds.Kind]:
+    return kinds.get(record["kind"])

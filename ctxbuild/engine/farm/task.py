@@ -25,7 +25,7 @@ from typing import Any
 from distributed import WorkerPlugin, get_worker
 
 from ctxbuild import settings
-from ctxbuild.plan import actionkey
+from ctxbuild.plan import actionkey, kinds
 from ctxbuild.cache.backends import open_cache
 from ctxbuild.engine.client import run_via_worker
 from ctxbuild.errors import CacheError
@@ -58,8 +58,10 @@ def fingerprints(state: Path) -> dict[str, dict[str, Any]]:
     from ctxbuild.toolchain import provision
 
     names = [None, *(r["name"] for r in provision.listing() if not r.get("unfinished"))]
+    # one kind of each: the fingerprint depends on the kind only through uses_qnn
+    reps = {flag: next(k.name for k in kinds.all_kinds() if k.uses_qnn is flag) for flag in (False, True)}
     return {f"{kind}@{name}" if name else kind: actionkey.fingerprint(kind, state, name)
-            for name in names for kind in ("prepare", "compile")}
+            for name in names for kind in reps.values()}
 
 
 def worker_fingerprints(dask_worker: Any) -> dict[str, dict[str, Any]]:
