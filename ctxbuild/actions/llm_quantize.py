@@ -25,7 +25,7 @@ from ctxbuild.errors import ActionError
 from ctxbuild.graph.external_data import PrivateData
 from ctxbuild.graph.modelio import SharedData, data_path, load
 from ctxbuild.llm.ar_sessions import one_ar_runner
-from ctxbuild.llm.int4_graph import Weights4, choose, matmul_weights, ranked_8bit, rewrite
+from ctxbuild.llm.int4_graph import Weights4, choose, gather, matmul_weights, ranked_8bit, rewrite
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.pipeline import Bound
 from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
@@ -33,7 +33,7 @@ from ctxbuild.llm.records import Call
 from ctxbuild.llm.static import weights_role
 from ctxbuild.plan.action import Action
 
-WEIGHTS = {"w4a16": "QInt4", "w8a16": "QInt8"}
+WEIGHTS = {"w4a16": "QInt4", "w8a16": "QInt8", "auto": "QInt8"}  # auto: every candidate rewrites the weights
 MAX_SAMPLES = 16  # calibration samples per graph (prompt chunks and token steps)
 QDQ_OPSET = 21  # uint16 QuantizeLinear/DequantizeLinear
 
@@ -118,6 +118,10 @@ def run(ctx: Any) -> None:
             print(f"{g.name}: calibrated on {len(samples)} calls")
             if w4 is not None:
                 print(f"{g.name}: {rewrite(ctx.tmp_output(f'model:{g.name}'), model, w4)} weights rewritten")
+    if p["precision"] == "auto":
+        (ctx.tmp / "auto").mkdir()  # the candidates' graphs, each judged and removed
+        _auto(a, p, floats, feeds, mine, {(g.ar, g.cl): ctx.tmp_output(f"model:{g.name}") for g in mine},
+              ctx.tmp / "auto")
     share_weights([ctx.tmp_output(f"model:{g.name}") for g in mine], ctx.tmp_output(weights_role(p["part"])))
 
 
@@ -129,23 +133,19 @@ def _int4_weights(p: dict[str, Any], floats: dict[tuple[int, int, int], Path],
     int8 weights (w8a16's; w4a16's LM head, keep_8bit and ranked) are rewritten per channel unless `int8: tensor`
     (onnxruntime's QNN config writes every MatMul weight per tensor)."""
     q = p.get("quantization")
-    if not q:
+    if not q or p["precision"] == "auto":
         return None, []
-    cl = min(g.cl for g in mine)
-    graphs = [(floats[(g.part, g.ar, g.cl)], feeds.get((g.part, g.ar, g.cl), []))
-              for g in sorted(mine, key=lambda g: -g.ar) if g.cl == cl]
-    _, sensitive, _ = _io_and_sensitive(graphs[0][0])
-    matmuls = set(matmul_weights(load(graphs[0][0], external_data=False)).values())
-    kept = {w for w in matmuls if w in sensitive or any(fnmatch.fnmatchcase(w, k) for k in p["keep_8bit"])}
+    graphs, matmuls, kept = _part_weights(p, floats, feeds, mine)
     bits = {w: 8 for w in matmuls} if p["precision"] == "w8a16" else {w: 8 if w in kept else 4 for w in matmuls}
     if q["int8"] == "tensor":
         bits = {w: b for w, b in bits.items() if b == 4}
     start = time.monotonic()
     block = q["block_size"] if q["int4"] == "block" else None
-    w4 = choose(graphs, bits, block, q["scale_search"])
+    seen = gather(graphs, set(bits))
+    w4 = choose(seen, bits, block, q["scale_search"])
     ranked = ranked_8bit(w4, q["keep_8bit_share"])
     if ranked:  # the ranking's pick at int8 (per channel unless int8: tensor)
-        again = choose(graphs, {w: 8 for w in ranked}, None, q["scale_search"]) if q["int8"] == "channel" else None
+        again = choose(seen, {w: 8 for w in ranked}, None, q["scale_search"]) if q["int8"] == "channel" else None
         for w in ranked:
             del w4.chosen[w]
             if again:
@@ -157,6 +157,49 @@ def _int4_weights(p: dict[str, Any], floats: dict[tuple[int, int, int], Path],
     print("sensitivity (relative output error, most sensitive first): " + ", ".join(
         f"{r['weight']} int{r['bits']} {r['error']:.2e}" for r in w4.summary()["ranking"]))
     return w4, ranked
+
+
+def _part_weights(p: dict[str, Any], floats: dict[tuple[int, int, int], Path],
+                  feeds: dict[tuple[int, int, int], list[Call]], mine: list[Any]
+                  ) -> tuple[list[tuple[Path, list[Call]]], set[str], set[str]]:
+    """The part's float graphs at the smallest CL with their calibration calls (the largest AR first), its MatMul
+    weights, and those kept at int8 whatever the setting: the LM head and the recipe's keep_8bit."""
+    cl = min(g.cl for g in mine)
+    graphs = [(floats[(g.part, g.ar, g.cl)], feeds.get((g.part, g.ar, g.cl), []))
+              for g in sorted(mine, key=lambda g: -g.ar) if g.cl == cl]
+    _, sensitive, _ = _io_and_sensitive(graphs[0][0])
+    matmuls = set(matmul_weights(load(graphs[0][0], external_data=False)).values())
+    return graphs, matmuls, {w for w in matmuls if w in sensitive or any(fnmatch.fnmatchcase(w, k) for k in p["keep_8bit"])}
+
+
+def _auto(a: Action, p: dict[str, Any], floats: dict[tuple[int, int, int], Path],
+          feeds: dict[tuple[int, int, int], list[Call]], mine: list[Any], qdq: dict[tuple[int, int], Path],
+          tmp: Path) -> None:
+    """precision: auto (llm/auto_precision.py): the cheapest candidate passing the part check's gates on the CPU,
+    its weights written into the part's QDQ graphs."""
+    from ctxbuild.llm import auto_precision, records
+
+    start = time.monotonic()
+    graphs, matmuls, head = _part_weights(p, floats, feeds, mine)
+    seen = gather(graphs, matmuls)
+    q = p["quantization"]
+    cands = auto_precision.candidates(seen, head, q)
+    print(f"precision auto: {len(cands)} candidates from {seen.tokens} activation rows in "
+          f"{time.monotonic() - start:.1f} s")
+    calls = records.read(Path(a.inputs["records"]))
+    floats_mine = {(g.ar, g.cl): floats[(g.part, g.ar, g.cl)] for g in mine}
+    chosen = cands[-1]
+    for c in cands:
+        t = time.monotonic()
+        auto_precision.judge(c, qdq, floats_mine, calls, p["thresholds"], tmp)
+        print(f"precision auto: {c.name}: {auto_precision.weight_bytes(c.weights) / 1e6:.3f} MB of MatMul weights, "
+              f"{c.figures} on {len(calls)} recorded calls: {'passes' if c.passed else 'fails'} "
+              f"({time.monotonic() - t:.1f} s)")
+        if c.passed:
+            chosen = c
+            break
+    auto_precision.keep(qdq, floats_mine, chosen)
+    print(f"precision auto: part {p['part'] + 1} takes {chosen.name} ({time.monotonic() - start:.1f} s in all)")
 
 
 def share_weights(models: list[Path], weights: Path) -> None:

@@ -25,7 +25,7 @@ LPBQ_LEVELS = 16  # the EP's per-block integer scales: 1..16 times the channel's
 BLOCK_SIZES = (16, 32, 64, 128, 256)  # powers of two the EP ran (docs/llm.md); 48 gave wrong outputs on v75
 RATIOS = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0 .. 0.5 of the channel's range
 BLOCK_STEPS = (-2, -1, 1)  # a block's integer tried around its min/max value
-ROW_CHUNK = 1024  # output channels per error evaluation (bounds the [T, blocks, chunk] intermediate)
+ROW_CHUNK = 1024  # output channels per error evaluation (bounds the [T, chunk] intermediate)
 TINY = 1e-12  # floor of a scale: an all-zero channel quantizes to zeros
 
 
@@ -109,24 +109,23 @@ def _refine_blocks(w: np.ndarray, x: np.ndarray, scales: np.ndarray, block_size:
     channel = scales.max(0) / LPBQ_LEVELS  # [N]
     steps = np.rint(scales / np.maximum(channel, TINY))  # [blocks, N], 16 at each channel's largest
     fixed = steps >= LPBQ_LEVELS
-    best_steps, best_err = steps, _block_errors(x, w, lpbq(channel, steps), block_size)
+    k = w.shape[0]
+    xb = x.reshape(x.shape[0], k // block_size, block_size).transpose(1, 0, 2)  # [blocks, T, bs]
+    gram = np.matmul(xb.transpose(0, 2, 1), xb)  # [blocks, bs, bs]: each block's error is e^T G e
+    best_steps, best_err = steps, _block_errors(gram, w, lpbq(channel, steps), block_size)
     for d in BLOCK_STEPS:
         trial = np.where(fixed, steps, np.clip(steps + d, 1, LPBQ_LEVELS - 1))
-        err = _block_errors(x, w, lpbq(channel, trial), block_size)
+        err = _block_errors(gram, w, lpbq(channel, trial), block_size)
         better = err < best_err
         best_steps, best_err = np.where(better, trial, best_steps), np.where(better, err, best_err)
     return lpbq(channel, best_steps)
 
 
-def _block_errors(x: np.ndarray, w: np.ndarray, scales: np.ndarray, block_size: int) -> np.ndarray:
-    """Each block's own output error ||X_b (W_b - Q(W_b))||^2 per channel: [blocks, N]."""
+def _block_errors(gram: np.ndarray, w: np.ndarray, scales: np.ndarray, block_size: int) -> np.ndarray:
+    """Each block's own output error ||X_b (W_b - Q(W_b))||^2 = e_b^T G_b e_b per channel: [blocks, N]."""
     k, n = w.shape
     e = (w - quantize(w, scales, block_size).dequantized()).reshape(k // block_size, block_size, n)
-    xb = x.reshape(x.shape[0], k // block_size, block_size)
-    out = np.empty((k // block_size, n), np.float64)
-    for c in range(0, n, ROW_CHUNK):
-        out[:, c:c + ROW_CHUNK] = np.square(np.einsum("tbk,bkn->tbn", xb, e[:, :, c:c + ROW_CHUNK])).sum(0)
-    return out
+    return (np.matmul(gram, e) * e).sum(1, dtype=np.float64)
 
 
 def _column_errors(x: np.ndarray, e: np.ndarray) -> np.ndarray:

@@ -49,12 +49,18 @@ def matmul_weights(model: Any) -> dict[str, str]:
             if n.op_type == "MatMul" and n.input[1] in inits and len(inits[n.input[1]].dims) == 2}
 
 
-def choose(graphs: list[tuple[Path, list[Call]]], bits: dict[str, int], block_size: int | None,
-           search: bool) -> Weights4:
-    """Each weight of `bits` at its width (4 or 8; block-wise only at 4) with the activations its MatMul sees in the
-    float static graphs on their calls (the part's calibration calls; rows from the graphs in order up to
-    MAX_TOKENS): scales searched or min/max, the relative output error measured."""
-    weights = set(bits)
+@dataclass
+class Seen:
+    """The float weights of a part and the activation rows their MatMuls read (gathered once: every choice and
+    every `precision: auto` candidate reuses them)."""
+    arrays: dict[str, np.ndarray]
+    rows: dict[str, np.ndarray]
+    tokens: int
+
+
+def gather(graphs: list[tuple[Path, list[Call]]], weights: set[str]) -> Seen:
+    """`weights` and the activations their MatMuls see in the float static graphs on their calls (the part's
+    calibration calls; rows from the graphs in order up to MAX_TOKENS)."""
     rows: dict[str, list[np.ndarray]] = {}
     arrays: dict[str, np.ndarray] = {}
     taken = 0
@@ -71,10 +77,17 @@ def choose(graphs: list[tuple[Path, list[Call]]], bits: dict[str, int], block_si
         taken += n
         if taken >= MAX_TOKENS:
             break
-    out = Weights4(tokens=taken)
-    for w in sorted(arrays):
-        bs = block_size if block_size and bits[w] == 4 and blockable(arrays[w].shape[0], block_size) else None
-        out.chosen[w] = int4(arrays[w], bs, np.concatenate(rows[w]) if rows.get(w) else None, search, bits[w])
+    return Seen(arrays, {w: np.concatenate(r) for w, r in rows.items()}, taken)
+
+
+def choose(seen: Seen, bits: dict[str, int], block_size: int | None, search: bool) -> Weights4:
+    """Each weight of `bits` at its width (4 or 8; block-wise only at 4): scales searched or min/max on the
+    activations, the relative output error measured."""
+    out = Weights4(tokens=seen.tokens)
+    for w in sorted(bits):
+        a = seen.arrays[w]
+        bs = block_size if block_size and bits[w] == 4 and blockable(a.shape[0], block_size) else None
+        out.chosen[w] = int4(a, bs, seen.rows.get(w), search, bits[w])
     return out
 
 
@@ -117,9 +130,10 @@ def activations(model_path: Path, model: Any, calls: list[Call], weights: dict[s
     return {w: np.concatenate(rows[t]) for w, t in wanted.items()}, taken
 
 
-def rewrite(qdq_path: Path, float_path: Path, chosen: Weights4) -> int:
+def rewrite(qdq_path: Path, float_path: Path, chosen: Weights4, dst: Path | None = None) -> int:
     """The QDQ graph at `qdq_path` (its data file beside it, as the quantizer wrote it; quantized from the float
-    graph `float_path`) with each chosen weight's DequantizeLinear rewritten; returns how many."""
+    graph `float_path`) with each chosen weight's DequantizeLinear rewritten (its type too: an int8 weight may become
+    int4 and back), saved in place or as `dst`; returns how many."""
     from onnx import TensorProto, helper, numpy_helper
 
     weight_of = matmul_weights(load(float_path, external_data=False))
@@ -133,8 +147,8 @@ def rewrite(qdq_path: Path, float_path: Path, chosen: Weights4) -> int:
             continue
         dq = producer.get(node.input[1])
         kind = {4: TensorProto.INT4, 8: TensorProto.INT8}[q.bits]
-        if dq is None or dq.op_type != "DequantizeLinear" or inits[dq.input[0]].data_type != kind:
-            raise ValueError(f"{qdq_path.name}: {node.name}'s weight is not a {q.bits}-bit DequantizeLinear")
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
+            raise ValueError(f"{qdq_path.name}: {node.name}'s weight has no DequantizeLinear of an initializer")
         values, scale, zp = dq.input[0], dq.input[1], dq.input[2] if len(dq.input) > 2 else f"{dq.input[0]}_zp"
         _replace(m, inits, helper.make_tensor(values, kind, list(q.values.shape), q.values.ravel()))
         _replace(m, inits, numpy_helper.from_array(q.scales, scale))
@@ -144,11 +158,11 @@ def rewrite(qdq_path: Path, float_path: Path, chosen: Weights4) -> int:
         del dq.attribute[:]
         if q.block_size is None:
             dq.attribute.append(helper.make_attribute("axis", 1))
-        else:  # block_size is ONNX's own DequantizeLinear's (opset 21, the QDQ graphs' opset), not the contrib op's
-            dq.domain = ""
+        else:
+            dq.domain = ""  # block_size is ONNX's own DequantizeLinear's (opset 21, the QDQ graphs'), not the contrib op's
             dq.attribute.extend([helper.make_attribute("axis", 0), helper.make_attribute("block_size", q.block_size)])
         done += 1
-    save_with_data(m, qdq_path)
+    save_with_data(m, dst or qdq_path)
     return done
 
 

@@ -86,10 +86,14 @@ def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int,
               "keep_8bit": list(spec.keep_8bit), "samples": spec.calibration_prompts, "tokens": spec.generate,
               "context_lengths": list(spec.context_lengths)}
     inputs = {"layout": split.outputs["layout"], **prompt_tokenizer(spec)}
+    if spec.precision == "auto":
+        inputs["records"] = split.outputs[records_role(part)]
     for g in graphs:  # calibration runs every part's float graphs
         inputs.update(graph_files(split.outputs, g, f"model:{g.name}"))
     if spec.quantization:  # only then: the keys of recipes without it stay as they were
         params["quantization"] = spec.quantization
+    if spec.precision == "auto":  # candidates judged on the part's recorded calls by the part check's gates
+        params["thresholds"] = {"min_token_agreement": spec.min_token_agreement, "min_cosine": spec.min_cosine}
     if spec.adapters:  # calibrated over no adapter + the `calibrate` set: a change there re-quantizes
         params["adapters"], files = calibration_inputs(spec.adapters)
         inputs.update(files)

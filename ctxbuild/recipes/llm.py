@@ -24,7 +24,7 @@ class LlmSpec:
     sequence_lengths: tuple[int, ...]  # AR
     context_lengths: tuple[int, ...]  # CL
     parts: int
-    precision: str  # w4a16 | w8a16 | fp16
+    precision: str  # w4a16 | w8a16 | fp16 | auto
     kv_cache: str  # uint16 | uint8
     keep_8bit: tuple[str, ...]  # w4a16: weights (fnmatch patterns over initializer names) kept at int8
     prompts: Path
@@ -72,11 +72,11 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
     if layers is not None and parts > layers:
         raise RecipeError(f"{at('parts')}: {parts} parts for a model of {layers} layers",
                           f"use at most {layers} (one layer per part)")
-    if precision == "w4a16":
+    if precision in ("w4a16", "auto"):  # auto may choose int4
         old = [t.name for t in targets if all(int(a) < INT4_MIN_ARCH for a in t.htp_arch.split(","))]
         if old:
-            raise RecipeError(f"{at('precision')}: w4a16 on {', '.join(old)} (htp_arch below v{INT4_MIN_ARCH}): int4 "
-                              "weights are measured only on v73 and newer", "use precision: w8a16 for these targets")
+            raise RecipeError(f"{at('precision')}: {precision} on {', '.join(old)} (htp_arch below v{INT4_MIN_ARCH}): "
+                              "int4 weights are measured only on v73 and newer", "use precision: w8a16 for these targets")
     if "kv_cache" in spec and precision == "fp16":
         raise RecipeError(f"{at('kv_cache')}: kv_cache sets a quantized type; precision fp16 keeps the cache in fp16",
                           "remove kv_cache, or use w4a16/w8a16")
@@ -88,7 +88,7 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
     ranked = bool(quantization and quantization["keep_8bit_share"])
     keep_8bit = tuple(spec["keep_8bit"]) if "keep_8bit" in spec else tuple(
         p for p in edges if precision == "w4a16" and not ranked and fnmatch.filter(names, p))
-    if "keep_8bit" in spec and precision != "w4a16":
+    if "keep_8bit" in spec and precision not in ("w4a16", "auto"):
         raise RecipeError(f"{at('keep_8bit')}: keep_8bit keeps weights of a w4a16 model at int8; precision is {precision}",
                           "remove keep_8bit, or use precision: w4a16")
     for i, pattern in enumerate(keep_8bit):
@@ -129,22 +129,23 @@ def _quantization(at: Any, spec: dict[str, Any], precision: str, facts: dict[str
     from ctxbuild.llm.int4 import blockable
 
     q = spec.get("quantization")
-    if q is None:
+    if q is None and precision != "auto":  # auto's candidates take the defaults
         return None
+    q = q or {}
     if precision == "fp16":
         raise RecipeError(f"{at('quantization')}: llm.quantization sets how integer weights are made; precision is "
                           "fp16", "remove llm.quantization, or use precision: w4a16 or w8a16")
     for key in ("int4", "block_size", "keep_8bit_share"):
-        if key in q and precision != "w4a16":
+        if key in q and precision not in ("w4a16", "auto"):
             raise RecipeError(f"{at('quantization', key)}: {key} is for int4 weights; precision is {precision}",
                               f"remove {key}, or use precision: w4a16")
-    if "block_size" in q and q.get("int4") != "block":
+    if "block_size" in q and q.get("int4") != "block" and precision != "auto":
         raise RecipeError(f"{at('quantization', 'block_size')}: block_size is for int4: block",
                           "add int4: block, or remove block_size")
     out = {"int4": q.get("int4", "channel"), "block_size": q.get("block_size", BLOCK_SIZE),
            "int8": q.get("int8", "channel"), "scale_search": q.get("scale_search", False),
            "keep_8bit_share": q.get("keep_8bit_share", 0.0)}
-    if out["int4"] == "block":
+    if out["int4"] == "block" or precision == "auto":
         for name, rows in sorted(facts.get("matmul_rows", {}).items()):
             if blockable(rows, out["block_size"]) and rows // out["block_size"] == 8 and out["block_size"] >= 64:
                 raise RecipeError(
@@ -230,7 +231,8 @@ def _part_of(where: int, ranges: list[tuple[int, int]]) -> int:
         next(p for p, (lo, hi) in enumerate(ranges) if lo <= where < hi)
 
 
-WEIGHT_BYTES = {"w4a16": 0.5, "w8a16": 1.0, "fp16": 2.0}  # per weight element in the compiled part
+WEIGHT_BYTES = {"w4a16": 0.5, "w8a16": 1.0, "fp16": 2.0, "auto": 1.0}  # per weight element in the compiled part
+# (auto: its most precise candidate's)
 
 
 def part_weight_bytes(facts: dict[str, Any], parts: int, precision: str, keep_8bit: list[str] | None) -> list[float]:
