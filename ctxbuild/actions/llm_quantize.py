@@ -2,8 +2,10 @@
 
 Calibration data is what the part really sees: the float static graphs are chained over the recipe's prompts
 (prompt chunks, then greedy token steps, at every CL) and each call's inputs to this part's graphs are recorded.
-Weights are per-channel symmetric (int4 for w4a16, int8 for w8a16), so every AR x CL graph of the part gets the
-same quantized weights and encodings: the bundle stores them once, and so does the part's one QDQ weight file
+Weights are symmetric (int4 for w4a16, int8 for w8a16; onnxruntime's QNN config gives MatMul weights one scale per
+matrix, llm.quantization rewrites them per channel or block-wise: ctxbuild/llm/int4_graph.py; precision auto chooses
+among such settings per part: ctxbuild/llm/auto_precision.py), so every AR x CL graph of the part gets the same
+quantized weights and encodings: the bundle stores them once, and so does the part's one QDQ weight file
 (each graph is quantized alone, then all of them are saved into it, a tensor's bytes once). The KV-cache I/O takes
 the recipe's type.
 
