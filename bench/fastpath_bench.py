@@ -95,7 +95,7 @@ def real_tree(root: Path) -> Path | None:
         write_samples(name, root / "cal" / name, 4, first_seed=0)
         write_samples(name, root / "ver" / name, 1, first_seed=100)
         (root / f"{name}.yaml").write_text(
-            f"model: {paths[name]}\ninputs: {{{m.input}: {list(m.shape)}}}\nprecision: int16\n"
+            f"model: {paths[name]}\ninputs: {{{m.input}: {list(m.shape)}}}\nprecision: w8a16\n"
             f"quantization: {{per_channel: true}}\ncalibration: {{dir: cal/{name}}}\n"
             f"verify: {{dir: ver/{name}, samples: 1, timeout_s: 1800, min_snr_db: 15}}\n"
             "targets: [SM8650, SM8750]\n")

@@ -58,7 +58,7 @@ def write_trees(root: Path, n: int, d: int, h: int) -> tuple[Path, Path, Path]:
             if init.name in w:
                 init.CopyFrom(numpy_helper.from_array(w[init.name], init.name))
         onnx.save(merged, models / f"merged_{name}.onnx")
-    common = f"precision: int16\ncalibration: {{dir: {models}/calib}}\ntargets: [{TARGET}]\n"
+    common = f"precision: w8a16\ncalibration: {{dir: {models}/calib}}\ntargets: [{TARGET}]\n"
     for name in list(adapters)[:n]:
         (full / f"{name}.yaml").write_text(f"model: {models}/merged_{name}.onnx\n{common}")
     files = "".join(f"    - {{name: {name}, file: {models}/{name}.npz}}\n" for name in list(adapters)[:n])

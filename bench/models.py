@@ -42,6 +42,6 @@ def write_tree(root: Path, n: int, targets: list[str], samples: int = 4) -> Path
         for s in range(samples):
             np.savez(cal / f"s{s}.npz", image=rng.random((1, 3, SIZE, SIZE), dtype=np.float32))
         (rec / f"m{i}.yaml").write_text(
-            f"model: models/m{i}.onnx\nprecision: int16\ncalibration: {{dir: models/cal{i}}}\n"
+            f"model: models/m{i}.onnx\nprecision: w8a16\ncalibration: {{dir: models/cal{i}}}\n"
             f"targets: [{', '.join(targets)}]\n")
     return rec

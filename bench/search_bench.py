@@ -2,7 +2,7 @@
 worktree of a base commit, default: main) against this tree, side by side in one run.
 
 Per implementation: a fresh cache and OUT, `ctxbuild build -j2` of one `precision: auto` recipe per model
-(default ladder a16w8 -> a16w8-pc -> a16w16 -> mixed -> fp16, default thresholds), the two builds at the same
+(default ladder w8a16 -> w8a16-pc -> w16a16 -> mixed -> fp16, default thresholds), the two builds at the same
 time; wall time, the seconds of every action kind (from the action records), how many actions ran, how many
 verify actions ran the simulator and the simulator seconds they recorded (per action: on a loaded machine compare
 these, not the wall), and each target's candidate states. Where the base found a winner, this tree's must be the

@@ -287,7 +287,7 @@ def measure_features(plugin: str, work: Path) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for name, recipes in (("multi_soc", {"tiny_cnn_flex.yaml": (ROOT / "recipes" / "tiny_cnn_flex.yaml").read_text()}),
                           ("lora_qio", {"lora_mlp.yaml": (ROOT / "recipes" / "lora_mlp.yaml").read_text().replace(
-                              "precision: int16\n", "precision: int16\ntargets: [SM8650]\n"),
+                              "precision: w8a16\n", "precision: w8a16\ntargets: [SM8650]\n"),
                                         "tiny_cnn_qio.yaml": (ROOT / "recipes" / "tiny_cnn.yaml").read_text().replace(*QIO)})):
         tree, out = work / name / "recipes", work / name / "out"
         shutil.copytree(ROOT / "recipes" / "models", tree / "models",

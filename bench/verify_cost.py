@@ -65,7 +65,7 @@ def add_real(tree: Path) -> None:
         raise SystemExit("--real needs the recognizer: pip install -e '.[real-models]'")
     write_text_lines(tree / "rec_cal", 8, 0)
     write_text_lines(tree / "rec_ver", 4, 100)
-    (tree / "rec.yaml").write_text(f"model: {model}\ninputs: {{x: [1, 3, 48, 320]}}\nprecision: int16\n"
+    (tree / "rec.yaml").write_text(f"model: {model}\ninputs: {{x: [1, 3, 48, 320]}}\nprecision: w8a16\n"
                                    "calibration: {dir: rec_cal}\ntargets: [SM8650]\n")
 
 
@@ -112,7 +112,7 @@ def main() -> int:
         search = root / "search"
         shutil.copytree(tree / "models", search / "models")
         for f in tree.glob("m*.yaml"):
-            (search / f.name).write_text(f.read_text().replace("precision: int16", "precision: auto"))
+            (search / f.name).write_text(f.read_text().replace("precision: w8a16", "precision: auto"))
         times = {"before": [], "after": []}
         for i in range(args.reps):
             for variant in ("before", "after"):

@@ -2,7 +2,7 @@
 (CTXBUILD_VERIFY_WORKERS=1, the code before) against several side by side (verify/sample_workers.py).
 
 Per model (bench/real_models/models.py) and repetition, the two variants interleaved: a cold build (fresh OUT,
---no-cache, -j2) of one `precision: int16` recipe for one SoC with 4 verification samples; from the action
+--no-cache, -j2) of one `precision: w8a16` recipe for one SoC with 4 verification samples; from the action
 records the compile seconds, the verify action's seconds, its simulator seconds (the runs) and, for a failing
 verification, the rest (the CPU-side failure hint). The simulator outputs must be the same (asserted: the
 verify result files are compared byte for byte). Medians over --reps.
@@ -38,7 +38,7 @@ def write_recipe(root: Path, name: str) -> Path:
     write_samples(name, rec / "cal", CALIBRATION)
     write_samples(name, rec / "verify", VERIFY, first_seed=1000)
     (rec / f"{name}.yaml").write_text(
-        f"model: {locate(name)}\ninputs: {{{m.input}: {list(m.shape)}}}\nprecision: int16\n"
+        f"model: {locate(name)}\ninputs: {{{m.input}: {list(m.shape)}}}\nprecision: w8a16\n"
         f"calibration: {{dir: cal}}\ntargets: [{TARGET}]\n"
         f"verify: {{dir: verify, samples: {VERIFY}, timeout_s: 1800}}\n")
     return rec

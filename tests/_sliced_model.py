@@ -47,6 +47,6 @@ def write_tree(root: Path, recipes: dict[str, str], width: int = 8) -> Path:
     for i in range(4):
         np.savez(root / "cal" / f"s{i}.npz", image=rng.random((1, 3, 32, 32)).astype(np.float32))
     for name, extra in recipes.items():
-        (root / f"{name}.yaml").write_text("model: det.onnx\nprecision: int8\ncalibration: {dir: cal}\n"
+        (root / f"{name}.yaml").write_text("model: det.onnx\nprecision: w8a8\ncalibration: {dir: cal}\n"
                                            "targets: [SM8650]\n" + extra)
     return root

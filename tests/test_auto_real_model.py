@@ -39,6 +39,6 @@ def test_auto_finds_a_passing_candidate_for_the_text_recognizer(tmp_path: Path, 
         print(f"{c['name']:10s} cosine {m['cosine']:.4f} SNR {m['snr_db']:.1f} dB bin {c['bin_size']} passed {c['passed']}")
     assert r.code == 0, r.text
     first = search["candidates"][0]
-    assert first["name"] == "a16w8" and not first["passed"]  # today's int16: uint8 per-tensor weights
-    assert search["winner"] not in (None, "a16w8")
+    assert first["name"] == "w8a16" and not first["passed"]  # today's int16: uint8 per-tensor weights
+    assert search["winner"] not in (None, "w8a16")
     assert (out / "SM8650" / "rec" / "rec_ctx_qnn.bin").stat().st_size > 0

@@ -59,8 +59,8 @@ FP16 = "precision: fp16\ntargets: [SM8650]\n"
     ("model: models/mlp.onnx\nmodel: models/tiny_cnn.onnx\n" + FP16, ["bad.yaml:2: duplicate key 'model'"]),
     ("model: models/nope.onnx\n" + FP16, [":1:", "model 'models/nope.onnx' not found"]),
     ("name: ../escape\nmodel: models/mlp.onnx\n" + FP16, [":1:", "not a valid name"]),
-    ("model: models/tiny_cnn.onnx\nprecision: int16\ntargets: [SM8650]\n", ["needs calibration data", "calibration.random"]),
-    ("model: models/tiny_cnn.onnx\nprecision: int16\ntargets: [SM8650]\ncalibration:\n  dir: nowhere\n", [":5:", "calibration dir 'nowhere' not found"]),
+    ("model: models/tiny_cnn.onnx\nprecision: w8a16\ntargets: [SM8650]\n", ["needs calibration data", "calibration.random"]),
+    ("model: models/tiny_cnn.onnx\nprecision: w8a16\ntargets: [SM8650]\ncalibration:\n  dir: nowhere\n", [":5:", "calibration dir 'nowhere' not found"]),
     # bounds: a value no build means is refused at plan time, NaN and infinities included
     ("model: models/mlp.onnx\n" + FP16 + "verify: {min_cosine: .nan}\n", [":4:", ".nan is not a finite number"]),
     ("model: models/mlp.onnx\n" + FP16 + "verify: {min_snr_db: -.inf}\n", [":4:", "-.inf is not a finite number"]),
@@ -154,7 +154,7 @@ def test_control_flow_rejected(tree: Path, tmp_path: Path, ctxbuild) -> None:
 
 def test_dynamic_dim_must_be_fixed(tree: Path, tmp_path: Path, ctxbuild) -> None:
     _only(tree, "bad.yaml")
-    _recipe(tree, "bad", "model: models/tiny_cnn.onnx\nprecision: int16\ncalibration: {random: true}\ntargets: [SM8650]\n")
+    _recipe(tree, "bad", "model: models/tiny_cnn.onnx\nprecision: w8a16\ncalibration: {random: true}\ntargets: [SM8650]\n")
     r = _build(ctxbuild, tree, tmp_path)
     assert r.code == 2  # known when planning: a recipe error with the recipe's file:line
     assert f"{tree / 'bad.yaml'}:1: input 'image' of tiny_cnn.onnx has dynamic dims [N, 3, 64, 64]" in r.err
@@ -197,7 +197,7 @@ def test_calibration_names_and_shapes_checked(tree: Path, tmp_path: Path, ctxbui
     cal = tree / "badcal"
     cal.mkdir()
     np.savez(cal / "s0.npz", img=np.zeros((1, 3, 64, 64), np.float32))
-    body = ("model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: int16\n"
+    body = ("model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: w8a16\n"
             "calibration: {dir: badcal}\ntargets: [SM8650]\n")
     _recipe(tree, "bad", body)
     r = _build(ctxbuild, tree, tmp_path)
@@ -212,11 +212,11 @@ def test_calibration_names_and_shapes_checked(tree: Path, tmp_path: Path, ctxbui
 
 def test_random_calibration_warns(tree: Path, tmp_path: Path, ctxbuild) -> None:
     _only(tree, "rnd.yaml")
-    _recipe(tree, "rnd", "model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: int8\n"
+    _recipe(tree, "rnd", "model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: w8a8\n"
                          "calibration: {random: true, samples: 2}\ntargets: [SM8650]\n")
     r = _build(ctxbuild, tree, tmp_path)
     assert r.code == 0, r.text
-    assert "warning: quantize tiny_cnn (int8): calibrating on random data" in r.text
+    assert "warning: quantize tiny_cnn (w8a8): calibrating on random data" in r.text
 
 
 def test_failed_action_removes_stale_output(tree: Path, tmp_path: Path, ctxbuild) -> None:

@@ -112,8 +112,8 @@ def test_a_rows_figures_are_its_worst_part_and_a_search_names_its_answer() -> No
     v = {**v, "passed": True, "outputs": v["outputs"][:1]}
     v["outputs"][0] = {k: x for k, x in v["outputs"][0].items() if k != "slices"}
     [acc] = summary.accuracy([{"recipe": "det", "target": {"name": "SM8650"}, "verify": [v],
-                               "precision": "auto: a16w8-pc"}])
-    assert summary.text({**doc, "accuracy": [acc]})[2].split(None, 5)[5] == "ok (auto: a16w8-pc)"
+                               "precision": "auto: w8a16-pc"}])
+    assert summary.text({**doc, "accuracy": [acc]})[2].split(None, 5)[5] == "ok (auto: w8a16-pc)"
 
 
 def test_a_cache_warning_is_said_once(tree: Path, tmp_path: Path, ctxbuild) -> None:

@@ -116,7 +116,7 @@ def test_wrap_round_trips_a_ctxbuild_binary(tree: Path, tmp_path: Path, ctxbuild
 BUNDLE = """bundle:
   - {name: prefill, model: models/lm_prefill.onnx, calibration: {dir: models/calib/lm_prefill}}
   - {name: NAME2, model: models/lm_decode.onnx, calibration: {dir: models/calib/lm_decode}}
-precision: int16
+precision: w8a16
 targets: [SM8650]
 """
 
@@ -154,7 +154,7 @@ def test_differently_quantized_shared_weight_is_caught(tree: Path, tmp_path: Pat
         onnx.save(m, tree / "models" / f"{name}.onnx")
     (tree / "pair.yaml").write_text(
         "bundle:\n  - {name: a, model: models/a.onnx}\n  - {name: b, model: models/b.onnx}\n"
-        "precision: int16\ncalibration: {random: true, samples: 2}\ntargets: [SM8650]\nverify: false\n")
+        "precision: w8a16\ncalibration: {random: true, samples: 2}\ntargets: [SM8650]\nverify: false\n")
     r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))
     assert r.code == 1, r.text
     assert "share weight 'shared_w' but quantize it differently" in r.text

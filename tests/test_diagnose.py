@@ -23,7 +23,7 @@ def _flat_calibration(tree: Path) -> None:
     for i in range(4):
         np.savez(tree / "flat" / f"s{i}.npz", image=np.zeros((1, 3, 64, 64), np.float32))
     (tree / "flat.yaml").write_text(
-        "model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: int16\n"
+        "model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: w8a16\n"
         "calibration: {dir: flat}\ntargets: [SM8650]\nverify: {dir: models/calib/tiny_cnn}\n")
 
 
@@ -160,7 +160,7 @@ def test_diagnosis_names_the_injected_culprit(culprit: str, tmp_path: Path, ctxb
     rng = np.random.default_rng(2)
     for i in range(4):
         np.save(tree / "calib" / f"s{i}.npy", rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
-    (tree / "chain.yaml").write_text("model: chain.onnx\ninputs: {image: [1, 3, 16, 16]}\nprecision: int16\n"
+    (tree / "chain.yaml").write_text("model: chain.onnx\ninputs: {image: [1, 3, 16, 16]}\nprecision: w8a16\n"
                                      "calibration: {dir: calib}\ntargets: [SM8650]\nverify: {min_snr_db: 36}\n")
     out = tmp_path / "out"
     r = ctxbuild("build", str(tree), "-o", str(out))

@@ -207,30 +207,30 @@ def test_skipped_candidates_never_change_the_winner() -> None:
 
 def test_an_htp_loss_skips_the_weights_only_variants() -> None:
     """The fall detector's figures (issue 32): the score slice reads 44 dB on the CPU and 1.5 dB on the HTP at
-    a16w8; a16w8-pc and a16w16 (weights only differ) are skipped, fp16 runs; a candidate with other
+    w8a16; w8a16-pc and w16a16 (weights only differ) are skipped, fp16 runs; a candidate with other
     activations is not a weights-only variant and still runs."""
-    ladder = [{"name": "a16w8", "activations": "uint16", "weights": "uint8"},
-              {"name": "a16w8-pc", "activations": "uint16", "weights": "uint8", "per_channel": True},
-              {"name": "a16w16", "activations": "uint16", "weights": "int16"},
-              {"name": "a8w8", "activations": "uint8", "weights": "uint8"}]
+    ladder = [{"name": "w8a16", "activations": "uint16", "weights": "uint8"},
+              {"name": "w8a16-pc", "activations": "uint16", "weights": "uint8", "per_channel": True},
+              {"name": "w16a16", "activations": "uint16", "weights": "int16"},
+              {"name": "w8a8", "activations": "uint8", "weights": "uint8"}]
     rng = np.random.default_rng(0)
     cpu = {n["name"]: _figures(rng, ["y", "s"], {"y": 50.0, "s": 44.0}) for n in ladder}
     htp = _figures(rng, ["y", "s"], {"y": 21.5, "s": 1.5})
-    rows = walk([*cpu, "fp16"], cpu, {"a16w8": htp}, THR, rules(ladder))
+    rows = walk([*cpu, "fp16"], cpu, {"w8a16": htp}, THR, rules(ladder))
     assert [r["state"] for r in rows] == ["failed", "predicted_fail", "predicted_fail", "pending"]
-    assert rows[1]["why"] == ("skipped: a16w8 lost 42.5 dB on the HTP against its CPU run at output 'y' slice 4:6 (s); "
-                              "10 dB of that back would still leave a16w8-pc at 11.5 dB < 20 dB")
+    assert rows[1]["why"] == ("skipped: w8a16 lost 42.5 dB on the HTP against its CPU run at output 'y' slice 4:6 (s); "
+                              "10 dB of that back would still leave w8a16-pc at 11.5 dB < 20 dB")
     # an early-stopped run's figures cover some samples only: no prediction from them
-    rows = walk([*cpu, "fp16"], cpu, {"a16w8": {**htp, "early_stop": {"of": 4, "proof": "..."}}}, THR, rules(ladder))
+    rows = walk([*cpu, "fp16"], cpu, {"w8a16": {**htp, "early_stop": {"of": 4, "proof": "..."}}}, THR, rules(ladder))
     assert [r["state"] for r in rows] == ["failed", "pending"]
 
 
 def test_an_early_stopped_loss_carries_with_its_proof_bound() -> None:
-    """The same detector, a16w8's run stopped after 1 sample: the figures over that sample bound nothing, the
+    """The same detector, w8a16's run stopped after 1 sample: the figures over that sample bound nothing, the
     proof's bound on the score slice over all samples does (44 dB on the CPU, at most 3.2 dB on the HTP: at
     least 40.8 dB lost); a bound that leaves room, or a record without bounds, predicts nothing."""
-    ladder = [{"name": "a16w8", "activations": "uint16", "weights": "uint8"},
-              {"name": "a16w8-pc", "activations": "uint16", "weights": "uint8", "per_channel": True}]
+    ladder = [{"name": "w8a16", "activations": "uint16", "weights": "uint8"},
+              {"name": "w8a16-pc", "activations": "uint16", "weights": "uint8", "per_channel": True}]
     rng = np.random.default_rng(0)
     cpu = {n["name"]: _figures(rng, ["y", "s"], {"y": 50.0, "s": 44.0}) for n in ladder}
     partial = _figures(rng, ["y", "s"], {"y": 23.0, "s": 1.0})
@@ -240,21 +240,21 @@ def test_an_early_stopped_loss_carries_with_its_proof_bound() -> None:
             [{"output": "y", "start": 4, "stop": 6, "snr_db": slice_bound}] if slice_bound is not None else [])
         return {**partial, "early_stop": {"of": 4, "proof": "after 1 sample(s) output 'y' slice 4:6 ...", "bounds": bounds}}
 
-    rows = walk([*cpu, "fp16"], cpu, {"a16w8": stopped(3.2)}, THR, rules(ladder))
+    rows = walk([*cpu, "fp16"], cpu, {"w8a16": stopped(3.2)}, THR, rules(ladder))
     assert [r["state"] for r in rows] == ["failed", "predicted_fail", "pending"]
-    assert rows[1]["why"] == ("skipped: a16w8 lost at least 40.8 dB on the HTP against its CPU run at output 'y' "
-                              "slice 4:6 (s); 10 dB of that back would still leave a16w8-pc at 13.2 dB < 20 dB")
+    assert rows[1]["why"] == ("skipped: w8a16 lost at least 40.8 dB on the HTP against its CPU run at output 'y' "
+                              "slice 4:6 (s); 10 dB of that back would still leave w8a16-pc at 13.2 dB < 20 dB")
     for bound in (30.0, None):  # 14 dB lost at most: room left; no bound for the slice: nothing known
-        rows = walk([*cpu, "fp16"], cpu, {"a16w8": stopped(bound)}, THR, rules(ladder))
+        rows = walk([*cpu, "fp16"], cpu, {"w8a16": stopped(bound)}, THR, rules(ladder))
         assert [r["state"] for r in rows] == ["failed", "pending"], bound
 
 
 def test_det_320s_int16_weight_failure_is_not_a_carried_loss() -> None:
     """The PP-OCR detector at 320x320 as recorded by a cold build x SM8650/SM8750 (bench/search_bench.py --save;
-    docs/measured.md, "What is left"): a16w8 rejected on the CPU (15.5 dB), a16w8-pc 25.4 dB on the CPU and
-    19.727 dB on the simulator. Even with none of that 5.7 dB loss won back, a16w16 (38.2 dB on the CPU) keeps
+    docs/measured.md, "What is left"): w8a16 rejected on the CPU (15.5 dB), w8a16-pc 25.4 dB on the CPU and
+    19.727 dB on the simulator. Even with none of that 5.7 dB loss won back, w16a16 (38.2 dB on the CPU) keeps
     room, so the simulator decides it (16.99 dB over 3 samples, at most 18.39 over 4: its own loss, not
-    a16w8-pc's); the diagnosis blamed no node and fp16 wins on both SoCs, SM8750 running it alone. Replayed,
+    w8a16-pc's); the diagnosis blamed no node and fp16 wins on both SoCs, SM8750 running it alone. Replayed,
     the recorded search runs what it ran: 4 simulator runs, the same seconds and winners."""
     from bench.search_bench import replay
 
@@ -263,14 +263,14 @@ def test_det_320s_int16_weight_failure_is_not_a_carried_loss() -> None:
     ladder = [{"name": c["name"], **c.get("quantization", {})} for c in first["candidates"] if "quantization" in c]
     verifies = {n: v["result"] for n, v in first["verifies"].items()}
     for recovery in (rules(ladder)["htp_recovery_db"], 0.0):
-        rows = walk(["a16w8", "a16w8-pc", "a16w16"], first["screens"], {"a16w8-pc": verifies["a16w8-pc"]}, THR,
+        rows = walk(["w8a16", "w8a16-pc", "w16a16"], first["screens"], {"w8a16-pc": verifies["w8a16-pc"]}, THR,
                     {**rules(ladder), "htp_recovery_db": recovery})
         assert [r["state"] for r in rows] == ["rejected_cpu", "failed", "pending"], recovery
-    assert verifies["a16w16"]["early_stop"]["bounds"] == [{"output": "sigmoid_0.tmp_0", "snr_db": 18.391}]
+    assert verifies["w16a16"]["early_stop"]["bounds"] == [{"output": "sigmoid_0.tmp_0", "snr_db": 18.391}]
     again = replay(figures)
     assert again["verify_actions"] == {"base": 4, "this tree": 4} and again["same_winners"]
     assert again["targets"]["select/ppocr_det_320@SM8650"]["states"] == {
-        "a16w8": "rejected_cpu", "a16w8-pc": "failed", "a16w16": "failed", "mixed": "not_run", "fp16": "passed"}
+        "w8a16": "rejected_cpu", "w8a16-pc": "failed", "w16a16": "failed", "mixed": "not_run", "fp16": "passed"}
     assert again["targets"]["select/ppocr_det_320@SM8750"]["simulator_runs"] == ["fp16"]
 
 
@@ -339,33 +339,33 @@ def test_a_contradicted_sibling_is_a_warning_naming_what_it_skipped(tmp_path) ->
     from ctxbuild.actions.select import warnings
     from ctxbuild.plan.action import Action
 
-    rows = [{"name": "a16w8", "state": "predicted_fail", "predicted_by": "SM8650"},
-            {"name": "a16w8-pc", "state": "failed", "disagrees": "a16w8-pc failed here at 18.0 dB where SM8650's "
+    rows = [{"name": "w8a16", "state": "predicted_fail", "predicted_by": "SM8650"},
+            {"name": "w8a16-pc", "state": "failed", "disagrees": "w8a16-pc failed here at 18.0 dB where SM8650's "
                                                                  "simulator passed it at 21.8 dB"},
-            {"name": "a16w16", "state": "passed"}]
+            {"name": "w16a16", "state": "passed"}]
     search = tmp_path / "search.json"
     search.write_text(json.dumps({"candidates": rows}))
     a = Action(id="select/m@SM8750", kind="select", description="select m@SM8750 (3 candidates)", inputs={},
                outputs={"search": str(search)}, params={}, target={"name": "SM8750"})
     assert warnings(a) == [
-        "select m@SM8750 (3 candidates): a16w8-pc failed here at 18.0 dB where SM8650's simulator passed it at 21.8 dB: "
-        "the SoCs' simulators differ on this model; a16w8 (skipped on SM8650's measurement) not verified on SM8750; "
+        "select m@SM8750 (3 candidates): w8a16-pc failed here at 18.0 dB where SM8650's simulator passed it at 21.8 dB: "
+        "the SoCs' simulators differ on this model; w8a16 (skipped on SM8650's measurement) not verified on SM8750; "
         "`auto: {siblings: false}` searches SM8750 on its own"]
     search.write_text(json.dumps({"candidates": rows[1:]}))  # nothing skipped on it: nothing to say
     assert warnings(a) == []
 
 
 def test_an_htp_loss_on_a_sibling_carries_to_the_weights_only_variants() -> None:
-    """The fall detector's case on a second SoC: the first measured a16w8's loss and skipped a16w8-pc and a16w16
+    """The fall detector's case on a second SoC: the first measured w8a16's loss and skipped w8a16-pc and w16a16
     on it (never measured there); the second skips all three, naming the first's measurement, though its own
-    a16w8 result is a closed gate's placeholder."""
-    ladder = [{"name": "a16w8", "activations": "uint16", "weights": "uint8"},
-              {"name": "a16w8-pc", "activations": "uint16", "weights": "uint8", "per_channel": True},
-              {"name": "a16w16", "activations": "uint16", "weights": "int16"}]
+    w8a16 result is a closed gate's placeholder."""
+    ladder = [{"name": "w8a16", "activations": "uint16", "weights": "uint8"},
+              {"name": "w8a16-pc", "activations": "uint16", "weights": "uint8", "per_channel": True},
+              {"name": "w16a16", "activations": "uint16", "weights": "int16"}]
     rng = np.random.default_rng(0)
     cpu = {n["name"]: _figures(rng, ["y", "s"], {"y": 50.0, "s": 44.0}) for n in ladder}
     htp = _figures(rng, ["y", "s"], {"y": 21.5, "s": 1.5})
-    rows = walk([*cpu, "fp16"], cpu, {"a16w8": {"skipped": True}}, THR, rules(ladder), {"SM8650": {"a16w8": htp}})
+    rows = walk([*cpu, "fp16"], cpu, {"w8a16": {"skipped": True}}, THR, rules(ladder), {"SM8650": {"w8a16": htp}})
     assert [(r["state"], r.get("predicted_by")) for r in rows] == [
         ("predicted_fail", "SM8650"), ("predicted_fail", "SM8650"), ("predicted_fail", "SM8650"), ("pending", None)]
-    assert rows[1]["why"].startswith("skipped: a16w8 lost 42.5 dB on the HTP (SM8650's measurement) against its CPU run")
+    assert rows[1]["why"].startswith("skipped: w8a16 lost 42.5 dB on the HTP (SM8650's measurement) against its CPU run")

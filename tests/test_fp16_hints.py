@@ -39,10 +39,10 @@ def test_a_weak_slice_at_fp16_is_not_sent_to_split_outputs(tmp_path: Path) -> No
 
 
 def test_fp16_rounding_loss_points_at_the_search() -> None:
-    """PP-OCRv6's recognizer at fp16 (18.7 dB, no value near fp16's limits): the hint said precision: int16, which
-    fails too (a16w8: 8.1 dB on the CPU); the search finds a16w16 (27.2 dB). A range cause keeps its own fix."""
+    """PP-OCRv6's recognizer at fp16 (18.7 dB, no value near fp16's limits): the hint said precision: w8a16, which
+    fails too (w8a16: 8.1 dB on the CPU); the search finds w16a16 (27.2 dB). A range cause keeps its own fix."""
     worst = [{"node": "Softmax.2", "op_type": "Softmax"}, {"node": "Identity.193", "op_type": "Reshape"}]
     hint = likely_fix("htp", worst, {}, {}, 0)
-    assert "precision: auto" in hint and "precision: int16" not in hint and "Softmax.2 (Softmax)" in hint, hint
+    assert "precision: auto" in hint and "precision: w8a16" not in hint and "Softmax.2 (Softmax)" in hint, hint
     overflow = likely_fix("htp", worst, {}, {}, 0, ("fp16 overflow: Pow.4 (Pow) computes values up to 7e4", "int16"))
     assert overflow.startswith("fp16 overflow") and "precision: auto" not in overflow, overflow

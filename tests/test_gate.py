@@ -17,7 +17,7 @@ from tests.conftest import keep_only
 RECIPE = """model: models/tiny_cnn.onnx
 inputs:
   image: [1, 3, 64, 64]
-precision: int16
+precision: w8a16
 calibration:
   dir: models/calib/tiny_cnn
 targets: [SM8650]

@@ -22,7 +22,7 @@ RELEASES = ["2.3.0", "2.4.0", "2.5.0", "2.6.0", "2.7.0"]
 SOCS = ["SC8380XP", "SM8650", "SM8750", "SM8850"]  # HTP v73, v75, v79, v81
 RECIPE = """model: models/tiny_cnn.onnx
 inputs: {image: [1, 3, 64, 64]}
-precision: int16
+precision: w8a16
 calibration: {dir: models/calib/tiny_cnn}
 verify: false
 """

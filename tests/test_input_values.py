@@ -214,7 +214,7 @@ def test_input_values_with_bundles_and_adapters_where_they_cannot_apply_exit_2(t
 BUNDLE_LORA = """bundle:
   - {name: lora_on, model: lm.onnx, input_values: {mode: 1}}
   - {name: lora_off, model: lm.onnx, input_values: {mode: 0}}
-precision: int16
+precision: w8a16
 calibration: {dir: cal}
 targets: [SM8650]
 adapters:

@@ -74,7 +74,7 @@ def test_auto_finds_an_integer_precision(tree: tuple[Path, Path], ctxbuild) -> N
     r = ctxbuild("build", str(recipe), "-o", str(root / "out"))
     assert r.code == 0, r.text
     search = json.loads((root / "out" / "SM8650" / "vad_auto" / "vad_auto_search.json").read_text())
-    # measured: a16w8 rejected on the CPU (9.7 dB), a16w8-pc 18.7 dB on the state, a16w16 0.999938 / 39.1 dB
-    assert search["winner"] == "a16w16", search
+    # measured: w8a16 rejected on the CPU (9.7 dB), w8a16-pc 18.7 dB on the state, w16a16 0.999938 / 39.1 dB
+    assert search["winner"] == "w16a16", search
     result = json.loads((root / "out" / "SM8650" / "vad_auto" / "vad_auto_verify.json").read_text())
     assert result["passed"] and result["reference"] == "original"

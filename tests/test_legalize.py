@@ -270,7 +270,7 @@ def test_per_run_int8_refusal_says_why(tmp_path: Path, ctxbuild) -> None:
     (line,) = [ln for ln in res.err.splitlines() if ln.startswith("ctxbuild: FAILED ")]
     assert line.startswith("ctxbuild: FAILED select/"), line
     assert line.count("no static quantization of this export") == 1, line
-    assert "a16w8, a16w8-pc, a16w16 skipped: no static quantization of this export: ConvInteger, " \
+    assert "w8a16, w8a16-pc, w16a16 skipped: no static quantization of this export: ConvInteger, " \
         "DynamicQuantizeLinear, MatMulInteger quantize activations per run, which onnxruntime's static quantizer " \
         "cannot" in line, line
     assert "mixed not run: no candidate before it could be measured to diagnose; fp16 did not compile" in line, line
@@ -289,10 +289,10 @@ def test_auto_on_a_per_run_int8_export_ends_at_fp16(tmp_path: Path, ctxbuild) ->
     (search,) = [json.loads(p.read_text()) for p in (out / "SM8650" / "tts").glob("*search*.json")]
     assert search["winner"] == "fp16", search
     states = {c["name"]: c["state"] for c in search["candidates"]}
-    assert states == {"a16w8": "rejected_cpu", "a16w8-pc": "rejected_cpu", "a16w16": "rejected_cpu",
+    assert states == {"w8a16": "rejected_cpu", "w8a16-pc": "rejected_cpu", "w16a16": "rejected_cpu",
                       "mixed": "not_run", "fp16": "passed"}, states
     search_dir = out / ".ctxbuild" / "work" / "search" / "SM8650" / "tts"
-    for n in ("a16w8", "a16w8-pc", "a16w16", "mixed"):  # gated off: placeholders, no compile
+    for n in ("w8a16", "w8a16-pc", "w16a16", "mixed"):  # gated off: placeholders, no compile
         assert json.loads((search_dir / n / "compile_status.json").read_text()) == {"skipped": True}, n
 
 
@@ -615,7 +615,7 @@ def test_fused_rmsnorm_at_int16(tmp_path: Path, ctxbuild) -> None:
         for k in range(4):
             x = np.random.default_rng(seed * 10 + k).standard_normal((1, 8, 32)).astype(np.float32)
             np.save(tmp_path / d / f"{k}.npy", x)
-    (tmp_path / "t5norm.yaml").write_text("model: t5norm.onnx\nprecision: int16\ncalibration: {dir: cal}\n"
+    (tmp_path / "t5norm.yaml").write_text("model: t5norm.onnx\nprecision: w8a16\ncalibration: {dir: cal}\n"
                                           "targets: [SM8650]\nverify: {dir: s}\n")
     out = tmp_path / "out"
     r = ctxbuild("build", str(tmp_path / "t5norm.yaml"), "-o", str(out))

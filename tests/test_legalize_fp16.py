@@ -77,7 +77,7 @@ def test_fp16_compiles_are_rewritten_except_a_bundles(tmp_path: Path) -> None:
     from tests.fake_tree import fake_tree
 
     tree = fake_tree(tmp_path / "recipes")
-    (tree / "lm_bundle.yaml").write_text((tree / "lm_bundle.yaml").read_text().replace("precision: int16",
+    (tree / "lm_bundle.yaml").write_text((tree / "lm_bundle.yaml").read_text().replace("precision: w8a16",
                                                                                        "precision: fp16"))
     (tree / "mlp_written.yaml").write_text((tree / "mlp_fp16.yaml").read_text() + "prepare: {rewrite: false}\n")
     compiles = {a.id: a.params for a in make_plan(recipe.load([tree]), tmp_path / "out").actions

@@ -35,7 +35,7 @@ def _tree(root: Path) -> Path:
     for i in range(4):
         np.savez(root / "calib" / f"s{i}.npz", **{k: f(g) for k, f in samplers.items()})
     for name, extra in (("gelu_new", ""), ("gelu_old", 'toolchain: "2.3.0"\n')):
-        (root / f"{name}.yaml").write_text(f"model: gelu.onnx\nprecision: int16\ncalibration: {{dir: calib}}\n"
+        (root / f"{name}.yaml").write_text(f"model: gelu.onnx\nprecision: w8a16\ncalibration: {{dir: calib}}\n"
                                            f"targets: [SM8650]\n{extra}")
     return root
 

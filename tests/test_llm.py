@@ -325,7 +325,7 @@ def _rotary_style(path: Path) -> None:
     ("too_many_parts", {"parts": 4}, "4 parts for a model of 3 layers"),
     ("contrib_attention", {"model": "ROTARY"}, "the model uses RotaryEmbedding, which ctxbuild cannot rewrite"),
     ("not_a_decoder", {"model": "CNN"}, "not a decoder in the optimum or onnxruntime-genai convention"),
-    ("int4_on_v68", {"precision": "w4a16", "TARGET": "SM8350"}, "int4 weights are measured only on v73 and newer"),
+    ("int4_on_v68", {"precision": "w4a16", "TARGET": "SM8350"}, "w4a16 on SM8350 (htp_arch below v73): its weights are measured only on v73 and newer"),
     ("kv_with_fp16", {"precision": "fp16", "kv_cache": "uint8"}, "kv_cache sets a quantized type"),
     ("budget_no_split_meets", {"parts": None, "part_max_mb": 0.01}, "part_max_mb 0.01: even one layer per part needs"),
     ("budget_and_parts", {"part_max_mb": 1}, "give parts or part_max_mb, not both"),

@@ -254,7 +254,7 @@ def test_bundle_binds_shared_slots_to_each_graph(tree: Path, tmp_path: Path, ctx
 bundle:
   - {{name: prefill, model: {models}/lora_mlp.onnx, calibration: {{dir: {models}/calib/lora_mlp}}}}
   - {{name: decode, model: {models}/lora_mlp_t1.onnx, calibration: {{dir: {models}/calib/lora_mlp_t1}}}}
-precision: int16
+precision: w8a16
 targets: [SM8650]
 adapters:
   slots: ["*lora_A", "*lora_B"]

@@ -1,7 +1,7 @@
 """mask_fill through data moves: torch's nn.TransformerEncoder export with a key padding mask (khmersm 1.4.2's
 Khmer segmenter) writes Where(mask, zeros [1, L], -inf), then Reshape / Expand / Reshape to the heads' shape, then
 Add to the scores and Softmax. The rule followed Adds only and left the -inf; every integer candidate then missed on
-the CPU screen (a16w8 and a16w16 alike: cosine 0.826, 4.9 dB) and the search ended at fp16."""
+the CPU screen (w8a16 and w16a16 alike: cosine 0.826, 4.9 dB) and the search ended at fp16."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -17,7 +17,7 @@ def _recipe(root: Path, extra: str) -> Path:
     w = (rng().standard_normal((128, 128, 3)) / np.sqrt(384)).astype(np.float32)
     onnx.save(_model([helper.make_node("Conv", ["x", "w"], ["y"], dilations=[2048])], {"x": [1, 128, 4596]},
                      {"y": [1, 128, 500]}, {"w": w}), str(root / "dilated.onnx"))
-    (root / "dilated.yaml").write_text("model: dilated.onnx\ntargets: [SM8650]\nprecision: int16\n"
+    (root / "dilated.yaml").write_text("model: dilated.onnx\ntargets: [SM8650]\nprecision: w8a16\n"
                                        f"calibration: {{random: true}}\nverify: false\n{extra}")
     return root
 

@@ -29,7 +29,7 @@ from ctxbuild.graph.protowire import wrapper_facts
 TINY = """model: models/tiny_cnn.onnx
 inputs:
   image: [1, 3, 64, 64]
-precision: int16
+precision: w8a16
 calibration:
   dir: models/calib/tiny_cnn
 package: true
@@ -37,7 +37,7 @@ package: true
 BUNDLE = """bundle:
   - {name: prefill, model: models/lm_prefill.onnx, calibration: {dir: models/calib/lm_prefill}}
   - {name: decode, model: models/lm_decode.onnx, calibration: {dir: models/calib/lm_decode}}
-precision: int16
+precision: w8a16
 targets: [SM8650]
 package: true
 """

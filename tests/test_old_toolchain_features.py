@@ -32,7 +32,7 @@ def out(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> Path:
     keep_only(tree)
     (tree / "tiny_cnn_flex.yaml").write_text((RECIPES / "tiny_cnn_flex.yaml").read_text() + 'toolchain: "2.5.0"\n')
     (tree / "lora_mlp.yaml").write_text((RECIPES / "lora_mlp.yaml").read_text().replace(
-        "precision: int16\n", "precision: int16\ntargets: [SM8650]\n") + 'toolchain: "2.3.0"\n')
+        "precision: w8a16\n", "precision: w8a16\ntargets: [SM8650]\n") + 'toolchain: "2.3.0"\n')
     (tree / "tiny_cnn_qio.yaml").write_text((RECIPES / "tiny_cnn.yaml").read_text().replace(*QIO) + 'toolchain: "2.3.0"\n')
     lora_branchy_tree(tree / "values", 'toolchain: "2.3.0"\n')
     build_with_toolchains(tree, root / "out", root / "cache")

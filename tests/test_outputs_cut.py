@@ -30,7 +30,7 @@ def _tree(tmp_path: Path, more: str = "") -> Path:
 def test_the_hopeless_stop_names_the_cut_and_the_pasted_line_builds(tmp_path: Path, ctxbuild) -> None:
     recipe = _tree(tmp_path)
     line = failed_line(ctxbuild, recipe, tmp_path / "out", "select/nz@SM8650")
-    assert ("a16w8: QNN cannot run NonZero at any precision: build the static part alone with `outputs: [h]` in the "
+    assert ("w8a16: QNN cannot run NonZero at any precision: build the static part alone with `outputs: [h]` in the "
             "recipe (the rest, from NonZero 'nz' on, runs in the app); or set compile.cpu_fallback: true") in line, line
 
     out = tmp_path / "cut"

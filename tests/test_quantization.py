@@ -47,17 +47,17 @@ def _q_params(m: onnx.ModelProto, tensor: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 RECIPES = {
-    "base": "precision: int16\ntargets: [SM8650]\n",
-    "pc": "precision: int16\nquantization: {per_channel: true}\ntargets: [SM8650]\n",
-    "w16": "precision: int16\nquantization: {weights: int16}\ntargets: [SM8650, SM8750]\n",
-    "a8w8": "precision: int16\nquantization: {activations: uint8, weights: uint8}\ntargets: [SM8650]\n",
-    "asym": "precision: int16\nquantization: {activation_symmetric: true}\ntargets: [SM8650]\n",
-    "wsym": "precision: int16\nquantization: {weight_symmetric: true}\ntargets: [SM8650]\n",
-    "pct": "precision: int16\nquantization: {calibration_method: percentile, percentile: 99.0}\ntargets: [SM8650]\n",
-    "few": "precision: int16\nquantization: {samples: 2}\ntargets: [SM8650]\n",
-    "ovr": ("precision: int16\nquantization:\n  tensors: {r1: {rmin: 0.0, rmax: 8.0}}\n"
+    "base": "precision: w8a16\ntargets: [SM8650]\n",
+    "pc": "precision: w8a16\nquantization: {per_channel: true}\ntargets: [SM8650]\n",
+    "w16": "precision: w8a16\nquantization: {weights: int16}\ntargets: [SM8650, SM8750]\n",
+    "w8a8": "precision: w8a16\nquantization: {activations: uint8, weights: uint8}\ntargets: [SM8650]\n",
+    "asym": "precision: w8a16\nquantization: {activation_symmetric: true}\ntargets: [SM8650]\n",
+    "wsym": "precision: w8a16\nquantization: {weight_symmetric: true}\ntargets: [SM8650]\n",
+    "pct": "precision: w8a16\nquantization: {calibration_method: percentile, percentile: 99.0}\ntargets: [SM8650]\n",
+    "few": "precision: w8a16\nquantization: {samples: 2}\ntargets: [SM8650]\n",
+    "ovr": ("precision: w8a16\nquantization:\n  tensors: {r1: {rmin: 0.0, rmax: 8.0}}\n"
             "  nodes: {conv2: {weights: int16}}\ntargets: [SM8650]\n"),
-    "tsym": "precision: int16\nquantization:\n  tensors: {wf: {symmetric: true}}\ntargets: [SM8650]\n",
+    "tsym": "precision: w8a16\nquantization:\n  tensors: {wf: {symmetric: true}}\ntargets: [SM8650]\n",
 }
 
 
@@ -105,8 +105,8 @@ def test_int16_weights(built: Path) -> None:
     assert _inits(_qdq(built, "base"))["w2_quantized"].dtype == np.uint8
 
 
-def test_a8w8_activations_are_uint8(built: Path) -> None:
-    _, zp = _q_params(_qdq(built, "a8w8"), "image")
+def test_w8a8_activations_are_uint8(built: Path) -> None:
+    _, zp = _q_params(_qdq(built, "w8a8"), "image")
     assert zp.dtype == np.uint8
     assert _q_params(_qdq(built, "base"), "image")[1].dtype == np.uint16
 
@@ -157,21 +157,21 @@ def test_options_enter_the_action_key(built: Path) -> None:
 # ---- refused at plan time, with file:line ---------------------------------------------------------------
 
 @pytest.mark.parametrize("body, expect", [
-    ("precision: int16\nquantization:\n  weights: int16\ntargets: [SM8350]\n",
+    ("precision: w8a16\nquantization:\n  weights: int16\ntargets: [SM8350]\n",
      [":6:", "int16 weights need HTP v73 or newer", "SM8350 is v68"]),
-    ("precision: int16\nquantization: {activations: uint8, weights: int16}\ntargets: [SM8650]\n",
+    ("precision: w8a16\nquantization: {activations: uint8, weights: int16}\ntargets: [SM8650]\n",
      [":5:", "int16 weights need uint16 activations"]),
     ("precision: fp16\nquantization: {per_channel: true}\ntargets: [SM8650]\n",
      [":5:", "has no effect with precision fp16"]),
-    ("precision: int16\nquantization:\n  - {per_channel: true}\ntargets: [SM8650]\n",
+    ("precision: w8a16\nquantization:\n  - {per_channel: true}\ntargets: [SM8650]\n",
      [":5:", "a ladder for precision: auto"]),
-    ("precision: int16\nquantization: {percentile: 99.9}\ntargets: [SM8650]\n",
+    ("precision: w8a16\nquantization: {percentile: 99.9}\ntargets: [SM8650]\n",
      [":5:", "needs calibration_method: percentile"]),
-    ("precision: int16\nquantization:\n  per_chanel: true\ntargets: [SM8650]\n",
+    ("precision: w8a16\nquantization:\n  per_chanel: true\ntargets: [SM8650]\n",
      [":6:", "unknown key 'per_chanel'", "did you mean 'per_channel'"]),
-    ("precision: int16\nquantization: {weights: int4}\ntargets: [SM8650]\n",
+    ("precision: w8a16\nquantization: {weights: int4}\ntargets: [SM8650]\n",
      [":5:", "quantization.weights", "'int4' is not one of"]),
-    ("precision: int16\nquantization: {calibration_method: entropy}\ntargets: [SM8650]\n",
+    ("precision: w8a16\nquantization: {calibration_method: entropy}\ntargets: [SM8650]\n",
      [":5:", "'entropy' is not one of"]),
 ])
 def test_invalid_quantization_is_refused(tree: Path, tmp_path: Path, ctxbuild, body: str, expect: list[str]) -> None:
@@ -184,7 +184,7 @@ def test_invalid_quantization_is_refused(tree: Path, tmp_path: Path, ctxbuild, b
 
 
 def test_defaults_file_quantization_merges_with_the_recipe(tree: Path, tmp_path: Path, ctxbuild) -> None:
-    _only(tree, {"merged": "precision: int16\nquantization: {calibration_method: percentile}\ntargets: [SM8650]\n"})
+    _only(tree, {"merged": "precision: w8a16\nquantization: {calibration_method: percentile}\ntargets: [SM8650]\n"})
     (tree / "_defaults.yaml").write_text("defaults:\n  quantization: {per_channel: true, weights: int16}\n")
     r = ctxbuild("plan", str(tree), "--format", "json")
     assert r.code == 0, r.text
@@ -217,7 +217,7 @@ def test_a_shared_bias_beside_a_tensor_named_like_its_copy(tmp_path: Path, ctxbu
     (tmp_path / "cal").mkdir()
     for k in range(4):
         np.save(tmp_path / "cal" / f"s{k}.npy", np.random.default_rng(k).standard_normal((1, 2, 16)).astype(np.float32))
-    (tmp_path / "m.yaml").write_text("model: m.onnx\nprecision: int16\ntargets: [SM8650]\ncalibration: {dir: cal}\n")
+    (tmp_path / "m.yaml").write_text("model: m.onnx\nprecision: w8a16\ntargets: [SM8650]\ncalibration: {dir: cal}\n")
     res = ctxbuild("build", str(tmp_path / "m.yaml"), "-o", str(tmp_path / "out"))
     assert res.code == 0, res.text
     result = json.loads((tmp_path / "out" / "SM8650" / "m" / "m_verify.json").read_text())

@@ -192,7 +192,7 @@ def test_a_fused_rmsnorm_pinned_by_the_users_name_builds_at_fp16(tmp_path: Path,
     tree = tmp_path / "recipes"
     _model(tree)
     out = tmp_path / "out"
-    _build(ctxbuild, tree, "precision: int16\nquantization: {nodes: {mean: fp16}}\nverify: {min_snr_db: 30}\n", out)
+    _build(ctxbuild, tree, "precision: w8a16\nquantization: {nodes: {mean: fp16}}\nverify: {min_snr_db: 30}\n", out)
     assert records(out)["verify/t5norm@SM8650"]["result"]["passed"] is True
     qdq = _qdq(out)
     (norm,) = [n for n in qdq.graph.node if n.name == "mean_rmsnorm"]
@@ -212,7 +212,7 @@ def test_a_fused_rmsnorm_pinned_by_the_users_name_builds_at_fp16(tmp_path: Path,
                                          "proj (MatMul)"], seen  # the copy is the same node to the user
 
     out = tmp_path / "out8"
-    _build(ctxbuild, tree, "precision: int8\nquantization: {nodes: {mul_norm: {activations: uint16}}}\nverify: false\n",
+    _build(ctxbuild, tree, "precision: w8a8\nquantization: {nodes: {mul_norm: {activations: uint16}}}\nverify: false\n",
            out)
     qdq = _qdq(out)
     zero_point = {n.input[0]: n.input[2] for n in qdq.graph.node if n.op_type == "QuantizeLinear"}
@@ -232,17 +232,17 @@ def test_an_unknown_node_name_is_exit_2_with_one_line(tmp_path: Path, ctxbuild) 
     a constant is the user's, so it builds, with a warning that its pin does nothing."""
     tree = tmp_path / "recipes"
     _model(tree, constant_node=True)
-    r = _build(ctxbuild, tree, "precision: int16\nquantization: {nodes: {maen: fp16}}\n", tmp_path / "out", code=2)
+    r = _build(ctxbuild, tree, "precision: w8a16\nquantization: {nodes: {maen: fp16}}\n", tmp_path / "out", code=2)
     (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED ")]
     assert "quantization.nodes: 'maen' is not a node of the model (did you mean 'mean'?)" in line, line
 
-    r = _build(ctxbuild, tree, "precision: int16\nquantization: {nodes: {hundred: fp16}}\nverify: false\n",
+    r = _build(ctxbuild, tree, "precision: w8a16\nquantization: {nodes: {hundred: fp16}}\nverify: false\n",
                tmp_path / "out")
     assert "quantization.nodes: hundred: folded into constants by prepare, nothing of them runs" in r.out, r.out
 
 
 def test_the_searchs_answer_names_the_users_nodes_and_pinned_builds_the_same(tmp_path: Path, ctxbuild) -> None:
-    """a16w8 loses the quiet tokens in the RMSNorm's square; the mixed rung keeps the RMSNorm in float, by the name
+    """w8a16 loses the quiet tokens in the RMSNorm's square; the mixed rung keeps the RMSNorm in float, by the name
     the user's model has ('mean', not prepare's 'mean_rmsnorm'); the answer pasted in the recipe builds the same
     QDQ model, so its compile and verify are restored from the cache."""
     tree = tmp_path / "recipes"
@@ -288,7 +288,7 @@ def test_a_refusal_the_recipes_override_causes_names_the_override(tree: Path, tm
     """A 16-bit signed activation into the examples' 8-bit-weights Conv (`tensors: {r1: {type: int16}}`): QNN
     refuses conv2, and the hint names the override that set the types (it said only "set compile.cpu_fallback")."""
     keep_only(tree)
-    (tree / "t.yaml").write_text("model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: int8\n"
+    (tree / "t.yaml").write_text("model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: w8a8\n"
                                  "calibration: {dir: models/calib/tiny_cnn}\ntargets: [SM8650]\n"
                                  "quantization:\n  tensors:\n    r1: {type: int16}\n")
     r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"))

@@ -71,7 +71,7 @@ def test_unnamed_nodes_and_the_users_tensors_pin_what_prepare_made_of_them(tmp_p
     tree = tmp_path / "recipes"
     _model(tree)
     out = tmp_path / "out"
-    _build(ctxbuild, tree, "precision: int8\nquantization:\n  nodes: {mm: fp16}\n"
+    _build(ctxbuild, tree, "precision: w8a8\nquantization:\n  nodes: {mm: fp16}\n"
            "  tensors: {ri: {type: uint16}}\nverify: false\n", out)
     prepared = _work(out, "prepared")
     record = json.loads({p.key: p.value for p in prepared.metadata_props}[KEY])
@@ -113,7 +113,7 @@ def test_names_neither_model_has_or_prepare_folded_are_exit_2(tmp_path: Path, ct
                                     "model carries its value) (set 'ConvBnFusion_W_w' or 'ConvBnFusion_BN_B_beta' "
                                     "instead, which prepare computes from it in its place)"),
     ]:
-        r = _build(ctxbuild, tree, f"precision: int16\nquantization: {{{recipe}}}\nverify: false\n", out, code=2)
+        r = _build(ctxbuild, tree, f"precision: w8a16\nquantization: {{{recipe}}}\nverify: false\n", out, code=2)
         assert said in _failed_line(r), r.err
 
 
@@ -131,7 +131,7 @@ def test_qnns_refusal_names_the_users_nodes(tmp_path: Path, ctxbuild) -> None:
     m.graph.node.append(helper.make_node("Gemm", ["y", "w3"], ["z"]))
     m.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 10]))
     onnx.save(m, str(tree / "convnet.onnx"))
-    r = _build(ctxbuild, tree, "precision: int16\nquantization: {tensors: {w2: {type: uint16}, w3: {type: uint16}, "
+    r = _build(ctxbuild, tree, "precision: w8a16\nquantization: {tensors: {w2: {type: uint16}, w3: {type: uint16}, "
                "x: {type: int16}}}\nverify: false\n", tmp_path / "out", code=1)
     line = _failed_line(r)
     assert "QNN cannot run 3 node(s): y (Gemm), z (Gemm), b (Conv) (the recipe's quantization.tensors 'w2', 'w3', " \

@@ -26,7 +26,7 @@ def _encodings(ctx: Path) -> dict:
 
 
 def test_wrapper_takes_and_gives_the_htp_types(tree: Path, tmp_path: Path, ctxbuild) -> None:
-    d = _recipe(tree, "cnn", "model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: int16\n"
+    d = _recipe(tree, "cnn", "model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: w8a16\n"
                 "calibration: {dir: models/calib/tiny_cnn}\ncompile: {quantized_io: true}\ntargets: [SM8650]\n")
     out = tmp_path / "out"
     r = ctxbuild("build", str(d), "-o", str(out))
@@ -49,7 +49,7 @@ def test_wrapper_takes_and_gives_the_htp_types(tree: Path, tmp_path: Path, ctxbu
 
 
 def test_lora_adapters_are_bound_quantized(tree: Path, tmp_path: Path, ctxbuild) -> None:
-    text = (tree / "lora_mlp.yaml").read_text().replace("precision: int16", "precision: int16\ncompile: {quantized_io: true}")
+    text = (tree / "lora_mlp.yaml").read_text().replace("precision: w8a16", "precision: w8a16\ncompile: {quantized_io: true}")
     d = _recipe(tree, "lora_mlp", text + "targets: [SM8650]\n")
     out = tmp_path / "out"
     r = ctxbuild("build", str(d), "-o", str(out))

@@ -36,9 +36,9 @@ def test_eeg_spindle_detector_dilated_convs_quantize(tmp_path: Path, ctxbuild) -
     """OpenSpindleNet (brainmaze-eeg-models 0.1.0): temporal convs of 128 channels with dilations to 4096 over 30 s of
     EEG. Before dilated_conv every integer candidate was refused (QNN_COMMON_ERROR_MEM_ALLOC at finalize) and the
     fp16 compile ran over 15 minutes at 5 GB; folded into rows, int16 compiles in seconds. Its accuracy (measured:
-    detection 37.2 dB, segmentation 47.4 dB at a16w8) costs ~400 s of simulator here: this test builds without it;
+    detection 37.2 dB, segmentation 47.4 dB at w8a16) costs ~400 s of simulator here: this test builds without it;
     prepare's sample check and tests/test_legalize_dilated.py hold the rewrite to the float model."""
-    tree = _tree(tmp_path / "recipes", "spindle_eeg", {"spindle": "precision: int16"}, verify="false")
+    tree = _tree(tmp_path / "recipes", "spindle_eeg", {"spindle": "precision: w8a16"}, verify="false")
     out = tmp_path / "out"
     r = ctxbuild("build", str(tree), "-o", str(out), timeout=900)
     assert r.code == 0, r.text
@@ -57,13 +57,13 @@ def test_thai_word_segmenter_at_fp16_and_auto(tmp_path: Path, ctxbuild) -> None:
     assert r.code == 0, r.text
     assert _record(out, "verify", "thai@SM8650")["result"]["outputs"]["output"]["snr_db"] >= 30
     search = json.loads((out / "SM8650" / "thai_auto" / "thai_auto_search.json").read_text())
-    assert search["winner"] == "a16w8", search
+    assert search["winner"] == "w8a16", search
 
 
 def test_khmer_segmenter_mask_fill_and_auto(tmp_path: Path, ctxbuild) -> None:
     """khmersm 1.4.2's character transformer with a key padding mask (padded rows): its Where(mask, zeros, -inf)
     reaches the scores through Reshape/Expand, which mask_fill now follows; before, every integer candidate read
-    4.9 dB on the CPU screen. a16w8 screens at 47.0 dB; QNN refuses the quantized graph (MEM_ALLOC at finalize, not
+    4.9 dB on the CPU screen. w8a16 screens at 47.0 dB; QNN refuses the quantized graph (MEM_ALLOC at finalize, not
     found), so the search ends at fp16 (63.5 dB): the winner is either."""
     tree = _tree(tmp_path / "recipes", "khmer_seg", {"khmer": "precision: auto\nauto: {mixed: false}"})
     out = tmp_path / "out"
@@ -71,16 +71,16 @@ def test_khmer_segmenter_mask_fill_and_auto(tmp_path: Path, ctxbuild) -> None:
     assert r.code == 0, r.text
     prepared = json.loads(next((out / ".ctxbuild" / "records").glob("prepare.model-*.json")).read_text())
     assert prepared["rewrites"] == {"mask_fill": 1}, prepared["rewrites"]
-    screen = _record(out, "screen", "khmer.a16w8")["result"]["outputs"]["emissions"]
+    screen = _record(out, "screen", "khmer.w8a16")["result"]["outputs"]["emissions"]
     assert screen["snr_db"] >= 40, screen
     search = json.loads((out / "SM8650" / "khmer" / "khmer_search.json").read_text())
-    assert search["winner"] in ("a16w8", "fp16"), search
+    assert search["winner"] in ("w8a16", "fp16"), search
 
 
 def test_khmer_segmenter_memory_refusal_hint_pasted(tmp_path: Path, ctxbuild) -> None:
     """The same model at int16: QNN refuses it at finalize (QNN_COMMON_ERROR_MEM_ALLOC), which said nothing more;
     the hint's compile: {optimization_mode: 1}, pasted, builds it (measured: 3 refuses it too)."""
-    tree = _tree(tmp_path / "recipes", "khmer_seg", {"khmer": "precision: int16"}, verify="false")
+    tree = _tree(tmp_path / "recipes", "khmer_seg", {"khmer": "precision: w8a16"}, verify="false")
     r = ctxbuild("build", str(tree), "-o", str(tmp_path / "out"), timeout=900)
     assert r.code == 1 and "QNN_COMMON_ERROR_MEM_ALLOC" in r.err, r.text
     assert "try compile: {optimization_mode: 1}" in r.err, r.err

@@ -152,7 +152,7 @@ def test_quantize_static_detector_and_recognizer_compile_whole(tmp_path: Path, c
 
 
 def test_auto_mixed_rung_grows_on_a_real_yolo_detector(tmp_path: Path, ctxbuild) -> None:
-    """precision: auto on the YOLOv8 fall detector with a16w8 as the only uniform candidate: its score slice
+    """precision: auto on the YOLOv8 fall detector with w8a16 as the only uniform candidate: its score slice
     fails on the CPU screen (never compiled), so the mixed rung diagnoses on the CPU only and grows its set in
     rounds measured on the CPU (16-bit weights from the input side) until the slice clears the screen's margin;
     the simulator verifies that answer once and it wins, and the printed recipe lines restore it."""
@@ -185,7 +185,7 @@ def test_auto_mixed_rung_grows_on_a_real_yolo_detector(tmp_path: Path, ctxbuild)
 
 
 def test_auto_mixed_rung_grows_where_the_cpu_passes_without_margin(tmp_path: Path, ctxbuild) -> None:
-    """PP-OCR's direction classifier cut at its logits (`outputs:`), a16w8 only: its QDQ model reads 20.2 dB on the
+    """PP-OCR's direction classifier cut at its logits (`outputs:`), w8a16 only: its QDQ model reads 20.2 dB on the
     CPU (passing by 0.2 dB) and 19.3 dB on the simulator. The mixed rung called that an HTP-only loss (its 2-sample
     diagnosis read both sides above 24 dB) and answered {HardSigmoid@0: fp16}, which changed nothing (the same
     binary, the same figures) and the search failed. With no margin on the CPU the loss is quantization's: the

@@ -32,7 +32,7 @@ def test_yolov8_detector_at_fp16_and_auto(tmp_path: Path, ctxbuild) -> None:
     to 0.23, as a filter sees most images). At fp16 as written its score slice verified at 0.9958 / 18.6 dB (the
     HTP's fp16 Sigmoid, after each of 57 Convs and over the class logits) and the hint sent the user to
     split_outputs, which changed nothing; with compile's sigmoid_exp rewrite it passes (36.6 dB; 63.0 dB whole).
-    precision: auto: the integer candidates miss the score slice on the CPU screen (a16w8 9.6 dB; a16w16 12.9 and
+    precision: auto: the integer candidates miss the score slice on the CPU screen (w8a16 9.6 dB; w16a16 12.9 and
     mixed 13.5 dB, left out here for time), and the search stopped with no candidate; its fp16 rung now wins."""
     tree = _tree(tmp_path / "recipes", "nudenet_320n", {
         "nudenet": "precision: fp16", "nudenet_as_written": "precision: fp16\nprepare: {rewrite: false}",

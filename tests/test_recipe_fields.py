@@ -82,18 +82,19 @@ def test_custom_targets_within_range_still_plan(tree: Path, tmp_path: Path, ctxb
 
 
 @pytest.mark.parametrize("given, hint", [
-    ("W8A16", "that is precision: int16 here (uint16 activations, uint8 weights)"),
-    ("a16w16", "write precision: int16 with quantization: {weights: int16} (HTP v73 or newer)"),
+    ("W8A16", "write precision: w8a16 (precision names are lower case)"),
+    ("w4a16", "w4a16 (uint16 activations, int4 weights, HTP v73 or newer) is an llm: recipe's precision "
+              "(llm.precision, docs/llm.md)"),
     ("float32", "write precision: fp16 (the HTP computes float models in fp16)"),
-    ("int61", "did you mean 'int16'?"),
+    ("int61", "did you mean 'w8a16'?"),  # close to an alias (int16): its table name is offered
 ])
 def test_other_tools_precision_names_say_what_they_are_here(tmp_path: Path, given: str, hint: str) -> None:
-    """AI Hub's names (w8a16, ...) and float32 said only "is not one of int16, int8, fp16, qdq, auto"."""
+    """A precision a model recipe does not take is answered in the table's names (recipes/precisions.py)."""
     from ctxbuild.errors import RecipeError
     from ctxbuild.recipes import recipe
 
     (tmp_path / "r.yaml").write_text(f"model: m.onnx\nprecision: {given}\ntargets: [SM8650]\n")
     with pytest.raises(RecipeError) as e:
         recipe.load([tmp_path / "r.yaml"])
-    assert str(e.value) == (f"{tmp_path / 'r.yaml'}:2: precision: '{given}' is not one of int16, int8, fp16, qdq, "
-                            f"auto ({hint})"), str(e.value)
+    assert str(e.value) == (f"{tmp_path / 'r.yaml'}:2: precision: '{given}' is not one of w8a16, w8a8, w16a16, fp16, "
+                            f"qdq, auto ({hint})"), str(e.value)

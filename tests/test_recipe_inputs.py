@@ -145,8 +145,8 @@ def test_integer_samples_of_a_float_input_are_warned_about(tmp_path: Path) -> No
 
     spec = {"images": ((1, 3, 4, 4), np.dtype(np.float32))}
     np.save(tmp_path / "s0.npy", np.zeros((1, 3, 4, 4), np.uint8))
-    assert integer_samples("quantize d (int16)", tmp_path, spec) == [
-        "quantize d (int16): sample s0.npy holds images as uint8, the model takes float32: used as stored (e.g. "
+    assert integer_samples("quantize d (w8a16)", tmp_path, spec) == [
+        "quantize d (w8a16): sample s0.npy holds images as uint8, the model takes float32: used as stored (e.g. "
         "0-255); if the app normalizes its inputs, save the samples normalized"]
     np.save(tmp_path / "s0.npy", np.zeros((1, 3, 4, 4), np.float64))
     assert integer_samples("q", tmp_path, spec) == []

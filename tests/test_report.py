@@ -40,7 +40,7 @@ def built(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> dic
     onnx.save(nonzero_model(), tree / "models" / "nz.onnx")
     (tree / "broken_nz.yaml").write_text("model: models/nz.onnx\nprecision: fp16\ntargets: [SM8650]\n")
     (tree / "strict_int8.yaml").write_text(
-        "model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: int8\n"
+        "model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: w8a8\n"
         "calibration: {dir: models/calib/tiny_cnn}\ntargets: [SM8650]\nverify: {min_snr_db: 90}\n")
     (tree / "models" / "corrupt.onnx").write_bytes(b"\x08\x07garbage" * 50)
     (tree / "corrupt.yaml").write_text("model: models/corrupt.onnx\nprecision: fp16\ntargets: [SM8750]\n")
@@ -112,7 +112,7 @@ def test_report_json_describes_the_build(built: dict[str, Any]) -> None:
     for art in manifest["artifacts"]:
         k = (art["recipe"], art["target"]["name"], "bin" if art["path"].endswith(".bin") else "ctx")
         sizes[k] = sizes.get(k, 0) + art["size"]
-    precision = {"tiny_cnn": "int16", "tiny_cnn_int8": "int8", "mlp_fp16": "fp16", "strict_int8": "int8"}
+    precision = {"tiny_cnn": "w8a16", "tiny_cnn_int8": "w8a8", "mlp_fp16": "fp16", "strict_int8": "w8a8"}
     for row in rep["rows"]:
         key, rec = (row["recipe"], row["target"]["name"]), recs.get(row["action"], {})
         assert row["ctx_size"] == sizes.get((*key, "ctx")) and row["bin_size"] == sizes.get((*key, "bin"))
@@ -385,15 +385,15 @@ def test_search_table_lines_up_in_chromium(built: dict[str, Any], tmp_path: Path
     metrics = {"y": {"cosine": 0.99, "snr_db": 30.0}}
     costs = {"quantize": 1.0, "compile": 2.0, "verify": 3.0}
     report["rows"][0]["search"] = {
-        "winner": "a16w8", "thresholds": {"min_cosine": 0.99, "min_snr_db": 20}, "skipped": [],
+        "winner": "w8a16", "thresholds": {"min_cosine": 0.99, "min_snr_db": 20}, "skipped": [],
         "candidates": [
-            {"name": "a8w8", "passed": False, "winner": False, "outputs": {}, "bin_size": None, "failures": [],
+            {"name": "w8a8", "passed": False, "winner": False, "outputs": {}, "bin_size": None, "failures": [],
              "compile_refused": None, "note": "rejected on the CPU: cosine 0.5", "state": "rejected_cpu",
              "seconds": costs},
             {"name": "a16w4", "passed": False, "winner": False, "outputs": {}, "bin_size": None, "failures": [],
              "compile_refused": {"error": "QNN cannot run 1 node(s)", "hint": None}, "note": None, "state": None,
              "seconds": costs},
-            {"name": "a16w8", "passed": True, "winner": True, "outputs": metrics, "bin_size": 1024, "failures": [],
+            {"name": "w8a16", "passed": True, "winner": True, "outputs": metrics, "bin_size": 1024, "failures": [],
              "compile_refused": None, "note": None, "state": None, "seconds": costs}]}
     page = tmp_path / "search.html"
     page.write_text(render_html(report).replace("</body>", SEARCH_PROBE + "</body>"))

@@ -719,7 +719,7 @@ def test_full_disk_during_prepare_says_so(tree: Path, tmp_path: Path, ctxbuild) 
     ("model: models\nprecision: fp16\ntargets: [SM8650]\n", "model 'models' is a directory"),
     ("model: models/mlp.onnx\nprecision: fp16\ntargets: [SM8650]\nverify: {dir: models/mlp.onnx}\n",
      "verify dir 'models/mlp.onnx' is a file, not a directory"),
-    ("model: models/tiny_cnn.onnx\nprecision: int8\ntargets: [SM8650]\ncalibration: {dir: models/mlp.onnx}\n",
+    ("model: models/tiny_cnn.onnx\nprecision: w8a8\ntargets: [SM8650]\ncalibration: {dir: models/mlp.onnx}\n",
      "calibration dir 'models/mlp.onnx' is a file, not a directory"),
 ])
 def test_directory_for_a_file_and_back(tree: Path, tmp_path: Path, ctxbuild, body: str, expect: str) -> None:

@@ -41,7 +41,7 @@ def test_auto_ends_at_fp16_when_every_integer_candidate_fails(tree: Path, tmp_pa
     assert r.code == 0, r.text
     s = json.loads((out / "SM8650" / "logs" / "logs_search.json").read_text())
     assert [(c["name"], c["state"]) for c in s["candidates"]] == [
-        ("a16w8", "rejected_cpu"), ("a16w8-pc", "rejected_cpu"), ("a16w16", "rejected_cpu"),
+        ("w8a16", "rejected_cpu"), ("w8a16-pc", "rejected_cpu"), ("w16a16", "rejected_cpu"),
         ("mixed", "rejected_cpu"), ("fp16", "passed")]  # mixed: diagnosed, quantized, rejected on the CPU too
     fp16 = s["candidates"][4]
     assert s["winner"] == "fp16" and fp16["precision"] == "fp16" and "quantization" not in fp16
@@ -76,14 +76,14 @@ def test_fp16_gate_stays_closed_when_an_integer_candidate_passes(tree: Path, tmp
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 0, r.text
     s = _search(out)
-    assert [(c["name"], c["state"]) for c in s["candidates"]][::4] == [("a16w8", "passed"), ("fp16", "not_run")]
-    assert s["candidates"][4]["note"] == s["candidates"][3]["note"] == "not run: a16w8 passed"
+    assert [(c["name"], c["state"]) for c in s["candidates"]][::4] == [("w8a16", "passed"), ("fp16", "not_run")]
+    assert s["candidates"][4]["note"] == s["candidates"][3]["note"] == "not run: w8a16 passed"
     recs = records(out)
     gate = out / ".ctxbuild" / "work" / "search" / "SM8650" / "auto" / "fp16" / "admit.json"
     assert recs["search_step/auto.fp16@SM8650"]["outputs"]["gate"]["path"] == str(gate.relative_to(out))
     assert json.loads(gate.read_text()) == {"run": False}
     assert recs["compile/auto.fp16@SM8650"]["skipped"] and recs["verify/auto.fp16@SM8650"]["result"] == {"skipped": True}
-    assert _compiled(out) == {"compile/auto.a16w8@SM8650"} and last_build(out)["compile/auto.fp16@SM8650"] == "run"
+    assert _compiled(out) == {"compile/auto.w8a16@SM8650"} and last_build(out)["compile/auto.fp16@SM8650"] == "run"
 
 
 def test_auto_field_needs_precision_auto(tree: Path, tmp_path: Path, ctxbuild) -> None:
@@ -107,7 +107,7 @@ def test_nodes_without_names_reach_the_mixed_rung_by_their_outputs(tmp_path: Pat
     assert r.code == 0, r.text
     s = json.loads((out / "SM8650" / "logs" / "logs_search.json").read_text())
     assert [(c["name"], c["state"]) for c in s["candidates"]] == [
-        ("a16w8", "rejected_cpu"), ("a16w8-pc", "rejected_cpu"), ("a16w16", "rejected_cpu"),
+        ("w8a16", "rejected_cpu"), ("w8a16-pc", "rejected_cpu"), ("w16a16", "rejected_cpu"),
         ("mixed", "rejected_cpu"), ("fp16", "passed")]
     mixed = s["candidates"][3]
     assert mixed["blamed"] and set(mixed["quantization"]["nodes"]) <= {"h", "y"}, mixed  # the Mul's, the Log's

@@ -73,7 +73,7 @@ def test_mixed_rung_costs_nothing_when_a_candidate_passes(tmp_path: Path, ctxbui
     r = ctxbuild("build", str(tree), "-o", str(out))
     assert r.code == 0, r.text
     s = json.loads((out / "SM8650" / "det" / "det_search.json").read_text())
-    assert [(c["name"], c["state"]) for c in s["candidates"]] == [("a16w8", "passed"), ("mixed", "not_run")]
+    assert [(c["name"], c["state"]) for c in s["candidates"]] == [("w8a16", "passed"), ("mixed", "not_run")]
     assert json.loads((out / ".ctxbuild" / "work" / "search-cpu" / "det" / "mixed" / "culprits.json").read_text()) == {
         "run": False}
     assert "to pin it" not in r.out
@@ -92,7 +92,7 @@ def test_nodes_field_keeps_a_node_in_fp16_and_names_are_checked(tmp_path: Path, 
     assert recs["verify/kept@SM8650"]["result"]["passed"] is True  # int8 with the output Concat in float
     cause = recs[next(k for k in recs if k.startswith("quantize/") and recs[k]["status"] == "failed")]["cause"]
     assert "quantization.nodes: 'head_conact' is not a node of the model" in cause and "head_concat" in cause
-    (tree / "bad.yaml").write_text("model: det.onnx\nprecision: int8\ncalibration: {dir: cal}\ntargets: [SM8650]\n"
+    (tree / "bad.yaml").write_text("model: det.onnx\nprecision: w8a8\ncalibration: {dir: cal}\ntargets: [SM8650]\n"
                                    "quantization: {nodes: {head_concat: fp32}}\n")
     r = ctxbuild("plan", str(tree / "bad.yaml"))
     assert r.code == 2 and "bad.yaml:5" in r.err, r.err
@@ -132,7 +132,7 @@ def test_culprits_from_the_diagnosis() -> None:
 
 
 def test_htp_culprits_are_the_nodes_whose_noise_together_fails_the_output() -> None:
-    """PP-OCR's detector at a16w8-pc (the diagnosis' figures, 2 samples): the CPU reads 26.8 dB, the simulator
+    """PP-OCR's detector at w8a16-pc (the diagnosis' figures, 2 samples): the CPU reads 26.8 dB, the simulator
     19.7 dB; no node adds noise above -20 dB alone. Worst first, until what the others add fits beside the
     CPU's noise within 20 + 2.5 dB: the Sigmoid (its noise is mostly its input's, amplified) and the bias Add
     that makes that input noisy on the HTP (alone in fp16: 24.8 dB on the simulator)."""
@@ -165,17 +165,17 @@ def test_an_htp_only_loss_is_said_in_one_line_with_the_nodes_and_the_field() -> 
     d = _diagnosis("htp", [_row("/model.22/dfl/conv/Conv", -3.0), _row("/model.22/Sigmoid", -9.0),
                            _row("/model.0/conv/Conv", -45.0)])
     d["outputs"]["y"]["total"] = {"cosine": 0.56, "snr_db": 1.5}
-    line = htp_only(d, "a16w8", 2.5)  # the set the mixed candidate pins: not the quiet /model.0 node
-    assert line == ("the loss is on the HTP only (a16w8's QDQ model on the CPU 45.0 dB at output 'y', on the "
+    line = htp_only(d, "w8a16", 2.5)  # the set the mixed candidate pins: not the quiet /model.0 node
+    assert line == ("the loss is on the HTP only (w8a16's QDQ model on the CPU 45.0 dB at output 'y', on the "
                     "simulator 1.5 dB at output 'y'): the mixed rung's rounds measure on the CPU and cannot grow "
                     "for it; the diagnosis blames /model.22/dfl/conv/Conv, /model.22/Sigmoid: pin them in float "
                     "with quantization.nodes ({/model.22/dfl/conv/Conv: fp16, ...})")
     # the base's runs over every verification sample, where known, are the figures quoted: the diagnosis' few
     # samples can read both sides above the thresholds while the whole run failed
-    whole = htp_only(d, "a16w8", 2.5, {"outputs": {"y": {"cosine": 0.9999, "snr_db": 44.2}}},
+    whole = htp_only(d, "w8a16", 2.5, {"outputs": {"y": {"cosine": 0.9999, "snr_db": 44.2}}},
                      {"outputs": {"y": {"cosine": 0.98, "snr_db": 17.3}}})
     assert "on the CPU 44.2 dB at output 'y', on the simulator 17.3 dB at output 'y'" in whole, whole
-    assert htp_only(_diagnosis("quantization", [_row("a", -3.0)]), "a16w8", 2.5) is None  # the rounds' case
+    assert htp_only(_diagnosis("quantization", [_row("a", -3.0)]), "w8a16", 2.5) is None  # the rounds' case
     rows = [{"name": "mixed", "passed": False, "failures": ["SNR"], "bin_size": 1, "htp_only": line,
              "worst": {"cosine": 0.56, "snr_db": 1.5, "where": "output 'y'"}}]
     search = {"thresholds": {"min_cosine": 0.99, "min_snr_db": 20.0}, "winner": None, "candidates": rows,
@@ -232,29 +232,29 @@ def test_the_set_grows_from_the_input_side_until_the_cpu_clears() -> None:
 
 
 def test_16_bit_weights_that_fail_on_the_htp_only_are_no_fix_for_the_mixed_rung() -> None:
-    """The layout detector's case (measured, docs/measured.md): a16w16 passes on the CPU (31.4 dB) and its
+    """The layout detector's case (measured, docs/measured.md): w16a16 passes on the CPU (31.4 dB) and its
     early-stopped simulator run proves at most 14.1 dB, so the mixed rung keeps nodes in fp16, not at 16-bit
     weights. A 16-bit-weights candidate failing on the CPU too, or passing on the HTP, says nothing of the kind."""
     from ctxbuild.verify.predict import int16_weights_fail_on_htp
 
     thr = {"min_cosine": 0.99, "min_snr_db": 20.0}
-    settings = {"a16w8-pc": {"weights": "uint8"}, "a16w16": {"weights": "int16"}}
-    screens = {"a16w8-pc": {"outputs": {"y": {"snr_db": 18.8, "cosine": 0.993}}},
-               "a16w16": {"outputs": {"y": {"snr_db": 31.4, "cosine": 0.9993}}}}
+    settings = {"w8a16-pc": {"weights": "uint8"}, "w16a16": {"weights": "int16"}}
+    screens = {"w8a16-pc": {"outputs": {"y": {"snr_db": 18.8, "cosine": 0.993}}},
+               "w16a16": {"outputs": {"y": {"snr_db": 31.4, "cosine": 0.9993}}}}
     stopped = {"outputs": {"y": {"snr_db": 8.5, "cosine": 0.95}},
                "early_stop": {"bounds": [{"output": "y", "snr_db": 14.1}], "of": 4}}
     pc_failed = {"outputs": {"y": {"snr_db": 18.6, "cosine": 0.992}}}
-    why = int16_weights_fail_on_htp({"a16w8-pc": pc_failed, "a16w16": stopped}, screens, settings, thr)
-    assert why == ("a16w16's QDQ model passes on the CPU (31.4 dB at output 'y') and reads at most 14.1 dB on the "
+    why = int16_weights_fail_on_htp({"w8a16-pc": pc_failed, "w16a16": stopped}, screens, settings, thr)
+    assert why == ("w16a16's QDQ model passes on the CPU (31.4 dB at output 'y') and reads at most 14.1 dB on the "
                    "HTP: 16-bit weights are no fix here, the kept nodes run in fp16")
     # only an 8-bit-weights candidate failed on the HTP: nothing said about 16-bit weights
-    assert int16_weights_fail_on_htp({"a16w8-pc": pc_failed}, screens, settings, thr) is None
+    assert int16_weights_fail_on_htp({"w8a16-pc": pc_failed}, screens, settings, thr) is None
     # the 16-bit-weights candidate fails on the CPU as well: quantization's loss, 16-bit weights may still help
-    cpu_short = {**screens, "a16w16": {"outputs": {"y": {"snr_db": 17.0, "cosine": 0.99}}}}
-    assert int16_weights_fail_on_htp({"a16w16": stopped}, cpu_short, settings, thr) is None
+    cpu_short = {**screens, "w16a16": {"outputs": {"y": {"snr_db": 17.0, "cosine": 0.99}}}}
+    assert int16_weights_fail_on_htp({"w16a16": stopped}, cpu_short, settings, thr) is None
     # it passes on the HTP (a loss the HTP makes, but not past the threshold)
     passing = {"outputs": {"y": {"snr_db": 22.4, "cosine": 0.998}}}
-    assert int16_weights_fail_on_htp({"a16w16": passing}, screens, settings, thr) is None
+    assert int16_weights_fail_on_htp({"w16a16": passing}, screens, settings, thr) is None
 
 
 def test_a_lone_fp16_pin_takes_a_neighbour_so_the_mixed_candidate_changes_what_ships(tmp_path: Path) -> None:
@@ -277,7 +277,7 @@ def test_a_lone_fp16_pin_takes_a_neighbour_so_the_mixed_candidate_changes_what_s
     assert widen_lone(model, {"s": "fp16"}, [], "htp_added_db") == ({"c1": "fp16", "s": "fp16"}, {"s": "c1"})
     assert widen_lone(model, {"c1": "fp16"}, [], "htp_added_db") == ({"c1": "fp16"}, {})
     d = _diagnosis("htp", [_row("s", -3.0)], cpu_snr_db=45.0)
-    assert "the diagnosis blames s, c1: pin them in float" in htp_only(d, "a8w8", 2.5, widened={"s": "c1"})
+    assert "the diagnosis blames s, c1: pin them in float" in htp_only(d, "w8a8", 2.5, widened={"s": "c1"})
 
     # the prediction is the quantizer's: alone the pin leaves the QDQ model as it was, with its neighbour it does not
     onnx.save(model, tmp_path / "csc.onnx")
@@ -301,7 +301,7 @@ def test_a_search_without_its_last_rungs_says_which_to_turn_back_on() -> None:
     from ctxbuild.actions.select import no_winner
 
     thr = {"min_cosine": 0.99, "min_snr_db": 20.0}
-    row = {"name": "a8w8", "passed": False, "note": "skipped: CPU screen 1.3 dB", "state": "rejected_cpu"}
+    row = {"name": "w8a8", "passed": False, "note": "skipped: CPU screen 1.3 dB", "state": "rejected_cpu"}
     mixed = {"name": "mixed", "precision": "mixed", "passed": False, "note": "not run", "state": "not_run"}
     fp16 = {"name": "fp16", "precision": "fp16", "passed": False, "note": "not run", "state": "not_run"}
     for rows, said in (([row], "remove `auto: {mixed: false, fp16: false}` to let the search try the mixed and fp16 "

@@ -56,7 +56,7 @@ def _db_head(hw: int = 20, c_in: int = 96, c: int = 24) -> onnx.ModelProto:
 
 
 def test_mixed_rung_keeps_the_nodes_whose_htp_noise_together_fails_the_output(tmp_path: Path, ctxbuild) -> None:
-    """a16w8-pc passes on the CPU (33.8 dB) and reads -3.0 dB on the simulator: the bias Add after the first
+    """w8a16-pc passes on the CPU (33.8 dB) and reads -3.0 dB on the simulator: the bias Add after the first
     ConvTranspose loses on the HTP (19.8 dB), the BN+Relu after it and the Sigmoid amplify it (+2.6 dB added at
     the Sigmoid). The rung keeps those in fp16 and passes (33.2 dB); the Sigmoid alone recovers nothing."""
     tree = tmp_path / "recipes"
@@ -77,7 +77,7 @@ def test_mixed_rung_keeps_the_nodes_whose_htp_noise_together_fails_the_output(tm
     r = ctxbuild("build", str(tree), "-o", str(out), "-k", "0")
     search = json.loads((out / "SM8650" / "head" / "head_search.json").read_text())
     base, mixed = search["candidates"]
-    alone = records(out)["verify/sigmoid.a16w8-pc-ovr@SM8650"]["result"]["outputs"]["prob"]
+    alone = records(out)["verify/sigmoid.w8a16-pc-mixed@SM8650"]["result"]["outputs"]["prob"]
     print(base["worst"], mixed["worst"], mixed["blamed"], alone)  # the figures, for the run's log (pytest -s)
     assert base["state"] == "failed" and base["worst"]["snr_db"] < 10, base
     assert mixed["where"] == "htp" and mixed["worst"]["snr_db"] >= 25 and search["winner"] == "mixed", mixed
@@ -100,7 +100,7 @@ def test_mixed_rung_blames_the_detection_head_for_an_htp_only_loss(tmp_path: Pat
     tree = tmp_path / "recipes"
     write_samples(NAME, tree / "cal", 8)
     write_samples(NAME, tree / "ver", 4, first_seed=1000)
-    # the default ladder's a16w8 is rejected on the CPU and a16w16 fails too (16.99 dB): a16w8-pc alone is the
+    # the default ladder's w8a16 is rejected on the CPU and w16a16 fails too (16.99 dB): w8a16-pc alone is the
     # base the default ladder's mixed rung diagnoses, at half the test's cost
     (tree / "det.yaml").write_text(f"model: {model}\ninputs: {{{m.input}: {list(m.shape)}}}\n"
                                    "calibration: {dir: cal}\nverify: {dir: ver, samples: 4, timeout_s: 1800}\n" + LADDER)
@@ -110,8 +110,8 @@ def test_mixed_rung_blames_the_detection_head_for_an_htp_only_loss(tmp_path: Pat
     for c in search["candidates"]:  # the figures, for the run's log (pytest -s)
         print(c["name"], c["state"], c.get("worst"), c.get("bin_size"), c.get("blamed", ""))
     base, mixed = search["candidates"]
-    assert (base["name"], base["state"]) == ("a16w8-pc", "failed") and base["worst"]["snr_db"] < 20, base
-    assert mixed["where"] == "htp" and mixed["base"] == "a16w8-pc", mixed  # the QDQ model passes on the CPU
+    assert (base["name"], base["state"]) == ("w8a16-pc", "failed") and base["worst"]["snr_db"] < 20, base
+    assert mixed["where"] == "htp" and mixed["base"] == "w8a16-pc", mixed  # the QDQ model passes on the CPU
 
     # the head: the bias Add after the first ConvTranspose (measured alone in fp16: 24.8 dB on the simulator)
     # and the output Sigmoid; names the user's model has, after its last Concat (the head's input)

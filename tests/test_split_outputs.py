@@ -62,7 +62,7 @@ def test_declared_slices_and_bad_split_name(tmp_path: Path, ctxbuild) -> None:
 def test_split_outputs_in_a_bundle_is_refused(tmp_path: Path, ctxbuild) -> None:
     tree = write_tree(tmp_path / "recipes", {})
     (tree / "b.yaml").write_text("bundle:\n  - {name: a, model: det.onnx}\n  - {name: b, model: det.onnx}\n"
-                                 "precision: int8\ncalibration: {dir: cal}\ntargets: [SM8650]\n"
+                                 "precision: w8a8\ncalibration: {dir: cal}\ntargets: [SM8650]\n"
                                  "compile:\n  split_outputs: true\n")
     r = ctxbuild("plan", str(tree))
     assert r.code == 2

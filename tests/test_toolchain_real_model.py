@@ -27,7 +27,7 @@ def test_ocr_detector_for_two_runtimes(tmp_path: Path, ctxbuild) -> None:
     write_samples("ppocr_det", tree / "cal", 4, first_seed=0)
     write_samples("ppocr_det", tree / "ver", 1, first_seed=100)
     (tree / "det.yaml").write_text(
-        f"model: {model}\ninputs: {{{det.input}: {list(det.shape)}}}\nprecision: int16\n"
+        f"model: {model}\ninputs: {{{det.input}: {list(det.shape)}}}\nprecision: w8a16\n"
         "quantization: {per_channel: true}\ncalibration: {dir: cal}\n"
         "verify: {dir: ver, samples: 1, min_snr_db: 15, timeout_s: 1800}\ntargets: [SM8650]\n"
         'toolchain: [installed, {qairt: "2.47"}]\n')

@@ -49,7 +49,7 @@ def test_a_toolchain_names_its_pins() -> None:
 RECIPE = """model: models/tiny_cnn.onnx
 inputs:
   image: [1, 3, 64, 64]
-precision: int8
+precision: w8a8
 calibration:
   dir: models/calib/tiny_cnn
 targets: [SM8650]

@@ -47,9 +47,9 @@ def test_layers_on_a_precision_search_diagnoses_the_candidate_it_ships_or_the_cl
     r = ctxbuild("verify", "--layers", "conv", str(recipe), "-o", str(out))
     assert r.code == 0, r.text
     d = json.loads((out / "SM8650" / "conv" / "conv_layers.json").read_text())
-    assert (d["candidate"], d["graph"], d["target"]) == ("a16w8", "conv", "SM8650"), d
+    assert (d["candidate"], d["graph"], d["target"]) == ("w8a16", "conv", "SM8650"), d
     assert d["outputs"]["features"]["htp"]["snr_db"] is not None and d["probe_runs"]  # the simulator's half ran
-    assert "conv@SM8650: the search's answer, a16w8" in r.out, r.out
+    assert "conv@SM8650: the search's answer, w8a16" in r.out, r.out
     report = json.loads((out / "report.json").read_text())
     (v,) = [v for row in report["rows"] for v in row["verify"] if v["id"] == "select/conv@SM8650"]
     assert v["layers"]["where"] == d["where"], v  # the report shows it, as for a graph without a search
@@ -59,8 +59,8 @@ def test_layers_on_a_precision_search_diagnoses_the_candidate_it_ships_or_the_cl
     r = ctxbuild("verify", "--layers", "conv", str(recipe), "-o", str(out))
     assert r.code == 1 and "Traceback" not in r.err, r.text
     d = json.loads((out / "SM8650" / "conv" / "conv_layers.json").read_text())
-    assert d["candidate"] == "a16w8" and d["where"] == "quantization" and not d["probe_runs"], d
-    assert "conv@SM8650: no candidate passed; the closest on the CPU screen, a16w8 (not compiled: the CPU half" in r.out
+    assert d["candidate"] == "w8a16" and d["where"] == "quantization" and not d["probe_runs"], d
+    assert "conv@SM8650: no candidate passed; the closest on the CPU screen, w8a16 (not compiled: the CPU half" in r.out
 
 
 def _relu_after_an_output() -> onnx.ModelProto:
@@ -81,7 +81,7 @@ def test_a_cut_at_a_tensor_and_the_relu_after_it_keeps_the_tensors_negative_valu
     range when the Relu reads it alone), so h's negative values clamp to 0 (cosine 0.65 against h, on the CPU
     and the HTP alike). quantize keeps h's own range: the build verifies."""
     recipe = _tree(tmp_path, _relu_after_an_output(), "relu_nz",
-                   "model: relu_nz.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\nprecision: int16\n")
+                   "model: relu_nz.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\nprecision: w8a16\n")
     r = ctxbuild("plan", str(recipe))
     assert r.code == 0, r.text
     assert "`outputs: [h, r]`" in split_line(onnx.load(str(tmp_path / "relu_nz.onnx")))
@@ -104,7 +104,7 @@ def test_outputs_that_no_input_reaches_are_the_recipes_mistake(tmp_path: Path, c
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])])
     recipe = _tree(tmp_path, helper.make_model(g, opset_imports=OPSET, ir_version=IR_VERSION), "konst",
-                   "model: konst.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\nprecision: int16\n"
+                   "model: konst.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\nprecision: w8a16\n"
                    "outputs: [k2]\n")
     r = ctxbuild("build", str(recipe), "-o", str(tmp_path / "out"))
     (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED ")]
@@ -116,7 +116,7 @@ def test_a_pin_on_a_node_past_the_cut_says_so(tmp_path: Path, ctxbuild) -> None:
     """quantization.nodes or .tensors naming what the recipe's `outputs:` cut off (the Relu after h, its output r):
     exit 2, and the line says the cut left it out. It said "'relu' is not a node of the model (use the node names
     Netron shows ...)", which Netron contradicts."""
-    head = "model: relu_nz.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\nprecision: int16\noutputs: [h]\n"
+    head = "model: relu_nz.onnx\ncalibration: {dir: cal}\ntargets: [SM8650]\nprecision: w8a16\noutputs: [h]\n"
     recipe = _tree(tmp_path, _relu_after_an_output(), "relu_nz", head)
     for pins, said in [("nodes: {relu: fp16}", "quantization.nodes: 'relu' is not a node of the model as "
                                                "`outputs: [h]` cuts it (what lies past the cut is not built)"),
@@ -132,7 +132,7 @@ def test_ninja_killed_mid_build_then_a_rebuild(tmp_path: Path, cache_dir: Path, 
     """ninja killed once an action finished (as a user's `kill` or the OOM killer may): the build exits 1 saying ninja
     stopped, not "ninja failed before running an action" (it had run some); nothing unverified ships, and the
     rebuild goes on from there and verifies."""
-    recipe = _tree(tmp_path, conv_model(), "conv", CONV + "precision: int16\n")
+    recipe = _tree(tmp_path, conv_model(), "conv", CONV + "precision: w8a16\n")
     out = tmp_path / "out"
     env = {**os.environ, "CTXBUILD_CACHE_DIR": str(cache_dir)}
     env.pop("MAKEFLAGS", None)
@@ -192,7 +192,7 @@ def test_layers_on_a_lora_recipe_feeds_the_slots_their_defaults(tree: Path, tmp_
     adapter, as the base's verification runs it)."""
     keep_only(tree, "lora_mlp.yaml")
     (tree / "lora_mlp.yaml").write_text((tree / "lora_mlp.yaml").read_text().replace(
-        "precision: int16\n", "precision: int16\ntargets: [SM8650]\n"))
+        "precision: w8a16\n", "precision: w8a16\ntargets: [SM8650]\n"))
     out = tmp_path / "out"
     r = ctxbuild("verify", "--layers", "lora_mlp", str(tree), "-o", str(out))
     assert r.code == 0 and "Traceback" not in r.err, r.text
@@ -205,7 +205,7 @@ def test_a_16_bit_weights_pin_on_an_arch_without_them_is_the_recipes_mistake(tmp
     planning (v73 or newer), the per-node pin was not: the compile failed, exit 1, saying "QNN cannot run 1 node(s):
     c (Conv) (set compile.cpu_fallback: true ...)". Now it is refused when planning, exit 2, naming the node."""
     recipe = _tree(tmp_path, conv_model(), "conv", "model: conv.onnx\ncalibration: {dir: cal}\ntargets: [SM8350]\n"
-                   "precision: int16\nquantization: {nodes: {c: {weights: int16}}}\n")
+                   "precision: w8a16\nquantization: {nodes: {c: {weights: int16}}}\n")
     r = ctxbuild("plan", str(recipe))
     assert r.code == 2 and "node 'c': int16 weights need HTP v73 or newer; target SM8350 is v68" in r.err, r.text
 
@@ -256,7 +256,7 @@ def test_a_16_bit_weight_tensor_under_8_bit_activations_is_the_recipes_mistake(t
     (int16 weights need uint16 activations) held not for a weight tensor: the compile failed, exit 1, with "QNN
     cannot run 1 node(s): fc (MatMul) (set compile.cpu_fallback: true ...)". Now exit 2 naming the tensor."""
     recipe = _tree(tmp_path, _relu_after_an_output(), "relu_nz", "model: relu_nz.onnx\ncalibration: {dir: cal}\n"
-                   "targets: [SM8650]\nprecision: int8\noutputs: [r]\nquantization: {tensors: {w: {type: int16}}}\n")
+                   "targets: [SM8650]\nprecision: w8a8\noutputs: [r]\nquantization: {tensors: {w: {type: int16}}}\n")
     r = ctxbuild("build", str(recipe), "-o", str(tmp_path / "out"))
     (line,) = [ln for ln in r.err.splitlines() if ln.startswith("ctxbuild: FAILED ")]
     assert r.code == 2 and ("quantization.tensors: 'w': int16 weights need uint16 activations (fc computes 8-bit "

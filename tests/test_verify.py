@@ -38,7 +38,7 @@ def test_constant_calibration_fails_verification(tree: Path, tmp_path: Path, ctx
     for i in range(4):
         np.savez(cal / f"s{i}.npz", image=np.zeros((1, 3, 64, 64), np.float32))
     (tree / "flat.yaml").write_text(
-        "model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: int16\n"
+        "model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: w8a16\n"
         "calibration: {dir: flat}\ntargets: [SM8650]\nverify: {dir: models/calib/tiny_cnn}\n")
     out = tmp_path / "out"
     r = ctxbuild("build", str(tree), "-o", str(out))
@@ -147,7 +147,7 @@ def test_what_ships_passed(tree: Path, tmp_path: Path, ctxbuild) -> None:
     verified, so it must not stay deliverable either (it stayed in OUT/SM8750/, and `check` said it loads). Once
     the recipe passes, both SoCs ship and the set-aside copies go."""
     keep_only(tree)
-    recipe = ("model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: int8\n"
+    recipe = ("model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\nprecision: w8a8\n"
               "calibration: {dir: models/calib/tiny_cnn}\ntargets: [SM8650, SM8750]\n")
     (tree / "strict.yaml").write_text(recipe + "verify: {min_snr_db: 119}\n")
     out = tmp_path / "out"

@@ -5,7 +5,7 @@ recipe for one SoC; reports cosine / SNR of every output against the float model
 (per-step argmax for sequence outputs [N, T, C], the 0.3-binarized map for the detector's probability map,
 argmax per anchor for [N, anchors, classes]), build time, binary size and the verify action's simulator time.
 Candidates: the recipe precisions (int16 = uint16 activations / uint8 per-tensor weights, int8, fp16) and two
-onnxruntime quantizer settings built as `precision: qdq` (a16w8 per-channel, a16w16 symmetric weights),
+onnxruntime quantizer settings built as `precision: qdq` (w8a16 per-channel, w16a16 symmetric weights),
 quantized here from the int16 build's prepared model on the same calibration samples.
 
 Usage: python bench/real_models/bench.py [--models ppocr_rec,ppocr_det] [--candidates int16,...] [--target SM8650]
@@ -32,9 +32,9 @@ sys.path.insert(0, str(HERE.parent.parent))
 from bench.real_models.inputs import write_samples  # noqa: E402
 from bench.real_models.models import MODELS, locate  # noqa: E402
 
-CANDIDATES = ["int16", "int8", "fp16", "a16w8_per_channel", "a16w16"]
-QDQ_VARIANTS = {"a16w8_per_channel": {"per_channel": True},
-                "a16w16": {"weight_type": "QInt16", "weight_symmetric": True}}
+CANDIDATES = ["int16", "int8", "fp16", "w8a16_per_channel", "w16a16"]
+QDQ_VARIANTS = {"w8a16_per_channel": {"per_channel": True},
+                "w16a16": {"weight_type": "QInt16", "weight_symmetric": True}}
 CALIBRATION, VERIFY = 8, 4
 
 

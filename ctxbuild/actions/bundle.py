@@ -127,7 +127,7 @@ def _check_shared_weights(a: Action, graphs: list[str]) -> None:
     Biases are exempt: QDQ quantizes them to int32 with scale = input scale x weight scale, so they follow
     each graph's activation calibration and differ legitimately (they are small; QNN keeps one per graph).
     """
-    if a.params["precision"] not in ("int8", "int16"):
+    if not a.params.get("shared_weights"):
         return
     from onnx import TensorProto
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ctxbuild.errors import ActionError
+from ctxbuild.recipes import precisions
 from ctxbuild.graph.external_data import PrivateData
 from ctxbuild.graph.modelio import SharedData, data_path, load
 from ctxbuild.llm.ar_sessions import one_ar_runner
@@ -35,7 +36,6 @@ from ctxbuild.llm.records import Call
 from ctxbuild.llm.static import weights_role
 from ctxbuild.plan.action import Action
 
-WEIGHTS = {"w4a16": "QInt4", "w8a16": "QInt8", "auto": "QInt8"}  # auto: every candidate rewrites the weights
 MAX_SAMPLES = 16  # calibration samples per graph (prompt chunks and token steps)
 QDQ_OPSET = 21  # uint16 QuantizeLinear/DequantizeLinear
 
@@ -109,7 +109,7 @@ def run(ctx: Any) -> None:
                     kept = sensitive + ranked + [n for n in weights if any(fnmatch.fnmatchcase(n, k) for k in p["keep_8bit"])]
                     overrides.update({n: [{"quant_type": QuantType.QInt8, "symmetric": True}] for n in kept})
                 config = get_qnn_qdq_config(str(src), _Reader(samples), activation_type=QuantType.QUInt16,
-                                            weight_type=getattr(QuantType, WEIGHTS[p["precision"]]), per_channel=True,
+                                            weight_type=getattr(QuantType, precisions.get(p["precision"]).llm_weights), per_channel=True,
                                             init_overrides=overrides or None)
                 config.use_external_data_format = True
                 if opset < QDQ_OPSET:  # what onnxruntime chooses for the graph as written: the QDQ graphs stay the same

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxbuild.lora.adapters import bind_param, read_onnx_adapter, wrapper_slot_spec
 from ctxbuild.errors import ActionError
+from ctxbuild.recipes import precisions
 from ctxbuild.actions import verify
 from ctxbuild.verify.measure import compare, cpu_outputs, failures, simulate
 from ctxbuild.graph.external_data import onnx_readable
@@ -52,7 +53,7 @@ def run(ctx: Any) -> None:
                           timeout=p["timeout_s"], adapter=binding)
     ctx.facts["simulator_seconds"] = round(time.monotonic() - start, 3)
     clipping = (clipped_tensors(ref_model, Path(a.inputs["compiled"]), feeds, bound, ctx.tmp)
-                if p["precision"] in ("int16", "int8") else [])
+                if precisions.quantized(p["precision"]) else [])
     result: dict[str, Any] = {
         "graph": p["graph"], "adapter": p["adapter"], "calibrated": p["calibrated"], "method": p["method"],
         "samples": len(samples), "sample_source": p["sample_source"], "thresholds": p["thresholds"],

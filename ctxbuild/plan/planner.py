@@ -13,8 +13,9 @@ from ctxbuild.layout import spec_name
 from ctxbuild.errors import PlanError
 from ctxbuild.plan.adapters import adapter_actions, section_actions
 from ctxbuild.plan.packages import package_actions
+from ctxbuild.recipes import precisions
 from ctxbuild.recipes.objects import Recipe, RecipeSet
-from ctxbuild.plan.steps import (QUANTIZED, Built, bundle_action, compile_action, multi_soc_target, prebuilt_action,
+from ctxbuild.plan.steps import (Built, bundle_action, compile_action, multi_soc_target, prebuilt_action,
                                  prepare_action, quantize_action, verification_enabled, verification_note,
                                  verify_action)
 
@@ -125,7 +126,7 @@ def _recipe_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
         acts.append(a)
         model = prepared
         reference = a.outputs.get("reference", prepared)  # LoRA: slots with their defaults
-        if recipe.precision in QUANTIZED:
+        if precisions.quantized(recipe.precision):
             model, q = quantize_action(recipe, g, prepared, work, recipe.quantization[0], reference)
             acts.append(q)
         built.append(Built(g, reference, model))

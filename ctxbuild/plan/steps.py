@@ -9,18 +9,13 @@ from typing import Any
 from ctxbuild.digests import short_hash, source_digest
 from ctxbuild.graph import LEGALIZE_DIR
 from ctxbuild.plan.action import Action
+from ctxbuild.recipes import precisions
 from ctxbuild.recipes.quantization import describe
 from ctxbuild.recipes.objects import Graph, Recipe
 from ctxbuild.recipes.targets import Target
 from ctxbuild.plan.adapters import calibration_inputs
 from ctxbuild.recipes.paths import named_path
 
-QUANTIZED = ("int16", "int8")
-
-# Verification thresholds (min cosine, min SNR dB) per precision, from runs of the examples on the simulator.
-# auto: its candidates must meet int16's bar unless the recipe sets its own.
-DEFAULT_THRESHOLDS = {"int16": (0.99, 20.0), "int8": (0.95, 12.0), "fp16": (0.999, 30.0), "qdq": (0.99, 20.0),
-                      "auto": (0.99, 20.0)}
 
 VERIFY_DEFAULT_MAX_BYTES = 256 * 2**20
 
@@ -201,6 +196,8 @@ def bundle_action(recipe: Recipe, built: list[Built], t: Target, out: Path) -> A
     inputs.update({k: v for b in built for k, v in model_files(f"reference:{b.graph.name}", b.reference).items()})
     params = {"provider_options": provider_options(recipe, t), "cpu_fallback": recipe.compile.cpu_fallback,
               "precision": recipe.precision, "graphs": [b.graph.name for b in built]}
+    if precisions.quantized(recipe.precision):  # each graph had its own quantize action: the weights they share
+        params["shared_weights"] = True  # must come out of them alike (bundle checks)
     if recipe.adapters:  # the wrappers get the slots' defaults from the float references
         params["adapters"] = True
     return Action(id=f"bundle/{recipe.name}@{t.name}", kind="bundle",
@@ -260,5 +257,5 @@ def verify_samples(recipe: Recipe, graph: Graph) -> tuple[dict[str, Any], list[s
 
 def thresholds(recipe: Recipe) -> tuple[float, float]:
     """(min cosine, min SNR dB): the recipe's, else the defaults of its precision."""
-    min_cos, min_snr = DEFAULT_THRESHOLDS[recipe.precision]
+    min_cos, min_snr = precisions.get(recipe.precision).thresholds or (0.0, 0.0)
     return recipe.verify.get("min_cosine", min_cos), recipe.verify.get("min_snr_db", min_snr)

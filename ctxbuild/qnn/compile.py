@@ -109,7 +109,7 @@ def _compile_quantized_io(model: Path, dst: Path, compile_: Callable[[Path], Non
     encodings = quantized_io.strip(stripped)
     if not encodings:
         raise ActionError("compile.quantized_io: no graph input or output of the quantized model is quantized",
-                          "remove compile.quantized_io (it applies to int16, int8, qdq and auto)")
+                          "remove compile.quantized_io (it applies to w8a16, w8a8, w16a16, qdq and auto)")
     compile_(_save_beside(model, "quantized_io.onnx", stripped))
     wrapper = onnx.load(str(dst), load_external_data=False)
     quantized_io.write_metadata(wrapper, encodings)

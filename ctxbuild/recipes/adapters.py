@@ -50,7 +50,7 @@ def parse_adapters(f: Path, data: LineDict, spec: dict[str, Any], precision: str
 
     if precision == "qdq":  # its LoRA weights are already quantized initializers behind DequantizeLinear
         raise RecipeError(f"{at()}: adapters need a float base model, not precision qdq",
-                          "export the float model and use precision int16, int8 or fp16")
+                          "export the float model and use precision w8a16, w8a8, w16a16 or fp16")
 
     items = []
     for i, item in enumerate(spec["files"]):

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from ctxbuild.errors import ActionError, RecipeError
 from ctxbuild.graph.signature import memoized_by_stat
+from ctxbuild.recipes import precisions
 from ctxbuild.recipes import targets as soc_table
 from ctxbuild.recipes.objects import CompileOptions
 from ctxbuild.recipes.targets import Target
@@ -56,7 +57,7 @@ def check_quantized_io(f: Path, data: LineDict, bundle: bool, precision: str, co
     where = f"{f}:{line_of(data, ['compile', 'quantized_io'])}"
     if precision == "fp16":
         raise RecipeError(f"{where}: compile.quantized_io needs a quantized model; precision fp16 has float I/O",
-                          "use precision int16, int8, qdq or auto, or remove compile.quantized_io")
+                          "use precision w8a16, w8a8, w16a16, qdq or auto, or remove compile.quantized_io")
     if bundle:
         raise RecipeError(f"{where}: compile.quantized_io is not supported for bundles",
                           "build the graphs with float I/O")
@@ -87,9 +88,6 @@ def check_layout(f: Path, data: LineDict, bundle: bool, multi_soc: bool, copts: 
         raise RecipeError(f"{at('multi_soc')}: multi_soc needs two or more targets", "list them in `targets`")
 
 
-# Bytes of context binary per byte of model (.onnx + external data), measured with onnxruntime-qnn 2.7.0:
-# fp16 halves float32 weights, int8/int16 quantize them to uint8, qdq models keep their 8-bit weights.
-BINARY_PER_MODEL_BYTE = {"fp16": 0.5, "int8": 0.25, "int16": 0.25, "qdq": 1.0}
 PROTOBUF_LIMIT = 2**31 - 1
 
 
@@ -98,7 +96,7 @@ def check_embed_size(f: Path, data: LineDict, model: Path, precision: str) -> No
     from ctxbuild.graph.modelio import weight_bytes
 
     size = weight_bytes(model)
-    binary = int(size * BINARY_PER_MODEL_BYTE.get(precision, 1.0))
+    binary = int(size * (precisions.get(precision).binary_per_model_byte or 1.0))
     if binary > PROTOBUF_LIMIT:
         raise RecipeError(f"{f}:{line_of(data, ['compile', 'embed'])}: compile.embed: the context binary of "
                           f"{model.name} ({size / 2**30:.1f} GiB with its external data) would be about "

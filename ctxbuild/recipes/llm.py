@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.errors import RecipeError
+from ctxbuild.recipes import precisions
 from ctxbuild.recipes.adapters import Adapters, parse_adapters
 from ctxbuild.llm.prompts import has_text
 from ctxbuild.recipes.paths import named_path, outside
@@ -15,7 +16,6 @@ from ctxbuild.recipes.targets import Target
 from ctxbuild.recipes.yamlsrc import LineDict, line_of
 
 GENAI_TOKENS = 32  # the runtime check's tokens per prompt unless llm.generate says (actions/llm_genai.py)
-INT4_MIN_ARCH = 73  # int4 weights compiled and ran on the simulator for v73, v75, v79 (QNN-NOTES); older not measured
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
         if cl <= max(ars):
             raise RecipeError(f"{at('context_lengths')}: context length {cl} is not larger than sequence length "
                               f"{max(ars)}", "every CL must exceed every AR (the cache holds CL - AR past positions)")
-    precision = spec.get("precision", "w4a16")
+    precision = precisions.canonical(spec.get("precision", "w4a16"))  # an alias (a16w4 ...) is its table name
     parts = spec.get("parts", 1)
     if "part_max_mb" in spec and "parts" in spec:
         raise RecipeError(f"{at('part_max_mb')}: give parts or part_max_mb, not both", "part_max_mb chooses parts")
@@ -72,11 +72,12 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
     if layers is not None and parts > layers:
         raise RecipeError(f"{at('parts')}: {parts} parts for a model of {layers} layers",
                           f"use at most {layers} (one layer per part)")
-    if precision in ("w4a16", "auto"):  # auto may choose int4
-        old = [t.name for t in targets if all(int(a) < INT4_MIN_ARCH for a in t.htp_arch.split(","))]
+    if least := precisions.get("w4a16" if precision == "auto" else precision).min_arch:  # auto may choose int4
+        old = [t.name for t in targets if all(int(a) < least for a in t.htp_arch.split(","))]
         if old:
-            raise RecipeError(f"{at('precision')}: {precision} on {', '.join(old)} (htp_arch below v{INT4_MIN_ARCH}): "
-                              "int4 weights are measured only on v73 and newer", "use precision: w8a16 for these targets")
+            raise RecipeError(f"{at('precision')}: {precision} on {', '.join(old)} (htp_arch below v{least}): its "
+                              f"weights are measured only on v{least} and newer",
+                              "use precision: w8a16 for these targets")
     if "kv_cache" in spec and precision == "fp16":
         raise RecipeError(f"{at('kv_cache')}: kv_cache sets a quantized type; precision fp16 keeps the cache in fp16",
                           "remove kv_cache, or use w4a16/w8a16")
@@ -231,10 +232,6 @@ def _part_of(where: int, ranges: list[tuple[int, int]]) -> int:
         next(p for p, (lo, hi) in enumerate(ranges) if lo <= where < hi)
 
 
-WEIGHT_BYTES = {"w4a16": 0.5, "w8a16": 1.0, "fp16": 2.0, "auto": 1.0}  # per weight element in the compiled part
-# (auto: its most precise candidate's)
-
-
 def part_weight_bytes(facts: dict[str, Any], parts: int, precision: str, keep_8bit: list[str] | None) -> list[float]:
     """Estimated weight bytes per part: its layers' matrices at the precision's width (int8 for the embedding, the LM
     head and keep_8bit at w4a16), the embedding in the first part, what follows the layers in the last."""
@@ -246,7 +243,7 @@ def part_weight_bytes(facts: dict[str, Any], parts: int, precision: str, keep_8b
         ["model.layers.0.*", f"model.layers.{facts['layers'] - 1}.*"]  # the default (parse_llm)
     out = [0.0] * parts
     for name, elements, where in facts["weight_sizes"]:
-        width = WEIGHT_BYTES[precision]
+        width = precisions.get(precision).llm_weight_bytes
         if precision == "w4a16" and (where in (FIRST, LAST) or any(fnmatch.fnmatchcase(name, k) for k in kept)):
             width = 1.0
         out[_part_of(where, ranges)] += elements * width

@@ -10,8 +10,6 @@ from ctxbuild.recipes.adapters import Adapters, Sections
 from ctxbuild.recipes.llm import LlmSpec
 from ctxbuild.recipes.targets import Target
 
-PRECISIONS = ("int16", "int8", "fp16", "qdq", "auto")
-
 
 @dataclass(frozen=True)
 class Calibration:
@@ -64,7 +62,7 @@ class Recipe:
     multi_soc: bool = False
     verify: dict[str, Any] = field(default_factory=dict)
     prebuilt: Prebuilt | None = None
-    # quantization.settings() dicts: one for int16/int8, the ordered candidates for auto, none for fp16/qdq
+    # quantization.settings() dicts: one for a quantized precision (w8a16 ...), the ordered candidates for auto, none for fp16/qdq
     quantization: list[dict[str, Any]] = field(default_factory=list)
     adapters: Adapters | None = None
     runtimes: list[dict[str, str]] = field(default_factory=list)  # the fleet's runtimes: the deploy gate's

@@ -9,6 +9,7 @@ from typing import Any
 from ctxbuild.errors import RecipeError, UsageError
 from ctxbuild.graph.signature import quantize_nodes
 from ctxbuild.layout import OUT_FILES, PACKAGES
+from ctxbuild.recipes import precisions
 from ctxbuild.recipes import quantization as quant
 from ctxbuild.recipes import targets as soc_table
 from ctxbuild.recipes import toolchains
@@ -18,7 +19,7 @@ from ctxbuild.recipes.checks import (
     check_quantized_io, check_vtcm,
 )
 from ctxbuild.recipes.llm import parse_llm
-from ctxbuild.recipes.objects import PRECISIONS, Calibration, CompileOptions, Graph, Prebuilt, Recipe
+from ctxbuild.recipes.objects import Calibration, CompileOptions, Graph, Prebuilt, Recipe
 from ctxbuild.recipes.paths import named_path
 from ctxbuild.recipes.targets import Target
 from ctxbuild.recipes.yamlsrc import LineDict, line_of
@@ -52,9 +53,9 @@ def parse_recipe(f: Path, data: LineDict, merged: dict[str, Any], groups: dict[s
         return _prebuilt_recipe(f, data, name, merged, groups)
     if "llm" in merged:
         return _llm_recipe(f, data, name, merged, groups)
-    precision = merged.get("precision")
-    if precision is None:
-        raise RecipeError(f"{at()}: `precision` is required", f"one of {', '.join(PRECISIONS)}")
+    if merged.get("precision") is None:
+        raise RecipeError(f"{at()}: `precision` is required", f"one of {', '.join(precisions.names())}")
+    precision = precisions.canonical(merged["precision"])  # an alias (int16, a16w8 ...) is its table name from here
     if "bundle" in merged:
         # the graphs' own fields: beside `bundle:` they apply to none (a directory default's applies to each graph)
         if own := next((k for k in ("inputs", "outputs", "input_values") if k in data), None):
@@ -261,13 +262,13 @@ def _graph(f: Path, data: LineDict, path: list[str | int], spec: dict[str, Any],
                           "use precision: qdq to build it as quantized, or give the float export for this precision")
     cal = spec.get("calibration")
     calibration = None
-    if precision in ("int16", "int8", "auto") and (not cal or (not cal.get("dir") and not cal.get("random"))):
+    if (precisions.quantized(precision) or precision == "auto") and (not cal or (not cal.get("dir") and not cal.get("random"))):
         raise RecipeError(f"{where}: precision {precision} needs calibration data",
                           "set calibration.dir to a directory of .npz/.npy samples "
                           "(or calibration.random: true, which makes accuracy meaningless)")
     # At fp16 and qdq nothing is calibrated, but the samples are the user's inputs: verification runs on them
     # when the recipe gives no verify.dir (it ran on random data, and passed what the user's samples fail).
-    if cal and (precision in ("int16", "int8", "auto") or cal.get("dir")):
+    if cal and (precisions.quantized(precision) or precision == "auto" or cal.get("dir")):
         cdir = None
         if cal.get("dir"):
             cdir = named_path(f.parent, cal["dir"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ctxbuild.errors import RecipeError
+from ctxbuild.recipes import precisions
 from ctxbuild.recipes.targets import Target
 
 # Recipe dtype name -> onnxruntime.quantization.QuantType member.
@@ -17,22 +18,21 @@ QUANT_TYPES = {"uint8": "QUInt8", "uint16": "QUInt16", "int8": "QInt8", "int16":
 # the KL search has one candidate, the full range: measured scales identical to MinMax on every tensor.
 CALIBRATION_METHODS = {"minmax": "MinMax", "percentile": "Percentile"}
 DEFAULT_PERCENTILE = 99.999  # onnxruntime's own default for CalibrationMethod.Percentile
-SHORTHANDS: dict[str, dict[str, Any]] = {
-    "int16": {"activations": "uint16", "weights": "uint8"},
-    "int8": {"activations": "uint8", "weights": "uint8"},
-}
+# A quantized precision's settings (precisions.py, the table of names): w8a16 -> uint16 activations, uint8 weights
+SHORTHANDS: dict[str, dict[str, Any]] = {p.name: {"activations": p.activations, "weights": p.weights}
+                                         for p in precisions.TABLE if p.activations}
 # precision: auto, cheapest on the device first. Measured on a public text recognizer (QNN-NOTES.md): per-tensor
 # uint8 weights lose attention blocks, per-channel recovers most of it, 16-bit weights the rest at ~3.5x the cost.
-# Named by label(): a16w8, a16w8-pc, a16w16 (a refining mapping shows in the names, e.g. a16w8-percentile).
+# Named by label(): w8a16, w8a16-pc, w16a16 (a refining mapping shows in the names, e.g. w8a16-percentile).
 DEFAULT_LADDER: list[dict[str, Any]] = [
     {"activations": "uint16", "weights": "uint8"},
     {"activations": "uint16", "weights": "uint8", "per_channel": True},
     {"activations": "uint16", "weights": "int16"},
 ]
 # Measured with bench/quant_support.py (onnxruntime-qnn 2.7.0 / QNN 2.51, compile + simulator run per arch):
-# int16 weights compile on v73, v75, v79, v81 and fail on v68/v69 (Conv); int16 weights with 8-bit activations,
-# and uint16 (asymmetric 16-bit) weights, fail on every arch. The schema only offers uint8/uint16 activations.
-INT16_WEIGHTS_MIN_ARCH = 73
+# int16 weights compile on v73, v75, v79, v81 and fail on v68/v69 (Conv: precisions.INT16_WEIGHTS_MIN_ARCH); int16
+# weights with 8-bit activations, and uint16 (asymmetric 16-bit) weights, fail on every arch. The schema only
+# offers uint8/uint16 activations.
 # precision: auto's last rung: the float model compiled with enable_htp_fp16_precision. No quantize, no CPU screen;
 # the largest binary, so it runs only when no integer candidate passed (a T5 encoder and decoder pass at fp16
 # while every integer candidate misses). `auto: {fp16: false}` leaves it out.
@@ -76,14 +76,16 @@ def settings(block: dict[str, Any]) -> dict[str, Any]:
 
 
 def label(s: dict[str, Any]) -> str:
-    """A short readable name for a settings dict: a16w8-pc, a16w16-percentile, ..."""
-    bits = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16}
-    parts = [f"a{bits[s['activations']]}w{bits[s['weights']]}"]
+    """A short readable name for a settings dict, in the precisions' vocabulary: w8a16-pc, w16a16-percentile,
+    w8a16-mixed (per-node precisions: what the search's mixed rung decides, pasted from its pin), ..."""
+    parts = [precisions.name_of(s["activations"], s["weights"])]
     if s["per_channel"]:
         parts.append("pc")
     if s["calibration_method"] != "minmax":
         parts.append(s["calibration_method"])
-    if s["tensors"] or s["nodes"]:
+    if s["nodes"]:
+        parts.append("mixed")
+    if s["tensors"]:
         parts.append("ovr")
     return "-".join(parts)
 
@@ -97,11 +99,12 @@ def describe(precision: str, s: dict[str, Any]) -> str:
 
 
 def problem(s: dict[str, Any], target: Target) -> str | None:
-    """Why `target` cannot run these settings (measured, see INT16_WEIGHTS_MIN_ARCH), or None."""
+    """Why `target` cannot run these settings (measured, see precisions.INT16_WEIGHTS_MIN_ARCH), or None."""
     if is_fp16(s) or is_mixed(s):  # the mixed rung checks what it decides itself (culprits)
         return None
-    old = [a for a in target.htp_arch.split(",") if int(a) < INT16_WEIGHTS_MIN_ARCH]
-    too_old = (f"int16 weights need HTP v{INT16_WEIGHTS_MIN_ARCH} or newer; target {target.name} is v{', v'.join(old)}"
+    least = precisions.INT16_WEIGHTS_MIN_ARCH
+    old = [a for a in target.htp_arch.split(",") if int(a) < least]
+    too_old = (f"int16 weights need HTP v{least} or newer; target {target.name} is v{', v'.join(old)}"
                if old else None)
     if s["weights"] == "int16":
         if s["activations"] != "uint16":
@@ -119,7 +122,7 @@ def problem(s: dict[str, Any], target: Target) -> str | None:
 
 def from_recipe(precision: str, spec: Any, targets: list[Target], at: Callable[..., str],
                 auto: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The recipe's quantization: one settings dict for int16/int8, the ladder for auto (FP16_RUNG last unless
+    """The recipe's quantization: one settings dict for a quantized precision (w8a16 ...), the ladder for auto (FP16_RUNG last unless
     `auto: {fp16: false}`), none otherwise. `at(*path)` gives `file:line` for a path under the recipe, for errors."""
     if auto is not None and precision != "auto":
         raise RecipeError(f"{at('auto')}: `auto` has no effect with precision {precision}",
@@ -127,7 +130,7 @@ def from_recipe(precision: str, spec: Any, targets: list[Target], at: Callable[.
     if precision not in SHORTHANDS and precision != "auto":
         if spec is not None:
             raise RecipeError(f"{at('quantization')}: `quantization` has no effect with precision {precision}",
-                              "remove it, or use precision int16, int8 or auto")
+                              f"remove it, or use precision {', '.join([*SHORTHANDS, 'auto'])}")
         return []
     if precision == "auto":
         if isinstance(spec, list):

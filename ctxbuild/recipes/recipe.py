@@ -12,7 +12,7 @@ from typing import Any
 
 from ctxbuild.errors import RecipeError
 from ctxbuild.layout import STATE
-from ctxbuild.recipes import toolchains
+from ctxbuild.recipes import precisions, toolchains
 from ctxbuild.recipes.objects import Recipe, RecipeSet
 from ctxbuild.recipes.parse import parse_recipe, parse_runtimes
 from ctxbuild.recipes.suggest import did_you_mean
@@ -25,11 +25,13 @@ SCHEMA_PATH = Path(__file__).with_name("recipe.schema.json")
 @lru_cache(maxsize=1)
 def schema() -> dict[str, Any]:
     """recipe.schema.json completed: the legalization rules' names (prepare.rewrite) come from the rules
-    themselves, so adding a rule touches its module and RULES (or FP16_RULES) only."""
+    themselves, so adding a rule touches its module and RULES (or FP16_RULES) only; the precisions' from their table."""
     from ctxbuild.graph.legalize import FP16_RULES, RULES
 
     loaded = json.loads(SCHEMA_PATH.read_text())
     loaded["$defs"]["rule"]["enum"] = [r.NAME for r in RULES + FP16_RULES]
+    loaded["properties"]["precision"]["enum"] = precisions.spellings()  # precisions.py: the one table of names
+    loaded["$defs"]["llm"]["properties"]["precision"]["enum"] = precisions.spellings(llm=True)
     return loaded
 
 
@@ -182,17 +184,6 @@ def _validate(f: Path, data: Any, sch: dict[str, Any], prefix: list[str | int] |
     raise RecipeError(f"{f}:{line}: {where}: {described or _describe(err)}", hint if described else _hint(err))
 
 
-# Other tools' names for a precision (Qualcomm AI Hub's w8a16, ...): what this recipe calls it.
-PRECISION_NAMES = {
-    **dict.fromkeys(("w8a16", "a16w8"), "that is precision: int16 here (uint16 activations, uint8 weights)"),
-    **dict.fromkeys(("w8a8", "a8w8"), "that is precision: int8 here (uint8 activations and weights)"),
-    **dict.fromkeys(("w16a16", "a16w16"),
-                    "write precision: int16 with quantization: {weights: int16} (HTP v73 or newer)"),
-    **dict.fromkeys(("w4a16", "a16w4"), "4-bit weights are an llm: recipe's (llm.precision: w4a16, docs/llm.md); "
-                    "precision: int16 is uint16 activations with uint8 weights"),
-    **dict.fromkeys(("float16", "half", "fp32", "float32", "float"),
-                    "write precision: fp16 (the HTP computes float models in fp16)"),
-}
 _YAML_TYPES = {"object": "mapping", "array": "list"}  # JSON Schema's names, as a YAML author knows them
 _ALTERNATIVE = frozenset({"type", "const", "enum"})  # a oneOf branch the value is not, rather than one it breaks
 
@@ -225,6 +216,8 @@ def _describe(err: Any) -> str:
     if v == "type":
         expected = _type_names(err.validator_value)
         return f"expected {expected}, got {_yaml_type(err.instance)} {err.instance!r}"
+    if v == "enum" and list(err.absolute_path)[-1:] == ["precision"]:  # the table's names, not every alias
+        return f"{err.instance!r} is not one of {', '.join(precisions.names(llm=list(err.absolute_path)[:1] == ['llm']))}"
     if v == "enum":
         return f"{err.instance!r} is not one of {', '.join(map(str, err.validator_value))}"
     if v == "required":
@@ -246,9 +239,8 @@ def _hint(err: Any) -> str | None:
             return f"indent it under `{before}:` (the key before it, which holds nothing)"
         otherwise = f"known keys: {', '.join(known)}"
         return did_you_mean(extra[0], known, otherwise=otherwise) if extra else otherwise
-    if err.validator == "enum" and list(err.absolute_path) == ["precision"] \
-            and str(err.instance).lower() in PRECISION_NAMES:
-        return PRECISION_NAMES[str(err.instance).lower()]  # a model recipe's (an llm: block has its own names)
+    if err.validator == "enum" and list(err.absolute_path)[-1:] == ["precision"]:
+        return precisions.hint(err.instance, llm=list(err.absolute_path)[:1] == ["llm"])
     if err.validator == "enum":
         return did_you_mean(str(err.instance), [str(x) for x in err.validator_value])
     if err.validator == "type" and err.validator_value == "object" and (found := _dir_hint(err.instance, [err.schema])):

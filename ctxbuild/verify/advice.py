@@ -135,11 +135,11 @@ def _nodes_field(names: list[str], what: str) -> str:
 
 FP16_MAX = 65504.0  # the largest finite float16
 FP16_NORMAL = 2.0 ** -14  # the smallest normal float16: the HTP flushes products below it to 0 (measured)
-FP16_FIX = "build at int16 (precision: int16), whose scale follows the values where fp16's range is fixed"
+FP16_FIX = "build at w8a16 (precision: w8a16), whose scale follows the values where fp16's range is fixed"
 SCALED_FIX = ("what is left is the quietest bins, floored: if they do not matter, lower verify.min_snr_db "
               "(precision: auto verifies at 20 dB)")
 # The values fit: no one integer candidate is known to do better (PP-OCRv6's recognizer fails at fp16, 18.7 dB, and
-# at int16 too, 8.1 dB on the CPU; a16w16 passes, 27.2 dB): the search measures which does
+# at w8a16 too, 8.1 dB on the CPU; w16a16 passes, 27.2 dB): the search measures which does
 FP16_ROUNDING_FIX = ("precision: auto verifies the integer candidates (16-bit activations with 8- or 16-bit weights, "
                      "mixed precision) and keeps the first that passes")
 LOG_FIX = ("scale the Log's input into fp16's range and subtract the scale's log after it (prepare's log_power rule "

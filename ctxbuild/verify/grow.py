@@ -3,7 +3,7 @@ output (the QDQ model on the CPU already misses the thresholds: the simulator ca
 screen's margin above it, verify/predict.py).
 
 The diagnosis' culprits are the first round. A loss spread over a whole network is not removed by a handful of
-nodes: on the YOLOv8 fall detector at a16w8 every activation is ~20 dB from float and the score slice carries
+nodes: on the YOLOv8 fall detector at w8a16 every activation is ~20 dB from float and the score slice carries
 the sum; the per-node figures of whole tensors do not say which nodes matter for a failing slice. Measured
 there (4 samples, the QDQ model on the CPU): 16-bit weights on the head and neck (37 convolutions) left the
 score slice at 16.4 dB, on the first 27 (the backbone) 22.4 dB, on the first 32 24.7 dB: a node's noise is

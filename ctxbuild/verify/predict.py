@@ -31,11 +31,11 @@ from ctxbuild.digests import canonical_json
 from ctxbuild.verify.gates import is_skipped
 from ctxbuild.verify.measure import failures
 
-# The simulator above the CPU EP on the same QDQ model: at most +1.6 dB measured (tiny_cnn a16w8-pc; PP-OCR and
+# The simulator above the CPU EP on the same QDQ model: at most +1.6 dB measured (tiny_cnn w8a16-pc; PP-OCR and
 # the detectors +0.6 dB), -22 dB at the other end. The margin covers the largest "above" with room.
 CPU_MARGIN_DB = 2.5
 # Of an HTP shortfall (simulator minus CPU, same QDQ model), how much another weight quantization won back: at
-# most 6.1 dB measured (the PP-OCR classifier, a16w8 -5.9 dB -> a16w8-pc +0.2 dB); a16w16 always lost more.
+# most 6.1 dB measured (the PP-OCR classifier, w8a16 -5.9 dB -> w8a16-pc +0.2 dB); w16a16 always lost more.
 HTP_RECOVERY_DB = 10.0
 # Two SoCs' simulators agree on a candidate when their worst SNRs are this close (and their verdicts equal):
 # measured 0.000 dB apart on every candidate both ran (v73/v75/v79, docs/measured.md).
@@ -113,7 +113,7 @@ def int16_weights_fail_on_htp(verifies: dict[str, Any], screens: dict[str, Any],
     """Why 16-bit weights are no fix on this model's HTP, or None: a candidate with 16-bit weights whose QDQ
     model passes on the CPU (its screen) and which the simulator measured failing (a complete run's figures, an
     early-stopped one's proven ceiling) at the same part. The mixed rung then keeps its nodes in fp16 instead
-    (measured: PP-PicoDet's layout detector at a16w16, 31.4 dB on the CPU and at most 14.1 dB on the HTP; the
+    (measured: PP-PicoDet's layout detector at w16a16, 31.4 dB on the CPU and at most 14.1 dB on the HTP; the
     mixed candidate with 25 nodes at 16-bit weights read 26.5 dB on the CPU and 8.9 dB on the simulator)."""
     for name, v in verifies.items():
         s = screens.get(name)

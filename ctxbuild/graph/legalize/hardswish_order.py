@@ -3,7 +3,7 @@
 onnxruntime-qnn 2.7.0 computes that pattern wrongly at fp16: x * HardSwish(x) instead of HardSwish(x) (its
 HardSigmoidMulFusion, documented for `HardSigmoid(1/6, 0.5) -> Mul` with a shared input, turns the HardSigmoid into
 a HardSwish and keeps the Mul). Measured on the SM8650 simulator, [1, 8] inputs N(0, 2), 4 samples: Mul(x, h)
--3.4 dB, Mul(h, x) 65.2 dB, the ONNX HardSwish op 59.0 dB; quantized (a16w8) 90.4 dB in either order; with
+-3.4 dB, Mul(h, x) 65.2 dB, the ONNX HardSwish op 59.0 dB; quantized (w8a16) 90.4 dB in either order; with
 PaddlePaddle's alpha 0.166666701 (not float32 1/6) the fusion does not fire (70.2 dB, N(0, 3)). The EP's op trace lists
 the same three QNN ops in both orders (qnn/optrace.py): only the result shows it.
 

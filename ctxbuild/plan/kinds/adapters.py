@@ -16,6 +16,7 @@ class _BundleRequired(TypedDict):
 
 class BundleParams(_BundleRequired, total=False):
     adapters: bool  # LoRA: the wrappers get the slots' defaults from the float references
+    shared_weights: bool  # each graph quantized by its own action: the weights they share are checked alike
 
 
 class Bundle(Kind):

@@ -130,4 +130,4 @@ class Verify(Kind):
     verdict = True
     per_layer = True
     # the float model on the CPU EP plus the simulator: 0.6x for fp16/int8, 2.4x for qdq
-    memory = MemoryModel(3.0, ("reference", "ctx.bin"), {"fp16": 1.2, "int8": 1.2, "int16": 1.2})
+    memory = MemoryModel(3.0, ("reference", "ctx.bin"), {"fp16": 1.2, "w8a8": 1.2, "w8a16": 1.2, "w16a16": 1.2})
