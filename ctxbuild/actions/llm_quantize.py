@@ -93,6 +93,8 @@ def run(ctx: Any) -> None:
         f"{g.name} {len(feeds.get((g.part, g.ar, g.cl), []))} calls / "
         f"{sum(c.valid for c in feeds.get((g.part, g.ar, g.cl), []))} tokens" for g in mine))
     w4, ranked = _int4_weights(p, floats, feeds, mine)
+    if w4 is not None:  # in the build record: the ranking, how many rows chose them
+        ctx.facts["weights"] = w4.summary()
     # onnxruntime's quantizer reads its input through onnx's loader: copies of the part's weight file where the
     # cache shares it by hard link, made once for all the part's graphs
     with PrivateData() as data:
@@ -122,8 +124,8 @@ def run(ctx: Any) -> None:
                 print(f"{g.name}: {rewrite(ctx.tmp_output(f'model:{g.name}'), model, w4)} weights rewritten")
     if p["precision"] == "auto":
         (ctx.tmp / "auto").mkdir()  # the candidates' graphs, each judged and removed
-        _auto(a, p, floats, feeds, mine, {(g.ar, g.cl): ctx.tmp_output(f"model:{g.name}") for g in mine},
-              ctx.tmp / "auto")
+        ctx.facts["auto"] = _auto(a, p, floats, feeds, mine,
+                                  {(g.ar, g.cl): ctx.tmp_output(f"model:{g.name}") for g in mine}, ctx.tmp / "auto")
     share_weights([ctx.tmp_output(f"model:{g.name}") for g in mine], ctx.tmp_output(weights_role(p["part"])))
 
 
@@ -176,9 +178,9 @@ def _part_weights(p: dict[str, Any], floats: dict[tuple[int, int, int], Path],
 
 def _auto(a: Action, p: dict[str, Any], floats: dict[tuple[int, int, int], Path],
           feeds: dict[tuple[int, int, int], list[Call]], mine: list[Any], qdq: dict[tuple[int, int], Path],
-          tmp: Path) -> None:
+          tmp: Path) -> dict[str, Any]:
     """precision: auto (llm/auto_precision.py): the cheapest candidate passing the part check's gates on the CPU,
-    its weights written into the part's QDQ graphs."""
+    its weights written into the part's QDQ graphs; returns the choice and the judged candidates' figures."""
     from ctxbuild.llm import auto_precision, records
 
     start = time.monotonic()
@@ -202,6 +204,9 @@ def _auto(a: Action, p: dict[str, Any], floats: dict[tuple[int, int, int], Path]
             break
     auto_precision.keep(qdq, floats_mine, chosen)
     print(f"precision auto: part {p['part'] + 1} takes {chosen.name} ({time.monotonic() - start:.1f} s in all)")
+    return {"chosen": chosen.name, "seconds": round(time.monotonic() - start, 1),
+            "candidates": [{"name": c.name, "weight_bytes": int(auto_precision.weight_bytes(c.weights)),
+                            "figures": c.figures, "passed": c.passed} for c in cands if c.figures is not None]}
 
 
 def share_weights(models: list[Path], weights: Path) -> None:
