@@ -3,8 +3,7 @@ largest AR, then one token at a time through the AR-1 graphs, the KV cache kept 
 
 Cache layout per call (what the graphs' `attention_mask` input says): past slots [0, n) hold the n valid
 positions, slots [n, CL - AR) are empty (masked), slots [CL - AR, CL) are the AR new positions, causal among
-themselves. A chunk shorter than AR is padded at the end (its own tokens repeated); padded positions are never written
-to the cache.
+themselves. A chunk shorter than AR is padded at the end; padded positions are never written to the cache.
 
 `Runner(part, ar, cl, feeds) -> outputs by name` hides where a graph runs (CPU EP on float or QDQ models,
 the HTP simulator on compiled single-graph binaries), so every comparison goes through the same code.
@@ -53,11 +52,8 @@ def generate(run: Runner, parts: list[tuple[int, int]], kv_shape: tuple[int, int
         n = cache[(0, "key")].shape[1]
         if n + len(tokens) > cl or n > cl - width:
             raise ValueError(f"prompt and continuation ({n + len(tokens)} tokens) exceed context length {cl}")
-        # a short window's padded rows repeat its tokens: masked as keys and cut from every comparison, they change no
-        # valid output, but onnxruntime's calibration reads them too, and id 0 (often a BOS / end-of-text token)
-        # drew outlier activations there that set the uint16 ranges of a prompt graph's KV and logits (SmolLM2-135M:
-        # docs/llm.md, Weight quantization)
-        ids = np.resize(np.asarray(tokens, np.int64), width)[None]
+        ids = np.zeros((1, width), np.int64)
+        ids[0, :len(tokens)] = tokens
         feeds = {"attention_mask": mask(n, len(tokens), width, cl),
                  "position_ids": (n + np.arange(width, dtype=np.int64))[None]}
         hidden: dict[str, np.ndarray] = {"input_ids": ids}
