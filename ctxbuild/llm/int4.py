@@ -12,8 +12,9 @@ written here is a channel scale times an integer 1..16 with 16 in each channel, 
 
 Scale search (sequential MSE in AIMET's terms, here on the float model's activations): for each output channel the
 clipping ratio of its range (RATIOS) that minimizes the matrix's output error ||X (W - Q(W))||^2 over the calibration
-rows X; block-wise, then each block's integer (within BLOCK_STEPS of its min/max value) by the block's own share
-of that error (the cross terms between blocks of a channel are left out)."""
+rows X, plus its diagonal part (_column_errors: short calibrations have fewer rows than features); block-wise, then
+each block's integer (within BLOCK_STEPS of its min/max value) by the block's own share of that error (the cross
+terms between blocks of a channel are left out)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -97,7 +98,9 @@ def _search(w: np.ndarray, x: np.ndarray, base: np.ndarray, block_size: int | No
     """Per channel the best ratio of RATIOS (the whole column's output error: exact), then block-wise each block's
     integer among its neighbours (its own share of the error); the block holding a channel's largest scale keeps
     16, so the grid stays the one the EP derives."""
-    errors = np.stack([_column_errors(x, w - quantize(w, base * r, block_size, bits).dequantized()) for r in RATIOS])
+    energy = np.square(x).sum(0)  # each input feature's: the objective's diagonal term (see _column_errors)
+    errors = np.stack([_column_errors(x, w - quantize(w, base * r, block_size, bits).dequantized(), energy)
+                       for r in RATIOS])
     best = np.asarray(RATIOS, np.float32)[errors.argmin(0)]  # [N]
     scales = base * best
     if block_size is not None:
@@ -112,6 +115,7 @@ def _refine_blocks(w: np.ndarray, x: np.ndarray, scales: np.ndarray, block_size:
     k = w.shape[0]
     xb = x.reshape(x.shape[0], k // block_size, block_size).transpose(1, 0, 2)  # [blocks, T, bs]
     gram = np.matmul(xb.transpose(0, 2, 1), xb)  # [blocks, bs, bs]: each block's error is e^T G e
+    gram = gram + np.eye(block_size, dtype=gram.dtype) * np.diagonal(gram, axis1=1, axis2=2)[:, :, None]  # + diag
     best_steps, best_err = steps, _block_errors(gram, w, lpbq(channel, steps), block_size)
     for d in BLOCK_STEPS:
         trial = np.where(fixed, steps, np.clip(steps + d, 1, LPBQ_LEVELS - 1))
@@ -128,11 +132,15 @@ def _block_errors(gram: np.ndarray, w: np.ndarray, scales: np.ndarray, block_siz
     return (np.matmul(gram, e) * e).sum(1, dtype=np.float64)
 
 
-def _column_errors(x: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """||X e_n||^2 per output channel n."""
+def _column_errors(x: np.ndarray, e: np.ndarray, energy: np.ndarray | None = None) -> np.ndarray:
+    """||X e_n||^2 per output channel n; with `energy` (each input feature's sum of squares) the search's objective
+    e^T (X^T X + diag(X^T X)) e: with fewer calibration rows than input features X^T X is singular, and its errors
+    alone would pick scales that fit those rows only (the diagonal is the error if the features were independent)."""
     out = np.empty(e.shape[1], np.float64)
     for c in range(0, e.shape[1], ROW_CHUNK):
         out[c:c + ROW_CHUNK] = np.square(x @ e[:, c:c + ROW_CHUNK]).sum(0)
+        if energy is not None:
+            out[c:c + ROW_CHUNK] += (energy[:, None] * np.square(e[:, c:c + ROW_CHUNK])).sum(0)
     return out
 
 
