@@ -112,7 +112,9 @@ def _options(recipe: Recipe, t: Target) -> dict[str, str]:
     if recipe.precision == "fp16":
         opts["enable_htp_fp16_precision"] = "1"
     q = recipe.llm.quantization if recipe.llm else None
-    if q and q["int4"] == "block":  # block-wise int4 runs as LPBQ only so (docs/llm.md, Weight quantization)
+    # block-wise int4 runs as LPBQ only so (docs/llm.md, Weight quantization); auto may choose it; per-channel weights
+    # gave the same .bin size and simulator outputs with the option (onnxruntime-qnn 2.7.0)
+    if q and (q["int4"] == "block" or recipe.precision == "auto"):
         opts["enable_block_quant_weight_optimization"] = "1"
     return dict(sorted(opts.items()))
 
