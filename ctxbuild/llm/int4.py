@@ -24,6 +24,11 @@ import numpy as np
 QMAX = {4: 7, 8: 127}  # symmetric (zero point 0): int4 -8..7, int8 -128..127; ranges scale to QMAX
 LPBQ_LEVELS = 16  # the EP's per-block integer scales: 1..16 times the channel's scale
 BLOCK_SIZES = (16, 32, 64, 128, 256)  # powers of two the EP ran (docs/llm.md); 48 gave wrong outputs on v75
+# block size -> blocks per channel the HTP simulator failed on (onnxruntime-qnn 2.7.0, one MatMul, v75 and the other
+# arches tried; docs/llm.md): 16 gave wrong outputs, 64 and up crashed (SIGSEGV). 32 ran at every count tried.
+FAILED_BLOCKS = {16: (7, 9, 13), 64: (7, 8, 9, 13), 128: (8,), 256: (8,)}
+FAILED_HOW = {16: "gave wrong outputs (cosine ~0.8 against the CPU)", 64: "crashed (SIGSEGV)", 128: "crashed (SIGSEGV)",
+              256: "crashed (SIGSEGV)"}
 RATIOS = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0 .. 0.5 of the channel's range
 BLOCK_STEPS = (-2, -1, 1)  # a block's integer tried around its min/max value
 ROW_CHUNK = 1024  # output channels per error evaluation (bounds the [T, chunk] intermediate)

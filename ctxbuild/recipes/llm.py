@@ -127,7 +127,7 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
 
 def _quantization(at: Any, spec: dict[str, Any], precision: str, facts: dict[str, Any]) -> dict[str, Any] | None:
     """llm.quantization with its defaults; exit 2 where the HTP simulator was measured not to run the blocks."""
-    from ctxbuild.llm.int4 import blockable
+    from ctxbuild.llm.int4 import FAILED_BLOCKS, FAILED_HOW, blockable
 
     q = spec.get("quantization")
     if q is None and precision != "auto":  # auto's candidates take the defaults
@@ -147,16 +147,17 @@ def _quantization(at: Any, spec: dict[str, Any], precision: str, facts: dict[str
            "int8": q.get("int8", "channel"), "scale_search": q.get("scale_search", False),
            "keep_8bit_share": q.get("keep_8bit_share", 0.0)}
     if out["int4"] == "block" or precision == "auto":
+        bs = out["block_size"]
         for name, rows in sorted(facts.get("matmul_rows", {}).items()):
-            if blockable(rows, out["block_size"]) and rows // out["block_size"] == 8 and out["block_size"] >= 64:
+            if blockable(rows, bs) and rows // bs in FAILED_BLOCKS.get(bs, ()):
                 raise RecipeError(
-                    f"{at('quantization', 'block_size')}: block_size {out['block_size']} cuts {name} ({rows} rows) "
-                    "into 8 blocks: the HTP simulator crashed (SIGSEGV) running 8 blocks of 64 rows or more "
-                    "(onnxruntime-qnn 2.7.0, every htp_arch)", "use another block_size (e.g. 32 or 16)")
+                    f"{at('quantization', 'block_size')}: block_size {bs} cuts {name} ({rows} rows) into "
+                    f"{rows // bs} blocks: the HTP simulator {FAILED_HOW[bs]} on {rows // bs} blocks of {bs} rows "
+                    "(onnxruntime-qnn 2.7.0)", "use block_size 32 (it ran at every block count measured)")
     return out
 
 
-BLOCK_SIZE = 64  # llm.quantization.block_size default
+BLOCK_SIZE = 32  # llm.quantization.block_size default: the size the simulator ran at every block count measured
 
 
 # what llm_package, llm_part_eval and llm_genai write into the same directory (its stage files are *.onnx, wrappers
