@@ -2,9 +2,9 @@
 
 Values are read at call time, not at import: the driver sets some for the processes it starts (and for its
 own later reads), and tests set them per test. A module that writes one for a child process writes
-`SETTING.name`. One exception reads its variable itself: engine/client.py, run once per action without
+`SETTING.name`. One exception reads its variable itself: engine/run/client.py, run once per action without
 site-packages, imports only C modules and so not this one (CTXBUILD_WORKER, see WORKER).
-docs/outputs-and-cli.md ("Environment variables") lists them all; tests/test_settings.py keeps that table and
+docs/outputs-and-cli.md ("Environment variables") lists them all; tests/unit/test_settings.py keeps that table and
 this module in step.
 """
 from __future__ import annotations
@@ -115,7 +115,7 @@ BUILD_ID = Setting("CTXBUILD_BUILD_ID", None, "the build an action runs for; set
 FARM = Setting("CTXBUILD_FARM", None, "the socket of the driver's gateway to the Dask cluster; set by the driver "
                "for a build with an executor", _text)
 WORKER = Setting("CTXBUILD_WORKER", None, "the socket of the driver's fork server (CTXBUILD_WORKER_<toolchain> for "
-                 "a provisioned toolchain's); set by the driver, read by engine/client.py itself", _text)
+                 "a provisioned toolchain's); set by the driver, read by engine/run/client.py itself", _text)
 MEMORY_ESTIMATE = Setting("CTXBUILD_MEMORY_ESTIMATE", None, "the action's memory estimate in bytes; set by the "
                           "fork server for the action it starts", _lenient_whole)
 

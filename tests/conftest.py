@@ -19,7 +19,7 @@ RECIPES = ROOT / "recipes"
 
 pytest_plugins = ["tests.nginx_fixture"]
 
-# Copies of the example tree leave the LLM example out: tests/test_llm.py builds it; in every whole-tree
+# Copies of the example tree leave the LLM example out: tests/e2e/test_llm.py builds it; in every whole-tree
 # build its 27 actions would double the time and change the counts those tests check.
 EXAMPLES_IGNORE = shutil.ignore_patterns("models", "llm_*.yaml")
 
@@ -76,6 +76,18 @@ def example_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+# The example CNN as a test recipe's first lines (the model as the example tree holds it, its input fixed).
+TINY_CNN = "model: models/tiny_cnn.onnx\ninputs: {image: [1, 3, 64, 64]}\n"
+
+
+def write_recipe(root: Path, name: str, body: str) -> Path:
+    """A test's recipe: `root/<name>.yaml` holding `body`; the file returned."""
+    root.mkdir(parents=True, exist_ok=True)
+    f = root / f"{name}.yaml"
+    f.write_text(body)
+    return f
+
+
 def copy_examples(dst: Path, example_models: Path) -> Path:
     """A writable copy of recipes/ (YAML files + generated models) at `dst`."""
     shutil.copytree(RECIPES, dst, ignore=EXAMPLES_IGNORE)
@@ -118,7 +130,7 @@ def plan_only(paths: list[Path], out: Path, **options: Any) -> dict[str, Any]:
     """Plan into OUT as a build does (build.ninja, action specs, plan.json) and run nothing: what a dry run did
     before it wrote nothing. Point CTXBUILD_CACHE_DIR at the test's cache first (the plan cache lives there)."""
     from ctxbuild.engine.options import BuildOptions
-    from ctxbuild.engine.replan import ensure_planned
+    from ctxbuild.engine.fast.replan import ensure_planned
 
     return ensure_planned(BuildOptions(paths=paths, out=out.resolve(), **options))
 

@@ -1,5 +1,5 @@
 """A real Dask cluster on loopback: `dask scheduler` and `dask worker` processes (the commands a farm runs),
-started with timeouts and always torn down. Used by tests/test_farm.py and bench/farm_bench.py."""
+started with timeouts and always torn down. Used by tests/e2e/test_farm.py and bench/farm_bench.py."""
 from __future__ import annotations
 
 import os

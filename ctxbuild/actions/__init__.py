@@ -1,4 +1,4 @@
-"""Action implementations, one module per kind (ctxbuild/kinds.py registers them). Each defines
+"""Action implementations, one module per kind (ctxbuild/plan/kinds/ registers them). Each defines
 `run(ctx)`: write every output into `ctx.tmp` under its final file name; raise ActionError on bad input.
 Optional hooks (defaults: nothing):
 

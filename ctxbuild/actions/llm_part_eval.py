@@ -228,7 +228,7 @@ def _result(p: dict[str, Any], mine: dict[tuple[int, int], GraphSpec], calls: li
                     # reported, not gated: only the rows a call wrote for real tokens are compared (records.compared),
                     # and on the trained glasslm at w4a16 the simulator's KV of its int4 layers still measured cosine
                     # down to 0.835 (5 dB; the QDQ graph on the CPU >= 0.990) while its logits passed (0.996-0.9993,
-                    # top-1 0.83-1.0); every KV output >= 0.9989 at w8a16 (docs/llm.md, Verification)
+                    # top-1 0.83-1.0); every KV output >= 0.9989 at w8a16 (docs/llm-reference.md, Verification)
                     continue
                 if m.get("argmax_agreement") is not None:  # pooled per CL below: a graph may have several calls
                     top1.setdefault((backend, cl), []).append((m["argmax_agreement"] * len(idx), len(idx)))

@@ -49,7 +49,7 @@ def discover_inputs(action: Action) -> dict[str, Path]:
 
 def summarize(action: Action) -> dict[str, Any]:
     """Run once when quantize ran (the cache entry keeps it): what its samples show. Not in `warnings`, which
-    runs on every restore too, where loading the model would import onnx and numpy (engine/runner.py)."""
+    runs on every restore too, where loading the model would import onnx and numpy (engine/run/runner.py)."""
     if gates.closed(action.inputs) or not action.watch:
         return {}
     found = integer_samples(action.description, Path(action.watch[0]),

@@ -13,7 +13,7 @@ ActionRecord maps onto it as:
 The message classes are built at run time from descriptors of just the fields used (same package,
 message names and field numbers as remote_execution.proto, so any REAPI reader decodes them; fields
 other writers set are kept as unknown fields and ignored). No generated code: it would pin a protobuf
-runtime version. tests/test_reapi.py decodes stored entries with the official .proto.
+runtime version. tests/e2e/test_reapi.py decodes stored entries with the official .proto.
 """
 from __future__ import annotations
 

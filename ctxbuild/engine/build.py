@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild import machine, settings
-from ctxbuild.engine import edited, links, ninja, outdir, toolchains
+from ctxbuild.engine import ninja, outdir, toolchains
+from ctxbuild.engine.fast import edited, links
 from ctxbuild.engine.finish import (
     conclude, deploy_gate, finish, set_aside_interrupted, summaries_current, write_summary,
 )
 from ctxbuild.engine.options import BuildOptions, make_dry_run, ninja_targets
-from ctxbuild.engine.replan import current, ensure_planned, invocation
+from ctxbuild.engine.fast.replan import current, ensure_planned, invocation
 from ctxbuild.errors import CtxbuildError
 from ctxbuild.layout import STATE
 
@@ -98,7 +99,7 @@ def _build(opts: BuildOptions) -> int:
                 return conclude(opts, deploy_gate(opts.out, None), noop=True)
             return finish(opts, state, build_id, 0, started, noop=True)
         _remove_dead_temps(opts.out)
-        from ctxbuild.engine import worker
+        from ctxbuild.engine.run import worker
 
         w = stack.enter_context(worker.running(opts.out / STATE / "worker.log"))
         # One more per provisioned toolchain the plan uses; each starts only when an edge of it connects.
@@ -110,7 +111,7 @@ def _build(opts: BuildOptions) -> int:
             if pending is None:
                 w.start()
             else:
-                from ctxbuild.engine.prerestore import restore_pending
+                from ctxbuild.engine.fast.prerestore import restore_pending
 
                 if restore_pending(opts.out, state, pending, build_id, on_miss=w.start, say=opts.console.info):
                     return finish(opts, state, build_id, 0, started)  # all restored: ninja has nothing to do

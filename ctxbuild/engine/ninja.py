@@ -16,7 +16,7 @@ from ctxbuild.plan import kinds
 from ctxbuild.graph import LEGALIZE_DIR
 from ctxbuild.atomic import read_json, write_if_changed
 from ctxbuild.layout import STATE, depfile_path, log_path, rel
-from ctxbuild.engine.links import linked_inputs
+from ctxbuild.engine.fast.links import linked_inputs
 from ctxbuild.engine.console import Console
 from ctxbuild.engine.ninjaquote import ninja_command, ninja_path, ninja_value
 from ctxbuild.procs import check_interrupt, die_with_parent, run_interruptible
@@ -96,7 +96,7 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
     text = environment(keep_trailing_newline=True).get_template("build.ninja.j2").render(
         version=__version__, recipe_roots=ninja_value(", ".join(invocation["paths"])), compile_jobs=compile_jobs,
         # a plain script without site (-S): the edge client's start-up is paid once per action
-        client=ninja_command([sys.executable, "-S", str(Path(__file__).with_name("client.py"))]),
+        client=ninja_command([sys.executable, "-S", str(Path(__file__).parent / "run" / "client.py")]),
         regen=ninja_command([sys.executable, "-m", "ctxbuild", "regenerate", str(out)]),
         generator_deps=[_rel(p, out) for p in generator_deps], edges=edges, phonies=phonies)
 

@@ -109,7 +109,7 @@ def cpu_runner(models: dict[tuple[int, int, int], Path], bound: Bound | None = N
         # copies: an output array onnxruntime returns is a view of its session's activation arena, and one kept
         # (a hidden state recorded as the next part's calibration input, a recorded output) keeps the whole arena
         # resident after the session closed: a 32 MB output held 190 MB; 16 AR switches of a 1B-shape calibration
-        # held GBs of closed sessions' arenas (docs/llm.md, At LLM sizes)
+        # held GBs of closed sessions' arenas (docs/llm-reference.md, At LLM sizes)
         return {n: np.array(v) for n, v in zip(names, s.run(None, {n: given[n] for n in wanted}))}
 
     return run

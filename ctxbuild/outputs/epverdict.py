@@ -3,7 +3,7 @@
 the runtime's own toolchain, about each wrapper's compatibility string.
 
 Only where that toolchain is here already (the installed one, or provisioned: `check` downloads nothing). The EP
-answers only with a session of its own alive, and judges that session's settings rather than the machine's
+answers only with a session of its own alive, and judges the settings of the session rather than the machine's
 device, so the session is made for the row's SoC (its htp_arch and soc_model). Measured (docs/deploy.md): on
 this x86 simulator only onnxruntime-qnn 2.3.0 and 2.4.0 answer; 2.5.0+ say EP_NOT_APPLICABLE ("n/a" here). The
 gate's verdict stays the one that decides: it reads the binary, the EP reads the wrapper's string, which

@@ -17,7 +17,7 @@ from ctxbuild import settings
 # The forked action process before it reads any model (onnxruntime, the QNN EP, libQnnHtp.so mapped) is
 # 100-170 MB; the fits below cross zero at 115-306 MB.
 BASE = 300 << 20
-# The per-kind factors (peak RSS per byte of the weights an action reads) live with each kind in kinds.py.
+# The per-kind factors (peak RSS per byte of the weights an action reads) live with each kind in plan/kinds/.
 
 
 def estimate(action: Any, planned: Mapping[str, int] | None = None) -> int:

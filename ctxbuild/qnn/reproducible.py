@@ -7,7 +7,7 @@ Neither the EP nor the QNN libraries document an option for it or read SOURCE_DA
 2.7.0 / QNN 2.51). So after the compile each stamp is overwritten in place with the reproducible-builds
 time: $SOURCE_DATE_EPOCH when set, else the Unix epoch. The text has the same length, so no offset,
 size or other byte of the container moves; libQnnSystem reads the result and the EP loads it exactly as
-before (tests/test_reproducible.py).
+before (tests/e2e/test_reproducible.py).
 """
 from __future__ import annotations
 

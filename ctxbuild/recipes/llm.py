@@ -83,8 +83,8 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
                           "remove kv_cache, or use w4a16/w8a16")
     names = facts.get("weights", [])
     quantization = _quantization(at, spec, precision, facts)
-    # Default (measured on a trained decoder, docs/llm.md): the first and last blocks' weights at int8, unless the
-    # sensitivity ranking chooses (llm.quantization.keep_8bit_share)
+    # Default (measured on a trained decoder, docs/llm-reference.md): the first and last blocks' weights at int8, unless
+    # the sensitivity ranking chooses (llm.quantization.keep_8bit_share)
     edges = sorted({"model.layers.0.*", f"model.layers.{(layers or 1) - 1}.*"})
     ranked = bool(quantization and quantization["keep_8bit_share"])
     keep_8bit = tuple(spec["keep_8bit"]) if "keep_8bit" in spec else tuple(

@@ -5,7 +5,7 @@ llm_decoder.py's writer, with real English prompts tokenized by the package's ow
 
 glassllm rotates adjacent coordinate pairs (interleaved RoPE); the exporter (like HF's Llama) rotates the two halves
 of each head. The Q and K projections' output columns are permuted per head (evens, then odds): the dot products of
-queries and keys are unchanged, so the export computes the same logits (tests/test_llm.py checks it against
+queries and keys are unchanged, so the export computes the same logits (tests/e2e/test_llm.py checks it against
 glassllm's own forward).
 
 Usage: python recipes/models/glasslm_decoder.py DEST   (needs `pip install --no-deps glassllm==0.1.0`)

@@ -1,4 +1,4 @@
-"""Make the exports tests/test_llm_exporters.py builds: tiny random-weight Hugging Face checkpoints (Llama and
+"""Make the exports tests/e2e/test_llm_exporters.py builds: tiny random-weight Hugging Face checkpoints (Llama and
 Qwen2 architectures, each with its own small BPE tokenizer) run through onnxruntime-genai's model builder and
 through optimum's ONNX exporter, as a user would. Run once, by hand (it needs torch and transformers, which CI does
 not install); its outputs, a few hundred KB each, are committed beside it. README.md names the versions used.

@@ -1,5 +1,5 @@
 """`ctxbuild action SPEC` (internal): run one action in this process, what a ninja edge's client falls back to
-without a worker (engine/client.py)."""
+without a worker (engine/run/client.py)."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ctxbuild.engine.client import main as run_client
+    from ctxbuild.engine.run.client import main as run_client
 
     return run_client([args.spec])
 

@@ -26,9 +26,9 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", action="append", default=[], metavar="RECIPE", help="only this recipe (repeatable; default: every recipe)")
     p.add_argument("--dry-run", "-n", action="store_true", help="show what would run")
     p.add_argument("--compile-jobs", type=options.count(1), help="max concurrent compiles "
-                   "(default: min(CPUs, RAM / 4 GB), at least 1)")
+                   "(default: min(CPUs, RAM / 4 GiB), at least 1)")
     p.add_argument("--memory-budget", metavar="SIZE", help="memory concurrent actions may use, e.g. 16G "
-                   "(default: what is available when the build starts)")
+                   "(default: what is available when the build starts, less 256 MB)")
     p.add_argument("--explain", action="store_true", help="say why each action ran or was restored")
     p.add_argument("--no-verify", action="store_true", help="skip simulator verification of the artifacts")
     p.add_argument("--json", action="store_true", help="print one JSON document with the results on stdout "

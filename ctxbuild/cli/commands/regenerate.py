@@ -12,7 +12,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ctxbuild.engine.replan import regenerate
+    from ctxbuild.engine.fast.replan import regenerate
 
     regenerate(args.out)
     return 0

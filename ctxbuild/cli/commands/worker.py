@@ -1,4 +1,4 @@
-"""`ctxbuild worker FD` (internal): the fork server the driver starts for a build (engine/worker.py)."""
+"""`ctxbuild worker FD` (internal): the fork server the driver starts for a build (engine/run/worker.py)."""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +14,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> NoReturn:
-    from ctxbuild.engine.worker import serve
+    from ctxbuild.engine.run.worker import serve
 
     code = 0
     try:

@@ -27,7 +27,7 @@ from distributed import WorkerPlugin, get_worker
 from ctxbuild import settings
 from ctxbuild.plan import actionkey, kinds
 from ctxbuild.cache.backends import open_cache
-from ctxbuild.engine.client import run_via_worker
+from ctxbuild.engine.run.client import run_via_worker
 from ctxbuild.errors import CacheError
 from ctxbuild.layout import STATE, record_path, spec_name
 from ctxbuild.atomic import read_json
@@ -83,7 +83,7 @@ class FarmPlugin(WorkerPlugin):
 
 def _fork_server(root: Path, toolchain_name: str | None = None) -> str:
     """The socket of this Dask worker's fork server for a toolchain, started now if there is none or it died."""
-    from ctxbuild.engine import worker as forkserver
+    from ctxbuild.engine.run import worker as forkserver
 
     with _lock:
         server = _servers.setdefault(toolchain_name, {})

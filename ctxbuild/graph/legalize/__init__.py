@@ -8,7 +8,7 @@ TOLERANCE when its rewrite is not meant to keep the outputs to float precision (
 where the conditions its rewrite is exact under hold on the graph; where its pattern is found without them it
 leaves the node and says why (GraphView.keep). prepare runs the rules after fixing shapes and folding constants
 (indices that were Shape chains are constants by then), then checks the rewritten model against the model before
-on samples (check.py); `tests/test_legalize.py` proves each rule on onnxruntime's CPU EP."""
+on samples (check.py); `tests/e2e/test_legalize.py` proves each rule on onnxruntime's CPU EP."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,0 +1,1 @@
+"""pytest -m slow: real public models from PyPI wheels and the long measured matrices."""

@@ -1,0 +1,1 @@
+"""Older onnxruntime-qnn releases (provisioned toolchains) and what they can do."""

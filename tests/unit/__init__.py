@@ -1,0 +1,1 @@
+"""Fast unit tests: no end-to-end fixture, no QNN run."""
