@@ -58,6 +58,18 @@ class ActionError(CtxbuildError):
         self.details = details  # structured result worth keeping in the record (e.g. failed metrics)
 
 
+class SectionConfigError(CtxbuildError):
+    """A qnn.lora_config file that does not fit the binary beside it (a graph name it lacks, another binary's section)."""
+
+    exit_code = 2
+
+
+class SampleError(ActionError):
+    """A sample file's values cannot be fed to the model as they are (a cast would change them): bad input, exit 2."""
+
+    exit_code = 2
+
+
 class InspectError(CtxbuildError):
     """A context binary cannot be read (missing, truncated, corrupt, not a QNN binary)."""
 

@@ -20,6 +20,7 @@ from typing import Any
 from ctxbuild.toolchain import installed as toolchain
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import add_wrapper_defaults
+from ctxbuild.lora.wrappers import carry_alpha_map
 from ctxbuild.errors import ActionError
 from ctxbuild.actions.compile import summarize  # noqa: F401 - the same summary hook as compile
 from ctxbuild.qnn.compile import compile_error
@@ -51,6 +52,7 @@ def run(ctx: Any) -> None:
         _restore_io_names(p, renames[g])
         if a.params.get("adapters"):  # LoRA: the wrapper carries the slots' defaults (inputs become optional)
             add_wrapper_defaults(p, Path(a.inputs[f"reference:{g}"]))
+            carry_alpha_map(p, Path(a.inputs[f"reference:{g}"]))  # switch: alpha (llm:): index <-> adapter
     _rename_bin(ctx_paths, ctx.tmp_output("bin"))
     from ctxbuild.qnn.lower import lower_file  # onnx: not on the restore path
 

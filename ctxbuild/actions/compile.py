@@ -14,6 +14,7 @@ from typing import Any
 
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import add_wrapper_defaults
+from ctxbuild.lora.wrappers import carry_alpha_map, float_io_wrapper
 from ctxbuild.errors import ActionError
 from ctxbuild.graph.protowire import wrapper_facts
 from ctxbuild.qnn.staging import fixed_dir, link_model, stage_name
@@ -82,11 +83,17 @@ def run(ctx: Any) -> None:
         ctx.tmp_output("status").write_text(json.dumps({"compiled": True}, indent=2, sort_keys=True))
     if is_multi_soc(a):
         _normalize_build_time(ctx.tmp_output("bin"))
-    if "reference" in a.inputs:  # LoRA: the wrapper carries the slots' defaults, so adapters are optional
-        add_wrapper_defaults(dst, Path(a.inputs["reference"]))
+    wrappers = [dst]
+    if "ctx_qio" in a.outputs:  # switch: alpha: the quantized-I/O wrapper of the same binary (lora/wrappers.py)
+        wrappers.append(ctx.tmp_output("ctx_qio"))
+        float_io_wrapper(dst, wrappers[1])
     from ctxbuild.qnn.lower import lower_file  # onnx: not on the restore path
 
-    lower_file(dst)  # last: older onnxruntime versions must open what the steps above wrote
+    for w in wrappers:
+        if "reference" in a.inputs:  # LoRA: the wrapper carries the slots' defaults, so adapters are optional
+            add_wrapper_defaults(w, Path(a.inputs["reference"]))
+            carry_alpha_map(w, Path(a.inputs["reference"]))
+        lower_file(w)  # last: older onnxruntime versions must open what the steps above wrote
 
 
 def is_multi_soc(action: Action) -> bool:

@@ -37,6 +37,18 @@ def summarize(action: Action) -> dict[str, Any]:
     return {"result": json.loads(Path(action.outputs["result"]).read_text())}
 
 
+def warnings(action: Action) -> list[str]:
+    """An adapter that changes none of the float model's greedy tokens on the prompts: its check proves nothing."""
+    result = Path(action.outputs["result"])
+    if "adapter" not in action.params or not result.is_file():
+        return []
+    rows = json.loads(result.read_text()).get("by_cl", {})
+    if rows and all(r.get("tokens_changed_by_adapter") == 0 for r in rows.values()):
+        return [f"{action.description}: adapter '{action.params['adapter']}' changes none of the float model's "
+                "greedy tokens on these prompts: indistinguishable from the base, not verified; give prompts it changes"]
+    return []
+
+
 def run(ctx: Any) -> None:
     from ctxbuild.llm import pipeline, tokens
 

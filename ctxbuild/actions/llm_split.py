@@ -58,7 +58,8 @@ def run(ctx: Any) -> None:
     dst = {g.name: ctx.tmp_output(f"model:{g.name}") for g in graphs}
     weights = [ctx.tmp_output(static.weights_role(part)) for part in range(p["parts"])]
     try:
-        shape = static.write_static_graphs(src, p["parts"], ars, cls, dst, weights, p.get("adapter_slots"))
+        shape = static.write_static_graphs(src, p["parts"], ars, cls, dst, weights, p.get("adapter_slots"),
+                                           _alpha(a) if "alpha" in p else None)
     except NotADecoder as e:
         raise ActionError(f"{given}: {e}") from None
     # LoRA slots the model takes as inputs: the original is checked with their defaults (zeros), as the graphs hold them
@@ -91,9 +92,25 @@ def run(ctx: Any) -> None:
           f"{', '.join(map(str, cls))}")
     for part in range(p["parts"]):
         recorder.write(part, ctx.tmp_output(records_role(part)))
+    if "alpha" in p:  # each adapter's lora_alpha (one-hot): what the llm actions bind as that adapter
+        _one_hots(ctx, p["alpha"])
     export = export_config.read(src)
     Layout(shape.layers, shape.kv_heads, shape.head_dim, shape.vocab, shape.hidden, ranges, graphs, reference,
            export.special, export.search).write(ctx.tmp_output("layout"))
+
+
+def _alpha(a: Action) -> tuple[dict[str, Any], dict[str, Path]]:
+    spec = a.params["alpha"]
+    return spec, {x["name"]: Path(a.inputs[f"alpha:{x['name']}"]) for x in spec["adapters"]}
+
+
+def _one_hots(ctx: Any, spec: dict[str, Any]) -> None:
+    import numpy as np
+
+    n = len(spec["adapters"])
+    for i, x in enumerate(spec["adapters"]):
+        with open(ctx.tmp_output(f"alpha:{x['name']}"), "wb") as f:
+            np.savez(f, **{spec["input"]: np.eye(n, dtype=np.float32)[i]})
 
 
 def summarize(action: Action) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ctxbuild.plan.action import Action
+from ctxbuild.lora import alpha as lora_alpha
 from ctxbuild.lora.adapters import add_defaults, make_slots
 from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.graph import cut, inputvalues, nodenames
@@ -103,8 +104,12 @@ def run(ctx: Any) -> None:
         model = cut.extract(model, outputs)
     user = nodenames.outline(model)  # quantization.nodes speaks the user's names: those prepare changes recorded
     slots = ctx.action.params.get("adapter_slots")
+    defaults: dict[str, Any] = {}
     if slots:  # LoRA: slots become graph inputs before folding (folding would rename or merge them)
         defaults = make_slots(model, slots["patterns"], slots["scaling"])
+    if alpha := ctx.action.params.get("alpha"):  # switch: alpha: every adapter a branch gated by lora_alpha[i]
+        alpha_map = _attach_alpha(ctx, model, alpha)
+        defaults = {alpha["input"]: np_zeros(len(alpha["adapters"]))}
     dst = ctx.tmp_output("model")
     if ctx.action.params["optimize"]:
         try:
@@ -117,13 +122,35 @@ def run(ctx: Any) -> None:
     _refuse_control_flow(ctx, load(dst, external_data=False), src)  # after onnxruntime inlined the Ifs shapes decide
     steps = [user, nodenames.outline(load(dst, external_data=False))]  # the user's nodes, then each step's
     if ctx.action.params.get("rewrite", True):
-        steps += _legalize(ctx, dst, lambda: _check_inputs(ctx, model, dst, defaults if slots else {}))
+        steps += _legalize(ctx, dst, lambda: _check_inputs(ctx, model, dst, defaults))
     steps.append(nodenames.outline(load(dst, external_data=False)))
-    _stamp(dst, {nodenames.KEY: nodenames.renamed(steps)})
-    if slots:  # the float reference: the same graph with the defaults as overridable initializers
+    _stamp(dst, {nodenames.KEY: nodenames.renamed(steps), lora_alpha.KEY: alpha_map if alpha else None})
+    if alpha:
+        _kept_weights(load(dst, external_data=False), alpha_map, src)
+    if slots or alpha:  # the float reference: the same graph with the defaults as overridable initializers
         reference = onnx.load(str(dst))
         add_defaults(reference, defaults)
         save_with_data(reference, ctx.tmp_output("reference"))
+
+
+def _attach_alpha(ctx: Any, model: Any, alpha: dict[str, Any]) -> dict[str, Any]:
+    files = {a["name"]: Path(ctx.action.inputs[f"alpha:{a['name']}"]) for a in alpha["adapters"]}
+    return lora_alpha.attach(model, alpha, files)
+
+
+def np_zeros(n: int) -> Any:
+    import numpy as np
+
+    return np.zeros(n, np.float32)
+
+
+def _kept_weights(model: Any, alpha_map: dict[str, Any], src: Path) -> None:
+    """The verification merges each adapter into its targets' weights: they must survive the optimizer by name."""
+    inits = {t.name for t in model.graph.initializer}
+    lost = sorted({t["weight"] for a in alpha_map["adapters"] for t in a["targets"]} - inits)
+    if lost:
+        raise ActionError(f"{src}: onnxruntime's optimizer folded the adapted weight(s) {', '.join(lost)}",
+                          "adapt nodes whose weights are plain initializers")
 
 
 def _fix_values(ctx: Any, model: Any, src: Path, values: dict[str, Any]) -> None:

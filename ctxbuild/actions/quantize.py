@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ctxbuild.plan.action import Action
 from ctxbuild.lora.adapters import CalibrationSet
+from ctxbuild.lora.alpha import quantize_alpha_input
 from ctxbuild.atomic import write_bytes
 from ctxbuild.errors import ActionError, RecipeError, cause_line
 from ctxbuild.recipes.quantization import FP16_NODE, QUANT_TYPES, get_qnn_qdq_kwargs
@@ -21,24 +22,10 @@ from ctxbuild.qnn.compile import per_run_cause
 from ctxbuild.verify import gates
 from ctxbuild.verify.islands import runs_quantized
 from ctxbuild.graph.inputvalues import recorded
-from ctxbuild.graph.samples import from_files, input_spec, list_samples, random_samples
+from ctxbuild.graph.samples import cast_warnings, from_files, input_spec, list_samples, random_samples
 
 if TYPE_CHECKING:
     import numpy as np
-
-
-def integer_samples(what: str, samples: Path, spec: dict[str, Any]) -> list[str]:
-    """Samples of a float input stored as integers (an image as decoded, 0-255) are used as stored: the model
-    calibrates, and verifies, on that range. Said once, from the first sample's header: the app may normalize."""
-    from ctxbuild.graph.samples import first_header
-
-    found = []
-    for name, (_, dtype) in spec.items():
-        header = first_header(samples, name, len(spec) == 1)
-        if header and header[0] and dtype.kind == "f" and header[0][1].kind in "iub":
-            found.append(f"{what}: sample {header[1]} holds {name} as {header[0][1]}, the model takes {dtype}: used "
-                         "as stored (e.g. 0-255); if the app normalizes its inputs, save the samples normalized")
-    return found
 
 
 def discover_inputs(action: Action) -> dict[str, Path]:
@@ -52,8 +39,8 @@ def summarize(action: Action) -> dict[str, Any]:
     runs on every restore too, where loading the model would import onnx and numpy (engine/run/runner.py)."""
     if gates.closed(action.inputs) or not action.watch:
         return {}
-    found = integer_samples(action.description, Path(action.watch[0]),
-                            input_spec(load(Path(action.inputs["model"]), external_data=False)))
+    files = list(list_samples(Path(action.watch[0]), action.params["samples"], action.recipe_files[0]).values())
+    found = cast_warnings(action.description, files, input_spec(load(Path(action.inputs["model"]), external_data=False)))
     return {"warnings": found} if found else {}
 
 
@@ -144,6 +131,8 @@ def _quantize(ctx: Any, src: Path) -> None:
         samples = lora.expand(samples)
     quantize_model(src, ctx.tmp_output("model"), s, samples, a.recipe_files[0], model, a.params.get("outputs"),
                    a.params.get("input_values"))
+    if a.params.get("alpha"):  # switch: alpha: lora_alpha itself quantized (the quantizer leaves a Gather's input)
+        quantize_alpha_input(ctx.tmp_output("model"), next(iter(lora.defaults)) if lora else "lora_alpha")
 
 
 def static_refusal(model: Any) -> str:

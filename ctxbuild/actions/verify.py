@@ -16,7 +16,7 @@ from ctxbuild.actions.compile import compile_refusal
 from ctxbuild.graph.cut import split_line
 from ctxbuild.graph.inputvalues import apply, recorded
 from ctxbuild.graph.modelio import external_data_files, load
-from ctxbuild.graph.samples import for_verification, input_spec, list_samples
+from ctxbuild.graph.samples import cast_warnings, for_verification, input_spec, list_samples
 from ctxbuild.verify.memo import OutputsMemo, float_reference, wrapper_identity
 from ctxbuild.verify import gates, sample_workers
 from ctxbuild.plan import memory
@@ -50,7 +50,16 @@ def warnings(action: Action) -> list[str]:
 
 
 def summarize(action: Action) -> dict[str, Any]:
-    return {"result": json.loads(Path(action.outputs["result"]).read_text())}
+    """The result; and samples stored in another dtype than the model takes, which quantize has not said already
+    (verification samples of their own, or a float build's)."""
+    found = {"result": json.loads(Path(action.outputs["result"]).read_text())}
+    p = action.params
+    if not gates.is_skipped(found["result"]) and action.watch and (
+            p["sample_source"] == "verification" or p.get("precision") == "fp16"):
+        spec = input_spec(load(Path(action.inputs["reference"]), external_data=False))
+        if casts := cast_warnings(action.description, list(sample_files(action).values()), spec):
+            found["warnings"] = casts
+    return found
 
 
 def _user_model(a: Action) -> Any:
@@ -176,9 +185,9 @@ def coverage(ctx_model: Path, compiled: Path) -> dict[str, Any]:
     total = len(model.graph.node)
     qnn = max(total - cpu, 0)
     found = {"qnn_nodes": qnn, "cpu_nodes": cpu, "fraction": round(qnn / total, 4) if total else 1.0}
-    if cpu:
+    if cpu:  # what ran on the CPU, as a share of the counted compute, and the nodes whose MACs are unknown
         cost = of_wrapper(model, wrapper)
-        found |= {"partitions": cost.partitions,
+        found |= {**cost.as_dict(), "cpu_nodes": cpu,
                   "cpu_macs_share": round(cost.cpu_macs / cost.total_macs, 4) if cost.total_macs else None}
     return found
 

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild import machine, settings
-from ctxbuild.engine import ninja, outdir, toolchains
+from ctxbuild.engine import console, ninja, outdir, toolchains
 from ctxbuild.engine.fast import edited, links
 from ctxbuild.engine.finish import (
     conclude, deploy_gate, finish, set_aside_interrupted, summaries_current, write_summary,
 )
-from ctxbuild.engine.options import BuildOptions, make_dry_run, ninja_targets
+from ctxbuild.engine.options import BuildOptions, make_dry_run, ninja_targets, selection
 from ctxbuild.engine.fast.replan import current, ensure_planned, invocation
 from ctxbuild.errors import CtxbuildError
 from ctxbuild.layout import STATE
@@ -87,15 +87,14 @@ def _build(opts: BuildOptions) -> int:
         if address is not None:  # before ninja's dry run (it makes output directories): a dead farm leaves none
             state, jobs_default = _start_farm(opts, address, stack, env, build_id, state)
             opts.jobs = opts.jobs or jobs_default
-        toolchains.ensure_provisioned(state, opts.console.info)
+        toolchains.ensure_provisioned(state, opts.console.info, opts.console.live if opts.console.tty() else None)
         toolchains.note_changes(opts.out, state)
         links.invalidate_retargeted(opts.out, state)  # before ninja: it follows links and sees old mtimes
         edited.remove_edited_outputs(opts.out, state)  # ninja sees an edited output as up to date
         pending = ninja.pending(opts.out, targets)
         if pending == []:  # nothing to run: no worker, no second ninja, no rewrite of unchanged summaries
-            opts.console.info("ninja: no work to do.")
             write_summary(opts.out, [])
-            if summaries_current(opts.out):
+            if summaries_current(opts.out, selection(opts)):
                 return conclude(opts, deploy_gate(opts.out, None), noop=True)
             return finish(opts, state, build_id, 0, started, noop=True)
         _remove_dead_temps(opts.out)
@@ -115,6 +114,7 @@ def _build(opts: BuildOptions) -> int:
 
                 if restore_pending(opts.out, state, pending, build_id, on_miss=w.start, say=opts.console.info):
                     return finish(opts, state, build_id, 0, started)  # all restored: ninja has nothing to do
+            opts.console.progress = console.progress_lines(opts.out, state["actions"])
             # Without -j, ninja 1.13.2 (PyPI) takes its slots from make's jobserver itself, fifo or pipe (make 4.3)
             rc = ninja.run(opts.out, targets, jobs=opts.jobs, keep_going=opts.keep_going, dry_run=False,
                            env={**env, **w_env}, console=opts.console)

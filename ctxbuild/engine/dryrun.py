@@ -62,11 +62,12 @@ def needed(state: dict[str, Any], targets: list[str]) -> list[dict[str, Any]]:
 
 
 def show(out: Path, actions: list[dict[str, Any]], console: Console) -> int:
-    """ninja's dry-run lines (`[1/3] compile tiny_cnn@SM8650`); with --json one document on stdout as well."""
+    """ninja's dry-run lines (`[1/3] compile tiny_cnn@SM8650`), or that nothing would run; with --json one document
+    on stdout as well."""
     for i, a in enumerate(actions, 1):
         console.info(f"[{i}/{len(actions)}] {a['description']}")
     if not actions:
-        console.info("ninja: no work to do.")
+        console.info("ctxbuild: up to date, nothing would run")
     if console.json:
         print(json.dumps({"ok": True, "exit_code": 0, "error": None, "dry_run": True, "out": str(out),
                           "would_run": [{"id": a["id"], "description": a["description"]} for a in actions]},

@@ -13,7 +13,7 @@ from typing import Any
 from ctxbuild import machine, settings
 from ctxbuild.atomic import write_bytes, write_if_changed
 from ctxbuild.engine import ninja
-from ctxbuild.engine.options import BuildOptions, ninja_targets
+from ctxbuild.engine.options import BuildOptions, ninja_targets, selection
 from ctxbuild.layout import STATE, cache_dir, record_path, spec_name
 from ctxbuild.toolchain import installed as toolchain
 
@@ -44,8 +44,9 @@ def finish(opts: BuildOptions, state: dict[str, Any], build_id: str, rc: int, st
     manifest = write_manifest(opts.out, plan, toolchain.summary(opts.out / STATE))
     from ctxbuild.outputs.report import write_report  # OUT/report.html + report.json; never fails the build
     write_report(opts.out, build_id=build_id, returncode=rc, wall_seconds=time.monotonic() - started,
-                 driver_peak_rss=machine.peak_rss(children=False))  # not ninja's, not the worker's
-    _note_summarized(opts.out)
+                 driver_peak_rss=machine.peak_rss(children=False),  # not ninja's, not the worker's
+                 selection=selection(opts))
+    _note_summarized(opts.out, selection(opts))
     if not opts.console.json:
         for w in dict.fromkeys(w for r in ran for w in r.get("cache_warnings") or []):
             print(f"ctxbuild: warning: {w}", file=sys.stderr)
@@ -130,6 +131,8 @@ def stored_selects(out: Path) -> list[dict[str, Any]]:
 def _explain(r: dict[str, Any]) -> str:
     if r.get("status") == "failed":
         return f"failed: {r.get('cause')}"
+    if r.get("not_needed"):  # not counted as built or restored either
+        return "not needed by the precision search (an earlier candidate decided it): placeholders only"
     if r.get("source") == "cache":
         src = "restored from cache" + (" (remote)" if r.get("cache_origin") == "remote" else "")
     elif r.get("cache_origin") == "farm":
@@ -268,16 +271,17 @@ def _summary_inputs(out: Path) -> list[int]:
     return stamps
 
 
-def summaries_current(out: Path) -> bool:
-    """True if manifest and report were written from the records and plan as they are now."""
+def summaries_current(out: Path, limited: dict[str, list[str]]) -> bool:
+    """True if manifest and report were written from the records and plan as they are now, for the same
+    --only/--target selection (`limited`: the report shows only its rows)."""
     if not all((out / name).is_file() for name in _SUMMARIES):
         return False
-    return ninja.read_state(out, "summarized.json") == {"inputs": _summary_inputs(out)}
+    return ninja.read_state(out, "summarized.json") == {"inputs": _summary_inputs(out), "selection": limited}
 
 
-def _note_summarized(out: Path) -> None:
-    write_if_changed(out / STATE / "summarized.json", json.dumps({"inputs": _summary_inputs(out)}).encode(),
-                     durable=False)
+def _note_summarized(out: Path, limited: dict[str, list[str]]) -> None:
+    write_if_changed(out / STATE / "summarized.json",
+                     json.dumps({"inputs": _summary_inputs(out), "selection": limited}).encode(), durable=False)
 
 
 def write_summary(out: Path, ran: list[dict[str, Any]]) -> None:

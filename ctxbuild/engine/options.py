@@ -67,7 +67,7 @@ def ninja_targets(state: dict[str, Any], opts: BuildOptions) -> list[str]:
         opts.targets = [n if n in targets or lookup(n) is None else lookup(n).name for n in opts.targets]
     for name in opts.targets:
         if name not in targets:
-            raise UsageError(f"--target {name}: no recipe builds for it", _close(name, targets))
+            raise UsageError(f"--target {name}: no recipe builds for it", _close(name, targets, n=3))
     if opts.only and opts.targets:
         pairs = [f"{r}@{t}" for r in opts.only for t in opts.targets]
         have = {f"{r}@{a['target']['name']}" for a in state["actions"] if a["target"] for r in a["recipes"]}
@@ -79,7 +79,13 @@ def ninja_targets(state: dict[str, Any], opts: BuildOptions) -> list[str]:
     return []
 
 
-def _close(name: str, options: list[str]) -> str:
+def selection(opts: BuildOptions) -> dict[str, list[str]]:
+    """The recipes and targets the build was limited to (--only, --target; empty: all), after ninja_targets
+    resolved device names: the summary and the report show only their rows."""
+    return {"recipes": sorted(opts.only), "targets": sorted(opts.targets)}
+
+
+def _close(name: str, options: list[str], n: int = 1) -> str:
     from ctxbuild.recipes.suggest import did_you_mean  # difflib: only for a bad name, not on every build
 
-    return did_you_mean(name, options, otherwise=f"known: {', '.join(options) or 'none'}") or ""
+    return did_you_mean(name, options, otherwise=f"known: {', '.join(options) or 'none'}", n=n) or ""

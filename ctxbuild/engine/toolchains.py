@@ -19,12 +19,13 @@ def used(state: dict[str, Any]) -> list[str]:
     return sorted({a["toolchain"] for a in state["actions"] if a.get("toolchain")})
 
 
-def ensure_provisioned(state: dict[str, Any], say: Any) -> None:
-    """Every toolchain the plan uses, provisioned before anything is keyed (a no-op reads one JSON each)."""
+def ensure_provisioned(state: dict[str, Any], say: Any, live: Any = None) -> None:
+    """Every toolchain the plan uses, provisioned before anything is keyed (a no-op reads one JSON each); `say`
+    and `live` as provision.ensure takes them."""
     from ctxbuild.toolchain import choose, provision
 
     for name in used(state):
-        provision.ensure(choose.by_name(name), say)
+        provision.ensure(choose.by_name(name), say, live=live)
 
 
 def note_changes(out: Path, state: dict[str, Any]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from ctxbuild.errors import ActionError, cause_line
+from ctxbuild.errors import ActionError, SampleError, cause_line
 from ctxbuild.graph.modelio import graph_inputs
 from ctxbuild.graph.signature import LAYOUTS
 
@@ -34,25 +34,52 @@ def first_header(samples: Path, name: str, only_input: bool) -> tuple[Header | N
     """(shape, dtype) of input `name` in the first sample of directory `samples` (a .npy for a model's only input,
     an .npz's array of that name), read from the array's header alone (None if it cannot be), and the file's
     name; None when the directory holds no sample."""
+    files = sorted(p for p in samples.iterdir() if p.suffix in (".npy", ".npz") and p.is_file()) \
+        if samples.is_dir() else []
+    if not files:
+        return None
+    return header(files[0], name, only_input), files[0].name
+
+
+def header(file: Path, name: str, only_input: bool) -> Header | None:
+    """(shape, dtype) of input `name` in sample `file`, from the array's header alone; None if it cannot be read
+    (or a .npy sample of a model with several inputs)."""
     import zipfile
+    from contextlib import nullcontext
 
     import numpy as np
 
-    files = sorted(p for p in samples.iterdir() if p.suffix in (".npy", ".npz") and p.is_file()) \
-        if samples.is_dir() else []
-    if not files or (files[0].suffix == ".npy" and not only_input):
-        return (None, files[0].name) if files else None
-    from contextlib import nullcontext
-
+    if file.suffix == ".npy" and not only_input:
+        return None
     try:
-        with (zipfile.ZipFile(files[0]) if files[0].suffix == ".npz" else nullcontext()) as z, \
-                (z.open(f"{name}.npy") if z else open(files[0], "rb")) as f:
+        with (zipfile.ZipFile(file) if file.suffix == ".npz" else nullcontext()) as z, \
+                (z.open(f"{name}.npy") if z else open(file, "rb")) as f:
             version = np.lib.format.read_magic(f)
             read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape, _, dtype = read(f)
-            return (tuple(shape), dtype), files[0].name
+            return tuple(shape), dtype
     except (OSError, ValueError, KeyError, zipfile.BadZipFile):
-        return None, files[0].name
+        return None
+
+
+def cast_warnings(what: str, files: list[Path], spec: InputSpec) -> list[str]:
+    """One line per input whose samples are stored in another dtype than the model takes (read from the headers).
+    A cast that changes a value fails the sample's check (check_sample), so a build that gets here kept them all;
+    integers for a float input are used as stored, which the app may not do (it may normalize)."""
+    found = []
+    for name, (_, dtype) in spec.items():
+        stored = next(((h[1], f.name) for f in files if (h := header(f, name, len(spec) == 1)) and h[1] != dtype), None)
+        if stored is None:
+            continue
+        kind, file = stored
+        if dtype.kind == "f" and kind.kind in "iub":
+            found.append(f"{what}: sample {file} holds {name} as {kind}, the model takes {dtype}: used as stored (e.g. "
+                         "0-255); if the app normalizes its inputs, save the samples normalized")
+        else:
+            how = "rounded" if dtype.kind == kind.kind == "f" and dtype.itemsize < kind.itemsize else "every value kept"
+            found.append(f"{what}: sample {file} holds {name} as {kind}, the model takes {dtype}: cast to {dtype} "
+                         f"({how}); save the samples as {dtype}")
+    return found
 
 
 def input_spec(model: Any) -> InputSpec:
@@ -147,8 +174,30 @@ def check_sample(sample: dict[str, np.ndarray], spec: InputSpec, path: Path, rec
             bad = int(arr.size - np.isfinite(arr).sum())
             raise ActionError(f"{path}: '{name}' holds {bad} NaN/Inf value(s)",
                               "samples must be real, finite inputs; regenerate this file")
-        out[name] = arr.astype(dtype, copy=False)
+        out[name] = _cast(arr, dtype, path, name)
     return out
+
+
+def _cast(arr: np.ndarray, dtype: np.dtype, path: Path, name: str) -> np.ndarray:
+    """`arr` as the model's dtype; a cast that changes a value (0.5 for a bool input, an int64 beyond int32) is a
+    SampleError: the model would be calibrated and verified on other inputs than the file holds. Floats narrowed to
+    a smaller float are rounded, as an app's feed would be, unless they overflow it."""
+    import numpy as np
+
+    if arr.dtype == dtype:
+        return arr
+    with np.errstate(all="ignore"):
+        cast = arr.astype(dtype)
+        if dtype.kind == arr.dtype.kind == "f":
+            changed = ~np.isfinite(cast)
+        else:
+            changed = cast.astype(arr.dtype) != arr
+    if changed.any():
+        i = int(np.flatnonzero(changed)[0])
+        raise SampleError(f"{path}: '{name}' is {arr.dtype}, the model takes {dtype}, and the cast changes values "
+                          f"({arr.flat[i].item()!r} becomes {cast.flat[i].item()!r}, {int(changed.sum())} of {arr.size})",
+                          f"save the sample's '{name}' as {dtype}, with the values the app feeds")
+    return cast
 
 
 def _layout_fix(got: tuple[int, ...], want: tuple[int, ...]) -> str | None:

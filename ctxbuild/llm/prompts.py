@@ -13,6 +13,9 @@ if TYPE_CHECKING:  # numpy where prompts are read: the planner only lists them
     import numpy as np
 
 TEXT = (".txt", ".jsonl")
+# the quality gates' evaluation text unless llm.eval.text (llm/quality.py): 734 words of plain English prose written for
+# ctxbuild (rivers, bread, weather, libraries, music, stars), shipped in the package
+DEFAULT_TEXT = Path(__file__).with_name("eval_text.txt")
 SUFFIXES = (".npy", *TEXT)
 
 

@@ -222,13 +222,16 @@ def _rename(g: Any, old: str, new: str) -> None:
 
 
 def write_static_graphs(src: Path, parts: int, ars: list[int], cls: list[int], dst: dict[str, Path],
-                        weights: list[Path], adapter_slots: dict[str, Any] | None = None) -> DecoderShape:
+                        weights: list[Path], adapter_slots: dict[str, Any] | None = None,
+                        alpha: tuple[dict[str, Any], dict[str, Path]] | None = None) -> DecoderShape:
     """Every (part, AR, CL) graph of `src` to `dst[graph name]`, all of part p's weights in one file `weights[p]`
     beside them (each tensor once, however many graphs read it). The model is read without its external data and
     the weights are streamed from `src`'s files as they are saved: memory stays at the graph structure (plus inline
     weights) whatever the model's size, and no protobuf nears its 2 GB limit.
     `adapter_slots` ({patterns, scaling}): those weights become graph inputs, each with its default (the base's
-    value) as an initializer of the same name, so the graph runs without an adapter and an adapter overrides them."""
+    value) as an initializer of the same name, so the graph runs without an adapter and an adapter overrides them.
+    `alpha` (switch: alpha spec, adapter name -> file): the adapters attached to the canonical decoder as branches
+    gated by the lora_alpha input (lora/alpha.py), which `adapter_slots` then names."""
     from ctxbuild.graph.modelio import SharedData
     from ctxbuild.lora.adapters import add_defaults, make_slots
 
@@ -239,6 +242,11 @@ def write_static_graphs(src: Path, parts: int, ars: list[int], cls: list[int], d
     if parts > shape.layers:
         raise NotADecoder(f"{parts} parts for a model of {shape.layers} layers: at most one part per layer")
     ranges = part_ranges(shape.layers, parts)
+    alpha_map = None
+    if alpha:
+        from ctxbuild.lora.alpha import attach, stamp
+
+        alpha_map = attach(model, *alpha)
     defaults: dict[str, Any] = {}
     if adapter_slots:
         scaling = adapter_slots["scaling"]
@@ -252,6 +260,8 @@ def write_static_graphs(src: Path, parts: int, ars: list[int], cls: list[int], d
                                    convention.fold_static)
                 mine = {i.name for i in sub.graph.input}
                 add_defaults(sub, {k: v for k, v in defaults.items() if k in mine})
+                if alpha_map and alpha_map["input"] in mine:  # the wrappers carry it (lora/wrappers.py)
+                    stamp(sub, alpha_map)
                 # small tensors (shape constants) stay inline: shape inference needs their values
                 data.save(sub, src.parent, dst[s.name], inline_max=1023)
     return shape

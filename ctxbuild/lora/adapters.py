@@ -215,7 +215,9 @@ def bind_param(path: Path, spec: SlotSpec, param: dict[str, Any]) -> dict[str, n
 
 class CalibrationSet:
     """Calibration over the declared adapters: each sample runs once with the base's defaults ("no
-    adapter") and once per adapter of the set, so the activation encodings cover all of them."""
+    adapter") and once per adapter of the set, so the activation encodings cover all of them. With switch: alpha,
+    once with lora_alpha all zeros and once per one-hot: encodings then cover every adapter alone and their convex
+    mixes (alphas summing to at most 1)."""
 
     def __init__(self, defaults: dict[str, np.ndarray], variants: list[dict[str, np.ndarray]]) -> None:
         self.defaults = defaults
@@ -225,6 +227,12 @@ class CalibrationSet:
     def of(cls, action: Any) -> "CalibrationSet | None":
         """From a quantize action's inputs (`reference`, `adapter:<name>`) and params; None without adapters."""
         params = action.params.get("adapters")
+        if n := action.params.get("alpha"):  # switch: alpha: the base (all zeros) and each adapter alone (one-hot)
+            import numpy as np
+
+            defaults = slot_defaults_of(Path(action.inputs["reference"]))
+            name = next(iter(defaults))
+            return cls(defaults, [{name: np.eye(n, dtype=np.float32)[i]} for i in range(n)])
         if not params:
             return None
         defaults = slot_defaults_of(Path(action.inputs["reference"]))

@@ -32,8 +32,19 @@ def adapter_entries(out: Path, rows: list[dict[str, Any]], memo: DigestMemo,
             entry["binds"] = {"graph": row["graph"], "slots": info.get("slots")}
             entry["verification"] = verification(out, row["verified_by"])
         else:
-            entry["binds"] = {"graphs": record.get("sections", {}).get(row["name"], {}).get("graphs")}
+            keys = row.get("sections") or [row["name"]]
+            entry["binds"] = {"graphs": record.get("sections", {}).get(keys[0], {}).get("graphs")}
+            if len(keys) > 1:  # grouped LoRA: qnn.lora_config takes one section per run, these in this order
+                entry["apply_in_order"] = [str(Path(p).relative_to(out)) for p in paths[len(keys):]]
             entry["verification"] = {"status": "not run", "reason": SECTION_UNVERIFIED}
         entries.append(entry)
     return entries
 
+
+
+def alpha_summary(alpha_map: dict[str, Any]) -> dict[str, Any]:
+    """An alpha-switched wrapper's map as the manifest and `inspect` show it: the input, the values for off and on,
+    and per index the adapter's name, rank, scale and the nodes it adapts."""
+    return {"input": alpha_map["input"], "codes": alpha_map.get("codes"),
+            "adapters": [{"index": a["index"], "name": a["name"], "rank": a["rank"], "scale": a["scale"],
+                          "targets": [t["node"] for t in a["targets"]]} for a in alpha_map["adapters"]]}

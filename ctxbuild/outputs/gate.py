@@ -92,16 +92,21 @@ def _socs(info: compat.CompatInfo, serves: list[dict[str, str]], soc: Soc | None
     return out
 
 
+REBUILD = "rebuild it: `ctxbuild build` into this OUT"
+
+
 def judge(fact: dict[str, Any], serves: list[dict[str, str]], runtime: Runtime,
           soc: Soc | None = None) -> list[dict[str, str]]:
-    """One verdict per SoC: {"soc", "verdict", "reason"}."""
+    """One verdict per SoC: {"soc", "verdict", "reason"}, and for "will not load" the `fix` (a recipe line where
+    one makes a wrapper that loads)."""
     if problem := fact.get("changed") or fact.get("binary_error"):
         names = [soc.name] if soc else [s.get("name", "?") for s in serves] or ["?"]
-        return [{"soc": n, "verdict": WILL_NOT_LOAD, "reason": problem} for n in names]
+        return [{"soc": n, "verdict": WILL_NOT_LOAD, "reason": problem, "fix": REBUILD} for n in names]
     try:
         info = _info(fact, serves)
     except ValueError as e:
-        return [{"soc": soc.name if soc else "?", "verdict": WILL_NOT_LOAD, "reason": f"cannot tell: {e}"}]
+        return [{"soc": soc.name if soc else "?", "verdict": WILL_NOT_LOAD, "reason": f"cannot tell: {e}",
+                 "fix": "build it with ctxbuild, or wrap its binary with `ctxbuild wrap` (both record what it needs)"}]
     if not serves and soc is None:
         serves = [{"name": f"soc_model {m}", "soc_model": str(m), "htp_arch": str(a)}
                   for m, a in zip(info.soc_models, info.htp_archs)]
@@ -113,14 +118,40 @@ def judge(fact: dict[str, Any], serves: list[dict[str, str]], runtime: Runtime,
         if fact["ir_version"] > runtime.max_ir:
             ort = fmt(runtime.onnxruntime) if runtime.onnxruntime else "1.24"
             rows.append({"soc": name, "verdict": WILL_NOT_LOAD, "reason": (
-                f"ONNX IR {fact['ir_version']}: onnxruntime {ort} opens IR <= {runtime.max_ir}")})
+                f"ONNX IR {fact['ir_version']}: onnxruntime {ort} opens IR <= {runtime.max_ir}"),
+                "fix": "`ctxbuild wrap` its binary: ctxbuild's wrappers are lowered for onnxruntime 1.24"})
             continue
         own_vtcm = max(info.vtcm_mbs, default=0)
         device = compat.Device(sdk_version=(runtime.qairt + (0, 0))[:3], htp_arch=arch,
                                vtcm_mb=vtcm if vtcm is not None else own_vtcm)
         verdict, reason = compat.judge(info, device)
-        rows.append({"soc": name, "verdict": _VERDICT[verdict], "reason": reason + note})
+        rows.append({"soc": name, "verdict": _VERDICT[verdict], "reason": reason + note,
+                     **({"fix": _fix(info, runtime, name)} if verdict == compat.Compatibility.UNSUPPORTED else {})})
     return rows
+
+
+def _fix(info: compat.CompatInfo, runtime: Runtime, soc: str) -> str:
+    """The recipe line that makes a wrapper this runtime and SoC load (compat.judge's refusals, in its order)."""
+    if info.backend_id != _HTP or info.htp_usr_drv:
+        return "rebuild it with ctxbuild, which compiles for the HTP without the user driver"
+    if info.sdk_version[:2] > runtime.qairt[:2]:  # forward-only: a toolchain no newer than the runtime's QAIRT
+        chosen = f'"{runtime.plugin}"' if runtime.plugin else f'{{qairt: "{fmt(runtime.qairt)}"}}'
+        return f"build for that runtime too: `toolchain: [installed, {chosen}]` in the recipe"
+    return f"build for that SoC too: add {soc} to the recipe's `targets:`"
+
+
+def _ship_instead(rows: list[dict[str, Any]]) -> None:
+    """A wrapper that will not load where another build of the same recipe (a toolchain variant,
+    `<recipe>-qairt-X.Y.Z`, or another target) loads on the same runtime and SoC: the fix is to ship that one."""
+    loads = {(r["runtime"], r["soc"], _base(r["recipe"])): r["path"] for r in rows if r["verdict"] != WILL_NOT_LOAD}
+    for r in rows:
+        if r["verdict"] == WILL_NOT_LOAD and (other := loads.get((r["runtime"], r["soc"], _base(r["recipe"])))):
+            r["fix"] = f"ship {other} to these devices: it loads"
+
+
+def _base(recipe: str) -> str:
+    """A recipe's name without its toolchain variant's suffix (choose.Toolchain.suffix)."""
+    return recipe.split("-qairt-", 1)[0]
 
 
 def check(path: Path, runtimes: list[Runtime], soc_name: str | None) -> list[dict[str, Any]]:
@@ -154,6 +185,7 @@ def check(path: Path, runtimes: list[Runtime], soc_name: str | None) -> list[dic
             for v in judge(fact, art.get("serves") or [], rt, soc):
                 rows.append({"path": art["path"], "recipe": art.get("recipe", "-"),
                              "target": (art.get("target") or {}).get("name", "-"), "runtime": rt.label, **v, **fact})
+    _ship_instead(rows)
     return rows
 
 
@@ -191,7 +223,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     ep = any("ep_verdict" in r for r in rows)  # `check` asked the EP too (outputs/epverdict.py)
     head = ("artifact", "runtime", "soc", "verdict", *(("EP says",) if ep else ()), "why")
     body = [(r["path"], r["runtime"], r["soc"], r["verdict"], *((r.get("ep_verdict") or "-",) if ep else ()),
-             r["reason"]) for r in rows]
+             r["reason"] + (f"; fix: {r['fix']}" if r.get("fix") else "")) for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1] for row in (head, *body)]
     bad = sum(r["verdict"] == WILL_NOT_LOAD for r in rows)
@@ -202,4 +234,5 @@ def table(rows: list[dict[str, Any]]) -> str:
 def blocked(manifest: dict[str, Any]) -> list[str]:
     """One line per wrapper x declared runtime x SoC the manifest says will not load."""
     return [f"{a['path']} will not load on {v['runtime']['label']} ({v['soc']}): {v['reason']}"
+            + (f"; fix: {v['fix']}" if v.get("fix") else "")
             for a in manifest.get("artifacts", []) for v in a.get("runtimes", []) if v["verdict"] == WILL_NOT_LOAD]

@@ -10,13 +10,16 @@ from ctxbuild.atomic import read_json, write_if_changed
 from ctxbuild.digests import DigestMemo
 from ctxbuild.layout import STATE, record_path
 from ctxbuild.outputs.search_table import search_of, with_costs
-from ctxbuild.outputs.adapters import adapter_entries
+from ctxbuild.outputs.adapters import adapter_entries, alpha_summary
+from ctxbuild.graph.protowire import wrapper_facts
+from ctxbuild.lora.alpha import KEY as ALPHA_KEY
 from ctxbuild.outputs import gate
 from ctxbuild.outputs.lineage import rewrites
 from ctxbuild.toolchain.runtimes import Runtime, runtime
 
 MANIFEST_VERSION = 1
-KINDS = {"ctx": "epcontext_model", "bin": "context_binary", "package": "model_package"}
+KINDS = {"ctx": "epcontext_model", "bin": "context_binary", "package": "model_package",
+         "ctx_qio": "epcontext_model_quantized_io"}  # switch: alpha: the same binary's wrapper fed codes
 
 
 def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, str]) -> dict[str, Any]:
@@ -52,6 +55,8 @@ def write(out: Path, plan_state: dict[str, Any], toolchain_versions: dict[str, s
         if role.startswith("ctx"):  # an EPContext model names one graph of its binary
             graph = role.split(":", 1)[1] if ":" in role else art["graphs"][0]
             entry.update(graph=graph, graph_name_in_binary=names.get(graph), compatibility=gate.facts(path))
+            if alpha_map := wrapper_facts(path)["metadata"].get(ALPHA_KEY):  # switch: alpha: index <-> adapter
+                entry["lora_alpha"] = alpha_summary(json.loads(alpha_map))
             if art.get("runtimes"):  # the deploy gate, for the runtimes the recipe declares
                 entry["runtimes"] = [{"runtime": rt.as_dict(), **v} for rt in map(_runtime, art["runtimes"])
                                      for v in gate.judge(entry["compatibility"], entry["serves"], rt)]
@@ -102,11 +107,15 @@ def _verification(out: Path, verifiers: list[str]) -> dict[str, Any] | None:
     passed = all(r.get("status") == "ok" for r in results)  # type: ignore[union-attr]
     methods = sorted({r.get("result", {}).get("method", "?") for r in results})  # type: ignore[union-attr]
     tokens = [r["result"]["by_cl"] for r in results if "by_cl" in (r.get("result") or {})]  # type: ignore[union-attr]
+    # llm_quality: perplexity and agreement per backend (the texts are in the report and llm_quality.json)
+    quality = [{k: v for k, v in r["result"]["quality"].items() if k != "texts"} | {"thresholds": r["result"]["thresholds"]}
+               for r in results if "quality" in (r.get("result") or {})]  # type: ignore[union-attr]
     random = any((r.get("result") or {}).get("sample_source") == "random" for r in results)  # type: ignore[union-attr]
     # on seeded random inputs a pass proves the graph runs, not that it computes the user's results
     return {"status": "failed" if not passed else "unverified (random inputs)" if random else "passed",
             "method": ", ".join(methods),
-            **({"tokens_by_cl": tokens[0]} if tokens else {})}  # llm_part_eval, llm_eval: per CL and backend (docs/llm.md)
+            **({"tokens_by_cl": tokens[0]} if tokens else {}),  # llm_part_eval, llm_eval: per CL and backend (docs/llm.md)
+            **({"quality": quality[0]} if quality else {})}
 
 
 def _sharing(out: Path, twins: list[str], bundle_size: int) -> dict[str, Any] | None:

@@ -26,18 +26,23 @@ from ctxbuild.outputs.report_graph import layout
 from ctxbuild.outputs.report_html import render_html
 
 REPORT_VERSION = 1
+NOT_NEEDED = "not needed"
 
 
-def write_report(out: Path, *, build_id: str | None = None, returncode: int = 0,
-                 wall_seconds: float | None = None, driver_peak_rss: int | None = None) -> dict[str, Any] | None:
+def write_report(out: Path, *, build_id: str | None = None, returncode: int = 0, wall_seconds: float | None = None,
+                 driver_peak_rss: int | None = None, selection: dict[str, list[str]] | None = None
+                 ) -> dict[str, Any] | None:
     """Write OUT/report.json and OUT/report.html (atomically); returns the report data.
 
     build_id: the build that just ran (records carrying it are "this build"); without it, last_build.json says.
     wall_seconds: the build's wall time; without it, the span of this build's actions.
+    selection: the recipes and targets the build was limited to (--only, --target; empty lists: all): the
+    report holds only their rows and actions.
     Never fails the build: a problem is one warning line on stderr and None.
     """
     try:
-        report = collect(Path(out), build_id=build_id, returncode=returncode, wall_seconds=wall_seconds)
+        report = collect(Path(out), build_id=build_id, returncode=returncode, wall_seconds=wall_seconds,
+                         selection=selection)
         report["memory"] = memory.section(_read_records(Path(out), report), driver_peak_rss)
         html = render_html(report, Path(out))
         # no indent: json's C encoder only runs without one (6x faster here); `jq .` pretty-prints it
@@ -57,7 +62,7 @@ def _read_records(out: Path, report: dict[str, Any]) -> dict[str, Any]:
 
 
 def collect(out: Path, *, build_id: str | None = None, returncode: int = 0,
-            wall_seconds: float | None = None) -> dict[str, Any]:
+            wall_seconds: float | None = None, selection: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """The report as plain data (what report.json holds and the template renders)."""
     plan = read_json(out / STATE / "plan.json") or {"actions": []}
     manifest = read_json(out / "manifest.json") or {}
@@ -69,16 +74,21 @@ def collect(out: Path, *, build_id: str | None = None, returncode: int = 0,
     else:
         this_build = set(last.get("actions", {}))
     status = {a["id"]: _action_status(records[a["id"]], a["id"] in this_build) for a in actions}
-    rows = _rows(out, plan, manifest, records, status, this_build)
-    failures = _failures(actions, records, status, this_build, rows)
-    counts = _counts(status, this_build, len(actions))
+    rows = [r for r in _rows(out, plan, manifest, records, status, this_build)
+            if _selected({"recipes": [r["recipe"]], "target": r["target"]}, selection)]
+    # Shown and counted: what the build was limited to (--only, --target), and whatever else it ran (a precision
+    # search measures sibling SoCs); not a candidate's placeholders (an earlier candidate made it unneeded).
+    shown = [a for a in actions if status[a["id"]] != NOT_NEEDED and (_selected(a, selection) or a["id"] in this_build)]
+    failures = _failures(shown, records, status, this_build, rows)
+    counts = _counts({a["id"]: status[a["id"]] for a in shown}, this_build, len(shown))
     if wall_seconds is None:  # not given by the driver: the span of this build's actions
         spans = [(r["started"], r["finished"]) for i, r in records.items()
                  if r and i in this_build and "started" in r and "finished" in r]
         wall_seconds = max(f for _, f in spans) - min(s for s, _ in spans) if spans else None
     # The outcome is this build's; a failure left from an earlier build still shows in its row and in failures.
     gate = [{"path": a["path"], "runtime": v["runtime"]["label"], "soc": v["soc"], "verdict": v["verdict"],
-             "reason": v["reason"]} for a in manifest.get("artifacts", []) for v in a.get("runtimes", [])]
+             "reason": v["reason"], "fix": v.get("fix")}
+            for a in manifest.get("artifacts", []) for v in a.get("runtimes", [])]
     blocked = any(g["verdict"] == WILL_NOT_LOAD for g in gate)  # the build failed on it (engine/build.py)
     outcome = ("failed" if returncode != 0 or counts["failed"] or blocked
                else ("up to date" if not this_build else "ok"))
@@ -91,13 +101,22 @@ def collect(out: Path, *, build_id: str | None = None, returncode: int = 0,
         "generated": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "out": str(out),
         "build": {"id": build_id, "returncode": returncode, "outcome": outcome, "note": note,
+                  "selection": selection or {"recipes": [], "targets": []},
                   "wall_seconds": None if wall_seconds is None else round(wall_seconds, 3), **counts},
         "toolchain": manifest.get("toolchain") or {},
         "rows": rows,
         "gate": gate,
         "failures": failures,
-        "graph": layout(actions, status, {i: _href((r or {}).get("log")) for i, r in records.items()}),
+        "graph": layout(shown, status, {i: _href((r or {}).get("log")) for i, r in records.items()}),
     }
+
+
+def _selected(a: dict[str, Any], selection: dict[str, list[str]] | None) -> bool:
+    """An action of the recipes and targets the build was limited to (one for no target, a prepare or quantize,
+    belongs to every target)."""
+    recipes, targets = (selection or {}).get("recipes"), (selection or {}).get("targets")
+    return ((not recipes or any(r in recipes for r in a["recipes"]))
+            and (not targets or not a.get("target") or a["target"]["name"] in targets))
 
 
 def _rows(out: Path, plan: dict[str, Any], manifest: dict[str, Any], records: dict[str, Any],
@@ -255,9 +274,10 @@ def _verify(a: dict[str, Any], rec: dict[str, Any] | None, st: str) -> dict[str,
     outputs = []
     for name, m in sorted((res.get("outputs") or {}).items()):
         cos, snr = m.get("cosine"), m.get("snr_db")
+        floor = m.get("min_cosine", min_cos)  # an LLM part's KV output has a floor of its own (min_kv_cosine)
         outputs.append({"name": name, "cosine": cos, "snr_db": snr, "max_abs": m.get("max_abs"),
-                        "mean_abs": m.get("mean_abs"), "argmax_agreement": m.get("argmax_agreement"),
-                        "cosine_ok": None if cos is None or min_cos is None else cos >= min_cos,
+                        "mean_abs": m.get("mean_abs"), "argmax_agreement": m.get("argmax_agreement"), "min_cosine": floor,
+                        "cosine_ok": None if cos is None or floor is None else cos >= floor,
                         "snr_ok": None if snr is None or min_snr is None else snr >= min_snr,
                         "slices": [{"slice": x.get("slice"), "range": f"{x.get('start')}:{x.get('stop')}",
                                     "cosine": x.get("cosine"), "snr_db": x.get("snr_db"),
@@ -274,6 +294,7 @@ def _verify(a: dict[str, Any], rec: dict[str, Any] | None, st: str) -> dict[str,
             "context_lengths": sorted(int(c) for c in res["by_cl"]) if res.get("by_cl") else None,  # llm_part_eval, llm_eval
             "sample_source": res.get("sample_source"), "thresholds": thr, "outputs": outputs,
             "coverage": res.get("coverage"), "simulator_seconds": rec.get("simulator_seconds"),
+            "quality": res.get("quality"),  # llm_quality: perplexity, agreement, the texts side by side
             "clipping": [c["tensor"] for c in res.get("clipping") or []],  # LoRA: tensors leaving their encodings
             "seconds": rec.get("seconds"), "cause": _one_line(rec.get("cause")), "log": rec.get("log"),
             "href": _href(rec.get("log")), "layers": _layers(a, rec)}
@@ -310,9 +331,14 @@ def _coverage(verify: list[dict[str, Any]]) -> dict[str, Any] | None:
     frac = qnn / (qnn + cpu) if qnn + cpu else covs[0].get("fraction")
     found = {"qnn_nodes": qnn, "cpu_nodes": cpu, "fraction": None if frac is None else round(frac, 4)}
     shares = [c["cpu_macs_share"] for c in covs if c.get("cpu_macs_share") is not None]
-    if cpu:  # cpu_fallback (qnn/fallback.py): the cuts, and the worst graph's share of its MACs on the CPU
+    if cpu:  # cpu_fallback (qnn/fallback.py): the cuts, the worst graph's share of its MACs on the CPU, the CPU's ops
+        ops: dict[str, int] = {}
+        for c in covs:
+            for op, n in (c.get("cpu_ops") or {}).items():
+                ops[op] = ops.get(op, 0) + n
         found |= {"partitions": max(int(c.get("partitions") or 0) for c in covs),
-                  "cpu_macs_share": max(shares) if shares else None}
+                  "cpu_macs_share": max(shares) if shares else None, "cpu_ops": ops,
+                  "macs_unknown": [u for c in covs for u in c.get("macs_unknown") or []]}
     return found
 
 
@@ -327,13 +353,16 @@ def _precision(params: dict[str, Any]) -> str | None:
 
 
 def _action_status(rec: dict[str, Any] | None, this_build: bool) -> str:
-    """built | cache | failed (this build), up to date | up to date (cache) (earlier build), not built."""
+    """built | cache | failed (this build), up to date | up to date (cache) (earlier build), not built, not needed
+    (a precision-search candidate's placeholders)."""
     if rec is None:
         return "not built"
     if rec.get("status") == "failed":
         return "failed"
     if rec.get("status") != "ok":
         return "not built"
+    if rec.get("not_needed"):
+        return NOT_NEEDED
     cached = rec.get("source") == "cache"
     if this_build:
         return "cache" if cached else "built"

@@ -57,8 +57,11 @@ def accuracy(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                            "cosine": min((o["cosine"] for o in outs), default=None),
                            "snr_db": min((o["snr_db"] for o in outs), default=None),
                            "worst": min(outs, key=lambda o: o["snr_db"])["label"] if outs else None,
+                           # the floor gating the lowest cosine shown, where it is an output's own (an LLM part's KV)
+                           "worst_floor": min(outs, key=lambda o: o["cosine"]).get("min_cosine") if outs else None,
+                           "quality": quality_line(v.get("quality")),  # llm_quality's figures
                            "precision": row.get("precision"),  # a search's: "auto: <the candidate it ships>"
-                           "thresholds": v.get("thresholds")})
+                           "thresholds": v.get("thresholds"), "on_cpu": on_cpu(v.get("coverage"))})
     return result
 
 
@@ -163,18 +166,78 @@ def sibling_skips(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def quality_line(q: dict[str, Any] | None) -> str | None:
+    """An LLM's quality figures in a few words: perplexity ratio and greedy agreement per backend measured."""
+    if not q:
+        return None
+    names = {"qdq_cpu": "CPU", "simulator": "simulator"}
+    parts = []
+    for b, m in q.items():
+        if b in names and isinstance(m, dict):
+            said = [f"ppl {m['ppl_ratio']:.3f}x"] if m.get("ppl_ratio") is not None else []
+            said += [f"agreement {m['agreement']:.2f}"] if m.get("agreement") is not None else []
+            parts += [f"{names[b]} {', '.join(said)}"] if said else []
+    return "; ".join(parts) or None
+
+
+def on_cpu(coverage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What compile.cpu_fallback left on the CPU (verify's coverage): the CPU's share of the model's counted MACs,
+    its ops, the nodes whose MACs are unknown; None when the whole graph ran on the NPU (or was not verified)."""
+    if not coverage or not coverage.get("cpu_nodes"):
+        return None
+    return {"macs_share": coverage.get("cpu_macs_share"), "nodes": coverage["cpu_nodes"],
+            "ops": coverage.get("cpu_ops") or {}, "macs_unknown": coverage.get("macs_unknown") or []}
+
+
+def cpu_note(cpu: dict[str, Any] | None) -> str:
+    """'on the CPU: 97.1% of the MACs (3 LSTM, 2 other nodes)': a CPU-fallback build's verdict says where the
+    compute ran; MACs that could not be counted are said, not left out."""
+    if cpu is None:
+        return ""
+    from ctxbuild.graph.macs import WITH_MACS
+
+    heavy = {op: n for op, n in sorted(cpu["ops"].items()) if op in WITH_MACS}
+    others = cpu["nodes"] - sum(heavy.values())
+    ops = ", ".join([f"{n} {op}" for op, n in heavy.items()]
+                    + ([f"{others} {'other ' * bool(heavy)}node{'s' * (others != 1)}"] if others > 0 else []))
+    unknown = cpu["macs_unknown"]
+    counted = "counted " if unknown else ""
+    share = (f"{100 * cpu['macs_share']:.1f}% of the {counted}MACs" if cpu["macs_share"] is not None
+             else "share of MACs unknown" if unknown else "no MACs counted in the model")
+    named = ", ".join(f"{u['node']} ({u['op']}, {u['on']})" for u in unknown[:3]) + (
+        f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+    return f"; on the CPU: {share} ({ops})" + (f"; MACs unknown: {named}" if unknown else "")
+
+
 def _verdict(r: dict[str, Any]) -> str:
+    return _outcome(r) + (cpu_note(r.get("on_cpu")) if r.get("cosine") is not None else "")
+
+
+def _outcome(r: dict[str, Any]) -> str:
+    if r.get("quality"):  # an LLM's quality gates: their figures, not a cosine
+        t = r.get("thresholds") or {}
+        gates = f"max {t.get('max_ppl_ratio')}x, min {t.get('min_agreement')}"
+        return f"{'ok' if r['passed'] else 'FAILED'} ({r['quality']}; {gates})" if r.get("passed") is not None \
+            else _outcome({**r, "quality": None})
     if r["passed"] and r.get("sample_source") == "random":
         return "unverified: random inputs (give verify.dir or calibration.dir)"
     if r["passed"]:  # a precision search says what it chose: the user did not
-        return f"ok ({r['precision']})" if (r.get("precision") or "").startswith("auto: ") else "ok"
+        if (r.get("precision") or "").startswith("auto: "):
+            return f"ok ({r['precision']})"
+        floor, t = r.get("worst_floor"), r.get("thresholds") or {}
+        # the row's cosine is the lowest shown; gated at its own floor (KV), the row says which
+        below = r.get("cosine") is not None and t.get("min_cosine") is not None and r["cosine"] < t["min_cosine"]
+        return f"ok (KV min cosine {floor})" if below and floor is not None and floor != t.get("min_cosine") else "ok"
     t = r.get("thresholds") or {}
     if r.get("status") == "not built":  # a failure upstream, or the build stopped first (-k, Ctrl-C)
         return f"not run: {r['blocked_by']} failed" if r.get("blocked_by") else "not run (the build stopped first)"
     if r["cosine"] is None:
         return "FAILED (see above)"
     at = f" at {r['worst']}" if " slice " in (r.get("worst") or "") else ""  # a part: the whole may look fine
-    return f"FAILED{at} (min cosine {t.get('min_cosine')}, min SNR {t.get('min_snr_db')} dB)"
+    gates = [f"min cosine {t.get('min_cosine')}"]
+    gates += [f"min SNR {t['min_snr_db']} dB"] if t.get("min_snr_db") is not None else []
+    gates += [f"KV min cosine {t['min_kv_cosine']}"] if t.get("min_kv_cosine") is not None else []  # an LLM part
+    return f"FAILED{at} ({', '.join(gates)})"
 
 
 def _kind(record: dict[str, Any]) -> type[kinds.Kind]:

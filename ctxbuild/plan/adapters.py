@@ -13,7 +13,7 @@ from typing import Any
 
 from ctxbuild.plan.action import Action
 from ctxbuild.recipes.objects import Recipe
-from ctxbuild.recipes.adapters import Adapter, Adapters
+from ctxbuild.recipes.adapters import GROUPED, Adapter, Adapters
 from ctxbuild.recipes.targets import Target
 
 
@@ -75,6 +75,23 @@ def _verify_adapter(base: Action, binding: Action, name: str, calibrated: bool, 
     return v
 
 
+def alpha_verify_action(recipe: Recipe, base_verify: Action, compiled: Action) -> Action:
+    """switch: alpha: the graph's verification per alpha vector (actions/verify_alpha.py), beside the plain verify
+    (lora_alpha not fed: its default, all zeros). Reads the adapter files: a changed one re-verifies (and, through
+    prepare, rebuilds)."""
+    assert recipe.alpha is not None
+    v = copy.deepcopy(base_verify)
+    v.id = base_verify.id.replace("verify/", "verify_alpha/", 1)
+    v.kind = "verify_alpha"
+    v.description = f"verify {recipe.name}@{compiled.target['name']} per lora_alpha ({len(recipe.alpha.items)} adapters)"
+    v.params["alpha"] = recipe.alpha.param()
+    v.inputs.update(recipe.alpha.files())
+    v.inputs.update({f"ctx.{k}": p for k, p in compiled.outputs.items()})
+    result = Path(base_verify.outputs["result"])
+    v.outputs = {"result": str(result.with_name(f"{recipe.name}_verify_alpha.json"))}
+    return v
+
+
 def section_actions(recipe: Recipe, t: Target, out: Path) -> list[Action]:
     """A prebuilt binary's LoRAv2 sections for one target: copied beside the wrapper, one lora_config each."""
     pb = recipe.prebuilt
@@ -102,9 +119,12 @@ def adapter_rows(actions: list[Action], successors: Any) -> list[dict[str, Any]]
             rows.append({"action": a.id, "recipe": a.recipes[0], "target": a.target, "name": a.params["name"],
                          "kind": "onnx_adapter", "graph": a.params["graph"], "files": [a.outputs["binding"]],
                          "verified_by": [v for v in successors(a.id) if v.startswith(("verify_adapter/", "llm_eval/"))]})
-        elif a.kind == "lora_sections":
-            rows += [{"action": a.id, "recipe": a.recipes[0], "target": a.target, "name": n,
-                      "kind": "lora_v2_section", "graph": None, "files": [a.outputs[f"section:{n}"],
-                                                                       a.outputs[f"config:{n}"]],
-                      "verified_by": []} for n in a.params["names"]]
+        elif a.kind == "lora_sections":  # grouped LoRA: one row, its sections and configs in the order applied
+            groups: dict[str, list[str]] = {}
+            for n in a.params["names"]:
+                groups.setdefault(n.rsplit(".", 1)[0] if n.rsplit(".", 1)[-1] in GROUPED else n, []).append(n)
+            rows += [{"action": a.id, "recipe": a.recipes[0], "target": a.target, "name": name,
+                      "kind": "lora_v2_section", "graph": None, "sections": keys,
+                      "files": [a.outputs[f"section:{k}"] for k in keys] + [a.outputs[f"config:{k}"] for k in keys],
+                      "verified_by": []} for name, keys in groups.items()]
     return rows

@@ -14,12 +14,16 @@ parts, on single-graph twins compiled by their own `compile` actions (the per-pa
 yet). Neither feeds a compile."""
 from __future__ import annotations
 
+import copy
+import dataclasses
 from pathlib import Path
 
 from ctxbuild.llm.genai_config import helper_names
 from ctxbuild.recipes.llm import LlmSpec
 from ctxbuild.llm.static import GraphSpec, records_name, records_role, specs, weights_name, weights_role
 from ctxbuild.plan.adapters import adapter_actions, calibration_inputs
+from ctxbuild.plan.llm_quality import quality_cpu, quality_float, quality_gate
+from ctxbuild.recipes.adapters import Adapter, Adapters
 from ctxbuild.digests import short_hash
 from ctxbuild.plan.action import Action
 from ctxbuild.plan.steps import common_params, provider_options
@@ -33,6 +37,8 @@ def llm_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
     graphs = specs(spec.parts, list(spec.sequence_lengths), list(spec.context_lengths))
     work = out / ".ctxbuild" / "work" / "llm"
     split = _split(recipe, spec, graphs, work)
+    if spec.alpha:  # switch: alpha: lora_alpha is the one slot, each adapter a one-hot value of it (split writes them)
+        recipe, spec = _alpha_as_slot(recipe, spec, split)
     acts = [split]
     compiled = dict(split.outputs)  # graph -> what the compiler reads (float for fp16)
     for p in range(spec.parts):
@@ -41,19 +47,30 @@ def llm_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
             acts.append(q)
             compiled.update(q.outputs)
     verify = verify and recipe.verify.get("enabled", True)
+    floats = cpu = None
+    if verify:  # the quality figures: the float export's once, the QDQ parts' on the CPU once (every target's)
+        floats = quality_float(recipe, spec, work)
+        cpu = quality_cpu(recipe, spec, graphs, split, compiled, floats, work) if spec.precision != "fp16" else None
+        acts += [a for a in (floats, cpu) if a is not None]
     for t in recipe.targets:
         bundles = [_bundle(recipe, [g for g in graphs if g.part == p], compiled, split, t, out) for p in range(spec.parts)]
         acts += bundles
-        if verify:  # each part on the calls the float decode recorded, its twins compiled inside (not kept)
-            acts += [_part_eval(recipe, spec, graphs, p, split, compiled, b, t, out) for p, b in enumerate(bundles)]
+        twins: dict[str, Action] = {}  # single-graph twins compiled alone and kept (the simulator's, QNN-NOTES)
+        if verify:
+            # the adapters' whole-chain decode needs every graph's; the quality gates the largest CL's
+            chained = graphs if spec.adapters else [g for g in graphs if g.cl == max(spec.context_lengths)]
+            twins = {g.name: _twin(recipe, g, compiled, split, t, work / "twins" / t.name / recipe.name) for g in chained}
+            acts += twins.values()
+            # each part on the calls the float decode recorded: those twins, the others compiled inside (not kept)
+            acts += [_part_eval(recipe, spec, graphs, p, split, compiled, b, twins, t, out) for p, b in enumerate(bundles)]
         if spec.adapters:
-            twins: list[Action] = []
-            if verify:  # the adapters' whole-chain decode: each graph's twin compiled alone and kept (QNN-NOTES)
-                twins = [_twin(recipe, g, compiled, split, t, work / "twins" / t.name / recipe.name) for g in graphs]
-                acts += twins
-            acts += _adapters(recipe, spec, graphs, split, compiled, twins, bundles, t, out)
+            acts += _adapters(recipe, spec, graphs, split, compiled, list(twins.values()), bundles, t, out)
         package = _package(recipe, spec, bundles, split, t, out)
         acts.append(package)
+        if verify:  # the whole model's quality: a verdict on the bundles and the config naming them
+            assert floats is not None
+            acts.append(quality_gate(recipe, spec, chained, split, compiled, twins, floats, cpu, [*bundles, package], t,
+                                     out))
         if verify:
             acts.append(_genai(recipe, spec, graphs, split, compiled, bundles, package, t, out))
     return acts
@@ -67,17 +84,34 @@ def _split(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], work: Path) -
                         "original_tokens": spec.genai_tokens}}  # the original's, kept for llm_genai
     if spec.adapters:  # only then: the keys of recipes without adapters stay as they were
         params["adapter_slots"] = {"patterns": list(spec.adapters.slots), "scaling": spec.adapters.scaling}
+    if spec.alpha:  # the branches attached to the canonical decoder, lora_alpha its slot
+        params["alpha"] = spec.alpha.param()
+        params["adapter_slots"] = {"patterns": [spec.alpha.input], "scaling": None}
     h = short_hash(["llm_split", params, str(spec.model)])
     d = work / f"{recipe.name}-{h}"
     outputs = {"layout": str(d / "layout.json")}
+    if spec.alpha:
+        outputs.update({f"alpha:{a.name}": str(d / f"alpha_{a.name}.npz") for a in spec.alpha.items})
     outputs.update({f"model:{g.name}": str(d / f"{g.name}.onnx") for g in graphs})
     outputs.update({weights_role(p): str(d / weights_name(p, spec.parts)) for p in range(spec.parts)})
     outputs.update({records_role(p): str(d / records_name(p, spec.parts)) for p in range(spec.parts)})
     # sorted: the depfile names the outputs in the order the spec file (sorted JSON) gives them, which must be ninja's
     return Action(id=f"llm_split/{recipe.name}-{h}", kind="llm_split",
                   description=f"static graphs of {spec.model.name} ({len(graphs)})",
-                  inputs={"model": str(spec.model), **prompt_tokenizer(spec)},
+                  inputs={"model": str(spec.model), **prompt_tokenizer(spec), **(spec.alpha.files() if spec.alpha else {})},
                   outputs=dict(sorted(outputs.items())), params=params, watch=[str(spec.prompts)], **common_params(recipe))
+
+
+def _alpha_as_slot(recipe: Recipe, spec: LlmSpec, split: Action) -> tuple[Recipe, LlmSpec]:
+    """The alpha switch in the terms the llm actions know: the slot `lora_alpha` (an input of every graph with a
+    branch, default all zeros) and one adapter per alpha index, the one-hot value llm_split writes (`alpha:<name>`):
+    calibrated over each, bound as an .onnx_adapter for its token check, and fed as a plain input by an app."""
+    assert spec.alpha is not None
+    items = tuple(Adapter(a.name, Path(split.outputs[f"alpha:{a.name}"]), (), None) for a in spec.alpha.items)
+    adapters = Adapters((spec.alpha.input,), None, items, tuple(a.name for a in items))
+    recipe = copy.copy(recipe)
+    recipe.adapters = adapters
+    return recipe, dataclasses.replace(spec, adapters=adapters)
 
 
 def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int, split: Action, work: Path) -> Action:
@@ -93,7 +127,8 @@ def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int,
     if spec.quantization:  # only then: the keys of recipes without it stay as they were
         params["quantization"] = spec.quantization
     if spec.precision == "auto":  # candidates judged on the part's recorded calls by the part check's gates
-        params["thresholds"] = {"min_token_agreement": spec.min_token_agreement, "min_cosine": spec.min_cosine}
+        params["thresholds"] = {"min_token_agreement": spec.min_token_agreement, "min_cosine": spec.min_cosine,
+                                "min_kv_cosine": spec.min_kv_cosine}
     if spec.adapters:  # calibrated over no adapter + the `calibrate` set: a change there re-quantizes
         params["adapters"], files = calibration_inputs(spec.adapters)
         inputs.update(files)
@@ -152,7 +187,7 @@ def _twin(recipe: Recipe, g: GraphSpec, compiled: dict[str, str], split: Action,
 
 
 def _part_eval(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int, split: Action,
-               compiled: dict[str, str], bundle: Action, t: Target, out: Path) -> Action:
+               compiled: dict[str, str], bundle: Action, twins: dict[str, Action], t: Target, out: Path) -> Action:
     """Part `part` checked on the calls the float decode recorded: its graphs compiled alone inside the action
     (the bundle's QDQ models and options), run on the simulator and the CPU against the float outputs."""
     mine = [g for g in graphs if g.part == part]
@@ -162,11 +197,15 @@ def _part_eval(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int
         if spec.adapters:  # the slots' defaults (the QDQ graphs take them as inputs)
             inputs.update(graph_files(split.outputs, g, f"reference:{g.name}"))
     inputs.update({f"bundle.{k}": v for k, v in bundle.outputs.items()})  # re-verified whenever it changes
+    for g in mine:  # kept twins (the quality check's), used rather than compiled again
+        if g.name in twins:
+            inputs.update({f"twin:{g.name}": twins[g.name].outputs["ctx"], f"twin:{g.name}.bin": twins[g.name].outputs["bin"]})
     params = {"part": part, "parts": spec.parts, "graphs": [g.name for g in mine],
               "context_lengths": list(spec.context_lengths), "precision": spec.precision,
               "provider_options": _options(recipe, t), "prompts": spec.verify_prompts,
               "timeout_s": recipe.verify.get("timeout_s", 600), "simulator": spec.simulator,
-              "thresholds": {"min_token_agreement": spec.min_token_agreement, "min_cosine": spec.min_cosine}}
+              "thresholds": {"min_token_agreement": spec.min_token_agreement, "min_cosine": spec.min_cosine,
+                             "min_kv_cosine": spec.min_kv_cosine}}
     name = f"part{part + 1}_of_{spec.parts}"
     return Action(id=f"llm_part_eval/{recipe.name}.part{part + 1}@{t.name}", kind="llm_part_eval",
                   description=f"verify {recipe.name} part {part + 1} of {spec.parts}@{t.name} (recorded calls)",

@@ -11,7 +11,7 @@ from ctxbuild.plan import kinds
 from ctxbuild.plan.action import Action
 from ctxbuild.layout import spec_name
 from ctxbuild.errors import PlanError
-from ctxbuild.plan.adapters import adapter_actions, section_actions
+from ctxbuild.plan.adapters import adapter_actions, alpha_verify_action, section_actions
 from ctxbuild.plan.packages import package_actions
 from ctxbuild.recipes import precisions
 from ctxbuild.recipes.objects import Recipe, RecipeSet
@@ -43,7 +43,11 @@ class Plan:
                 v for v in self.graph.successors(a.id) if kinds.get(self.graph.nodes[v]["action"].kind).verdict]
             twins = sorted({u for v in verifiers for u in self.graph.predecessors(v)
                             if u != a.id and _single_graph_deliverable(t := self.graph.nodes[u]["action"])
-                            and set(t.params["graphs"]) <= set(a.params.get("graphs") or [])})  # llm: this part's
+                            and set(t.params.get("graphs") or [None]) <= set(a.params.get("graphs") or [])})  # llm: this part's
+            # the savings compare with every graph compiled apart: twins of some graphs only (an LLM's quality chain
+            # keeps the largest CL's) measure nothing
+            if {g for u in twins for g in self.graph.nodes[u]["action"].params["graphs"]} != set(a.params.get("graphs") or []):
+                twins = []
             note = None if verifiers or not kind.verified_here else verification_note(self._recipe(a.recipes[0]))
             for role, path in a.outputs.items():
                 if role in ("result", "search"):  # select's verification records, not artifacts
@@ -161,6 +165,8 @@ def _recipe_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
             acts += [v] if v else []
             if recipe.adapters:
                 acts += adapter_actions(recipe, built[0].graph.name, t, c, v, out)
+            if recipe.alpha and v:
+                acts.append(alpha_verify_action(recipe, v, c))
     return acts
 
 

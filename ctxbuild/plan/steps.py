@@ -69,6 +69,10 @@ def prepare_action(recipe: Recipe, g: Graph, work: Path) -> tuple[str, Action]:
         params["rewrite"] = sorted(recipe.rewrite) if recipe.rewrite else False
     if recipe.adapters:  # LoRA: slots become optional inputs; "reference" keeps their defaults
         params["adapter_slots"] = {"patterns": list(recipe.adapters.slots), "scaling": recipe.adapters.scaling}
+    more = {}
+    if recipe.alpha:  # switch: alpha: the adapters' branches and the lora_alpha input; "reference" defaults it to 0
+        params["alpha"] = recipe.alpha.param()
+        more = recipe.alpha.files()
     watch: list[str] = []
     if recipe.rewrite is not False:  # the rewrites are checked on the samples verification reads (prepare.py)
         sampling, watch = verify_samples(recipe, g)
@@ -81,10 +85,10 @@ def prepare_action(recipe: Recipe, g: Graph, work: Path) -> tuple[str, Action]:
     stem = g.model.stem
     path = str(work / f"{stem}-{h}" / "prepared.onnx")
     outputs = model_files("model", path)
-    if recipe.adapters:
+    if recipe.adapters or recipe.alpha:
         outputs.update(model_files("reference", str(Path(path).with_name("reference.onnx"))))
     a = Action(id=f"prepare/{stem}-{h}", kind="prepare", description=f"prepare {stem}",
-               inputs={"model": str(g.model)}, outputs=outputs, params=params, watch=watch, **common_params(recipe))
+               inputs={"model": str(g.model), **more}, outputs=outputs, params=params, watch=watch, **common_params(recipe))
     return path, a
 
 def model_files(role: str, path: str) -> dict[str, str]:
@@ -112,6 +116,9 @@ def quantize_action(recipe: Recipe, g: Graph, prepared: str, work: Path, setting
     if recipe.adapters and reference:  # LoRA: calibrate over the declared adapter set (a change recompiles)
         params["adapters"], more = calibration_inputs(recipe.adapters)
         inputs.update(more, **model_files("reference", reference))
+    if recipe.alpha and reference:  # switch: alpha: calibrate over the base and every adapter alone
+        params["alpha"] = len(recipe.alpha.items)
+        inputs.update(model_files("reference", reference))
     watch = [str(cal.dir)] if cal.dir else []  # its *contents* are keyed (discovered inputs), not its path
     if gate:
         inputs["gate"] = gate
@@ -163,8 +170,13 @@ def compile_action(recipe: Recipe, b: Built, t: Target, d: Path, *, name: str | 
     twin = " (verification twin)" if name else f" (candidate {candidate})" if candidate else ""
     ident = f"{stem}.{candidate}" if candidate else stem
     inputs = model_files("model", b.model)
-    if recipe.adapters:  # the wrapper gets the slots' defaults from the float reference
+    if recipe.adapters or recipe.alpha:  # the wrapper gets the slots' defaults from the float reference
         inputs.update(model_files("reference", b.reference))
+    if recipe.alpha and precisions.quantized(recipe.precision) and not name and not recipe.compile.quantized_io:
+        # switch: alpha: one binary with quantized I/O, two wrappers (lora/wrappers.py): ctx takes floats (its Q/DQ
+        # run on the CPU EP), ctx_qio the codes
+        params["quantized_io"] = True
+        outputs["ctx_qio"] = str(d / f"{stem}_ctx_qio.onnx")
     return Action(id=f"compile/{ident}@{t.name}", kind="compile", description=f"compile {stem}@{t.name}{twin}",
                   inputs=inputs, outputs=outputs, params=params,
                   target=(action_target or t).as_dict(), pool="compile", **common_params(recipe))
@@ -217,7 +229,9 @@ def verify_action(recipe: Recipe, b: Built, t: Target, compiled: Action, out: Pa
     params = {"graph": graph.name, "method": method, "precision": recipe.precision,
               "thresholds": {"min_cosine": min_cos, "min_snr_db": min_snr},
               "samples": sampling["samples"], "timeout_s": v.get("timeout_s", 300),
-              "sample_source": sampling["sample_source"], "cpu_fallback": recipe.compile.cpu_fallback,
+              "sample_source": sampling["sample_source"],
+              # switch: alpha: the float-I/O wrapper's Q/DQ run on the CPU EP (lora/wrappers.py)
+              "cpu_fallback": recipe.compile.cpu_fallback or bool(recipe.alpha and "ctx_qio" in compiled.outputs),
               "inputs": sampling["inputs"], **{k: sampling[k] for k in ("outputs", "input_values") if k in sampling}}
     if recipe.compile.split_outputs:  # the wrapper's re-joining Concat runs on the CPU
         params["split_outputs"] = split_param(recipe.compile.split_outputs)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.recipes.adapters import Adapters, Sections
+from ctxbuild.recipes.alpha import AlphaSwitch
 from ctxbuild.recipes.llm import LlmSpec
 from ctxbuild.recipes.targets import Target
 
@@ -65,6 +66,7 @@ class Recipe:
     # quantization.settings() dicts: one for a quantized precision (w8a16 ...), the ordered candidates for auto, none for fp16/qdq
     quantization: list[dict[str, Any]] = field(default_factory=list)
     adapters: Adapters | None = None
+    alpha: AlphaSwitch | None = None  # adapters: {switch: alpha}: all resident, switched by the lora_alpha input
     runtimes: list[dict[str, str]] = field(default_factory=list)  # the fleet's runtimes: the deploy gate's
     llm: LlmSpec | None = None  # an `llm:` recipe (ctxbuild/llm/): its graphs are made by its own actions
     # The toolchains that build it (names; None: the installed one). load() makes one Recipe per toolchain.

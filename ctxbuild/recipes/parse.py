@@ -14,6 +14,7 @@ from ctxbuild.recipes import quantization as quant
 from ctxbuild.recipes import targets as soc_table
 from ctxbuild.recipes import toolchains
 from ctxbuild.recipes.adapters import Adapters, parse_adapters, parse_sections
+from ctxbuild.recipes.alpha import is_alpha, parse_alpha
 from ctxbuild.recipes.checks import (
     check_auto, check_embed_size, check_file, check_input_values, check_layout, check_outputs, check_provider_options,
     check_quantized_io, check_vtcm,
@@ -103,7 +104,10 @@ def parse_recipe(f: Path, data: LineDict, merged: dict[str, Any], groups: dict[s
     if precision == "auto":
         check_auto(at, "bundle" in merged, merged.get("multi_soc", False), verify)
     quantization = quant.from_recipe(precision, merged.get("quantization"), recipe_targets, at, merged.get("auto"))
-    adapters = parse_adapters(f, data, merged["adapters"], precision) if "adapters" in merged else None
+    spec = merged.get("adapters")
+    alpha = (parse_alpha(f, data, spec, precision, bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False))
+             if spec and is_alpha(spec) else None)
+    adapters = parse_adapters(f, data, spec, precision) if spec and not alpha else None
     if adapters:
         _check_fixed_slots(f, data, "bundle" in merged, graphs, adapters)
     if adapters and merged.get("multi_soc"):
@@ -114,8 +118,9 @@ def parse_recipe(f: Path, data: LineDict, merged: dict[str, Any], groups: dict[s
                           "verifies without adapters)", "choose a precision or a quantization block")
     return Recipe(name=name, file=f, precision=precision, graphs=graphs, targets=recipe_targets,
                   compile=compile_opts, is_bundle="bundle" in merged, multi_soc=merged.get("multi_soc", False),
-                  verify=verify, quantization=quantization, adapters=adapters, runtimes=parse_runtimes(f, data, merged),
-                  package=_package(f, data, merged, name, "adapters" if adapters else None),
+                  verify=verify, quantization=quantization, adapters=adapters, alpha=alpha,
+                  runtimes=parse_runtimes(f, data, merged),
+                  package=_package(f, data, merged, name, "adapters" if spec else None),
                   **toolchains.parse(f, data, merged, group_toolchains, {
                       "multi_soc": at("multi_soc") if merged.get("multi_soc") else None}),
                   rewrite=(merged.get("prepare") or {}).get("rewrite", True),

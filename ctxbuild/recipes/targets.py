@@ -50,7 +50,7 @@ def by_soc_model(soc_model: str) -> Soc | None:
 
 def suggest(name: str, extra: list[str] | None = None) -> str:
     candidates = [s.name for s in SOCS] + [a for s in SOCS for a in (*s.aliases, *s.devices)] + (extra or [])
-    close = did_you_mean(name, candidates, cutoff=0.5)
+    close = did_you_mean(name, candidates, cutoff=0.5, n=3)
     if close:
         return f"{close} (`ctxbuild targets` lists them)"
     return "`ctxbuild targets` lists the known SoCs; or give {name, soc_model, htp_arch} explicitly"

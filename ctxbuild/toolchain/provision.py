@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,6 +25,7 @@ from ctxbuild.atomic import write_bytes
 from ctxbuild.errors import cause_line, UsageError
 from ctxbuild.procs import die_with_parent
 from ctxbuild.toolchain.choose import Toolchain, by_name
+from ctxbuild.toolchain.pipprogress import megabytes, run_pip
 
 MARKER = "toolchain.json"
 
@@ -91,10 +93,12 @@ def active(tc: Toolchain) -> bool:
     return str(site(tc)) in sys.path
 
 
-def ensure(tc: Toolchain, say: Callable[[str], None], *, revalidate: bool = False) -> dict[str, Any]:
+def ensure(tc: Toolchain, say: Callable[[str], None], *, revalidate: bool = False,
+           live: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Provision `tc` unless it is there (and intact); one process at a time (a lock per toolchain). `revalidate`
     (`ctxbuild toolchain provision`): also import it in a child and provision it again if that fails. UsageError
-    when pip cannot get the wheels (offline without a wheelhouse), with what to do."""
+    when pip cannot get the wheels (offline without a wheelhouse), with what to do. `say`: lasting lines
+    (progress every few seconds off a terminal); `live`: a terminal's status line, rewritten in place."""
     if (info := provisioned(tc)) is not None:
         if not revalidate:
             return info
@@ -112,26 +116,32 @@ def ensure(tc: Toolchain, say: Callable[[str], None], *, revalidate: bool = Fals
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (info := provisioned(tc)) is not None:  # another build made it while we waited
             return info
-        say(f"ctxbuild: provisioning toolchain {tc.label} into {root() / tc.name} (once)")
-        return _provision(tc)
+        say(f"ctxbuild: provisioning toolchain {tc.label} into {root() / tc.name} (once: {' and '.join(tc.pins)} "
+            "from PyPI)")
+        started = time.monotonic()
+        info = _provision(tc, say, live)
+        size = sum(f.stat().st_size for f in (root() / tc.name).rglob("*") if f.is_file())
+        say(f"ctxbuild: toolchain {tc.name} provisioned in {time.monotonic() - started:.0f} s ({megabytes(size)})")
+        return info
 
 
-def _provision(tc: Toolchain) -> dict[str, Any]:
+def _provision(tc: Toolchain, say: Callable[[str], None], live: Callable[[str], None] | None) -> dict[str, Any]:
     home = root() / tc.name
     shutil.rmtree(home, ignore_errors=True)  # an unfinished attempt
     tmp = home / "site"
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
            "--target", str(tmp), *tc.pins]
     if wheelhouse := settings.WHEELHOUSE.get():
         cmd += ["--no-index", "--find-links", wheelhouse]
     # pip dies with this process (a kill -9 of the build included): no orphan keeps writing into the directory
-    p = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=die_with_parent)
+    p = run_pip(cmd, len(tc.pins), say, live, preexec_fn=die_with_parent)
     if p.returncode != 0:
         tail = cause_line(" ".join(p.stderr.strip().splitlines()[-2:]), limit=400)
         raise UsageError(f"cannot provision toolchain {tc.label}: pip failed: {tail}",
                          f"check the network or proxy, or set ${settings.WHEELHOUSE.name} to a directory holding "
                          f"{' and '.join(tc.pins)} wheels, or run `ctxbuild toolchain provision {tc.plugin}` where "
                          "PyPI is reachable and copy the toolchains directory")
+    say(f"ctxbuild: toolchain: checking that {tc.name} imports and ships QAIRT {tc.qairt}")
     info = check(tc)
     files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
     write_bytes(home / MARKER, json.dumps({**info, "pins": tc.pins, "files": files}, indent=1,

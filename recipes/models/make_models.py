@@ -144,6 +144,29 @@ def lora_adapters(dest: Path) -> None:
     fmt.export_adapter(str(dest / "pirate.onnx_adapter"))
 
 
+def lora_base(rng: np.random.Generator, tokens: int = 16, d: int = 64, h: int = 128) -> onnx.ModelProto:
+    """lora_mlp's MLP without LoRA branches (x@W1 -> SiLU -> @W2, nodes `layer1`/`layer2`): the base of
+    recipes/lora_alpha.yaml, whose adapters ctxbuild attaches as branches switched by lora_alpha."""
+    inits = [_init(rng, "layer1.weight", (d, h), 0.1), _init(rng, "layer2.weight", (h, d), 0.1)]
+    nodes = [helper.make_node("MatMul", ["x", "layer1.weight"], ["a1"], name="layer1"),
+             helper.make_node("Sigmoid", ["a1"], ["s1"], name="act_sig"),
+             helper.make_node("Mul", ["a1", "s1"], ["g1"], name="act_silu"),
+             helper.make_node("MatMul", ["g1", "layer2.weight"], ["y"], name="layer2")]
+    graph = helper.make_graph(nodes, "lora_base", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, d])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, tokens, d])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+
+
+def peft_adapter(rng: np.random.Generator, modules: dict[str, tuple[int, int]], rank: int, scale: float = 0.1
+                 ) -> dict[str, np.ndarray]:
+    """One adapter in PEFT's layout and names: base_model.model.<module>.lora_A.weight [r, in], lora_B [out, r]."""
+    out = {}
+    for m, (n_in, n_out) in modules.items():
+        out[f"base_model.model.{m}.lora_A.weight"] = (rng.standard_normal((rank, n_in)) * scale).astype(np.float32)
+        out[f"base_model.model.{m}.lora_B.weight"] = (rng.standard_normal((n_out, rank)) * scale).astype(np.float32)
+    return out
+
+
 def images(rng: np.random.Generator, n: int) -> list[np.ndarray]:
     """Smooth image-like samples (low-frequency patterns plus noise), not white noise."""
     yy, xx = np.meshgrid(np.linspace(0, 1, 64), np.linspace(0, 1, 64), indexing="ij")
@@ -167,6 +190,10 @@ def main(dest: Path) -> None:
     onnx.save(lora_mlp(np.random.default_rng(12)), dest / "lora_mlp.onnx")
     lora_adapters(dest / "adapters")
     _samples(dest / "calib" / "lora_mlp", [{"x": rng.standard_normal((1, 16, 64)).astype(np.float32)} for _ in range(4)])
+    onnx.save(lora_base(np.random.default_rng(12)), dest / "lora_base.onnx")
+    from safetensors.numpy import save_file  # a 4th adapter for lora_alpha.yaml: PEFT layout, rank 4, layer1 only
+
+    save_file(peft_adapter(np.random.default_rng(13), {"layer1": (64, 128)}, 4), str(dest / "adapters" / "terse.safetensors"))
     for name, tokens in (("lm_prefill", 32), ("lm_decode", 1)):
         _samples(dest / "calib" / name,
                  [{"hidden": rng.standard_normal((1, tokens, 256)).astype(np.float32)} for _ in range(4)])

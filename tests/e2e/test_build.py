@@ -84,7 +84,7 @@ def test_simulator_output_close_to_float_model(shared: Shared) -> None:
 def test_second_build_is_a_noop(shared: Shared) -> None:
     r = shared.build()
     assert r.code == 0, r.text
-    assert "no work to do" in r.text
+    assert "ctxbuild: up to date" in r.text
     assert last_build(shared.out) == {}
 
 

@@ -136,3 +136,31 @@ def test_ninja_output_filter_drops_failed_headers_and_escapes(capsys: pytest.Cap
     assert "FAILED: [code=1] SM8650" in out and "client.py" in out and "\x1b" not in out
     Console(quiet=True).ninja_output(io.BytesIO(ninja))
     assert capsys.readouterr().out == "--- log of verify a@SM8650, last lines:\nboom\n"
+
+
+def test_ninja_verdict_lines_never_reach_the_user(capsys: pytest.CaptureFixture[str]) -> None:
+    """ninja's own verdicts repeat what ctxbuild's summary says in ninja's words (issue 48): left out."""
+    import io
+
+    from ctxbuild.engine.console import Console
+
+    for said in (b"ninja: no work to do.\n", b"ninja: build stopped: cannot make progress due to previous errors.\n",
+                 b"ninja: build stopped: interrupted by user.\n"):
+        Console().ninja_output(io.BytesIO(b"[1/1] verify a@SM8650\n" + said))
+        assert capsys.readouterr().out == "[1/1] verify a@SM8650\n", said
+    Console(verbose=True).ninja_output(io.BytesIO(b"ninja: no work to do.\n"))
+    assert capsys.readouterr().out == "ninja: no work to do.\n"  # -v shows everything ninja says
+
+
+def test_progress_leaves_out_placeholders_and_counts_without_them(capsys: pytest.CaptureFixture[str]) -> None:
+    """A precision-search candidate an earlier one made unneeded only writes placeholders: its progress line goes,
+    and the lines after it count without it (issue 48: `compile ... (candidate fp16)` after a16w8 had passed)."""
+    import io
+
+    from ctxbuild.engine.console import Console
+
+    ninja = b"[1/4] compile a@SM8650 (candidate a16w8)\n[2/4] compile a@SM8650 (candidate fp16)\n" \
+            b"[3/4] verify a.fp16@SM8650\n[4/4] select a@SM8650 (2 candidates)\n"
+    skipped = {"compile a@SM8650 (candidate fp16)", "verify a.fp16@SM8650"}
+    Console(progress=lambda d: None if d in skipped else d).ninja_output(io.BytesIO(ninja))
+    assert capsys.readouterr().out == "[1/4] compile a@SM8650 (candidate a16w8)\n[2/2] select a@SM8650 (2 candidates)\n"

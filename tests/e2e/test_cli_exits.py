@@ -98,7 +98,7 @@ def test_dry_run_of_a_built_out_writes_nothing(tree: Path, tmp_path: Path, ctxbu
     r = ctxbuild("build", str(tree), "-o", str(out), *only)
     assert r.code == 0, r.text
     r = ctxbuild("build", str(tree), "-o", str(out), *only, "-n")
-    assert r.code == 0 and r.out == "ninja: no work to do.\n", r.text
+    assert r.code == 0 and r.out == "ctxbuild: up to date, nothing would run\n", r.text
     shutil.rmtree(out / "SM8650")
     before = _snapshot(out)
     r = ctxbuild("build", str(tree), "-o", str(out), *only, "-n", "--json")

@@ -46,7 +46,7 @@ def test_fresh_out_restore_then_build_runs_nothing(tree: Path, tmp_path: Path, c
     assert "no work to do" in ninja_dry_run(out)  # ninja's own view: restored edges are up to date
 
     r = build(ctxbuild, tree, out, "--only", RECIPE)
-    assert "no work to do" in r.out and last_build(out) == {}
+    assert "ctxbuild: up to date" in r.out and last_build(out) == {}
 
 
 def test_partial_cache_restores_what_it_can_and_runs_the_rest(tree: Path, tmp_path: Path, ctxbuild,
@@ -67,7 +67,7 @@ def test_partial_cache_restores_what_it_can_and_runs_the_rest(tree: Path, tmp_pa
     assert digests(out) == digests(first)
     assert "no work to do" in ninja_dry_run(out)
     r = build(ctxbuild, tree, out, "--only", RECIPE)
-    assert "no work to do" in r.out and last_build(out) == {}
+    assert "ctxbuild: up to date" in r.out and last_build(out) == {}
 
 
 def test_noop_rewrites_no_summary_unless_records_changed(tree: Path, tmp_path: Path, ctxbuild) -> None:
@@ -76,7 +76,7 @@ def test_noop_rewrites_no_summary_unless_records_changed(tree: Path, tmp_path: P
     summaries = [out / "manifest.json", out / "report.json", out / "report.html"]
     stamps = [p.stat().st_mtime_ns for p in summaries]
     r = build(ctxbuild, tree, out, "--only", RECIPE)
-    assert "no work to do" in r.out
+    assert "ctxbuild: up to date" in r.out
     assert [p.stat().st_mtime_ns for p in summaries] == stamps
     # A build interrupted after its actions but before its summaries leaves records newer than them:
     # the next no-op writes the summaries.
@@ -84,7 +84,7 @@ def test_noop_rewrites_no_summary_unless_records_changed(tree: Path, tmp_path: P
     rec = next((out / ".ctxbuild" / "records").glob("compile.*"))
     rec.write_bytes(rec.read_bytes())
     r = build(ctxbuild, tree, out, "--only", RECIPE)
-    assert "no work to do" in r.out and (out / "report.html").is_file()
+    assert "ctxbuild: up to date" in r.out and (out / "report.html").is_file()
 
 
 def test_build_log_hash_is_ninjas(tree: Path, tmp_path: Path, ctxbuild) -> None:
@@ -128,7 +128,7 @@ def test_plan_cache_and_light_fast_paths(tree: Path, tmp_path: Path, ctxbuild) -
     build(ctxbuild, tree, out, "--only", RECIPE)
     profile = {"PYTHONPROFILEIMPORTTIME": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     r = build(ctxbuild, tree, out, "--only", RECIPE, env=profile)
-    assert "no work to do" in r.out
+    assert "ctxbuild: up to date" in r.out
     assert not imported(r.err) & HEAVY, imported(r.err) & HEAVY
 
     shutil.rmtree(out)

@@ -180,7 +180,9 @@ def test_example_builds_bundles_per_part_verified_with_a_genai_config(tree: Path
                             assert checked["outputs"]["logits"]["argmax_agreement"] >= 0.75
             rec = records(out)[f"llm_part_eval/llm_tiny.part{part}@{target}"]
             assert rec["simulator_seconds"] > 0 and rec["twin_bin_bytes"] > 0
-        assert not (out / ".ctxbuild" / "work" / "llm" / "twins").exists()  # compiled inside the checks, not kept
+        # the part checks compile theirs inside, not kept; the quality check's chain: the largest CL's, kept
+        assert sorted(p.name for p in (out / ".ctxbuild" / "work" / "llm" / "twins" / target / "llm_tiny").glob("*_ctx.onnx")) \
+            == sorted(f"{k}_cl128_{p}_of_2_ctx.onnx" for p in (1, 2) for k in ("prompt_ar16", "token_ar1"))
         wrapper = next(a for a in manifest["artifacts"] if a["path"] == f"{target}/llm_tiny/token_ar1_cl64_1_of_2_ctx.onnx")
         assert wrapper["verification"]["tokens_by_cl"] == results[0]["by_cl"]  # the part's figures in the manifest
         config = json.loads((d / "genai_config.json").read_text())
@@ -197,6 +199,11 @@ def test_example_builds_bundles_per_part_verified_with_a_genai_config(tree: Path
             assert 0 < rec["held_float_twin"] <= rec["peak_rss_float_twin"] <= rec["peak_rss"], rec
         assert (d / "cpu_twin" / "genai_config.json").is_file()
         assert wrapper["verification"]["status"] == "passed"
+        # the quality gates (defaults): their figures in the manifest, the texts in the report
+        quality = wrapper["verification"]["quality"]
+        assert quality["thresholds"] == {"max_ppl_ratio": 1.15, "min_agreement": 0.8}, quality
+        for backend in ("qdq_cpu", "simulator"):
+            assert quality[backend]["ppl_ratio"] <= 1.15 and quality[backend]["agreement"] >= 0.8, quality
         package = next(a for a in manifest["artifacts"] if a["path"] == f"{target}/llm_tiny/genai_config.json")
         assert package["verification"]["status"] == "passed" and "onnxruntime-genai" in package["verification"]["method"]
     report = json.loads((out / "report.json").read_text())
@@ -242,7 +249,7 @@ def _weights_stored_once(out: Path, model: Path) -> None:
     from ctxbuild.graph.modelio import weight_bytes
 
     work = out / ".ctxbuild" / "work" / "llm"
-    dirs = list(work.iterdir())
+    dirs = [d for d in work.iterdir() if any(d.glob("*.data"))]  # not the quality figures' or the kept twins'
     assert len(dirs) == 3  # the split, a quantize per part
     for d in dirs:
         for graph in d.glob("*.onnx"):
@@ -291,8 +298,10 @@ def test_a_failing_part_names_its_graph_and_output(decoder: Path, tmp_path: Path
     """A part under the thresholds fails the build (exit 1) with one line naming the part, graph, output and figures;
     its bundle is set aside (ship_only_verified), the summary's row for that part says FAILED."""
     out = tmp_path / "out"
-    r = ctxbuild("build", str(_recipe(tmp_path / "r", decoder, context_lengths=[24], min_cosine=0.999999)), "-o", str(out))
+    r = ctxbuild("build", str(_recipe(tmp_path / "r", decoder, context_lengths=[24], min_cosine=0.999999,
+                                      min_agreement=1.0)), "-o", str(out))
     assert r.code == 1, r.text
+    _quality_failed(r, out)
     for part in (1, 2):
         line = next(x for x in r.err.splitlines() if x.startswith(f"ctxbuild: FAILED llm_part_eval/llama.part{part}@SM8650"))
         assert f"llama@SM8650: part {part} of 2: graph prompt_ar8_cl24_{part}_of_2, output " in line, line
@@ -306,6 +315,27 @@ def test_a_failing_part_names_its_graph_and_output(decoder: Path, tmp_path: Path
     record = records(out)["llm_part_eval/llama.part2@SM8650"]
     assert record["status"] == "failed" and not record["result"]["passed"]
     assert any("output logits: simulator cosine" in f for f in record["result"]["failures"]), record["result"]
+
+
+def _quality_failed(r: object, out: Path) -> None:
+    """The quality gates (min_agreement 1.0) fail the build like any verification: one line
+    naming the backend, figure and gate; the row says FAILED with the figures; report.json has each prompt's float
+    and QDQ continuation side by side (ids: this decoder has no tokenizer)."""
+    line = next(x for x in r.err.splitlines() if x.startswith("ctxbuild: FAILED llm_quality/llama@SM8650"))
+    assert "QDQ parts on the CPU: greedy agreement 0." in line and "(min 1.0) over " in line and " steps" in line, line
+    row = next(x for x in r.out.splitlines() if "FAILED (CPU ppl " in x)
+    assert "max 1.15x, min 1.0)" in row and " quality " in row, r.out
+    report = json.loads((out / "report.json").read_text())
+    [v] = {v["id"]: v for row in report["rows"] for v in row["verify"] if v["graph"] == "quality"}.values()
+    q = v["quality"]
+    assert q["float"]["text"].startswith("the verification prompts' token ids"), q["float"]
+    assert q["qdq_cpu"]["segments"] >= 1 and q["simulator"]["segments"] == 1 and q["simulator"]["steps"] <= 8 and q["simulator"]["tokens"] == 7, q
+    assert q["qdq_cpu"]["steps"] == sum(t["float_tokens"] for t in q["texts"]) and len(q["texts"]) == 2, q
+    assert all(isinstance(t["qdq_cpu"], list) and t["float"] is None for t in q["texts"]), q["texts"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    verdicts = [a["verification"] for a in manifest["artifacts"] if (a.get("verification") or {}).get("quality")]
+    assert not verdicts, verdicts  # what it verified is set aside (ship_only_verified), the config too
+    assert not (out / "SM8650" / "llama" / "genai_config.json").exists()
 
 
 def _rotary_style(path: Path) -> None:
@@ -425,8 +455,51 @@ def test_part_check_gates_the_cpu_on_graphs_the_simulator_skipped() -> None:
     assert not result["passed"]
     assert result["failures"] == ["graph token_ar1_cl64_1_of_2, output hidden_states.2: QDQ graph on the CPU cosine "
                                   "-1.0000 (min 0.95), SNR -6.0 dB over 1 call"], result["failures"]
+    # shown: every gated backend's figures of each graph it ran (the CPU gated on all four, the simulator on two)
     assert set(result["outputs"]) == {"hidden_states.2@prompt_ar16_cl64_1_of_2", "hidden_states.2@token_ar1_cl128_1_of_2",
-                                      "hidden_states.2@token_ar1_cl64_1_of_2 (QDQ graph on the CPU)",
-                                      "hidden_states.2@prompt_ar16_cl128_1_of_2 (QDQ graph on the CPU)"}
+                                      *(f"hidden_states.2@{g.name} (QDQ graph on the CPU)" for g in mine.values())}
     assert result["by_cl"]["64"]["simulator"]["token_ar1_cl64_1_of_2"]["calls"] == 0
     assert _result(p, mine, calls, {"simulator": sim, "qdq_cpu": same})["passed"]
+
+
+def test_a_part_row_shows_only_gated_figures_and_a_bad_kv_output_fails() -> None:
+    """A part's verdict and its summary row agree: every output the row shows is gated, a KV output at its own floor
+    (min_kv_cosine). A part whose hidden states pass while a layer's KV is at cosine ~0.15 (SmolLM2-135M's part 1 at
+    w8a16 read "ok" at 0.1460 / -16.2 dB before KV was gated) fails, and the summary row says FAILED; a KV output between
+    min_kv_cosine and min_cosine passes and the row names the floor it met."""
+    from ctxbuild.actions.llm_part_eval import _result
+    from ctxbuild.llm.records import Call
+    from ctxbuild.llm.static import GraphSpec
+    from ctxbuild.outputs import summary
+    from ctxbuild.outputs.report import _verify
+
+    rng = np.random.default_rng(1)
+    mine = {(ar, 64): GraphSpec(f"{'prompt' if ar > 1 else 'token'}_ar{ar}_cl64_1_of_2", 0, ar, 64) for ar in (16, 1)}
+    calls = [Call(0, ar, 64, 0, ar, {}, {n: rng.standard_normal((ar, 32)).astype(np.float32)
+                                         for n in ("hidden_states.2", "present.0.key", "present.1.value")})
+             for ar in (16, 1)]
+    p = {"part": 0, "parts": 2, "precision": "w8a16", "prompts": 1, "simulator": "all",
+         "thresholds": {"min_cosine": 0.95, "min_token_agreement": 0.75, "min_kv_cosine": 0.8}}
+
+    def run(kv_noise: float) -> tuple[dict, dict]:
+        sim = {}
+        for i, c in enumerate(calls):
+            v = c.outputs["present.1.value"]
+            sim[i] = {**c.outputs, "present.1.value": v + kv_noise * rng.standard_normal(v.shape).astype(np.float32)}
+        result = _result(p, mine, calls, {"simulator": sim, "qdq_cpu": sim})
+        v = _verify({"id": "llm_part_eval/x.part1@SM8650", "kind": "llm_part_eval", "outputs": []},
+                    {"result": result}, "ok" if result["passed"] else "failed")
+        [row] = summary.accuracy([{"recipe": "x", "target": {"name": "SM8650"}, "verify": [v]}])
+        return result, row
+
+    result, row = run(6.5)  # cosine ~0.15
+    assert not result["passed"] and row["cosine"] < 0.3, row
+    assert any("output present.1.value: simulator cosine 0.1" in f and "(min 0.8)" in f for f in result["failures"]), result
+    assert summary._verdict(row).startswith("FAILED"), summary._verdict(row)
+    shown = {k: m["cosine"] for k, m in result["outputs"].items()}
+    assert min(shown.values()) == row["cosine"] and "present.1.value@token_ar1_cl64_1_of_2" in shown, shown
+    result, row = run(0.6)  # cosine ~0.86: under min_cosine, over min_kv_cosine
+    assert result["passed"] and 0.8 < row["cosine"] < 0.95, (result["failures"], row)
+    assert summary._verdict(row) == "ok (KV min cosine 0.8)"
+    result, row = run(0.0)
+    assert result["passed"] and summary._verdict(row) == "ok"

@@ -266,7 +266,7 @@ def test_a_bundle_stores_its_binary_once(built: Path) -> None:
 
 def test_packages_are_cached_like_every_output(built: Path) -> None:
     r = _build(built, built / "out")
-    assert r.returncode == 0 and "no work to do" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "ctxbuild: up to date" in r.stdout, r.stdout + r.stderr
     fresh = built / "fresh"
     r = _build(built, fresh)
     assert r.returncode == 0 and "0 built" in r.stdout, r.stdout + r.stderr

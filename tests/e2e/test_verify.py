@@ -74,7 +74,7 @@ def test_verify_command_reuses_cached_results(tree: Path, tmp_path: Path, ctxbui
     out = tmp_path / "out"
     assert ctxbuild("build", str(tree), "-o", str(out)).code == 0
     r = ctxbuild("verify", str(tree), "-o", str(out))
-    assert r.code == 0 and "no work to do" in r.out
+    assert r.code == 0 and "ctxbuild: up to date" in r.out
     for p in out.glob("*/mlp_fp16/mlp_fp16_verify.json"):
         p.unlink()
     r = ctxbuild("verify", str(tree), "-o", str(out))
@@ -129,7 +129,8 @@ def test_coverage_counts_cpu_fallback_nodes(tree: Path, tmp_path: Path, ctxbuild
     assert r.code == 0, r.text
     res = records(out)["verify/det@SM8650"]["result"]
     # Det on the CPU cuts the graph in two; it holds none of the MatMul's MACs
-    assert res["coverage"] == {"qnn_nodes": 3, "cpu_nodes": 1, "fraction": 0.75, "partitions": 2, "cpu_macs_share": 0.0}
+    assert res["coverage"] == {"qnn_nodes": 3, "cpu_nodes": 1, "fraction": 0.75, "partitions": 2, "cpu_macs_share": 0.0,
+                               "cpu_macs": 0, "total_macs": 2 * 4 * 4 * 4, "cpu_ops": {"Det": 1}}
     manifest = json.loads((out / "manifest.json").read_text())
     ctx = next(a for a in manifest["artifacts"] if a["path"] == "SM8650/det/det_ctx.onnx")
     assert isinstance(ctx["graph_name_in_binary"], list) and len(ctx["graph_name_in_binary"]) == 2

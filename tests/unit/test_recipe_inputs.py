@@ -116,6 +116,15 @@ def test_device_names_are_target_aliases(tmp_path: Path) -> None:
     assert "did you mean 'Samsung Galaxy S2" in _error(f)
 
 
+def test_a_mistyped_soc_gets_up_to_three_close_names(tmp_path: Path) -> None:
+    """`SM8570` offered only SM8850 (issue 48); SM8750 (two digits swapped) and SM8550 (one changed) are closer."""
+    f = _tree(tmp_path, "inputs:\n  image: [1, 3, 32, 48]\n")
+    f.write_text(f.read_text().replace("targets: [SM8650]", "targets: [SM8570]"))
+    assert "did you mean 'SM8750', 'SM8550' or 'SM8850'? (`ctxbuild targets` lists them)" in _error(f)
+    f.write_text(f.read_text().replace("targets: [SM8570]", "targets: [X-Elit]"))
+    assert "did you mean 'X-Elite' or '8Elite'?" in _error(f)
+
+
 def test_a_sample_dir_of_images_and_misnamed_arrays_say_what_to_save(tmp_path: Path) -> None:
     """A newcomer's samples: the image files themselves ("has no .npz/.npy files", nothing about what to save), an
     .npz whose array is named otherwise than the input ("name the arrays after the inputs")."""
@@ -136,25 +145,58 @@ def test_a_sample_dir_of_images_and_misnamed_arrays_say_what_to_save(tmp_path: P
     assert e.value.hint == "name the arrays after the inputs, numpy.savez(file, x=...) (recipe r)", e.value.hint
 
 
-def test_integer_samples_of_a_float_input_are_warned_about(tmp_path: Path) -> None:
+def test_samples_of_another_dtype_are_warned_about(tmp_path: Path) -> None:
     """Images saved as decoded (uint8, 0-255) for a float model were cast silently: the model was calibrated and
-    verified on a range the app may never feed it. quantize warns, from the first sample's header."""
+    verified on a range the app may never feed it. Any other cast is said too, naming the input (issue 48: float32
+    for a bool input, int32 for int64), from the samples' headers."""
     import numpy as np
 
-    from ctxbuild.actions.quantize import integer_samples
+    from ctxbuild.graph.samples import cast_warnings
 
     spec = {"images": ((1, 3, 4, 4), np.dtype(np.float32))}
     np.save(tmp_path / "s0.npy", np.zeros((1, 3, 4, 4), np.uint8))
-    assert integer_samples("quantize d (w8a16)", tmp_path, spec) == [
+    files = [tmp_path / "s0.npy"]
+    assert cast_warnings("quantize d (w8a16)", files, spec) == [
         "quantize d (w8a16): sample s0.npy holds images as uint8, the model takes float32: used as stored (e.g. "
         "0-255); if the app normalizes its inputs, save the samples normalized"]
     np.save(tmp_path / "s0.npy", np.zeros((1, 3, 4, 4), np.float64))
-    assert integer_samples("q", tmp_path, spec) == []
+    assert cast_warnings("q", files, spec) == [
+        "q: sample s0.npy holds images as float64, the model takes float32: cast to float32 (rounded); save the "
+        "samples as float32"]
+    np.save(tmp_path / "s0.npy", np.zeros((1, 3, 4, 4), np.float32))
+    assert cast_warnings("q", files, spec) == []
     (tmp_path / "s0.npy").unlink()
-    np.savez(tmp_path / "s0.npz", images=np.zeros((1, 3, 4, 4), np.int32), mask=np.zeros(3, np.int64))
-    spec["mask"] = ((3,), np.dtype(np.int64))  # an integer input: as it should be
-    assert [w.split(": ")[1] for w in integer_samples("q", tmp_path, spec)] == [
-        "sample s0.npz holds images as int32, the model takes float32"]
+    np.savez(tmp_path / "s0.npz", images=np.zeros((1, 3, 4, 4), np.float32), mask=np.zeros(3, np.float32),
+             ids=np.zeros(3, np.int32))
+    spec |= {"mask": ((3,), np.dtype(np.bool_)), "ids": ((3,), np.dtype(np.int64))}
+    assert [w.split(": ", 1)[1] for w in cast_warnings("q", [tmp_path / "s0.npz"], spec)] == [
+        "sample s0.npz holds mask as float32, the model takes bool: cast to bool (every value kept); save the "
+        "samples as bool",
+        "sample s0.npz holds ids as int32, the model takes int64: cast to int64 (every value kept); save the samples "
+        "as int64"]
+
+
+def test_a_sample_cast_that_changes_values_is_an_error() -> None:
+    """Cast silently before: 0.5 for a bool input became True, an int64 beyond int32's range wrapped around."""
+    import numpy as np
+
+    from ctxbuild.errors import SampleError
+    from ctxbuild.graph.samples import check_sample
+
+    spec = {"mask": ((1, 3), np.dtype(np.bool_)), "ids": ((1, 3), np.dtype(np.int32))}
+    ok = check_sample({"mask": np.array([[1.0, 0, 1]], np.float32), "ids": np.array([[1, 2, 3]], np.int64)}, spec,
+                      Path("s.npz"), "r", {})
+    assert ok["mask"].dtype == np.bool_ and ok["mask"].tolist() == [[True, False, True]] and ok["ids"].dtype == np.int32
+    with pytest.raises(SampleError) as e:
+        check_sample({"mask": np.array([[0.5, 0, 1]], np.float32), "ids": np.array([[1, 2, 3]], np.int64)}, spec,
+                     Path("s.npz"), "r", {})
+    assert e.value.exit_code == 2 and str(e.value) == (
+        "s.npz: 'mask' is float32, the model takes bool, and the cast changes values (0.5 becomes True, 1 of 3) "
+        "(save the sample's 'mask' as bool, with the values the app feeds)")
+    with pytest.raises(SampleError, match=r"'ids' is int64, the model takes int32, and the cast changes values "
+                                          r"\(4294967296 becomes 0, 1 of 3\)"):
+        check_sample({"mask": np.ones((1, 3), np.bool_), "ids": np.array([[2**32, 2, 3]], np.int64)}, spec,
+                     Path("s.npz"), "r", {})
 
 
 def test_a_default_target_the_table_lacks_names_the_defaults_file(tmp_path: Path) -> None:

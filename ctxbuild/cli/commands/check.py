@@ -10,8 +10,9 @@ from ctxbuild.cli.parser import Command
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", type=Path, help="a build's output directory (its manifest.json), or one _ctx.onnx")
-    p.add_argument("--runtime", action="append", required=True, metavar="KEY=VERSION[,...]",
+    p.add_argument("path", type=Path, help="a build's output directory (its manifest.json), one _ctx.onnx, or one "
+                                           ".lora_config (checked against the binary beside it)")
+    p.add_argument("--runtime", action="append", metavar="KEY=VERSION[,...]",
                    help="the devices' runtime: qairt=2.47 or onnxruntime-qnn=2.3.0, optionally ,onnxruntime=1.24.4 "
                         "(default: 1.24, the oldest the QNN EP runs on); repeatable")
     p.add_argument("--soc", metavar="NAME", help="the devices' SoC (default: the SoCs each artifact was built for)")
@@ -22,9 +23,22 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ctxbuild.errors import SectionConfigError, UsageError
     from ctxbuild.outputs.gate import WILL_NOT_LOAD, check, table
+    from ctxbuild.outputs.sections import config_problems, manifest_problems, read_manifest
     from ctxbuild.toolchain.runtimes import parse_cli
 
+    # qnn.lora_config files first: one naming a graph the binary lacks, or another binary's section, is refused
+    problems = (config_problems(args.path) if args.path.suffix == ".lora_config" and args.path.is_file() else
+                manifest_problems(args.path, read_manifest(args.path)) if args.path.is_dir() else [])
+    if problems:
+        raise SectionConfigError("; ".join(problems), "a qnn.lora_config line is `<graph name in the binary>;<section>` "
+                                 "(`ctxbuild inspect` lists the binary's graphs); rebuild OUT to rewrite them")
+    if args.path.suffix == ".lora_config":
+        print(f"{args.path}: every line names a graph of the binary beside it and an existing section")
+        return 0
+    if not args.runtime:
+        raise UsageError("check: --runtime is required (except for a .lora_config)", "e.g. --runtime qairt=2.47")
     runtimes = [parse_cli(r) for r in args.runtime]
     rows = check(args.path, runtimes, args.soc)
     if not args.no_ep:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from ctxbuild.cli.parser import Command, Parser
 
@@ -30,7 +29,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"the installed toolchain (onnxruntime-qnn {version('onnxruntime-qnn')}) serves {args.spec}: "
                   "nothing to provision")
             return 0
-        info = provision.ensure(tc, say=lambda line: print(line, file=sys.stderr), revalidate=True)
+        from ctxbuild.engine.console import Console
+
+        console = Console(json=True)  # its lines on stderr: stdout says what was provisioned
+        info = provision.ensure(tc, say=console.info, revalidate=True, live=console.live if console.tty() else None)
         print(f"{tc.name}: onnxruntime-qnn {info['onnxruntime-qnn']} (QAIRT {info['qairt']}), onnxruntime "
               f"{info['onnxruntime']} in {provision.root() / tc.name}")
         return 0

@@ -29,6 +29,7 @@ from ctxbuild.cache.backends import open_cache
 from ctxbuild.atomic import read_json, write_bytes
 from ctxbuild.digests import DigestMemo
 from ctxbuild.layout import STATE, log_path, record_path, rel, spec_name
+from ctxbuild.verify import gates
 
 # I/O and hashing release the GIL, the keying around them does not: more threads than cores mostly trade the
 # GIL back and forth (2 cores, 150 actions: median 0.65 s with 2 threads, 0.97 s with 4, 1.0 s with 8).
@@ -40,6 +41,7 @@ class Restored:
     description: str
     wrote: bool  # an output was (re)placed
     ran: bool  # counts as run in this build (a new record); False: what ninja's restat would have skipped
+    needed: bool  # False: a precision-search candidate's placeholders (its gate closed): not shown, not counted
 
 
 def restore_pending(out: Path, plan: dict[str, Any], commands: list[str], build_id: str,
@@ -67,6 +69,7 @@ def restore_pending(out: Path, plan: dict[str, Any], commands: list[str], build_
     done: dict[str, bool] = {}  # restored action id -> it wrote an output (downstream sees a new mtime)
     restored: list[str] = []
     n, t0 = len(pending), time.monotonic()
+    shown = n  # pending actions less the placeholders met so far
     with ThreadPoolExecutor(THREADS) as pool:
         for wave in _waves(deps):
             todo = [a for a in wave if all(d in done for d in deps[a])]
@@ -83,16 +86,18 @@ def restore_pending(out: Path, plan: dict[str, Any], commands: list[str], build_
                     on_miss()
                     continue
                 done[aid] = result.wrote
-                if result.ran:
+                if not result.needed:
+                    shown -= 1
+                elif result.ran:
                     restored.append(aid)
-                    say(f"[restored {len(restored)}/{n}] {result.description}")
+                    say(f"[restored {len(restored)}/{shown}] {result.description}")
     for w in restorer.warnings:
         print(f"ctxbuild: warning: {w}", file=sys.stderr)
     logged = bool(done) and ninjalog.append(out / STATE, restorer.log_entries)
     if done:
         if not logged:
             on_miss()  # ninja will run them again (each a cache hit): slower, still right
-        say(f"ctxbuild: restored {len(restored)} of {n} pending actions from the cache "
+        say(f"ctxbuild: restored {len(restored)} of {shown} pending actions from the cache "
             f"in {time.monotonic() - t0:.2f} s")
     return logged and len(done) == n
 
@@ -160,7 +165,7 @@ class _Restorer:
             self.warnings += [w for w in shown if w not in self.warnings]
             self.log_entries += [(ms(t), ms(time.monotonic()), stamp, rel(str(p), out), command)
                                  for p in outputs.values()]
-        return Restored(action.description, wrote, ran)
+        return Restored(action.description, wrote, ran, not gates.closed(action.inputs))
 
     def _checked(self, action: Any, cache: Any) -> bool:
         """The kind's check_outputs hook on the restored outputs, as the runner applies it (the binary's SoC

@@ -23,6 +23,7 @@ from ctxbuild.digests import DigestMemo, canonical_json, sha256_file
 from ctxbuild.errors import ActionError, cause_line, CtxbuildError, machine_limit
 from ctxbuild.layout import STATE, depfile_path, log_path, record_path, rel, spec_name
 from ctxbuild.engine.ninjaquote import depfile_path as depfile_quote
+from ctxbuild.verify import gates
 
 
 class ActionContext:
@@ -256,6 +257,8 @@ def complete_record(action: Action, out: Path, record: dict[str, Any], known: An
         summary = known.meta["summary"]
     record.update(kinds.get(action.kind).hook("summarize")(action) if summary is None else summary)
     record["status"] = "ok"
+    if gates.closed(action.inputs):  # a precision-search candidate an earlier one made unneeded: placeholders only
+        record["not_needed"] = True  # neither built nor restored work: progress, counts and the report leave it out
     # the summary's warnings were found when the action ran (kept with its cache entry), the hook's on every build
     record["warnings"] = [*record.pop("warnings", []), *kinds.get(action.kind).hook("warnings")(action)]
     if cache:  # the driver prints each distinct one once at the end (one per action was 24 lines of the same)

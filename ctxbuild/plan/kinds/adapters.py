@@ -68,6 +68,23 @@ class VerifyAdapter(Kind):
     memory = Verify.memory
 
 
+class VerifyAlphaParams(VerifyParams, total=False):
+    alpha: dict[str, Any]  # switch: alpha: input name, targets, adapters (name, format, tensors, scale)
+
+
+class VerifyAlpha(Kind):
+    """An alpha-switched binary on the simulator per lora_alpha vector, against the float base with the adapters merged."""
+    name = "verify_alpha"
+    implementation = "ctxbuild.actions.verify_alpha"
+    params = VerifyAlphaParams
+    discovery_follows = "original"
+    discovers_inputs = True
+    uses_qnn = True
+    verification = True
+    verdict = True
+    memory = Verify.memory
+
+
 class LoraSectionsParams(TypedDict):
     names: list[str]
     sdk_mismatch: str  # "error" | "warn"

@@ -25,6 +25,7 @@ that the rest of ctxbuild reads instead of keeping lists of kind names:
   the rules its sample check withdrew (summary, report lineage);
 - `per_layer`: `verify --layers` can diagnose its graph node by node against the float model (cli/layers.py);
 - `binds_adapter`: it runs a graph with one LoRA adapter bound, named after the `+` in its id (report rows);
+- `decides_gate`: it writes a precision search's gate (`{"run": ...}`): its progress line says the answer;
 - `verified_here`: False for deliverables ctxbuild did not build (prebuilt binaries): no verification note;
 - `memory`: its measured peak-memory model (memory.py schedules and checks actions by it).
 
@@ -72,6 +73,7 @@ class Kind:
     legalizes: ClassVar[bool] = False
     per_layer: ClassVar[bool] = False
     binds_adapter: ClassVar[bool] = False
+    decides_gate: ClassVar[bool] = False
     verified_here: ClassVar[bool] = True
     memory: ClassVar[MemoryModel] = MemoryModel()
 

@@ -13,6 +13,7 @@ class _PrepareRequired(TypedDict):
 
 class PrepareParams(_PrepareRequired, total=False):
     adapter_slots: dict[str, Any]  # LoRA: slot patterns and scaling input; slots become optional inputs
+    alpha: dict[str, Any]  # switch: alpha: input name, targets, adapters (name, format, tensors, scale)
     rewrite: bool | list[str]  # prepare.rewrite: False or the legalization rules to apply (absent: all)
     check: dict[str, Any]  # what the rewrites are checked on: samples (how many), sample_source (as verify's)
     legalize_code: str  # digest of the rules' source (plan/steps.py): a rule added or changed re-prepares
@@ -41,6 +42,7 @@ class _QuantizeRequired(TypedDict):
 
 class QuantizeParams(_QuantizeRequired, total=False):
     adapters: dict[str, Any]  # LoRA: the calibration set (adapter name -> tensors, scale, scaling)
+    alpha: int  # switch: alpha: how many adapters (calibrated over all zeros and each one-hot)
 
 
 class Quantize(Kind):

