@@ -16,9 +16,10 @@ class CtxbuildError(Exception):
     exit_code = 1
 
     def __init__(self, message: str, hint: str | None = None) -> None:
+        message = _one_line(message)  # a key or path of the user's may hold a line break: the error stays one line
         super().__init__(message)
         self.message = message
-        self.hint = hint
+        self.hint = None if hint is None else _one_line(hint)
 
     def __str__(self) -> str:
         return f"{self.message} ({self.hint})" if self.hint else self.message
@@ -134,3 +135,8 @@ class ExecutorUnavailable(CtxbuildError):
     """The remote executor (a Dask scheduler) cannot be reached or has no workers."""
 
     exit_code = 1
+
+
+def _one_line(text: str) -> str:
+    """Line breaks shown as escapes (found by tests/e2e/test_fuzz.py: a YAML key '\\n' made a two-line error)."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")

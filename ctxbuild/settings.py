@@ -9,11 +9,13 @@ this module in step.
 """
 from __future__ import annotations
 
+import json
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -51,16 +53,46 @@ def _link(raw: str) -> bool | None:
 
 def _number(raw: str) -> float:
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
         raise ValueError("expected a number") from None
+    if not math.isfinite(value) or value <= 0:  # inf or 0 made every transfer fail; a negative one blamed the token
+        raise ValueError("expected a finite number above 0")
+    return value
 
 
 def _whole(raw: str) -> int:
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise ValueError("expected a whole number") from None
+    if value < 1:
+        raise ValueError("expected a whole number, 1 or more")
+    return value
+
+
+def _log_level(raw: str) -> int:
+    if raw.strip() not in ("0", "1", "2", "3", "4"):  # abc was reported as a failure of the QNN SDK's probe
+        raise ValueError("expected onnxruntime's log severity, 0 (verbose) to 4 (fatal)")
+    return int(raw)
+
+
+def _json_object(raw: str) -> dict[str, Any] | None:
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"expected a JSON object ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError("expected a JSON object")
+    return value
+
+
+def _fallback(raw: str) -> str | None:
+    if raw not in ("", "fail", "local"):
+        raise ValueError("expected fail or local")
+    return raw or None
 
 
 def _lenient_whole(raw: str) -> int | None:
@@ -108,7 +140,7 @@ REMOTE_MAX_DOWNLOAD = Setting("CTXBUILD_REMOTE_MAX_DOWNLOAD", 32 << 30, "the mos
 EXECUTOR = Setting("CTXBUILD_EXECUTOR", None, "a Dask scheduler to run actions on, e.g. tcp://host:8786; "
                    "default: local (--executor, executor: in _defaults.yaml)", _text)
 EXECUTOR_FALLBACK = Setting("CTXBUILD_EXECUTOR_FALLBACK", None, "local: build here when the scheduler is "
-                            "unreachable; default: fail (--executor-fallback)", _text)
+                            "unreachable; default: fail (--executor-fallback)", _fallback)
 MEMORY_BUDGET = Setting("CTXBUILD_MEMORY_BUDGET", None, "bytes the build's concurrent actions may use; set by the "
                         "driver (--memory-budget, default: memory available at start)", _lenient_whole)
 BUILD_ID = Setting("CTXBUILD_BUILD_ID", None, "the build an action runs for; set by the driver", _text)
@@ -125,9 +157,9 @@ TOOLCHAINS_DIR = Setting("CTXBUILD_TOOLCHAINS_DIR", None, "where provisioned too
 WHEELHOUSE = Setting("CTXBUILD_WHEELHOUSE", None, "a directory of wheels: provision toolchains offline "
                      "(pip --no-index)", _text)
 ORT_LOG_LEVEL = Setting("CTXBUILD_ORT_LOG_LEVEL", 2, "onnxruntime's log severity in actions (0 verbose .. 4 "
-                        "fatal)", _whole)
+                        "fatal)", _log_level)
 TOOLCHAIN_OVERRIDE = Setting("CTXBUILD_TOOLCHAIN_OVERRIDE", None, "for tests only: JSON merged into every "
-                             "toolchain fingerprint, to pose as another toolchain", _text)
+                             "toolchain fingerprint, to pose as another toolchain", _json_object)
 
 # Verification (docs/verification.md).
 VERIFY_MEMO = Setting("CTXBUILD_VERIFY_MEMO", True, "0: do not memoize simulator and CPU outputs in the cache",
@@ -139,6 +171,18 @@ ALL: tuple[Setting, ...] = (NO_CACHE, CACHE_DIR, CACHE_LINK, REMOTE_CACHE, REMOT
                             REMOTE_TIMEOUT, REMOTE_MIN_RATE, REMOTE_MAX_DOWNLOAD, EXECUTOR, EXECUTOR_FALLBACK,
                             MEMORY_BUDGET, BUILD_ID, FARM, WORKER, MEMORY_ESTIMATE, TOOLCHAINS_DIR, WHEELHOUSE,
                             ORT_LOG_LEVEL, TOOLCHAIN_OVERRIDE, VERIFY_MEMO, VERIFY_WORKERS)
+
+
+def check_all(env: Mapping[str, str] | None = None) -> None:
+    """Every setting read once, at start: a value its parse refuses is one line naming the variable (exit 2), not a
+    failure of every action, or of whatever reads it first."""
+    from ctxbuild.errors import UsageError
+
+    for setting in ALL:
+        try:
+            setting.get(env)
+        except ValueError as e:
+            raise UsageError(str(e), "unset it or correct it (docs/outputs-and-cli.md lists every variable)") from None
 
 
 def remote_token(env: Mapping[str, str] | None = None) -> str | None:

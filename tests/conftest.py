@@ -39,7 +39,7 @@ FULL_FILES = frozenset({
     "test_external_data", "test_reapi", "test_cache_big_blobs", "test_quantized_io", "test_toolchains",
     "test_full_cache", "test_gate", "test_model_package", "test_old_toolchain_bundles", "test_llm_exporters",
     "test_search_mixed", "test_linked_weights", "test_user_paths", "test_input_values", "test_outputs_cut",
-    "test_lora_alpha", "test_search_progress",
+    "test_lora_alpha", "test_search_progress", "test_refusal_builds",
 })
 
 

@@ -216,7 +216,16 @@ def pinned_nodes(model: Any, nodes: dict[str, Any], recipe: str, part: str = "")
     (graph/nodenames.py). A name in neither model, or two names of one node set apart, is the recipe's mistake
     (`part`: how the recipe's `input_values:` and `outputs:` made the model, said with an unknown name)."""
     names = Names(model)
-    return _by_prepared(nodes, names.resolve, names.close, f"{recipe}: quantization.nodes", "node",
+    where = f"{recipe}: quantization.nodes"
+
+    def resolve(name: str) -> list[str] | None:
+        if found := names.ambiguous(name):  # resolved to one of them silently before
+            raise RecipeError(f"{where}: '{name}' names {len(found)} nodes: {'; '.join(found)}",
+                              "rename the nodes in the model so that one name is one node (or pin the tensor the "
+                              "node computes under quantization.tensors)")
+        return names.resolve(name)
+
+    return _by_prepared(nodes, resolve, names.close, where, "node",
                         "use the node names Netron shows for the recipe's model (an unnamed node: its first output's)",
                         part)
 

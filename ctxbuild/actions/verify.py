@@ -46,6 +46,10 @@ def warnings(action: Action) -> list[str]:
     if action.params["sample_source"] == "random":
         return [f"{action.description}: no verification or calibration samples; verifying on seeded random "
                 "data (set verify.dir to real inputs)"]
+    given = len(sample_files(action))
+    if action.watch and given < action.params["samples"]:  # a verification on fewer samples than asked says so
+        return [f"{action.description}: verified on {given} sample(s), fewer than the {action.params['samples']} "
+                f"asked for ({action.watch[0]} holds {given}; verify.samples)"]
     return []
 
 

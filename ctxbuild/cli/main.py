@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctxbuild import settings
 from ctxbuild.cli.commands import COMMANDS
 from ctxbuild.cli.parser import build as build_parser
 from ctxbuild.procs import interrupted, interrupted_by, note_interrupt
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser().parse_args(argv)
         as_json = bool(getattr(args, "json", False))
+        settings.check_all()  # a bad CTXBUILD_* value is one line here, not a failure of every action
         if args.directory is not None:
             _chdir(args.directory)
         if args.command.ctrl_c:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild import machine, settings
-from ctxbuild.engine import console, ninja, outdir, toolchains
+from ctxbuild.engine import console, ninja, outdir, owner, toolchains
 from ctxbuild.engine.fast import edited, links
 from ctxbuild.engine.finish import (
     conclude, deploy_gate, finish, set_aside_interrupted, summaries_current, write_summary,
@@ -32,12 +32,14 @@ def build(opts: BuildOptions) -> int:
     bad recipe stopped leaves nothing behind."""
     opts.out = opts.out.resolve()
     outdir.check_placement(opts.out, outdir.recipe_dirs(opts.paths), "recipe directory")
+    owner.refuse_foreign(opts.out)
     if opts.dry_run or make_dry_run(os.environ.get("MAKEFLAGS", "")):
         return _dry_run(opts)
     fresh = not opts.out.exists()
     had_state = (opts.out / STATE).exists()
     try:
         with outdir.locked(opts.out):
+            owner.bind(opts.out)  # a moved or copied OUT is re-bound before anything else is written
             return _build(opts)
     except CtxbuildError:
         if not (opts.out / "build.ninja").exists():  # a bad recipe or placement: leave no trace
@@ -57,7 +59,7 @@ def _dry_run(opts: BuildOptions) -> int:
     state = ninja.read_state(opts.out, "plan.json")
     _executor(opts, state)  # a bad address is a usage error here too; the compile pool follows the cluster
     inv = invocation(opts)
-    planned = current(opts.out, inv, state)
+    planned = current(opts.out, inv, state) and owner.bound(opts.out)  # a moved OUT's plan names the original
     plan = state if state is not None and planned else dryrun.plan_in_memory(opts.out, inv)
     targets = ninja_targets(plan, opts)
     _warn_remote(_cache_settings(plan.get("cache", {}), {}))

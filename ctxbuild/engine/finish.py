@@ -234,6 +234,9 @@ def ship_only_verified(out: Path, state: dict[str, Any], *, pending: set[str]) -
             for dep in [a["id"], *a["deps"]]:
                 if dep in by_id and kinds.get(by_id[dep]["kind"]).deliverable:
                     judges.setdefault(dep, []).append(a["id"])
+        for dep in a["deps"]:  # a package is whole or not there: its variants go aside unless its manifest is made
+            if dep in by_id and kinds.get(by_id[dep]["kind"]).package_part:
+                judges.setdefault(dep, []).append(a["id"])
     moved: set[Path] = set()
     for deliverable, verifiers in sorted(judges.items()):
         passed = all(v not in pending and status.get(v) == "ok" for v in verifiers)

@@ -97,7 +97,7 @@ def render(plan: Plan, *, compile_jobs: int, invocation: dict[str, Any]) -> None
         version=__version__, recipe_roots=ninja_value(", ".join(invocation["paths"])), compile_jobs=compile_jobs,
         # a plain script without site (-S): the edge client's start-up is paid once per action
         client=ninja_command([sys.executable, "-S", str(Path(__file__).parent / "run" / "client.py")]),
-        regen=ninja_command([sys.executable, "-m", "ctxbuild", "regenerate", str(out)]),
+        regen=ninja_command([sys.executable, "-m", "ctxbuild", "regenerate", "."]),  # ninja runs in OUT
         generator_deps=[_rel(p, out) for p in generator_deps], edges=edges, phonies=phonies)
 
     write_if_changed(state / "invocation.json", canonical_json(invocation), durable=False)

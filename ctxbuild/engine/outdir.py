@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ctxbuild.errors import UsageError
+from ctxbuild.engine.owner import MARKER
 from ctxbuild.layout import OUT_FILES, STATE
 
 if TYPE_CHECKING:
@@ -72,14 +73,17 @@ def locked(out: Path, *, wait: bool = True) -> Iterator[None]:
 
 
 def clean(out: Path) -> bool:
-    """Remove what ctxbuild wrote into OUT (artifacts it planned or built, its state, manifest, reports, and
-    directories left empty by that); anything else in OUT stays. False if there was nothing to clean: no OUT,
-    or one without ctxbuild's state (cleaned before, or never an OUT), where nothing is known to be ours."""
-    if not (out / STATE).is_dir() and not (out / "build.ninja").is_file():
+    """Remove what ctxbuild wrote into OUT, by its ledger: the artifacts its records and plan name, its state, and
+    manifest, reports and build.ninja (an owned OUT was empty when ctxbuild claimed it, engine/owner.py), and the
+    directories left empty by that; anything else in OUT stays. False if there was nothing to clean: no OUT, or
+    a directory without ctxbuild's state (cleaned before, or never an OUT: a build.ninja, manifest.json or
+    report.html of the user's own is not ours), where nothing is known to be ours."""
+    if not (out / STATE).is_dir():
         return False
     out = out.resolve()
     with locked(out, wait=False):
-        files = {out / name for name in WRITTEN} | {out / p for p in _artifacts(out)}
+        ours = (out / STATE / "plan.json").is_file() or (out / STATE / MARKER).is_file()
+        files = {out / name for name in WRITTEN if ours} | {out / p for p in _artifacts(out)}
         for f in sorted(files):
             if f.is_relative_to(out / STATE) or not f.is_relative_to(out) or not (f.is_file() or f.is_symlink()):
                 continue

@@ -230,6 +230,10 @@ class Names:
         self.tensor_from: dict[str, str] = record.get("tensor_from", {})
         self.own_qdq = set(record.get("qdq", []))
         self._have = set(self.nodes)
+        self._ops: dict[str, list[str]] = {}  # key -> how each node of that key is told apart (op, named or not)
+        for n in model.graph.node:
+            self._ops.setdefault(key(n), []).append(f"{n.op_type} {'named' if n.name else 'unnamed, first output'} "
+                                                    f"'{key(n)}'")
         g = model.graph
         self.tensors = set(_tensors(g.node)) | {i.name for i in (*g.initializer, *g.input, *g.output)}
 
@@ -239,6 +243,15 @@ class Names:
         if name in self._have:
             return [name]
         return self.became.get(name)
+
+    def ambiguous(self, name: str) -> list[str]:
+        """The nodes `name` could stand for when it is more than one (else []): two nodes of one key (a node named as
+        another, unnamed one's first output), or a node of the prepared model that a user's node of that name, which
+        prepare rewrote, is not."""
+        found = list(self._ops.get(name, [])) if name in self._have else []
+        if name in self.became and self.became[name] != [name] and found:
+            found.append(f"the user's node '{name}', which prepare made into {', '.join(self.became[name]) or 'constants'}")
+        return found if len(found) > 1 else []
 
     def tensor(self, name: str) -> str | list[str] | None:
         """The prepared tensor a tensor name stands for: itself, or the one carrying a user's tensor's value after

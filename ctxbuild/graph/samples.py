@@ -16,7 +16,23 @@ InputSpec = dict[str, tuple[tuple[int, ...], "np.dtype"]]
 
 
 def list_samples(d: Path, limit: int, recipe: str) -> dict[str, Path]:
-    files = sorted(p for p in d.iterdir() if p.suffix in (".npz", ".npy") and p.is_file())
+    """The first `limit` samples of `d`. Every .npz/.npy entry is a regular file (its links followed) or a refusal
+    naming it: dangling links, FIFOs and /dev/zero were skipped silently (1 of 4 samples verified, "ok")."""
+    entries = sorted(p for p in d.iterdir() if p.suffix in (".npz", ".npy"))
+    if odd := [p for p in entries if not p.is_file()]:
+        import stat
+
+        def what(p: Path) -> str:
+            if not p.exists():
+                return "a dangling symbolic link" if p.is_symlink() else "gone"
+            mode = p.stat().st_mode
+            return "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+
+        raise ActionError(f"{recipe}: sample {odd[0]} is {what(odd[0])}"
+                          + (f" ({len(odd) - 1} more entries of {d} are no files either)" if len(odd) > 1 else ""),
+                          "every .npz/.npy entry of a sample directory must be a sample file: remove or replace it")
+    files = entries
     if not files:
         other = sorted({p.suffix or p.name for p in d.iterdir() if p.is_file()})
         raise ActionError(f"{recipe}: sample dir {d} has no .npz/.npy files" + (

@@ -83,7 +83,7 @@ def load_decoder(path: Path) -> Any:
     return model
 
 
-MEMO = "memo/llm-decoder-8"  # bump when what check_decoder accepts changes: old verdicts are then not read
+MEMO = "memo/llm-decoder-9"  # bump when what check_decoder accepts changes: old verdicts are then not read
 
 
 def decoder_facts(model: Path) -> dict[str, Any] | None:
@@ -108,10 +108,13 @@ def _facts(model: Path) -> dict[str, Any] | None:
     except (DecodeError, ValueError, RuntimeError, OSError):
         return None
     try:
-        return {"layers": check_decoder(m).layers, "weights": [t.name for t in m.graph.initializer],
+        shape = check_decoder(m)
+        cfg = export_config.read(model)  # its special ids inside the graph's own vocabulary too (logits)
+        export_config.check_special(cfg.special, shape.vocab, {k: model.parent / cfg.source[k] for k in cfg.special})
+        return {"layers": shape.layers, "weights": [t.name for t in m.graph.initializer], "vocab": shape.vocab,
                 "weight_sizes": weight_sizes(m), "inputs": [i.name for i in m.graph.input], "readers": readers(m),
                 "matmul_rows": matmul_rows(m)}
-    except NotADecoder as e:
+    except (NotADecoder, export_config.BadExportConfig) as e:
         return {"error": str(e)}
 
 

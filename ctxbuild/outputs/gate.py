@@ -2,7 +2,9 @@
 
 Per wrapper and SoC: "loads" (the EP would call it optimal), "loads, not optimal" (an older arch than the SoC's,
 or another VTCM size: a rebuild for the SoC runs better), "will not load" (compiled by a newer QAIRT than the
-runtime's, an arch newer than the SoC's, or an ONNX IR version the runtime's onnxruntime cannot read).
+runtime's, an arch newer than the SoC's, an ONNX IR version the runtime's onnxruntime cannot read, or an
+ep_cache_context the EP refuses: absolute or with `..`), "unverified" (OUT's manifest gives no sha256 for it). In
+OUT mode nothing outside OUT is read: a manifest path leading out of it will not load.
 Used by `ctxbuild check` and by the manifest for the runtimes a recipe declares (`runtimes:`).
 """
 from __future__ import annotations
@@ -20,6 +22,8 @@ from ctxbuild.recipes import targets as soc_table
 from ctxbuild.toolchain.runtimes import Runtime, fmt, parse_version
 
 LOADS, SUBOPTIMAL, WILL_NOT_LOAD = "loads", "loads, not optimal", "will not load"
+UNVERIFIED = "unverified"  # OUT's manifest gives no sha256 for a file: what is there may not be what was built
+FAILING = (WILL_NOT_LOAD, UNVERIFIED)  # verdicts that fail the gate (`check` exits 1)
 _VERDICT = {compat.Compatibility.OPTIMAL: LOADS, compat.Compatibility.PREFER_RECOMPILATION: SUBOPTIMAL,
             compat.Compatibility.UNSUPPORTED: WILL_NOT_LOAD}
 _HTP = compat.BACKEND_HTP
@@ -39,10 +43,21 @@ def facts(wrapper: Path, f: dict[str, Any] | None = None) -> dict[str, Any]:
         if len(f["binaries"]) != 1:
             raise InspectError(f"the wrapper names {len(f['binaries'])} context binaries; ctxbuild writes one")
         rel = f["binaries"][0]
+        if problem := ep_refuses(rel):
+            raise InspectError(problem)
         found["binary"] = binary_facts(wrapper.parent / rel if rel else wrapper, embedded=not rel)
     except (InspectError, OSError) as e:
         found["binary_error"] = f"cannot read its context binary: {e}"
     return found
+
+
+def ep_refuses(rel: str) -> str | None:
+    """Why the QNN EP refuses an EPContext node's ep_cache_context, or None: it must be relative to the wrapper and
+    not climb out of its directory (an absolute path and `..` are rejected at load, QNN-NOTES.md)."""
+    if rel and (Path(rel).is_absolute() or ".." in Path(rel).parts):
+        return (f"its ep_cache_context {rel!r} is {'absolute' if Path(rel).is_absolute() else 'outside its directory'}"
+                ": the QNN EP refuses it at load (a path relative to the wrapper, without '..')")
+    return None
 
 
 def _info(fact: dict[str, Any], serves: list[dict[str, str]]) -> compat.CompatInfo:
@@ -97,11 +112,12 @@ REBUILD = "rebuild it: `ctxbuild build` into this OUT"
 
 def judge(fact: dict[str, Any], serves: list[dict[str, str]], runtime: Runtime,
           soc: Soc | None = None) -> list[dict[str, str]]:
-    """One verdict per SoC: {"soc", "verdict", "reason"}, and for "will not load" the `fix` (a recipe line where
-    one makes a wrapper that loads)."""
-    if problem := fact.get("changed") or fact.get("binary_error"):
+    """One verdict per SoC: {"soc", "verdict", "reason"}, and for "will not load" and "unverified" the `fix` (a
+    recipe line where one makes a wrapper that loads)."""
+    if problem := fact.get("changed") or fact.get("binary_error") or fact.get("unverified"):
         names = [soc.name] if soc else [s.get("name", "?") for s in serves] or ["?"]
-        return [{"soc": n, "verdict": WILL_NOT_LOAD, "reason": problem, "fix": REBUILD} for n in names]
+        verdict = UNVERIFIED if problem == fact.get("unverified") else WILL_NOT_LOAD
+        return [{"soc": n, "verdict": verdict, "reason": problem, "fix": REBUILD} for n in names]
     try:
         info = _info(fact, serves)
     except ValueError as e:
@@ -177,10 +193,18 @@ def check(path: Path, runtimes: list[Runtime], soc_name: str | None) -> list[dic
         raise UsageError(f"{path}: no such file or directory", "give OUT (a build's output directory) or a _ctx.onnx")
     rows = []
     for wrapper, art in arts:
-        wf = wrapper_facts(wrapper) if wrapper.is_file() else None
-        fact = facts(wrapper, wf) if wf else {"ir_version": 0, "changed": f"{art['path']} is missing"}
-        if changed := _changed(path, art["path"], wf["binaries"] if wf else [], expected):
-            fact["changed"] = changed
+        if outside := path.is_dir() and _outside(path, art["path"]):  # OUT mode never reads a file outside OUT
+            fact: dict[str, Any] = {"ir_version": 0, "changed": outside}
+        else:
+            wf = wrapper_facts(wrapper) if wrapper.is_file() else None
+            binaries = wf["binaries"] if wf else []
+            # checked before its binary is read: a binary linked out of OUT is never opened
+            if changed := _changed(path, art["path"], binaries, expected):
+                fact = {"ir_version": wf["ir_version"] if wf else 0, "changed": changed}
+            else:
+                fact = facts(wrapper, wf) if wf else {"ir_version": 0, "changed": f"{art['path']} is missing"}
+                if path.is_dir() and (missing := _no_digest(art["path"], binaries, expected)):
+                    fact["unverified"] = missing
         for rt in runtimes:
             for v in judge(fact, art.get("serves") or [], rt, soc):
                 rows.append({"path": art["path"], "recipe": art.get("recipe", "-"),
@@ -205,12 +229,31 @@ def _manifest_artifacts(out: Path) -> list[dict[str, Any]]:
     return arts
 
 
+def _outside(out: Path, rel: str) -> str | None:
+    """Why a manifest path leads out of OUT (absolute, `..`, or a symbolic link on the way), or None."""
+    if Path(rel).is_absolute() or ".." in Path(rel).parts or not (out / rel).resolve().is_relative_to(out.resolve()):
+        return f"{rel} leads outside {out}: the manifest names only files inside OUT; rebuild OUT"
+    return None
+
+
+def _no_digest(rel: str, binaries: list[str], expected: dict[str, str | None]) -> str | None:
+    """The first of the wrapper and its binaries the manifest gives no sha256 for: what it holds cannot be checked."""
+    for f in [rel, *(str(Path(rel).parent / b) for b in binaries if b)]:
+        if not expected.get(f):
+            return f"the manifest gives no sha256 for {f}: it cannot be checked against what the build made; rebuild OUT"
+    return None
+
+
 def _changed(out: Path, rel: str, binaries: list[str], expected: dict[str, str | None]) -> str | None:
     """Why the wrapper `rel` or the binaries it names (`binaries`, beside it) differ from what the build made, or
     None (single files given to `check` have no manifest to compare with)."""
     if not expected:
         return None
+    if problem := next(filter(None, map(ep_refuses, binaries)), None):  # never followed out of OUT
+        return problem
     for f in [rel, *(str(Path(rel).parent / b) for b in binaries if b)]:
+        if outside := _outside(out, f):
+            return outside
         if not (out / f).is_file():
             return f"{f} is missing"
         if f in expected and expected[f] and sha256_file(out / f) != expected[f]:
@@ -227,7 +270,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1] for row in (head, *body)]
     bad = sum(r["verdict"] == WILL_NOT_LOAD for r in rows)
-    lines.append(f"{len(rows)} checked: {len(rows) - bad} load, {bad} will not load")
+    unverified = sum(r["verdict"] == UNVERIFIED for r in rows)
+    lines.append(f"{len(rows)} checked: {len(rows) - bad - unverified} load, {bad} will not load"
+                 + (f", {unverified} unverified" if unverified else ""))
     return "\n".join(lines)
 
 

@@ -23,6 +23,9 @@ class Action:
     watch: list[str] = field(default_factory=list)  # directories ninja should watch (calibration dirs)
     pool: str | None = None
     toolchain: str | None = None  # a provisioned toolchain's name (toolchain/choose.py); None: the installed one
+    # Input roles (a trailing ':' makes a prefix) -> the directories they must resolve into each time they are read
+    # (userfiles.checked): what the recipe checks confined at plan time. Not in the key: it holds absolute paths.
+    confine: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def spec_name(self) -> str:

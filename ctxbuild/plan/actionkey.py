@@ -17,6 +17,7 @@ from ctxbuild import settings
 from ctxbuild.atomic import write_bytes
 from ctxbuild.digests import DigestMemo, canonical_json
 from ctxbuild.layout import memo_dir
+from ctxbuild.userfiles import checked, roots_for
 from ctxbuild.plan import kinds
 from ctxbuild.plan.action import Action
 from ctxbuild.toolchain import installed
@@ -55,7 +56,7 @@ def fingerprint(kind: str, out_state: Path, toolchain: str | None = None) -> dic
         fp["onnxruntime-qnn"] = installed.version("onnxruntime-qnn", site)
         fp["qnn_sdk"] = installed.sdk_build_id(out_state, toolchain)
     if override := settings.TOOLCHAIN_OVERRIDE.get():  # for tests only: pose as another toolchain
-        fp.update(json.loads(override))
+        fp.update(override)
     return fp
 
 
@@ -64,8 +65,11 @@ def components(action: Action, discovered: dict[str, Path], memo: DigestMemo, st
     return {
         "kind": action.kind,
         "params": action.params,
-        "inputs": {role: memo.digest(Path(p)) for role, p in sorted(action.inputs.items())},
-        "discovered_inputs": {name: memo.digest(p) for name, p in sorted(discovered.items())},
+        # read through userfiles.checked: confinement and file type as the files are now (issue 46)
+        "inputs": {role: memo.digest(checked(Path(p), roots_for(action.confine, role)))
+                   for role, p in sorted(action.inputs.items())},
+        "discovered_inputs": {name: memo.digest(checked(p, roots_for(action.confine, name)))
+                              for name, p in sorted(discovered.items())},
         "outputs": sorted(Path(p).name for p in action.outputs.values()),
         "toolchain": fingerprint(action.kind, state, action.toolchain),
         **({"extras": extras} if (extras := kinds.get(action.kind).hook("key_extras")(action)) else {}),

@@ -73,6 +73,9 @@ def llm_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
                                      out))
         if verify:
             acts.append(_genai(recipe, spec, graphs, split, compiled, bundles, package, t, out))
+    roots = sorted({str(recipe.file.parent), str(spec.model.parent)})  # as recipes/llm.py confines them
+    for a in acts:  # checked again whenever an action reads them (userfiles.py): links may be retargeted
+        a.confine = {role: roots for role in ("prompt:", "prompt_tokenizer", "tokenizer:")}
     return acts
 
 

@@ -2,6 +2,7 @@
 verify): the Actions the planner and the precision search both create."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,9 @@ def quantize_action(recipe: Recipe, g: Graph, prepared: str, work: Path, setting
     watch = [str(cal.dir)] if cal.dir else []  # its *contents* are keyed (discovered inputs), not its path
     if gate:
         inputs["gate"] = gate
-    h = short_hash(["quantize", params, prepared, watch] + ([gate] if gate else []))
+    # Work paths relative to OUT's work dir: a copied or moved OUT plans the same ids (engine/owner.py)
+    rel = [os.path.relpath(p, work) for p in (prepared, *([gate] if gate else []))]
+    h = short_hash(["quantize", params, rel[0], watch] + rel[1:])
     stem = g.model.stem
     path = str(work / f"{stem}-{h}" / "quantized.onnx")
     a = Action(id=f"quantize/{stem}-{h}", kind="quantize",

@@ -11,7 +11,7 @@ from ctxbuild.errors import RecipeError
 from ctxbuild.recipes import precisions
 from ctxbuild.recipes.adapters import Adapters, parse_adapters
 from ctxbuild.recipes.alpha import AlphaSwitch, parse_alpha
-from ctxbuild.llm.prompts import DEFAULT_TEXT, has_text
+from ctxbuild.llm.prompts import DEFAULT_TEXT, HINT as PROMPTS_HINT, BadPrompt, check as check_prompts, has_text
 from ctxbuild.recipes.paths import named_path, outside
 from ctxbuild.recipes.targets import Target
 from ctxbuild.recipes.yamlsrc import LineDict, line_of
@@ -145,6 +145,11 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
             raise RecipeError(f"{at('prompts', 'dir')}: llm.prompts.dir holds text prompts and there is no "
                               "tokenizer.json to tokenize them with",
                               "list the export's tokenizer.json under llm.tokenizer, or keep it beside the model")
+    samples, verify = spec["prompts"].get("samples", 4), spec["prompts"].get("verify", 2)
+    try:  # read as the llm actions will read them, at plan time (llm/prompts.py)
+        check_prompts(prompts, max(samples, verify), prompt_tokenizer, facts.get("vocab"))
+    except BadPrompt as e:
+        raise RecipeError(f"{at('prompts', 'dir')}: {e}", PROMPTS_HINT) from None
     quality = _quality(f, spec, model, tokenizer, max(cls), at)
     adapters, slot_parts, alpha = None, (), None
     if "adapters" in spec and spec["adapters"].get("switch") == "alpha":
@@ -155,7 +160,7 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
         slot_parts = _parts_reading(wheres, layers, parts)
     return LlmSpec(model=model, sequence_lengths=ars, context_lengths=cls, parts=parts, precision=precision,
                    kv_cache=spec.get("kv_cache", "uint16"), keep_8bit=keep_8bit, prompts=prompts,
-                   calibration_prompts=spec["prompts"].get("samples", 4), verify_prompts=spec["prompts"].get("verify", 2),
+                   calibration_prompts=samples, verify_prompts=verify,
                    generate=spec.get("generate", 8), genai_tokens=spec.get("generate", GENAI_TOKENS),
                    min_token_agreement=spec.get("min_token_agreement", 0.75),
                    min_cosine=spec.get("min_cosine", 0.95), min_kv_cosine=spec.get("min_kv_cosine", MIN_KV_COSINE),
@@ -225,6 +230,7 @@ BLOCK_SIZE = 32  # llm.quantization.block_size default: the size the simulator r
 # what llm_package, llm_part_eval and llm_genai write into the same directory (its stage files are *.onnx, wrappers
 # *_ctx.onnx)
 PACKAGE_FILES = ("genai_config.json", "llm_verify", "genai_verify.json", "cpu_twin")
+BUILT_SUFFIXES = (".onnx", ".bin", ".onnx_adapter", ".data")  # what else the build writes there
 
 
 COPIED_HINT = ("what a build reads into OUT and the cache must come from the project: keep it beside the recipe or "
@@ -241,9 +247,12 @@ def _tokenizer_files(f: Path, model_dir: Path, names: list[str], at: Any) -> tup
         if not path.is_file():
             raise RecipeError(f"{at('tokenizer', i)}: tokenizer file '{name}' not found (looked in {path})",
                               "the runtime's tokenizer files (tokenizer.json, ...), relative to the recipe")
-        if path.name in paths or path.name in PACKAGE_FILES or path.suffix == ".onnx":
-            raise RecipeError(f"{at('tokenizer', i)}: tokenizer file '{name}': its name clashes with "
-                              f"{paths.get(path.name) or 'a file the build writes beside it'}",
+        clash = (f"its name clashes with {paths[path.name]}" if path.name in paths else
+                 f"its name is one the build writes beside genai_config.json ({path.name})" if path.name in PACKAGE_FILES
+                 else "it is named like a file the build writes there (*.onnx wrappers and stages, *_qnn.bin context "
+                 "binaries, *.onnx_adapter)" if path.suffix in BUILT_SUFFIXES else None)
+        if clash:
+            raise RecipeError(f"{at('tokenizer', i)}: tokenizer file '{name}': {clash}",
                               "each file is copied by name into the output directory; rename it")
         paths[path.name] = path
     return tuple(paths.values())

@@ -104,6 +104,10 @@ def _defaults_for(directory: Path, root: Path, memo: dict, files: list[Path]
         parent = _defaults_for(directory.parent, root, memo, files)
     defaults, groups, cache = copy.deepcopy(parent[0]), dict(parent[1]), dict(parent[2])
     f = directory / DEFAULTS_FILE
+    if os.path.lexists(f) and not f.is_file():  # a dangling or looping link once dropped the fleet's defaults silently
+        what = "a directory" if f.is_dir() else "a symbolic link to nothing readable (dangling or a loop)" \
+            if f.is_symlink() else "not a regular file"
+        raise RecipeError(f"{f}:1: {DEFAULTS_FILE} is {what}", "point it at the defaults file, or remove it")
     if f.is_file():
         files.append(f)
         data = load_mapping(f)

@@ -4,7 +4,7 @@ perplexity and text are a trained model's, and a w8a16 build (2 parts, AR {64, 1
 gates fail it exactly when its figures miss them (measured: they do, by far; docs/llm.md, Quality).
 
 The export is made by make_trained.py in an environment of its own (torch, transformers, onnxruntime-genai):
-`CTXBUILD_EXPORT_PYTHON` names its Python; the exports are kept in `CTXBUILD_TRAINED_DIR` (default
+`TRAINED_EXPORT_PYTHON` names its Python; the exports are kept in `TRAINED_EXPORTS_DIR` (default
 ~/.cache/ctxbuild-trained) and made once. Skips without the environment."""
 from __future__ import annotations
 
@@ -22,12 +22,12 @@ MAKE = Path(__file__).parents[1] / "exports" / "make_trained.py"
 
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
-    python = os.environ.get("CTXBUILD_EXPORT_PYTHON")
-    d = Path(os.environ.get("CTXBUILD_TRAINED_DIR", Path.home() / ".cache" / "ctxbuild-trained"))
+    python = os.environ.get("TRAINED_EXPORT_PYTHON")
+    d = Path(os.environ.get("TRAINED_EXPORTS_DIR", Path.home() / ".cache" / "ctxbuild-trained"))
     model = d / "smollm2" / "builder" / "model.onnx"
     if not model.is_file():
         if not python:
-            pytest.skip("needs the export environment: CTXBUILD_EXPORT_PYTHON (tests/exports/make_trained.py)")
+            pytest.skip("needs the export environment: TRAINED_EXPORT_PYTHON (tests/exports/make_trained.py)")
         subprocess.run([python, str(MAKE), str(d), "--model", "smollm2"], check=True)
     return model
 

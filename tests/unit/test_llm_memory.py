@@ -88,7 +88,8 @@ def test_3b_shape_plan_fits_24_gb(tmp_path: Path) -> None:
                              max_positions=2048)
     plan, estimates = _sparse_plan(tmp_path, cfg, 4)  # 12.85 GB of weights, none on disk
     kinds = {a.kind for a in plan.actions}
-    assert kinds == {"llm_split", "llm_quantize", "bundle", "llm_part_eval", "llm_package", "llm_genai"}, kinds
+    assert kinds == {"llm_split", "llm_quantize", "bundle", "llm_part_eval", "llm_package", "llm_genai", "llm_float_eval",
+                     "llm_quality_cpu", "llm_quality", "compile"}, kinds
     too_big = {i: f"{e / 2**30:.1f} GiB" for i, e in estimates.items() if e > 24 * 10**9}
     assert not too_big, too_big
     # what the estimates counted: every part's float32 file (the tied head in the first and the last part) and QDQ

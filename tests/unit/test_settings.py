@@ -68,3 +68,10 @@ def test_values_are_read_when_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert cache_dir() == tmp_path / "a"
     monkeypatch.setenv("CTXBUILD_CACHE_DIR", str(tmp_path / "b"))
     assert cache_dir() == tmp_path / "b"
+
+
+def test_every_setting_takes_its_default_and_good_values() -> None:
+    settings.check_all({})
+    settings.check_all({"CTXBUILD_REMOTE_TIMEOUT": "0.5", "CTXBUILD_ORT_LOG_LEVEL": "4", "CTXBUILD_VERIFY_WORKERS": "2",
+                        "CTXBUILD_TOOLCHAIN_OVERRIDE": '{"qnn_sdk": "v0"}', "CTXBUILD_EXECUTOR_FALLBACK": "local"})
+    assert settings.TOOLCHAIN_OVERRIDE.get({"CTXBUILD_TOOLCHAIN_OVERRIDE": '{"qnn_sdk": "v0"}'}) == {"qnn_sdk": "v0"}

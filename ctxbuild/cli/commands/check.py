@@ -24,7 +24,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ctxbuild.errors import SectionConfigError, UsageError
-    from ctxbuild.outputs.gate import WILL_NOT_LOAD, check, table
+    from ctxbuild.outputs.gate import FAILING, check, table
     from ctxbuild.outputs.sections import config_problems, manifest_problems, read_manifest
     from ctxbuild.toolchain.runtimes import parse_cli
 
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
         add_ep_verdicts(rows, runtimes)
     print(json.dumps(rows, indent=2) if args.json else table(rows))
-    return 1 if any(r["verdict"] == WILL_NOT_LOAD for r in rows) else 0
+    return 1 if any(r["verdict"] in FAILING for r in rows) else 0
 
 
 COMMAND = Command("check", "deploy gate: will OUT's wrappers load on a device runtime (and SoC)?", arguments, run)

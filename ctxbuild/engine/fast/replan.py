@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ctxbuild.engine import ninja, outdir
+from ctxbuild.engine import ninja, outdir, owner
 from ctxbuild.engine.options import BuildOptions, default_compile_jobs
 from ctxbuild.errors import UsageError
 from ctxbuild.layout import STATE
@@ -70,8 +70,13 @@ def plan_and_render(out: Path, inv: dict[str, Any]) -> None:
 
 
 def regenerate(out: Path) -> None:
-    """ninja's generator edge: re-plan with the recorded invocation."""
+    """ninja's generator edge: re-plan with the recorded invocation. build.ninja names OUT as `.` (ninja runs in
+    it), so plain `ninja` in a moved or copied OUT plans that OUT, never the original; it must be re-bound first."""
+    out = out.resolve()
     inv = ninja.read_state(out, "invocation.json")
     if inv is None:
         raise UsageError(f"{out}: no recorded invocation; run `ctxbuild build` first")
-    plan_and_render(out.resolve(), inv)
+    if not owner.bound(out):
+        raise UsageError(f"{out} was moved or copied from another place (its plan names that place)",
+                         f"run `ctxbuild build -o {out}` once: it re-binds OUT here")
+    plan_and_render(out, inv)

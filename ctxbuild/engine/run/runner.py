@@ -23,6 +23,7 @@ from ctxbuild.digests import DigestMemo, canonical_json, sha256_file
 from ctxbuild.errors import ActionError, cause_line, CtxbuildError, machine_limit
 from ctxbuild.layout import STATE, depfile_path, log_path, record_path, rel, spec_name
 from ctxbuild.engine.ninjaquote import depfile_path as depfile_quote
+from ctxbuild.engine.owner import confined
 from ctxbuild.verify import gates
 
 
@@ -51,6 +52,10 @@ def main(spec_arg: str) -> int:
     spec_path = Path(spec_arg)
     out = out_dir_of(spec_path)
     action = load_spec(spec_path)
+    if stray := confined(list(action.outputs.values()), out):  # nothing written, nothing removed
+        print(f"ctxbuild: error: {action.id}: its spec writes {stray}, outside {out}: OUT was moved or copied; "
+              f"run `ctxbuild build -o {out}` once to re-bind it here", file=sys.stderr)
+        return 1
     if action.toolchain is not None:
         _enter_toolchain(action.toolchain, spec_arg)
     kind = kinds.get(action.kind)

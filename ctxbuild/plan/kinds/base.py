@@ -25,6 +25,8 @@ that the rest of ctxbuild reads instead of keeping lists of kind names:
   the rules its sample check withdrew (summary, report lineage);
 - `per_layer`: `verify --layers` can diagnose its graph node by node against the float model (cli/layers.py);
 - `binds_adapter`: it runs a graph with one LoRA adapter bound, named after the `+` in its id (report rows);
+- `package_part`: its outputs are part of a model package (a variant's files): a build that did not make the
+  package's manifest sets them aside with it (engine/finish.py), so no package is left without its manifest;
 - `decides_gate`: it writes a precision search's gate (`{"run": ...}`): its progress line says the answer;
 - `verified_here`: False for deliverables ctxbuild did not build (prebuilt binaries): no verification note;
 - `memory`: its measured peak-memory model (memory.py schedules and checks actions by it).
@@ -73,6 +75,7 @@ class Kind:
     legalizes: ClassVar[bool] = False
     per_layer: ClassVar[bool] = False
     binds_adapter: ClassVar[bool] = False
+    package_part: ClassVar[bool] = False
     decides_gate: ClassVar[bool] = False
     verified_here: ClassVar[bool] = True
     memory: ClassVar[MemoryModel] = MemoryModel()

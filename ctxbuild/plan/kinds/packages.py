@@ -17,6 +17,7 @@ class PackageVariant(Kind):
     name = "package_variant"
     implementation = "ctxbuild.actions.package_variant"
     params = PackageVariantParams
+    package_part = True  # a package whose manifest was not made takes it aside (engine/finish.py)
 
 
 class ModelPackageParams(TypedDict):
