@@ -2,8 +2,10 @@
 
 Calibration data is what the part really sees: the float static graphs are chained over the recipe's prompts
 (prompt chunks, then greedy token steps, at every CL) and each call's inputs to this part's graphs are recorded.
-Weights are per-channel symmetric (int4 for w4a16, int8 for w8a16), so every AR x CL graph of the part gets the
-same quantized weights and encodings: the bundle stores them once, and so does the part's one QDQ weight file
+Weights are symmetric (int4 for w4a16, int8 for w8a16; onnxruntime's QNN config gives MatMul weights one scale per
+matrix, llm.quantization rewrites them per channel or block-wise: ctxbuild/llm/int4_graph.py; precision auto chooses
+among such settings per part: ctxbuild/llm/auto_precision.py), so every AR x CL graph of the part gets the same
+quantized weights and encodings: the bundle stores them once, and so does the part's one QDQ weight file
 (each graph is quantized alone, then all of them are saved into it, a tensor's bytes once). The KV-cache I/O takes
 the recipe's type.
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ from ctxbuild.recipes import precisions
 from ctxbuild.graph.external_data import PrivateData
 from ctxbuild.graph.modelio import SharedData, data_path, load
 from ctxbuild.llm.ar_sessions import one_ar_runner
+from ctxbuild.llm.int4_graph import Weights4, choose, gather, matmul_weights, ranked_8bit, rewrite
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.pipeline import Bound
 from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
@@ -85,6 +89,12 @@ def run(ctx: Any) -> None:
                           "use shorter prompts, fewer llm.generate tokens or larger context_lengths") from None
     kv = getattr(QuantType, {"uint16": "QUInt16", "uint8": "QUInt8"}[p["kv_cache"]])
     mine = [g for g in layout.graphs if g.name in p["graphs"]]
+    print(f"calibration: {len(prompts)} prompts, per graph " + ", ".join(
+        f"{g.name} {len(feeds.get((g.part, g.ar, g.cl), []))} calls / "
+        f"{sum(c.valid for c in feeds.get((g.part, g.ar, g.cl), []))} tokens" for g in mine))
+    w4, ranked = _int4_weights(p, floats, feeds, mine)
+    if w4 is not None:  # in the build record: the ranking, how many rows chose them
+        ctx.facts["weights"] = w4.summary()
     # onnxruntime's quantizer reads its input through onnx's loader: copies of the part's weight file where the
     # cache shares it by hard link, made once for all the part's graphs
     with PrivateData() as data:
@@ -97,8 +107,8 @@ def run(ctx: Any) -> None:
             try:
                 names, sensitive, weights = _io_and_sensitive(src)
                 overrides = {n: [{"quant_type": kv}] for n in names if n.startswith(("past_key_values.", "present."))}
-                if p["precision"] == "w4a16":  # embedding, LM head and the recipe's keep_8bit stay 8-bit
-                    kept = sensitive + [n for n in weights if any(fnmatch.fnmatchcase(n, k) for k in p["keep_8bit"])]
+                if p["precision"] == "w4a16":  # embedding, LM head, the recipe's keep_8bit and the ranked stay 8-bit
+                    kept = sensitive + ranked + [n for n in weights if any(fnmatch.fnmatchcase(n, k) for k in p["keep_8bit"])]
                     overrides.update({n: [{"quant_type": QuantType.QInt8, "symmetric": True}] for n in kept})
                 config = get_qnn_qdq_config(str(src), _Reader(samples), activation_type=QuantType.QUInt16,
                                             weight_type=getattr(QuantType, precisions.get(p["precision"]).llm_weights), per_channel=True,
@@ -110,7 +120,93 @@ def run(ctx: Any) -> None:
             finally:
                 src.unlink()
             print(f"{g.name}: calibrated on {len(samples)} calls")
+            if w4 is not None:
+                print(f"{g.name}: {rewrite(ctx.tmp_output(f'model:{g.name}'), model, w4)} weights rewritten")
+    if p["precision"] == "auto":
+        (ctx.tmp / "auto").mkdir()  # the candidates' graphs, each judged and removed
+        ctx.facts["auto"] = _auto(a, p, floats, feeds, mine,
+                                  {(g.ar, g.cl): ctx.tmp_output(f"model:{g.name}") for g in mine}, ctx.tmp / "auto")
     share_weights([ctx.tmp_output(f"model:{g.name}") for g in mine], ctx.tmp_output(weights_role(p["part"])))
+
+
+def _int4_weights(p: dict[str, Any], floats: dict[tuple[int, int, int], Path],
+                  feeds: dict[tuple[int, int, int], list[Call]], mine: list[Any]) -> tuple[Weights4 | None, list[str]]:
+    """llm.quantization (None without it): each MatMul weight's values and scales from the activations of the
+    part's graphs at the smallest CL, per channel (int4 also block-wise), searched or min/max, and the weights the
+    sensitivity ranking keeps at int8 (the most sensitive first, up to `keep_8bit_share` of the int4 elements).
+    int8 weights (w8a16's; w4a16's LM head, keep_8bit and ranked) are rewritten per channel unless `int8: tensor`
+    (onnxruntime's QNN config writes every MatMul weight per tensor)."""
+    q = p.get("quantization")
+    if not q or p["precision"] == "auto":
+        return None, []
+    graphs, matmuls, kept = _part_weights(p, floats, feeds, mine)
+    bits = {w: 8 for w in matmuls} if p["precision"] == "w8a16" else {w: 8 if w in kept else 4 for w in matmuls}
+    if q["int8"] == "tensor":
+        bits = {w: b for w, b in bits.items() if b == 4}
+    start = time.monotonic()
+    block = q["block_size"] if q["int4"] == "block" else None
+    seen = gather(graphs, set(bits))
+    w4 = choose(seen, bits, block, q["scale_search"])
+    ranked = ranked_8bit(w4, q["keep_8bit_share"])
+    if ranked:  # the ranking's pick at int8 (per channel unless int8: tensor)
+        again = choose(seen, {w: 8 for w in ranked}, None, q["scale_search"]) if q["int8"] == "channel" else None
+        for w in ranked:
+            del w4.chosen[w]
+            if again:
+                w4.chosen[w] = again.chosen[w]
+    print(f"weights: {sum(c.bits == 4 for c in w4.chosen.values())} int4 ({q['int4']}), "
+          f"{sum(c.bits == 8 for c in w4.chosen.values())} int8 per channel"
+          f"{', scale search' if q['scale_search'] else ''} on {w4.tokens} activation rows in "
+          f"{time.monotonic() - start:.1f} s; kept at int8 by the ranking: {', '.join(ranked) or 'none'}")
+    print("sensitivity (relative output error, most sensitive first): " + ", ".join(
+        f"{r['weight']} int{r['bits']} {r['error']:.2e}" for r in w4.summary()["ranking"]))
+    return w4, ranked
+
+
+def _part_weights(p: dict[str, Any], floats: dict[tuple[int, int, int], Path],
+                  feeds: dict[tuple[int, int, int], list[Call]], mine: list[Any]
+                  ) -> tuple[list[tuple[Path, list[Call]]], set[str], set[str]]:
+    """The part's float graphs at the smallest CL with their calibration calls (the largest AR first), its MatMul
+    weights, and those kept at int8 whatever the setting: the LM head and the recipe's keep_8bit."""
+    cl = min(g.cl for g in mine)
+    graphs = [(floats[(g.part, g.ar, g.cl)], feeds.get((g.part, g.ar, g.cl), []))
+              for g in sorted(mine, key=lambda g: -g.ar) if g.cl == cl]
+    _, sensitive, _ = _io_and_sensitive(graphs[0][0])
+    matmuls = set(matmul_weights(load(graphs[0][0], external_data=False)).values())
+    return graphs, matmuls, {w for w in matmuls if w in sensitive or any(fnmatch.fnmatchcase(w, k) for k in p["keep_8bit"])}
+
+
+def _auto(a: Action, p: dict[str, Any], floats: dict[tuple[int, int, int], Path],
+          feeds: dict[tuple[int, int, int], list[Call]], mine: list[Any], qdq: dict[tuple[int, int], Path],
+          tmp: Path) -> dict[str, Any]:
+    """precision: auto (llm/auto_precision.py): the cheapest candidate passing the part check's gates on the CPU,
+    its weights written into the part's QDQ graphs; returns the choice and the judged candidates' figures."""
+    from ctxbuild.llm import auto_precision, records
+
+    start = time.monotonic()
+    graphs, matmuls, head = _part_weights(p, floats, feeds, mine)
+    seen = gather(graphs, matmuls)
+    q = p["quantization"]
+    cands = auto_precision.candidates(seen, head, q)
+    print(f"precision auto: {len(cands)} candidates from {seen.tokens} activation rows in "
+          f"{time.monotonic() - start:.1f} s")
+    calls = records.read(Path(a.inputs["records"]))
+    floats_mine = {(g.ar, g.cl): floats[(g.part, g.ar, g.cl)] for g in mine}
+    chosen = cands[-1]
+    for c in cands:
+        t = time.monotonic()
+        auto_precision.judge(c, qdq, floats_mine, calls, p["thresholds"], tmp)
+        print(f"precision auto: {c.name}: {auto_precision.weight_bytes(c.weights) / 1e6:.3f} MB of MatMul weights, "
+              f"{c.figures} on {len(calls)} recorded calls: {'passes' if c.passed else 'fails'} "
+              f"({time.monotonic() - t:.1f} s)")
+        if c.passed:
+            chosen = c
+            break
+    auto_precision.keep(qdq, floats_mine, chosen)
+    print(f"precision auto: part {p['part'] + 1} takes {chosen.name} ({time.monotonic() - start:.1f} s in all)")
+    return {"chosen": chosen.name, "seconds": round(time.monotonic() - start, 1),
+            "candidates": [{"name": c.name, "weight_bytes": int(auto_precision.weight_bytes(c.weights)),
+                            "figures": c.figures, "passed": c.passed} for c in cands if c.figures is not None]}
 
 
 def share_weights(models: list[Path], weights: Path) -> None:

@@ -83,7 +83,7 @@ def load_decoder(path: Path) -> Any:
     return model
 
 
-MEMO = "memo/llm-decoder-8"  # bump when what check_decoder accepts changes: old verdicts are then not read
+MEMO = "memo/llm-decoder-9"  # bump when what check_decoder accepts changes: old verdicts are then not read
 
 
 def decoder_facts(model: Path) -> dict[str, Any] | None:
@@ -112,7 +112,8 @@ def _facts(model: Path) -> dict[str, Any] | None:
         cfg = export_config.read(model)  # its special ids inside the graph's own vocabulary too (logits)
         export_config.check_special(cfg.special, shape.vocab, {k: model.parent / cfg.source[k] for k in cfg.special})
         return {"layers": shape.layers, "weights": [t.name for t in m.graph.initializer], "vocab": shape.vocab,
-                "weight_sizes": weight_sizes(m), "inputs": [i.name for i in m.graph.input], "readers": readers(m)}
+                "weight_sizes": weight_sizes(m), "inputs": [i.name for i in m.graph.input], "readers": readers(m),
+                "matmul_rows": matmul_rows(m)}
     except (NotADecoder, export_config.BadExportConfig) as e:
         return {"error": str(e)}
 
@@ -125,6 +126,13 @@ def _where(node: Any, embedding: set[str]) -> int:
 
 def _gathered(model: Any) -> set[str]:
     return {n.input[0] for n in model.graph.node if n.op_type == "Gather" and n.input[1] == "input_ids"}
+
+
+def matmul_rows(model: Any) -> dict[str, int]:
+    """2-D initializer a MatMul reads as its second input -> its rows (the int4 blocks' axis)."""
+    inits = {t.name: t for t in model.graph.initializer if len(t.dims) == 2}
+    return {n.input[1]: int(inits[n.input[1]].dims[0]) for n in model.graph.node
+            if n.op_type == "MatMul" and n.input[1] in inits}
 
 
 def readers(model: Any) -> dict[str, list[int]]:

@@ -126,8 +126,15 @@ def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int,
               "keep_8bit": list(spec.keep_8bit), "samples": spec.calibration_prompts, "tokens": spec.generate,
               "context_lengths": list(spec.context_lengths)}
     inputs = {"layout": split.outputs["layout"], **prompt_tokenizer(spec)}
+    if spec.precision == "auto":
+        inputs["records"] = split.outputs[records_role(part)]
     for g in graphs:  # calibration runs every part's float graphs
         inputs.update(graph_files(split.outputs, g, f"model:{g.name}"))
+    if spec.quantization:  # only then: the keys of recipes without it stay as they were
+        params["quantization"] = spec.quantization
+    if spec.precision == "auto":  # candidates judged on the part's recorded calls by the part check's gates
+        params["thresholds"] = {"min_token_agreement": spec.min_token_agreement, "min_cosine": spec.min_cosine,
+                                "min_kv_cosine": spec.min_kv_cosine}
     if spec.adapters:  # calibrated over no adapter + the `calibrate` set: a change there re-quantizes
         params["adapters"], files = calibration_inputs(spec.adapters)
         inputs.update(files)
@@ -145,6 +152,11 @@ def _options(recipe: Recipe, t: Target) -> dict[str, str]:
     opts = provider_options(recipe, t)
     if recipe.precision == "fp16":
         opts["enable_htp_fp16_precision"] = "1"
+    q = recipe.llm.quantization if recipe.llm else None
+    # block-wise int4 runs as LPBQ only so (docs/llm.md, Weight quantization); auto may choose it; per-channel weights
+    # gave the same .bin size and simulator outputs with the option (onnxruntime-qnn 2.7.0)
+    if q and (q["int4"] == "block" or recipe.precision == "auto"):
+        opts["enable_block_quant_weight_optimization"] = "1"
     return dict(sorted(opts.items()))
 
 

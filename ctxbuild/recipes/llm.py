@@ -54,7 +54,7 @@ class LlmSpec:
     sequence_lengths: tuple[int, ...]  # AR
     context_lengths: tuple[int, ...]  # CL
     parts: int
-    precision: str  # w4a16 | w8a16 | fp16
+    precision: str  # w4a16 | w8a16 | fp16 | auto
     kv_cache: str  # uint16 | uint8
     keep_8bit: tuple[str, ...]  # w4a16: weights (fnmatch patterns over initializer names) kept at int8
     prompts: Path
@@ -72,6 +72,7 @@ class LlmSpec:
     alpha: AlphaSwitch | None = None  # llm.adapters with switch: alpha (plan/llm.py binds it as the slot lora_alpha)
     tokenizer: tuple[Path, ...] = ()  # files copied beside genai_config.json
     prompt_tokenizer: Path | None = None  # the tokenizer.json text prompts are tokenized with
+    quantization: dict[str, Any] | None = None  # w4a16: llm.quantization with its defaults (int4, block_size, ...)
 
 
 def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Target]) -> LlmSpec:
@@ -104,7 +105,7 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
     if layers is not None and parts > layers:
         raise RecipeError(f"{at('parts')}: {parts} parts for a model of {layers} layers",
                           f"use at most {layers} (one layer per part)")
-    if least := precisions.get(precision).min_arch:
+    if least := precisions.get("w4a16" if precision == "auto" else precision).min_arch:  # auto may choose int4
         old = [t.name for t in targets if all(int(a) < least for a in t.htp_arch.split(","))]
         if old:
             raise RecipeError(f"{at('precision')}: {precision} on {', '.join(old)} (htp_arch below v{least}): its "
@@ -114,11 +115,14 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
         raise RecipeError(f"{at('kv_cache')}: kv_cache sets a quantized type; precision fp16 keeps the cache in fp16",
                           "remove kv_cache, or use w4a16/w8a16")
     names = facts.get("weights", [])
-    # Default (measured on a trained decoder, docs/llm-reference.md): the first and last blocks' weights at int8
+    quantization = _quantization(at, spec, precision, facts)
+    # Default (measured on a trained decoder, docs/llm-reference.md): the first and last blocks' weights at int8, unless
+    # the sensitivity ranking chooses (llm.quantization.keep_8bit_share)
     edges = sorted({"model.layers.0.*", f"model.layers.{(layers or 1) - 1}.*"})
+    ranked = bool(quantization and quantization["keep_8bit_share"])
     keep_8bit = tuple(spec["keep_8bit"]) if "keep_8bit" in spec else tuple(
-        p for p in edges if precision == "w4a16" and fnmatch.filter(names, p))
-    if "keep_8bit" in spec and precision != "w4a16":
+        p for p in edges if precision == "w4a16" and not ranked and fnmatch.filter(names, p))
+    if "keep_8bit" in spec and precision not in ("w4a16", "auto"):
         raise RecipeError(f"{at('keep_8bit')}: keep_8bit keeps weights of a w4a16 model at int8; precision is {precision}",
                           "remove keep_8bit, or use precision: w4a16")
     for i, pattern in enumerate(keep_8bit):
@@ -161,7 +165,8 @@ def parse_llm(f: Path, data: LineDict, spec: dict[str, Any], targets: list[Targe
                    min_token_agreement=spec.get("min_token_agreement", 0.75),
                    min_cosine=spec.get("min_cosine", 0.95), min_kv_cosine=spec.get("min_kv_cosine", MIN_KV_COSINE),
                    simulator=spec.get("simulator", "auto"), adapters=adapters, slot_parts=slot_parts, alpha=alpha,
-                   tokenizer=tokenizer, prompt_tokenizer=prompt_tokenizer, quality=quality)
+                   tokenizer=tokenizer, prompt_tokenizer=prompt_tokenizer, quality=quality,
+                   quantization=quantization)
 
 
 def _quality(f: Path, spec: dict[str, Any], model: Path, tokenizer: tuple[Path, ...], cl: int, at: Any) -> Quality:
@@ -185,6 +190,41 @@ def _quality(f: Path, spec: dict[str, Any], model: Path, tokenizer: tuple[Path, 
                    tokens=ev.get("tokens", EVAL_TOKENS), simulator={**SIMULATOR_SUBSET, **ev.get("simulator", {})},
                    max_ppl_ratio=spec.get("max_ppl_ratio", MAX_PPL_RATIO),
                    min_agreement=spec.get("min_agreement", MIN_AGREEMENT))
+
+
+def _quantization(at: Any, spec: dict[str, Any], precision: str, facts: dict[str, Any]) -> dict[str, Any] | None:
+    """llm.quantization with its defaults; exit 2 where the HTP simulator was measured not to run the blocks."""
+    from ctxbuild.llm.int4 import FAILED_BLOCKS, FAILED_HOW, blockable
+
+    q = spec.get("quantization")
+    if q is None and precision != "auto":  # auto's candidates take the defaults
+        return None
+    q = q or {}
+    if precision == "fp16":
+        raise RecipeError(f"{at('quantization')}: llm.quantization sets how integer weights are made; precision is "
+                          "fp16", "remove llm.quantization, or use precision: w4a16 or w8a16")
+    for key in ("int4", "block_size", "keep_8bit_share"):
+        if key in q and precision not in ("w4a16", "auto"):
+            raise RecipeError(f"{at('quantization', key)}: {key} is for int4 weights; precision is {precision}",
+                              f"remove {key}, or use precision: w4a16")
+    if "block_size" in q and q.get("int4") != "block" and precision != "auto":
+        raise RecipeError(f"{at('quantization', 'block_size')}: block_size is for int4: block",
+                          "add int4: block, or remove block_size")
+    out = {"int4": q.get("int4", "channel"), "block_size": q.get("block_size", BLOCK_SIZE),
+           "int8": q.get("int8", "channel"), "scale_search": q.get("scale_search", False),
+           "keep_8bit_share": q.get("keep_8bit_share", 0.0)}
+    if out["int4"] == "block" or precision == "auto":
+        bs = out["block_size"]
+        for name, rows in sorted(facts.get("matmul_rows", {}).items()):
+            if blockable(rows, bs) and rows // bs in FAILED_BLOCKS.get(bs, ()):
+                raise RecipeError(
+                    f"{at('quantization', 'block_size')}: block_size {bs} cuts {name} ({rows} rows) into "
+                    f"{rows // bs} blocks: the HTP simulator {FAILED_HOW[bs]} on {rows // bs} blocks of {bs} rows "
+                    "(onnxruntime-qnn 2.7.0)", "use block_size 32 (it ran at every block count measured)")
+    return out
+
+
+BLOCK_SIZE = 32  # llm.quantization.block_size default: the size the simulator ran at every block count measured
 
 
 # what llm_package, llm_part_eval and llm_genai write into the same directory (its stage files are *.onnx, wrappers

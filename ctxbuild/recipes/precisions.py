@@ -49,8 +49,10 @@ TABLE: tuple[Precision, ...] = (
     Precision("qdq", "a model already quantized (QuantizeLinear/DequantizeLinear): compiled as it is",
               thresholds=(0.99, 20.0), binary_per_model_byte=1.0),
     # its candidates meet w8a16's bar unless the recipe sets its own
+    # an llm: block's auto: per part the cheapest weight setting passing the part check on the CPU (docs/llm.md);
+    # quantized at int8, then each candidate's weights rewritten (ctxbuild/llm/auto_precision.py)
     Precision("auto", "the first candidate of a quantization ladder that passes verification on the simulator",
-              thresholds=(0.99, 20.0)),
+              llm_weights="QInt8", llm=True, thresholds=(0.99, 20.0), llm_weight_bytes=1.0),
 )
 BY_NAME = {p.name: p for p in TABLE}
 _SPELLINGS = {**{a: p for p in TABLE for a in p.aliases}, **BY_NAME}
