@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ctxbuild.actions.llm_split import export_files
+from ctxbuild.actions.llm_split import export_files, readable
 from ctxbuild.errors import ActionError
 from ctxbuild.llm import quality
 from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
@@ -32,7 +32,8 @@ def run(ctx: Any) -> None:
     from ctxbuild.llm.pipeline import open_export, reference_generate
 
     a, p = ctx.action, ctx.action.params
-    model = Path(a.inputs["model"])
+    # as llm_split reads it: external data linked out of the model's directory (a Hugging Face cache) is copied
+    model = readable(Path(a.inputs["model"]), ctx.tmp / "source")
     tok = Path(a.inputs["tokenizer"]) if "tokenizer" in a.inputs else None
     prompts = load_prompts(prompt_files(Path(a.watch[0]), p["prompts"]), p["prompts"], tokenizer_of(a))
     if tok is not None:
