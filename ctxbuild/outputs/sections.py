@@ -52,17 +52,24 @@ def config_problems(config: Path, packaged: dict[str, str] | None = None, owner:
     return problems
 
 
-def manifest_problems(out: Path, manifest: dict[str, Any]) -> list[str]:
-    """config_problems of every lora_config a build's manifest lists."""
-    entries = [e for e in manifest.get("adapters", []) if e.get("kind") == "lora_v2_section"]
-    packaged = {f["path"]: f"{e['recipe']}@{e['target']['name']}" for e in entries for f in e["files"]
-                if not f["path"].endswith(".lora_config")}
-    problems = []
-    for e in entries:
-        for f in e["files"]:
-            if f["path"].endswith(".lora_config"):
-                problems += config_problems(out / f["path"], packaged, f"{e['recipe']}@{e['target']['name']}")
-    return problems
+def manifest_problems(out: Path, manifest: Any) -> list[str]:
+    """config_problems of every lora_config a build's manifest lists. Only well-formed entries whose files stay
+    inside OUT are read: the deploy gate's check judges a malformed manifest or a path leading out of OUT."""
+    adapters = manifest.get("adapters") if isinstance(manifest, dict) else None
+    entries = [(f"{e.get('recipe')}@{(e.get('target') or {}).get('name')}", _files_inside(out, e.get("files")))
+               for e in (adapters if isinstance(adapters, list) else [])
+               if isinstance(e, dict) and e.get("kind") == "lora_v2_section" and isinstance(e.get("target"), dict)]
+    packaged = {f: owner for owner, files in entries for f in files if not f.endswith(".lora_config")}
+    return [problem for owner, files in entries for f in files if f.endswith(".lora_config")
+            for problem in config_problems(out / f, packaged, owner)]
+
+
+def _files_inside(out: Path, files: Any) -> list[str]:
+    """The relative paths of a manifest entry's files that resolve inside OUT (never followed out of it)."""
+    paths = [f.get("path") for f in files if isinstance(f, dict)] if isinstance(files, list) else []
+    root = out.resolve()
+    return [p for p in paths if isinstance(p, str) and not Path(p).is_absolute() and ".." not in Path(p).parts
+            and (out / p).resolve().is_relative_to(root)]
 
 
 def read_manifest(out: Path) -> dict[str, Any]:

@@ -300,5 +300,7 @@ def test_adapter_actions_only_for_the_parts_holding_slots(tmp_path: Path) -> Non
     quantize = [a for a in acts.values() if a.kind == "llm_quantize"]
     assert all(sorted(r for r in a.inputs if r.startswith("adapter:")) == ["adapter:chat"] for a in quantize)
     rows = {r["path"]: r for r in plan.artifacts()}
-    assert rows["SM8650/llm/llm_1_of_2_qnn.bin"]["verified_by"] == ["llm_part_eval/llm.part1@SM8650"]
-    assert rows["SM8650/llm/llm_2_of_2_qnn.bin"]["verified_by"] == ["llm_part_eval/llm.part2@SM8650"]
+    assert rows["SM8650/llm/llm_1_of_2_qnn.bin"]["verified_by"] == ["llm_part_eval/llm.part1@SM8650",
+                                                                   "llm_quality/llm@SM8650"]  # perplexity, agreement
+    assert rows["SM8650/llm/llm_2_of_2_qnn.bin"]["verified_by"] == ["llm_part_eval/llm.part2@SM8650",
+                                                                   "llm_quality/llm@SM8650"]  # perplexity, agreement
