@@ -99,7 +99,7 @@ def name_of(activations: str, weights: str) -> str:
 
 def hint(given: object, *, llm: bool = False) -> str | None:
     """For a precision a recipe (or an llm: block) does not take: the line to write instead, in the table's names."""
-    from ctxbuild.recipes.suggest import did_you_mean
+    from ctxbuild.recipes.suggest import closest, did_you_mean
 
     low = str(given).lower()
     if low in OTHER_NAMES:
@@ -110,6 +110,5 @@ def hint(given: object, *, llm: bool = False) -> str | None:
             return f"write precision: {p.name} (precision names are lower case)"
         where = "an llm: recipe's precision (llm.precision, docs/llm.md)" if p.llm else "a model recipe's precision"
         return f"{p.name} ({p.means}) is {where}"
-    spelled = spellings(llm=llm)
-    close = did_you_mean(str(given), spelled)
-    return close and did_you_mean(canonical(close.split("'")[1]), names(llm=llm))
+    close = closest(str(given), spellings(llm=llm), n=1, cutoff=0.6)  # an alias may be the closest: offer its name
+    return did_you_mean(canonical(close[0]), names(llm=llm)) if close else None
