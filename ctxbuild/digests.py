@@ -22,12 +22,13 @@ def short_hash(data: Any, n: int = 10) -> str:
     return hashlib.sha256(canonical_json(data)).hexdigest()[:n]
 
 
-def source_digest(directory: Path) -> str:
-    """sha256 over a package directory's Python sources (read, not imported), for code whose changes must
-    rebuild what it made (the legalization rules)."""
+def source_digest(*paths: Path) -> str:
+    """sha256 over Python sources (read, not imported): each path a package directory (its *.py) or a file, for
+    code whose changes must rebuild what it made (the legalization rules, the LLM exporters' rewrites)."""
     h = hashlib.sha256()
-    for f in sorted(directory.glob("*.py")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    for path in paths:
+        for f in sorted(path.glob("*.py")) if path.is_dir() else [path]:
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -24,11 +24,16 @@ from ctxbuild.llm.static import GraphSpec, records_name, records_role, specs, we
 from ctxbuild.plan.adapters import adapter_actions, calibration_inputs
 from ctxbuild.plan.llm_quality import quality_cpu, quality_float, quality_gate
 from ctxbuild.recipes.adapters import Adapter, Adapters
-from ctxbuild.digests import short_hash
+from ctxbuild.digests import short_hash, source_digest
 from ctxbuild.plan.action import Action
 from ctxbuild.plan.steps import common_params, provider_options
 from ctxbuild.recipes.objects import Recipe
 from ctxbuild.recipes.targets import Target
+
+_PKG = Path(__file__).resolve().parent.parent
+# what llm_split's graphs are made by, besides onnx: the exporters' rewrites, the static cut, the RMSNorm fusion
+SPLIT_CODE = (_PKG / "llm" / "exporters", _PKG / "llm" / "static.py", _PKG / "llm" / "canonical.py",
+              _PKG / "graph" / "legalize" / "rmsnorm.py", _PKG / "graph" / "legalize" / "graphview.py")
 
 
 def llm_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
@@ -94,6 +99,9 @@ def _split(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], work: Path) -
         params["alpha"] = spec.alpha.param()
         params["adapter_slots"] = {"patterns": [spec.alpha.input], "scaling": None}
     h = short_hash(["llm_split", params, str(spec.model)])
+    # the rewrites into the canonical form and the static cut: a change re-splits (the key changes, and the spec,
+    # so ninja re-runs it) without an ACTION_SCHEMA_VERSION bump; not in the node's name
+    params["split_code"] = source_digest(*SPLIT_CODE)
     d = work / f"{recipe.name}-{h}"
     outputs = {"layout": str(d / "layout.json")}
     if spec.alpha:

@@ -185,8 +185,13 @@ def static_shapes_of(model: Any) -> dict[str, list[int]]:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # noqa: BLE001 - inference is a help here, not a requirement: rules needing a shape skip
         return {}
+    return inferred_shapes(inferred)
+
+
+def inferred_shapes(model: Any) -> dict[str, list[int]]:
+    """The static shapes `model`'s value_info, inputs and outputs record (shape inference already run)."""
     shapes = {}
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+    for vi in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output):
         t = vi.type.tensor_type
         if t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
             shapes[vi.name] = [d.dim_value for d in t.shape.dim]

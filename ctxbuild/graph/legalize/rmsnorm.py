@@ -106,8 +106,11 @@ def _inexact(g: GraphView, mean: Any, x: str, scale: str, nodes: list[Any], shap
         return f"the mean is over axes {axes if axes is not None else 'all'} of {shape}, not the last one alone"
     if not attrs.get("keepdims", 1):
         return "the mean drops the reduced axis (keepdims=0)"
-    value = g.const(scale)
-    scale_shape = list(value.shape) if value is not None else shapes.get(scale)
+    if scale in g.inits:  # its dims, not its data: a decoder's norm weights may be external and not loaded
+        scale_shape = list(g.inits[scale].dims)
+    else:
+        value = g.const(scale)
+        scale_shape = list(value.shape) if value is not None else shapes.get(scale)
     if scale_shape != shape[-1:]:
         return f"the scale's shape {scale_shape} is not [{shape[-1]}], one value per element of the last axis"
     inside = {o for n in nodes[:-1] for o in n.output}

@@ -14,8 +14,8 @@ from ctxbuild.llm.canonical import MASK_NEG
 class Emit:
     """Nodes for graph `g` (collected in `nodes`, placed by the caller), constants added to its initializers."""
 
-    def __init__(self, g: Any, opset: int) -> None:
-        self.g, self.nodes, self.n, self.opset = g, [], 0, opset
+    def __init__(self, g: Any) -> None:
+        self.g, self.nodes, self.n = g, [], 0
         self.inits = {t.name for t in g.initializer}
         self.replacing = ""  # the export's node the nodes emitted now take the place of ("": none)
         self.origin: dict[str, str] = {}  # emitted node -> that node: what a refusal names (graph/nodenames.py)
@@ -38,16 +38,6 @@ class Emit:
         outs = outputs or [name + "_output_0"]
         self.nodes.append(helper.make_node(op, inputs, outs, name=name, **attrs))
         return outs[0]
-
-    def rms(self, x: str, gain: str, eps: float, scope: str, out: str | None = None) -> str:
-        square = self.op("Mul", [x, x], scope)
-        if self.opset >= 18:  # ReduceMean takes its axes as an input from opset 18 on (the builder writes 21+)
-            mean = self.op("ReduceMean", [square, self.const("lowered_axes_m1", np.array([-1], np.int64))], scope,
-                           keepdims=1)
-        else:
-            mean = self.op("ReduceMean", [square], scope, axes=[-1], keepdims=1)
-        rms = self.op("Sqrt", [self.op("Add", [mean, self.const(f"{scope}/eps", np.float32(eps))], scope)], scope)
-        return self.op("Mul", [self.op("Div", [x, rms], scope), gain], scope, [out] if out else None)
 
     def mask(self) -> str:
         """The additive mask [batch, 1, seq, past + seq]: 0 where a key is at or before the query's position and

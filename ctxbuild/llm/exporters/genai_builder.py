@@ -5,9 +5,9 @@ node was):
 - `GroupQueryAttention` (com.microsoft, packed QKV, do_rotary, non-interleaved) -> Split, heads, rotary from
   the op's own cos/sin caches gathered by a new `position_ids` input, `present = Concat(past, new)`, K/V heads
   repeated, scaled scores + the additive mask, Softmax, context;
-- `SimplifiedLayerNormalization` -> RMSNorm written out; `SkipSimplifiedLayerNormalization` -> Add + RMSNorm
-  (its output 3, the residual stream, is the Add; the Add is named in the scope of the layer writing `skip`, so
-  the part cut sees one tensor between layers);
+- `SimplifiedLayerNormalization` stays (the HTP's RmsNorm, whole); `SkipSimplifiedLayerNormalization` -> Add +
+  SimplifiedLayerNormalization (its output 3, the residual stream, is the Add; the Add is named in the scope of
+  the layer writing `skip`, so the part cut sees one tensor between layers);
 - the mask the optimum convention computes (from `attention_mask` and `position_ids`), once.
 The seqlens_k / total_sequence_length ops the attention read become dead and are dropped by the extraction.
 """
@@ -62,7 +62,7 @@ def lower(model: Any, base_dir: str = "") -> Any:
                     del inits[name].external_data[:]
     past = next(i for i in g.input if i.name == "past_key_values.0.key")
     hd = past.type.tensor_type.shape.dim[3].dim_value
-    e = Emit(g, next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")))
+    e = Emit(g)
     mask = e.mask()
     head_nodes, rotary = list(e.nodes), {}
     producers = {o: n for n in g.node for o in n.output}
@@ -71,8 +71,6 @@ def lower(model: Any, base_dir: str = "") -> Any:
         e.nodes, e.replacing = [], node.name
         if node.op_type == "GroupQueryAttention":
             _attention(e, node, hd, mask, inits, rotary)
-        elif node.op_type == "SimplifiedLayerNormalization":
-            e.rms(node.input[0], node.input[1], _attr(node, "epsilon", 1e-5), node.name, node.output[0])
         elif node.op_type == "SkipSimplifiedLayerNormalization":
             src = producers.get(node.input[1])
             m = _LAYER.match(src.name) if src is not None else None
@@ -81,7 +79,8 @@ def lower(model: Any, base_dir: str = "") -> Any:
             total_ = e.op("Add", list(node.input[:2]), add_scope, [outs[3]] if outs[3] else None)
             if len(node.input) > 3 and node.input[3]:
                 total_ = e.op("Add", [total_, node.input[3]], add_scope)
-            e.rms(total_, node.input[2], _attr(node, "epsilon", 1e-5), node.name, outs[0] or None)
+            e.op("SimplifiedLayerNormalization", [total_, node.input[2]], node.name, [outs[0]] if outs[0] else None,
+                 axis=-1, epsilon=_attr(node, "epsilon", 1e-5), stash_type=1)
         else:
             e.nodes = [node]
         new_nodes += e.nodes

@@ -58,7 +58,7 @@ class TorchOnnx(Exporter):
     @classmethod
     def to_canonical(cls, model: Any, base_dir: str, positions: int) -> Any:
         g = model.graph
-        e = Emit(g, _opset(model))
+        e = Emit(g)
         if "position_ids" not in {i.name for i in g.input}:
             _take_positions(e, g)
         mask = e.mask()
