@@ -30,6 +30,7 @@ from ctxbuild.graph.modelio import SharedData, data_path, load
 from ctxbuild.llm.ar_sessions import one_ar_runner
 from ctxbuild.llm.int4_graph import Weights4, choose, gather, matmul_weights, ranked_8bit, rewrite
 from ctxbuild.llm.layout import Layout
+from ctxbuild.llm.norms import QDQ_OPSET, at_opset_21
 from ctxbuild.llm.pipeline import Bound
 from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
 from ctxbuild.llm.records import Call
@@ -37,7 +38,6 @@ from ctxbuild.llm.static import weights_role
 from ctxbuild.plan.action import Action
 
 MAX_SAMPLES = 16  # calibration samples per graph (prompt chunks and token steps)
-QDQ_OPSET = 21  # uint16 QuantizeLinear/DequantizeLinear
 
 
 def discover_inputs(action: Action) -> dict[str, Path]:
@@ -248,8 +248,7 @@ def _private_copy(model: Path, dst: Path, slots: set[str], data: PrivateData) ->
     if not data.relocate(m, model) and not slots and opset >= QDQ_OPSET:
         os.link(model, dst)
         return opset
-    if opset < QDQ_OPSET:
-        m = onnx.version_converter.convert_version(m, QDQ_OPSET)
+    m = at_opset_21(m)
     kept = [t for t in m.graph.initializer if t.name not in slots]
     del m.graph.initializer[:]
     m.graph.initializer.extend(kept)
