@@ -280,12 +280,14 @@ def _opset(m: Any) -> int:
 
 def _io_and_sensitive(path: Path) -> tuple[list[str], list[str], list[str]]:
     """Graph I/O names, the weights of the embedding (Gather by input_ids) and of the LM head (the MatMul
-    writing logits), and every initializer's name."""
+    writing logits), and the weights keep_8bit may choose: the MatMuls' and the embedding's (not a norm's scale:
+    the HTP's RmsNorm refuses an int8 symmetric one, 'Failed to add node', onnxruntime-qnn 2.7.0)."""
     m = load(path, external_data=False)
     inits = {t.name for t in m.graph.initializer}
     sensitive = [i for n in m.graph.node for i in n.input if i in inits and (
         (n.op_type == "Gather" and "input_ids" in n.input) or (n.op_type == "MatMul" and "logits" in n.output))]
-    return [v.name for v in (*m.graph.input, *m.graph.output)], sensitive, sorted(inits)
+    weights = {i for n in m.graph.node if n.op_type in ("MatMul", "Gather") for i in n.input if i in inits}
+    return [v.name for v in (*m.graph.input, *m.graph.output)], sensitive, sorted(weights)
 
 
 class _Reader:

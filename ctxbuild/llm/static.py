@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ctxbuild.llm import exporters, norms
+from ctxbuild.llm.mask import below_row_min
 from ctxbuild.llm.canonical import LAYER, DecoderShape, NotADecoder
 from ctxbuild.llm.convention import check_decoder, load_decoder
 
@@ -115,10 +116,11 @@ def static_graph(model: Any, shape: DecoderShape, ranges: list[tuple[int, int]],
         helper.make_tensor_value_info(f"present.{i}.{kv}", TensorProto.FLOAT, [1, shape.kv_heads, ar, shape.head_dim])
         for i in range(shape.layers) for kv in ("key", "value")])
     del g.value_info[:]
+    origins = below_row_min(m)
     m = norms.through_norms(m, lambda x: onnx.shape_inference.infer_shapes(x, data_prop=True))
     if fold is not None:
         m = fold(m)
-    fused = norms.fuse_rmsnorms(m)
+    origins.update(norms.fuse_rmsnorms(m))
 
     ins = (["input_ids"] if part == 0 else [f"hidden_states.{start}"]) + ["attention_mask", "position_ids"]
     ins += [f"past_key_values.{i}.{kv}" for i in range(start, stop) for kv in ("key", "value")]
@@ -136,15 +138,16 @@ def static_graph(model: Any, shape: DecoderShape, ranges: list[tuple[int, int]],
     sub.ir_version = model.ir_version
     del sub.opset_import[:]
     sub.opset_import.extend(model.opset_import)
-    _stamp_names(sub, model, {f"hidden_states.{k}": t for k, t in boundaries.items()}, fused)
+    _stamp_names(sub, model, {f"hidden_states.{k}": t for k, t in boundaries.items()}, origins)
     return sub
 
 
-def _stamp_names(sub: Any, model: Any, renamed: dict[str, str], fused: dict[str, str]) -> None:
+def _stamp_names(sub: Any, model: Any, renamed: dict[str, str], added: dict[str, str]) -> None:
     """The export's names for what this graph renamed, as prepare records them (graph/nodenames.py): the nodes the
     exporter plug-in emitted (their record in `model`: llm/exporters/emit.py) and the residual stream at a cut
-    (`renamed`: new tensor name -> the export's), the fused RMSNorms (`fused`: each one's ReduceMean), for the
-    graph's own nodes and tensors; a compile's refusal and a part check's failure name them so."""
+    (`renamed`: new tensor name -> the export's), the nodes the static pass added (`added`: each one's node it
+    replaced: a fused RMSNorm's ReduceMean, a mask Add), for the graph's own nodes and tensors; a compile's refusal
+    and a part check's failure name them so."""
     import json
 
     from onnx import helper
@@ -154,7 +157,7 @@ def _stamp_names(sub: Any, model: Any, renamed: dict[str, str], fused: dict[str,
     emitted = json.loads({p.key: p.value for p in model.metadata_props}.get(KEY, "{}")).get("from", {})
     mine = {n.name for n in sub.graph.node}
     tensors = {t for n in sub.graph.node for t in (*n.input, *n.output)}
-    emitted.update({n: emitted.get(mean, [mean]) for n, mean in fused.items()})
+    emitted.update({n: emitted.get(was, [was]) for n, was in added.items()})
     record = {"from": {n: u for n, u in emitted.items() if n in mine},
               "tensor_from": {t: u for t, u in renamed.items() if t in tensors}}
     if record := {k: v for k, v in record.items() if v}:
