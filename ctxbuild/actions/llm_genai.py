@@ -70,7 +70,6 @@ def run(ctx: Any) -> None:
     want = [w[:p["tokens"]] for w in Layout.read(Path(a.inputs["layout"])).reference_tokens]
     eos = config["model"].get("eos_token_id")
     eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-    want = [w[:next((i + 1 for i, t in enumerate(w) if t in eos), len(w))] for w in want]  # genai stops at an EOS
 
     float_twin = genai_config.write_twin(shipped, {w: Path(a.inputs[f"float:{g}"]) for w, g in p["wrappers"].items()},
                                          ctx.tmp / "float", session_options=SHARED)  # linked, not copied
@@ -80,10 +79,7 @@ def run(ctx: Any) -> None:
     # float twin's decode set, and what it held (PSS: each page once), which is what the estimate models
     ctx.facts["peak_rss_float_twin"] = peak_rss()
     ctx.facts["held_float_twin"] = held.get("pss")
-    compared = [min(len(w), room) for w, (_, room) in zip(want, got)]
-    diff = next(((i, k, toks[k] if k < len(toks) else None, w[k])
-                 for i, (w, (toks, _), n) in enumerate(zip(want, got, compared))
-                 for k in range(n) if k >= len(toks) or toks[k] != w[k]), None)
+    compared, diff = first_difference(want, got, eos)
     ids = {k: config["model"].get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     result: dict[str, Any] = {
         "graph": "genai_config.json", "method": f"onnxruntime-genai {og.__version__}, the shipped config on its CPU "
@@ -119,6 +115,22 @@ def run(ctx: Any) -> None:
     Path(ctx.tmp_output("result")).write_text(json.dumps(result, indent=2, sort_keys=True))
     print(f"onnxruntime-genai on the CPU twin: the original export's tokens ({'+'.join(map(str, compared))}) for "
           f"{len(prompts)} prompts")
+
+
+def first_difference(want: list[list[int]], got: list[tuple[list[int], int]], eos: set[int]
+                     ) -> tuple[list[int], tuple[int, int, int | None, int | str] | None]:
+    """How many tokens of each prompt are compared, and (prompt, position, genai's id or None, the original's id or
+    "EOS") where genai's greedy tokens (`got`: per prompt, its tokens and the room the context length left) first
+    differ from the original export's (`want`), else None. genai ends at an EOS and does not keep it in the
+    sequence (0.18.0): the original's tokens are compared up to their first EOS, where genai must have ended."""
+    stops = [next((k for k, t in enumerate(w) if t in eos), None) for w in want]
+    want = [w if s is None else w[:s] for w, s in zip(want, stops)]
+    compared = [min(len(w), room) for w, (_, room) in zip(want, got)]
+    diff = next(((i, k, toks[k] if k < len(toks) else None, w[k])
+                 for i, (w, (toks, _), n) in enumerate(zip(want, got, compared))
+                 for k in range(n) if k >= len(toks) or toks[k] != w[k]), None)
+    return compared, diff or next(((i, s, toks[s], "EOS") for i, ((toks, room), s) in enumerate(zip(got, stops))
+                                   if s is not None and s < min(room, len(toks)) and toks[s] not in eos), None)
 
 
 def _decode(og: Any, twin: Path, prompts: list[Any], tokens: int, held: dict[str, int] | None = None

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ctxbuild.llm import exporters
+from ctxbuild.llm import exporters, norms
 from ctxbuild.llm.canonical import LAYER, DecoderShape, NotADecoder
 from ctxbuild.llm.convention import check_decoder, load_decoder
 
@@ -115,10 +115,10 @@ def static_graph(model: Any, shape: DecoderShape, ranges: list[tuple[int, int]],
         helper.make_tensor_value_info(f"present.{i}.{kv}", TensorProto.FLOAT, [1, shape.kv_heads, ar, shape.head_dim])
         for i in range(shape.layers) for kv in ("key", "value")])
     del g.value_info[:]
-    m = _infer_shapes(m)
+    m = norms.through_norms(m, lambda x: onnx.shape_inference.infer_shapes(x, data_prop=True))
     if fold is not None:
         m = fold(m)
-    _fuse_rmsnorms(m)
+    fused = norms.fuse_rmsnorms(m)
 
     ins = (["input_ids"] if part == 0 else [f"hidden_states.{start}"]) + ["attention_mask", "position_ids"]
     ins += [f"past_key_values.{i}.{kv}" for i in range(start, stop) for kv in ("key", "value")]
@@ -136,15 +136,15 @@ def static_graph(model: Any, shape: DecoderShape, ranges: list[tuple[int, int]],
     sub.ir_version = model.ir_version
     del sub.opset_import[:]
     sub.opset_import.extend(model.opset_import)
-    _stamp_names(sub, model, {f"hidden_states.{k}": t for k, t in boundaries.items()})
+    _stamp_names(sub, model, {f"hidden_states.{k}": t for k, t in boundaries.items()}, fused)
     return sub
 
 
-def _stamp_names(sub: Any, model: Any, renamed: dict[str, str]) -> None:
+def _stamp_names(sub: Any, model: Any, renamed: dict[str, str], fused: dict[str, str]) -> None:
     """The export's names for what this graph renamed, as prepare records them (graph/nodenames.py): the nodes the
     exporter plug-in emitted (their record in `model`: llm/exporters/emit.py) and the residual stream at a cut
-    (`renamed`: new tensor name -> the export's), for the graph's own nodes and tensors; a compile's refusal and a
-    part check's failure name them so."""
+    (`renamed`: new tensor name -> the export's), the fused RMSNorms (`fused`: each one's ReduceMean), for the
+    graph's own nodes and tensors; a compile's refusal and a part check's failure name them so."""
     import json
 
     from onnx import helper
@@ -154,56 +154,11 @@ def _stamp_names(sub: Any, model: Any, renamed: dict[str, str]) -> None:
     emitted = json.loads({p.key: p.value for p in model.metadata_props}.get(KEY, "{}")).get("from", {})
     mine = {n.name for n in sub.graph.node}
     tensors = {t for n in sub.graph.node for t in (*n.input, *n.output)}
+    emitted.update({n: emitted.get(mean, [mean]) for n, mean in fused.items()})
     record = {"from": {n: u for n, u in emitted.items() if n in mine},
               "tensor_from": {t: u for t, u in renamed.items() if t in tensors}}
     if record := {k: v for k, v in record.items() if v}:
         helper.set_model_props(sub, {KEY: json.dumps(record, sort_keys=True)})
-
-
-def _infer_shapes(m: Any) -> Any:
-    """onnx's shape inference (with data propagation) through SimplifiedLayerNormalization, onnxruntime's op that
-    onnx has no schema for: inferred as Mul(x, scale), the same shape and type. Without it every tensor after the
-    first norm is untyped, and onnxruntime's calibration records only typed tensors."""
-    import onnx
-
-    norms = [(k, list(n.attribute)) for k, n in enumerate(m.graph.node)
-             if n.op_type == "SimplifiedLayerNormalization" and len(n.output) == 1]
-
-    def name_them(model: Any, op: str) -> None:
-        for k, attrs in norms:
-            del model.graph.node[k].attribute[:]
-            model.graph.node[k].op_type = op
-            if op != "Mul":
-                model.graph.node[k].attribute.extend(attrs)
-
-    name_them(m, "Mul")
-    try:
-        inferred = onnx.shape_inference.infer_shapes(m, data_prop=True)
-    finally:
-        name_them(m, "SimplifiedLayerNormalization")
-    name_them(inferred, "SimplifiedLayerNormalization")
-    return inferred
-
-
-def _fuse_rmsnorms(m: Any) -> None:
-    """RMSNorms an exporter wrote out (x*x, ReduceMean, Add, Sqrt, Div, Mul) -> SimplifiedLayerNormalization, as the
-    genai builder writes them: the HTP's RmsNorm, whole. Quantized written out, x*x takes one uint16 scale over a
-    trained decoder's massive activation (SmolLM2-135M writes ~2.6e4 at one prompt position; x*x ~6e8, a step of
-    ~9,000) and every other token's mean square rounds to 0; fused, only x and the output are quantized. The
-    shapes are the static graph's, inferred (m's value_info)."""
-    from ctxbuild.graph.legalize import rmsnorm
-    from ctxbuild.graph.legalize.graphview import GraphView, inferred_shapes
-
-    view = GraphView(m)
-    if not rmsnorm.wanted(view):
-        return
-    rmsnorm.apply(view, inferred_shapes(m))
-    typed = {v.name: v for v in list(m.graph.value_info) + list(m.graph.input)}
-    for n in m.graph.node:  # the fused outputs typed as their inputs (calibration records only typed tensors)
-        if n.op_type == "SimplifiedLayerNormalization" and n.output[0] not in typed and n.input[0] in typed:
-            v = m.graph.value_info.add()
-            v.CopyFrom(typed[n.input[0]])
-            v.name = n.output[0]
 
 
 def _fold_weight_transposes(g: Any, base_dir: str) -> None:

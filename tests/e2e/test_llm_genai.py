@@ -123,3 +123,23 @@ def test_genai_runs_the_qdq_parts_like_ctxbuilds_own_decoder(built: Path, tmp_pa
     for prompt in _prompts(built, 24):
         ours = pipeline.generate(run, layout.parts, (layout.kv_heads, layout.head_dim), prompt, 8, cl, 16).tokens
         assert _genai_tokens(model, prompt, 8, cl) == ours
+
+
+def test_genai_ending_at_the_originals_eos_is_no_difference(built: Path, tmp_path: Path) -> None:
+    """A decode that reaches the EOS: genai ends there without keeping it (0.18.0), and the build's comparison
+    counts that as the original's tokens, not as a difference at the EOS (which failed SmolLM2-135M's check)."""
+    from ctxbuild.actions.llm_genai import SHARED, _decode, first_difference
+    from ctxbuild.llm import pipeline
+
+    twin, cl = _twin(built, False, tmp_path, SHARED)
+    prompt = _prompts(built, 11)[0]
+    want = pipeline.reference_generate(built / "models" / "llama_tiny.onnx", prompt, 8).tokens
+    eos = want[3]  # the original emits it 4th: made the EOS, the decode ends there
+    config = json.loads((twin / "genai_config.json").read_text())
+    config["model"]["eos_token_id"] = eos
+    (twin / "genai_config.json").write_text(json.dumps(config))
+    got = _decode(og, twin, [prompt], 8)
+    assert got[0][0] == want[:want.index(eos)]  # ended before it, the EOS not in the sequence
+    assert first_difference([want], got, {eos}) == ([want.index(eos)], None)
+    other = next(t for t in range(384) if t not in want)  # an EOS the original never emits: genai runs on
+    assert first_difference([want], got, {other})[1] == (0, len(got[0][0]), None, want[len(got[0][0])])

@@ -18,6 +18,8 @@ class _LlmSplitRequired(TypedDict):
 
 class LlmSplitParams(_LlmSplitRequired, total=False):
     adapter_slots: dict[str, Any]  # llm.adapters: slot patterns and scaling; slots become inputs with defaults
+    alpha: dict[str, Any]  # switch: alpha: the adapters attached as branches gated by lora_alpha
+    split_code: str  # the digest of the code making the graphs (plan/llm.py SPLIT_CODE): a change re-splits
 
 
 class LlmSplit(Kind):
