@@ -26,13 +26,14 @@ from typing import Any
 from ctxbuild.errors import ActionError
 
 
-def all_tensors(model: Any) -> Iterator[Any]:
+def all_tensors(model: Any, initializers: bool = True) -> Iterator[Any]:
     """Every TensorProto of the model that may hold external data (as onnx's loader walks them): initializers
-    and tensor attributes, in subgraphs too."""
+    (unless not `initializers`) and tensor attributes, in subgraphs too."""
     graphs = [model.graph]
     while graphs:
         g = graphs.pop()
-        yield from g.initializer
+        if initializers:
+            yield from g.initializer
         for node in g.node:
             for a in node.attribute:
                 if a.HasField("t"):
@@ -108,15 +109,16 @@ class _Files:
             f.close()
 
 
-def load_data(model: Any, model_path: Path, follow_links: bool = False) -> None:
+def load_data(model: Any, model_path: Path, follow_links: bool = False, initializers: bool = True) -> None:
     """Fill every external tensor of `model` (read from `model_path` without its data) from its file, as onnx's
-    load_external_data_for_model does: the bytes in raw_data, the tensor no longer external."""
+    load_external_data_for_model does: the bytes in raw_data, the tensor no longer external. Not `initializers`:
+    only tensor attributes (Constant values) are filled, the weights stay where they are."""
     import onnx
     from onnx.external_data_helper import uses_external_data
 
     files = _Files(model_path, follow_links)
     try:
-        for t in all_tensors(model):
+        for t in all_tensors(model, initializers):
             if uses_external_data(t):
                 t.raw_data = files.read(t)
                 t.data_location = onnx.TensorProto.DEFAULT

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ctxbuild.errors import ActionError
+from ctxbuild.graph.external_data import load_data
 from ctxbuild.graph.signature import memoized_by_stat
 from ctxbuild.llm import export_config, exporters
 from ctxbuild.llm.canonical import FIRST, LAST, LAYER, PAST, DecoderShape, NotADecoder
@@ -74,11 +76,14 @@ def _embedding_width(model: Any) -> int | None:
 
 
 def load_decoder(path: Path) -> Any:
-    """The decoder's graph without its external data, the dims its graph leaves symbolic taken from the exporter's
-    config beside it (llm/export_config.py)."""
+    """The decoder's graph without its weights' external data, the dims its graph leaves symbolic taken from the
+    exporter's config beside it (llm/export_config.py). Constant nodes' values are read in: torch.onnx saving a
+    model over 2 GB moves them to the data file too (optimum's Qwen2.5-Coder-0.5B export: the rotary inv_freq
+    [1, 32, 1]), and the exporters' rewrites read constants' values."""
     import onnx
 
     model = onnx.load(os.fspath(path), load_external_data=False)
+    load_data(model, path, follow_links=True, initializers=False)
     export_config.fix_symbolic_dims(model, export_config.read(path))
     return model
 
@@ -105,7 +110,7 @@ def _facts(model: Path) -> dict[str, Any] | None:
         m = load_decoder(model)
     except export_config.BadExportConfig as e:
         return {"error": str(e)}
-    except (DecodeError, ValueError, RuntimeError, OSError):
+    except (DecodeError, ValueError, RuntimeError, OSError, ActionError):  # a missing .data file too: llm_split says so
         return None
     try:
         shape = check_decoder(m)

@@ -68,3 +68,41 @@ def test_phi3s_empty_rotary_pass_through_is_gone_from_the_static_graphs() -> Non
     assert all(0 not in s for s in shapes.values())
     slices = [n for n in g.node if n.op_type == "Slice"]
     assert slices and all(shapes[n.input[0]] != shapes[n.output[0]] for n in slices)
+
+
+def test_constants_saved_in_the_external_data_are_read(tmp_path: Path) -> None:
+    """torch.onnx saving a model over 2 GB moves Constant nodes' values to the data file too (optimum's
+    Qwen2.5-Coder-0.5B export: its rotary inv_freq): load_decoder reads them in (the rewrites read constants; the
+    weights stay in the file), and the static graphs compute what the inline export's do."""
+    import numpy as np
+    from onnx.external_data_helper import uses_external_data
+
+    from ctxbuild.graph.external_data import all_tensors
+    from ctxbuild.llm import static
+    from ctxbuild.llm.export_config import files
+    from ctxbuild.llm.pipeline import Chain, cpu_runner
+
+    inline = EXPORTS / "qwen2_optimum" / "model.onnx"
+    external = tmp_path / "export" / "model.onnx"
+    external.parent.mkdir()
+    for name, path in files(inline).items():
+        (external.parent / name).write_bytes(path.read_bytes())
+    onnx.save_model(onnx.load(str(inline)), str(external), save_as_external_data=True, location="model.onnx_data",
+                    size_threshold=0, convert_attribute=True)
+    as_saved = onnx.load(str(external), load_external_data=False)
+    assert any(uses_external_data(n.attribute[0].t) for n in as_saved.graph.node if n.op_type == "Constant")
+    loaded = load_decoder(external)
+    assert not any(uses_external_data(t) for t in all_tensors(loaded, initializers=False))
+    assert all(uses_external_data(t) for t in loaded.graph.initializer)
+
+    ids = np.load(EXPORTS / "qwen2_optimum" / "prompts" / "01.npy")
+    logits = []
+    for src in (inline, external):
+        out = tmp_path / f"static-{src.parent.name}"
+        out.mkdir()
+        specs = static.specs(2, [16], [64])
+        static.write_static_graphs(src, 2, [16], [64], {s.name: out / f"{s.name}.onnx" for s in specs},
+                                   [out / static.weights_name(p, 2) for p in range(2)])
+        run = cpu_runner({(s.part, s.ar, s.cl): out / f"{s.name}.onnx" for s in specs})
+        logits.append(Chain(run, static.part_ranges(4, 2), (2, 16), 64).prefill(ids, 16))
+    np.testing.assert_array_equal(logits[0], logits[1])
