@@ -32,7 +32,7 @@ from ctxbuild.recipes.targets import Target
 
 _PKG = Path(__file__).resolve().parent.parent
 # what llm_split's graphs are made by, besides onnx: the exporters' rewrites, the static cut, the RMSNorm fusion
-SPLIT_CODE = (_PKG / "llm" / "exporters", _PKG / "llm" / "static.py", _PKG / "llm" / "canonical.py", _PKG / "llm" / "norms.py", _PKG / "llm" / "mask.py",
+SPLIT_CODE = (_PKG / "llm" / "exporters", _PKG / "llm" / "static.py", _PKG / "llm" / "canonical.py", _PKG / "llm" / "convention.py", _PKG / "llm" / "norms.py", _PKG / "llm" / "mask.py",
               _PKG / "graph" / "legalize" / "rmsnorm.py", _PKG / "graph" / "legalize" / "graphview.py")
 
 
