@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ctxbuild.errors import ActionError, cause_line
+from ctxbuild.verify.measure import under
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
 from ctxbuild.lora.adapters import read_onnx_adapter, slot_defaults_of
@@ -94,7 +95,7 @@ def run(ctx: Any) -> None:
                                                 "argmax_agreement": sim["token_agreement"]}
         if not (sim["token_agreement"] >= t["min_token_agreement"] and sim["cosine_mean"] >= t["min_cosine"]):
             failures.append(f"CL {cl}: top-1 agreement {sim['token_agreement']:.2f} (min {t['min_token_agreement']}), "
-                            f"logits cosine {sim['cosine_mean']:.4f} (min {t['min_cosine']})")
+                            f"logits cosine {under(sim['cosine_mean'], t['min_cosine'])} (min {t['min_cosine']})")
     hint = "try precision w8a16, kv_cache uint16, or more calibration prompts (docs/llm.md)"
     if "adapter" in p and "qdq:" + layout.graphs[0].name in a.inputs:
         result["clipping"] = _clipping(layout, a.inputs, calls, bound, ctx.tmp)

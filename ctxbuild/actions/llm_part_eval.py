@@ -25,6 +25,7 @@ import numpy as np
 
 from ctxbuild.actions.llm_eval import in_simulator
 from ctxbuild.errors import ActionError, cause_line
+from ctxbuild.verify.measure import under
 from ctxbuild.llm import records
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.static import GraphSpec
@@ -234,7 +235,7 @@ def _result(p: dict[str, Any], mine: dict[tuple[int, int], GraphSpec], calls: li
                 if not m["cosine"] >= floor:  # NaN fails too
                     result["failures"].append(
                         f"graph {g.name}, output {name}{_theirs(name, export)}: {BACKENDS[backend]} cosine "
-                        f"{m['cosine']:.4f} (min {floor}), SNR {m['snr_db']:.1f} dB over {_calls(len(idx))}")
+                        f"{under(m['cosine'], floor)} (min {floor}), SNR {m['snr_db']:.1f} dB over {_calls(len(idx))}")
         # what the report and the summary's row show: per gated backend that ran the graph, its main outputs and its
         # worst KV output, each with the floor that gates it (the row's worst figure is always a gated one)
         for backend in (b for b in got if gated[b] and row[b][g.name]["calls"]):

@@ -43,8 +43,10 @@ class Weights4:
 
 
 def matmul_weights(model: Any) -> dict[str, str]:
-    """MatMul node name -> its 2-D initializer weight (input 1)."""
-    inits = {t.name: t for t in model.graph.initializer}
+    """MatMul node name -> its 2-D initializer weight (input 1); not a LoRA slot's (a graph input whose default is an
+    initializer: an activation to the quantizer)."""
+    slots = {i.name for i in model.graph.input}
+    inits = {t.name: t for t in model.graph.initializer if t.name not in slots}
     return {n.name: n.input[1] for n in model.graph.node
             if n.op_type == "MatMul" and n.input[1] in inits and len(inits[n.input[1]].dims) == 2}
 

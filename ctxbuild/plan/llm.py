@@ -32,8 +32,8 @@ from ctxbuild.recipes.targets import Target
 
 _PKG = Path(__file__).resolve().parent.parent
 # what llm_split's graphs are made by, besides onnx: the exporters' rewrites, the static cut, the RMSNorm fusion
-SPLIT_CODE = (_PKG / "llm" / "exporters", _PKG / "llm" / "static.py", _PKG / "llm" / "canonical.py", _PKG / "llm" / "convention.py", _PKG / "llm" / "norms.py", _PKG / "llm" / "mask.py",
-              _PKG / "graph" / "legalize" / "rmsnorm.py", _PKG / "graph" / "legalize" / "graphview.py")
+SPLIT_CODE = (*(_PKG / "llm" / f for f in ("exporters", "static.py", "canonical.py", "convention.py", "norms.py", "mask.py")),
+              *(_PKG / "graph" / "legalize" / f for f in ("rmsnorm.py", "graphview.py")))
 
 
 def llm_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
@@ -138,7 +138,7 @@ def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int,
         inputs["records"] = split.outputs[records_role(part)]
     for g in graphs:  # calibration runs every part's float graphs
         inputs.update(graph_files(split.outputs, g, f"model:{g.name}"))
-    if spec.quantization:  # only then: the keys of recipes without it stay as they were
+    if spec.quantization:  # w4a16, w8a16, auto
         params["quantization"] = spec.quantization
     if spec.precision == "auto":  # candidates judged on the part's recorded calls by the part check's gates
         params["thresholds"] = {"min_token_agreement": spec.min_token_agreement, "min_cosine": spec.min_cosine,
@@ -163,7 +163,7 @@ def _options(recipe: Recipe, t: Target) -> dict[str, str]:
     q = recipe.llm.quantization if recipe.llm else None
     # block-wise int4 runs as LPBQ only so (docs/llm.md, Weight quantization); auto may choose it; per-channel weights
     # gave the same .bin size and simulator outputs with the option (onnxruntime-qnn 2.7.0)
-    if q and (q["int4"] == "block" or recipe.precision == "auto"):
+    if q and (recipe.precision == "auto" or recipe.precision == "w4a16" and q["int4"] == "block"):
         opts["enable_block_quant_weight_optimization"] = "1"
     return dict(sorted(opts.items()))
 

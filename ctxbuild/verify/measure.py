@@ -57,6 +57,14 @@ _SPLIT_BY_HAND = ("build the static part alone with `outputs: [...]` in the reci
                   "nodes read), and run the rest in the app")
 
 
+def under(value: float, floor: float) -> str:
+    """A figure that failed its floor, with the digits that show it below (0.99999942 under 0.999999, not 1.0000)."""
+    digits = 4
+    while value < floor and round(value, digits) >= floor and digits < 9:
+        digits += 1
+    return f"{value:.{digits}f}"
+
+
 def split_hint(model: Path | None, samples: list[dict[str, np.ndarray]] | None = None) -> str:
     """SPLIT_HINT with the recipe line that builds `model`'s static part and the nodes it leaves to the app, as
     the model names them (graph/cut.py): its data-dependent ops and (given `samples` whose outputs differ in
@@ -118,7 +126,7 @@ def failures(result: dict[str, Any]) -> list[str]:
     out = []
     for name, m in result["outputs"].items():
         if not (m["cosine"] >= t["min_cosine"] and m["snr_db"] >= t["min_snr_db"]):  # NaN fails too
-            out.append(f"output '{name}' cosine {m['cosine']:.4f} (min {t['min_cosine']}), "
+            out.append(f"output '{name}' cosine {under(m['cosine'], t['min_cosine'])} (min {t['min_cosine']}), "
                        f"SNR {m['snr_db']:.1f} dB (min {t['min_snr_db']})")
         for sl in m.get("slices") or []:
             if not (sl["cosine"] >= t["min_cosine"] and sl["snr_db"] >= t["min_snr_db"]):

@@ -51,6 +51,8 @@ class _LlmQuantizeRequired(TypedDict):
 
 class LlmQuantizeParams(_LlmQuantizeRequired, total=False):
     adapters: dict[str, Any]  # llm.adapters: the calibration set (adapter name -> tensors, scale, scaling)
+    quantization: dict[str, Any]  # llm.quantization with its defaults (w4a16, w8a16, auto): how weights are made
+    thresholds: dict[str, float]  # precision auto: the part check's gates its candidates are judged by
 
 
 class LlmQuantize(Kind):
