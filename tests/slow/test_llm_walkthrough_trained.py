@@ -73,4 +73,5 @@ def test_walkthrough_steps_3_to_7_on_a_trained_checkpoint(checkpoint: tuple[str,
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.strip().startswith("Hello") and len(r.stdout.split()) > 3, r.stdout  # the prompt, then the model's
+    # the prompt, then what the model generated (SmolLM2 at w8a16 continued it with "-named-in-the-middle-world-...")
+    assert r.stdout.strip().startswith("Hello") and len(r.stdout.strip()) > len("Hello") + 20, r.stdout
