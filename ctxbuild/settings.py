@@ -173,16 +173,29 @@ ALL: tuple[Setting, ...] = (NO_CACHE, CACHE_DIR, CACHE_LINK, REMOTE_CACHE, REMOT
                             ORT_LOG_LEVEL, TOOLCHAIN_OVERRIDE, VERIFY_MEMO, VERIFY_WORKERS)
 
 
-def check_all(env: Mapping[str, str] | None = None) -> None:
+def check_all(env: Mapping[str, str] | None = None) -> list[str]:
     """Every setting read once, at start: a value its parse refuses is one line naming the variable (exit 2), not a
-    failure of every action, or of whatever reads it first."""
+    failure of every action, or of whatever reads it first. Returns a warning for each CTXBUILD_* variable that is
+    no setting but close to one (CTXBUILD_CACHE for CTXBUILD_CACHE_DIR: silently ignored, the build would fill
+    the default cache)."""
     from ctxbuild.errors import UsageError
+    from ctxbuild.recipes.suggest import closest
 
     for setting in ALL:
         try:
             setting.get(env)
         except ValueError as e:
             raise UsageError(str(e), "unset it or correct it (docs/outputs-and-cli.md lists every variable)") from None
+    known = sorted(s.name for s in ALL)
+    warnings = []
+    for name in sorted(os.environ if env is None else env):
+        if name.startswith("CTXBUILD_") and name not in known and not name.startswith(f"{WORKER.name}_"):
+            near = closest(name, known, n=3, cutoff=0.75)
+            if near:
+                names = near[0] if len(near) == 1 else f"{', '.join(near[:-1])} or {near[-1]}"
+                warnings.append(f"{name} is not a ctxbuild setting and is ignored: did you mean {names}? "
+                                "(docs/outputs-and-cli.md lists every variable)")
+    return warnings
 
 
 def remote_token(env: Mapping[str, str] | None = None) -> str | None:

@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser().parse_args(argv)
         as_json = bool(getattr(args, "json", False))
-        settings.check_all()  # a bad CTXBUILD_* value is one line here, not a failure of every action
+        for warning in settings.check_all():  # a bad CTXBUILD_* value is one line here, not a failure of every action
+            print(f"ctxbuild: warning: {warning}", file=sys.stderr)
         if args.directory is not None:
             _chdir(args.directory)
         if args.command.ctrl_c:

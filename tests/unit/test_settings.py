@@ -75,3 +75,14 @@ def test_every_setting_takes_its_default_and_good_values() -> None:
     settings.check_all({"CTXBUILD_REMOTE_TIMEOUT": "0.5", "CTXBUILD_ORT_LOG_LEVEL": "4", "CTXBUILD_VERIFY_WORKERS": "2",
                         "CTXBUILD_TOOLCHAIN_OVERRIDE": '{"qnn_sdk": "v0"}', "CTXBUILD_EXECUTOR_FALLBACK": "local"})
     assert settings.TOOLCHAIN_OVERRIDE.get({"CTXBUILD_TOOLCHAIN_OVERRIDE": '{"qnn_sdk": "v0"}'}) == {"qnn_sdk": "v0"}
+
+
+def test_a_misspelt_variable_is_named_with_the_settings_it_is_close_to(ctxbuild, tmp_path: Path) -> None:
+    """CTXBUILD_CACHE (for CTXBUILD_CACHE_DIR) was ignored in silence and the build filled the default cache."""
+    assert settings.check_all({"CTXBUILD_CACHE_DIR": "/x", "CTXBUILD_WORKER_onnxruntime_qnn_2_3_0": "s",
+                               "CTXBUILD_UPDATE_GOLDEN": "1"}) == []  # settings, workers' sockets, far from any
+    [warning] = settings.check_all({"CTXBUILD_CACHE": "/x"})
+    assert warning.startswith("CTXBUILD_CACHE is not a ctxbuild setting and is ignored: did you mean ") and \
+        "CTXBUILD_CACHE_DIR" in warning, warning
+    r = ctxbuild("build", "--dry-run", str(tmp_path), env={"CTXBUILD_CACHE": str(tmp_path / "c")})
+    assert f"ctxbuild: warning: {warning}" in r.err.splitlines(), r.err
