@@ -100,7 +100,7 @@ def activations(model_path: Path, model: Any, calls: list[Call], weights: dict[s
     import onnx
     import onnxruntime as ort
 
-    by_node = {n.name: n.input[0] for n in model.graph.node}
+    by_node = {n.name: n.input[0] for n in model.graph.node if n.input}
     wanted = {w: by_node[node] for w, node in weights.items()}
     tensors = sorted(set(wanted.values()))
     if not tensors or limit <= 0:
