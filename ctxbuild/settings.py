@@ -178,8 +178,9 @@ def check_all(env: Mapping[str, str] | None = None) -> list[str]:
     failure of every action, or of whatever reads it first. Returns a warning for each CTXBUILD_* variable that is
     no setting but close to one (CTXBUILD_CACHE for CTXBUILD_CACHE_DIR: silently ignored, the build would fill
     the default cache)."""
+    from difflib import get_close_matches
+
     from ctxbuild.errors import UsageError
-    from ctxbuild.recipes.suggest import closest
 
     for setting in ALL:
         try:
@@ -190,7 +191,7 @@ def check_all(env: Mapping[str, str] | None = None) -> list[str]:
     warnings = []
     for name in sorted(os.environ if env is None else env):
         if name.startswith("CTXBUILD_") and name not in known and not name.startswith(f"{WORKER.name}_"):
-            near = closest(name, known, n=3, cutoff=0.75)
+            near = get_close_matches(name, known, n=3, cutoff=0.75)
             if near:
                 names = near[0] if len(near) == 1 else f"{', '.join(near[:-1])} or {near[-1]}"
                 warnings.append(f"{name} is not a ctxbuild setting and is ignored: did you mean {names}? "
