@@ -33,6 +33,23 @@ def _block(lang: str, starting: str) -> str:
     return body
 
 
+def steps_4_and_5(d: Path, sizes: dict[str, object], timeout: float) -> tuple[dict, dict[str, str]]:
+    """Step 4's recipe block with `sizes` as recipes/assistant.yaml in `d` (its prompts written by the caller), and
+    step 5's build command run there as written (ctxbuild on PATH, a cache of its own): the recipe and the
+    environment, for step 6."""
+    recipe = yaml.safe_load(_block("yaml", "llm:"))
+    recipe["llm"].update(sizes)
+    (d / "recipes").mkdir()
+    (d / "recipes" / "assistant.yaml").write_text(yaml.safe_dump(recipe))
+    [build] = [line.split("#")[0].strip() for line in _block("", "ctxbuild build").splitlines()
+               if line.startswith("ctxbuild build")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTXBUILD_") and k != "MAKEFLAGS"}
+    env.update(PATH=f"{Path(sys.executable).parent}:{env['PATH']}", CTXBUILD_CACHE_DIR=str(d / "cache"))
+    r = subprocess.run(["bash", "-ec", build], cwd=d, env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return recipe, env
+
+
 def test_walkthrough_steps_4_to_7(tmp_path: Path) -> None:
     export = tmp_path / "export"  # step 3's output directory, as the builder wrote it
     shutil.copytree(EXPORT, export, ignore=shutil.ignore_patterns("prompts"))
@@ -40,18 +57,8 @@ def test_walkthrough_steps_4_to_7(tmp_path: Path) -> None:
     for i, text in enumerate(PROMPTS):  # step 4: `export/prompts/00.txt`, `01.txt`, ...
         (export / "prompts" / f"{i:02d}.txt").write_text(text + "\n")
 
-    recipe = yaml.safe_load(_block("yaml", "llm:"))
+    recipe, env = steps_4_and_5(tmp_path, SMALL, timeout=900)
     assert set(SMALL) <= set(recipe["llm"]) and recipe["llm"]["model"] == "../export/model.onnx"
-    recipe["llm"].update(SMALL)
-    (tmp_path / "recipes").mkdir()
-    (tmp_path / "recipes" / "assistant.yaml").write_text(yaml.safe_dump(recipe))
-
-    [build] = [line.split("#")[0].strip() for line in _block("", "ctxbuild build").splitlines()
-               if line.startswith("ctxbuild build")]  # step 5
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CTXBUILD_") and k != "MAKEFLAGS"}
-    env.update(PATH=f"{Path(sys.executable).parent}:{env['PATH']}", CTXBUILD_CACHE_DIR=str(tmp_path / "cache"))
-    r = subprocess.run(["bash", "-ec", build], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout + r.stderr
 
     [soc] = recipe["targets"]
     shipped = tmp_path / "out" / soc / "assistant"  # step 7: what to copy to the device

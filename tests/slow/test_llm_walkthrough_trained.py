@@ -13,9 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.e2e.test_llm_walkthrough import _block
+from tests.e2e.test_llm_walkthrough import _block, steps_4_and_5
 
 pytestmark = pytest.mark.slow
 
@@ -49,17 +48,7 @@ def test_walkthrough_steps_3_to_7_on_a_trained_checkpoint(checkpoint: tuple[str,
     (tmp_path / "export" / "prompts").mkdir()
     for i, text in enumerate(PROMPTS):  # step 4: `export/prompts/00.txt`, `01.txt`, ...
         (tmp_path / "export" / "prompts" / f"{i:02d}.txt").write_text(text + "\n")
-    recipe = yaml.safe_load(_block("yaml", "llm:"))
-    recipe["llm"].update(SIZES)
-    (tmp_path / "recipes").mkdir()
-    (tmp_path / "recipes" / "assistant.yaml").write_text(yaml.safe_dump(recipe))
-
-    [build] = [line.split("#")[0].strip() for line in _block("", "ctxbuild build").splitlines()
-               if line.startswith("ctxbuild build")]  # step 5
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CTXBUILD_") and k != "MAKEFLAGS"}
-    env.update(PATH=f"{Path(sys.executable).parent}:{env['PATH']}", CTXBUILD_CACHE_DIR=str(tmp_path / "cache"))
-    r = subprocess.run(["bash", "-ec", build], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    recipe, env = steps_4_and_5(tmp_path, SIZES, timeout=3600)
 
     [soc] = recipe["targets"]
     shipped = tmp_path / "out" / soc / "assistant"  # step 7: what to copy to the device
