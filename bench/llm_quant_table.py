@@ -24,10 +24,9 @@ def settings(block: int) -> dict[str, dict[str, object]]:
     """Setting name -> llm fields (precision, keep_8bit, quantization)."""
     b = {"int4": "block", "block_size": block}
     return {
-        "w8a16 onnxruntime (one scale per matrix)": {"precision": "w8a16"},
-        "w8a16 per channel": {"precision": "w8a16", "quantization": {"int8": "channel"}},
-        "w4a16 onnxruntime, first/last blocks int8 (default)": {"precision": "w4a16"},
-        "w4a16 onnxruntime": {"precision": "w4a16", "keep_8bit": []},
+        "w8a16 onnxruntime (one scale per matrix)": {"precision": "w8a16", "quantization": {"int8": "tensor"}},
+        "w8a16 per channel (default)": {"precision": "w8a16"},
+        f"w4a16 block {block}, first/last blocks int8 (default)": {"precision": "w4a16"},
         "w4a16 per channel": {"precision": "w4a16", "keep_8bit": [], "quantization": {"int4": "channel"}},
         "w4a16 per channel + scale search": {"precision": "w4a16", "keep_8bit": [],
                                              "quantization": {"int4": "channel", "scale_search": True}},

@@ -3,11 +3,11 @@
 Calibration data is what the part really sees: the float static graphs are chained over the recipe's prompts
 (prompt chunks, then greedy token steps, at every CL) and each call's inputs to this part's graphs are recorded.
 Weights are symmetric (int4 for w4a16, int8 for w8a16; onnxruntime's QNN config gives MatMul weights one scale per
-matrix, llm.quantization rewrites them per channel or block-wise: ctxbuild/llm/int4_graph.py; precision auto chooses
-among such settings per part: ctxbuild/llm/auto_precision.py), so every AR x CL graph of the part gets the same
-quantized weights and encodings: the bundle stores them once, and so does the part's one QDQ weight file
-(each graph is quantized alone, then all of them are saved into it, a tensor's bytes once). The KV-cache I/O takes
-the recipe's type.
+matrix, which llm.quantization's settings, per channel and block-wise by default, rewrite: ctxbuild/llm/int4_graph.py;
+precision auto chooses among such settings per part: ctxbuild/llm/auto_precision.py), so every AR x CL graph of the
+part gets the same quantized weights and encodings: the bundle stores them once, and so does the part's one QDQ
+weight file (each graph is quantized alone, then all of them are saved into it, a tensor's bytes once). The KV-cache
+I/O takes the recipe's type.
 
 LoRA (llm.adapters): the float graphs carry each slot's default as an initializer; the quantizer gets them as plain
 inputs (activations, like the other recipes' slots), calibrated over the decode with no adapter and with each
@@ -149,9 +149,10 @@ def past_ranges(feeds: dict[tuple[int, int, int], list[Call]]) -> dict[str, dict
 
 def _int4_weights(p: dict[str, Any], floats: dict[tuple[int, int, int], Path],
                   feeds: dict[tuple[int, int, int], list[Call]], mine: list[Any]) -> tuple[Weights4 | None, list[str]]:
-    """llm.quantization (None without it): each MatMul weight's values and scales from the activations of the
-    part's graphs at the smallest CL, per channel (int4 also block-wise), searched or min/max, and the weights the
-    sensitivity ranking keeps at int8 (the most sensitive first, up to `keep_8bit_share` of the int4 elements).
+    """llm.quantization's weights (None for auto, which chooses its own): each MatMul weight's values and scales from
+    the activations of the part's graphs at the smallest CL, per channel (int4 also block-wise), searched or
+    min/max, and the weights the sensitivity ranking keeps at int8 (the most sensitive first, up to
+    `keep_8bit_share` of the int4 elements).
     int8 weights (w8a16's; w4a16's LM head, keep_8bit and ranked) are rewritten per channel unless `int8: tensor`
     (onnxruntime's QNN config writes every MatMul weight per tensor)."""
     q = p.get("quantization")
