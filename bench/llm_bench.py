@@ -12,6 +12,8 @@ of all of them with the genai config's run. Writes bench/results/llm_bench.json.
     # the ~1B shape (Llama-3.2-1B: hidden 2048, 16 layers, 32/8 heads, MLP 8192, vocab 128256):
     python bench/llm_bench.py --hidden 2048 --layers 16 --heads 32 --kv-heads 8 --intermediate 8192 \
         --vocab 128256 --ar 128 1 --cl 1024 2048 --add-cl 0 --precision w4a16 --workdir /var/tmp
+    # ... with block-wise int4 and the scale search, 4 parts (docs/llm-reference.md, the 1B shape)
+    <the same> --parts 4 --memory-budget 18G --verify-timeout 1800 --quantization '{"scale_search": true}'
     # the 3B shape (Llama-3.2-3B): the plan's memory estimates only (weights as a sparse file: no disk, no RAM) ...
     python bench/llm_bench.py --hidden 3072 --layers 28 --heads 24 --kv-heads 8 --intermediate 8192 \
         --vocab 128256 --ar 128 1 --cl 1024 2048 --parts 4 --precision w4a16 --plan-only
@@ -57,7 +59,8 @@ def write_recipe(d: Path, args: argparse.Namespace, cls: list[int]) -> None:
                                                          "verify": args.verify}, "generate": 8,
                 # the bench reports the token figures, it does not gate on them: a build that fails verification
                 # is not cached, and the no-op and CL-added steps would re-verify (random weights fail w4a16)
-                "min_token_agreement": 0, "min_cosine": -1}}))
+                "min_token_agreement": 0, "min_cosine": -1, "min_kv_cosine": -1, "max_ppl_ratio": 1000,
+                "min_agreement": 0, **({"quantization": json.loads(args.quantization)} if args.quantization else {})}}))
 
 
 def main() -> None:
@@ -74,6 +77,7 @@ def main() -> None:
                     help="the context length added after the cold build (0: skip that step)")
     ap.add_argument("--parts", type=int, default=2)
     ap.add_argument("--precision", default="w8a16")
+    ap.add_argument("--quantization", help='llm.quantization as JSON, e.g. \'{"scale_search": true}\'')
     ap.add_argument("--target", default="SM8650")
     ap.add_argument("--samples", type=int, default=4, help="calibration prompts")
     ap.add_argument("--verify", type=int, default=2, help="verification prompts")

@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from ctxbuild.actions.llm_eval import in_simulator
+from ctxbuild.actions.llm_part_eval import SUBSET_ABOVE
 from ctxbuild.errors import ActionError, cause_line
 from ctxbuild.llm import quality
 from ctxbuild.llm.layout import Layout
 from ctxbuild.plan.action import Action
+from ctxbuild.recipes.llm import SIMULATOR_SUBSET, SIMULATOR_SUBSET_LARGE
 
 METHOD = ("perplexity of the evaluation text and top-1 agreement with the float export's greedy tokens (teacher-forced): "
           "the QDQ parts on the CPU over all of it, the compiled parts on the HTP simulator over the text's first {windows} "
@@ -36,12 +38,13 @@ def run(ctx: Any) -> None:
     if "cpu" in a.inputs:  # fp16 compiles the float graphs: no QDQ graph
         measured["qdq_cpu"] = json.loads(Path(a.inputs["cpu"]).read_text())
     twins = layout.models("twin", a.inputs, cl)
+    subset = simulator_subset(a.inputs, p["subset"])
     lost = None  # the simulator's failure (a timeout on a loaded machine): the CPU's figures are kept all the same
     try:
-        measured["simulator"] = in_simulator(_child, (layout, twins, floats, cl, ar, p["subset"]), cl, p["timeout_s"])
+        measured["simulator"] = in_simulator(_child, (layout, twins, floats, cl, ar, subset), cl, p["timeout_s"])
     except ActionError as e:
         lost = f"{BACKENDS['simulator']}: {e}"
-    result = report(p, floats, measured, Path(a.inputs["tokenizer"]) if "tokenizer" in a.inputs else None)
+    result = report({**p, "subset": subset}, floats, measured, Path(a.inputs["tokenizer"]) if "tokenizer" in a.inputs else None)
     if lost:
         result["failures"].append(lost)
         result["passed"] = False
@@ -50,6 +53,13 @@ def run(ctx: Any) -> None:
         raise ActionError(f"{a.recipes[0]}@{a.target['name']}: " + "; ".join(result["failures"]),
                           "try precision w8a16, more calibration prompts, or set llm.max_ppl_ratio / "
                           "llm.min_agreement to what the model may lose (docs/llm-reference.md, Quality)", details=result)
+
+
+def simulator_subset(inputs: dict[str, str], given: dict[str, int]) -> dict[str, int]:
+    """llm.eval.simulator over its defaults, which the largest part's QDQ weight file chooses (recipes/llm.py)."""
+    largest = max((Path(v).stat().st_size for k, v in inputs.items() if k.startswith("qdq:") and k.endswith(".data")),
+                  default=0)
+    return {**(SIMULATOR_SUBSET_LARGE if largest > SUBSET_ABOVE else SIMULATOR_SUBSET), **given}
 
 
 def report(p: dict[str, Any], floats: dict[str, Any], measured: dict[str, dict[str, Any]], tokenizer: Path | None

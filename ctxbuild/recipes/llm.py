@@ -31,7 +31,8 @@ class Quality:
     tokenizer: Path | None  # the export's tokenizer.json; without one the prompts' ids are the text
     segments: int  # at most this many segments on the CPU
     tokens: int  # greedy tokens per prompt
-    simulator: dict[str, int]  # segments, prompts, tokens
+    simulator: dict[str, int]  # windows, prompts, tokens: what the recipe gives of llm.eval.simulator (llm_quality adds
+    # the defaults, which depend on the parts' size)
     max_ppl_ratio: float
     min_agreement: float
 
@@ -46,6 +47,10 @@ PPL_TOKENS = 1024  # unless llm.eval.segments: the segments (one largest CL each
 # what the simulator runs (SmolLM2-135M, 2 parts: 34-51 s a call of AR 64, 8-9 s one of AR 1 on a loaded 2-core machine):
 # one prefill window of the text, one prompt's window and its first 8 token steps through every part
 SIMULATOR_SUBSET = {"windows": 1, "prompts": 1, "tokens": 8}
+# ... and where a part holds more than llm_part_eval.SUBSET_ABOVE of QDQ weights, the text's window only: at the 1B shape
+# one call of a 4-layer part took 90-147 s at AR 128 and 24-48 s at AR 1, so the default above would take ~30 minutes
+# (4 parts x (2 windows + 7 steps)) where this takes ~8; the CPU still measures all of the text and every prompt
+SIMULATOR_SUBSET_LARGE = {"windows": 1, "prompts": 0, "tokens": 8}
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,7 @@ def _quality(f: Path, spec: dict[str, Any], model: Path, tokenizer: tuple[Path, 
             raise RecipeError(f"{at('eval', 'text')}: llm.eval.text needs the export's tokenizer.json to read it",
                               "list it under llm.tokenizer, or keep it beside the model")
     return Quality(text=text, text_given="text" in ev, tokenizer=tok, segments=ev.get("segments", -(-PPL_TOKENS // cl)),
-                   tokens=ev.get("tokens", EVAL_TOKENS), simulator={**SIMULATOR_SUBSET, **ev.get("simulator", {})},
+                   tokens=ev.get("tokens", EVAL_TOKENS), simulator=dict(ev.get("simulator", {})),
                    max_ppl_ratio=spec.get("max_ppl_ratio", MAX_PPL_RATIO),
                    min_agreement=spec.get("min_agreement", MIN_AGREEMENT))
 

@@ -131,3 +131,19 @@ def test_an_eval_text_needs_the_exports_tokenizer(tmp_path: Path) -> None:
                 eval={"text": str(model / "text.txt")})
     with pytest.raises(RecipeError, match="llm.eval.text needs the export's tokenizer.json"):
         recipe.load([f])
+
+
+def test_the_simulator_subset_drops_the_prompts_for_large_parts(tmp_path: Path) -> None:
+    from ctxbuild.actions.llm_part_eval import SUBSET_ABOVE
+    from ctxbuild.actions.llm_quality import simulator_subset
+    from ctxbuild.recipes.llm import SIMULATOR_SUBSET, SIMULATOR_SUBSET_LARGE
+
+    small, large = tmp_path / "p1.data", tmp_path / "p2.data"
+    small.write_bytes(b"\0" * 1024)
+    with large.open("wb") as f:  # sparse: the size is what counts
+        f.truncate(SUBSET_ABOVE + 1)
+    assert SIMULATOR_SUBSET_LARGE["prompts"] == 0 < SIMULATOR_SUBSET["prompts"]
+    assert simulator_subset({"qdq:a.data": str(small), "qdq:a": str(small)}, {}) == SIMULATOR_SUBSET
+    assert simulator_subset({"qdq:a.data": str(small), "qdq:b.data": str(large)}, {}) == SIMULATOR_SUBSET_LARGE
+    # what the recipe gives wins over either default
+    assert simulator_subset({"qdq:b.data": str(large)}, {"prompts": 2})["prompts"] == 2

@@ -219,7 +219,7 @@ class LlmQualityParams(TypedDict):
     context_lengths: list[int]  # [context_length], for the memory estimate
     precision: str
     thresholds: dict[str, float]  # max_ppl_ratio, min_agreement
-    subset: dict[str, int]  # what the simulator runs: segments, prompts, tokens
+    subset: dict[str, int]  # llm.eval.simulator as given: windows, prompts, tokens (the action adds the defaults by size)
     timeout_s: float
 
 
