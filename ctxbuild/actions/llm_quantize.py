@@ -126,7 +126,7 @@ def run(ctx: Any) -> None:
                 print(f"{g.name}: {rewrite(ctx.tmp_output(f'model:{g.name}'), model, w4)} weights rewritten")
     if p["precision"] == "auto":
         (ctx.tmp / "auto").mkdir()  # the candidates' graphs, each judged and removed
-        ctx.facts["auto"] = _auto(a, p, floats, feeds, mine,
+        ctx.facts["auto"] = _auto(a, p, layout, floats, feeds, mine,
                                   {(g.ar, g.cl): ctx.tmp_output(f"model:{g.name}") for g in mine}, ctx.tmp / "auto")
     share_weights([ctx.tmp_output(f"model:{g.name}") for g in mine], ctx.tmp_output(weights_role(p["part"])))
 
@@ -195,11 +195,14 @@ def _part_weights(p: dict[str, Any], floats: dict[tuple[int, int, int], Path],
     return graphs, matmuls, {w for w in matmuls if w in sensitive or any(fnmatch.fnmatchcase(w, k) for k in p["keep_8bit"])}
 
 
-def _auto(a: Action, p: dict[str, Any], floats: dict[tuple[int, int, int], Path],
+def _auto(a: Action, p: dict[str, Any], layout: Layout, floats: dict[tuple[int, int, int], Path],
           feeds: dict[tuple[int, int, int], list[Call]], mine: list[Any], qdq: dict[tuple[int, int], Path],
           tmp: Path) -> dict[str, Any]:
-    """precision: auto (llm/auto_precision.py): the cheapest candidate passing the part check's gates on the CPU,
-    its weights written into the part's QDQ graphs; returns the choice and the judged candidates' figures."""
+    """precision: auto (llm/auto_precision.py): the cheapest candidate passing the part check's gates and the part's
+    share of the quality gates on the CPU, its weights written into the part's QDQ graphs; returns the choice and
+    the judged candidates' figures."""
+    import json
+
     from ctxbuild.llm import auto_precision, records
 
     start = time.monotonic()
@@ -211,12 +214,22 @@ def _auto(a: Action, p: dict[str, Any], floats: dict[tuple[int, int, int], Path]
           f"{time.monotonic() - start:.1f} s")
     calls = records.read(Path(a.inputs["records"]))
     floats_mine = {(g.ar, g.cl): floats[(g.part, g.ar, g.cl)] for g in mine}
+    chained = None
+    if "float" in a.inputs:  # the quality gates' share (without verification there is no float export's figures)
+        cl = max(k[2] for k in floats)
+        gates = auto_precision.share(p["thresholds"], len(layout.parts))
+        chained = auto_precision.Chained({k: v for k, v in floats.items() if k[2] == cl}, layout.parts,
+                                         (layout.kv_heads, layout.head_dim),
+                                         json.loads(Path(a.inputs["float"]).read_text()), p["part"], gates)
+        print(f"precision auto: part {p['part'] + 1}'s share of the quality gates: perplexity ratio <= "
+              f"{gates['max_ppl_ratio']}, agreement >= {gates['min_agreement']} (the float parts around it)")
     chosen = cands[-1]
     for c in cands:
         t = time.monotonic()
-        auto_precision.judge(c, qdq, floats_mine, calls, p["thresholds"], tmp)
+        auto_precision.judge(c, qdq, floats_mine, calls, p["thresholds"], tmp, chained)
         print(f"precision auto: {c.name}: {auto_precision.weight_bytes(c.weights) / 1e6:.3f} MB of MatMul weights, "
-              f"{c.figures} on {len(calls)} recorded calls: {'passes' if c.passed else 'fails'} "
+              f"{c.figures} on {len(calls)} recorded calls"
+              f"{f', in the model {c.quality}' if c.quality else ''}: {'passes' if c.passed else 'fails'} "
               f"({time.monotonic() - t:.1f} s)")
         if c.passed:
             chosen = c
@@ -225,7 +238,8 @@ def _auto(a: Action, p: dict[str, Any], floats: dict[tuple[int, int, int], Path]
     print(f"precision auto: part {p['part'] + 1} takes {chosen.name} ({time.monotonic() - start:.1f} s in all)")
     return {"chosen": chosen.name, "seconds": round(time.monotonic() - start, 1),
             "candidates": [{"name": c.name, "weight_bytes": int(auto_precision.weight_bytes(c.weights)),
-                            "figures": c.figures, "passed": c.passed} for c in cands if c.figures is not None]}
+                            "figures": c.figures, "quality": c.quality, "passed": c.passed}
+                           for c in cands if c.figures is not None]}
 
 
 def share_weights(models: list[Path], weights: Path) -> None:

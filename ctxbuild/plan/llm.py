@@ -45,18 +45,20 @@ def llm_actions(recipe: Recipe, out: Path, verify: bool) -> list[Action]:
     if spec.alpha:  # switch: alpha: lora_alpha is the one slot, each adapter a one-hot value of it (split writes them)
         recipe, spec = _alpha_as_slot(recipe, spec, split)
     acts = [split]
+    verify = verify and recipe.verify.get("enabled", True)
+    # the float export's quality figures, once: what the quality gates and auto's candidates are measured against
+    floats = quality_float(recipe, spec, work) if verify or spec.precision == "auto" and not spec.adapters else None
     compiled = dict(split.outputs)  # graph -> what the compiler reads (float for fp16)
     for p in range(spec.parts):
         if spec.precision != "fp16":
-            q = _quantize(recipe, spec, graphs, p, split, work)
+            q = _quantize(recipe, spec, graphs, p, split, floats, work)
             acts.append(q)
             compiled.update(q.outputs)
-    verify = verify and recipe.verify.get("enabled", True)
-    floats = cpu = None
-    if verify:  # the quality figures: the float export's once, the QDQ parts' on the CPU once (every target's)
-        floats = quality_float(recipe, spec, work)
+    cpu = None
+    if verify:  # the QDQ parts' on the CPU once (every target's)
+        assert floats is not None
         cpu = quality_cpu(recipe, spec, graphs, split, compiled, floats, work) if spec.precision != "fp16" else None
-        acts += [a for a in (floats, cpu) if a is not None]
+    acts += [a for a in (floats, cpu) if a is not None]
     for t in recipe.targets:
         bundles = [_bundle(recipe, [g for g in graphs if g.part == p], compiled, split, t, out) for p in range(spec.parts)]
         acts += bundles
@@ -128,7 +130,8 @@ def _alpha_as_slot(recipe: Recipe, spec: LlmSpec, split: Action) -> tuple[Recipe
     return recipe, dataclasses.replace(spec, adapters=adapters)
 
 
-def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int, split: Action, work: Path) -> Action:
+def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int, split: Action, floats: Action | None,
+              work: Path) -> Action:
     mine = [g.name for g in graphs if g.part == part]
     params = {"part": part, "graphs": mine, "precision": spec.precision, "kv_cache": spec.kv_cache,
               "keep_8bit": list(spec.keep_8bit), "samples": spec.calibration_prompts, "tokens": spec.generate,
@@ -140,9 +143,13 @@ def _quantize(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], part: int,
         inputs.update(graph_files(split.outputs, g, f"model:{g.name}"))
     if spec.quantization:  # w4a16, w8a16, auto
         params["quantization"] = spec.quantization
-    if spec.precision == "auto":  # candidates judged on the part's recorded calls by the part check's gates
+    if spec.precision == "auto":  # candidates judged on the part's recorded calls by the part check's gates, and in
+        # the model by the part's share of the quality gates (not with adapters: their slots are inputs to feed)
         params["thresholds"] = {"min_token_agreement": spec.min_token_agreement, "min_cosine": spec.min_cosine,
                                 "min_kv_cosine": spec.min_kv_cosine}
+        if floats is not None and spec.quality is not None and not spec.adapters:
+            inputs["float"] = floats.outputs["result"]
+            params["thresholds"].update(max_ppl_ratio=spec.quality.max_ppl_ratio, min_agreement=spec.quality.min_agreement)
     if spec.adapters:  # calibrated over no adapter + the `calibrate` set: a change there re-quantizes
         params["adapters"], files = calibration_inputs(spec.adapters)
         inputs.update(files)

@@ -283,6 +283,30 @@ def test_w4a16_puts_int4_weights_in_the_part_models(decoder: Path, tmp_path: Pat
     assert (out / "SM8650" / "llama" / "llama_1_of_2_qnn.bin").stat().st_size > 0
 
 
+@pytest.mark.parametrize("gates, takes", [({"max_ppl_ratio": 1000, "min_agreement": 0}, "w4a16 block 32"),
+                                          ({"max_ppl_ratio": 1, "min_agreement": 1}, "w8a16 per channel")])
+def test_precision_auto_judges_candidates_in_the_model_by_the_quality_gates(decoder: Path, tmp_path: Path, ctxbuild,
+                                                                          gates: dict[str, float], takes: str) -> None:
+    """With the part checks' gates open, the quality gates alone choose: each part's candidate is run in the float
+    model (llm_float_eval's text and prompts) against its share of them; even --no-verify builds judge so."""
+    out = tmp_path / "out"
+    loose = {"min_cosine": -1, "min_token_agreement": 0, "min_kv_cosine": -1}
+    r = ctxbuild("build", str(_recipe(tmp_path / "r", decoder, precision="auto", context_lengths=[24], **loose,
+                                      **gates)), "-o", str(out), "--no-verify")
+    assert r.code == 0, r.text
+    for part in (1, 2):
+        log = next((out / ".ctxbuild" / "logs").glob(f"llm_quantize.llama.part{part}-*.log")).read_text()
+        assert f"precision auto: part {part} takes {takes}" in log, log
+        record = json.loads(next((out / ".ctxbuild" / "records").glob(f"llm_quantize*part{part}-*.json")).read_text())
+        first = record["auto"]["candidates"][0]
+        assert first["quality"]["tokens"] > 0 and first["quality"]["steps"] > 0, first
+        # the first candidate (int4) keeps neither the float's perplexity nor all its tokens on random weights: the
+        # tight gates fail it (its ratio here was 0.75, under the float's; the agreement failed)
+        q = first["quality"]
+        within = q["ppl_ratio"] <= gates["max_ppl_ratio"] and q["agreement"] >= gates["min_agreement"]
+        assert first["passed"] == within == (takes == first["name"]), first
+
+
 def test_genai_convention_model_builds_and_verifies(decoder: Path, tmp_path: Path, ctxbuild) -> None:
     """onnxruntime-genai's model-builder convention (GroupQueryAttention, SkipSimplifiedLayerNormalization):
     rewritten into HTP ops, compiled, and verified token by token like the optimum export of the same weights."""

@@ -93,3 +93,8 @@ def test_precision_auto_takes_the_cheapest_passing_setting(trained: Path, tmp_pa
     for part in (1, 2):
         log = next((out / ".ctxbuild" / "logs").glob(f"llm_quantize.glasslm.part{part}-*.log")).read_text()
         assert f"precision auto: part {part} takes w4a16 block 32" in log, log
+        # judged in the model too, against the part's share of the quality gates (1.15 ** (1 / 2), 1 - 0.25 / 2)
+        assert "share of the quality gates: perplexity ratio <= 1.072381, agreement >= 0.875" in log, log
+        record = json.loads(next((out / ".ctxbuild" / "records").glob(f"llm_quantize*part{part}-*.json")).read_text())
+        first = record["auto"]["candidates"][0]
+        assert first["passed"] and first["quality"]["ppl_ratio"] <= 1.072381, first

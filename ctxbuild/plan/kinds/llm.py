@@ -52,7 +52,7 @@ class _LlmQuantizeRequired(TypedDict):
 class LlmQuantizeParams(_LlmQuantizeRequired, total=False):
     adapters: dict[str, Any]  # llm.adapters: the calibration set (adapter name -> tensors, scale, scaling)
     quantization: dict[str, Any]  # llm.quantization with its defaults (w4a16, w8a16, auto): how weights are made
-    thresholds: dict[str, float]  # precision auto: the part check's gates its candidates are judged by
+    thresholds: dict[str, float]  # precision auto: the part check's gates and the quality gates (auto_precision.share)
 
 
 class LlmQuantize(Kind):
