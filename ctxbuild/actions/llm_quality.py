@@ -51,8 +51,19 @@ def run(ctx: Any) -> None:
     Path(ctx.tmp_output("result")).write_text(json.dumps(result, indent=2, sort_keys=True))
     if result["failures"]:
         raise ActionError(f"{a.recipes[0]}@{a.target['name']}: " + "; ".join(result["failures"]),
-                          "try precision w8a16, more calibration prompts, or set llm.max_ppl_ratio / "
-                          "llm.min_agreement to what the model may lose (docs/llm-reference.md, Quality)", details=result)
+                          hint(measured.get("qdq_cpu", {}).get("weights_alone"), p["thresholds"]), details=result)
+
+
+def hint(alone: dict[str, Any] | None, t: dict[str, float]) -> str:
+    """What to try, from the QDQ parts' figures with the activations in float (llm_quality_cpu) where measured."""
+    gates = "or set llm.max_ppl_ratio / llm.min_agreement to what the model may lose (docs/llm-reference.md, Quality)"
+    if alone is None:
+        return f"try precision w8a16, more calibration prompts, {gates}"
+    figures = f"with the activations in float the QDQ parts read {alone['ppl_ratio']:.3f}x, agreement {alone['agreement']:.2f}"
+    if quality.failures({"": alone}, t):
+        return f"{figures}: the weights lose the model; try precision w8a16 or llm.quantization's settings, {gates}"
+    return (f"{figures}: the weights keep the model and the uint16 activations lose it; try more or longer "
+            f"calibration prompts, {gates}")
 
 
 def simulator_subset(inputs: dict[str, str], given: dict[str, int]) -> dict[str, int]:

@@ -1,7 +1,8 @@
 """llm_quality_cpu: the QDQ parts of an `llm:` recipe on the CPU EP against the float export (ctxbuild/llm/quality.py):
 perplexity of the whole evaluation text, teacher-forced greedy agreement on every verification prompt, and each
 prompt's own greedy text. Once per recipe: the QDQ graphs are the same for every target; each target's llm_quality
-reads the result and gates it with its simulator figures."""
+reads the result and gates it with its simulator figures. Where the figures fail a quality gate, the same chain
+again with the activations in float (llm/weights_alone.py), so the report says which side costs the model."""
 from __future__ import annotations
 
 import json
@@ -31,4 +32,12 @@ def run(ctx: Any) -> None:
         if any(r.startswith("reference:") for r in a.inputs) else None
     run_ = one_ar_runner(layout.models("qdq", a.inputs, cl), bound)  # one AR's sessions at a time (llm/ar_sessions.py)
     result = quality.measure(run_, layout.parts, (layout.kv_heads, layout.head_dim), floats, cl, ar, free=True)
+    if quality.failures({"": result}, p["thresholds"]) and not bound:
+        from ctxbuild.llm.weights_alone import SESSION_CONFIG, weights_alone
+
+        run_ = None  # the QDQ sessions close before the others open
+        alone = one_ar_runner(weights_alone(layout.models("qdq", a.inputs, cl), ctx.tmp / "weights_alone"),
+                              config=SESSION_CONFIG)
+        m = quality.measure(alone, layout.parts, (layout.kv_heads, layout.head_dim), floats, cl, ar)
+        result["weights_alone"] = {k: m[k] for k in ("ppl_ratio", "agreement", "tokens", "steps")}
     Path(ctx.tmp_output("result")).write_text(json.dumps(result, indent=1))

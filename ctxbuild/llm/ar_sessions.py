@@ -16,8 +16,10 @@ import numpy as np
 from ctxbuild.llm.pipeline import Bound, Runner, cpu_runner
 
 
-def one_ar_runner(models: dict[tuple[int, int, int], Path], bound: Bound | None = None) -> Runner:
-    """pipeline.cpu_runner over `models` [(part, ar, cl)], with the sessions of one AR open at a time."""
+def one_ar_runner(models: dict[tuple[int, int, int], Path], bound: Bound | None = None,
+                  config: dict[str, str] | None = None) -> Runner:
+    """pipeline.cpu_runner over `models` [(part, ar, cl)] (with its `bound` and `config`), with the sessions of one
+    AR open at a time."""
     current: dict[str, object] = {"ar": None, "run": None}
 
     def run(part: int, ar: int, cl: int, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -25,7 +27,7 @@ def one_ar_runner(models: dict[tuple[int, int, int], Path], bound: Bound | None 
             current["run"] = None  # the other AR's sessions close before this one's open
             gc.collect()
             current["ar"] = ar
-            current["run"] = cpu_runner({k: v for k, v in models.items() if k[1] == ar}, bound)
+            current["run"] = cpu_runner({k: v for k, v in models.items() if k[1] == ar}, bound, config)
         return current["run"](part, ar, cl, feeds)  # type: ignore[operator]
 
     return run

@@ -101,9 +101,11 @@ def generate(run: Runner, parts: list[tuple[int, int]], kv_shape: tuple[int, int
 Bound = dict[tuple[int, int, int], dict[str, np.ndarray]]  # per graph: LoRA slot values fed with every call
 
 
-def cpu_runner(models: dict[tuple[int, int, int], Path], bound: Bound | None = None) -> Runner:
+def cpu_runner(models: dict[tuple[int, int, int], Path], bound: Bound | None = None,
+               config: dict[str, str] | None = None) -> Runner:
     """Sessions on the CPU EP, opened on first use: models[(part, ar, cl)]. `bound[(part, ar, cl)]`: values fed to
-    that graph's slots (required inputs of a QDQ graph, overridable initializers of a float one)."""
+    that graph's slots (required inputs of a QDQ graph, overridable initializers of a float one). `config`: session
+    config entries."""
     import onnxruntime as ort
 
     sessions: dict[tuple[int, int, int], Any] = {}
@@ -114,6 +116,8 @@ def cpu_runner(models: dict[tuple[int, int, int], Path], bound: Bound | None = N
         if key not in sessions:
             so = ort.SessionOptions()
             so.log_severity_level = 3
+            for k, v in (config or {}).items():
+                so.add_session_config_entry(k, v)
             sessions[key] = ort.InferenceSession(str(models[key]), so, providers=["CPUExecutionProvider"])
         s = sessions[key]
         names = [o.name for o in s.get_outputs()]

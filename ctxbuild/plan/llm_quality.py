@@ -43,7 +43,10 @@ def quality_cpu(recipe: Recipe, spec: LlmSpec, graphs: list[GraphSpec], split: A
             if spec.adapters:  # the slots are required inputs of the QDQ graphs: fed the float graphs' defaults
                 inputs.update({f"reference:{g.name}": split.outputs[f"model:{g.name}"],
                                f"reference:{g.name}.data": split.outputs[weights_role(g.part)]})
-    params = {"context_length": cl, "context_lengths": [cl]}  # the CL the memory estimate's activations count
+    q = spec.quality
+    assert q is not None
+    params = {"context_length": cl, "context_lengths": [cl],  # the CL the memory estimate's activations count
+              "thresholds": {"max_ppl_ratio": q.max_ppl_ratio, "min_agreement": q.min_agreement}}
     return Action(id=f"llm_quality_cpu/{recipe.name}", kind="llm_quality_cpu",
                   description=f"quality of {recipe.name} ({spec.precision}, QDQ parts on the CPU)", inputs=inputs,
                   outputs={"result": str(work / f"{recipe.name}-quality-{short_hash([params, inputs])}" / "qdq_cpu.json")},

@@ -359,6 +359,10 @@ def _quality_failed(r: object, out: Path) -> None:
     assert q["qdq_cpu"]["segments"] >= 1 and q["simulator"]["segments"] == 1 and q["simulator"]["steps"] <= 8 and q["simulator"]["tokens"] == 7, q
     assert q["qdq_cpu"]["steps"] == sum(t["float_tokens"] for t in q["texts"]) and len(q["texts"]) == 2, q
     assert all(isinstance(t["qdq_cpu"], list) and t["float"] is None for t in q["texts"]), q["texts"]
+    # failing, the CPU chain ran again with the activations in float, and the hint says which side lost the model
+    alone = q["qdq_cpu"]["weights_alone"]
+    assert (alone["tokens"], alone["steps"]) == (q["qdq_cpu"]["tokens"], q["qdq_cpu"]["steps"]), q["qdq_cpu"]
+    assert f"with the activations in float the QDQ parts read {alone['ppl_ratio']:.3f}x, agreement " in r.err, r.err
     manifest = json.loads((out / "manifest.json").read_text())
     verdicts = [a["verification"] for a in manifest["artifacts"] if (a.get("verification") or {}).get("quality")]
     assert not verdicts, verdicts  # what it verified is set aside (ship_only_verified), the config too

@@ -202,6 +202,7 @@ class LlmFloatEval(Kind):
 class LlmQualityCpuParams(TypedDict):
     context_length: int  # the graphs chained: the largest CL's
     context_lengths: list[int]  # [context_length], for the memory estimate
+    thresholds: dict[str, float]  # max_ppl_ratio, min_agreement: failing them, the weights alone are measured too
 
 
 class LlmQualityCpu(Kind):
