@@ -58,3 +58,33 @@ def test_w8a16_is_judged_by_perplexity_and_generated_text(smollm2: Path, tmp_pat
     if missed:
         line = next(x for x in r.err.splitlines() if x.startswith("ctxbuild: FAILED llm_quality/smollm2@SM8650"))
         assert "the float export's (max 1.15)" in line or "(min 0.8)" in line, line
+
+    # the figures asked of w8a16 (1.03x, 0.95), which it misses: only the quality actions re-run, the build fails, and
+    # its hint says which side lost the model (measured: the weights alone 1.001x / 0.98, the activations lose it)
+    recipe["llm"].update(max_ppl_ratio=1.03, min_agreement=0.95)
+    (tmp_path / "r" / "smollm2.yaml").write_text(json.dumps(recipe))
+    r = ctxbuild("build", str(tmp_path / "r"), "-o", str(out), timeout=3600)
+    assert r.code == 1, r.text
+    alone = json.loads((out / "SM8650" / "smollm2" / "llm_quality.json").read_text())["quality"]["qdq_cpu"]["weights_alone"]
+    assert alone["ppl_ratio"] < 1.03 and alone["agreement"] >= 0.95, alone
+    assert "the weights keep the model and the uint16 activations lose it" in r.err, r.err
+
+
+def test_precision_auto_gives_each_part_a_share_of_the_gates(smollm2: Path, tmp_path: Path, ctxbuild) -> None:
+    """Measured: part 1's share (1.0724x, 0.90) fails at every candidate (w8a16 1.019x / 0.87 with the float part 2
+    around it), part 2's int4 candidates fail the part check's gates and its w8a16 passes (1.043x / 0.95): both parts
+    take w8a16, and the build passes the default gates (CPU 1.052x / 0.88)."""
+    spec = {"model": str(smollm2), "sequence_lengths": [64, 1], "context_lengths": [128], "parts": 2,
+            "precision": "auto", "prompts": {"dir": str(smollm2.parent / "prompts"), "samples": 4, "verify": 2}}
+    (tmp_path / "r").mkdir()
+    recipe = {"name": "smollm2", "llm": spec, "targets": ["SM8650"], "verify": {"timeout_s": 1800}}
+    (tmp_path / "r" / "smollm2.yaml").write_text(json.dumps(recipe))
+    out = tmp_path / "out"
+    r = ctxbuild("build", str(tmp_path / "r"), "-o", str(out), timeout=3600)
+    assert r.code == 0, r.text
+    for part in (1, 2):
+        record = json.loads(next((out / ".ctxbuild" / "records").glob(f"llm_quantize*part{part}-*.json")).read_text())
+        auto = record["auto"]
+        assert auto["chosen"] == "w8a16 per channel", auto
+        judged = [c for c in auto["candidates"] if c["quality"]]
+        assert judged and all(c["quality"]["steps"] == 128 for c in judged), auto
