@@ -136,7 +136,7 @@ def rewrite(qdq_path: Path, float_path: Path, chosen: Weights4, dst: Path | None
     """The QDQ graph at `qdq_path` (its data file beside it, as the quantizer wrote it; quantized from the float
     graph `float_path`) with each chosen weight's DequantizeLinear rewritten (its type too: an int8 weight may become
     int4 and back), saved in place or as `dst`; returns how many."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     weight_of = matmul_weights(load(float_path, external_data=False))
     m = load(qdq_path)
@@ -148,13 +148,12 @@ def rewrite(qdq_path: Path, float_path: Path, chosen: Weights4, dst: Path | None
         if node.op_type != "MatMul" or q is None:
             continue
         dq = producer.get(node.input[1])
-        kind = {4: TensorProto.INT4, 8: TensorProto.INT8}[q.bits]
         if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
             raise ValueError(f"{qdq_path.name}: {node.name}'s weight has no DequantizeLinear of an initializer")
         values, scale, zp = dq.input[0], dq.input[1], dq.input[2] if len(dq.input) > 2 else f"{dq.input[0]}_zp"
-        _replace(m, inits, helper.make_tensor(values, kind, list(q.values.shape), q.values.ravel()))
+        _replace(m, inits, integers(q.values, q.bits, values))
         _replace(m, inits, numpy_helper.from_array(q.scales, scale))
-        _replace(m, inits, helper.make_tensor(zp, kind, list(q.scales.shape), np.zeros(q.scales.size, np.int8)))
+        _replace(m, inits, integers(np.zeros(q.scales.shape, np.int8), q.bits, zp))
         del dq.input[2:]
         dq.input.append(zp)
         del dq.attribute[:]
@@ -166,6 +165,16 @@ def rewrite(qdq_path: Path, float_path: Path, chosen: Weights4, dst: Path | None
         done += 1
     save_with_data(m, dst or qdq_path)
     return done
+
+
+def integers(values: np.ndarray, bits: int, name: str) -> Any:
+    """An int4 or int8 initializer in raw bytes (int4 packed two to a byte). Not onnx.helper.make_tensor's
+    int32_data: onnx's external-data save moves raw data only, and as varints a 1B model's tied head took 1.9 GB
+    inline in each graph file (ml_dtypes: onnx's own dependency, its int4 type)."""
+    import ml_dtypes
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(values.astype(ml_dtypes.int4 if bits == 4 else np.int8), name)
 
 
 def _replace(m: Any, inits: dict[str, Any], t: Any) -> None:

@@ -23,7 +23,7 @@ from ctxbuild.plan.action import Action
 from ctxbuild.toolchain import installed
 
 # Bump when an action's outputs change for the same inputs (new parameters, different layout...).
-ACTION_SCHEMA_VERSION = 19  # 2: verify checks output slices; 3: models carry <model>.data, compiled from staging.fixed_dir;
+ACTION_SCHEMA_VERSION = 20  # 2: verify checks output slices; 3: models carry <model>.data, compiled from staging.fixed_dir;
 # 4: wrappers lowered to the lowest IR and the opsets their nodes use (qnn/lower.py); 5: prepare legalizes ops
 # the HTP does not run (graph/legalize/); precision-search candidates are gated (verify/gates.py), a refused
 # candidate's compile status lists the refused nodes; 6: llm_quantize keeps weights at int8 by pattern (keep_8bit);
@@ -44,7 +44,8 @@ ACTION_SCHEMA_VERSION = 19  # 2: verify checks output slices; 3: models carry <m
 # a Relu or Clip alone reads (it took the op's, clamping at 0); the mixed rung's loss is quantization's where the
 # base passes on the CPU by less than the screen's margin; a QDQ model records the recipe's overrides (QNN's refusal
 # names them); 18: the mixed rung pins a lone fp16 node's neighbour with it (culprits' `widened`); 19: llm_quantize
-# gives each past KV input the range of every graph's calls (a prompt graph's was a window's empty cache)
+# gives each past KV input the range of every graph's calls (a prompt graph's was a window's empty cache); 20: its
+# rewritten weights go to the data file (as int32_data they stayed inline: 1.9 GB graph files at the 1B shape)
 
 
 def fingerprint(kind: str, out_state: Path, toolchain: str | None = None) -> dict[str, Any]:

@@ -131,6 +131,11 @@ def test_rewrite_dequantizes_to_the_chosen_weights(tmp_path: Path, block_size: i
     chosen = Weights4({"w1": int4.int4(w1, block_size, x, search=True, bits=bits),
                        "w2": int4.int4(w2, None, bits=bits)})
     assert rewrite(qdq, src, chosen) == 2
+    # the integers in raw bytes, so they go to the data file (as int32_data they stayed inline: 1.9 GB graph files
+    # at the 1B shape's tied head)
+    raw = onnx.load(str(qdq), load_external_data=False)
+    big = [t for t in raw.graph.initializer if np.prod(t.dims) >= 4096]
+    assert big and all(t.data_location == TensorProto.EXTERNAL for t in big), [(t.name, t.data_location) for t in big]
     m = onnx.load(str(qdq))
     kind = TensorProto.INT4 if bits == 4 else TensorProto.INT8
     dq = {n.input[0]: n for n in m.graph.node if n.op_type == "DequantizeLinear"
