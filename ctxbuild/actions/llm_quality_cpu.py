@@ -35,7 +35,7 @@ def run(ctx: Any) -> None:
     if quality.failures({"": result}, p["thresholds"]) and not bound:
         from ctxbuild.llm.weights_alone import SESSION_CONFIG, weights_alone
 
-        run_ = None  # the QDQ sessions close before the others open
+        run_ = None  # the QDQ graphs' InferenceSessions go: one set held at a time
         alone = one_ar_runner(weights_alone(layout.models("qdq", a.inputs, cl), ctx.tmp / "weights_alone"),
                               config=SESSION_CONFIG)
         m = quality.measure(alone, layout.parts, (layout.kv_heads, layout.head_dim), floats, cl, ar)
