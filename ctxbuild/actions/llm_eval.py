@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ctxbuild.errors import ActionError, cause_line
-from ctxbuild.verify.measure import under
+from ctxbuild.figures import under
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.prompts import load_prompts, prompt_files, tokenizer_of
 from ctxbuild.lora.adapters import read_onnx_adapter, slot_defaults_of

@@ -25,7 +25,7 @@ import numpy as np
 
 from ctxbuild.actions.llm_eval import in_simulator
 from ctxbuild.errors import ActionError, cause_line
-from ctxbuild.verify.measure import under
+from ctxbuild.figures import under
 from ctxbuild.llm import records
 from ctxbuild.llm.layout import Layout
 from ctxbuild.llm.static import GraphSpec

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ctxbuild.llm.pipeline import Chain, Runner, export_call, open_export
+from ctxbuild.figures import over, under
 
 
 def segments(ids: np.ndarray, length: int, limit: int | None = None) -> list[np.ndarray]:
@@ -88,10 +89,11 @@ def failures(measured: dict[str, dict[str, Any]], t: dict[str, float]) -> list[s
     for label, m in measured.items():
         ratio, agree = m.get("ppl_ratio"), m.get("agreement")
         if ratio is not None and not ratio <= t["max_ppl_ratio"]:  # NaN fails too
-            out.append(f"{label}: perplexity {ratio:.3f}x the float export's (max {t['max_ppl_ratio']}) over "
-                       f"{m['tokens']} tokens")
+            out.append(f"{label}: perplexity {over(ratio, t['max_ppl_ratio'], 3)}x the float export's "
+                       f"(max {t['max_ppl_ratio']}) over {m['tokens']} tokens")
         if agree is not None and not agree >= t["min_agreement"]:
-            out.append(f"{label}: greedy agreement {agree:.2f} (min {t['min_agreement']}) over {m['steps']} steps")
+            out.append(f"{label}: greedy agreement {under(agree, t['min_agreement'], 2)} (min {t['min_agreement']}) "
+                       f"over {m['steps']} steps")
     return out
 
 

@@ -59,7 +59,7 @@ def accuracy(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                            "worst": min(outs, key=lambda o: o["snr_db"])["label"] if outs else None,
                            # the floor gating the lowest cosine shown, where it is an output's own (an LLM part's KV)
                            "worst_floor": min(outs, key=lambda o: o["cosine"]).get("min_cosine") if outs else None,
-                           "quality": quality_line(v.get("quality")),  # llm_quality's figures
+                           "quality": quality_line(v.get("quality"), v.get("thresholds")),  # llm_quality's figures
                            "precision": row.get("precision"),  # a search's: "auto: <the candidate it ships>"
                            "thresholds": v.get("thresholds"), "on_cpu": on_cpu(v.get("coverage"))})
     return result
@@ -166,16 +166,21 @@ def sibling_skips(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def quality_line(q: dict[str, Any] | None) -> str | None:
-    """An LLM's quality figures in a few words: perplexity ratio and greedy agreement per backend measured."""
+def quality_line(q: dict[str, Any] | None, gates: dict[str, float] | None = None) -> str | None:
+    """An LLM's quality figures in a few words: perplexity ratio and greedy agreement per backend measured, a figure
+    past its gate with the digits that show it so."""
     if not q:
         return None
+    from ctxbuild.figures import over, under
+
+    gates = gates or {}
+    ceiling, floor = gates.get("max_ppl_ratio", float("inf")), gates.get("min_agreement", float("-inf"))
     names = {"qdq_cpu": "CPU", "simulator": "simulator"}
     parts = []
     for b, m in q.items():
         if b in names and isinstance(m, dict):
-            said = [f"ppl {m['ppl_ratio']:.3f}x"] if m.get("ppl_ratio") is not None else []
-            said += [f"agreement {m['agreement']:.2f}"] if m.get("agreement") is not None else []
+            said = [f"ppl {over(m['ppl_ratio'], ceiling, 3)}x"] if m.get("ppl_ratio") is not None else []
+            said += [f"agreement {under(m['agreement'], floor, 2)}"] if m.get("agreement") is not None else []
             parts += [f"{names[b]} {', '.join(said)}"] if said else []
     return "; ".join(parts) or None
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ctxbuild.errors import ActionError, cause_line
+from ctxbuild.figures import under
 from ctxbuild.qnn import quantized_io
 from ctxbuild.toolchain import installed as toolchain
 
@@ -55,14 +56,6 @@ SPLIT_HINT = "its size depends on the input data, which QNN's fixed shapes canno
 # When the model has none of the data-dependent ops graph/cut.py knows, the field is all the hint can name.
 _SPLIT_BY_HAND = ("build the static part alone with `outputs: [...]` in the recipe (the tensors the data-dependent "
                   "nodes read), and run the rest in the app")
-
-
-def under(value: float, floor: float) -> str:
-    """A figure that failed its floor, with the digits that show it below (0.99999942 under 0.999999, not 1.0000)."""
-    digits = 4
-    while value < floor and round(value, digits) >= floor and digits < 9:
-        digits += 1
-    return f"{value:.{digits}f}"
 
 
 def split_hint(model: Path | None, samples: list[dict[str, np.ndarray]] | None = None) -> str:

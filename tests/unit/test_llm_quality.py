@@ -42,6 +42,10 @@ def test_perplexity_agreement_and_gates_arithmetic() -> None:
         "QDQ parts on the CPU: perplexity 1.200x the float export's (max 1.03) over 900 tokens",
         "QDQ parts on the CPU: greedy agreement 0.50 (min 0.95) over 128 steps",
         "simulator: perplexity nanx the float export's (max 1.03) over 63 tokens"]
+    # a figure just past its gate shows the digits that put it there (0.9453 is not "0.95 (min 0.95)")
+    assert quality.failures({"CPU": {"ppl_ratio": 1.0304, "agreement": 0.9453, "steps": 128, "tokens": 824}}, t) == [
+        "CPU: perplexity 1.0304x the float export's (max 1.03) over 824 tokens",
+        "CPU: greedy agreement 0.945 (min 0.95) over 128 steps"]
 
 
 def test_the_summary_row_of_a_quality_check_gives_its_figures_and_gates() -> None:
@@ -52,6 +56,9 @@ def test_the_summary_row_of_a_quality_check_gives_its_figures_and_gates() -> Non
     row = {"passed": False, "quality": summary.quality_line(q), "thresholds": {"max_ppl_ratio": 1.15, "min_agreement": 0.8}}
     assert summary._verdict(row) == ("FAILED (CPU ppl 1.005x, agreement 0.98; simulator ppl 1.310x, agreement 0.50; "
                                      "max 1.15x, min 0.8)")
+    q["qdq_cpu"]["agreement"] = 0.9453
+    gates = {"max_ppl_ratio": 1.03, "min_agreement": 0.95}
+    assert summary.quality_line(q, gates).startswith("CPU ppl 1.005x, agreement 0.945;")
 
 
 def test_the_float_static_parts_reproduce_the_exports_perplexity_and_tokens(tmp_path: Path) -> None:
