@@ -60,7 +60,7 @@ def hint(alone: dict[str, Any] | None, t: dict[str, float]) -> str:
     if alone is None:
         return f"try precision w8a16, more calibration prompts, {gates}"
     figures = f"with the activations in float the QDQ parts read {alone['ppl_ratio']:.3f}x, agreement {alone['agreement']:.2f}"
-    if quality.failures({"": alone}, t):
+    if not quality.meets(alone, t):
         return f"{figures}: the weights lose the model; try precision w8a16 or llm.quantization's settings, {gates}"
     return (f"{figures}: the weights keep the model and the uint16 activations lose it; try more or longer "
             f"calibration prompts, {gates}")

@@ -97,6 +97,11 @@ def failures(measured: dict[str, dict[str, Any]], t: dict[str, float]) -> list[s
     return out
 
 
+def meets(m: dict[str, Any], t: dict[str, float]) -> bool:
+    """Whether one backend's figures (ppl_ratio, agreement) pass the gates `failures` applies."""
+    return not failures({"": m}, t)
+
+
 def measure(run: Runner, parts: list[tuple[int, int]], kv_shape: tuple[int, int], floats: dict[str, Any], cl: int,
             ar: int, subset: dict[str, int] | None = None, free: bool = False) -> dict[str, Any]:
     """The chained parts behind `run` against the float export's figures (llm_float_eval's result): perplexity and
